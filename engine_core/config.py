@@ -1,0 +1,132 @@
+"""EngineArgs (vLLM's names) and the per-component configs derived from it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"  # "sha256" | "xxhash" (fast, non-cryptographic)
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory: int = 512 * 1024**2  # bytes of KV cache on CPU
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+    long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole budget
+    policy: str = "fcfs"  # "fcfs" | "priority"
+
+
+@dataclass(slots=True)
+class EngineArgs:
+    model: str | None = None  # a local HF directory; None builds a tiny model (demo only)
+    tokenizer: str | None = None  # defaults to model
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    long_prefill_token_threshold: int = 0
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory: int = 512 * 1024**2
+    scheduling_policy: str = "fcfs"
+    attention_backend: str | None = None  # None: auto (flash-attn > triton on CUDA > torch)
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    kv_connector: str | None = None
+    kv_connector_config: dict[str, Any] = field(default_factory=dict)
+    kv_offload_bytes: int = 0
+    max_logprobs: int = 20
+    log_stats: bool = False
+    stats_interval_s: float = 5.0
+    otlp_traces_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size % 1 != 0:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """One --flag per field (dashes for underscores), vLLM style."""
+        defaults = EngineArgs()
+        for f in dataclasses.fields(EngineArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = getattr(defaults, f.name)
+            if isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            elif f.name == "kv_connector_config":
+                parser.add_argument(flag, type=json.loads, default={},
+                                    help="JSON object passed to the KV connector")
+            else:
+                kind = _cli_type(f.type)
+                parser.add_argument(flag, type=kind, default=default)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory=self.kv_cache_memory,
+        )
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        """max_model_len defaults to the model's; the token budget to at least max_model_len."""
+        max_len = self.max_model_len or model_max_len
+        if max_len > model_max_len:
+            raise ValueError(
+                f"max_model_len ({max_len}) must be <= the model's max_position_embeddings "
+                f"({model_max_len})")
+        budget = self.max_num_batched_tokens or max(2048, self.max_num_seqs)
+        return SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=max_len,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            policy=self.scheduling_policy,
+        )
+
+
+def _cli_type(annotation: object) -> Any:
+    text = str(annotation)
+    if "int" in text:
+        return int
+    if "float" in text:
+        return float
+    return str

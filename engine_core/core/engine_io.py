@@ -1,0 +1,48 @@
+"""Messages in and out of the engine core: EngineCoreRequest in, EngineCoreOutput out.
+
+These are what travel between the tokenizer, engine and detokenizer stages (as protobuf over gRPC).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine_core.core.runner_output import LogprobsLists
+from engine_core.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    request_id: str  # one child: the output processor fans n>1 out into n of these
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float = field(default_factory=time.time)
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]  # tokens appended this step (usually one)
+    new_logprobs: LogprobsLists | None = None  # one row per new token when logprobs was asked
+    new_prompt_logprobs: LogprobsLists | None = None  # rows for prompt positions computed now
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None = None  # stop token id that finished it
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    first_scheduled_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput]
+    # Requests that finished inside the core this step (aborts from the core included).
+    finished_requests: set[str] = field(default_factory=set)
+    timestamp: float = field(default_factory=time.time)
+    scheduler_stats: dict[str, float] | None = None

@@ -1,0 +1,54 @@
+"""The attention backend interface: one flattened batch of prefill chunks and decodes.
+
+The KV cache of one layer is a tensor [2, num_blocks, block_size, num_kv_heads, head_dim]
+(index 0 = keys, 1 = values); the layout flash-attn's paged kvcache expects for each half.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    num_reqs: int
+    num_actual_tokens: int  # tokens of this step (rows of q before any padding)
+    # [num_tokens] int64: flat cache slot (block_id * block_size + offset) of each new token.
+    slot_mapping: torch.Tensor
+    # [num_reqs + 1] int32: row where each request's new tokens start in q; last = num_tokens.
+    query_start_loc: torch.Tensor
+    # [num_reqs] int32: context length after this step (cached + new tokens).
+    seq_lens: torch.Tensor
+    # [num_reqs, max_num_blocks] int32: block ids of each request, padded with 0.
+    block_table: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    # Host copies, so backends need no device->host sync to plan their work.
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    block_size: int
+
+    @property
+    def is_all_decode(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(ABC):
+    """Writes this step's K/V into the paged cache, then attends causally over the context."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...

@@ -1,0 +1,121 @@
+"""SamplingParams: what a user asks of one request's sampling, validated with vLLM's bounds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LOGPROBS = 20
+_GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(enum.IntEnum):
+    CUMULATIVE = 0  # every RequestOutput carries the whole text and token ids so far
+    DELTA = 1  # only what is new since the previous RequestOutput
+    FINAL_ONLY = 2  # a single RequestOutput when the request finishes
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        return set(self.stop_token_ids)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field and its bound. Called on construction."""
+        _check(isinstance(self.n, int) and self.n >= 1, "n", "must be >= 1", self.n)
+        _check(0.0 <= self.temperature <= 2.0, "temperature", "must be in [0, 2]", self.temperature)
+        _check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
+               "must be >= -1 (0 or -1 disables it)", self.top_k)
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]",
+               self.presence_penalty)
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]",
+               self.frequency_penalty)
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0",
+               self.repetition_penalty)
+        if self.max_tokens is not None:
+            _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
+                   "must be >= 1", self.max_tokens)
+        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               "must be >= 0", self.min_tokens)
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens",
+                   f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(isinstance(value, int) and 0 <= value <= MAX_LOGPROBS, name,
+                       f"must be in [0, {MAX_LOGPROBS}] (max_logprobs)", value)
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+               "must not contain an empty string", self.stop)
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "must be non-negative token ids", self.stop_token_ids)
+        if self.seed is not None:
+            _check(isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed",
+                   "must be in [0, 2**63)", self.seed)
+        if self.allowed_token_ids is not None:
+            _check(len(self.allowed_token_ids) > 0, "allowed_token_ids", "must not be empty",
+                   self.allowed_token_ids)
+        if self.n > 1:
+            _check(not self.is_greedy, "n",
+                   "must be 1 for greedy sampling (temperature=0): the n outputs would be identical",
+                   self.n)
+
+    def validate_against_vocab(self, vocab_size: int) -> None:
+        """Bounds that need the model: every token id the params name must be in the vocab."""
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name) or []
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            _check(not bad, name, f"token ids must be in [0, {vocab_size})", bad)
+        if self.logit_bias:
+            bad = [t for t in self.logit_bias if not 0 <= int(t) < vocab_size]
+            _check(not bad, "logit_bias", f"token ids must be in [0, {vocab_size})", bad)
+
+    def clone(self, **changes: Any) -> SamplingParams:
+        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        values.update(changes)
+        return SamplingParams(**values)
+
+
+def _check(ok: bool, name: str, bound: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} {bound}, got {value!r}")
