@@ -1,0 +1,30 @@
+"""The embedded default: with no --model, build (once) a tiny random Llama locally."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TINY_MODEL = {"arch": "llama", "num_layers": 2, "hidden_size": 128, "num_heads": 4,
+                      "num_kv_heads": 2, "vocab_size": 1024, "seed": 0}
+
+
+def default_model_dir() -> Path:
+    root = Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand"))
+    return root / "tiny-llama"
+
+
+def resolve_model_dir(model: str | None) -> str:
+    """A local HF directory as given, or the tiny default model (built on first use)."""
+    if model:
+        return model
+    path = default_model_dir()
+    if not (path / "config.json").exists() or not (path / "tokenizer.json").exists():
+        from engine_core.model_executor.tiny_model import make_tiny_model
+
+        logger.info("no --model given: building a tiny random model at %s", path)
+        make_tiny_model(path, **DEFAULT_TINY_MODEL)
+    return str(path)

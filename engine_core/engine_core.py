@@ -1,0 +1,116 @@
+"""EngineCore: schedule -> execute -> update, and nothing else.
+
+The process-local heart of the engine service: requests come in as EngineCoreRequest (already
+tokenized), token ids go out as EngineCoreOutput (not yet detokenized).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from engine_core.config import EngineArgs
+from engine_core.core.engine_io import EngineCoreOutputs, EngineCoreRequest
+from engine_core.core.request import Request, RequestStatus
+from engine_core.core.scheduler import Scheduler
+from engine_core.default_model import resolve_model_dir
+from engine_core.model_executor.model_config import ModelConfig, load_model_config
+from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.stats_logger import ThroughputMeter
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, args: EngineArgs, model_config: ModelConfig, runner: ModelRunner,
+                 scheduler: Scheduler) -> None:
+        self.args = args
+        self.model_config = model_config
+        self.runner = runner
+        self.scheduler = scheduler
+        self.max_model_len = scheduler.scheduler_config.max_model_len
+        self.block_size = args.block_size
+        self.num_blocks = scheduler.kv_cache_manager.block_pool.num_blocks
+        self.num_steps = 0
+        self.throughput = ThroughputMeter()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> EngineCore:
+        model_dir = resolve_model_dir(args.model)
+        model_config = load_model_config(model_dir, args.dtype)
+        scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
+        cache_config = args.cache_config()
+        runner = ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
+                             attention_backend=args.attention_backend, seed=args.seed)
+        num_blocks = runner.determine_num_blocks()
+        runner.initialize_kv_cache(num_blocks)
+        connector = _make_connector(args, runner, num_blocks)
+        scheduler = Scheduler(scheduler_config, cache_config, num_blocks, connector=connector)
+        return cls(args, model_config, runner, scheduler)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """ValueError (nothing changes) for a duplicate id or a request that can never fit."""
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
+        request.sampling_params.validate_against_vocab(self.vocab_size)
+        self.scheduler.add_request(Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling_params=request.sampling_params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+        ))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def step(self) -> EngineCoreOutputs:
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs(outputs=[])
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.num_steps += 1
+        self.throughput.add(sum(len(o.new_token_ids) for o in outputs))
+        finished = {o.request_id for o in outputs if o.finished}
+        return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
+                                 timestamp=time.time())
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        return self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector)
+
+    def get_stats(self) -> dict[str, float]:
+        stats = self.scheduler.make_stats()
+        return {
+            "num_running_reqs": float(stats.num_running_reqs),
+            "num_waiting_reqs": float(stats.num_waiting_reqs),
+            "kv_cache_usage": float(stats.kv_cache_usage),
+            "prefix_cache_hit_rate": float(stats.prefix_cache_stats.hit_rate),
+            "num_steps": float(self.num_steps),
+            "generation_tokens_per_s": self.throughput.rate(),
+        }
+
+
+def _make_connector(args: EngineArgs, runner: ModelRunner, num_blocks: int) -> object | None:
+    if not args.kv_connector:
+        return None
+    from engine_core.connector.factory import create_connector
+
+    return create_connector(args, runner, num_blocks)

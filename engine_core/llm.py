@@ -1,0 +1,57 @@
+"""LLM: offline batch generation over LLMEngine, with a progress bar (vLLM's `LLM.generate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from engine_core.config import EngineArgs
+from engine_core.llm_engine import LLMEngine, PromptType
+from engine_core.outputs import RequestOutput
+from engine_core.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **engine_kwargs))
+        self._counter = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """All prompts in, one finished RequestOutput per prompt out, in the prompts' order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params_list = _broadcast(sampling_params, len(prompts))
+        ids: list[str] = []
+        for prompt, params in zip(prompts, params_list, strict=True):
+            request_id = f"offline-{self._counter}"
+            self._counter += 1
+            self.engine.add_request(request_id, prompt,
+                                    params.clone(output_kind=RequestOutputKind.FINAL_ONLY))
+            ids.append(request_id)
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm,
+                  unit="req") as bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[i] for i in ids]
+
+
+def _broadcast(params: SamplingParams | Sequence[SamplingParams] | None,
+               n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"sampling_params must be one or one per prompt ({n}), got {len(params)}")
+    return list(params)

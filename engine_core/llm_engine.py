@@ -1,0 +1,92 @@
+"""LLMEngine: input processor + engine core + output processor in one process (vLLM's API)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from engine_core.config import EngineArgs
+from engine_core.engine_core import EngineCore
+from engine_core.outputs import RequestOutput
+from engine_core.processing.input_processor import InputProcessor
+from engine_core.processing.output_processor import OutputProcessor
+from engine_core.processing.tokenizer import Tokenizer
+from engine_core.sampling_params import SamplingParams
+from engine_core.stats_logger import StatsLogger
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | dict[str, Any]
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, engine_core: EngineCore, tokenizer: Tokenizer) -> None:
+        self.args = args
+        self.engine_core = engine_core
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
+                                              engine_core.vocab_size, eos_token_id=eos)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.stats_logger = StatsLogger(args.stats_interval_s) if args.log_stats else None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        core = EngineCore.from_engine_args(args)
+        tokenizer = Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir)
+        return cls(args, core, tokenizer)
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.tokenizer
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """ValueError naming the field for bad input; the engine is then unchanged."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        if self.output_processor.has_request(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        processed = self.input_processor.process(request_id, prompt, params, arrival_time,
+                                                 priority)
+        children = self.output_processor.add_request(processed)
+        added: list[str] = []
+        try:
+            for child in children:
+                self.engine_core.add_request(child)
+                added.append(child.request_id)
+        except ValueError:
+            # All or nothing: a child the core refused takes its siblings back out.
+            self.engine_core.abort_requests(added)
+            self.output_processor.abort_requests([request_id])
+            raise
+
+    def step(self) -> list[RequestOutput]:
+        core_outputs = self.engine_core.step()
+        result = self.output_processor.process_outputs(core_outputs.outputs,
+                                                        core_outputs.timestamp)
+        if result.reqs_to_abort:
+            # Stop strings end requests here; the core must stop computing them at once.
+            self.engine_core.abort_requests(result.reqs_to_abort)
+        if self.stats_logger is not None:
+            self.stats_logger.record(self.get_stats(), core_outputs.outputs)
+        return result.request_outputs
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        child_ids = self.output_processor.abort_requests(ids)
+        self.engine_core.abort_requests(child_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        return self.engine_core.reset_prefix_cache(reset_running_requests, reset_connector)
+
+    def get_stats(self) -> dict[str, float]:
+        return self.engine_core.get_stats()

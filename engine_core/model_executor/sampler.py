@@ -1,0 +1,110 @@
+"""Sampler: one token per request row from the model's logits, vectorized across the batch.
+
+Order (vLLM's): token masks (logit_bias, allowed_token_ids, min_tokens) -> penalties ->
+greedy rows take the argmax -> random rows: temperature, top_k, top_p, min_p, softmax, and the
+exponential race. Logprobs are of the raw model distribution, before any of this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine_core.core.runner_output import LogprobsLists
+from engine_core.model_executor.sampling.logprobs import compute_prompt_logprobs, gather_logprobs
+from engine_core.model_executor.sampling.masks import apply_token_masks
+from engine_core.model_executor.sampling.penalties import apply_penalties
+from engine_core.model_executor.sampling.top_k_top_p import apply_min_p, apply_top_k_top_p
+from engine_core.model_executor.sampling_metadata import (
+    SamplingMetadata,
+    SamplingRow,
+    build_sampling_metadata,
+    make_generator,
+)
+
+__all__ = [
+    "Sampler",
+    "SamplerOutput",
+    "SamplingMetadata",
+    "SamplingRow",
+    "build_sampling_metadata",
+    "compute_prompt_logprobs",
+    "make_generator",
+]
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [num_reqs] int64
+    # Rows aligned with the batch when any row asked for logprobs: column 0 = the sampled
+    # token, then the top-k (k = the largest asked), of the raw model distribution.
+    logprobs: LogprobsLists | None
+
+
+class Sampler:
+    def __call__(
+        self,
+        logits: torch.Tensor,  # [num_reqs, vocab] any float dtype
+        metadata: SamplingMetadata,
+    ) -> SamplerOutput:
+        expected = (metadata.num_reqs, metadata.vocab_size)
+        if logits.dim() != 2 or tuple(logits.shape) != expected:
+            raise ValueError(
+                f"logits must have shape [num_reqs, vocab_size] = {list(expected)}, "
+                f"got {list(logits.shape)}")
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+
+        # Masks edit in place: copy so the caller's logits stay as the model produced them.
+        logits = logits.to(torch.float32, copy=not metadata.masks.is_empty)
+        logits = apply_token_masks(logits, metadata.masks)
+        if metadata.penalties is not None:
+            logits = apply_penalties(logits, metadata.penalties)
+        sampled = self._sample(logits, metadata)
+
+        logprobs = None
+        if raw_logprobs is not None:
+            assert metadata.max_num_logprobs is not None
+            logprobs = gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,  # [num_reqs, vocab] float32 after masks and penalties
+        metadata: SamplingMetadata,
+    ) -> torch.Tensor:  # [num_reqs] int64
+        greedy = None
+        if not metadata.all_random:
+            greedy = logits.argmax(dim=-1)
+            if metadata.all_greedy:
+                return greedy
+        assert metadata.temperature is not None
+        logits = logits / metadata.temperature.unsqueeze(1)
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k, metadata.top_p)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        probs = logits.softmax(dim=-1)  # [num_reqs, vocab]
+        sampled = _exponential_race(probs, metadata.generators)
+        if greedy is None:
+            return sampled
+        assert metadata.greedy_mask is not None
+        return torch.where(metadata.greedy_mask, greedy, sampled)
+
+
+def _exponential_race(
+    probs: torch.Tensor,  # [num_reqs, vocab] float32
+    generators: dict[int, torch.Generator],
+) -> torch.Tensor:  # [num_reqs] int64
+    """argmax(p / q) with q ~ Exp(1) picks token i with probability p_i (Gumbel-max in disguise)
+    and needs no host sync, unlike torch.multinomial."""
+    q = torch.empty_like(probs)
+    if len(generators) != probs.shape[0]:
+        q.exponential_()  # every unseeded row in one call
+    # Seeded rows redraw their own row, so their sample depends only on their own generator.
+    for row, generator in generators.items():
+        q[row].exponential_(generator=generator)
+    # q = 0 would turn a masked token's 0/0 into NaN, which argmax would pick.
+    q.clamp_min_(torch.finfo(q.dtype).tiny)
+    return probs.div_(q).argmax(dim=-1)

@@ -1,0 +1,1 @@
+"""Stages of the sampler, each a pure function over batched tensors."""

@@ -1,0 +1,58 @@
+"""Chat templates rendered in a sandboxed, immutable jinja2 environment (as transformers does)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    # jinja2's sandbox answers an unsafe attribute (`__class__`, ...) with an Undefined that prints
+    # as "": a template probing for an escape would render silently. Refuse it outright instead.
+    def unsafe_undefined(self, obj: Any, attribute: str) -> NoReturn:
+        raise SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    # trim_blocks/lstrip_blocks match transformers, so a template renders the same text in both.
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def render_chat_template(
+    template: str,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+    special_tokens: dict[str, str] | None = None,
+) -> str:
+    """Render `messages`; ValueError naming chat_template for a broken or unsafe template."""
+    try:
+        compiled = _compile(template)
+        return compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            **(special_tokens or {}),
+        )
+    except SecurityError as exc:
+        raise ValueError(f"chat_template refused by the sandbox: {exc}") from exc
+    except TemplateError as exc:
+        raise ValueError(f"chat_template failed to render: {exc}") from exc

@@ -1,0 +1,151 @@
+"""InputProcessor: prompt + SamplingParams -> a validated EngineCoreRequest (the tokenizer stage)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine_core.core.engine_io import EngineCoreRequest
+from engine_core.processing.tokenizer import Tokenizer
+from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
+
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt"}
+
+
+@dataclass(slots=True)
+class ProcessedPrompt:
+    request: EngineCoreRequest  # the parent request; n > 1 fans out in the OutputProcessor
+    prompt: str | None  # the prompt text (None for token-id prompts)
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_id: int | None = None,
+        max_logprobs: int = MAX_LOGPROBS,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+        self.max_logprobs = max_logprobs
+
+    def process(
+        self,
+        request_id: str,
+        prompt: str | dict[str, Any],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> ProcessedPrompt:
+        """Validate and tokenize; ValueError naming the field. Holds no state, so none changes."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        if not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        params = self._validate_params(params)
+        text, token_ids, salt = self._tokenize(prompt)
+        cache_salt = cache_salt if cache_salt is not None else salt
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty str, got {cache_salt!r}")
+        self._validate_token_ids(token_ids)
+        if params.max_tokens is None:
+            # vLLM: without a limit the request may fill the rest of the context window.
+            params = params.clone(max_tokens=max(1, self.max_model_len - len(token_ids)))
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            eos_token_id=self.eos_token_id,
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+        return ProcessedPrompt(request=request, prompt=text)
+
+    def _validate_params(self, params: SamplingParams | None) -> SamplingParams:
+        if params is None:
+            return SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        # A clone re-runs every bound (the caller may have mutated its object since building it)
+        # and keeps the caller's object out of the engine.
+        params = params.clone()
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(
+                    f"{name} must be <= max_logprobs ({self.max_logprobs}), got {value}"
+                )
+        params.validate_against_vocab(self.vocab_size)
+        return params
+
+    def _tokenize(self, prompt: object) -> tuple[str | None, list[int], str | None]:
+        if isinstance(prompt, str):
+            return prompt, self._encode_text(prompt), None
+        if not isinstance(prompt, dict):
+            raise ValueError(
+                "prompt must be a str or a dict with 'prompt', 'prompt_token_ids' or 'messages', "
+                f"got {type(prompt).__name__}"
+            )
+        unknown = sorted(set(prompt) - _PROMPT_KEYS)
+        if unknown:
+            raise ValueError(f"prompt has unknown keys {unknown}; allowed: {sorted(_PROMPT_KEYS)}")
+        salt = prompt.get("cache_salt")
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise ValueError("prompt_token_ids must be a list of ints")
+            text = prompt.get("prompt")
+            return (text if isinstance(text, str) else None), list(ids), salt
+        if "messages" in prompt:
+            messages = _check_messages(prompt["messages"])
+            add_generation_prompt = bool(prompt.get("add_generation_prompt", True))
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+            # The template writes its own bos; encoding must not add a second one.
+            return text, self.tokenizer.encode(text, add_special_tokens=False), salt
+        if "prompt" in prompt:
+            text = prompt["prompt"]
+            if not isinstance(text, str):
+                raise ValueError(f"prompt must be a str, got {type(text).__name__}")
+            return text, self._encode_text(text), salt
+        raise ValueError("prompt dict needs one of 'prompt', 'prompt_token_ids' or 'messages'")
+
+    def _encode_text(self, text: str) -> list[int]:
+        if not text:
+            raise ValueError("prompt must not be empty")
+        return self.tokenizer.encode(text)
+
+    def _validate_token_ids(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("prompt must not be empty (prompt_token_ids has no tokens)")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt_token_ids must be in [0, {self.vocab_size}) (the vocab), got {bad[:8]}"
+            )
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(token_ids)} tokens, longer than max_model_len "
+                f"({self.max_model_len})"
+            )
+
+
+def _check_messages(messages: object) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content'")
+    return messages

@@ -1,0 +1,114 @@
+"""OutputProcessor: EngineCoreOutputs -> RequestOutputs (the detokenizer stage).
+
+Life of a request here: add_request registers the parent and returns the children for the core;
+each engine step, process_outputs detokenizes the new tokens, checks stop strings, gathers the n
+children into one RequestOutput per parent, and drops the parent once every child has finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
+from engine_core.outputs import RequestOutput
+from engine_core.processing.input_processor import ProcessedPrompt
+from engine_core.processing.parallel_sampling import ParentRequest
+from engine_core.processing.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class OutputProcessorResult:
+    # One per parent request with something to report this step (respecting its output_kind).
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    # Child ids ended here by a stop string while the core still runs them: abort them there.
+    reqs_to_abort: list[str] = field(default_factory=list)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._parents: dict[str, ParentRequest] = {}
+        self._parent_of_child: dict[str, ParentRequest] = {}
+
+    def has_request(self, request_id: str) -> bool:
+        """True while the id names a live request, or one of its children, here."""
+        return request_id in self._parents or request_id in self._parent_of_child
+
+    def add_request(self, processed: ProcessedPrompt) -> list[EngineCoreRequest]:
+        """Register the parent; return the child requests to send to the core."""
+        request_id = processed.request.request_id
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        parent = ParentRequest(processed, self.tokenizer)
+        # A child id of the new request ("0_x") may collide with a live id as well.
+        for rid in (request_id, *parent.children):
+            if self.has_request(rid):
+                raise ValueError(f"request_id {rid!r} already in use")
+        self._parents[request_id] = parent
+        for child_id in parent.children:
+            self._parent_of_child[child_id] = parent
+        return list(parent.child_requests)
+
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput], iteration_timestamp: float | None = None
+    ) -> OutputProcessorResult:
+        timestamp = time.time() if iteration_timestamp is None else iteration_timestamp
+        result = OutputProcessorResult()
+        touched: dict[str, ParentRequest] = {}
+        for output in outputs:
+            parent = self._parent_of_child.get(output.request_id)
+            # Aborted here, or already ended by a stop string: vLLM reports nothing more for it.
+            if parent is None or parent.children[output.request_id].finished:
+                continue
+            if parent.update(output, timestamp):
+                result.reqs_to_abort.append(output.request_id)
+            touched[parent.request_id] = parent
+        for parent in touched.values():
+            request_output = parent.make_output()
+            if request_output is not None:
+                result.request_outputs.append(request_output)
+            if parent.finished:
+                self._remove(parent)
+        return result
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
+        """Drop the requests (no further output); return the child ids the core must abort.
+
+        A child id drops its whole parent: a parent's output needs all n of its children.
+        """
+        to_abort: list[str] = []
+        for request_id in request_ids:
+            parent = self._parents.get(request_id) or self._parent_of_child.get(request_id)
+            if parent is None or parent.request_id not in self._parents:
+                continue
+            to_abort.extend(parent.unfinished_child_ids())
+            self._remove(parent)
+        return to_abort
+
+    def finish_with_error(self, request_ids: Iterable[str], reason: str) -> list[RequestOutput]:
+        """End the requests with finish_reason "error" and RequestOutput.error = reason."""
+        timestamp = time.time()
+        request_outputs: list[RequestOutput] = []
+        for request_id in request_ids:
+            parent = self._parents.get(request_id) or self._parent_of_child.get(request_id)
+            if parent is None or parent.request_id not in self._parents:
+                continue
+            parent.finish_unfinished("error", timestamp)
+            request_output = parent.make_output(error=reason)
+            if request_output is not None:
+                request_outputs.append(request_output)
+            self._remove(parent)
+        return request_outputs
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._parents)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    def _remove(self, parent: ParentRequest) -> None:
+        self._parents.pop(parent.request_id, None)
+        for child_id in parent.children:
+            self._parent_of_child.pop(child_id, None)

@@ -1,0 +1,116 @@
+"""ParentRequest: one user request, fanned out into n independently sampled children."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
+from engine_core.outputs import RequestMetrics, RequestOutput
+from engine_core.processing.input_processor import ProcessedPrompt
+from engine_core.processing.request_state import SequenceState
+from engine_core.processing.tokenizer import Tokenizer
+from engine_core.sampling_params import RequestOutputKind
+
+
+def child_request_id(index: int, request_id: str) -> str:
+    return f"{index}_{request_id}"
+
+
+class ParentRequest:
+    def __init__(self, processed: ProcessedPrompt, tokenizer: Tokenizer) -> None:
+        request = processed.request
+        params = request.sampling_params
+        self.request_id = request.request_id
+        self.prompt = processed.prompt
+        self.prompt_token_ids = list(request.prompt_token_ids)
+        self.output_kind = params.output_kind
+        self.metrics = RequestMetrics(arrival_time=request.arrival_time)
+        self.num_cached_tokens = 0
+        self.child_requests: list[EngineCoreRequest] = []
+        if params.n == 1:
+            self.child_requests.append(request)
+        else:
+            for i in range(params.n):
+                # Each child gets its own seed, else the n samples would all be the same.
+                seed = None if params.seed is None else params.seed + i
+                self.child_requests.append(
+                    EngineCoreRequest(
+                        request_id=child_request_id(i, self.request_id),
+                        prompt_token_ids=request.prompt_token_ids,
+                        sampling_params=params.clone(n=1, seed=seed),
+                        eos_token_id=request.eos_token_id,
+                        arrival_time=request.arrival_time,
+                        priority=request.priority,
+                        cache_salt=request.cache_salt,
+                    )
+                )
+        self.children = {
+            child.request_id: SequenceState(
+                child.request_id, i, tokenizer, self.prompt_token_ids, child.sampling_params
+            )
+            for i, child in enumerate(self.child_requests)
+        }
+        # Every child computes the same prompt logprobs; the first child's are reported.
+        self._prompt_logprobs_source = next(iter(self.children.values()))
+
+    @property
+    def finished(self) -> bool:
+        return all(child.finished for child in self.children.values())
+
+    def unfinished_child_ids(self) -> list[str]:
+        return [cid for cid, child in self.children.items() if not child.finished]
+
+    def update(self, output: EngineCoreOutput, timestamp: float) -> bool:
+        """Apply one child's step; True when a stop string ended it (the core must abort it)."""
+        metrics = self.metrics
+        if metrics.first_scheduled_time is None:
+            metrics.first_scheduled_time = output.first_scheduled_time
+        if output.new_token_ids:
+            if metrics.first_token_time is None:
+                metrics.first_token_time = timestamp
+            metrics.last_token_time = timestamp
+        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        needs_abort = self.children[output.request_id].update(output)
+        if self.finished:
+            metrics.finished_time = timestamp
+        return needs_abort
+
+    def finish_unfinished(self, reason: str, timestamp: float) -> None:
+        for child in self.children.values():
+            if not child.finished:
+                child.finish(reason)
+        self.metrics.finished_time = timestamp
+
+    def make_output(self, error: str | None = None) -> RequestOutput | None:
+        """This step's RequestOutput under the request's output_kind; None when nothing to say."""
+        finished = self.finished
+        kind = self.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        delta = kind == RequestOutputKind.DELTA
+        children = sorted(self.children.values(), key=lambda c: c.index)
+        if delta:
+            children = [c for c in children if c.has_news()]
+        elif not any(c.has_news() for c in children):
+            return None
+        if not children:
+            return None
+        outputs = [child.completion(delta) for child in children]
+        source = self._prompt_logprobs_source.logprobs
+        if delta:
+            prompt_logprobs = source.take_new_prompt_logprobs()
+        else:
+            prompt_logprobs = None if source.prompt_logprobs is None else list(
+                source.prompt_logprobs
+            )
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=outputs,
+            finished=finished,
+            prompt_logprobs=prompt_logprobs,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=dataclasses.replace(self.metrics),  # a snapshot: later steps update ours
+            error=error,
+        )

@@ -1,0 +1,27 @@
+"""Builders shared by every test directory: tiny HF-format models made on the spot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Two cores: intra-op threads beyond that only contend with the other test processes.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def build_tiny_model(path: Path, **overrides: object) -> Path:
+    from engine_core.model_executor.tiny_model import make_tiny_model
+
+    spec: dict[str, object] = {"arch": "llama", "num_layers": 2, "hidden_size": 64,
+                               "num_heads": 4, "num_kv_heads": 2, "vocab_size": 512, "seed": 0}
+    spec.update(overrides)
+    make_tiny_model(path, **spec)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama (hidden 64, GQA 4/2, vocab 512) with a trained BPE tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))

@@ -1,0 +1,78 @@
+"""Chat templates: rendered like transformers, in a sandbox that refuses escapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_core.processing.chat_template import render_chat_template
+from engine_core.processing.tokenizer import Tokenizer
+
+MESSAGES = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello"},
+    {"role": "user", "content": "中文?"},
+]
+
+
+def test_template_renders_roles_and_generation_prompt(tokenizer: Tokenizer) -> None:
+    text = tokenizer.apply_chat_template(MESSAGES[1:2])
+    assert text == "<s><|user|>\nhi<|end|>\n<|assistant|>\n"
+
+
+def test_generation_prompt_can_be_left_out(tokenizer: Tokenizer) -> None:
+    text = tokenizer.apply_chat_template(MESSAGES[1:2], add_generation_prompt=False)
+    assert text == "<s><|user|>\nhi<|end|>\n"
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_rendering_matches_transformers(
+    tiny_tokenizer_dir: Path, tokenizer: Tokenizer, add_generation_prompt: bool
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    expected = hf.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert tokenizer.apply_chat_template(MESSAGES, add_generation_prompt) == expected
+
+
+def test_raise_exception_in_a_template_becomes_value_error(tokenizer: Tokenizer) -> None:
+    with pytest.raises(ValueError, match="unknown role: robot"):
+        tokenizer.apply_chat_template([{"role": "robot", "content": "beep"}])
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ messages.__class__ }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ raise_exception.__globals__ }}",
+    ],
+)
+def test_sandbox_refuses_unsafe_attribute_access(template: str) -> None:
+    with pytest.raises(ValueError, match="chat_template refused by the sandbox"):
+        render_chat_template(template, MESSAGES)
+
+
+def test_sandbox_refuses_mutating_the_messages() -> None:
+    messages = [dict(m) for m in MESSAGES]
+    with pytest.raises(ValueError, match="chat_template"):
+        render_chat_template("{{ messages.append({'role': 'x'}) }}", messages)
+    assert messages == MESSAGES
+
+
+def test_tokenizer_without_template_refuses_messages(tmp_path: Path) -> None:
+    import json
+
+    from engine_core.processing.tiny_tokenizer import write_tiny_tokenizer
+
+    write_tiny_tokenizer(tmp_path, 300)
+    config_file = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["chat_template"]
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="chat_template"):
+        Tokenizer.from_dir(str(tmp_path)).apply_chat_template(MESSAGES)
