@@ -1,0 +1,109 @@
+"""BlockPool: every KV cache block, their ref counts, the LRU free queue and the prefix-cache map."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from engine_core.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+
+logger = logging.getLogger(__name__)
+
+
+class BlockPool:
+    """Blocks 1..num_blocks-1 are allocatable; block 0 is reserved (padding in block tables).
+
+    A free block may still hold a cached prefix: it stays findable by hash until evicted, and
+    eviction takes the head of the free queue (least recently freed first).
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.ref_cnt = 1  # never freed, never handed out
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
+        # One block per hash: a duplicate (two requests computing the same prefix in one step)
+        # is simply left uncached and recycled when freed.
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that can be allocated now, cached-but-free ones included."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of allocatable blocks held by requests, in [0, 1]."""
+        return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-hit blocks, reviving free ones out of the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"cannot allocate {num_blocks} blocks: only "
+                             f"{self.free_block_queue.num_free_blocks} are free")
+        out = []
+        for _ in range(num_blocks):
+            block = self.free_block_queue.popleft()
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        block_hash = block.block_hash
+        assert block_hash is not None
+        if self.cached_block_hash_to_block.get(block_hash) is block:
+            del self.cached_block_hash_to_block[block_hash]
+        block.block_hash = None
+
+    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Register blocks[num_cached_blocks:num_full_blocks] under their hashes."""
+        table = self.cached_block_hash_to_block
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.block_hash is not None:  # a prefix hit: already registered
+                continue
+            block_hash = block_hashes[i]
+            if block_hash not in table:
+                block.block_hash = block_hash
+                table[block_hash] = block
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference each; pass them in eviction order (a request's tail first).
+
+        Blocks that cache nothing go to the head: they are worthless, so they are reused first.
+        """
+        queue = self.free_block_queue
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    queue.appendleft(block)
+                else:
+                    queue.append(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is held by a request."""
+        num_used = self.num_blocks - 1 - self.free_block_queue.num_free_blocks
+        if num_used > 0:
+            logger.warning("Failed to reset the prefix cache: %d blocks are still in use "
+                           "by running requests", num_used)
+            return False
+        for block in self.cached_block_hash_to_block.values():
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        logger.info("Prefix cache reset")
+        return True

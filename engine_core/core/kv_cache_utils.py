@@ -1,0 +1,158 @@
+"""Blocks of the paged KV cache, their LRU free queue, and the chained block hash of prefix caching."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine_core.core.request import Request
+
+BlockHash = bytes
+HashFn = Callable[[bytes], bytes]
+
+HASH_ALGOS = ("sha256", "xxhash")
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _blake2b_128(data: bytes) -> bytes:
+    # Used for "xxhash" when the xxhash package is absent: still cheaper than sha256 on short
+    # inputs, and collisions stay negligible.
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _fast_hash_fn() -> HashFn:
+    try:
+        import xxhash
+    except ImportError:
+        return _blake2b_128
+    return xxhash.xxh3_128_digest  # type: ignore[no-any-return]
+
+
+def get_hash_fn(algo: str) -> HashFn:
+    """sha256 (default, collision resistant) or xxhash (fast, non-cryptographic)."""
+    if algo == "sha256":
+        return _sha256
+    if algo == "xxhash":
+        return _fast_hash_fn()
+    raise ValueError(f"prefix_caching_hash_algo must be one of {HASH_ALGOS}, got {algo!r}")
+
+
+# The parent of a request's first block: fixed, so hashes agree across processes and restarts.
+NONE_HASH: BlockHash = hashlib.sha256(b"strand-prefix-cache-root").digest()
+
+
+def hash_block_tokens(hash_fn: HashFn, parent_hash: BlockHash, token_ids: Sequence[int],
+                      extra_keys: tuple[object, ...] | None = None) -> BlockHash:
+    """Hash of one full block, chained on its parent so equal hashes mean equal prefixes."""
+    # A full block has a fixed byte length, so the extra keys after it cannot be confused with
+    # tokens; the parent hash has a fixed length too.
+    data = parent_hash + array("q", token_ids).tobytes()
+    if extra_keys:
+        data += repr(extra_keys).encode()
+    return hash_fn(data)
+
+
+def block_extra_keys(request: Request, block_index: int) -> tuple[object, ...] | None:
+    """Keys beyond token ids that change a block's KV: the tenant salt (LoRA id later).
+
+    Only the first block carries the salt: every later hash chains on it.
+    """
+    if block_index == 0 and request.cache_salt is not None:
+        return ("salt", request.cache_salt)
+    return None
+
+
+def update_block_hashes(request: Request, block_size: int, hash_fn: HashFn) -> None:
+    """Append the hashes of the blocks of request.all_token_ids that became full."""
+    hashes = request.block_hashes
+    num_full = len(request.all_token_ids) // block_size
+    start = len(hashes)
+    if start >= num_full:
+        return
+    tokens = request.all_token_ids
+    parent = hashes[-1] if hashes else NONE_HASH
+    for i in range(start, num_full):
+        parent = hash_block_tokens(hash_fn, parent, tokens[i * block_size:(i + 1) * block_size],
+                                   block_extra_keys(request, i))
+        hashes.append(parent)
+
+
+@dataclass(slots=True, eq=False)
+class KVCacheBlock:
+    block_id: int
+    ref_cnt: int = 0
+    # Set once the block is full and cached; kept after it is freed until evicted.
+    block_hash: BlockHash | None = None
+    # Links of the free queue; None when the block is not in it (ends point to the sentinels).
+    prev_free: KVCacheBlock | None = None
+    next_free: KVCacheBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt})"
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks: evict from the head, O(1) removal from the middle.
+
+    A deque cannot remove a block that a prefix hit revives without an O(n) scan.
+    """
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self.num_free_blocks = 0
+        self._head = KVCacheBlock(-1)  # sentinels: no None checks on the hot path
+        self._tail = KVCacheBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next_free
+        if block is None or block is self._tail:
+            raise ValueError("no free blocks left in the KV cache pool")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Add at the tail: the last to be evicted."""
+        last = self._tail.prev_free
+        assert last is not None
+        self._link(block, last, self._tail)
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Add at the head: the first to be evicted."""
+        first = self._head.next_free
+        assert first is not None
+        self._link(block, self._head, first)
+
+    def _link(self, block: KVCacheBlock, prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
+        if block.prev_free is not None:
+            raise ValueError(f"block {block.block_id} is already in the free queue")
+        block.prev_free = prev
+        block.next_free = nxt
+        prev.next_free = block
+        nxt.prev_free = block
+        self.num_free_blocks += 1
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Head to tail (eviction order). For tests and checks, not the hot path."""
+        out = []
+        node = self._head.next_free
+        while node is not None and node is not self._tail:
+            out.append(node)
+            node = node.next_free
+        return out

@@ -1,0 +1,339 @@
+"""Scheduler: continuous batching over num_computed_tokens, with preemption by recompute.
+
+schedule() decides what runs this step; update_from_output() applies what the runner produced.
+There are no prefill/decode phases: each step moves every scheduled request toward its token
+count, running requests first, then waiting ones, within max_num_batched_tokens and max_num_seqs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.core.engine_io import EngineCoreOutput
+from engine_core.core.kv_cache_manager import KVCacheManager
+from engine_core.core.kv_cache_utils import KVCacheBlock, get_hash_fn, update_block_hashes
+from engine_core.core.request import Request, RequestStatus
+from engine_core.core.request_queue import make_request_queue
+from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
+from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from engine_core.core.stats import SchedulerStats
+from engine_core.core.stop import check_stop
+
+logger = logging.getLogger(__name__)
+
+
+class DuplicateRequestError(ValueError):
+    """add_request with an id that is still unfinished (services map it to ALREADY_EXISTS)."""
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 num_blocks: int, connector: object | None = None) -> None:
+        if scheduler_config.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1, got "
+                             f"{scheduler_config.max_num_batched_tokens}")
+        if scheduler_config.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {scheduler_config.max_num_seqs}")
+        if scheduler_config.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0, got "
+                             f"{scheduler_config.long_prefill_token_threshold}")
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.connector = connector
+        self.block_size = cache_config.block_size
+        self.max_model_len = scheduler_config.max_model_len
+        self.enable_caching = cache_config.enable_prefix_caching
+        self.hash_fn = get_hash_fn(cache_config.prefix_caching_hash_algo)
+        self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, self.enable_caching)
+        self.policy = scheduler_config.policy
+        self.waiting = make_request_queue(self.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # unfinished only
+        # Finished or aborted since the last schedule(): the runner drops their state.
+        self.finished_req_ids: set[str] = set()
+        # Preempted outside schedule() (reset_prefix_cache): reported by the next schedule().
+        self._preempted_outside_step: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; ValueError (and no change) if it could never run to its end."""
+        if request.request_id in self.requests:
+            raise DuplicateRequestError(f"request_id {request.request_id!r} already exists")
+        num_prompt = request.num_prompt_tokens
+        if num_prompt < 1:
+            raise ValueError("prompt_token_ids must not be empty")
+        if num_prompt + 1 > self.max_model_len:
+            raise ValueError(f"prompt length ({num_prompt}) + 1 generated token must be <= "
+                             f"max_model_len ({self.max_model_len})")
+        room = self.max_model_len - num_prompt
+        max_tokens = request.sampling_params.max_tokens
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
+        # The last token is sampled but never fed back, so its KV needs no slot.
+        num_blocks_needed = -(-(num_prompt + max_tokens - 1) // self.block_size)
+        num_allocatable = self.kv_cache_manager.num_blocks - 1
+        if num_blocks_needed > num_allocatable:
+            raise ValueError(
+                f"prompt ({num_prompt}) + max_tokens ({max_tokens}) needs {num_blocks_needed} KV "
+                f"cache blocks of {self.block_size} tokens, more than the pool's "
+                f"num_blocks - 1 ({num_allocatable})")
+        request.max_tokens = max_tokens
+        if self.enable_caching:
+            update_block_hashes(request, self.block_size, self.hash_fn)
+        self.waiting.add(request)
+        self.requests[request.request_id] = request
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """End requests from outside (abort, stop string); unknown or finished ids are ignored."""
+        if not RequestStatus.is_finished(status):
+            raise ValueError(f"status must be a finished status, got {status.name}")
+        ids = (request_ids,) if isinstance(request_ids, str) else request_ids
+        running_done: set[Request] = set()
+        for req_id in ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                running_done.add(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._free_request(request)
+        if running_done:
+            self.running = [r for r in self.running if r not in running_done]
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- one step: decide ----------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.scheduler_config.max_num_batched_tokens
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        kv = self.kv_cache_manager
+        num_scheduled: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
+        scheduled_running: list[Request] = []
+        preempted: list[Request] = []
+
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                victim_index = running.index(victim)
+                del running[victim_index]
+                if victim_index < i:  # priority: the victim may already be scheduled
+                    i -= 1
+                    if victim.request_id in num_scheduled:
+                        budget += num_scheduled.pop(victim.request_id)
+                        del new_blocks_of[victim.request_id]
+                        scheduled_running.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                continue  # the request preempted itself; running[i] is now the next one
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = num_new
+            new_blocks_of[request.request_id] = new_blocks
+            budget -= num_new
+            i += 1
+
+        scheduled_new: list[Request] = []
+        # After a preemption the pool is tight: admitting would only preempt again.
+        if not preempted:
+            self._schedule_waiting(budget, threshold, num_scheduled, scheduled_new)
+
+        new_reqs = []
+        for request in scheduled_new:
+            new_reqs.append(NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=list(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=kv.get_block_ids(request.request_id),
+                num_computed_tokens=request.num_computed_tokens,
+            ))
+        cached = CachedRequestData(
+            req_ids=[r.request_id for r in scheduled_running],
+            new_block_ids=[[b.block_id for b in new_blocks_of[r.request_id]]
+                           for r in scheduled_running],
+            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+        )
+        # vLLM v1 style: the scheduler advances num_computed_tokens when it decides.
+        requests = self.requests
+        for req_id, n in num_scheduled.items():
+            requests[req_id].num_computed_tokens += n
+
+        preempted_ids = {r.request_id for r in preempted}
+        if self._preempted_outside_step:
+            preempted_ids |= self._preempted_outside_step
+            self._preempted_outside_step = set()
+        finished = self.finished_req_ids
+        self.finished_req_ids = set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=finished,
+            preempted_req_ids=preempted_ids,
+        )
+
+    def _schedule_waiting(self, budget: int, threshold: int, num_scheduled: dict[str, int],
+                          scheduled_new: list[Request]) -> None:
+        kv = self.kv_cache_manager
+        max_num_seqs = self.scheduler_config.max_num_seqs
+        waiting = self.waiting
+        now = time.time()
+        while waiting and budget > 0 and len(self.running) < max_num_seqs:
+            request = waiting.peek()
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if kv.allocate_slots(request, num_new, hits) is None:
+                break  # head-of-line: later requests wait too, so order is kept
+            waiting.pop()
+            if request.status == RequestStatus.WAITING:
+                request.num_cached_tokens = num_hit_tokens
+                request.first_scheduled_time = now
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            self.running.append(request)
+            scheduled_new.append(request)
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+
+    def _pick_victim(self) -> Request:
+        """FCFS: the newest running request; priority: the worst (highest value, latest)."""
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        """Free its blocks and requeue it at the head; its KV is recomputed when it resumes."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_preempted(request)
+
+    # ---- one step: apply -----------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Append sampled tokens, finish what stopped, free its blocks; one output per request
+        that got tokens, prompt logprobs or finished."""
+        outputs: list[EngineCoreOutput] = []
+        index_of = runner_output.req_id_to_index
+        sampled = runner_output.sampled_token_ids
+        logprobs = runner_output.logprobs
+        prompt_logprobs = runner_output.prompt_logprobs_dict
+        requests = self.requests
+        caching = self.enable_caching
+        block_size = self.block_size
+        max_model_len = self.max_model_len
+        running_status = RequestStatus.RUNNING
+        stopped: set[Request] = set()
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = requests.get(req_id)
+            # Aborted, or preempted by a reset, since schedule(): its result is dropped.
+            if request is None or request.status != running_status:
+                continue
+            index = index_of.get(req_id)
+            new_token_ids = sampled[index] if index is not None else []
+            finished = False
+            if new_token_ids:
+                output_ids = request.output_token_ids
+                all_ids = request.all_token_ids
+                for n, token_id in enumerate(new_token_ids, 1):
+                    output_ids.append(token_id)
+                    all_ids.append(token_id)
+                    if check_stop(request, max_model_len):
+                        finished = True
+                        new_token_ids = new_token_ids[:n]
+                        break
+                if caching and len(all_ids) // block_size > len(request.block_hashes):
+                    update_block_hashes(request, block_size, self.hash_fn)
+            new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
+            if not (new_token_ids or finished or new_prompt_logprobs):
+                continue
+            new_logprobs = None
+            if (logprobs is not None and new_token_ids and index is not None
+                    and request.sampling_params.logprobs is not None):
+                new_logprobs = LogprobsLists([logprobs.logprob_token_ids[index]],
+                                             [logprobs.logprobs[index]],
+                                             [logprobs.sampled_token_ranks[index]])
+            # Positional: this runs once per request per step.
+            outputs.append(EngineCoreOutput(
+                req_id, new_token_ids, new_logprobs, new_prompt_logprobs,
+                request.get_finish_reason() if finished else None, request.stop_reason,
+                request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
+                request.first_scheduled_time))
+            if finished:
+                stopped.add(request)
+                self._free_request(request)
+        if stopped:
+            self.running = [r for r in self.running if r not in stopped]
+        return outputs
+
+    # ---- cache control and stats ---------------------------------------------------------
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        """Forget every cached prefix. False (logged) while requests hold blocks, unless
+        reset_running_requests, which preempts them first (they are recomputed, same output)."""
+        if reset_running_requests and self.running:
+            # Newest first, each to the head: the oldest ends up first in line again.
+            for request in reversed(self.running):
+                self._preempt(request)
+                self._preempted_outside_step.add(request.request_id)
+            self.running = []
+        ok = self.kv_cache_manager.reset_prefix_cache()
+        if reset_connector and self.connector is not None:
+            reset = getattr(self.connector, "reset_cache", None)
+            # None means "not implemented" and counts as success; only False fails.
+            if reset is not None and reset() is False:
+                logger.warning("Failed to reset the KV connector's cache")
+                ok = False
+        return ok
+
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_stats=kv.make_prefix_cache_stats(),
+            num_preemptions=self.num_preemptions,
+        )

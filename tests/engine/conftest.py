@@ -1,0 +1,55 @@
+"""Builders for whole-engine tests: an LLMEngine on the tiny model, and HF's greedy oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine_core import EngineArgs, LLMEngine, RequestOutput
+
+
+def make_engine(model_dir: Path, **overrides: Any) -> LLMEngine:
+    args: dict[str, Any] = {"model": str(model_dir), "dtype": "float32", "device": "cpu"}
+    args.update(overrides)
+    return LLMEngine.from_engine_args(EngineArgs(**args))
+
+
+def run_to_completion(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, RequestOutput]:
+    finished: dict[str, RequestOutput] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return finished
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    raise AssertionError(f"engine still busy after {max_steps} steps")
+
+
+def assert_pool_whole(engine: LLMEngine) -> None:
+    pool = engine.engine_core.scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_blocks - 1  # block 0 is reserved
+
+
+class HFGreedy:
+    """transformers' greedy `generate`, one prompt at a time (no padding to perturb it)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        transformers = pytest.importorskip("transformers")
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch.float32).eval()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+
+    @torch.inference_mode()
+    def generate(self, prompt_token_ids: list[int], max_new_tokens: int) -> list[int]:
+        input_ids = torch.tensor([prompt_token_ids])
+        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                  max_new_tokens=max_new_tokens, do_sample=False)
+        return out[0, len(prompt_token_ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(tiny_model_dir: Path) -> HFGreedy:
+    return HFGreedy(tiny_model_dir)
