@@ -8,8 +8,6 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TINY_MODEL = {"arch": "llama", "num_layers": 2, "hidden_size": 128, "num_heads": 4,
-                      "num_kv_heads": 2, "vocab_size": 1024, "seed": 0}
 
 
 def default_model_dir() -> Path:
@@ -26,5 +24,6 @@ def resolve_model_dir(model: str | None) -> str:
         from engine_core.model_executor.tiny_model import make_tiny_model
 
         logger.info("no --model given: building a tiny random model at %s", path)
-        make_tiny_model(path, **DEFAULT_TINY_MODEL)
+        make_tiny_model(path, arch="llama", num_layers=2, hidden_size=128, num_heads=4,
+                        num_kv_heads=2, vocab_size=1024, seed=0)
     return str(path)

@@ -34,7 +34,8 @@ class KVCacheManager:
         Capped below num_tokens: the last token is always computed, since its logits are needed.
         Takes no references; allocate_slots does.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            # Prompt logprobs need the logits of every prompt position: nothing may be skipped.
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes

@@ -1,0 +1,150 @@
+"""The torch attention backend: what CPU users run, and the fallback on any device.
+
+No per-request Python loop: each request's context K/V is gathered from the paged cache in one
+advanced index into a padded batch, one boolean mask encodes causality and context lengths, and
+scaled_dot_product_attention runs once per group. Decodes (one query token) and prefill chunks are
+two groups, so a long prefill does not pad every decode to its query length.
+The gather indices and masks depend only on the metadata, so they are built once per step (on the
+first layer) and reused by the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+
+
+@dataclass(slots=True)
+class _Group:
+    """Requests attended together: padded to the group's longest query and context."""
+
+    # [num_group_reqs, max_query_len] rows of q (padding rows repeat a valid row of the request).
+    query_rows: torch.Tensor
+    # [num_valid_tokens]: positions in query_rows.flatten() that are real tokens ...
+    valid: torch.Tensor | None  # None when every entry is real (decodes)
+    # ... and the q rows they belong to: out[token_rows] = result.flatten()[valid].
+    token_rows: torch.Tensor
+    # True when query_rows is 0..num_tokens-1 in order (all decodes, or one prefill): the
+    # gather of q and the scatter of the output are skipped.
+    is_whole_batch: bool
+    # [num_group_reqs, num_blocks] cache blocks of each request's context (0 past the end):
+    # gathering whole blocks copies block_size rows per index instead of one.
+    context_blocks: torch.Tensor
+    # [num_group_reqs, 1, max_query_len, num_blocks * block_size] True = may attend.
+    mask: torch.Tensor
+
+
+@dataclass(slots=True)
+class _Plan:
+    metadata: AttentionMetadata
+    groups: list[_Group]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        n = metadata.num_actual_tokens
+        num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+        write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping[:n])
+        groups = self._plan_for(metadata).groups
+        out = query.new_zeros(query.shape)  # rows past n (padding, if any) stay zero
+        for group in groups:
+            if group.is_whole_batch:
+                q = query[:n].view(*group.query_rows.shape, *query.shape[1:])
+            else:
+                q = query[group.query_rows]  # [reqs, max_q, heads, head_dim]
+            num_ctx = group.mask.shape[-1]
+            # [reqs, num_blocks * block_size, kv_heads, head_dim]
+            k = kv_cache[0][group.context_blocks].view(-1, num_ctx, num_kv_heads, head_dim)
+            v = kv_cache[1][group.context_blocks].view(-1, num_ctx, num_kv_heads, head_dim)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask,
+                scale=scale, enable_gqa=q.shape[2] != k.shape[2])  # [reqs, heads, max_q, head_dim]
+            o = o.transpose(1, 2).reshape(-1, query.shape[1], head_dim)
+            if group.is_whole_batch and n == query.shape[0]:
+                return o
+            if group.is_whole_batch:
+                out[:n] = o
+            else:
+                out[group.token_rows] = o if group.valid is None else o[group.valid]
+        return out
+
+    def _plan_for(self, metadata: AttentionMetadata) -> _Plan:
+        if self._plan is None or self._plan.metadata is not metadata:
+            self._plan = _Plan(metadata, build_groups(metadata))
+        return self._plan
+
+
+def write_kv_cache(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+) -> None:
+    flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])
+    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+
+
+def build_groups(md: AttentionMetadata) -> list[_Group]:
+    device = md.block_table.device
+    starts = md.query_start_loc_cpu[:md.num_reqs].to(torch.int64)
+    query_lens = md.query_start_loc_cpu[1:md.num_reqs + 1].to(torch.int64) - starts
+    seq_lens = md.seq_lens_cpu[:md.num_reqs].to(torch.int64)
+    groups = []
+    is_decode = query_lens == 1
+    is_prefill = ~is_decode & (query_lens > 0)
+    for members in (is_decode.nonzero().flatten(), is_prefill.nonzero().flatten()):
+        if members.numel():
+            groups.append(_build_group(md, members, starts[members], query_lens[members],
+                                       seq_lens[members], device))
+    return groups
+
+
+def _build_group(md: AttentionMetadata, members: torch.Tensor, starts: torch.Tensor,
+                 query_lens: torch.Tensor, seq_lens: torch.Tensor,
+                 device: torch.device) -> _Group:
+    # Built on the host from host tensors (no device sync), then moved in one copy each.
+    max_q = int(query_lens.max())
+    max_s = int(seq_lens.max())
+    q_off = torch.arange(max_q)  # [max_q]
+    valid_q = q_off.unsqueeze(0) < query_lens.unsqueeze(1)  # [reqs, max_q]
+    # Padding rows point at the request's first token so they compute something finite.
+    query_rows = starts.unsqueeze(1) + torch.where(valid_q, q_off.unsqueeze(0), 0)
+    token_rows = query_rows[valid_q]
+    valid = None if bool(valid_q.all()) else valid_q.flatten().nonzero().flatten().to(device)
+
+    block_size = md.block_size
+    num_blocks = -(-max_s // block_size)
+    max_s = num_blocks * block_size  # whole blocks are gathered; the mask hides the tail
+    pos = torch.arange(max_s)  # [max_s]
+    in_context = pos.unsqueeze(0) < seq_lens.unsqueeze(1)  # [reqs, max_s]
+    used = in_context[:, ::block_size].to(device)  # [reqs, num_blocks]
+    blocks = md.block_table[members.to(device), :num_blocks].to(torch.int64)
+    context_blocks = torch.where(used, blocks, 0)
+
+    # Query token i of a request sits at position seq_len - query_len + i.
+    q_pos = (seq_lens - query_lens).unsqueeze(1) + q_off.unsqueeze(0)  # [reqs, max_q]
+    mask = (pos.view(1, 1, max_s) <= q_pos.unsqueeze(2)) & in_context.unsqueeze(1)
+    num_tokens = md.num_actual_tokens
+    is_whole_batch = (valid is None and len(members) == md.num_reqs
+                      and query_rows.numel() == num_tokens)
+    return _Group(query_rows=query_rows.to(device), valid=valid, token_rows=token_rows.to(device),
+                  is_whole_batch=is_whole_batch, context_blocks=context_blocks,
+                  mask=mask.unsqueeze(1).to(device))

@@ -1,0 +1,97 @@
+"""Build a model from a local HF directory: config.json + single or sharded safetensors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine_core.model_executor.model_config import ModelConfig
+from engine_core.model_executor.models.llama import LlamaForCausalLM
+from engine_core.model_executor.models.registry import model_class
+
+logger = logging.getLogger(__name__)
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# Checkpoint tensors the engine recomputes itself (old Llama checkpoints saved the RoPE table).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but CUDA is not available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    return torch.device(device)
+
+
+def load_model(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
+    """Weights copied straight into parameters allocated on `device` in `config.dtype`."""
+    cls = model_class(config)
+    # Built on meta first: no time spent on a random init that the checkpoint overwrites.
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to(dtype=config.dtype).to_empty(device=device)
+    model.tie_weights()
+    model.model.rotary.build_cache(device)
+    _copy_weights(model, Path(config.model_dir))
+    return model.eval().requires_grad_(False)
+
+
+def safetensors_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the file holding it (from the index file when the checkpoint is sharded)."""
+    index = model_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map' object")
+        files = {name: model_dir / fname for name, fname in weight_map.items()}
+        missing = sorted({str(p) for p in files.values() if not p.is_file()})
+        if missing:
+            raise FileNotFoundError(f"{index} names shard files that do not exist: {missing}")
+        return files
+    paths = sorted(model_dir.glob("*.safetensors"))
+    if not paths:
+        raise FileNotFoundError(
+            f"model directory {str(model_dir)!r} has no {SINGLE_FILE} (or {SAFETENSORS_INDEX})")
+    files = {}
+    for path in paths:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                files[name] = path
+    return files
+
+
+def _copy_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+    destinations = model.weight_destinations()
+    files = safetensors_files(model_dir)
+    missing = [name for name in destinations if name not in files]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5
+                                          else "")
+        raise ValueError(f"checkpoint in {str(model_dir)!r} is missing tensor(s): {shown}")
+    unexpected = [n for n in files if n not in destinations and not n.endswith(_IGNORED_SUFFIXES)
+                  and not (n == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if unexpected:
+        logger.warning("ignoring %d checkpoint tensor(s) the model does not use: %s",
+                       len(unexpected), ", ".join(unexpected[:5]))
+    by_file: dict[Path, list[str]] = {}
+    for name in destinations:
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                dest = destinations[name]
+                shape = tuple(f.get_slice(name).get_shape())
+                if shape != tuple(dest.shape):
+                    raise ValueError(
+                        f"tensor {name!r} in {path.name} has shape {list(shape)}, the model "
+                        f"expects {list(dest.shape)}")
+                # copy_ converts the dtype and crosses devices in one go.
+                dest.copy_(f.get_tensor(name))

@@ -1,0 +1,168 @@
+"""ModelConfig: what the engine needs from a local HF directory's config.json, validated."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# HF architecture name -> the family the loader builds (all Llama-shaped decoders).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    architecture: str  # one of SUPPORTED_ARCHITECTURES
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    # {"rope_type": "linear" | "llama3", "factor": ..., ...}; None: plain RoPE.
+    rope_scaling: dict[str, Any] | None
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2 always; Llama with attention_bias
+    o_proj_bias: bool  # Llama with attention_bias
+    dtype: torch.dtype  # resolved: the weights and activations are kept in this dtype
+    eos_token_id: int | list[int] | None
+    bos_token_id: int | None
+    model_dir: str
+
+    @property
+    def first_eos_token_id(self) -> int | None:
+        if isinstance(self.eos_token_id, list):
+            return self.eos_token_id[0] if self.eos_token_id else None
+        return self.eos_token_id
+
+
+def load_model_config(model_dir: str, dtype: str = "auto") -> ModelConfig:
+    """Read `model_dir/config.json`; FileNotFoundError or ValueError naming what is wrong."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"model directory {str(path)!r} has no config.json")
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+    return model_config_from_dict(raw, str(path), dtype)
+
+
+def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "auto") -> ModelConfig:
+    architecture = _architecture(raw)
+    hidden = _positive_int(raw, "hidden_size")
+    num_heads = _positive_int(raw, "num_attention_heads")
+    num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_key_value_heads must divide num_attention_heads ({num_heads}), got {num_kv_heads}")
+    head_dim = int(raw.get("head_dim") or hidden // num_heads)
+    if head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
+    if raw.get("mlp_bias"):
+        raise ValueError("mlp_bias=true is not supported (Llama, Mistral and Qwen2 have no MLP bias)")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act must be 'silu', got {act!r}")
+    rope_theta, rope_scaling = _rope(raw)
+    attention_bias = bool(raw.get("attention_bias", False))
+    is_qwen2 = architecture == "Qwen2ForCausalLM"
+    return ModelConfig(
+        architecture=architecture,
+        hidden_size=hidden,
+        intermediate_size=_positive_int(raw, "intermediate_size"),
+        num_layers=_positive_int(raw, "num_hidden_layers"),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        vocab_size=_positive_int(raw, "vocab_size"),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=is_qwen2 or attention_bias,
+        o_proj_bias=attention_bias and not is_qwen2,
+        dtype=resolve_dtype(dtype, raw.get("torch_dtype") or raw.get("dtype")),
+        eos_token_id=raw.get("eos_token_id"),
+        bos_token_id=raw.get("bos_token_id"),
+        model_dir=model_dir,
+    )
+
+
+def resolve_dtype(requested: str, config_dtype: str | None) -> torch.dtype:
+    """auto: the checkpoint's dtype (float32 when the config names none)."""
+    if requested == "auto":
+        name = config_dtype or "float32"
+        if name not in _DTYPES:
+            raise ValueError(
+                f"config.json torch_dtype must be float32, bfloat16 or float16, got {name!r}")
+        return _DTYPES[name]
+    if requested not in _DTYPES:
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {requested!r}")
+    return _DTYPES[requested]
+
+
+def _architecture(raw: dict[str, Any]) -> str:
+    archs = raw.get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return str(arch)
+    raise ValueError(
+        f"unsupported architecture {archs!r} in config.json 'architectures'; supported: "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    # transformers 5 writes `rope_parameters` (theta inside); older configs `rope_theta` +
+    # `rope_scaling`. Both describe the same thing.
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or params)
+    theta = float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling.rope_type must be one of {', '.join(SUPPORTED_ROPE_TYPES)}, "
+            f"got {rope_type!r}")
+    if rope_type == "default":
+        return theta, None
+    scaling["rope_type"] = rope_type
+    scaling.pop("type", None)
+    scaling.pop("rope_theta", None)
+    if float(scaling.get("factor", 0.0)) <= 0.0:
+        raise ValueError(f"rope_scaling.factor must be > 0, got {scaling.get('factor')!r}")
+    if rope_type == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor"):
+            if key not in scaling:
+                raise ValueError(f"rope_scaling.{key} is required for rope_type 'llama3'")
+        scaling.setdefault("original_max_position_embeddings",
+                           int(raw.get("max_position_embeddings", 2048)))
+    return theta, scaling
+
+
+def _positive_int(raw: dict[str, Any], name: str) -> int:
+    if name not in raw:
+        raise ValueError(f"config.json is missing {name!r}")
+    value = raw[name]
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"config.json {name} must be a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,349 @@
+"""ModelRunner: one forward over every token the scheduler picked this step, then sampling.
+
+Life of a step (execute_model):
+ 1. apply the SchedulerOutput to the runner's copies of the requests (new, cached, finished,
+    preempted);
+ 2. cut input ids, positions and slot mapping for all scheduled tokens out of the host arrays;
+ 3. one forward: K/V land in the paged cache, attention through the backend;
+ 4. logits only at the rows that are sampled (requests that reached their last known token) and
+    at prompt positions whose logprobs were asked for;
+ 5. sample, append each sampled token to the runner's copy of the request, return the tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.connector.base import KVConnectorBase
+from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
+from engine_core.core.sched_output import SchedulerOutput
+from engine_core.model_executor.attention.backend import AttentionMetadata
+from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
+from engine_core.model_executor.attention.selector import get_attention_backend
+from engine_core.model_executor.input_batch import CachedRequestState, InputBatch
+from engine_core.model_executor.kv_cache_sizing import (
+    bytes_per_block,
+    cuda_kv_budget,
+    log_capacity,
+    num_blocks_for_budget,
+)
+from engine_core.model_executor.loader import load_model, resolve_device
+from engine_core.model_executor.model_config import ModelConfig
+from engine_core.model_executor.sampler import Sampler, SamplerOutput
+from engine_core.model_executor.sampling.logprobs import compute_prompt_logprobs
+from engine_core.model_executor.sampling_metadata import (
+    SamplingRow,
+    build_sampling_metadata,
+    make_generator,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything one forward needs, built on the host then moved once."""
+
+    req_ids: list[str]  # the scheduler's order
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    metadata: AttentionMetadata
+    sample_reqs: np.ndarray  # [num_sampled] indices into req_ids of requests sampled this step
+    # [num_sampled + num_prompt_rows] hidden rows whose logits are computed: sampled rows first.
+    logits_indices: torch.Tensor
+    # req index -> (first prompt position, number of positions) whose logprobs are computed now.
+    prompt_spans: dict[int, tuple[int, int]]
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
+                 scheduler_config: SchedulerConfig, device: str = "auto",
+                 attention_backend: str | None = None, seed: int = 0) -> None:
+        self.model_config = model_config
+        self.cache_config = cache_config
+        self.scheduler_config = scheduler_config
+        self.device = resolve_device(device)
+        self.block_size = cache_config.block_size
+        # Unseeded random sampling draws from the global generator: seed it for reproducibility.
+        torch.manual_seed(seed)
+        self.model = load_model(model_config, self.device)
+        self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
+        self.sampler = Sampler()
+        self.kv_caches: list[torch.Tensor] = []
+        self.requests: dict[str, CachedRequestState] = {}
+        # Preempted requests come back as new ones; their seeded generator (and how far their
+        # prompt logprobs got) is kept so the resumed output is what it would have been.
+        self._suspended: dict[str, tuple[torch.Generator | None, int]] = {}
+        # Worker side of the KV connector, attached by connector.factory when one is configured.
+        self.kv_connector: KVConnectorBase | None = None
+        max_len = scheduler_config.max_model_len
+        self.input_batch = InputBatch(scheduler_config.max_num_seqs, max_len + 1,
+                                      -(-max_len // self.block_size) + 1)
+        logger.info("model %s loaded on %s in %s (attention: %s)", model_config.architecture,
+                    self.device, model_config.dtype, self.attn_backend.name)
+
+    # ---- KV cache ----------------------------------------------------------------------------
+
+    def determine_num_blocks(self) -> int:
+        """Override, else the CPU byte budget, else what CUDA has left after a profile run."""
+        override = self.cache_config.num_gpu_blocks_override
+        if override is not None:
+            if override < 2:
+                raise ValueError(f"num_gpu_blocks_override must be >= 2, got {override}")
+            num_blocks = override
+        elif self.device.type == "cuda":
+            peak = self.profile_peak_memory()
+            budget = cuda_kv_budget(self.device, self.cache_config.gpu_memory_utilization, peak)
+            num_blocks = num_blocks_for_budget(budget, self.model_config, self.block_size,
+                                               "gpu_memory_utilization")
+        else:
+            num_blocks = num_blocks_for_budget(self.cache_config.kv_cache_memory,
+                                               self.model_config, self.block_size,
+                                               "kv_cache_memory")
+        log_capacity(num_blocks, self.block_size, self.scheduler_config.max_model_len)
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = self._allocate_kv_caches(num_blocks)
+        logger.info("allocated %.1f MiB of KV cache",
+                    num_blocks * bytes_per_block(self.model_config, self.block_size) / 2**20)
+
+    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        c = self.model_config
+        shape = (2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        return [torch.zeros(shape, dtype=c.dtype, device=self.device)
+                for _ in range(c.num_layers)]
+
+    @torch.inference_mode()
+    def profile_peak_memory(self) -> int:
+        """Peak torch bytes (weights included) of a dummy step of max_num_batched_tokens tokens
+        over max_num_seqs requests, with the logits and sampler work it implies."""
+        cfg = self.scheduler_config
+        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * cfg.max_model_len)
+        num_reqs = max(1, min(cfg.max_num_seqs, num_tokens))
+        query_lens = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int64)
+        query_lens[: num_tokens % num_reqs] += 1
+        blocks_per_req = -(-int(query_lens.max()) // self.block_size)
+        # Block 0 left unused, as in the real pool; one temporary cache just large enough.
+        caches = self._allocate_kv_caches(1 + num_reqs * blocks_per_req)
+        table = 1 + np.arange(num_reqs * blocks_per_req, dtype=np.int32).reshape(num_reqs, -1)
+        req_of_token = np.repeat(np.arange(num_reqs), query_lens)
+        starts = np.cumsum(query_lens) - query_lens
+        positions = np.arange(num_tokens) - starts[req_of_token]
+        slots = table[req_of_token, positions // self.block_size] * self.block_size + (
+            positions % self.block_size)
+        metadata = build_attention_metadata(query_lens, query_lens, slots, table,
+                                            self.block_size, self.device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        pos = torch.from_numpy(positions).to(self.device)
+        hidden = self.model(ids, pos, caches, metadata, self.attn_backend)
+        logits = self.model.compute_logits(hidden[torch.from_numpy(np.cumsum(query_lens) - 1)
+                                                  .to(self.device)])
+        torch.log_softmax(logits.float(), dim=-1)  # the sampler's float32 copies
+        torch.cuda.synchronize(self.device)
+        peak = int(torch.cuda.max_memory_allocated(self.device))
+        del caches, hidden, logits
+        torch.cuda.empty_cache()
+        return peak
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.update_states(scheduler_output)
+        if self.kv_connector is not None and scheduler_output.kv_connector_metadata is not None:
+            # Blocks the connector supplies must be in the paged cache before the forward.
+            self.kv_connector.start_load_kv(scheduler_output.kv_connector_metadata,
+                                            self.kv_caches)
+        if scheduler_output.total_num_scheduled_tokens == 0 or not scheduler_output.num_reqs:
+            return ModelRunnerOutput.empty()
+        if not self.kv_caches:
+            raise RuntimeError("initialize_kv_cache() must be called before execute_model()")
+        inputs = self.prepare_inputs(scheduler_output)
+        logits = self.compute_logits(inputs)  # [num_sampled + num_prompt_rows, vocab]
+        num_sampled = len(inputs.sample_reqs)
+        sampled_lists: list[list[int]] = [[] for _ in inputs.req_ids]
+        logprobs = None
+        if num_sampled:
+            out = self._sample(inputs, logits[:num_sampled])
+            tokens = out.sampled_token_ids.tolist()
+            for i, token in zip(inputs.sample_reqs.tolist(), tokens, strict=True):
+                sampled_lists[i] = [token]
+                self._append_token(self.requests[inputs.req_ids[i]], token)
+            logprobs = _spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
+        prompt_logprobs = self._prompt_logprobs(inputs, logits[num_sampled:])
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
+            sampled_token_ids=sampled_lists,
+            logprobs=logprobs,
+            prompt_logprobs_dict=prompt_logprobs,
+        )
+
+    def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward pass; logits only at inputs.logits_indices. [n, vocab] in model dtype."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata,
+                            self.attn_backend)  # [num_tokens, hidden]
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def update_states(self, so: SchedulerOutput) -> None:
+        """Apply the scheduler's decisions to the runner's copies of the requests."""
+        for req_id in so.finished_req_ids:
+            self._remove(req_id)
+            self._suspended.pop(req_id, None)
+        for req_id in so.preempted_req_ids:
+            state = self._remove(req_id)
+            if state is not None:
+                self._suspended[req_id] = (state.generator, state.prompt_logprobs_done)
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                    cached.num_computed_tokens, strict=True):
+            state = self.requests.get(req_id)
+            if state is None:
+                raise RuntimeError(f"scheduled_cached_reqs names {req_id!r}, which the runner "
+                                   "does not hold (never sent as new, or already dropped)")
+            if new_blocks:
+                state.block_ids.extend(new_blocks)
+                self.input_batch.append_blocks(state.row, new_blocks)
+            state.num_computed_tokens = num_computed
+        for new in so.scheduled_new_reqs:
+            self._remove(new.req_id)
+            generator, done = self._suspended.pop(new.req_id, (None, 0))
+            if generator is None:
+                generator = make_generator(new.sampling_params.seed, self.device)
+            tokens = [*new.prompt_token_ids, *new.output_token_ids]
+            row = self.input_batch.add(tokens, new.block_ids)
+            self.requests[new.req_id] = CachedRequestState(
+                req_id=new.req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                output_token_ids=list(new.output_token_ids),
+                params=new.sampling_params,
+                generator=generator,
+                eos_token_id=(new.eos_token_id if new.eos_token_id is not None
+                              else self.model_config.first_eos_token_id),
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                row=row,
+                # Output exists only once the whole prompt was computed.
+                prompt_logprobs_done=max(done, len(new.prompt_token_ids)
+                                         if new.output_token_ids else 0),
+            )
+
+    def _remove(self, req_id: str) -> CachedRequestState | None:
+        state = self.requests.pop(req_id, None)
+        if state is not None:
+            self.input_batch.remove(state.row)
+        return state
+
+    def _append_token(self, state: CachedRequestState, token: int) -> None:
+        self.input_batch.set_token(state.row, state.num_tokens, token)
+        state.output_token_ids.append(token)
+
+    def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        """Host-side numpy over all requests at once; one copy per tensor to the device."""
+        req_ids = list(so.num_scheduled_tokens)
+        states = [self.requests[r] for r in req_ids]
+        n = len(req_ids)
+        rows = np.fromiter((s.row for s in states), np.int64, n)
+        query_lens = np.fromiter(so.num_scheduled_tokens.values(), np.int64, n)
+        computed = np.fromiter((s.num_computed_tokens for s in states), np.int64, n)
+        known = np.fromiter((s.num_tokens for s in states), np.int64, n)
+        seq_lens = computed + query_lens
+        batch = self.input_batch
+        _check_schedule(req_ids, seq_lens, known, batch.num_blocks[rows] * self.block_size)
+
+        ends = np.cumsum(query_lens)
+        req_of_token = np.repeat(np.arange(n), query_lens)
+        positions = np.arange(int(ends[-1])) - (ends - query_lens)[req_of_token] + computed[
+            req_of_token]
+        token_rows = rows[req_of_token]
+        input_ids = batch.token_ids[token_rows, positions]
+        slots = batch.block_table[token_rows, positions // self.block_size].astype(np.int64)
+        slots = slots * self.block_size + positions % self.block_size
+        metadata = build_attention_metadata(query_lens, seq_lens, slots, batch.block_table[rows],
+                                            self.block_size, self.device)
+
+        # A request is sampled when this step reaches its last known token.
+        sample_reqs = np.nonzero((seq_lens == known) & (query_lens > 0))[0]
+        logits_rows = [ends[sample_reqs] - 1]
+        prompt_spans: dict[int, tuple[int, int]] = {}
+        for i, state in enumerate(states):
+            if state.params.prompt_logprobs is None:
+                continue
+            # Position p's logits score prompt token p + 1: positions up to len(prompt) - 2.
+            first = max(int(computed[i]), state.prompt_logprobs_done)
+            last = min(int(seq_lens[i]), len(state.prompt_token_ids) - 1)
+            if last > first:
+                prompt_spans[i] = (first, last - first)
+                row0 = int(ends[i] - query_lens[i]) + first - int(computed[i])
+                logits_rows.append(np.arange(row0, row0 + last - first))
+        device = self.device
+        return StepInputs(
+            req_ids=req_ids,
+            input_ids=torch.from_numpy(input_ids).to(device),
+            positions=torch.from_numpy(positions).to(device),
+            metadata=metadata,
+            sample_reqs=sample_reqs,
+            logits_indices=torch.from_numpy(np.concatenate(logits_rows)).to(device),
+            prompt_spans=prompt_spans,
+        )
+
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> SamplerOutput:
+        rows = []
+        for i in inputs.sample_reqs.tolist():
+            s = self.requests[inputs.req_ids[i]]
+            rows.append(SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids,
+                                    s.generator, s.eos_token_id))
+        metadata = build_sampling_metadata(rows, self.model_config.vocab_size, self.device)
+        return self.sampler(logits, metadata)
+
+    def _prompt_logprobs(self, inputs: StepInputs,
+                         logits: torch.Tensor) -> dict[str, LogprobsLists | None]:
+        result: dict[str, LogprobsLists | None] = {}
+        offset = 0
+        for i, (first, count) in inputs.prompt_spans.items():
+            state = self.requests[inputs.req_ids[i]]
+            targets = torch.tensor(state.prompt_token_ids[first + 1:first + 1 + count],
+                                   dtype=torch.int64, device=self.device)
+            num_logprobs = state.params.prompt_logprobs or 0
+            result[state.req_id] = compute_prompt_logprobs(logits[offset:offset + count], targets,
+                                                           num_logprobs)
+            state.prompt_logprobs_done = first + count
+            offset += count
+        return result
+
+
+def _check_schedule(req_ids: list[str], seq_lens: np.ndarray, known: np.ndarray,
+                    capacity: np.ndarray) -> None:
+    over = np.nonzero(seq_lens > known)[0]
+    if over.size:
+        i = int(over[0])
+        raise ValueError(f"request {req_ids[i]!r}: num_computed_tokens + num_scheduled_tokens "
+                         f"({int(seq_lens[i])}) must be <= its known tokens ({int(known[i])})")
+    short = np.nonzero(seq_lens > capacity)[0]
+    if short.size:
+        i = int(short[0])
+        raise ValueError(f"request {req_ids[i]!r}: {int(seq_lens[i])} tokens need more KV "
+                         f"blocks than its block table holds ({int(capacity[i])} slots)")
+
+
+def _spread_logprobs(lists: LogprobsLists | None, sample_reqs: np.ndarray,
+                     num_reqs: int) -> LogprobsLists | None:
+    """Sampler rows (sampled requests only) -> rows aligned with req_ids; [] where not sampled."""
+    if lists is None:
+        return None
+    ids: list[list[int]] = [[] for _ in range(num_reqs)]
+    values: list[list[float]] = [[] for _ in range(num_reqs)]
+    ranks = [0] * num_reqs
+    for j, i in enumerate(sample_reqs.tolist()):
+        ids[i] = lists.logprob_token_ids[j]
+        values[i] = lists.logprobs[j]
+        ranks[i] = lists.sampled_token_ranks[j]
+    return LogprobsLists(ids, values, ranks)

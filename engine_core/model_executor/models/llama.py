@@ -1,0 +1,151 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2), over a flattened batch and a paged KV cache.
+
+Module names follow the HF checkpoint (model.layers.N.self_attn...), except that q/k/v and
+gate/up are fused into one matmul each; weight_destinations() maps every HF tensor name to the
+slice of the parameter it fills.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+from engine_core.model_executor.layers.rms_norm import RMSNorm
+from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
+from engine_core.model_executor.model_config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.rotary = rotary
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [num_tokens]
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:  # [num_tokens, hidden]
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = backend.forward(q, k, v, kv_cache, metadata, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, rotary)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+                metadata: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache,
+                                         metadata, backend)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # One table shared by every layer.
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, self.rotary) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also MistralForCausalLM and Qwen2ForCausalLM: same graph, differing only in config."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # one per layer
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
+        hidden = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            hidden = layer(positions, hidden, kv_cache, metadata, backend)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
+        return self.lm_head(hidden)
+
+    def weight_destinations(self) -> dict[str, torch.Tensor]:
+        """HF tensor name -> the (view of the) parameter it is copied into."""
+        c = self.config
+        q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        dest: dict[str, torch.Tensor] = {"model.embed_tokens.weight":
+                                         self.model.embed_tokens.weight.data,
+                                         "model.norm.weight": self.model.norm.weight.data}
+        if not c.tie_word_embeddings:
+            dest["lm_head.weight"] = self.lm_head.weight.data
+        for i, module in enumerate(self.model.layers):
+            layer = cast(LlamaDecoderLayer, module)
+            p = f"model.layers.{i}."
+            attn, mlp = layer.self_attn, layer.mlp
+            w = attn.qkv_proj.weight.data
+            for name, start, size in (("q", 0, q), ("k", q, kv), ("v", q + kv, kv)):
+                dest[f"{p}self_attn.{name}_proj.weight"] = w.narrow(0, start, size)
+                if c.qkv_bias:
+                    dest[f"{p}self_attn.{name}_proj.bias"] = attn.qkv_proj.bias.data.narrow(
+                        0, start, size)
+            dest[f"{p}self_attn.o_proj.weight"] = attn.o_proj.weight.data
+            if c.o_proj_bias:
+                dest[f"{p}self_attn.o_proj.bias"] = attn.o_proj.bias.data
+            gate_up = mlp.gate_up_proj.weight.data
+            dest[f"{p}mlp.gate_proj.weight"] = gate_up.narrow(0, 0, inter)
+            dest[f"{p}mlp.up_proj.weight"] = gate_up.narrow(0, inter, inter)
+            dest[f"{p}mlp.down_proj.weight"] = mlp.down_proj.weight.data
+            dest[f"{p}input_layernorm.weight"] = layer.input_layernorm.weight.data
+            dest[f"{p}post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
+        return dest
