@@ -20,6 +20,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]  # the request's whole block table so far
     num_computed_tokens: int  # tokens whose KV is already in the cache (prefix hits included)
+    # The request's EOS (min_tokens bans it); None: the runner falls back to the model's.
+    eos_token_id: int | None = None
 
 
 @dataclass(slots=True)

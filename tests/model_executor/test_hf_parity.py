@@ -73,3 +73,13 @@ def test_greedy_decode_of_tiny_model_is_not_degenerate(llama_dir: Path) -> None:
         out = runner.execute_model(step(cached=[("a", blocks.take(n - 1, n), n - 1)],
                                         num_scheduled={"a": 1}))
     assert len(set(generated)) >= 4
+
+
+def test_bfloat16_runner_stays_close_to_fp32_hf(llama_dir: Path) -> None:
+    runner = make_runner(llama_dir, dtype="bfloat16")
+    spy = LogitsSpy(runner)
+    tokens = prompt(4, 17)
+    runner.execute_model(step(new=[new_req("a", tokens, Blocks(4).take(0, 17))],
+                              num_scheduled={"a": 17}))
+    assert spy.last.dtype == torch.bfloat16
+    assert max_rel_err(spy.last[0], hf_logits(llama_dir, tokens)[-1]) < 5e-2

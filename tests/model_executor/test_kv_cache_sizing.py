@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.model_executor.kv_cache_sizing import cuda_kv_budget
 from engine_core.model_executor.model_config import load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 
@@ -54,3 +55,34 @@ def test_kv_cache_is_one_tensor_per_layer_in_the_paged_layout(llama_dir: Path) -
     assert len(runner.kv_caches) == 2
     assert runner.kv_caches[0].shape == (2, 5, 8, 2, 16)
     assert runner.kv_caches[0].dtype == torch.bfloat16
+
+
+def test_cuda_budget_subtracts_the_profile_peak_and_other_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gib = 2**30
+    # 80 GiB device, 10 GiB free, 60 GiB reserved by torch: 10 GiB held by someone else.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 60 * gib)
+    budget = cuda_kv_budget(torch.device("cuda"), 0.5, peak_torch_bytes=5 * gib)
+    assert budget == 40 * gib - 5 * gib - 10 * gib
+
+
+def test_profile_run_builds_a_full_budget_dummy_step(llama_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CUDA memory counters are stubbed: this checks the dummy batch itself runs.
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 12345)
+    runner = ModelRunner(load_model_config(str(llama_dir)), CacheConfig(block_size=16),
+                         SchedulerConfig(max_num_batched_tokens=100, max_num_seqs=3,
+                                         max_model_len=256), device="cpu")
+    seen: list[int] = []
+    forward = runner.model.forward
+
+    def counting_forward(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        seen.append(input_ids.shape[0])
+        return forward(input_ids, *args)
+
+    runner.model.forward = counting_forward  # type: ignore[method-assign]
+    assert runner.profile_peak_memory() == 12345
+    assert seen == [100]

@@ -113,3 +113,11 @@ def test_min_tokens_uses_the_models_eos_when_the_request_names_none(llama_dir: P
     runner.execute_model(step(new=[new_req("a", prompt(47, 4), [1], min_tokens=2)],
                               num_scheduled={"a": 4}))
     assert runner.requests["a"].eos_token_id == 2  # the tiny model's </s>
+
+
+def test_the_requests_own_eos_wins_over_the_models(llama_dir: Path) -> None:
+    runner = make_runner(llama_dir)
+    req = new_req("a", prompt(48, 4), [1], min_tokens=2)
+    req.eos_token_id = 7
+    runner.execute_model(step(new=[req], num_scheduled={"a": 4}))
+    assert runner.requests["a"].eos_token_id == 7
