@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 
 from engine_core.config import EngineArgs
+from engine_core.connector import kv_control
 from engine_core.core.engine_io import EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.request import Request, RequestStatus
 from engine_core.core.scheduler import Scheduler
@@ -34,6 +35,8 @@ class EngineCore:
         self.num_blocks = scheduler.kv_cache_manager.block_pool.num_blocks
         self.num_steps = 0
         self.throughput = ThroughputMeter()
+        # Names this engine in KV cache control calls ("" also means this engine).
+        self.instance_id = "engine-0"
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
@@ -96,9 +99,27 @@ class EngineCore:
                            reset_connector: bool = False) -> bool:
         return self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector)
 
+    def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
+        """Empty one KV location ("device" or "cpu"): (event id, number of tokens cleared)."""
+        if instance_id not in ("", self.instance_id):
+            raise ValueError(f"instance_id must be {self.instance_id!r} (or empty for this "
+                             f"engine), got {instance_id!r}")
+        kv_control.check_location(location)
+        num_tokens = kv_control.clear_location(self.scheduler, location)
+        event_id = kv_control.new_event_id()
+        logger.info("KV cache clear %s: %s, %d tokens", event_id, location, num_tokens)
+        return event_id, num_tokens
+
+    def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
+        """Per location ("device", "cpu"): how many leading tokens of token_ids are cached."""
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token_ids must be ints in [0, {self.vocab_size}), got {bad[:8]}")
+        return kv_control.lookup_locations(self.scheduler, token_ids)
+
     def get_stats(self) -> dict[str, float]:
         stats = self.scheduler.make_stats()
-        return {
+        result = {
             "num_running_reqs": float(stats.num_running_reqs),
             "num_waiting_reqs": float(stats.num_waiting_reqs),
             "kv_cache_usage": float(stats.kv_cache_usage),
@@ -106,6 +127,10 @@ class EngineCore:
             "num_steps": float(self.num_steps),
             "generation_tokens_per_s": self.throughput.rate(),
         }
+        external = stats.connector_prefix_cache_stats
+        if external is not None:
+            result["connector_prefix_cache_hit_rate"] = float(external.hit_rate)
+        return result
 
 
 def _make_connector(args: EngineArgs, runner: ModelRunner, num_blocks: int) -> object | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -87,6 +86,14 @@ class LLMEngine:
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests, reset_connector)
+
+    def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
+        """Empty one KV location ("device" or "cpu"): (event id, number of tokens cleared)."""
+        return self.engine_core.clear_kv_cache(instance_id, location)
+
+    def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
+        """Per location ("device", "cpu"): how many leading tokens of token_ids are cached."""
+        return self.engine_core.lookup_kv_cache(token_ids)
 
     def get_stats(self) -> dict[str, float]:
         return self.engine_core.get_stats()

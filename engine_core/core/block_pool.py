@@ -95,6 +95,19 @@ class BlockPool:
                 else:
                     queue.append(block)
 
+    def evict_cached_free_blocks(self) -> int:
+        """Forget the prefixes of free blocks only (running requests keep theirs); how many.
+
+        They move to the head of the free queue: caching nothing, they are reused first.
+        """
+        queue = self.free_block_queue
+        evicted = [b for b in queue.get_all_free_blocks() if b.block_hash is not None]
+        for block in evicted:
+            self._evict(block)
+            queue.remove(block)
+            queue.appendleft(block)
+        return len(evicted)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is held by a request."""
         num_used = self.num_blocks - 1 - self.free_block_queue.num_free_blocks

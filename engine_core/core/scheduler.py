@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.connector.base import KVConnectorBase
 from engine_core.core.engine_io import EngineCoreOutput
 from engine_core.core.kv_cache_manager import KVCacheManager
 from engine_core.core.kv_cache_utils import KVCacheBlock, get_hash_fn, update_block_hashes
@@ -19,7 +20,7 @@ from engine_core.core.request import Request, RequestStatus
 from engine_core.core.request_queue import make_request_queue
 from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
-from engine_core.core.stats import SchedulerStats
+from engine_core.core.stats import PrefixCacheStats, SchedulerStats
 from engine_core.core.stop import check_stop
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.connector = connector
+        # Only a full connector takes part in loading and saving; any object with reset_cache()
+        # may still be reset.
+        self.kv_connector = connector if isinstance(connector, KVConnectorBase) else None
+        # Tokens the connector supplied on a device prefix-cache miss (external hits).
+        self.connector_prefix_cache_stats = PrefixCacheStats()
         self.block_size = cache_config.block_size
         self.max_model_len = scheduler_config.max_model_len
         self.enable_caching = cache_config.enable_prefix_caching
@@ -107,9 +113,17 @@ class Scheduler:
             self.running = [r for r in self.running if r not in running_done]
 
     def _free_request(self, request: Request) -> None:
+        self._offer_to_connector(request)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+
+    def _offer_to_connector(self, request: Request) -> None:
+        """Let the connector save the computed blocks a request is about to free."""
+        if self.kv_connector is not None and request.num_computed_tokens > 0:
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            if block_ids:
+                self.kv_connector.request_finished(request, block_ids)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -179,6 +193,7 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=kv.get_block_ids(request.request_id),
                 num_computed_tokens=request.num_computed_tokens,
+                eos_token_id=request.eos_token_id,
             ))
         cached = CachedRequestData(
             req_ids=[r.request_id for r in scheduled_running],
@@ -204,6 +219,8 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=finished,
             preempted_req_ids=preempted_ids,
+            kv_connector_metadata=(self.kv_connector.build_connector_meta()
+                                   if self.kv_connector is not None else None),
         )
 
     def _schedule_waiting(self, budget: int, threshold: int, num_scheduled: dict[str, int],
@@ -215,14 +232,22 @@ class Scheduler:
         while waiting and budget > 0 and len(self.running) < max_num_seqs:
             request = waiting.peek()
             hits, num_hit_tokens = kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit_tokens
+            num_external = self._get_num_external_tokens(request, num_hit_tokens)
+            num_loaded = num_external or 0
+            num_new = request.num_tokens - num_hit_tokens - num_loaded
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
                 num_new = budget
-            if kv.allocate_slots(request, num_new, hits) is None:
+            # External tokens need blocks but no compute: they come out of no token budget.
+            if kv.allocate_slots(request, num_loaded + num_new, hits) is None:
                 break  # head-of-line: later requests wait too, so order is kept
             waiting.pop()
+            if self.kv_connector is not None and num_external is not None:
+                self.connector_prefix_cache_stats.record(request.num_tokens, num_loaded)
+                self.kv_connector.update_state_after_alloc(
+                    request, kv.get_block_ids(request.request_id), num_hit_tokens, num_loaded)
+            num_hit_tokens += num_loaded
             if request.status == RequestStatus.WAITING:
                 request.num_cached_tokens = num_hit_tokens
                 request.first_scheduled_time = now
@@ -233,6 +258,18 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             budget -= num_new
 
+    def _get_num_external_tokens(self, request: Request, num_hit_tokens: int) -> int | None:
+        """Leading tokens after the device hit that the connector supplies; None when it was
+        not asked (no connector, no prefix caching, or prompt logprobs: every position needed)."""
+        if (self.kv_connector is None or not self.enable_caching
+                or request.sampling_params.prompt_logprobs is not None):
+            return None
+        num = self.kv_connector.get_num_new_matched_tokens(request, num_hit_tokens)
+        # Whole blocks only, and the last token is always computed.
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs - num_hit_tokens // bs
+        return max(0, min(num // bs, max_blocks)) * bs
+
     def _pick_victim(self) -> Request:
         """FCFS: the newest running request; priority: the worst (highest value, latest)."""
         if self.policy == "priority":
@@ -240,7 +277,9 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt(self, request: Request) -> None:
-        """Free its blocks and requeue it at the head; its KV is recomputed when it resumes."""
+        """Free its blocks and requeue it at the head; its KV is recomputed when it resumes
+        (or reloaded, when a connector saved it)."""
+        self._offer_to_connector(request)
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -320,6 +359,8 @@ class Scheduler:
                 self._preempted_outside_step.add(request.request_id)
             self.running = []
         ok = self.kv_cache_manager.reset_prefix_cache()
+        if ok:
+            self.connector_prefix_cache_stats = PrefixCacheStats()
         if reset_connector and self.connector is not None:
             reset = getattr(self.connector, "reset_cache", None)
             # None means "not implemented" and counts as success; only False fails.
@@ -336,4 +377,6 @@ class Scheduler:
             kv_cache_usage=kv.usage,
             prefix_cache_stats=kv.make_prefix_cache_stats(),
             num_preemptions=self.num_preemptions,
+            connector_prefix_cache_stats=(self.connector_prefix_cache_stats.copy()
+                                          if self.kv_connector is not None else None),
         )

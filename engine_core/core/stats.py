@@ -33,3 +33,5 @@ class SchedulerStats:
     kv_cache_usage: float = 0.0  # fraction of allocatable blocks held by requests, in [0, 1]
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     num_preemptions: int = 0  # since start
+    # Tokens a KV connector supplied on device misses; None without a connector.
+    connector_prefix_cache_stats: PrefixCacheStats | None = None
