@@ -10,6 +10,12 @@ import pytest
 # Two cores: intra-op threads beyond that only contend with the other test processes.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+import torch  # noqa: E402
+
+# Triton fixes its interpreter mode when first imported: set it before any test imports it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def build_tiny_model(path: Path, **overrides: object) -> Path:
     from engine_core.model_executor.tiny_model import make_tiny_model
