@@ -61,6 +61,11 @@ class BlockPool:
             out.append(block)
         return out
 
+    def uncache_block(self, block: KVCacheBlock) -> None:
+        """Forget a block's hash (its content is not what the hash says)."""
+        if block.block_hash is not None:
+            self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash
         assert block_hash is not None

@@ -105,8 +105,16 @@ class KVCacheManager:
         """Release a request's blocks, tail first so its tail is evicted before its prefix."""
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_block.pop(request.request_id, None)
-        if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+        if not blocks:
+            return
+        if self.enable_caching:
+            # Blocks are registered when allocated, before their step computes them. A request
+            # given up before that forward (a priority-preemption victim scheduled earlier in the
+            # same step) leaves them uncomputed: they must not stay in the prefix cache.
+            for block in blocks[request.num_computed_tokens // self.block_size:]:
+                if block.ref_cnt == 1 and block.block_hash is not None:
+                    self.block_pool.uncache_block(block)
+        self.block_pool.free_blocks(reversed(blocks))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

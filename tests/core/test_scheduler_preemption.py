@@ -148,3 +148,30 @@ def test_abort_of_a_preempted_request_removes_it_from_the_queue() -> None:
     assert len(scheduler.waiting) == 0
     run_to_completion(scheduler, runner)
     assert_pool_whole(scheduler)
+
+
+
+def test_a_victim_scheduled_earlier_in_the_same_step_leaves_no_uncomputed_block_cached() -> None:
+    # Blocks are registered in the prefix cache when allocated, before their step computes them.
+    scheduler = make_scheduler(num_blocks=6, block_size=4, policy="priority",
+                               long_prefill_token_threshold=5)  # 5 allocatable
+    runner = FakeRunner(scheduler)
+    result = RunResult()
+    low = make_request("low", 13, max_tokens=8, priority=5)
+    scheduler.add_request(low)
+    step(scheduler, runner, result)  # low: tokens 0..4
+    high = make_request("high", 4, max_tokens=8, priority=0)
+    scheduler.add_request(high)
+    step(scheduler, runner, result)  # low: 5..9; high admitted
+    computed = low.num_computed_tokens
+    # low is scheduled first (10..14, filling its third block), then high needs a block and
+    # low, the worst priority, is preempted before that forward ever runs.
+    out, _ = step(scheduler, runner, result)
+    assert out.preempted_req_ids == {"low"}
+    cached = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+    uncomputed = [h for i, h in enumerate(low.block_hashes) if (i + 1) * 4 > computed]
+    assert uncomputed and not any(h in cached for h in uncomputed)
+    run_to_completion(scheduler, runner, result=result)  # the fake runner checks every slot
+    assert result.tokens["low"] == expected_tokens(low.prompt_token_ids, 8)
+    assert result.tokens["high"] == expected_tokens(high.prompt_token_ids, 8)
+    assert_pool_whole(scheduler)

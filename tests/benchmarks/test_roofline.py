@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.common import percentiles
+from benchmarks.datasets import SampleRequest
+from benchmarks.roofline import (
+    MachineRates,
+    ModelShape,
+    fractions,
+    measure_bandwidth,
+    measure_gemm,
+    workload_bound,
+)
+
+SHAPE = ModelShape(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4,
+                   intermediate_size=16, vocab_size=10)
+RATES = MachineRates(gemm_flops_per_s=1e6, memory_bytes_per_s=1e6, gemm_size=0, copy_bytes=0,
+                     dtype="float32", num_threads=1)
+
+
+def test_layer_params_count_qkvo_and_the_gated_mlp() -> None:
+    # per layer: q 8x8 + k,v 8x4 each + o 8x8 + 3 x 8x16 = 64 + 64 + 64 + 384
+    assert SHAPE.layer_params == 2 * 576
+    assert SHAPE.lm_head_params == 80
+
+
+def test_workload_flops_count_linears_lm_head_and_attention() -> None:
+    # prompt 3 + output 2: 4 tokens fed (positions 0..3 attend to 1..4 keys = 10), 2 lm_heads
+    bound = workload_bound(RATES, SHAPE, [SampleRequest([5, 6, 7], 2)], batch_size=1)
+    expected = 2 * 1152 * 4 + 2 * 80 * 2 + 4 * 2 * 8 * 10
+    assert bound["workload"]["flops"] == expected
+    assert bound["compute_time_s"] == pytest.approx(expected / 1e6)
+
+
+def test_memory_time_reads_the_weights_once_per_step() -> None:
+    bound = workload_bound(RATES, SHAPE, [SampleRequest([5, 6, 7], 2)], batch_size=1)
+    weights = (1152 + 80) * 4
+    kv = 2 * 2 * 4 * 4 * 10
+    assert bound["workload"]["min_steps"] == 2
+    assert bound["memory_time_s"] == pytest.approx((2 * weights + kv) / 1e6)
+    assert bound["limited_by"] == "memory"
+
+
+def test_bound_is_the_slower_of_compute_and_memory() -> None:
+    fast_memory = MachineRates(1e6, 1e12, 0, 0, "float32", 1)
+    bound = workload_bound(fast_memory, SHAPE, [SampleRequest([5, 6, 7], 2)], batch_size=1)
+    assert bound["limited_by"] == "compute"
+    assert bound["bound_time_s"] == bound["compute_time_s"]
+    assert bound["bound_total_tokens_per_s"] == pytest.approx(5 / bound["compute_time_s"])
+
+
+def test_fraction_of_bound_is_bound_time_over_elapsed() -> None:
+    bound = {"compute_time_s": 2.0, "bound_time_s": 3.0}
+    assert fractions(bound, 4.0) == {"fraction_of_compute_bound": 0.5, "fraction_of_bound": 0.75}
+
+
+def test_measured_rates_are_positive() -> None:
+    assert measure_gemm(64, repeats=1) > 0
+    assert measure_bandwidth(1024**2, repeats=1) > 0
+
+
+def test_tiny_gemm_is_refused() -> None:
+    with pytest.raises(ValueError, match="gemm size must be >= 16"):
+        measure_gemm(8)
+
+
+def test_percentiles_interpolate_linearly() -> None:
+    result = percentiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert result == {"mean": 3.0, "p50": 3.0, "p90": pytest.approx(4.6),
+                      "p99": pytest.approx(4.96)}
+
+
+def test_percentiles_of_nothing_are_zero() -> None:
+    assert percentiles([]) == {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
