@@ -1,0 +1,31 @@
+# One image for the four Strand services (compose picks the command).
+#   CPU (default):  docker compose build
+#   CUDA:           docker compose build \
+#                     --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04 \
+#                     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# CUDA bases come without Python: install it there (the slim base already has it).
+RUN if ! command -v python3 >/dev/null 2>&1; then \
+        apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    STRAND_CACHE_DIR=/models/.cache
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY protos protos
+COPY engine_core engine_core
+COPY kernels kernels
+COPY services services
+# torch from its own index: PyPI's default wheel pulls several GB of CUDA packages.
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" .
+
+EXPOSE 50051 50052 50053 50054
+CMD ["strand", "serve", "--host", "0.0.0.0"]

@@ -1,0 +1,99 @@
+from services._proto.strand.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EngineAddRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[_types_pb2.EngineCoreRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[_types_pb2.EngineCoreRequest, _Mapping]]] = ...) -> None: ...
+
+class EngineStep(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineAbort(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EngineResetPrefixCache(_message.Message):
+    __slots__ = ("reset_running_requests", "reset_connector")
+    RESET_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESET_CONNECTOR_FIELD_NUMBER: _ClassVar[int]
+    reset_running_requests: bool
+    reset_connector: bool
+    def __init__(self, reset_running_requests: _Optional[bool] = ..., reset_connector: _Optional[bool] = ...) -> None: ...
+
+class EngineQuery(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineRequest(_message.Message):
+    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    RESET_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    trace_context: _containers.ScalarMap[str, str]
+    add: EngineAddRequests
+    step: EngineStep
+    abort: EngineAbort
+    reset_prefix_cache: EngineResetPrefixCache
+    query: EngineQuery
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ...) -> None: ...
+
+class EngineState(_message.Message):
+    __slots__ = ("num_unfinished_requests", "reset_ok")
+    NUM_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESET_OK_FIELD_NUMBER: _ClassVar[int]
+    num_unfinished_requests: int
+    reset_ok: bool
+    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ...) -> None: ...
+
+class EngineResponse(_message.Message):
+    __slots__ = ("seq", "outputs", "state", "error")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    outputs: _types_pb2.EngineCoreOutputs
+    state: EngineState
+    error: _types_pb2.StageError
+    def __init__(self, seq: _Optional[int] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+
+class EngineInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,123 @@
+from services._proto.strand.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AddRequestRequest(_message.Message):
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt: _types_pb2.Prompt
+    params: _types_pb2.SamplingParams
+    arrival_time: float
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class AddRequestResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StepResponse(_message.Message):
+    __slots__ = ("outputs", "streamed_request_ids")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[_types_pb2.RequestOutput]
+    streamed_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[_types_pb2.RequestOutput, _Mapping]]] = ..., streamed_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetPrefixCacheRequest(_message.Message):
+    __slots__ = ("reset_running_requests", "reset_connector")
+    RESET_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESET_CONNECTOR_FIELD_NUMBER: _ClassVar[int]
+    reset_running_requests: bool
+    reset_connector: bool
+    def __init__(self, reset_running_requests: _Optional[bool] = ..., reset_connector: _Optional[bool] = ...) -> None: ...
+
+class ResetPrefixCacheResponse(_message.Message):
+    __slots__ = ("success",)
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    success: bool
+    def __init__(self, success: _Optional[bool] = ...) -> None: ...
+
+class HasUnfinishedRequestsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HasUnfinishedRequestsResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: bool
+    def __init__(self, value: _Optional[bool] = ...) -> None: ...
+
+class GetNumUnfinishedRequestsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetNumUnfinishedRequestsResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    def __init__(self, value: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt", "params", "priority")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt: _types_pb2.Prompt
+    params: _types_pb2.SamplingParams
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetServerInfoResponse(_message.Message):
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    AUTO_STEP_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    auto_step: bool
+    versions: _containers.ScalarMap[str, str]
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -1,0 +1,49 @@
+from services._proto.strand.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProcessRequest(_message.Message):
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt: _types_pb2.Prompt
+    params: _types_pb2.SamplingParams
+    arrival_time: float
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class TokenizerRequest(_message.Message):
+    __slots__ = ("seq", "trace_context", "process")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    trace_context: _containers.ScalarMap[str, str]
+    process: ProcessRequest
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., process: _Optional[_Union[ProcessRequest, _Mapping]] = ...) -> None: ...
+
+class TokenizerResponse(_message.Message):
+    __slots__ = ("seq", "processed", "error")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    processed: _types_pb2.ProcessedPrompt
+    error: _types_pb2.StageError
+    def __init__(self, seq: _Optional[int] = ..., processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...

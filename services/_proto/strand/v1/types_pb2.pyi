@@ -1,0 +1,293 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RequestOutputKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CUMULATIVE: _ClassVar[RequestOutputKind]
+    DELTA: _ClassVar[RequestOutputKind]
+    FINAL_ONLY: _ClassVar[RequestOutputKind]
+CUMULATIVE: RequestOutputKind
+DELTA: RequestOutputKind
+FINAL_ONLY: RequestOutputKind
+
+class SamplingParams(_message.Message):
+    __slots__ = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "max_tokens", "max_tokens_unlimited", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "skip_special_tokens", "spaces_between_special_tokens", "output_kind")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    N_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_UNLIMITED_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPACES_BETWEEN_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_KIND_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    seed: int
+    max_tokens: int
+    max_tokens_unlimited: bool
+    min_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    include_stop_str_in_output: bool
+    ignore_eos: bool
+    logprobs: int
+    prompt_logprobs: int
+    logit_bias: _containers.ScalarMap[int, float]
+    allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    output_kind: RequestOutputKind
+    def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_tokens_unlimited: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., output_kind: _Optional[_Union[RequestOutputKind, str]] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class Prompt(_message.Message):
+    __slots__ = ("text", "token_ids", "chat", "cache_salt")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: TokenIds
+    chat: ChatMessages
+    cache_salt: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class EngineCoreRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority", "cache_salt")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling_params: SamplingParams
+    eos_token_id: int
+    arrival_time: float
+    priority: int
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class LogprobsRow(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "sampled_token_rank")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKEN_RANK_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    sampled_token_rank: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., sampled_token_rank: _Optional[int] = ...) -> None: ...
+
+class LogprobsLists(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[LogprobsRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[LogprobsRow, _Mapping]]] = ...) -> None: ...
+
+class EngineCoreOutput(_message.Message):
+    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NEW_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_STR_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    new_logprobs: LogprobsLists
+    new_prompt_logprobs: LogprobsLists
+    finish_reason: str
+    stop_token_id: int
+    stop_str: str
+    num_cached_tokens: int
+    first_scheduled_time: float
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., first_scheduled_time: _Optional[float] = ...) -> None: ...
+
+class SchedulerStats(_message.Message):
+    __slots__ = ("values",)
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class EngineCoreOutputs(_message.Message):
+    __slots__ = ("outputs", "finished_requests", "timestamp", "scheduler_stats")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_STATS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[EngineCoreOutput]
+    finished_requests: _containers.RepeatedScalarFieldContainer[str]
+    timestamp: float
+    scheduler_stats: SchedulerStats
+    def __init__(self, outputs: _Optional[_Iterable[_Union[EngineCoreOutput, _Mapping]]] = ..., finished_requests: _Optional[_Iterable[str]] = ..., timestamp: _Optional[float] = ..., scheduler_stats: _Optional[_Union[SchedulerStats, _Mapping]] = ...) -> None: ...
+
+class Logprob(_message.Message):
+    __slots__ = ("logprob", "rank", "decoded_token")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DECODED_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    rank: int
+    decoded_token: str
+    def __init__(self, logprob: _Optional[float] = ..., rank: _Optional[int] = ..., decoded_token: _Optional[str] = ...) -> None: ...
+
+class LogprobEntry(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: Logprob
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[_Union[Logprob, _Mapping]] = ...) -> None: ...
+
+class LogprobPosition(_message.Message):
+    __slots__ = ("entries", "absent")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ABSENT_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[LogprobEntry]
+    absent: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[LogprobEntry, _Mapping]]] = ..., absent: _Optional[bool] = ...) -> None: ...
+
+class PositionLogprobs(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedCompositeFieldContainer[LogprobPosition]
+    def __init__(self, positions: _Optional[_Iterable[_Union[LogprobPosition, _Mapping]]] = ...) -> None: ...
+
+class RequestMetrics(_message.Message):
+    __slots__ = ("arrival_time", "first_scheduled_time", "first_token_time", "last_token_time", "finished_time")
+    ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_TIME_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    arrival_time: float
+    first_scheduled_time: float
+    first_token_time: float
+    last_token_time: float
+    finished_time: float
+    def __init__(self, arrival_time: _Optional[float] = ..., first_scheduled_time: _Optional[float] = ..., first_token_time: _Optional[float] = ..., last_token_time: _Optional[float] = ..., finished_time: _Optional[float] = ...) -> None: ...
+
+class CompletionOutput(_message.Message):
+    __slots__ = ("index", "text", "token_ids", "cumulative_logprob", "logprobs", "finish_reason", "stop_token_id", "stop_str")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CUMULATIVE_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_STR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    cumulative_logprob: float
+    logprobs: PositionLogprobs
+    finish_reason: str
+    stop_token_id: int
+    stop_str: str
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., cumulative_logprob: _Optional[float] = ..., logprobs: _Optional[_Union[PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ...) -> None: ...
+
+class RequestOutput(_message.Message):
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "outputs", "finished", "prompt_logprobs", "num_cached_tokens", "metrics", "error", "extra_json")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_JSON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[CompletionOutput]
+    finished: bool
+    prompt_logprobs: PositionLogprobs
+    num_cached_tokens: int
+    metrics: RequestMetrics
+    error: str
+    extra_json: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[CompletionOutput, _Mapping]]] = ..., finished: _Optional[bool] = ..., prompt_logprobs: _Optional[_Union[PositionLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., metrics: _Optional[_Union[RequestMetrics, _Mapping]] = ..., error: _Optional[str] = ..., extra_json: _Optional[str] = ...) -> None: ...
+
+class StageError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ProcessedPrompt(_message.Message):
+    __slots__ = ("request", "prompt")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    request: EngineCoreRequest
+    prompt: str
+    def __init__(self, request: _Optional[_Union[EngineCoreRequest, _Mapping]] = ..., prompt: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,214 @@
+"""EngineClient: LLMEngine's methods over the Gateway, returning engine_core's dataclasses.
+
+    client = EngineClient("127.0.0.1:50051")
+    client.add_request("0", "Hello", SamplingParams(temperature=0.0))
+    while client.has_unfinished_requests():
+        for output in client.step(): ...
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any
+
+import grpc
+
+from engine_core.outputs import RequestOutput
+from engine_core.sampling_params import SamplingParams
+from services._proto.strand.v1 import gateway_pb2 as gpb
+from services._proto.strand.v1 import gateway_pb2_grpc
+from services._proto.strand.v1 import types_pb2 as pb
+from services.common.convert import (
+    PromptType,
+    params_to_pb,
+    prompt_to_pb,
+    request_output_from_pb,
+)
+from services.common.tracing import metadata_from_context
+
+_MAX_MESSAGE_BYTES = 256 * 1024**2
+_USER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS)
+
+
+class RequestError(ValueError):
+    """The gateway refused the input (INVALID_ARGUMENT or ALREADY_EXISTS), as LLMEngine would."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EngineClient:
+    def __init__(self, target: str, api_key: str | None = None,
+                 root_certificates: bytes | None = None, timeout: float | None = 300.0) -> None:
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates)
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
+        self._timeout = timeout
+        self._auto_step: bool | None = None
+        # Outputs a manual-mode generate() stepped past: the next step() returns them first.
+        self._owed: list[RequestOutput] = []
+
+    # -- LLMEngine's methods ------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: PromptType,
+                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    priority: int = 0) -> None:
+        msg = gpb.AddRequestRequest(request_id=request_id, prompt=prompt_to_pb(prompt),
+                                    params=params_to_pb(params or SamplingParams()),
+                                    priority=priority)
+        if arrival_time is not None:
+            msg.arrival_time = arrival_time
+        self._call(self._stub.AddRequest, msg)
+
+    def step(self) -> list[RequestOutput]:
+        owed, self._owed = self._owed, []
+        return owed + self._step_pb()[0]
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self._call(self._stub.Abort, gpb.AbortRequest(request_ids=ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._call(self._stub.HasUnfinishedRequests,
+                               gpb.HasUnfinishedRequestsRequest()).value)
+
+    def get_num_unfinished_requests(self) -> int:
+        return int(self._call(self._stub.GetNumUnfinishedRequests,
+                              gpb.GetNumUnfinishedRequestsRequest()).value)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        msg = gpb.ResetPrefixCacheRequest(reset_running_requests=reset_running_requests,
+                                          reset_connector=reset_connector)
+        return bool(self._call(self._stub.ResetPrefixCache, msg).success)
+
+    # -- beyond LLMEngine ---------------------------------------------------------------------
+
+    def get_server_info(self) -> dict[str, Any]:
+        info = self._call(self._stub.GetServerInfo, gpb.GetServerInfoRequest())
+        self._auto_step = info.auto_step
+        return {"model": info.model, "max_model_len": info.max_model_len,
+                "block_size": info.block_size, "num_blocks": info.num_blocks,
+                "vocab_size": info.vocab_size, "auto_step": info.auto_step,
+                "versions": dict(info.versions)}
+
+    def generate(self, prompt: PromptType, params: SamplingParams | None = None,
+                 request_id: str | None = None) -> Generator[RequestOutput, None, None]:
+        """Yield the request's RequestOutputs until it finishes. Closing the iterator early
+        cancels the call, which aborts the request. In manual mode this steps the engine."""
+        if self._auto_step is None:
+            self.get_server_info()
+        msg = gpb.GenerateRequest(request_id=request_id or "", prompt=prompt_to_pb(prompt),
+                                  params=params_to_pb(params or SamplingParams()))
+        call = self._stub.Generate(msg, metadata=self._metadata())
+        try:
+            if self._auto_step:
+                for output in _raise_user_errors(call):
+                    yield request_output_from_pb(output)
+            else:
+                yield from self._generate_manual(call)
+        finally:
+            call.cancel()
+
+    def _generate_manual(self, call: Any) -> Generator[RequestOutput, None, None]:
+        try:
+            metadata = dict(call.initial_metadata())  # arrives once the request is added
+        except grpc.RpcError as exc:
+            raise _translate(exc) from exc
+        request_id = metadata.get("strand-request-id", "")
+        inbox: queue.Queue[pb.RequestOutput | BaseException | None] = queue.Queue()
+        reader = threading.Thread(target=_drain, args=(call, inbox), daemon=True)
+        reader.start()
+        while True:
+            # Endings that need no Step (abort elsewhere, a lost stage) may already be here.
+            waiting = [*_take_all(inbox)]
+            if not waiting:
+                try:
+                    outputs, streamed = self._step_pb()
+                except grpc.RpcError:
+                    # A lost stage ends the request on its stream shortly; else re-raise.
+                    try:
+                        waiting = [inbox.get(timeout=5.0)]
+                    except queue.Empty:
+                        raise
+                else:
+                    self._owed.extend(outputs)
+                    if request_id in streamed:
+                        waiting = [inbox.get()]  # this step's output is on its way
+            for item in waiting:
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield request_output_from_pb(item)
+                if item.finished:
+                    return
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _step_pb(self) -> tuple[list[RequestOutput], list[str]]:
+        resp = self._call(self._stub.Step, gpb.StepRequest())
+        return ([request_output_from_pb(o) for o in resp.outputs],
+                list(resp.streamed_request_ids))
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        return [*self._auth, *metadata_from_context()]
+
+    def _call(self, method: Any, msg: Any) -> Any:
+        try:
+            return method(msg, metadata=self._metadata(), timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from exc
+
+
+def _translate(exc: grpc.RpcError) -> Exception:
+    code = exc.code()  # type: ignore[attr-defined]
+    if code in _USER_ERRORS:
+        return RequestError(code, exc.details())  # type: ignore[attr-defined]
+    return exc
+
+
+def _raise_user_errors(call: Any) -> Iterator[pb.RequestOutput]:
+    try:
+        yield from call
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+            return
+        raise _translate(exc) from exc
+
+
+def _take_all(inbox: queue.Queue[Any]) -> list[Any]:
+    items = []
+    while True:
+        try:
+            items.append(inbox.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _drain(call: Any, inbox: queue.Queue[pb.RequestOutput | BaseException | None]) -> None:
+    try:
+        for output in call:
+            inbox.put(output)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+            inbox.put(_translate(exc))
+    inbox.put(None)

@@ -1,0 +1,51 @@
+"""Every pb <-> dataclass conversion, in one import (the modules beside it hold the code)."""
+
+from __future__ import annotations
+
+from services.common.convert_core import (
+    core_output_from_pb,
+    core_output_to_pb,
+    core_outputs_from_pb,
+    core_outputs_to_pb,
+    core_request_from_pb,
+    core_request_to_pb,
+    logprobs_lists_from_pb,
+    logprobs_lists_to_pb,
+)
+from services.common.convert_outputs import (
+    completion_from_pb,
+    completion_to_pb,
+    metrics_from_pb,
+    metrics_to_pb,
+    request_output_from_pb,
+    request_output_to_pb,
+)
+from services.common.convert_params import (
+    PromptType,
+    params_from_pb,
+    params_to_pb,
+    prompt_from_pb,
+    prompt_to_pb,
+)
+
+__all__ = [
+    "PromptType",
+    "completion_from_pb",
+    "completion_to_pb",
+    "core_output_from_pb",
+    "core_output_to_pb",
+    "core_outputs_from_pb",
+    "core_outputs_to_pb",
+    "core_request_from_pb",
+    "core_request_to_pb",
+    "logprobs_lists_from_pb",
+    "logprobs_lists_to_pb",
+    "metrics_from_pb",
+    "metrics_to_pb",
+    "params_from_pb",
+    "params_to_pb",
+    "prompt_from_pb",
+    "prompt_to_pb",
+    "request_output_from_pb",
+    "request_output_to_pb",
+]

@@ -1,0 +1,110 @@
+"""pb <-> dataclass for what a client sends: SamplingParams and prompts.
+
+pb -> dataclass goes through SamplingParams' own validation, so a bad value raises ValueError naming
+the field; services map that to INVALID_ARGUMENT before anything changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from services._proto.strand.v1 import types_pb2 as pb
+
+PromptType = str | dict[str, Any]
+
+# Optional scalar fields copied as they are when set (unset: the dataclass default).
+_OPTIONAL_SCALARS = (
+    "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "min_tokens", "logprobs", "prompt_logprobs",
+    "skip_special_tokens", "spaces_between_special_tokens",
+)
+
+
+def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams(
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        ignore_eos=params.ignore_eos,
+        output_kind=int(params.output_kind),  # type: ignore[arg-type]
+    )
+    for name in _OPTIONAL_SCALARS:
+        value = getattr(params, name)
+        if value is not None:
+            setattr(msg, name, value)
+    if params.max_tokens is None:
+        msg.max_tokens_unlimited = True
+    else:
+        msg.max_tokens = params.max_tokens
+    if params.logit_bias:
+        for token_id, bias in params.logit_bias.items():
+            msg.logit_bias[int(token_id)] = float(bias)
+    if params.allowed_token_ids is not None:
+        msg.allowed_token_ids.extend(params.allowed_token_ids)
+    return msg
+
+
+def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
+    """ValueError naming the field when a value is out of bounds."""
+    kwargs: dict[str, Any] = {}
+    for name in _OPTIONAL_SCALARS:
+        if msg.HasField(name):
+            kwargs[name] = getattr(msg, name)
+    if msg.max_tokens_unlimited:
+        kwargs["max_tokens"] = None
+    elif msg.HasField("max_tokens"):
+        kwargs["max_tokens"] = msg.max_tokens
+    if msg.output_kind not in tuple(RequestOutputKind):
+        raise ValueError(f"output_kind must be 0, 1 or 2, got {msg.output_kind}")
+    kwargs.update(
+        stop=list(msg.stop),
+        stop_token_ids=list(msg.stop_token_ids),
+        include_stop_str_in_output=msg.include_stop_str_in_output,
+        ignore_eos=msg.ignore_eos,
+        logit_bias=dict(msg.logit_bias) or None,
+        allowed_token_ids=list(msg.allowed_token_ids) or None,
+        output_kind=RequestOutputKind(msg.output_kind),
+    )
+    return SamplingParams(**kwargs)
+
+
+def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
+    """str | {"prompt": str} | {"prompt_token_ids": [...]} | {"messages": [...]}, + cache_salt."""
+    if isinstance(prompt, str):
+        return pb.Prompt(text=prompt)
+    if not isinstance(prompt, dict):
+        raise ValueError(f"prompt must be a str or a dict, got {type(prompt).__name__}")
+    msg = pb.Prompt()
+    if "prompt_token_ids" in prompt:
+        msg.token_ids.ids.extend(int(t) for t in prompt["prompt_token_ids"])
+    elif "messages" in prompt:
+        chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt["messages"]]
+        msg.chat.messages.extend(chat)
+    elif "prompt" in prompt:
+        msg.text = prompt["prompt"]
+    else:
+        raise ValueError("prompt must have one of the keys 'prompt', 'prompt_token_ids', "
+                         f"'messages', got {sorted(prompt)}")
+    if prompt.get("cache_salt") is not None:
+        msg.cache_salt = prompt["cache_salt"]
+    return msg
+
+
+def prompt_from_pb(msg: pb.Prompt) -> PromptType:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise ValueError("prompt must be set (text, token_ids or chat)")
+    result: dict[str, Any]
+    if kind == "text":
+        if not msg.HasField("cache_salt"):
+            return msg.text
+        result = {"prompt": msg.text}
+    elif kind == "token_ids":
+        result = {"prompt_token_ids": list(msg.token_ids.ids)}
+    else:
+        result = {"messages": [{"role": m.role, "content": m.content}
+                               for m in msg.chat.messages]}
+    if msg.HasField("cache_salt"):
+        result["cache_salt"] = msg.cache_salt
+    return result

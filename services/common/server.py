@@ -1,0 +1,139 @@
+"""Server bootstrap shared by the four services: grpc.aio, health, reflection, auth, TLS, signals."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.tracing import init_tracing, shutdown_tracing
+
+logger = logging.getLogger(__name__)
+
+# Internal streams carry one whole engine step (every request's tokens and logprobs).
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024**2
+_OPEN_METHODS = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+@dataclass(slots=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (printed once bound)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    api_key: str | None = None  # clients send `authorization: Bearer <key>`
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    otlp_traces_endpoint: str | None = None
+
+
+def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface to bind (loopback unless told otherwise)")
+    parser.add_argument("--port", type=int, default=default_port)
+    parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
+    if not any(a.dest == "otlp_traces_endpoint" for a in parser._actions):
+        parser.add_argument("--otlp-traces-endpoint", default=None)
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("tls_cert and tls_key must be given together")
+    return ServerOptions(host=args.host, port=args.port, max_message_bytes=args.max_message_bytes,
+                         api_key=args.api_key, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                         otlp_traces_endpoint=args.otlp_traces_endpoint)
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes)]
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """UNAUTHENTICATED for any call without the bearer token (health and reflection stay open)."""
+
+    def __init__(self, api_key: str) -> None:
+        self._expected = f"Bearer {api_key}"
+
+    async def intercept_service(self, continuation: Callable[..., Awaitable[grpc.RpcMethodHandler]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method: str = details.method  # type: ignore[attr-defined]
+        metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
+        if method.startswith(_OPEN_METHODS) or metadata.get("authorization") == self._expected:
+            return await continuation(details)
+        handler = await continuation(details)
+        return _rejecting_handler(handler)
+
+
+def _rejecting_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
+    message = "missing or wrong api key: send metadata 'authorization: Bearer <key>'"
+
+    async def reject(request: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def reject_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    if handler is not None and handler.response_streaming:
+        if handler.request_streaming:
+            return grpc.stream_stream_rpc_method_handler(reject_stream)
+        return grpc.unary_stream_rpc_method_handler(reject_stream)
+    if handler is not None and handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(reject)
+    return grpc.unary_unary_rpc_method_handler(reject)
+
+
+async def run_server(name: str, options: ServerOptions,
+                     register: Callable[[grpc.aio.Server], Sequence[str]],
+                     on_stop: Callable[[], Awaitable[None]] | None = None,
+                     on_started: Callable[[int], Awaitable[None]] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names."""
+    init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
+    interceptors = [ApiKeyInterceptor(options.api_key)] if options.api_key else []
+    # Only what clients send is capped by max_message_bytes: a large answer (one step of many
+    # requests) must never be refused, or its outputs would be lost.
+    server_options = [("grpc.max_receive_message_length", options.max_message_bytes),
+                      ("grpc.max_send_message_length",
+                       max(options.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES))]
+    server = grpc.aio.server(interceptors=interceptors, options=server_options)
+    names = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME], server)
+    address = f"{options.host}:{options.port}"
+    if options.tls_cert and options.tls_key:
+        with open(options.tls_key, "rb") as k, open(options.tls_cert, "rb") as c:
+            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    for service in ("", *names):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    print(f"strand {name} listening on {options.host}:{port}", flush=True)
+    if on_started is not None:
+        await on_started(port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logger.info("%s: stopping", name)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=2.0)
+    if on_stop is not None:
+        await on_stop()
+    shutdown_tracing()

@@ -1,0 +1,48 @@
+"""Command-line flags every stage shares: engine flags (EngineArgs) plus server flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from engine_core.config import EngineArgs
+from services.common.server import ServerOptions, add_server_args, options_from_args
+
+# Default ports when a stage runs alone (compose); `strand serve` picks free ones.
+DEFAULT_PORTS = {"gateway": 50051, "tokenizer": 50052, "engine": 50053, "detokenizer": 50054}
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    model_dir: str
+    max_model_len: int
+    vocab_size: int
+
+
+def make_parser(name: str, engine_flags: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"strand {name}", description=f"Strand {name} service")
+    if engine_flags:
+        EngineArgs.add_cli_args(parser)
+    add_server_args(parser, DEFAULT_PORTS[name])
+    return parser
+
+
+def parse_stage_args(parser: argparse.ArgumentParser, argv: list[str] | None
+                     ) -> tuple[argparse.Namespace, ServerOptions]:
+    args = parser.parse_args(argv)
+    try:
+        options = options_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args, options
+
+
+def resolve_model_info(engine_args: EngineArgs) -> ModelInfo:
+    """What the tokenizer stage must know about the model without loading its weights."""
+    from engine_core.default_model import resolve_model_dir
+    from engine_core.model_executor.model_config import load_model_config
+
+    model_dir = resolve_model_dir(engine_args.model)
+    config = load_model_config(model_dir, engine_args.dtype)
+    max_len = engine_args.scheduler_config(config.max_position_embeddings).max_model_len
+    return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=config.vocab_size)

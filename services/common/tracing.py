@@ -1,0 +1,91 @@
+"""OpenTelemetry setup: OTLP/gRPC export, W3C context in gRPC metadata and in stream messages.
+
+With no endpoint (flag or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT) spans are not recorded, but
+incoming context is still passed on, so a traced caller's trace stays whole through the stack.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagate import extract, inject
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+_provider: object | None = None
+
+
+def init_tracing(service_name: str, endpoint: str | None = None) -> None:
+    """Export spans of this process as `service_name` to the OTLP/gRPC `endpoint`."""
+    global _provider
+    endpoint = (endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    if not endpoint or _provider is not None:
+        return
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    service = os.environ.get("OTEL_SERVICE_NAME", service_name)
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    insecure = not endpoint.startswith("https://")
+    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
+    # Short delay: a process may be stopped soon after its last span.
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    trace.set_tracer_provider(provider)
+    _provider = provider
+
+
+def shutdown_tracing() -> None:
+    """Flush spans still buffered (called on shutdown)."""
+    global _provider
+    provider = _provider
+    if provider is not None:
+        provider.force_flush()  # type: ignore[attr-defined]
+        provider.shutdown()  # type: ignore[attr-defined]
+    _provider = None
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("strand")
+
+
+def carrier_from_context(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """The W3C headers (traceparent, tracestate) of ctx, or of the current context."""
+    carrier: dict[str, str] = {}
+    inject(carrier, context=ctx)
+    return carrier
+
+
+def context_from_carrier(carrier: Mapping[str, str]) -> otel_context.Context:
+    return extract(dict(carrier))
+
+
+def context_from_metadata(metadata: Sequence[tuple[str, str | bytes]] | None
+                          ) -> otel_context.Context:
+    carrier = {k: v.decode() if isinstance(v, bytes) else v for k, v in (metadata or ())}
+    return extract(carrier)
+
+
+def metadata_from_context() -> list[tuple[str, str]]:
+    return list(carrier_from_context().items())
+
+
+@contextmanager
+def server_span(name: str, parent: otel_context.Context,
+                attributes: Mapping[str, object] | None = None) -> Iterator[Span]:
+    """A SERVER span under the caller's context, marked as an error when the body raises."""
+    with tracer().start_as_current_span(name, context=parent, kind=SpanKind.SERVER,
+                                        attributes=dict(attributes or {}),  # type: ignore[arg-type]
+                                        record_exception=True,
+                                        set_status_on_exception=True) as span:
+        yield span
+
+
+def end_span_with_error(span: Span, message: str) -> None:
+    span.set_status(Status(StatusCode.ERROR, message))
+    span.end()

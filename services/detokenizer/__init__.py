@@ -1,0 +1,1 @@
+"""The detokenizer stage: OutputProcessor behind a gRPC stream."""

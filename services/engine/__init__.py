@@ -1,0 +1,1 @@
+"""The engine stage: EngineCore behind a gRPC stream."""

@@ -1,0 +1,37 @@
+"""`python -m services.engine --model DIR [--port N]`: the engine stage alone (loads the model)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from engine_core.config import EngineArgs
+from services._proto.strand.v1 import engine_pb2, engine_pb2_grpc
+from services.common.server import run_server
+from services.common.stage_args import make_parser, parse_stage_args
+from services.engine.servicer import EngineServicer
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO)
+    args, options = parse_stage_args(make_parser("engine"), argv)
+    engine_args = EngineArgs.from_cli_args(args)
+    from engine_core.engine_core import EngineCore
+
+    core = EngineCore.from_engine_args(engine_args)
+    servicer = EngineServicer(core, core.model_config.model_dir)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
+        return [engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name]
+
+    async def on_stop() -> None:
+        servicer.close()
+
+    asyncio.run(run_server("engine", options, register, on_stop=on_stop))
+
+
+if __name__ == "__main__":
+    main()

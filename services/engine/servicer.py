@@ -1,0 +1,127 @@
+"""Engine servicer: each stream message is one call on the EngineCore, run off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from engine_core.core.sched_output import SchedulerOutput
+from engine_core.engine_core import EngineCore
+from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import engine_pb2_grpc
+from services.common.convert import core_outputs_to_pb, core_request_from_pb
+from services.common.ownership import SessionOwnership
+from services.common.status import error_to_pb
+from services.common.tracing import context_from_carrier, server_span
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, core: EngineCore, model_name: str) -> None:
+        self.core = core
+        self.model_name = model_name
+        # One thread: the core is not thread-safe, and the loop must stay free for health checks.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-core")
+        self._last_schedule: SchedulerOutput | None = None
+        self._owners = SessionOwnership()
+        self._observe_schedules()
+
+    def _observe_schedules(self) -> None:
+        # The step span reports what was scheduled; the runner is where SchedulerOutput passes by.
+        runner = self.core.runner
+        execute = runner.execute_model
+
+        def execute_model(scheduler_output: SchedulerOutput, *a: Any, **kw: Any) -> Any:
+            self._last_schedule = scheduler_output
+            return execute(scheduler_output, *a, **kw)
+
+        runner.execute_model = execute_model  # type: ignore[method-assign]
+
+    async def GetInfo(self, request: epb.EngineInfoRequest,
+                      context: grpc.aio.ServicerContext) -> epb.EngineInfo:
+        core = self.core
+        return epb.EngineInfo(model=self.model_name, max_model_len=core.max_model_len,
+                              block_size=core.block_size, num_blocks=core.num_blocks,
+                              vocab_size=core.model_config.vocab_size)
+
+    async def Session(self, request_iterator: AsyncIterator[epb.EngineRequest],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[epb.EngineResponse]:
+        loop = asyncio.get_running_loop()
+        session = self._owners.new_session()
+        try:
+            async for msg in request_iterator:
+                yield await loop.run_in_executor(self._executor, self.handle, msg, session)
+        finally:
+            # The gateway is gone: nobody would ever collect or abort what it added.
+            orphans = self._owners.release(session)
+            if orphans:
+                # Submitted, not awaited: this task is being cancelled. The one worker thread
+                # keeps it in order with every other core call.
+                self._executor.submit(self.core.abort_requests, orphans)
+
+    def handle(self, msg: epb.EngineRequest, session: int = 0) -> epb.EngineResponse:
+        kind = msg.WhichOneof("kind")
+        parent = context_from_carrier(msg.trace_context)
+        name = "engine_step" if kind == "step" else f"strand.v1.Engine/{kind}"
+        with server_span(name, parent) as span:
+            try:
+                return self._dispatch(msg, kind, span, session)
+            except Exception as exc:  # answered in-stream: the session stays open
+                span.set_attribute("error.message", str(exc))
+                return epb.EngineResponse(seq=msg.seq, error=error_to_pb(exc))
+
+    def _dispatch(self, msg: epb.EngineRequest, kind: str | None, span: Any, session: int
+                  ) -> epb.EngineResponse:
+        core, seq = self.core, msg.seq
+        reset_ok = False
+        if kind == "add":
+            # Convert all first: a bad one must leave the core unchanged.
+            requests = [core_request_from_pb(r) for r in msg.add.requests]
+            added: list[str] = []
+            try:
+                for request in requests:
+                    core.add_request(request)
+                    added.append(request.request_id)
+            except Exception:
+                core.abort_requests(added)
+                raise
+            self._owners.add(session, added)
+            span.set_attribute("gen_ai.request.ids", added)
+        elif kind == "step":
+            self._last_schedule = None
+            outputs = core.step()
+            self._owners.discard(o.request_id for o in outputs.outputs if o.finished)
+            self._record_step(span, len(outputs.outputs))
+            return epb.EngineResponse(seq=seq, outputs=core_outputs_to_pb(outputs))
+        elif kind == "abort":
+            core.abort_requests(list(msg.abort.request_ids))
+            self._owners.discard(msg.abort.request_ids)
+        elif kind == "reset_prefix_cache":
+            req = msg.reset_prefix_cache
+            reset_ok = core.reset_prefix_cache(req.reset_running_requests, req.reset_connector)
+        elif kind != "query":
+            raise ValueError(f"kind must be add, step, abort, reset_prefix_cache or query, "
+                             f"got {kind!r}")
+        state = epb.EngineState(num_unfinished_requests=core.get_num_unfinished_requests(),
+                                reset_ok=reset_ok)
+        return epb.EngineResponse(seq=seq, state=state)
+
+    def _record_step(self, span: Any, num_outputs: int) -> None:
+        sched = self._last_schedule
+        span.set_attribute("strand.step.num_outputs", num_outputs)
+        if sched is None:
+            span.set_attribute("strand.step.batch_size", 0)
+            return
+        new_ids = {r.req_id for r in sched.scheduled_new_reqs}
+        # A step's prefill tokens: new requests' chunks, and any chunk longer than one token.
+        prefill = sum(n for rid, n in sched.num_scheduled_tokens.items()
+                      if rid in new_ids or n > 1)
+        span.set_attribute("strand.step.batch_size", sched.num_reqs)
+        span.set_attribute("strand.step.scheduled_tokens", sched.total_num_scheduled_tokens)
+        span.set_attribute("strand.step.prefill_tokens", prefill)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,250 @@
+"""GatewayFlow: the life of a request across the three stages (no engine logic of its own).
+
+1. AddRequest: tokenizer (InputProcessor.process) -> detokenizer (OutputProcessor.add_request
+   returns the child requests) -> engine (EngineCore.add_request for each child).
+2. Step: engine step -> detokenizer process_outputs -> RequestOutputs (+ stop-string aborts back to
+   the engine). Outputs of Generate requests go to their streams, the rest to the Step caller.
+3. Abort: detokenizer abort_requests (returns child ids) -> engine abort.
+A lost engine or detokenizer ends every live request with finish_reason "error".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from opentelemetry import trace
+
+from engine_core.sampling_params import RequestOutputKind
+from services._proto.strand.v1 import detokenizer_pb2 as dpb
+from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import tokenizer_pb2 as tpb
+from services._proto.strand.v1 import types_pb2 as pb
+from services.common.status import StageError, StageUnavailable
+from services.common.tracing import carrier_from_context, tracer
+from services.gateway.live import LiveRequest, StreamQueue, error_output, finish_reason_of
+from services.gateway.stage_client import StageClient
+
+logger = logging.getLogger(__name__)
+
+
+class GatewayFlow:
+    def __init__(self, tokenizer: StageClient, engine: StageClient, detokenizer: StageClient,
+                 auto_step: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.detokenizer = detokenizer
+        self.auto_step = auto_step
+        engine.on_lost = self._engine_lost
+        detokenizer.on_lost = self._detokenizer_lost
+        # One engine-changing sequence at a time: the stages are sequential anyway, and an abort
+        # must not slip between a request's detokenizer add and its engine add.
+        self._lock = asyncio.Lock()
+        self._live: dict[str, LiveRequest] = {}
+        # Outputs owed to the next Step: auto-mode results and "error" endings.
+        self._pending: list[pb.RequestOutput] = []
+        self._work = asyncio.Event()
+        self._auto_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.auto_step and self._auto_task is None:
+            self._auto_task = asyncio.get_running_loop().create_task(self._auto_loop())
+
+    async def close(self) -> None:
+        if self._auto_task is not None:
+            self._auto_task.cancel()
+        for client in (self.tokenizer, self.engine, self.detokenizer):
+            await client.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def add_request(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
+                          arrival_time: float | None = None, priority: int = 0,
+                          queue: StreamQueue | None = None) -> None:
+        if not request_id:
+            raise StageError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+        if request_id in self._live:
+            raise StageError(grpc.StatusCode.ALREADY_EXISTS,
+                             f"request_id {request_id!r} is already in use")
+        span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
+        _set_param_attributes(span, params)
+        try:
+            await self._add(request_id, prompt, params, arrival_time, priority, queue, span)
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            span.end()
+            raise
+        self._work.set()
+
+    async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
+                   arrival_time: float | None, priority: int, queue: StreamQueue | None,
+                   span: trace.Span) -> None:
+        carrier = carrier_from_context(trace.set_span_in_context(span))
+        process = tpb.ProcessRequest(request_id=request_id, prompt=prompt, params=params,
+                                     priority=priority)
+        if arrival_time is not None:
+            process.arrival_time = arrival_time
+        tok = await self.tokenizer.call(tpb.TokenizerRequest(process=process,
+                                                             trace_context=carrier))
+        processed = tok.processed
+        async with self._lock:
+            detok = await self.detokenizer.call(dpb.DetokenizerRequest(
+                add=dpb.DetokAddRequest(processed=processed), trace_context=carrier))
+            children = list(detok.children.requests)
+            try:
+                await self.engine.call(epb.EngineRequest(
+                    add=epb.EngineAddRequests(requests=children), trace_context=carrier))
+            except StageError:
+                # All or nothing: the detokenizer forgets the request the engine refused.
+                await self._quietly(self.detokenizer, dpb.DetokenizerRequest(
+                    abort=dpb.DetokAbort(request_ids=[request_id])))
+                raise
+            kind = processed.request.sampling_params.output_kind
+            self._live[request_id] = LiveRequest(
+                request_id=request_id, child_ids=[c.request_id for c in children], span=span,
+                cumulative=kind == RequestOutputKind.CUMULATIVE,
+                num_prompt_tokens=len(processed.request.prompt_token_ids), queue=queue)
+
+    async def step(self) -> tuple[list[pb.RequestOutput], list[str]]:
+        """(outputs for the caller, ids of Generate requests whose output went to their stream)."""
+        if self.auto_step:
+            owed, self._pending = self._pending, []
+            return owed, []
+        async with self._lock:
+            if not self._live:
+                # Nothing to compute (as EngineCore.step): report endings owed by a lost stage.
+                owed, self._pending = self._pending, []
+                return owed, []
+            outputs = await self._step_once()
+        owed, self._pending = self._pending, []
+        returned, streamed = self._deliver(outputs)
+        return owed + returned, streamed
+
+    async def _step_once(self) -> list[pb.RequestOutput]:
+        resp = await self.engine.call(epb.EngineRequest(
+            step=epb.EngineStep(), trace_context=carrier_from_context()))
+        result = (await self.detokenizer.call(dpb.DetokenizerRequest(
+            process_outputs=dpb.DetokProcessOutputs(outputs=resp.outputs),
+            trace_context=carrier_from_context()))).result
+        if result.reqs_to_abort:
+            # Stop strings end requests in the detokenizer; the engine must stop computing them.
+            await self.engine.call(epb.EngineRequest(
+                abort=epb.EngineAbort(request_ids=list(result.reqs_to_abort))))
+        return list(result.request_outputs)
+
+    def _deliver(self, outputs: list[pb.RequestOutput]) -> tuple[list[pb.RequestOutput], list[str]]:
+        returned: list[pb.RequestOutput] = []
+        streamed: list[str] = []
+        for output in outputs:
+            live = self._live.get(output.request_id)
+            if live is not None:
+                live.record(output)
+                if output.finished:
+                    del self._live[output.request_id]
+                    live.end_span(output, finish_reason_of(output))
+            if live is not None and live.queue is not None:
+                live.queue.put_nowait(output)
+                streamed.append(output.request_id)
+            else:
+                returned.append(output)
+        return returned, streamed
+
+    async def abort(self, request_ids: list[str]) -> None:
+        async with self._lock:
+            child_ids = (await self.detokenizer.call(dpb.DetokenizerRequest(
+                abort=dpb.DetokAbort(request_ids=request_ids),
+                trace_context=carrier_from_context()))).child_ids.request_ids
+            await self.engine.call(epb.EngineRequest(
+                abort=epb.EngineAbort(request_ids=list(child_ids)),
+                trace_context=carrier_from_context()))
+            for request_id in request_ids:
+                live = self._live.pop(request_id, None)
+                if live is not None:
+                    live.end_span(None, "abort")
+                    if live.queue is not None:
+                        live.queue.put_nowait(None)
+
+    async def reset_prefix_cache(self, reset_running_requests: bool, reset_connector: bool
+                                 ) -> bool:
+        async with self._lock:
+            resp = await self.engine.call(epb.EngineRequest(
+                reset_prefix_cache=epb.EngineResetPrefixCache(
+                    reset_running_requests=reset_running_requests,
+                    reset_connector=reset_connector),
+                trace_context=carrier_from_context()))
+        return bool(resp.state.reset_ok)
+
+    async def get_num_unfinished_requests(self) -> int:
+        # The detokenizer is the source of truth, as the OutputProcessor is in LLMEngine.
+        resp = await self.detokenizer.call(dpb.DetokenizerRequest(query=dpb.DetokQuery()))
+        return int(resp.state.num_unfinished_requests)
+
+    # -- auto mode ------------------------------------------------------------------------------
+
+    async def _auto_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            try:
+                async with self._lock:
+                    if not self._live:
+                        self._work.clear()
+                        continue
+                    outputs = await self._step_once()
+                returned, _ = self._deliver(outputs)
+                self._pending.extend(returned)
+                if not outputs:
+                    await asyncio.sleep(0.001)  # a step with nothing to report: do not spin
+            except StageError as exc:
+                logger.warning("auto step failed: %s", exc.message)
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(0)  # let waiting RPCs take the lock between steps
+
+    # -- lost stages ----------------------------------------------------------------------------
+
+    async def _engine_lost(self, error: StageUnavailable) -> None:
+        async with self._lock:
+            ids = list(self._live)
+            if not ids:
+                return
+            try:
+                resp = await self.detokenizer.call(dpb.DetokenizerRequest(
+                    finish_with_error=dpb.DetokFinishWithError(request_ids=ids,
+                                                               reason=error.message)))
+                outputs = list(resp.result.request_outputs)
+            except StageError:
+                outputs = []
+            self._end_with_error(outputs, error.message)
+
+    async def _detokenizer_lost(self, error: StageUnavailable) -> None:
+        async with self._lock:
+            ids = list(self._live)
+            if not ids:
+                return
+            child_ids = [c for i in ids for c in self._live[i].child_ids]
+            await self._quietly(self.engine, epb.EngineRequest(
+                abort=epb.EngineAbort(request_ids=child_ids)))
+            self._end_with_error([], error.message)
+
+    def _end_with_error(self, outputs: list[pb.RequestOutput], reason: str) -> None:
+        """Deliver the "error" endings; live requests the stage could not end get our own."""
+        covered = {o.request_id for o in outputs if o.finished}
+        for request_id, live in list(self._live.items()):
+            if request_id not in covered:
+                outputs.append(error_output(request_id, len(live.child_ids), reason))
+        returned, _ = self._deliver(outputs)
+        self._pending.extend(returned)
+
+    @staticmethod
+    async def _quietly(client: StageClient, msg: object) -> None:
+        try:
+            await client.call(msg)
+        except StageError as exc:
+            logger.warning("%s cleanup failed: %s", client.stage, exc.message)
+
+
+def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:
+    for name in ("n", "temperature", "top_p", "max_tokens"):
+        if params.HasField(name):
+            span.set_attribute(f"gen_ai.request.{name}", getattr(params, name))

@@ -1,0 +1,146 @@
+"""Gateway servicer: every RPC is a few lines around one GatewayFlow call."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import gateway_pb2 as gpb
+from services._proto.strand.v1 import gateway_pb2_grpc
+from services._proto.strand.v1 import types_pb2 as pb
+from services.common.status import StageError, status_of
+from services.common.tracing import context_from_metadata, server_span
+from services.gateway.flow import GatewayFlow
+from services.gateway.live import StreamQueue
+
+T = TypeVar("T")
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, flow: GatewayFlow) -> None:
+        self.flow = flow
+
+    async def _traced(self, name: str, context: grpc.aio.ServicerContext,
+                      body: Callable[[], Awaitable[T]]) -> T:
+        parent = context_from_metadata(context.invocation_metadata())
+        with server_span(f"strand.v1.Gateway/{name}", parent) as span:
+            try:
+                return await body()
+            except (StageError, ValueError) as exc:
+                code, message = status_of(exc)
+                span.set_attribute("rpc.grpc.status_code", code.value[0])
+                await context.abort(code, message)
+                raise  # unreachable: abort raises
+
+    async def AddRequest(self, request: gpb.AddRequestRequest,
+                         context: grpc.aio.ServicerContext) -> gpb.AddRequestResponse:
+        async def body() -> gpb.AddRequestResponse:
+            arrival = request.arrival_time if request.HasField("arrival_time") else None
+            await self.flow.add_request(request.request_id, request.prompt, request.params,
+                                        arrival, request.priority)
+            return gpb.AddRequestResponse()
+        return await self._traced("AddRequest", context, body)
+
+    async def Step(self, request: gpb.StepRequest,
+                   context: grpc.aio.ServicerContext) -> gpb.StepResponse:
+        async def body() -> gpb.StepResponse:
+            outputs, streamed = await self.flow.step()
+            return gpb.StepResponse(outputs=outputs, streamed_request_ids=streamed)
+        return await self._traced("Step", context, body)
+
+    async def Abort(self, request: gpb.AbortRequest,
+                    context: grpc.aio.ServicerContext) -> gpb.AbortResponse:
+        async def body() -> gpb.AbortResponse:
+            await self.flow.abort(list(request.request_ids))
+            return gpb.AbortResponse()
+        return await self._traced("Abort", context, body)
+
+    async def ResetPrefixCache(self, request: gpb.ResetPrefixCacheRequest,
+                               context: grpc.aio.ServicerContext
+                               ) -> gpb.ResetPrefixCacheResponse:
+        async def body() -> gpb.ResetPrefixCacheResponse:
+            ok = await self.flow.reset_prefix_cache(request.reset_running_requests,
+                                                    request.reset_connector)
+            return gpb.ResetPrefixCacheResponse(success=ok)
+        return await self._traced("ResetPrefixCache", context, body)
+
+    async def HasUnfinishedRequests(self, request: gpb.HasUnfinishedRequestsRequest,
+                                    context: grpc.aio.ServicerContext
+                                    ) -> gpb.HasUnfinishedRequestsResponse:
+        async def body() -> gpb.HasUnfinishedRequestsResponse:
+            num = await self.flow.get_num_unfinished_requests()
+            return gpb.HasUnfinishedRequestsResponse(value=num > 0)
+        return await self._traced("HasUnfinishedRequests", context, body)
+
+    async def GetNumUnfinishedRequests(self, request: gpb.GetNumUnfinishedRequestsRequest,
+                                       context: grpc.aio.ServicerContext
+                                       ) -> gpb.GetNumUnfinishedRequestsResponse:
+        async def body() -> gpb.GetNumUnfinishedRequestsResponse:
+            num = await self.flow.get_num_unfinished_requests()
+            return gpb.GetNumUnfinishedRequestsResponse(value=num)
+        return await self._traced("GetNumUnfinishedRequests", context, body)
+
+    async def GetServerInfo(self, request: gpb.GetServerInfoRequest,
+                            context: grpc.aio.ServicerContext) -> gpb.GetServerInfoResponse:
+        async def body() -> gpb.GetServerInfoResponse:
+            try:
+                info = await self.flow.engine.stub.GetInfo(epb.EngineInfoRequest(), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                raise StageError(grpc.StatusCode.UNAVAILABLE,
+                                 f"engine stage is unavailable: {exc.details()}") from exc
+            return gpb.GetServerInfoResponse(
+                model=info.model, max_model_len=info.max_model_len, block_size=info.block_size,
+                num_blocks=info.num_blocks, vocab_size=info.vocab_size,
+                auto_step=self.flow.auto_step, versions=_versions())
+        return await self._traced("GetServerInfo", context, body)
+
+    async def Generate(self, request: gpb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RequestOutput]:
+        request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
+        queue: StreamQueue = asyncio.Queue()
+
+        async def add() -> None:
+            await self.flow.add_request(request_id, request.prompt, request.params,
+                                        None, request.priority, queue=queue)
+        await self._traced("Generate", context, add)
+        # Tells the client the request is in (and its id), so it may Step in manual mode.
+        await context.send_initial_metadata((("strand-request-id", request_id),))
+        finished = False
+        try:
+            while True:
+                output = await queue.get()
+                if output is None:
+                    finished = True  # aborted by someone else: nothing more will come
+                    return
+                finished = output.finished
+                yield output
+                if finished:
+                    return
+        finally:
+            if not finished:
+                # The client went away (cancelled, deadline): the request must not run on.
+                asyncio.get_running_loop().create_task(self._abort_quietly(request_id))
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await self.flow.abort([request_id])
+        except StageError:
+            pass
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {"python": platform.python_version(), "grpc": grpc.__version__}
+    for dist in ("strand", "torch", "protobuf"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "unknown"
+    return versions

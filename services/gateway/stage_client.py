@@ -1,0 +1,117 @@
+"""One long-lived bidirectional stream to a stage, with answers matched to calls by `seq`.
+
+When the stream breaks (the stage died), every pending call fails with UNAVAILABLE naming the
+stage, `on_lost` is told, and the next call opens a fresh stream (the stage may be back by then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from services.common.status import StageError, StageUnavailable, error_from_pb
+
+logger = logging.getLogger(__name__)
+
+# Reconnect fast: a restarted stage should be usable within a second, not after minutes of backoff.
+_RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                      ("grpc.min_reconnect_backoff_ms", 100),
+                      ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+class StageClient:
+    def __init__(self, stage: str, target: str, stub_factory: Callable[[grpc.aio.Channel], Any],
+                 on_lost: Callable[[StageUnavailable], Awaitable[None]] | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 connect_timeout: float = 2.0) -> None:
+        self.stage = stage
+        self.connect_timeout = connect_timeout
+        self.target = target
+        self.channel = grpc.aio.insecure_channel(
+            target, options=[*channel_options(max_message_bytes), *_RECONNECT_OPTIONS])
+        self.stub = stub_factory(self.channel)
+        self.on_lost = on_lost
+        self._call: Any = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._seq = itertools.count(1)
+        self._write_lock = asyncio.Lock()
+        self._closing = False
+
+    async def call(self, msg: Any) -> Any:
+        """Send msg (its seq is set here) and await the matching answer; StageError on error."""
+        if self._closing:
+            raise StageUnavailable(self.stage, "gateway is shutting down")
+        seq = next(self._seq)
+        msg.seq = seq
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        try:
+            async with self._write_lock:
+                call = await self._session()
+                await call.write(msg)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            self._pending.pop(seq, None)
+            raise StageUnavailable(self.stage, _detail(exc)) from exc
+        except BaseException:
+            self._pending.pop(seq, None)
+            raise
+        resp = await future
+        if resp.HasField("error"):
+            raise error_from_pb(resp.error)
+        return resp
+
+    async def _session(self) -> Any:
+        if self._call is None:
+            # A channel that saw the stage die fails calls at once until it reconnects: wait
+            # (briefly) for it, so a stage that is back is used at once.
+            try:
+                await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
+            except TimeoutError as exc:
+                raise StageUnavailable(self.stage, f"cannot connect to {self.target}") from exc
+            self._call = self.stub.Session()
+            asyncio.get_running_loop().create_task(self._read(self._call))
+        return self._call
+
+    async def _read(self, call: Any) -> None:
+        error: StageUnavailable
+        try:
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    error = StageUnavailable(self.stage, "stream closed by the stage")
+                    break
+                future = self._pending.pop(resp.seq, None)
+                if future is not None and not future.done():
+                    future.set_result(resp)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            error = StageUnavailable(self.stage, _detail(exc))
+        if self._call is call:
+            self._call = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        if self.on_lost is not None and not self._closing:
+            logger.warning("%s", error.message)
+            await self.on_lost(error)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._call is not None:
+            self._call.cancel()
+        await self.channel.close()
+
+
+def _detail(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return type(exc).__name__
+
+
+__all__ = ["StageClient", "StageError", "StageUnavailable"]

@@ -1,0 +1,1 @@
+"""The tokenizer stage: InputProcessor behind a gRPC stream."""

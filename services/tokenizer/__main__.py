@@ -1,0 +1,37 @@
+"""`python -m services.tokenizer --model DIR [--port N]`: the tokenizer stage alone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from engine_core.config import EngineArgs
+from services._proto.strand.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common.server import run_server
+from services.common.stage_args import make_parser, parse_stage_args, resolve_model_info
+from services.tokenizer.servicer import TokenizerServicer
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO)
+    args, options = parse_stage_args(make_parser("tokenizer"), argv)
+    engine_args = EngineArgs.from_cli_args(args)
+    from engine_core.processing.input_processor import InputProcessor
+    from engine_core.processing.tokenizer import Tokenizer
+
+    info = resolve_model_info(engine_args)
+    tokenizer = Tokenizer.from_dir(engine_args.tokenizer or info.model_dir)
+    processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size,
+                               eos_token_id=tokenizer.eos_token_id)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(processor), server)
+        return [tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name]
+
+    asyncio.run(run_server("tokenizer", options, register))
+
+
+if __name__ == "__main__":
+    main()

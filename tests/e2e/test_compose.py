@@ -1,0 +1,112 @@
+"""docker-compose.yml and the CLI cannot drift: each service's compose command runs here as is
+(hosts and ports mapped to loopback), and the stack it makes answers requests."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine_core.sampling_params import SamplingParams
+from services.client import EngineClient
+from services.launch import REPO_ROOT, free_port, wait_healthy
+
+COMPOSE = REPO_ROOT / "docker-compose.yml"
+SERVICES = ("tokenizer", "engine", "detokenizer", "gateway")
+_INTERPOLATION = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _localize(arg: str, model_dir: Path, ports: dict[int, int]) -> str:
+    arg = _INTERPOLATION.sub(lambda m: str(model_dir) if m.group(1) == "STRAND_MODEL"
+                             else m.group(2), arg)
+    if arg == "0.0.0.0":
+        return "127.0.0.1"
+    match = re.fullmatch(r"(\w+):(\d+)", arg)
+    if match and match.group(1) in SERVICES:  # a peer by its compose name
+        return f"127.0.0.1:{ports[int(match.group(2))]}"
+    if arg.isdigit() and int(arg) in ports:
+        return str(ports[int(arg)])
+    return arg
+
+
+def _local_command(command: list[str], model_dir: Path, ports: dict[int, int]) -> list[str]:
+    assert command[0] == "strand", "compose commands use the console script"
+    return [sys.executable, "-m", "services.cli",
+            *(_localize(a, model_dir, ports) for a in command[1:])]
+
+
+def test_compose_has_the_four_services_healthchecks_volume_and_jaeger() -> None:
+    compose = _compose()
+    services = compose["services"]
+    for name in SERVICES:
+        assert services[name]["healthcheck"]["test"][:4] == [
+            "CMD", "python", "-m", "services.common.healthcheck"]
+        assert "models:/models" in services[name]["volumes"]
+        assert services[name]["build"]["args"]["BASE_IMAGE"]
+    assert "models" in compose["volumes"]
+    assert {"4317:4317", "16686:16686"} <= {p.split()[0] for p in services["jaeger"]["ports"]}
+    assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2")
+
+
+def test_dockerfile_takes_a_base_image_argument() -> None:
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim" in text
+    assert "FROM ${BASE_IMAGE}" in text
+
+
+@pytest.fixture(scope="module")
+def compose_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[dict[str, int]]:
+    services = _compose()["services"]
+    ports = {port: free_port() for port in (50051, 50052, 50053, 50054)}
+    log_dir = tmp_path_factory.mktemp("compose-logs")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    local_ports = {}
+    try:
+        for name in SERVICES:
+            command = _local_command(services[name]["command"], tiny_model_dir, ports)
+            log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+            processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                               env=env, cwd=REPO_ROOT)
+            check = services[name]["healthcheck"]["test"]
+            local_ports[name] = int(_localize(check[-1].split(":")[1], tiny_model_dir, ports))
+        for name in SERVICES:
+            wait_healthy(f"127.0.0.1:{local_ports[name]}", 120, processes[name], name)
+        yield local_ports
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def test_compose_healthcheck_commands_pass(compose_stack: dict[str, int]) -> None:
+    services = _compose()["services"]
+    for name in SERVICES:
+        check = services[name]["healthcheck"]["test"][1:]
+        address = f"127.0.0.1:{compose_stack[name]}"
+        result = subprocess.run([sys.executable, *check[1:-1], address], cwd=REPO_ROOT,
+                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=30)
+        assert result.returncode == 0, name
+
+
+def test_compose_commands_make_a_working_stack(compose_stack: dict[str, int]) -> None:
+    with EngineClient(f"127.0.0.1:{compose_stack['gateway']}", timeout=60) as client:
+        outputs = list(client.generate("compose", SamplingParams(temperature=0.0, max_tokens=3)))
+    assert outputs[-1].finished
+    assert len(outputs[-1].outputs[0].token_ids) == 3

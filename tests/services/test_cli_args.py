@@ -1,0 +1,40 @@
+"""Command lines: loopback by default, engine flags forwarded as given, TLS files in pairs."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cli import _engine_flags, _stack_parser
+from services.common.stage_args import DEFAULT_PORTS, make_parser, parse_stage_args
+
+
+@pytest.mark.parametrize("name", ["tokenizer", "engine", "detokenizer", "gateway"])
+def test_every_service_binds_loopback_unless_told(name: str) -> None:
+    _, options = parse_stage_args(make_parser(name, engine_flags=name != "gateway"), [])
+    assert options.host == "127.0.0.1"
+    assert options.port == DEFAULT_PORTS[name]
+
+
+def test_host_flag_overrides_loopback() -> None:
+    _, options = parse_stage_args(make_parser("engine"), ["--host", "0.0.0.0", "--port", "7"])
+    assert (options.host, options.port) == ("0.0.0.0", 7)
+
+
+def test_tls_cert_without_key_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        parse_stage_args(make_parser("gateway", engine_flags=False), ["--tls-cert", "c.pem"])
+
+
+def test_serve_forwards_only_the_engine_flags_that_were_changed() -> None:
+    parser = _stack_parser("strand serve")
+    args = parser.parse_args(["--model", "m", "--max-num-seqs", "8", "--no-enable-prefix-caching",
+                              "--kv-cache-memory", "1024", "--port", "0"])
+    flags = _engine_flags(args, parser)
+    assert sorted(flags) == sorted(["--no-enable-prefix-caching", "--max-num-seqs", "8",
+                                    "--kv-cache-memory", "1024"])
+    assert flags[flags.index("--max-num-seqs") + 1] == "8"
+
+
+def test_serve_forwards_nothing_by_default() -> None:
+    parser = _stack_parser("strand serve")
+    assert _engine_flags(parser.parse_args(["--model", "m"]), parser) == []

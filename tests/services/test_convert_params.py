@@ -1,0 +1,75 @@
+"""SamplingParams and prompts survive pb round trips; bad values are named like the dataclass does."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from services._proto.strand.v1 import types_pb2 as pb
+from services.common.convert import params_from_pb, params_to_pb, prompt_from_pb, prompt_to_pb
+
+
+def test_every_sampling_param_round_trips() -> None:
+    params = SamplingParams(
+        n=3, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5,
+        frequency_penalty=-0.5, repetition_penalty=1.2, seed=1234, max_tokens=77, min_tokens=3,
+        stop=["\n", "END"], stop_token_ids=[5, 9], include_stop_str_in_output=True,
+        ignore_eos=True, logprobs=5, prompt_logprobs=2, logit_bias={3: -1.5, 7: 2.0},
+        allowed_token_ids=[3, 7, 11], skip_special_tokens=False,
+        spaces_between_special_tokens=False, output_kind=RequestOutputKind.DELTA)
+    assert params_from_pb(params_to_pb(params)) == params
+
+
+def test_default_sampling_params_round_trip() -> None:
+    assert params_from_pb(params_to_pb(SamplingParams())) == SamplingParams()
+
+
+def test_empty_message_gives_the_dataclass_defaults() -> None:
+    assert params_from_pb(pb.SamplingParams()) == SamplingParams()
+
+
+def test_unlimited_max_tokens_round_trips_as_none() -> None:
+    params = SamplingParams(max_tokens=None)
+    msg = params_to_pb(params)
+    assert msg.max_tokens_unlimited and not msg.HasField("max_tokens")
+    assert params_from_pb(msg).max_tokens is None
+
+
+def test_zero_temperature_is_kept_not_defaulted() -> None:
+    assert params_from_pb(params_to_pb(SamplingParams(temperature=0.0))).temperature == 0.0
+
+
+def test_out_of_range_temperature_raises_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
+        params_from_pb(pb.SamplingParams(temperature=3.0))
+
+
+def test_unknown_output_kind_raises_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="output_kind"):
+        params_from_pb(pb.SamplingParams(output_kind=7))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("prompt", [
+    "plain text",
+    {"prompt": "text with salt", "cache_salt": "s1"},
+    {"prompt_token_ids": [1, 2, 3]},
+    {"prompt_token_ids": [4, 5], "cache_salt": "s2"},
+    {"messages": [{"role": "system", "content": "be brief"},
+                  {"role": "user", "content": "hi"}]},
+])
+def test_prompt_forms_round_trip(prompt: str | dict) -> None:
+    assert prompt_from_pb(prompt_to_pb(prompt)) == prompt
+
+
+def test_dict_prompt_with_only_text_comes_back_as_text() -> None:
+    assert prompt_from_pb(prompt_to_pb({"prompt": "hello"})) == "hello"
+
+
+def test_empty_prompt_message_raises_naming_prompt() -> None:
+    with pytest.raises(ValueError, match="prompt must be set"):
+        prompt_from_pb(pb.Prompt())
+
+
+def test_dict_prompt_without_known_key_raises() -> None:
+    with pytest.raises(ValueError, match="prompt must have one of the keys"):
+        prompt_to_pb({"text": "hi"})
