@@ -14,6 +14,7 @@ from engine_core.config import EngineArgs
 from engine_core.connector import kv_control
 from engine_core.core.engine_io import EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.request import Request, RequestStatus
+from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.default_model import resolve_model_dir
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
@@ -37,6 +38,7 @@ class EngineCore:
         self.throughput = ThroughputMeter()
         # Names this engine in KV cache control calls ("" also means this engine).
         self.instance_id = "engine-0"
+        self.last_scheduler_output: SchedulerOutput | None = None  # the latest step's (spans)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
@@ -81,6 +83,7 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(outputs=[])
         scheduler_output = self.scheduler.schedule()
+        self.last_scheduler_output = scheduler_output
         runner_output = self.runner.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.num_steps += 1

@@ -35,8 +35,22 @@ class EngineQuery(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class EngineClearKvCache(_message.Message):
+    __slots__ = ("instance_id", "location")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    location: str
+    def __init__(self, instance_id: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
+
+class EngineLookupKvCache(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class EngineRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query")
+    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +65,8 @@ class EngineRequest(_message.Message):
     ABORT_FIELD_NUMBER: _ClassVar[int]
     RESET_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     add: EngineAddRequests
@@ -58,7 +74,9 @@ class EngineRequest(_message.Message):
     abort: EngineAbort
     reset_prefix_cache: EngineResetPrefixCache
     query: EngineQuery
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ...) -> None: ...
+    clear_kv_cache: EngineClearKvCache
+    lookup_kv_cache: EngineLookupKvCache
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ...) -> None: ...
 
 class EngineState(_message.Message):
     __slots__ = ("num_unfinished_requests", "reset_ok")
@@ -68,17 +86,42 @@ class EngineState(_message.Message):
     reset_ok: bool
     def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ...) -> None: ...
 
+class KvCacheCleared(_message.Message):
+    __slots__ = ("event_id", "num_tokens_cleared")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_CLEARED_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    num_tokens_cleared: int
+    def __init__(self, event_id: _Optional[str] = ..., num_tokens_cleared: _Optional[int] = ...) -> None: ...
+
+class KvCacheLookup(_message.Message):
+    __slots__ = ("num_cached_tokens",)
+    class NumCachedTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    num_cached_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, num_cached_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class EngineResponse(_message.Message):
-    __slots__ = ("seq", "outputs", "state", "error")
+    __slots__ = ("seq", "outputs", "state", "error", "cleared", "lookup")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_FIELD_NUMBER: _ClassVar[int]
     seq: int
     outputs: _types_pb2.EngineCoreOutputs
     state: EngineState
     error: _types_pb2.StageError
-    def __init__(self, seq: _Optional[int] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+    cleared: KvCacheCleared
+    lookup: KvCacheLookup
+    def __init__(self, seq: _Optional[int] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ..., cleared: _Optional[_Union[KvCacheCleared, _Mapping]] = ..., lookup: _Optional[_Union[KvCacheLookup, _Mapping]] = ...) -> None: ...
 
 class EngineInfoRequest(_message.Message):
     __slots__ = ()

@@ -121,3 +121,38 @@ class GetServerInfoResponse(_message.Message):
     auto_step: bool
     versions: _containers.ScalarMap[str, str]
     def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ClearKvCacheRequest(_message.Message):
+    __slots__ = ("instance_id", "location")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    location: str
+    def __init__(self, instance_id: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
+
+class ClearKvCacheResponse(_message.Message):
+    __slots__ = ("event_id", "num_tokens_cleared")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_CLEARED_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    num_tokens_cleared: int
+    def __init__(self, event_id: _Optional[str] = ..., num_tokens_cleared: _Optional[int] = ...) -> None: ...
+
+class LookupKvCacheRequest(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LookupKvCacheResponse(_message.Message):
+    __slots__ = ("num_cached_tokens",)
+    class NumCachedTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    num_cached_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, num_cached_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -75,6 +75,16 @@ class GatewayStub:
                 request_serializer=strand_dot_v1_dot_gateway__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_gateway__pb2.GetServerInfoResponse.FromString,
                 _registered_method=True)
+        self.ClearKvCache = channel.unary_unary(
+                '/strand.v1.Gateway/ClearKvCache',
+                request_serializer=strand_dot_v1_dot_gateway__pb2.ClearKvCacheRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_gateway__pb2.ClearKvCacheResponse.FromString,
+                _registered_method=True)
+        self.LookupKvCache = channel.unary_unary(
+                '/strand.v1.Gateway/LookupKvCache',
+                request_serializer=strand_dot_v1_dot_gateway__pb2.LookupKvCacheRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_gateway__pb2.LookupKvCacheResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -132,6 +142,20 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClearKvCache(self, request, context):
+        """KV cache control: empty one location ("device" or "cpu"); unknown ones are INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupKvCache(self, request, context):
+        """Per location, how many leading tokens of token_ids are cached (whole blocks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +198,16 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=strand_dot_v1_dot_gateway__pb2.GetServerInfoRequest.FromString,
                     response_serializer=strand_dot_v1_dot_gateway__pb2.GetServerInfoResponse.SerializeToString,
+            ),
+            'ClearKvCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearKvCache,
+                    request_deserializer=strand_dot_v1_dot_gateway__pb2.ClearKvCacheRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_gateway__pb2.ClearKvCacheResponse.SerializeToString,
+            ),
+            'LookupKvCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupKvCache,
+                    request_deserializer=strand_dot_v1_dot_gateway__pb2.LookupKvCacheRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_gateway__pb2.LookupKvCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -392,6 +426,60 @@ class Gateway:
             '/strand.v1.Gateway/GetServerInfo',
             strand_dot_v1_dot_gateway__pb2.GetServerInfoRequest.SerializeToString,
             strand_dot_v1_dot_gateway__pb2.GetServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearKvCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Gateway/ClearKvCache',
+            strand_dot_v1_dot_gateway__pb2.ClearKvCacheRequest.SerializeToString,
+            strand_dot_v1_dot_gateway__pb2.ClearKvCacheResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupKvCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Gateway/LookupKvCache',
+            strand_dot_v1_dot_gateway__pb2.LookupKvCacheRequest.SerializeToString,
+            strand_dot_v1_dot_gateway__pb2.LookupKvCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,
