@@ -69,6 +69,8 @@ def _run(query_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=8,
     ([1, 1, 1], [5, 17, 9]),  # all decode
     ([7, 13], [7, 13]),  # fresh prefills
     ([5, 1, 3, 1], [12, 30, 3, 1]),  # chunk after context, decodes, short prefill, first token
+    # prefills of very different lengths land in separate buckets, interleaved with decodes
+    ([2, 40, 9, 1, 70, 3, 1], [2, 100, 9, 33, 70, 50, 4]),
 ])
 def test_matches_dense_reference(query_lens: list[int], seq_lens: list[int]) -> None:
     out, ref, *_ = _run(query_lens, seq_lens)

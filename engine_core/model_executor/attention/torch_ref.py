@@ -71,8 +71,11 @@ class TorchAttentionBackend(AttentionBackend):
                 q = query[group.query_rows]  # [reqs, max_q, heads, head_dim]
             num_ctx = group.mask.shape[-1]
             # [reqs, num_blocks * block_size, kv_heads, head_dim]
-            k = kv_cache[0][group.context_blocks].view(-1, num_ctx, num_kv_heads, head_dim)
-            v = kv_cache[1][group.context_blocks].view(-1, num_ctx, num_kv_heads, head_dim)
+            # index_select on dim 0 is a plain row copy; advanced indexing takes a generic path
+            # several times slower, and this gather is the largest cost of a CPU decode step.
+            blocks = group.context_blocks.view(-1)
+            k = kv_cache[0].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
+            v = kv_cache[1].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask,
                 scale=scale, enable_gqa=q.shape[2] != k.shape[2])  # [reqs, heads, max_q, head_dim]
@@ -110,11 +113,29 @@ def build_groups(md: AttentionMetadata) -> list[_Group]:
     groups = []
     is_decode = query_lens == 1
     is_prefill = ~is_decode & (query_lens > 0)
-    for members in (is_decode.nonzero().flatten(), is_prefill.nonzero().flatten()):
+    for members in (is_decode.nonzero().flatten(), *_prefill_buckets(is_prefill, query_lens,
+                                                                     seq_lens)):
         if members.numel():
             groups.append(_build_group(md, members, starts[members], query_lens[members],
                                        seq_lens[members], device))
     return groups
+
+
+def _prefill_buckets(is_prefill: torch.Tensor, query_lens: torch.Tensor,
+                     seq_lens: torch.Tensor) -> list[torch.Tensor]:
+    """Prefill chunks grouped by the power of two of their query and context lengths.
+
+    A group pads every member to its longest query and context; one group of a 16-token and a
+    512-token prompt would spend 32x the 16-token prompt's work on padding. Buckets bound that
+    waste below 4x per member at the cost of a few more (still batched) attention calls.
+    """
+    members = is_prefill.nonzero().flatten()
+    if members.numel() <= 1:
+        return [members]
+    q_bucket = torch.ceil(torch.log2(query_lens[members].double())).to(torch.int64)
+    s_bucket = torch.ceil(torch.log2(seq_lens[members].double())).to(torch.int64)
+    keys = q_bucket * 64 + s_bucket
+    return [members[keys == key] for key in torch.unique(keys).tolist()]
 
 
 def _build_group(md: AttentionMetadata, members: torch.Tensor, starts: torch.Tensor,
