@@ -53,9 +53,10 @@ def run_seed_loop(engine: EngineLike, prompts: list[tuple[str, SamplingParams]] 
         outputs = engine.step()
         step += 1
         if step == reset_at:
-            reset_ok = engine.reset_prefix_cache()
+            # Running requests are preempted and recomputed later: their outputs do not change.
+            reset_ok = engine.reset_prefix_cache(reset_running_requests=True)
             if verbose:
-                print(f"step {step}: reset_prefix_cache() -> {reset_ok}")
+                print(f"step {step}: reset_prefix_cache(reset_running_requests=True) -> {reset_ok}")
         for output in outputs:
             if output.finished:
                 finished.append(output)

@@ -35,7 +35,7 @@ def test_seed_loop_matches_llm_engine(in_process: LLMEngine, client: EngineClien
     expected, expected_reset = run_seed_loop(in_process)
     got, got_reset = run_seed_loop(client)
     assert _summary(got) == _summary(expected)
-    assert got_reset == expected_reset
+    assert got_reset is True and expected_reset is True  # running requests were preempted
     assert len(got) == 5
 
 
