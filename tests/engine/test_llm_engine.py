@@ -168,3 +168,18 @@ def test_offline_llm_generate_returns_outputs_in_prompt_order(tiny_model_dir: Pa
     outs = llm.generate(PROMPTS, greedy(6), use_tqdm=False)
     assert [o.prompt for o in outs] == PROMPTS
     assert all(o.finished and len(o.outputs[0].token_ids) == 6 for o in outs)
+
+
+def test_get_stats_reports_load_cache_and_throughput(tiny_model_dir: Path, caplog) -> None:
+    engine = make_engine(tiny_model_dir, log_stats=True, stats_interval_s=0.0)
+    engine.add_request("s0", PROMPTS[0], greedy(8))
+    engine.add_request("s1", PROMPTS[0], greedy(8))
+    engine.step()
+    stats = engine.get_stats()
+    assert stats["num_running_reqs"] == 2 and stats["num_waiting_reqs"] == 0
+    assert 0.0 < stats["kv_cache_usage"] <= 1.0
+    with caplog.at_level("INFO", logger="strand.stats"):
+        run_to_completion(engine)
+    assert engine.get_stats()["generation_tokens_per_s"] > 0.0
+    assert engine.get_stats()["prefix_cache_hit_rate"] > 0.0  # s1 reused s0's full blocks
+    assert any("generation throughput" in r.getMessage() for r in caplog.records)
