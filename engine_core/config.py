@@ -73,6 +73,10 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.tensor_parallel_size != 1:
+            # Refused rather than ignored: a user asking for 2 GPUs must not silently get 1.
+            raise ValueError("tensor_parallel_size must be 1: tensor parallelism is not "
+                             f"implemented yet, got {self.tensor_parallel_size}")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -82,13 +86,15 @@ class EngineArgs:
             flag = "--" + f.name.replace("_", "-")
             default = getattr(defaults, f.name)
             if isinstance(default, bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                    help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
                 parser.add_argument(flag, type=json.loads, default={},
                                     help="JSON object passed to the KV connector")
             else:
                 kind = _cli_type(f.type)
-                parser.add_argument(flag, type=kind, default=default)
+                parser.add_argument(flag, type=kind, default=default,
+                                    help=_HELP.get(f.name))
         return parser
 
     @classmethod
@@ -121,6 +127,34 @@ class EngineArgs:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
         )
+
+
+_HELP = {
+    "model": "local HF model directory (config.json, safetensors, tokenizer.json); "
+             "omitted: a tiny random Llama built locally",
+    "tokenizer": "tokenizer directory (default: the model's)",
+    "dtype": "auto (the checkpoint's), float32, bfloat16 or float16",
+    "device": "auto (cuda when available), cpu or cuda",
+    "block_size": "tokens per KV cache block",
+    "enable_prefix_caching": "reuse cached KV blocks of shared prompt prefixes",
+    "prefix_caching_hash_algo": "sha256 (default) or xxhash (fast, non-cryptographic)",
+    "max_num_batched_tokens": "token budget of one step (default: max(2048, max_num_seqs))",
+    "max_num_seqs": "most requests running at once",
+    "max_model_len": "longest prompt + output (default: the model's max_position_embeddings)",
+    "long_prefill_token_threshold": "largest prefill chunk of one request per step (0: no cap)",
+    "gpu_memory_utilization": "CUDA: share of GPU memory for weights, activations and KV cache",
+    "num_gpu_blocks_override": "exact number of KV cache blocks (overrides the memory budget)",
+    "kv_cache_memory": "CPU: bytes of KV cache",
+    "scheduling_policy": "fcfs or priority (lower value first)",
+    "attention_backend": "torch, triton or flash_attn (default: the best available)",
+    "enforce_eager": "accepted for vLLM compatibility; the runner is always eager "
+                     "(CUDA graphs are not implemented yet)",
+    "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
+    "kv_connector": "KV connector: offload (CPU tier) or multi",
+    "kv_offload_bytes": "bytes of the offload connector's CPU tier",
+    "log_stats": "log running/waiting, KV usage, prefix hit rate and tokens/s periodically",
+    "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",
+}
 
 
 def _cli_type(annotation: object) -> Any:

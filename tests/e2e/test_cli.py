@@ -67,6 +67,6 @@ def test_demo_runs_the_step_by_step_example_and_shuts_down() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert "built a tiny random model" in out
-    assert "step 10: reset_prefix_cache() ->" in out
+    assert "step 10: reset_prefix_cache(reset_running_requests=True) -> True" in out
     assert "5 requests finished" in out
     assert out.rstrip().endswith("stack stopped")
