@@ -1,0 +1,32 @@
+"""EngineArgs: vLLM's flag names on the command line, and clear errors for bad values."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from engine_core import EngineArgs
+
+
+def test_cli_flags_round_trip_into_engine_args() -> None:
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(
+        ["--model", "/m", "--max-num-seqs", "8", "--no-enable-prefix-caching",
+         "--kv-connector-config", '{"num_cpu_blocks": 4}', "--scheduling-policy", "priority"]))
+    assert (args.model, args.max_num_seqs, args.enable_prefix_caching) == ("/m", 8, False)
+    assert args.kv_connector_config == {"num_cpu_blocks": 4}
+    assert args.scheduling_policy == "priority"
+
+
+@pytest.mark.parametrize(("field", "kwargs"), [
+    ("scheduling_policy", {"scheduling_policy": "lifo"}),
+    ("dtype", {"dtype": "int8"}),
+    ("device", {"device": "tpu"}),
+    ("gpu_memory_utilization", {"gpu_memory_utilization": 1.5}),
+    ("max_num_seqs", {"max_num_seqs": 0}),
+    ("tensor_parallel_size", {"tensor_parallel_size": 2}),
+])
+def test_bad_engine_args_raise_naming_the_field(field: str, kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(**kwargs)
