@@ -34,8 +34,11 @@ class _Group:
     # [num_group_reqs, num_blocks] cache blocks of each request's context (0 past the end):
     # gathering whole blocks copies block_size rows per index instead of one.
     context_blocks: torch.Tensor
-    # [num_group_reqs, 1, max_query_len, num_blocks * block_size] True = may attend.
-    mask: torch.Tensor
+    # [num_group_reqs, 1, max_query_len, num_blocks * block_size] True = may attend; None when
+    # every member is a fresh prefill (query = whole context): plain top-left causal attention
+    # is then exact for every real row, and lets SDPA skip the masked half instead of scoring it.
+    mask: torch.Tensor | None
+    num_ctx: int  # num_blocks * block_size: context rows gathered per request
 
 
 @dataclass(slots=True)
@@ -69,16 +72,16 @@ class TorchAttentionBackend(AttentionBackend):
                 q = query[:n].view(*group.query_rows.shape, *query.shape[1:])
             else:
                 q = query[group.query_rows]  # [reqs, max_q, heads, head_dim]
-            num_ctx = group.mask.shape[-1]
+            num_ctx = group.num_ctx
             # [reqs, num_blocks * block_size, kv_heads, head_dim]
             # index_select on dim 0 is a plain row copy; advanced indexing takes a generic path
             # several times slower, and this gather is the largest cost of a CPU decode step.
             blocks = group.context_blocks.view(-1)
             k = kv_cache[0].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
             v = kv_cache[1].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
-            o = F.scaled_dot_product_attention(
+            o = F.scaled_dot_product_attention(  # [reqs, heads, max_q, head_dim]
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask,
-                scale=scale, enable_gqa=q.shape[2] != k.shape[2])  # [reqs, heads, max_q, head_dim]
+                is_causal=group.mask is None, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
             o = o.transpose(1, 2).reshape(-1, query.shape[1], head_dim)
             if group.is_whole_batch and n == query.shape[0]:
                 return o
@@ -166,6 +169,7 @@ def _build_group(md: AttentionMetadata, members: torch.Tensor, starts: torch.Ten
     num_tokens = md.num_actual_tokens
     is_whole_batch = (valid is None and len(members) == md.num_reqs
                       and query_rows.numel() == num_tokens)
+    fresh = bool((query_lens == seq_lens).all()) and max_q > 1
     return _Group(query_rows=query_rows.to(device), valid=valid, token_rows=token_rows.to(device),
                   is_whole_batch=is_whole_batch, context_blocks=context_blocks,
-                  mask=mask.unsqueeze(1).to(device))
+                  mask=None if fresh else mask.unsqueeze(1).to(device), num_ctx=max_s)
