@@ -63,7 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "whole workload fits at once")
     group.add_argument("--hf-batch-size", type=int, default=16, help="hf-static batch size")
     group.add_argument("--gateway", default=None,
-                       help="address of a running manual-step gateway; default: start a stack")
+                       help="address of a running gateway (its mode picks the path); default: "
+                            "start a stack")
+    group.add_argument("--gateway-path", choices=("streams", "step"), default="streams",
+                       help="a stack started here: 'streams' = auto-step gateway, one Generate "
+                            "stream per request (the faster); 'step' = manual-step gateway, "
+                            "the in-process add/step loop")
     group.add_argument("--num-threads", type=int, default=None,
                        help="torch threads for every backend (default: torch's own)")
     parser.add_argument("--output-json", type=Path, default=None)
@@ -132,7 +137,8 @@ def _runner(name: str, args: argparse.Namespace, model_dir: str, requests: list[
     if name == "strand-gateway":
         from benchmarks.strand_backends import run_gateway
 
-        return lambda: run_gateway(model_dir, requests, settings, args.gateway, threads)
+        return lambda: run_gateway(model_dir, requests, settings, args.gateway, threads,
+                                   args.gateway_path)
     from benchmarks import hf_backends
 
     if name == "hf-static":
@@ -233,6 +239,9 @@ def summary_table(data: dict[str, Any]) -> str:
                      "1.00" if name == "strand" else (f"{vs:.2f}" if vs else "-"),
                      f"{100 * frac:.0f}%" if frac is not None else "-"])
     lines = [format_table(headers, rows)]
+    gateway = data["backends"].get("strand-gateway", {})
+    if gateway.get("settings", {}).get("path"):
+        lines.append(f"strand-gateway path: {gateway['settings']['path']}")
     bound = data["bound"]
     if bound is not None:
         machine = bound["machine"]

@@ -10,6 +10,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,25 +82,43 @@ def run_inprocess(model_dir: str, requests: list[SampleRequest],
     return result
 
 
+GATEWAY_PATHS = {
+    "streams": "auto-step gateway, one Generate stream per request",
+    "step": "manual-step gateway, add_request then step() until done",
+}
+
+
 def run_gateway(model_dir: str, requests: list[SampleRequest], settings: StrandSettings,
-                address: str | None = None, num_threads: int | None = None) -> BackendResult:
-    """Through a gateway at `address`, or a stack started here (manual stepping, as in-process)."""
+                address: str | None = None, num_threads: int | None = None,
+                path: str = "streams") -> BackendResult:
+    """Through a gateway at `address`, or a stack started here.
+
+    path "streams" (the faster: the gateway pipelines engine steps with detokenizing) opens one
+    Generate stream per request on an auto-stepping gateway; "step" runs the in-process loop
+    through a manual-step gateway. A gateway at `address` decides by its own mode.
+    """
+    if path not in GATEWAY_PATHS:
+        raise ValueError(f"path must be one of {sorted(GATEWAY_PATHS)}, got {path!r}")
     try:
         from services.client import EngineClient
     except ImportError as exc:
         return BackendResult(backend="strand-gateway",
                              status=f"unavailable: services not built ({exc})")
-    with _stack(model_dir, settings, address, num_threads) as target:
+    gateway_args = ["--auto-step"] if path == "streams" else []
+    with _stack(model_dir, settings, address, num_threads, gateway_args) as target:
         with EngineClient(target, timeout=None) as client:
-            info = client.get_server_info()
-            if info.get("auto_step"):
-                return BackendResult(backend="strand-gateway",
-                                     status="unavailable: the gateway steps itself (--auto-step);"
-                                            " the offline loop needs a manual-step gateway")
-            warm_up(client, requests)
-            client.reset_prefix_cache()
-            result = run_loop("strand-gateway", client, requests)
-    result.settings = {**_settings_dict(settings), "address": address or "launched here"}
+            path = "streams" if client.get_server_info().get("auto_step") else "step"
+            log(f"  gateway path: {GATEWAY_PATHS[path]}")
+            if path == "streams":
+                warm_up_streams(client, requests)
+                client.reset_prefix_cache()
+                result = run_streams("strand-gateway", client, requests)
+            else:
+                warm_up(client, requests)
+                client.reset_prefix_cache()
+                result = run_loop("strand-gateway", client, requests)
+    result.settings = {**_settings_dict(settings), "address": address or "launched here",
+                       "path": GATEWAY_PATHS[path]}
     return result
 
 
@@ -148,6 +167,53 @@ def warm_up(engine: _Engine, requests: list[SampleRequest]) -> None:
         engine.step()
 
 
+def warm_up_streams(client: Any, requests: list[SampleRequest]) -> None:
+    from engine_core import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True)
+    for i, r in enumerate(requests[:2]):
+        for _ in client.generate({"prompt_token_ids": r.prompt_token_ids}, params,
+                                 request_id=f"warmup-{i}"):
+            pass
+
+
+def run_streams(name: str, client: Any, requests: list[SampleRequest]) -> BackendResult:
+    """Every request on its own Generate stream at once (FINAL_ONLY: one output each)."""
+    from engine_core import SamplingParams
+    from engine_core.sampling_params import RequestOutputKind
+
+    def final(index: int) -> Any:
+        r = requests[index]
+        params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        outs = list(client.generate({"prompt_token_ids": r.prompt_token_ids}, params,
+                                    request_id=str(index)))
+        return outs[-1] if outs else None
+
+    outputs: list[list[int]] = [[] for _ in requests]
+    failed = 0
+    bar = tqdm(total=len(requests), desc=name, unit="req", leave=False)
+    start = time.perf_counter()
+    # One thread per stream: each blocks in gRPC, so they cost no CPU while they wait.
+    with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
+        futures = {pool.submit(final, i): i for i in range(len(requests))}
+        for future in as_completed(futures):
+            out = future.result()
+            if out is None or not out.finished:
+                failed += 1
+                log(f"{name}: request {futures[future]} ended without a final output")
+            else:
+                outputs[futures[future]] = list(out.outputs[0].token_ids)
+                if out.error is not None or out.outputs[0].finish_reason not in ("length", "stop"):
+                    failed += 1
+                    log(f"{name}: request {out.request_id} ended with "
+                        f"{out.outputs[0].finish_reason}: {out.error}")
+            bar.update(1)
+    elapsed = time.perf_counter() - start
+    bar.close()
+    return _result(name, requests, outputs, failed, elapsed)
+
+
 def run_loop(name: str, engine: _Engine, requests: list[SampleRequest]) -> BackendResult:
     from engine_core import SamplingParams
     from engine_core.sampling_params import RequestOutputKind
@@ -173,6 +239,11 @@ def run_loop(name: str, engine: _Engine, requests: list[SampleRequest]) -> Backe
             bar.update(1)
     elapsed = time.perf_counter() - start
     bar.close()
+    return _result(name, requests, outputs, failed, elapsed)
+
+
+def _result(name: str, requests: list[SampleRequest], outputs: list[list[int]], failed: int,
+            elapsed: float) -> BackendResult:
     short = sum(1 for r, out in zip(requests, outputs, strict=True) if len(out) != r.output_len)
     return BackendResult(backend=name, elapsed_s=elapsed, num_requests=len(requests),
                          num_failed=max(failed, short),

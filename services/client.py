@@ -91,6 +91,21 @@ class EngineClient:
                                           reset_connector=reset_connector)
         return bool(self._call(self._stub.ResetPrefixCache, msg).success)
 
+    def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
+        """Empty one KV location ("device" or "cpu"): (event id, number of tokens cleared)."""
+        resp = self._call(self._stub.ClearKvCache,
+                          gpb.ClearKvCacheRequest(instance_id=instance_id, location=location))
+        return resp.event_id, int(resp.num_tokens_cleared)
+
+    def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
+        """Per location ("device", "cpu"): how many leading tokens of token_ids are cached."""
+        bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool)]
+        if bad:
+            raise ValueError(f"token_ids must be ints, got {bad[:8]}")
+        resp = self._call(self._stub.LookupKvCache,
+                          gpb.LookupKvCacheRequest(token_ids=token_ids))
+        return {location: int(n) for location, n in resp.num_cached_tokens.items()}
+
     # -- beyond LLMEngine ---------------------------------------------------------------------
 
     def get_server_info(self) -> dict[str, Any]:

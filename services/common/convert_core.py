@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.runner_output import LogprobsLists
 from engine_core.processing.input_processor import ProcessedPrompt
@@ -37,18 +39,29 @@ def core_request_from_pb(msg: pb.EngineCoreRequest) -> EngineCoreRequest:
 
 
 def logprobs_lists_to_pb(lists: LogprobsLists) -> pb.LogprobsLists:
-    rows = [pb.LogprobsRow(token_ids=ids, logprobs=lps, sampled_token_rank=rank)
-            for ids, lps, rank in zip(lists.logprob_token_ids, lists.logprobs,
-                                      lists.sampled_token_ranks, strict=True)]
-    return pb.LogprobsLists(rows=rows)
+    return pb.LogprobsLists(
+        token_ids=list(itertools.chain.from_iterable(lists.logprob_token_ids)),
+        logprobs=list(itertools.chain.from_iterable(lists.logprobs)),
+        row_lengths=[len(ids) for ids in lists.logprob_token_ids],
+        sampled_token_ranks=lists.sampled_token_ranks,
+    )
 
 
 def logprobs_lists_from_pb(msg: pb.LogprobsLists) -> LogprobsLists:
-    return LogprobsLists(
-        logprob_token_ids=[list(r.token_ids) for r in msg.rows],
-        logprobs=[list(r.logprobs) for r in msg.rows],
-        sampled_token_ranks=[r.sampled_token_rank for r in msg.rows],
-    )
+    token_ids, logprobs = list(msg.token_ids), list(msg.logprobs)
+    if len(token_ids) != len(logprobs) or sum(msg.row_lengths) != len(token_ids):
+        raise ValueError(f"logprobs rows must cover token_ids and logprobs exactly: "
+                         f"{len(token_ids)} ids, {len(logprobs)} logprobs, rows "
+                         f"{list(msg.row_lengths)}")
+    ids_rows: list[list[int]] = []
+    lp_rows: list[list[float]] = []
+    start = 0
+    for length in msg.row_lengths:
+        ids_rows.append(token_ids[start:start + length])
+        lp_rows.append(logprobs[start:start + length])
+        start += length
+    return LogprobsLists(logprob_token_ids=ids_rows, logprobs=lp_rows,
+                         sampled_token_ranks=list(msg.sampled_token_ranks))
 
 
 def core_output_to_pb(out: EngineCoreOutput) -> pb.EngineCoreOutput:

@@ -25,20 +25,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.model_name = model_name
         # One thread: the core is not thread-safe, and the loop must stay free for health checks.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-core")
-        self._last_schedule: SchedulerOutput | None = None
         self._owners = SessionOwnership()
-        self._observe_schedules()
-
-    def _observe_schedules(self) -> None:
-        # The step span reports what was scheduled; the runner is where SchedulerOutput passes by.
-        runner = self.core.runner
-        execute = runner.execute_model
-
-        def execute_model(scheduler_output: SchedulerOutput, *a: Any, **kw: Any) -> Any:
-            self._last_schedule = scheduler_output
-            return execute(scheduler_output, *a, **kw)
-
-        runner.execute_model = execute_model  # type: ignore[method-assign]
 
     async def GetInfo(self, request: epb.EngineInfoRequest,
                       context: grpc.aio.ServicerContext) -> epb.EngineInfo:
@@ -77,25 +64,20 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                   ) -> epb.EngineResponse:
         core, seq = self.core, msg.seq
         reset_ok = False
+        if kind == "step":
+            return self._step(seq, span)
+        if kind == "clear_kv_cache":
+            req = msg.clear_kv_cache
+            event_id, num_tokens = core.clear_kv_cache(req.instance_id, req.location)
+            span.set_attribute("strand.kv.location", req.location)
+            return epb.EngineResponse(seq=seq, cleared=epb.KvCacheCleared(
+                event_id=event_id, num_tokens_cleared=num_tokens))
+        if kind == "lookup_kv_cache":
+            found = core.lookup_kv_cache(list(msg.lookup_kv_cache.token_ids))
+            return epb.EngineResponse(seq=seq, lookup=epb.KvCacheLookup(
+                num_cached_tokens=found))
         if kind == "add":
-            # Convert all first: a bad one must leave the core unchanged.
-            requests = [core_request_from_pb(r) for r in msg.add.requests]
-            added: list[str] = []
-            try:
-                for request in requests:
-                    core.add_request(request)
-                    added.append(request.request_id)
-            except Exception:
-                core.abort_requests(added)
-                raise
-            self._owners.add(session, added)
-            span.set_attribute("gen_ai.request.ids", added)
-        elif kind == "step":
-            self._last_schedule = None
-            outputs = core.step()
-            self._owners.discard(o.request_id for o in outputs.outputs if o.finished)
-            self._record_step(span, len(outputs.outputs))
-            return epb.EngineResponse(seq=seq, outputs=core_outputs_to_pb(outputs))
+            self._add(list(msg.add.requests), span, session)
         elif kind == "abort":
             core.abort_requests(list(msg.abort.request_ids))
             self._owners.discard(msg.abort.request_ids)
@@ -103,14 +85,37 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             req = msg.reset_prefix_cache
             reset_ok = core.reset_prefix_cache(req.reset_running_requests, req.reset_connector)
         elif kind != "query":
-            raise ValueError(f"kind must be add, step, abort, reset_prefix_cache or query, "
-                             f"got {kind!r}")
+            raise ValueError(f"kind must be add, step, abort, reset_prefix_cache, query, "
+                             f"clear_kv_cache or lookup_kv_cache, got {kind!r}")
         state = epb.EngineState(num_unfinished_requests=core.get_num_unfinished_requests(),
                                 reset_ok=reset_ok)
         return epb.EngineResponse(seq=seq, state=state)
 
-    def _record_step(self, span: Any, num_outputs: int) -> None:
-        sched = self._last_schedule
+    def _add(self, pb_requests: list[Any], span: Any, session: int) -> None:
+        # Convert all first: a bad one must leave the core unchanged.
+        requests = [core_request_from_pb(r) for r in pb_requests]
+        added: list[str] = []
+        try:
+            for request in requests:
+                self.core.add_request(request)
+                added.append(request.request_id)
+        except Exception:
+            self.core.abort_requests(added)
+            raise
+        self._owners.add(session, added)
+        span.set_attribute("gen_ai.request.ids", added)
+
+    def _step(self, seq: int, span: Any) -> epb.EngineResponse:
+        core = self.core
+        # Cleared first: a step with nothing to do schedules nothing and leaves it None.
+        core.last_scheduler_output = None
+        outputs = core.step()
+        self._owners.discard(o.request_id for o in outputs.outputs if o.finished)
+        self._record_step(span, core.last_scheduler_output, len(outputs.outputs))
+        return epb.EngineResponse(seq=seq, outputs=core_outputs_to_pb(outputs))
+
+    @staticmethod
+    def _record_step(span: Any, sched: SchedulerOutput | None, num_outputs: int) -> None:
         span.set_attribute("strand.step.num_outputs", num_outputs)
         if sched is None:
             span.set_attribute("strand.step.batch_size", 0)

@@ -11,7 +11,11 @@ A lost engine or detokenizer ends every live request with finish_reason "error".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import deque
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 import grpc
 from opentelemetry import trace
@@ -27,6 +31,10 @@ from services.gateway.live import LiveRequest, StreamQueue, error_output, finish
 from services.gateway.stage_client import StageClient
 
 logger = logging.getLogger(__name__)
+
+# Auto mode: engine steps queued ahead of the detokenizer (one computing, one waiting). A stop
+# string then stops its request up to this many steps late; the detokenizer drops those tokens.
+STEPS_IN_FLIGHT = 2
 
 
 class GatewayFlow:
@@ -46,6 +54,8 @@ class GatewayFlow:
         self._pending: list[pb.RequestOutput] = []
         self._work = asyncio.Event()
         self._auto_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._num_adding = 0  # add_request calls past the tokenizer, not yet in the engine
 
     def start(self) -> None:
         if self.auto_step and self._auto_task is None:
@@ -69,6 +79,9 @@ class GatewayFlow:
                              f"request_id {request_id!r} is already in use")
         span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
         _set_param_attributes(span, params)
+        # Counted until the request is in: the auto loop queues no new step meanwhile, so an
+        # add waits for the step being computed, not for every step queued behind it.
+        self._num_adding += 1
         try:
             await self._add(request_id, prompt, params, arrival_time, priority, queue, span)
         except BaseException as exc:
@@ -76,7 +89,9 @@ class GatewayFlow:
             span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
             span.end()
             raise
-        self._work.set()
+        finally:
+            self._num_adding -= 1
+            self._work.set()
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                    arrival_time: float | None, priority: int, queue: StreamQueue | None,
@@ -123,15 +138,27 @@ class GatewayFlow:
         return owed + returned, streamed
 
     async def _step_once(self) -> list[pb.RequestOutput]:
-        resp = await self.engine.call(epb.EngineRequest(
+        return await self._detokenize(await self._engine_step(), wait_for_aborts=True)
+
+    async def _engine_step(self) -> epb.EngineResponse:
+        return await self.engine.call(epb.EngineRequest(
             step=epb.EngineStep(), trace_context=carrier_from_context()))
+
+    async def _detokenize(self, resp: epb.EngineResponse, wait_for_aborts: bool
+                          ) -> list[pb.RequestOutput]:
         result = (await self.detokenizer.call(dpb.DetokenizerRequest(
             process_outputs=dpb.DetokProcessOutputs(outputs=resp.outputs),
             trace_context=carrier_from_context()))).result
         if result.reqs_to_abort:
             # Stop strings end requests in the detokenizer; the engine must stop computing them.
-            await self.engine.call(epb.EngineRequest(
+            abort = self.engine.call(epb.EngineRequest(
                 abort=epb.EngineAbort(request_ids=list(result.reqs_to_abort))))
+            if wait_for_aborts:
+                await abort
+            else:
+                # The engine stream is ordered: the abort lands before any step sent after it,
+                # so its answer need not hold up the next step.
+                self._spawn(self._quietly_awaited(self.engine.stage, abort))
         return list(result.request_outputs)
 
     def _deliver(self, outputs: list[pb.RequestOutput]) -> tuple[list[pb.RequestOutput], list[str]]:
@@ -176,30 +203,67 @@ class GatewayFlow:
                 trace_context=carrier_from_context()))
         return bool(resp.state.reset_ok)
 
+    async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
+        """EngineCore.clear_kv_cache: (event id, number of tokens cleared)."""
+        async with self._lock:
+            resp = await self.engine.call(epb.EngineRequest(
+                clear_kv_cache=epb.EngineClearKvCache(instance_id=instance_id,
+                                                      location=location),
+                trace_context=carrier_from_context()))
+        return resp.cleared.event_id, int(resp.cleared.num_tokens_cleared)
+
+    async def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
+        """EngineCore.lookup_kv_cache: per location, how many leading tokens are cached."""
+        resp = await self.engine.call(epb.EngineRequest(
+            lookup_kv_cache=epb.EngineLookupKvCache(token_ids=token_ids),
+            trace_context=carrier_from_context()))
+        return {k: int(v) for k, v in resp.lookup.num_cached_tokens.items()}
+
     async def get_num_unfinished_requests(self) -> int:
-        # The detokenizer is the source of truth, as the OutputProcessor is in LLMEngine.
-        resp = await self.detokenizer.call(dpb.DetokenizerRequest(query=dpb.DetokQuery()))
-        return int(resp.state.num_unfinished_requests)
+        # The requests this gateway added that have not ended. The detokenizer would say the
+        # same for them (a request leaves both with its final output), but asking it costs a
+        # round trip on every iteration of a `while has_unfinished_requests(): step()` loop.
+        return len(self._live)
 
     # -- auto mode ------------------------------------------------------------------------------
 
     async def _auto_loop(self) -> None:
+        # Engine steps stay queued ahead of the detokenizer, so the engine computes step N+1
+        # while step N is detokenized and delivered: nothing waits on a round trip.
+        in_flight: deque[asyncio.Task[epb.EngineResponse]] = deque()
+        try:
+            await self._run_auto_steps(in_flight)
+        finally:
+            for task in in_flight:
+                task.cancel()
+
+    async def _run_auto_steps(self, in_flight: deque[asyncio.Task[epb.EngineResponse]]) -> None:
         while True:
-            await self._work.wait()
             try:
-                async with self._lock:
-                    if not self._live:
-                        self._work.clear()
-                        continue
-                    outputs = await self._step_once()
+                self._top_up(in_flight)
+                if not in_flight:
+                    self._work.clear()
+                    await self._work.wait()
+                    continue
+                resp = await in_flight.popleft()
+                self._top_up(in_flight)
+                outputs = await self._detokenize(resp, wait_for_aborts=False)
                 returned, _ = self._deliver(outputs)
                 self._pending.extend(returned)
-                if not outputs:
+                if not resp.outputs.outputs:
                     await asyncio.sleep(0.001)  # a step with nothing to report: do not spin
             except StageError as exc:
                 logger.warning("auto step failed: %s", exc.message)
+                await _drain(in_flight)
                 await asyncio.sleep(0.2)
-            await asyncio.sleep(0)  # let waiting RPCs take the lock between steps
+            await asyncio.sleep(0)  # let waiting RPCs run between steps
+
+    def _top_up(self, in_flight: deque[asyncio.Task[epb.EngineResponse]]) -> None:
+        # No new step while requests are being added: many requests arriving together all join
+        # the next step (as in a loop that adds them all, then steps) instead of one per step.
+        # Only a sustained stream of adds (hundreds a second) could hold stepping back.
+        while self._live and not self._num_adding and len(in_flight) < STEPS_IN_FLIGHT:
+            in_flight.append(asyncio.get_running_loop().create_task(self._engine_step()))
 
     # -- lost stages ----------------------------------------------------------------------------
 
@@ -238,10 +302,26 @@ class GatewayFlow:
 
     @staticmethod
     async def _quietly(client: StageClient, msg: object) -> None:
+        await GatewayFlow._quietly_awaited(client.stage, client.call(msg))
+
+    @staticmethod
+    async def _quietly_awaited(stage: str, call: Awaitable[object]) -> None:
         try:
-            await client.call(msg)
+            await call
         except StageError as exc:
-            logger.warning("%s cleanup failed: %s", client.stage, exc.message)
+            logger.warning("%s cleanup failed: %s", stage, exc.message)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
+
+
+async def _drain(tasks: deque[asyncio.Task[epb.EngineResponse]]) -> None:
+    """Await (and forget) steps still in flight after a failure: their stage is gone."""
+    while tasks:
+        with contextlib.suppress(StageError, asyncio.CancelledError):
+            await tasks.popleft()
 
 
 def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:

@@ -86,6 +86,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return gpb.GetNumUnfinishedRequestsResponse(value=num)
         return await self._traced("GetNumUnfinishedRequests", context, body)
 
+    async def ClearKvCache(self, request: gpb.ClearKvCacheRequest,
+                           context: grpc.aio.ServicerContext) -> gpb.ClearKvCacheResponse:
+        async def body() -> gpb.ClearKvCacheResponse:
+            event_id, num_tokens = await self.flow.clear_kv_cache(request.instance_id,
+                                                                  request.location)
+            return gpb.ClearKvCacheResponse(event_id=event_id, num_tokens_cleared=num_tokens)
+        return await self._traced("ClearKvCache", context, body)
+
+    async def LookupKvCache(self, request: gpb.LookupKvCacheRequest,
+                            context: grpc.aio.ServicerContext) -> gpb.LookupKvCacheResponse:
+        async def body() -> gpb.LookupKvCacheResponse:
+            found = await self.flow.lookup_kv_cache(list(request.token_ids))
+            return gpb.LookupKvCacheResponse(num_cached_tokens=found)
+        return await self._traced("LookupKvCache", context, body)
+
     async def GetServerInfo(self, request: gpb.GetServerInfoRequest,
                             context: grpc.aio.ServicerContext) -> gpb.GetServerInfoResponse:
         async def body() -> gpb.GetServerInfoResponse:

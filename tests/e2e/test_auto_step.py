@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engine_core.config import EngineArgs
+from engine_core.llm_engine import LLMEngine
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
@@ -66,3 +69,35 @@ def test_health_needs_no_api_key(auto_stack: Stack) -> None:
         resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                          timeout=10)
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_stop_string_ends_a_request_as_in_process_though_steps_run_ahead(
+        auto_client: EngineClient, tiny_model_dir: Path) -> None:
+    # The gateway keeps engine steps queued ahead of the detokenizer, so the engine computes a
+    # token or two past the stop string; none of them may reach the output.
+    import torch
+
+    torch.set_num_threads(1)
+    local = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                  kv_cache_memory=16 * 1024**2))
+    free = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    text = _run_local(local, "stop-probe", free).outputs[0].text
+    assert len(text) >= 6
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, stop=[stop])
+    expected = _run_local(local, "stop-local", params).outputs[0]
+    got = list(auto_client.generate("stop early", params))[-1].outputs[0]
+    assert (got.text, got.token_ids, got.finish_reason, got.stop_reason) == (
+        expected.text, expected.token_ids, "stop", stop)
+    assert len(got.token_ids) < 16
+    assert not auto_client.has_unfinished_requests()
+
+
+def _run_local(engine: LLMEngine, request_id: str, params: SamplingParams) -> RequestOutput:
+    engine.add_request(request_id, "stop early", params)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out
+    assert final is not None and final.finished
+    return final

@@ -123,21 +123,17 @@ class EngineCoreRequest(_message.Message):
     cache_salt: str
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
-class LogprobsRow(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "sampled_token_rank")
+class LogprobsLists(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "row_lengths", "sampled_token_ranks")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    SAMPLED_TOKEN_RANK_FIELD_NUMBER: _ClassVar[int]
+    ROW_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKEN_RANKS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
-    sampled_token_rank: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., sampled_token_rank: _Optional[int] = ...) -> None: ...
-
-class LogprobsLists(_message.Message):
-    __slots__ = ("rows",)
-    ROWS_FIELD_NUMBER: _ClassVar[int]
-    rows: _containers.RepeatedCompositeFieldContainer[LogprobsRow]
-    def __init__(self, rows: _Optional[_Iterable[_Union[LogprobsRow, _Mapping]]] = ...) -> None: ...
+    row_lengths: _containers.RepeatedScalarFieldContainer[int]
+    sampled_token_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., row_lengths: _Optional[_Iterable[int]] = ..., sampled_token_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineCoreOutput(_message.Message):
     __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time")

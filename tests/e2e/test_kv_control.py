@@ -1,0 +1,125 @@
+"""KV cache control through the gateway: Clear empties one location, Lookup says per location
+how many leading tokens of a prompt are cached, and reset_prefix_cache reaches the connector."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engine_core.sampling_params import SamplingParams
+from services._proto.strand.v1 import gateway_pb2 as gpb
+from services._proto.strand.v1 import gateway_pb2_grpc
+from services.client import EngineClient, RequestError
+from services.launch import Stack
+from tests.e2e.conftest import start_stack
+
+BLOCK_SIZE = 16  # EngineArgs' default
+# 40 tokens: two full blocks (32 tokens) can be cached; the last partial block never is.
+PROMPT = list(range(100, 140))
+OFFLOAD_BYTES = 1 << 20
+
+
+def _serve(client: EngineClient, request_id: str, prompt: list[int]) -> None:
+    client.add_request(request_id, {"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0.0, max_tokens=2))
+    while client.has_unfinished_requests():
+        client.step()
+
+
+@pytest.fixture(scope="module")
+def offload_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[Stack]:
+    engine_args = ["--kv-connector", "offload", "--kv-offload-bytes", str(OFFLOAD_BYTES)]
+    with start_stack(tiny_model_dir, tmp_path_factory.mktemp("offload-logs"),
+                     engine_args=engine_args) as s:
+        yield s
+
+
+@pytest.fixture
+def offload_client(offload_stack: Stack) -> Iterator[EngineClient]:
+    with EngineClient(offload_stack.gateway_address, timeout=30) as c:
+        yield c
+
+
+def test_lookup_after_serving_a_prompt_reports_its_full_blocks_on_device(
+        client: EngineClient) -> None:
+    prompt = [p + 1 for p in PROMPT]
+    assert client.lookup_kv_cache(prompt) == {"device": 0, "cpu": 0}
+    _serve(client, "kv-served", prompt)
+    found = client.lookup_kv_cache(prompt)
+    assert found["device"] == 2 * BLOCK_SIZE
+    assert found["cpu"] == 0  # no connector on this stack
+
+
+def test_clear_device_returns_an_event_id_and_lookup_then_reports_zero(
+        client: EngineClient) -> None:
+    prompt = [p + 2 for p in PROMPT]
+    _serve(client, "kv-cleared", prompt)
+    event_id, num_cleared = client.clear_kv_cache("", "device")
+    assert event_id.startswith("kv-clear-")
+    assert num_cleared >= 2 * BLOCK_SIZE
+    assert client.lookup_kv_cache(prompt)["device"] == 0
+
+
+def test_clear_names_this_engine_by_instance_id(client: EngineClient) -> None:
+    first, _ = client.clear_kv_cache("engine-0", "device")
+    second, num_cleared = client.clear_kv_cache("engine-0", "device")
+    assert first != second
+    assert num_cleared == 0  # nothing was cached since the first clear
+
+
+def test_unknown_location_is_invalid_argument_naming_location(
+        gateway_stub: gateway_pb2_grpc.GatewayStub) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        gateway_stub.ClearKvCache(gpb.ClearKvCacheRequest(location="disk"), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("location")
+    assert "disk" in err.value.details()
+
+
+def test_unknown_instance_id_is_a_request_error_naming_instance_id(
+        client: EngineClient) -> None:
+    with pytest.raises(RequestError) as err:
+        client.clear_kv_cache("engine-7", "device")
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(err.value).startswith("instance_id")
+
+
+def test_lookup_of_a_token_outside_the_vocab_is_invalid_argument(client: EngineClient) -> None:
+    with pytest.raises(RequestError) as err:
+        client.lookup_kv_cache([1, 2, 100000])
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(err.value).startswith("token_ids")
+
+
+def test_offloaded_prompt_is_found_on_cpu_until_cpu_is_cleared(
+        offload_client: EngineClient) -> None:
+    prompt = [p + 3 for p in PROMPT]
+    _serve(offload_client, "kv-offloaded", prompt)
+    assert offload_client.lookup_kv_cache(prompt)["cpu"] == 2 * BLOCK_SIZE
+    _, num_cleared = offload_client.clear_kv_cache("", "cpu")
+    assert num_cleared >= 2 * BLOCK_SIZE
+    found = offload_client.lookup_kv_cache(prompt)
+    assert found["cpu"] == 0
+    assert found["device"] == 2 * BLOCK_SIZE  # clearing one location leaves the other
+
+
+def test_reset_prefix_cache_with_reset_connector_empties_cpu_and_device(
+        offload_client: EngineClient) -> None:
+    prompt = [p + 4 for p in PROMPT]
+    _serve(offload_client, "kv-reset", prompt)
+    assert offload_client.lookup_kv_cache(prompt) == {"device": 2 * BLOCK_SIZE,
+                                                      "cpu": 2 * BLOCK_SIZE}
+    assert offload_client.reset_prefix_cache(reset_connector=True) is True
+    assert offload_client.lookup_kv_cache(prompt) == {"device": 0, "cpu": 0}
+
+
+def test_reset_prefix_cache_without_reset_connector_keeps_cpu(
+        offload_client: EngineClient) -> None:
+    prompt = [p + 5 for p in PROMPT]
+    _serve(offload_client, "kv-keep", prompt)
+    assert offload_client.reset_prefix_cache() is True
+    assert offload_client.lookup_kv_cache(prompt) == {"device": 0, "cpu": 2 * BLOCK_SIZE}

@@ -1,0 +1,92 @@
+"""The engine servicer without a network: one EngineRequest in, one EngineResponse out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from engine_core.config import EngineArgs
+from engine_core.core.engine_io import EngineCoreRequest
+from engine_core.engine_core import EngineCore
+from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.sampling_params import SamplingParams
+from services._proto.strand.v1 import engine_pb2 as epb
+from services.common.convert import core_request_to_pb
+from services.engine.servicer import EngineServicer
+
+
+class RecordingSpan:
+    def __init__(self) -> None:
+        self.attributes: dict[str, Any] = {}
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+
+@pytest.fixture
+def servicer(tiny_model_dir: Path) -> EngineServicer:
+    import torch
+
+    torch.set_num_threads(1)
+    core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                  kv_cache_memory=8 * 1024**2))
+    return EngineServicer(core, "tiny")
+
+
+def _add(servicer: EngineServicer, request_id: str, prompt: list[int]) -> None:
+    request = EngineCoreRequest(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=1),
+                                eos_token_id=None)
+    resp = servicer.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+        requests=[core_request_to_pb(request)])))
+    assert resp.WhichOneof("kind") == "state"
+
+
+def test_step_span_reports_the_scheduled_batch(servicer: EngineServicer) -> None:
+    _add(servicer, "a", [1, 20, 21, 22, 23])
+    _add(servicer, "b", [1, 30, 31])
+    span = RecordingSpan()
+    resp = servicer._step(7, span)
+    assert resp.seq == 7
+    assert [o.request_id for o in resp.outputs.outputs] == ["a", "b"]
+    assert span.attributes == {"strand.step.num_outputs": 2, "strand.step.batch_size": 2,
+                               "strand.step.scheduled_tokens": 8,
+                               "strand.step.prefill_tokens": 8}
+
+
+def test_step_with_nothing_to_do_reports_an_empty_batch(servicer: EngineServicer) -> None:
+    _add(servicer, "a", [1, 20, 21])
+    servicer._step(1, RecordingSpan())  # prefill; max_tokens=1 finishes it
+    span = RecordingSpan()
+    servicer._step(2, span)
+    assert span.attributes == {"strand.step.num_outputs": 0, "strand.step.batch_size": 0}
+
+
+def test_the_runner_is_left_unwrapped(servicer: EngineServicer) -> None:
+    # The step span reads EngineCore.last_scheduler_output instead of patching the runner.
+    assert "execute_model" not in vars(servicer.core.runner)
+    assert type(servicer.core.runner).execute_model is ModelRunner.execute_model
+
+
+def test_lookup_and_clear_answer_in_their_own_kinds(servicer: EngineServicer) -> None:
+    prompt = list(range(100, 140))
+    _add(servicer, "a", prompt)
+    servicer._step(1, RecordingSpan())
+    lookup = servicer.handle(epb.EngineRequest(
+        seq=2, lookup_kv_cache=epb.EngineLookupKvCache(token_ids=prompt)))
+    assert dict(lookup.lookup.num_cached_tokens) == {"device": 32, "cpu": 0}
+    cleared = servicer.handle(epb.EngineRequest(
+        seq=3, clear_kv_cache=epb.EngineClearKvCache(location="device")))
+    assert cleared.seq == 3
+    assert cleared.cleared.event_id.startswith("kv-clear-")
+    assert cleared.cleared.num_tokens_cleared == 32
+
+
+def test_unknown_location_is_an_in_stream_invalid_argument(servicer: EngineServicer) -> None:
+    resp = servicer.handle(epb.EngineRequest(
+        seq=4, clear_kv_cache=epb.EngineClearKvCache(location="tape")))
+    assert resp.seq == 4
+    assert resp.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert resp.error.message.startswith("location")

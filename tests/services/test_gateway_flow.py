@@ -1,0 +1,130 @@
+"""GatewayFlow's auto mode against scripted stages: steps are pipelined, adds join together."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from services._proto.strand.v1 import detokenizer_pb2 as dpb
+from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import tokenizer_pb2 as tpb
+from services._proto.strand.v1 import types_pb2 as pb
+from services.gateway.flow import GatewayFlow
+
+STEP_SECONDS = 0.02
+TOKENS_PER_REQUEST = 3
+
+
+class FakeStage:
+    """One message at a time, in the order sent, as on the real stream."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.on_lost: Any = None
+        self.log: list[str] = []
+        self._order = asyncio.Lock()
+
+    async def call(self, msg: Any) -> Any:
+        kind = msg.WhichOneof("kind")
+        self.log.append(kind)
+        async with self._order:
+            return await self.answer(kind, msg)
+
+    async def answer(self, kind: str, msg: Any) -> Any:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+class FakeTokenizer(FakeStage):
+    async def answer(self, kind: str, msg: Any) -> Any:
+        request = pb.EngineCoreRequest(request_id=msg.process.request_id, prompt_token_ids=[1])
+        return tpb.TokenizerResponse(processed=pb.ProcessedPrompt(request=request))
+
+
+class FakeEngine(FakeStage):
+    def __init__(self) -> None:
+        super().__init__("engine")
+        self.running: list[str] = []
+
+    async def answer(self, kind: str, msg: Any) -> Any:
+        if kind == "step":
+            await asyncio.sleep(STEP_SECONDS)
+            self.log.append("step-done")
+            outputs = [pb.EngineCoreOutput(request_id=r, new_token_ids=[7]) for r in self.running]
+            return epb.EngineResponse(outputs=pb.EngineCoreOutputs(outputs=outputs))
+        if kind == "add":
+            self.running += [r.request_id for r in msg.add.requests]
+        return epb.EngineResponse(state=epb.EngineState())
+
+
+class FakeDetokenizer(FakeStage):
+    """Ends a request (finished output) once it has TOKENS_PER_REQUEST tokens."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        super().__init__("detokenizer")
+        self.engine = engine
+        self.num_tokens: dict[str, int] = {}
+
+    async def answer(self, kind: str, msg: Any) -> Any:
+        if kind == "add":
+            request = msg.add.processed.request
+            self.num_tokens[request.request_id] = 0
+            return dpb.DetokenizerResponse(children=dpb.ChildRequests(requests=[request]))
+        finished = []
+        for out in msg.process_outputs.outputs.outputs:
+            if out.request_id in self.num_tokens:
+                self.num_tokens[out.request_id] += len(out.new_token_ids)
+                if self.num_tokens[out.request_id] == TOKENS_PER_REQUEST:
+                    del self.num_tokens[out.request_id]
+                    self.engine.running.remove(out.request_id)
+                    finished.append(pb.RequestOutput(request_id=out.request_id, finished=True))
+        return dpb.DetokenizerResponse(result=dpb.ProcessOutputsResult(request_outputs=finished))
+
+
+async def _run_auto(scenario: Any) -> list[str]:
+    engine = FakeEngine()
+    flow = GatewayFlow(FakeTokenizer("tokenizer"), engine, FakeDetokenizer(engine),  # type: ignore[arg-type]
+                       auto_step=True)
+    flow.start()
+    try:
+        await asyncio.wait_for(scenario(flow), timeout=10)
+        while await flow.get_num_unfinished_requests():
+            await asyncio.sleep(0.005)
+    finally:
+        await flow.close()
+    return engine.log
+
+
+async def _add(flow: GatewayFlow, request_id: str) -> None:
+    await flow.add_request(request_id, pb.Prompt(text="x"), pb.SamplingParams())
+
+
+def test_auto_mode_sends_the_next_step_before_the_previous_one_is_answered() -> None:
+    async def scenario(flow: GatewayFlow) -> None:
+        await _add(flow, "a")
+
+    log = asyncio.run(_run_auto(scenario))
+    assert log[:4] == ["add", "step", "step", "step-done"]
+    assert max(_steps_in_flight(log)) == 2
+
+
+def test_requests_added_while_a_step_runs_join_the_next_step_together() -> None:
+    async def scenario(flow: GatewayFlow) -> None:
+        await _add(flow, "a")
+        await asyncio.sleep(STEP_SECONDS / 4)  # both of a's steps are queued by now
+        await asyncio.gather(_add(flow, "b"), _add(flow, "c"))
+
+    log = asyncio.run(_run_auto(scenario))
+    # b and c wait for the two steps already sent, and no step is sent between them.
+    assert log[:9] == ["add", "step", "step", "add", "step-done", "step-done", "add",
+                       "step", "step"]
+
+
+def _steps_in_flight(log: list[str]) -> list[int]:
+    counts, n = [], 0
+    for entry in log:
+        n += {"step": 1, "step-done": -1}.get(entry, 0)
+        counts.append(n)
+    return counts
