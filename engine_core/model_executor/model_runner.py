@@ -25,6 +25,7 @@ from engine_core.core.sched_output import SchedulerOutput
 from engine_core.model_executor.attention.backend import AttentionMetadata
 from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
 from engine_core.model_executor.attention.selector import get_attention_backend
+from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from engine_core.model_executor.input_batch import CachedRequestState, InputBatch
 from engine_core.model_executor.kv_cache_sizing import (
     bytes_per_block,
@@ -69,6 +70,8 @@ class ModelRunner:
         self.scheduler_config = scheduler_config
         self.device = resolve_device(device)
         self.block_size = cache_config.block_size
+        if self.device.type == "cpu":
+            tune_cpu_allocator()
         # Unseeded random sampling draws from the global generator: seed it for reproducibility.
         torch.manual_seed(seed)
         self.model = load_model(model_config, self.device)

@@ -116,23 +116,24 @@ def build_groups(md: AttentionMetadata) -> list[_Group]:
     groups = []
     is_decode = query_lens == 1
     is_prefill = ~is_decode & (query_lens > 0)
-    for members in (is_decode.nonzero().flatten(), *_prefill_buckets(is_prefill, query_lens,
-                                                                     seq_lens)):
+    for members in (*_length_buckets(is_decode, query_lens, seq_lens),
+                    *_length_buckets(is_prefill, query_lens, seq_lens)):
         if members.numel():
             groups.append(_build_group(md, members, starts[members], query_lens[members],
                                        seq_lens[members], device))
     return groups
 
 
-def _prefill_buckets(is_prefill: torch.Tensor, query_lens: torch.Tensor,
-                     seq_lens: torch.Tensor) -> list[torch.Tensor]:
-    """Prefill chunks grouped by the power of two of their query and context lengths.
+def _length_buckets(selected: torch.Tensor, query_lens: torch.Tensor,
+                    seq_lens: torch.Tensor) -> list[torch.Tensor]:
+    """The selected requests grouped by the power of two of their query and context lengths.
 
-    A group pads every member to its longest query and context; one group of a 16-token and a
-    512-token prompt would spend 32x the 16-token prompt's work on padding. Buckets bound that
-    waste below 4x per member at the cost of a few more (still batched) attention calls.
+    A group pads every member to its longest query and context: one group of a 16-token and a
+    512-token prompt would spend 32x the short one's work on padding, and decodes pay the same
+    in gathered K/V for the longest context. Buckets bound that waste below 2x per dimension at
+    the cost of a few more (still batched) attention calls.
     """
-    members = is_prefill.nonzero().flatten()
+    members = selected.nonzero().flatten()
     if members.numel() <= 1:
         return [members]
     q_bucket = torch.ceil(torch.log2(query_lens[members].double())).to(torch.int64)
