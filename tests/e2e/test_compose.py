@@ -54,7 +54,10 @@ def test_compose_has_the_four_services_healthchecks_volume_and_jaeger() -> None:
         assert "models:/models" in services[name]["volumes"]
         assert services[name]["build"]["args"]["BASE_IMAGE"]
     assert "models" in compose["volumes"]
-    assert {"4317:4317", "16686:16686"} <= {p.split()[0] for p in services["jaeger"]["ports"]}
+    # Published on the host's loopback only, like the services themselves.
+    assert {"127.0.0.1:4317:4317", "127.0.0.1:16686:16686"} <= {
+        p.split()[0] for p in services["jaeger"]["ports"]}
+    assert "127.0.0.1:50051:50051" in services["gateway"]["ports"]
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2")
 
 
