@@ -87,8 +87,9 @@ class ModelRunner:
         max_len = scheduler_config.max_model_len
         self.input_batch = InputBatch(scheduler_config.max_num_seqs, max_len + 1,
                                       -(-max_len // self.block_size) + 1)
-        logger.info("model %s loaded on %s in %s (attention: %s)", model_config.architecture,
-                    self.device, model_config.dtype, self.attn_backend.name)
+        logger.info("model %s loaded on %s in %s (attention: %s, %d CPU threads)",
+                    model_config.architecture, self.device, model_config.dtype,
+                    self.attn_backend.name, torch.get_num_threads())
 
     # ---- KV cache ----------------------------------------------------------------------------
 
