@@ -147,7 +147,6 @@ def run_engine(name: str, args: argparse.Namespace, model_dir: Path,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(parser)
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--num-prefixes", type=int, default=16)
     parser.add_argument("--prefix-len", type=int, default=256)
     parser.add_argument("--suffix-len", type=int, default=16)
