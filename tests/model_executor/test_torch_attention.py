@@ -30,7 +30,7 @@ def _reference(q, k_ctx, v_ctx, query_lens, seq_lens, scale):
 
 
 def _run(query_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=8,
-         dtype=torch.float32, seed=0):
+         dtype=torch.float32, seed=0, use_cpu_kernel=True):
     g = torch.Generator().manual_seed(seed)
     num_blocks = 1 + sum(-(-s // BLOCK_SIZE) for s in seq_lens) + 3
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=g).to(dtype)
@@ -59,7 +59,7 @@ def _run(query_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=8,
     q = torch.randn(sum(query_lens), num_heads, head_dim, generator=g).to(dtype)
     md = build_attention_metadata(np.array(query_lens), np.array(seq_lens),
                                   np.concatenate(slots), table, BLOCK_SIZE, CPU)
-    out = TorchAttentionBackend().forward(q, torch.cat(new_k), torch.cat(new_v), cache, md,
+    out = TorchAttentionBackend(use_cpu_kernel).forward(q, torch.cat(new_k), torch.cat(new_v), cache, md,
                                           scale=head_dim**-0.5)
     ref = _reference(q, k_ctx, v_ctx, query_lens, seq_lens, head_dim**-0.5)
     return out, ref, cache, md, torch.cat(new_k)
@@ -72,8 +72,10 @@ def _run(query_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=8,
     # prefills of very different lengths land in separate buckets, interleaved with decodes
     ([2, 40, 9, 1, 70, 3, 1], [2, 100, 9, 33, 70, 50, 4]),
 ])
-def test_matches_dense_reference(query_lens: list[int], seq_lens: list[int]) -> None:
-    out, ref, *_ = _run(query_lens, seq_lens)
+@pytest.mark.parametrize("use_cpu_kernel", [True, False], ids=["decode-kernel", "gather-sdpa"])
+def test_matches_dense_reference(query_lens: list[int], seq_lens: list[int],
+                                 use_cpu_kernel: bool) -> None:
+    out, ref, *_ = _run(query_lens, seq_lens, use_cpu_kernel=use_cpu_kernel)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 

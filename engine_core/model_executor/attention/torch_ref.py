@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+from kernels.cpu_decode_attention import decode_attention
+from kernels.cpu_decode_attention import is_available as cpu_decode_kernel_available
 
 
 @dataclass(slots=True)
@@ -42,16 +44,30 @@ class _Group:
 
 
 @dataclass(slots=True)
+class _Decodes:
+    """Decodes handed to the CPU kernel, which reads the paged cache in place (no gather)."""
+
+    rows: torch.Tensor  # [num_decodes] rows of q (and of the output)
+    block_table: torch.Tensor  # [num_decodes, max_num_blocks] int32
+    seq_lens: torch.Tensor  # [num_decodes] int32
+    is_whole_batch: bool  # rows == 0..num_tokens-1: every token of the step is a decode
+
+
+@dataclass(slots=True)
 class _Plan:
     metadata: AttentionMetadata
     groups: list[_Group]
+    decodes: _Decodes | None
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, use_cpu_kernel: bool = True) -> None:
         self._plan: _Plan | None = None
+        # The C++ decode kernel (kernels/cpu_decode_attention.py) for float32 on CPU; False
+        # keeps every request on the gather + SDPA path.
+        self.use_cpu_kernel = use_cpu_kernel
 
     def forward(
         self,
@@ -65,8 +81,19 @@ class TorchAttentionBackend(AttentionBackend):
         n = metadata.num_actual_tokens
         num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
         write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping[:n])
-        groups = self._plan_for(metadata).groups
+        plan = self._plan_for(metadata, kv_cache)
+        groups = plan.groups
         out = query.new_zeros(query.shape)  # rows past n (padding, if any) stay zero
+        if plan.decodes is not None:
+            d = plan.decodes
+            if d.is_whole_batch:
+                o = decode_attention(query[:n], kv_cache, d.block_table, d.seq_lens, scale)
+                if n == query.shape[0]:
+                    return o
+                out[:n] = o
+            else:
+                out[d.rows] = decode_attention(query[d.rows], kv_cache, d.block_table,
+                                               d.seq_lens, scale)
         for group in groups:
             if group.is_whole_batch:
                 q = query[:n].view(*group.query_rows.shape, *query.shape[1:])
@@ -91,9 +118,12 @@ class TorchAttentionBackend(AttentionBackend):
                 out[group.token_rows] = o if group.valid is None else o[group.valid]
         return out
 
-    def _plan_for(self, metadata: AttentionMetadata) -> _Plan:
+    def _plan_for(self, metadata: AttentionMetadata, kv_cache: torch.Tensor) -> _Plan:
         if self._plan is None or self._plan.metadata is not metadata:
-            self._plan = _Plan(metadata, build_groups(metadata))
+            kernel = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
+                      and kv_cache.dtype == torch.float32 and cpu_decode_kernel_available())
+            groups, decodes = build_groups(metadata, decode_kernel=kernel)
+            self._plan = _Plan(metadata, groups, decodes)
         return self._plan
 
 
@@ -108,7 +138,8 @@ def write_kv_cache(
     flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
-def build_groups(md: AttentionMetadata) -> list[_Group]:
+def build_groups(md: AttentionMetadata,
+                 decode_kernel: bool = False) -> tuple[list[_Group], _Decodes | None]:
     device = md.block_table.device
     starts = md.query_start_loc_cpu[:md.num_reqs].to(torch.int64)
     query_lens = md.query_start_loc_cpu[1:md.num_reqs + 1].to(torch.int64) - starts
@@ -116,12 +147,21 @@ def build_groups(md: AttentionMetadata) -> list[_Group]:
     groups = []
     is_decode = query_lens == 1
     is_prefill = ~is_decode & (query_lens > 0)
+    decodes = None
+    if decode_kernel and bool(is_decode.any()):
+        members = is_decode.nonzero().flatten()
+        decodes = _Decodes(
+            rows=starts[members].to(device),
+            block_table=md.block_table[members.to(device)].to(torch.int32).contiguous(),
+            seq_lens=seq_lens[members].to(torch.int32).to(device),
+            is_whole_batch=len(members) == md.num_reqs == md.num_actual_tokens)
+        is_decode = torch.zeros_like(is_decode)
     for members in (*_length_buckets(is_decode, query_lens, seq_lens),
                     *_length_buckets(is_prefill, query_lens, seq_lens)):
         if members.numel():
             groups.append(_build_group(md, members, starts[members], query_lens[members],
                                        seq_lens[members], device))
-    return groups
+    return groups, decodes
 
 
 def _length_buckets(selected: torch.Tensor, query_lens: torch.Tensor,

@@ -1,0 +1,56 @@
+"""The CPU decode attention kernel against the pure-torch paged reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_decode_attention import decode_attention, is_available, unavailable_reason
+from kernels.paged_attention_ref import paged_attention_ref
+
+pytestmark = pytest.mark.skipif(not is_available(),
+                                reason=f"CPU kernel not built: {unavailable_reason()}")
+
+
+def _case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+          block_size: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+    # Every slot starts as NaN: a read outside a request's context poisons its output.
+    kv = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    max_blocks = max(-(-n // block_size) for n in seq_lens)
+    table = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    for r, n in enumerate(seq_lens):
+        for b in range(-(-n // block_size)):
+            block = perm.pop()
+            table[r, b] = block
+            rows = min(block_size, n - b * block_size)
+            kv[:, block, :rows] = torch.randn(2, rows, num_kv_heads, head_dim, generator=g)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=g)
+    return query, kv, table, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(("seq_lens", "num_heads", "num_kv_heads", "head_dim", "block_size"), [
+    ([1, 5, 16, 17, 100], 8, 4, 64, 16),  # GQA 2, block edges
+    ([33, 2, 64], 4, 4, 32, 16),  # MHA
+    ([300, 7], 8, 2, 64, 32),  # GQA 4, block size 32
+    ([50, 51, 1], 6, 2, 40, 16),  # GQA 3, head_dim not a power of two
+    ([20], 4, 1, 64, 16),  # MQA
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_the_paged_reference(seq_lens: list[int], num_heads: int, num_kv_heads: int,
+                                     head_dim: int, block_size: int, seed: int) -> None:
+    query, kv, table, lens = _case(seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed)
+    scale = head_dim**-0.5
+    out = decode_attention(query, kv, table, lens, scale)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, scale)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_refuses_other_dtypes_naming_them() -> None:
+    query, kv, table, lens = _case([4], 4, 2, 32, 16, 0)
+    with pytest.raises(ValueError, match="float32"):
+        decode_attention(query.half(), kv.half(), table, lens, 0.1)
