@@ -83,6 +83,17 @@ class InputProcessor:
                     f"{name} must be <= max_logprobs ({self.max_logprobs}), got {value}"
                 )
         params.validate_against_vocab(self.vocab_size)
+        if params.allowed_token_ids and params.min_tokens > 0:
+            # Until min_tokens, stop ids (and EOS) are masked: an allowed set made only of them
+            # would leave nothing to sample.
+            masked = set(params.stop_token_ids)
+            if self.eos_token_id is not None and not params.ignore_eos:
+                masked.add(self.eos_token_id)
+            if set(params.allowed_token_ids) <= masked:
+                raise ValueError(
+                    "allowed_token_ids must contain a token that is neither EOS nor a stop "
+                    f"token id while min_tokens ({params.min_tokens}) > 0, got "
+                    f"{params.allowed_token_ids}")
         return params
 
     def _tokenize(self, prompt: object) -> tuple[str | None, list[int], str | None]:

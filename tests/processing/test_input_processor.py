@@ -93,6 +93,8 @@ BAD_PARAMS: list[tuple[str, Any, dict[str, Any]]] = [
     ("stop_token_ids", [TINY_VOCAB_SIZE], {}),
     ("allowed_token_ids", [-1], {}),
     ("logit_bias", {TINY_VOCAB_SIZE + 1: 1.0}, {}),
+    # Only EOS (id 2) and stop ids allowed while min_tokens masks them: nothing left to sample.
+    ("allowed_token_ids", [2, 7], {"min_tokens": 3, "stop_token_ids": [7]}),
 ]
 
 
@@ -110,6 +112,14 @@ def test_bad_sampling_param_is_refused_naming_it(
         output_processor.add_request(processor.process("r", "mi", params))
     assert not output_processor.has_request("r")
     assert output_processor.get_num_unfinished_requests() == 0
+
+
+def test_allowed_stop_tokens_are_fine_once_min_tokens_is_zero_or_eos_ignored(
+    processor: InputProcessor,
+) -> None:
+    processor.process("a", "mi", SamplingParams(allowed_token_ids=[2, 7], stop_token_ids=[7]))
+    processor.process("b", "mi", SamplingParams(allowed_token_ids=[2], min_tokens=2,
+                                                ignore_eos=True))
 
 
 @pytest.mark.parametrize(("field", "value"), [("logprobs", 6), ("prompt_logprobs", 6)])
