@@ -204,10 +204,7 @@ def run_streams(name: str, client: Any, requests: list[SampleRequest]) -> Backen
                 log(f"{name}: request {futures[future]} ended without a final output")
             else:
                 outputs[futures[future]] = list(out.outputs[0].token_ids)
-                if out.error is not None or out.outputs[0].finish_reason not in ("length", "stop"):
-                    failed += 1
-                    log(f"{name}: request {out.request_id} ended with "
-                        f"{out.outputs[0].finish_reason}: {out.error}")
+                failed += _failed(name, out)
             bar.update(1)
     elapsed = time.perf_counter() - start
     bar.close()
@@ -232,14 +229,20 @@ def run_loop(name: str, engine: _Engine, requests: list[SampleRequest]) -> Backe
                 continue
             index = int(out.request_id)
             outputs[index] = list(out.outputs[0].token_ids)
-            if out.error is not None or out.outputs[0].finish_reason not in ("length", "stop"):
-                failed += 1
-                log(f"{name}: request {out.request_id} ended with "
-                    f"{out.outputs[0].finish_reason}: {out.error}")
+            failed += _failed(name, out)
             bar.update(1)
     elapsed = time.perf_counter() - start
     bar.close()
     return _result(name, requests, outputs, failed, elapsed)
+
+
+def _failed(name: str, out: Any) -> int:
+    """1 (and a log line) when a finished request ended other than by length or stop."""
+    if out.error is None and out.outputs[0].finish_reason in ("length", "stop"):
+        return 0
+    log(f"{name}: request {out.request_id} ended with {out.outputs[0].finish_reason}: "
+        f"{out.error}")
+    return 1
 
 
 def _result(name: str, requests: list[SampleRequest], outputs: list[list[int]], failed: int,

@@ -83,17 +83,14 @@ class TorchAttentionBackend(AttentionBackend):
         write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping[:n])
         plan = self._plan_for(metadata, kv_cache)
         groups = plan.groups
+        d = plan.decodes
+        if d is not None and d.is_whole_batch and n == query.shape[0]:
+            # A pure decode step (the common one): the kernel's output is the whole answer.
+            return decode_attention(query, kv_cache, d.block_table, d.seq_lens, scale)
         out = query.new_zeros(query.shape)  # rows past n (padding, if any) stay zero
-        if plan.decodes is not None:
-            d = plan.decodes
-            if d.is_whole_batch:
-                o = decode_attention(query[:n], kv_cache, d.block_table, d.seq_lens, scale)
-                if n == query.shape[0]:
-                    return o
-                out[:n] = o
-            else:
-                out[d.rows] = decode_attention(query[d.rows], kv_cache, d.block_table,
-                                               d.seq_lens, scale)
+        if d is not None:
+            out[d.rows] = decode_attention(query[d.rows], kv_cache, d.block_table, d.seq_lens,
+                                           scale)
         for group in groups:
             if group.is_whole_batch:
                 q = query[:n].view(*group.query_rows.shape, *query.shape[1:])
