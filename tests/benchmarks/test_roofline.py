@@ -10,8 +10,10 @@ from benchmarks.roofline import (
     fractions,
     measure_bandwidth,
     measure_gemm,
+    measure_gemm_by_library,
     workload_bound,
 )
+from kernels import cpu_linear
 
 SHAPE = ModelShape(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4,
                    intermediate_size=16, vocab_size=10)
@@ -58,6 +60,15 @@ def test_fraction_of_bound_is_bound_time_over_elapsed() -> None:
 def test_measured_rates_are_positive() -> None:
     assert measure_gemm(64, repeats=1) > 0
     assert measure_bandwidth(1024**2, repeats=1) > 0
+
+
+def test_the_gemm_rate_is_the_fastest_library_measured() -> None:
+    rates = measure_gemm_by_library(128, repeats=1)
+    libraries = [library for _, library in rates]
+    assert libraries[0] == "torch.matmul"
+    if cpu_linear.unavailable_reason() is None:  # oneDNN counts too where the engine uses it
+        assert "onednn" in libraries
+    assert all(rate > 0 for rate, _ in rates)
 
 
 def test_tiny_gemm_is_refused() -> None:

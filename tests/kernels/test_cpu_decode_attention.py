@@ -37,6 +37,11 @@ def _case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
     ([300, 7], 8, 2, 64, 32),  # GQA 4, block size 32
     ([50, 51, 1], 6, 2, 40, 16),  # GQA 3, head_dim not a power of two
     ([20], 4, 1, 64, 16),  # MQA
+    ([129, 3, 48], 16, 2, 128, 16),  # GQA 8, head_dim 128
+    ([70, 1], 2, 1, 256, 16),  # head_dim 256
+    ([31, 1, 90], 4, 2, 72, 16),  # head_dim with a 8-lane tail past whole vectors
+    ([40, 8, 9], 4, 2, 80, 8),  # blocks smaller than a 16-token tile
+    ([700, 250], 8, 4, 64, 32),  # long contexts over many tiles and blocks
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_the_paged_reference(seq_lens: list[int], num_heads: int, num_kv_heads: int,
