@@ -1,9 +1,19 @@
-"""RMSNorm as HF Llama computes it: the variance in float32, the weight applied after the cast."""
+"""RMSNorm as HF Llama computes it: the variance in float32, the weight applied after the cast.
+
+With a residual it is the add before the norm as well (vLLM's fused form): the layer's input
+plus the residual stream is both normed and returned as the next residual. float32 on CPU runs
+the one-pass C++ kernel (kernels/cpu_elementwise.py); everything else the torch reference.
+"""
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 from torch import nn
+
+from kernels import cpu_elementwise
+from kernels.rms_norm_ref import rms_norm_ref
 
 
 class RMSNorm(nn.Module):
@@ -12,10 +22,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        variance = x32.pow(2).mean(-1, keepdim=True)
-        x32 = x32 * torch.rsqrt(variance + self.eps)
-        # HF casts back before the weight multiply; doing the same keeps bf16 outputs bit-equal.
-        return self.weight * x32.to(dtype)
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Without residual: norm(x). With it: (norm(x + residual), x + residual)."""
+        if cpu_elementwise.applies(x, self.weight) and x.dim() == 2 and x.stride(1) == 1:
+            return cpu_elementwise.rms_norm(x, self.weight, self.eps, residual)
+        return rms_norm_ref(x, self.weight, self.eps, residual)

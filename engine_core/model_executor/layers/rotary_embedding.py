@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels import cpu_elementwise
+
 
 def rope_inv_freq(head_dim: int, theta: float,
                   scaling: dict[str, Any] | None) -> torch.Tensor:  # [head_dim // 2] float32
@@ -66,6 +68,12 @@ class RotaryEmbedding(nn.Module):
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated (query, key). float32 on CPU rotates them in place, in one pass each
+        (kernels/cpu_elementwise.py), instead of building new tensors op by op."""
+        if (cpu_elementwise.applies(query, key, self.cos_sin) and query.stride(-1) == 1
+                and key.stride(-1) == 1):
+            return (cpu_elementwise.rotary_neox_(query, positions, self.cos_sin),
+                    cpu_elementwise.rotary_neox_(key, positions, self.cos_sin))
         cos, sin = self.cos_sin[positions].to(query.dtype).unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 

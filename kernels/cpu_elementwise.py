@@ -1,0 +1,104 @@
+"""RMSNorm (+ residual), silu-and-mul and rotary embedding on CPU in one pass each (C++).
+
+Between a layer's matmuls torch runs about a dozen elementwise ops per layer, each a pass over
+[num_tokens, hidden]; on the 2-core CPU they were 8% of a standard-workload run once the
+matmuls went to oneDNN. The C++ is kernels/csrc/elementwise.cpp (float32 only; callers keep the
+torch path for other dtypes). References: kernels/rms_norm_ref.py, kernels/rotary_ref.py and
+`F.silu(gate) * up`; tests/kernels/test_cpu_elementwise.py compares them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._cpu_build import CpuExtension
+
+_EXTENSION = CpuExtension("strand_cpu_elementwise", "elementwise.cpp",
+                          extra_cflags=("-ffp-contract=off",))
+
+
+def is_available() -> bool:
+    """Builds on the first call."""
+    return _EXTENSION.module() is not None
+
+
+def unavailable_reason() -> str | None:
+    return _EXTENSION.unavailable_reason()
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """Whether these kernels take tensors like these (float32 on CPU) and are built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and is_available())
+
+
+def _module():  # type: ignore[no-untyped-def]
+    module = _EXTENSION.module()
+    if module is None:
+        raise RuntimeError(f"CPU elementwise kernels unavailable: {unavailable_reason()}")
+    return module
+
+
+def _check_float32(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"{name} must be float32 on CPU, got {t.dtype} on {t.device}")
+
+
+def rms_norm(
+    x: torch.Tensor,  # [num_tokens, hidden], rows may be strided
+    weight: torch.Tensor,  # [hidden]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Without residual: the normed x. With it: (norm(x + residual), x + residual)."""
+    _check_float32(x=x, weight=weight)
+    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
+        raise ValueError(f"x must be [num_tokens, hidden] with unit last stride and weight "
+                         f"[hidden]; got {tuple(x.shape)} and {tuple(weight.shape)}")
+    out = torch.empty(x.shape, dtype=x.dtype)
+    weight = weight.contiguous()
+    if residual is None:
+        _module().rms_norm(out, x, weight, float(eps))
+        return out
+    _check_float32(residual=residual)
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must be {tuple(x.shape)}, got {tuple(residual.shape)}")
+    new_residual = torch.empty_like(out)
+    _module().add_rms_norm(out, new_residual, x, residual.contiguous(), weight, float(eps))
+    return out, new_residual
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * n] -> [.., n]
+    """silu(gate_up[:, :n]) * gate_up[:, n:], the gated MLP's activation."""
+    _check_float32(gate_up=gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up must be [num_tokens, 2 * n], got {tuple(gate_up.shape)}")
+    gate_up = gate_up.contiguous()
+    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
+    _module().silu_and_mul(out, gate_up)
+    return out
+
+
+def rotary_neox_(
+    x: torch.Tensor,  # [num_tokens, heads, head_dim], modified in place; rows may be strided
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos_sin: torch.Tensor,  # [max_positions, rot_dim] float32: cos | sin
+) -> torch.Tensor:
+    """Rotates the first rot_dim dims of every head by position (NeoX halves, as HF Llama)."""
+    _check_float32(x=x, cos_sin=cos_sin)
+    if x.dim() != 3 or x.stride(2) != 1:
+        raise ValueError(f"x must be [num_tokens, heads, head_dim] with unit last stride, got "
+                         f"shape {tuple(x.shape)} strides {x.stride()}")
+    rot_dim = cos_sin.shape[1]
+    if cos_sin.dim() != 2 or rot_dim % 2 or rot_dim > x.shape[2]:
+        raise ValueError(f"cos_sin must be [max_positions, rot_dim] with even rot_dim <= "
+                         f"head_dim ({x.shape[2]}), got {tuple(cos_sin.shape)}")
+    if positions.shape != (x.shape[0],):
+        raise ValueError(f"positions must be [{x.shape[0]}], got {tuple(positions.shape)}")
+    # The C++ indexes the table unchecked; torch's path would raise on such a position.
+    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < len(cos_sin):
+        raise ValueError(f"positions must be in [0, {len(cos_sin)}), got "
+                         f"{int(positions.min())}..{int(positions.max())}")
+    _module().rotary_neox(x, positions.to(torch.int64).contiguous(), cos_sin.contiguous())
+    return x

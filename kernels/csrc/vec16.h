@@ -1,0 +1,63 @@
+// 16-float vectors for the CPU kernels, written with GCC/Clang vector extensions: AVX-512
+// registers where the CPU has them (the kernels are built with -march=native), split by the
+// compiler into narrower ones elsewhere. One source for every x86 or ARM machine.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace strand {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+
+inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
+inline void store(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
+inline v16 splat(float x) { return v16{} + x; }
+inline v16 load_tail(const float* p, int64_t n) {  // the first n < 16 floats, zeros after
+  v16 v = v16{};
+  std::memcpy(&v, p, n * sizeof(float));
+  return v;
+}
+
+// e^x lane by lane (Cephes expf: 2^n * p(r), |r| <= ln2/2, about 1 ulp). Below -87 it gives 0
+// (attention scores that far under their row's maximum weigh nothing beside its e^0 = 1) and
+// above 88.7 infinity, as expf would.
+inline v16 vexp(v16 x) {
+  const i16 tiny = x < -87.f, huge = x > 88.7f;
+  x = tiny ? splat(-87.f) : (huge ? splat(0.f) : x);
+  const v16 magic = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const v16 n = (x * 1.44269504088896341f + magic) - magic;
+  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const v16 y = p * r * r + r + 1.f;
+  const i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;  // 2^n
+  const v16 e = y * reinterpret_cast<const v16&>(bits);
+  return tiny ? splat(0.f) : (huge ? splat(__builtin_huge_valf()) : e);
+}
+
+// Lane sums of 16 vectors at once: out[i] = sum(a[i]). Each level halves the lanes per source
+// and doubles the sources per vector (15 adds in all, against 16 separate horizontal sums).
+#define HALVES(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+inline v16 reduce16(const v16* a) {
+  v16 c[8], d[4], e[2];
+  for (int k = 0; k < 8; ++k)
+    c[k] = HALVES(a[2 * k], a[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           HALVES(a[2 * k], a[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int k = 0; k < 4; ++k)
+    d[k] = HALVES(c[2 * k], c[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           HALVES(c[2 * k], c[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int k = 0; k < 2; ++k)
+    e[k] = HALVES(d[2 * k], d[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           HALVES(d[2 * k], d[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return HALVES(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         HALVES(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+}  // namespace strand

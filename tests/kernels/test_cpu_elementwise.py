@@ -1,0 +1,85 @@
+"""The CPU elementwise kernels against their pure-torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_elementwise
+from kernels.rms_norm_ref import rms_norm_ref
+from kernels.rotary_ref import apply_rotary_ref
+
+pytestmark = pytest.mark.skipif(not cpu_elementwise.is_available(),
+                                reason=f"CPU kernels not built: "
+                                       f"{cpu_elementwise.unavailable_reason()}")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(("tokens", "hidden"), [(1, 16), (7, 512), (33, 100), (64, 2048)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_the_reference(tokens: int, hidden: int, with_residual: bool) -> None:
+    g = _gen(tokens * hidden)
+    x = torch.randn(tokens, hidden, generator=g) * 3
+    weight = torch.randn(hidden, generator=g)
+    residual = torch.randn(tokens, hidden, generator=g) if with_residual else None
+    got = cpu_elementwise.rms_norm(x, weight, 1e-6, residual)
+    want = rms_norm_ref(x, weight, 1e-6, residual)
+    if residual is None:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert isinstance(got, tuple) and isinstance(want, tuple)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[1], want[1])  # the sum is exact either way
+
+
+def test_rms_norm_reads_strided_rows() -> None:
+    wide = torch.randn(5, 96, generator=_gen(1))
+    x = wide[:, :48]  # rows 96 apart
+    weight = torch.randn(48, generator=_gen(2))
+    torch.testing.assert_close(cpu_elementwise.rms_norm(x, weight, 1e-5),
+                               rms_norm_ref(x, weight, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("tokens", "n"), [(1, 8), (5, 1024), (64, 37)])
+def test_silu_and_mul_matches_torch(tokens: int, n: int) -> None:
+    gate_up = torch.randn(tokens, 2 * n, generator=_gen(n)) * 10  # far into both tails
+    gate_up[0, 0], gate_up[-1, n - 1] = -100.0, 100.0  # e^100 overflows: silu is -0 and 100
+    gate, up = gate_up.chunk(2, dim=-1)
+    got = cpu_elementwise.silu_and_mul(gate_up)
+    assert got.shape == (tokens, n)
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("heads", "head_dim", "rot_dim"), [(8, 64, 64), (3, 40, 40),
+                                                            (2, 128, 64), (1, 256, 256)])
+def test_rotary_matches_the_reference(heads: int, head_dim: int, rot_dim: int) -> None:
+    g = _gen(heads * head_dim)
+    tokens, max_pos = 19, 300
+    # q and k as the model has them: views into one fused projection (strided rows).
+    qkv = torch.randn(tokens, (heads + 2) * head_dim, generator=g)
+    q = qkv[:, :heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim:(heads + 1) * head_dim].view(tokens, 1, head_dim)
+    angles = torch.rand(max_pos, rot_dim // 2, generator=g) * 6.28
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    positions = torch.randint(0, max_pos, (tokens,), generator=g)
+    want_q, want_k = apply_rotary_ref(q.clone(), k.clone(), positions, cos_sin)
+    cpu_elementwise.rotary_neox_(q, positions, cos_sin)
+    cpu_elementwise.rotary_neox_(k, positions, cos_sin)
+    torch.testing.assert_close(q, want_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k, want_k, rtol=1e-6, atol=1e-6)
+
+
+def test_rotary_refuses_a_position_past_the_table() -> None:
+    x = torch.zeros(2, 1, 8)
+    with pytest.raises(ValueError, match=r"positions must be in \[0, 4\)"):
+        cpu_elementwise.rotary_neox_(x, torch.tensor([0, 4]), torch.zeros(4, 8))
+
+
+def test_other_dtypes_are_refused_naming_the_tensor() -> None:
+    with pytest.raises(ValueError, match="gate_up must be float32"):
+        cpu_elementwise.silu_and_mul(torch.zeros(2, 4, dtype=torch.bfloat16))
+    assert not cpu_elementwise.applies(torch.zeros(2, dtype=torch.bfloat16))
