@@ -81,24 +81,31 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * n] 
 
 
 def rotary_neox_(
-    x: torch.Tensor,  # [num_tokens, heads, head_dim], modified in place; rows may be strided
     positions: torch.Tensor,  # [num_tokens] int64
     cos_sin: torch.Tensor,  # [max_positions, rot_dim] float32: cos | sin
-) -> torch.Tensor:
-    """Rotates the first rot_dim dims of every head by position (NeoX halves, as HF Llama)."""
-    _check_float32(x=x, cos_sin=cos_sin)
-    if x.dim() != 3 or x.stride(2) != 1:
-        raise ValueError(f"x must be [num_tokens, heads, head_dim] with unit last stride, got "
-                         f"shape {tuple(x.shape)} strides {x.stride()}")
+    *heads: torch.Tensor,  # each [num_tokens, n, head_dim], modified in place; rows may be strided
+) -> None:
+    """Rotates the first rot_dim dims of every head of each tensor by position (NeoX halves, as
+    HF Llama). q and k go in one call so the positions are checked once per layer."""
+    _check_float32(cos_sin=cos_sin)
     rot_dim = cos_sin.shape[1]
-    if cos_sin.dim() != 2 or rot_dim % 2 or rot_dim > x.shape[2]:
-        raise ValueError(f"cos_sin must be [max_positions, rot_dim] with even rot_dim <= "
-                         f"head_dim ({x.shape[2]}), got {tuple(cos_sin.shape)}")
-    if positions.shape != (x.shape[0],):
-        raise ValueError(f"positions must be [{x.shape[0]}], got {tuple(positions.shape)}")
+    if cos_sin.dim() != 2 or rot_dim % 2:
+        raise ValueError(f"cos_sin must be [max_positions, rot_dim] with even rot_dim, got "
+                         f"{tuple(cos_sin.shape)}")
+    if positions.dim() != 1:
+        raise ValueError(f"positions must be [num_tokens], got {tuple(positions.shape)}")
     # The C++ indexes the table unchecked; torch's path would raise on such a position.
-    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < len(cos_sin):
-        raise ValueError(f"positions must be in [0, {len(cos_sin)}), got "
-                         f"{int(positions.min())}..{int(positions.max())}")
-    _module().rotary_neox(x, positions.to(torch.int64).contiguous(), cos_sin.contiguous())
-    return x
+    if positions.numel():
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0 or high >= len(cos_sin):
+            raise ValueError(f"positions must be in [0, {len(cos_sin)}), got {low}..{high}")
+    for x in heads:
+        _check_float32(x=x)
+        if x.dim() != 3 or x.stride(2) != 1 or x.shape[0] != positions.shape[0]:
+            raise ValueError(f"x must be [num_tokens={positions.shape[0]}, heads, head_dim] with "
+                             f"unit last stride, got shape {tuple(x.shape)} strides {x.stride()}")
+        if rot_dim > x.shape[2]:
+            raise ValueError(f"cos_sin's rot_dim ({rot_dim}) must be <= head_dim ({x.shape[2]})")
+    positions, cos_sin = positions.to(torch.int64).contiguous(), cos_sin.contiguous()
+    for x in heads:
+        _module().rotary_neox(x, positions, cos_sin)

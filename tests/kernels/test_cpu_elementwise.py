@@ -67,8 +67,7 @@ def test_rotary_matches_the_reference(heads: int, head_dim: int, rot_dim: int) -
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)
     positions = torch.randint(0, max_pos, (tokens,), generator=g)
     want_q, want_k = apply_rotary_ref(q.clone(), k.clone(), positions, cos_sin)
-    cpu_elementwise.rotary_neox_(q, positions, cos_sin)
-    cpu_elementwise.rotary_neox_(k, positions, cos_sin)
+    cpu_elementwise.rotary_neox_(positions, cos_sin, q, k)
     torch.testing.assert_close(q, want_q, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(k, want_k, rtol=1e-6, atol=1e-6)
 
@@ -76,7 +75,12 @@ def test_rotary_matches_the_reference(heads: int, head_dim: int, rot_dim: int) -
 def test_rotary_refuses_a_position_past_the_table() -> None:
     x = torch.zeros(2, 1, 8)
     with pytest.raises(ValueError, match=r"positions must be in \[0, 4\)"):
-        cpu_elementwise.rotary_neox_(x, torch.tensor([0, 4]), torch.zeros(4, 8))
+        cpu_elementwise.rotary_neox_(torch.tensor([0, 4]), torch.zeros(4, 8), x)
+
+
+def test_rotary_refuses_heads_of_another_length_naming_the_bound() -> None:
+    with pytest.raises(ValueError, match="num_tokens=2"):
+        cpu_elementwise.rotary_neox_(torch.tensor([0, 1]), torch.zeros(4, 8), torch.zeros(3, 1, 8))
 
 
 def test_other_dtypes_are_refused_naming_the_tensor() -> None:

@@ -72,8 +72,8 @@ class RotaryEmbedding(nn.Module):
         (kernels/cpu_elementwise.py), instead of building new tensors op by op."""
         if (cpu_elementwise.applies(query, key, self.cos_sin) and query.stride(-1) == 1
                 and key.stride(-1) == 1):
-            return (cpu_elementwise.rotary_neox_(query, positions, self.cos_sin),
-                    cpu_elementwise.rotary_neox_(key, positions, self.cos_sin))
+            cpu_elementwise.rotary_neox_(positions, self.cos_sin, query, key)
+            return query, key
         cos, sin = self.cos_sin[positions].to(query.dtype).unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
