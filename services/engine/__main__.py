@@ -17,11 +17,7 @@ from services.engine.servicer import EngineServicer
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     args, options = parse_stage_args(make_parser("engine"), argv)
-    engine_args = EngineArgs.from_cli_args(args)
-    from engine_core.engine_core import EngineCore
-
-    core = EngineCore.from_engine_args(engine_args)
-    servicer = EngineServicer(core, core.model_config.model_dir)
+    servicer = EngineServicer.from_engine_args(EngineArgs.from_cli_args(args))
 
     def register(server: grpc.aio.Server) -> list[str]:
         engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)

@@ -90,3 +90,48 @@ def test_unknown_location_is_an_in_stream_invalid_argument(servicer: EngineServi
     assert resp.seq == 4
     assert resp.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert resp.error.message.startswith("location")
+
+
+def test_the_model_loads_on_the_thread_that_runs_every_step(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second thread running torch leaves a second OpenMP team behind, and libgomp then stops
+    # spin-waiting in every parallel region of every step (see services/engine/servicer.py).
+    import asyncio
+    import threading
+
+    threads: dict[str, set[int]] = {"load": set(), "step": set()}
+    load, step = EngineCore.from_engine_args, EngineCore.step
+
+    def recording_load(args: EngineArgs) -> EngineCore:
+        threads["load"].add(threading.get_ident())
+        return load(args)
+
+    def recording_step(core: EngineCore) -> Any:
+        threads["step"].add(threading.get_ident())
+        return step(core)
+
+    monkeypatch.setattr(EngineCore, "from_engine_args", staticmethod(recording_load))
+    monkeypatch.setattr(EngineCore, "step", recording_step)
+    servicer = EngineServicer.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                          kv_cache_memory=8 * 1024**2))
+    request = EngineCoreRequest("a", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2),
+                                eos_token_id=None)
+    messages = [epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+                    requests=[core_request_to_pb(request)])),
+                epb.EngineRequest(seq=2, step=epb.EngineStep()),
+                epb.EngineRequest(seq=3, step=epb.EngineStep())]
+
+    async def session() -> list[epb.EngineResponse]:
+        async def incoming():  # type: ignore[no-untyped-def]
+            for message in messages:
+                yield message
+        return [resp async for resp in servicer.Session(incoming(), None)]  # type: ignore[arg-type]
+
+    try:
+        responses = asyncio.run(session())
+    finally:
+        servicer.close()
+    assert [r.seq for r in responses] == [1, 2, 3]
+    assert sum(len(r.outputs.outputs) for r in responses[1:]) == 2
+    assert len(threads["load"]) == 1 and threads["load"] == threads["step"]
+    assert threads["load"] != {threading.get_ident()}
