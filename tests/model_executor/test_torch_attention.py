@@ -72,7 +72,7 @@ def _run(query_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=8,
     # prefills of very different lengths land in separate buckets, interleaved with decodes
     ([2, 40, 9, 1, 70, 3, 1], [2, 100, 9, 33, 70, 50, 4]),
 ])
-@pytest.mark.parametrize("use_cpu_kernel", [True, False], ids=["decode-kernel", "gather-sdpa"])
+@pytest.mark.parametrize("use_cpu_kernel", [True, False], ids=["cpu-kernels", "gather-sdpa"])
 def test_matches_dense_reference(query_lens: list[int], seq_lens: list[int],
                                  use_cpu_kernel: bool) -> None:
     out, ref, *_ = _run(query_lens, seq_lens, use_cpu_kernel=use_cpu_kernel)

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
 from kernels.cpu_decode_attention import decode_attention
 from kernels.cpu_decode_attention import is_available as cpu_decode_kernel_available
+from kernels.cpu_prefill_attention import is_available as cpu_prefill_kernel_available
+from kernels.cpu_prefill_attention import prefill_attention
 
 
 @dataclass(slots=True)
@@ -54,10 +56,21 @@ class _Decodes:
 
 
 @dataclass(slots=True)
+class _Prefills:
+    """Requests of more than one new token handed to the CPU prefill kernel (no padding)."""
+
+    block_table: torch.Tensor  # [num_prefills, max_num_blocks] int32
+    q_starts: torch.Tensor  # [num_prefills] int32: first row of each in q (and the output)
+    q_lens: torch.Tensor  # [num_prefills] int32
+    seq_lens: torch.Tensor  # [num_prefills] int32
+
+
+@dataclass(slots=True)
 class _Plan:
     metadata: AttentionMetadata
     groups: list[_Group]
     decodes: _Decodes | None
+    prefills: _Prefills | None
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -65,8 +78,9 @@ class TorchAttentionBackend(AttentionBackend):
 
     def __init__(self, use_cpu_kernel: bool = True) -> None:
         self._plan: _Plan | None = None
-        # The C++ decode kernel (kernels/cpu_decode_attention.py) for float32 on CPU; False
-        # keeps every request on the gather + SDPA path.
+        # The C++ decode and prefill kernels (kernels/cpu_decode_attention.py,
+        # kernels/cpu_prefill_attention.py) for float32 on CPU; False keeps every request on the
+        # gather + SDPA path.
         self.use_cpu_kernel = use_cpu_kernel
 
     def forward(
@@ -87,10 +101,15 @@ class TorchAttentionBackend(AttentionBackend):
         if d is not None and d.is_whole_batch and n == query.shape[0]:
             # A pure decode step (the common one): the kernel's output is the whole answer.
             return decode_attention(query, kv_cache, d.block_table, d.seq_lens, scale)
-        out = query.new_zeros(query.shape)  # rows past n (padding, if any) stay zero
+        out = query.new_empty(query.shape)
+        out[n:] = 0  # padding rows, if any; every row below n belongs to a request
         if d is not None:
             out[d.rows] = decode_attention(query[d.rows], kv_cache, d.block_table, d.seq_lens,
                                            scale)
+        p = plan.prefills
+        if p is not None:
+            prefill_attention(out, query, kv_cache, p.block_table, p.q_starts, p.q_lens,
+                              p.seq_lens, scale)
         for group in groups:
             if group.is_whole_batch:
                 q = query[:n].view(*group.query_rows.shape, *query.shape[1:])
@@ -117,10 +136,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _plan_for(self, metadata: AttentionMetadata, kv_cache: torch.Tensor) -> _Plan:
         if self._plan is None or self._plan.metadata is not metadata:
-            kernel = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
-                      and kv_cache.dtype == torch.float32 and cpu_decode_kernel_available())
-            groups, decodes = build_groups(metadata, decode_kernel=kernel)
-            self._plan = _Plan(metadata, groups, decodes)
+            kernels = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
+                       and kv_cache.dtype == torch.float32)
+            self._plan = build_plan(metadata,
+                                    decode_kernel=kernels and cpu_decode_kernel_available(),
+                                    prefill_kernel=kernels and cpu_prefill_kernel_available())
         return self._plan
 
 
@@ -135,8 +155,9 @@ def write_kv_cache(
     flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
-def build_groups(md: AttentionMetadata,
-                 decode_kernel: bool = False) -> tuple[list[_Group], _Decodes | None]:
+def build_plan(md: AttentionMetadata, decode_kernel: bool = False,
+               prefill_kernel: bool = False) -> _Plan:
+    """Which requests go to which kernel; what is left is grouped for SDPA."""
     device = md.block_table.device
     starts = md.query_start_loc_cpu[:md.num_reqs].to(torch.int64)
     query_lens = md.query_start_loc_cpu[1:md.num_reqs + 1].to(torch.int64) - starts
@@ -144,7 +165,14 @@ def build_groups(md: AttentionMetadata,
     groups = []
     is_decode = query_lens == 1
     is_prefill = ~is_decode & (query_lens > 0)
-    decodes = None
+    decodes = prefills = None
+    if prefill_kernel and bool(is_prefill.any()):
+        members = is_prefill.nonzero().flatten()
+        prefills = _Prefills(
+            block_table=md.block_table[members.to(device)].to(torch.int32).contiguous(),
+            q_starts=starts[members].to(torch.int32), q_lens=query_lens[members].to(torch.int32),
+            seq_lens=seq_lens[members].to(torch.int32))
+        is_prefill = torch.zeros_like(is_prefill)
     if decode_kernel and bool(is_decode.any()):
         members = is_decode.nonzero().flatten()
         decodes = _Decodes(
@@ -158,7 +186,7 @@ def build_groups(md: AttentionMetadata,
         if members.numel():
             groups.append(_build_group(md, members, starts[members], query_lens[members],
                                        seq_lens[members], device))
-    return groups, decodes
+    return _Plan(md, groups, decodes, prefills)
 
 
 def _length_buckets(selected: torch.Tensor, query_lens: torch.Tensor,

@@ -1,0 +1,67 @@
+"""Prefill attention straight from the paged KV cache on CPU: a C++ kernel built on first use.
+
+The pure-torch backend pads the prompts of a step to a common length, gathers each one's context
+out of the paged cache, and runs SDPA per length bucket: the padding and the copies cost as much
+as the attention. This kernel reads each request's K/V blocks where they lie and does exactly its
+causal work (a cached prefix included), in 32-row tiles spread over ATen's threads longest first.
+Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_prefill_attention.py).
+
+The C++ is kernels/csrc/prefill_attention.cpp, built on first use (kernels/_cpu_build.py). Where
+that fails, or with STRAND_DISABLE_CPU_KERNELS=1, the caller keeps the pure-torch path;
+`unavailable_reason()` says why.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._cpu_build import CpuExtension
+
+_EXTENSION = CpuExtension("strand_cpu_prefill_attention", "prefill_attention.cpp")
+
+
+def is_available() -> bool:
+    """Builds on the first call."""
+    return _EXTENSION.module() is not None
+
+
+def unavailable_reason() -> str | None:
+    return _EXTENSION.unavailable_reason()
+
+
+def prefill_attention(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32: rows of the requests written
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32 (rows may be strided)
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] float32
+    block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32, covering seq_lens
+    q_starts: torch.Tensor,  # [num_reqs] int32: first row of each request in query and out
+    q_lens: torch.Tensor,  # [num_reqs] int32, each >= 1
+    seq_lens: torch.Tensor,  # [num_reqs] int32, each >= its q_len
+    scale: float,
+) -> None:
+    """Request r's rows q_starts[r] .. + q_lens[r] of `out`, causal over its seq_len positions."""
+    module = _EXTENSION.module()
+    if module is None:
+        raise RuntimeError(f"CPU prefill attention kernel unavailable: {unavailable_reason()}")
+    for name, t in (("out", out), ("query", query), ("kv_cache", kv_cache)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"prefill_attention needs float32 {name}, got {t.dtype}")
+    if query.shape[1] % kv_cache.shape[3]:
+        raise ValueError(f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
+                         f"({kv_cache.shape[3]})")
+    if out.shape != query.shape:
+        raise ValueError(f"out shape {tuple(out.shape)} must equal query shape "
+                         f"{tuple(query.shape)}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    # Each token's heads must be one dense [num_heads, head_dim] run; tokens may be strided
+    # (q is a view of the fused qkv projection).
+    if query[0].stride() != (query.shape[2], 1):
+        query = query.contiguous()
+    if out[0].stride() != (out.shape[2], 1):
+        raise ValueError("out rows must be dense [num_heads, head_dim]")
+    module.prefill_attention(out, query, kv_cache[0], kv_cache[1],
+                             block_table.to(torch.int32).contiguous(),
+                             q_starts.to(torch.int32).contiguous(),
+                             q_lens.to(torch.int32).contiguous(),
+                             seq_lens.to(torch.int32).contiguous(), float(scale))

@@ -1,0 +1,224 @@
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <omp.h>
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "vec16.h"
+
+// Causal attention of each request's new tokens over its whole context, read from the paged cache
+// where it lies: query token i of a request with q_len new tokens and seq_len in all sits at
+// position seq_len - q_len + i and sees keys 0..that position (a cached prefix included). No
+// padding: each request does its own work, however long. float32 (the Python wrapper checks).
+//
+// The work is cut into tiles of 32 rows: the query heads that share a kv head times as many
+// consecutive tokens as fit, so each K/V row loaded serves all 32. Rows are the lanes of two
+// 16-float vectors, which makes every step lane-wise: scores of 8 keys for 32 rows are 16
+// multiply-adds per dimension (q of the rows, transposed once per tile, times a broadcast key
+// element), the running max and sum of the online softmax are lane maxima and sums, and the
+// output accumulates as out^T[d] += p[key] * v[key][d]. No horizontal reductions, no gathers.
+// Tiles are handed out longest first to whichever thread is free: a 512-token prompt's last tile
+// attends to 32x the keys of a 16-token prompt's.
+namespace {
+using namespace strand;
+
+constexpr int kRows = 32;  // rows per tile: two vectors of lanes
+constexpr int kKeys = 16;  // keys per chunk of the key loop
+
+struct Args {
+  const float *q, *kc, *vc;
+  const int32_t *bt, *q_starts, *q_lens, *lens;
+  float* o;
+  int64_t H, D, BS, KVH, MB, q_stride, o_stride;
+  float scale;
+};
+
+struct Tile {
+  int64_t keys;  // the keys its last row attends to: its cost
+  int32_t r, g, t0, nt, h0, nh;  // tokens t0..t0+nt of request r, query heads h0..h0+nh of group g
+};
+
+// Row m of a tile is token t0 + m / nh, query head g * G + h0 + m % nh.
+struct Scratch {
+  std::vector<float> qt, ot;  // [D][kRows]: q (scaled) and the output, transposed
+  void resize(int64_t D) {
+    qt.resize(D * kRows);
+    ot.resize(D * kRows);
+  }
+};
+
+inline const float* row_of(const Args& a, int64_t r, int64_t g, int64_t j, const float* cache) {
+  const int64_t block = a.bt[r * a.MB + j / a.BS];
+  return cache + ((block * a.BS + j % a.BS) * a.KVH + g) * a.D;
+}
+
+// Scores of keys k[0..8) for the 32 rows: s[i] (two vectors) = sum_d qt[d] * k[i][d].
+inline void scores8(const float* qt, const float* const* k, int64_t D, float* s) {
+  v16 acc[8][2];
+  for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = v16{};
+  for (int64_t d = 0; d < D; ++d) {
+    const v16 q0 = load(qt + d * kRows), q1 = load(qt + d * kRows + 16);
+    for (int i = 0; i < 8; ++i) {
+      const float x = k[i][d];
+      acc[i][0] += q0 * x;
+      acc[i][1] += q1 * x;
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    store(s + i * kRows, acc[i][0]);
+    store(s + i * kRows + 16, acc[i][1]);
+  }
+}
+
+// ot[d] = ot[d] * alpha + sum_i p[i] * v[i][d] for n keys, 8 dimensions at a time.
+inline void accumulate(float* ot, const float* p, const float* const* v, int64_t n, int64_t D,
+                       v16 alpha0, v16 alpha1) {
+  int64_t d0 = 0;
+  for (; d0 + 8 <= D; d0 += 8) {
+    v16 acc[8][2];
+    for (int k = 0; k < 8; ++k) {
+      acc[k][0] = load(ot + (d0 + k) * kRows) * alpha0;
+      acc[k][1] = load(ot + (d0 + k) * kRows + 16) * alpha1;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const v16 p0 = load(p + i * kRows), p1 = load(p + i * kRows + 16);
+      for (int k = 0; k < 8; ++k) {
+        const float x = v[i][d0 + k];
+        acc[k][0] += p0 * x;
+        acc[k][1] += p1 * x;
+      }
+    }
+    for (int k = 0; k < 8; ++k) {
+      store(ot + (d0 + k) * kRows, acc[k][0]);
+      store(ot + (d0 + k) * kRows + 16, acc[k][1]);
+    }
+  }
+  for (; d0 < D; ++d0) {  // head_dim not a multiple of 8
+    v16 acc0 = load(ot + d0 * kRows) * alpha0, acc1 = load(ot + d0 * kRows + 16) * alpha1;
+    for (int64_t i = 0; i < n; ++i) {
+      acc0 += load(p + i * kRows) * v[i][d0];
+      acc1 += load(p + i * kRows + 16) * v[i][d0];
+    }
+    store(ot + d0 * kRows, acc0);
+    store(ot + d0 * kRows + 16, acc1);
+  }
+}
+
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+
+void tile_task(const Args& a, const Tile& t, Scratch& sc) {
+  const int64_t D = a.D, G = a.H / a.KVH, rows = (int64_t)t.nt * t.nh;
+  const int64_t q_start = a.q_starts[t.r], first_pos = a.lens[t.r] - a.q_lens[t.r] + t.t0;
+  float* qt = sc.qt.data();
+  float* ot = sc.ot.data();
+  // Lane positions (padding lanes copy the last row: finite, and never stored).
+  alignas(64) int32_t pos[kRows];
+  for (int64_t m = 0; m < kRows; ++m) {
+    const int64_t mm = std::min(m, rows - 1);
+    pos[m] = (int32_t)(first_pos + mm / t.nh);
+    const int64_t h = t.g * G + t.h0 + mm % t.nh;
+    const float* qrow = a.q + (q_start + t.t0 + mm / t.nh) * a.q_stride + h * D;
+    for (int64_t d = 0; d < D; ++d) qt[d * kRows + m] = qrow[d] * a.scale;
+  }
+  std::fill(ot, ot + D * kRows, 0.f);
+  const i16 pos0 = *reinterpret_cast<const i16*>(pos), pos1 = *reinterpret_cast<const i16*>(pos + 16);
+  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
+  v16 m0 = neg_inf, m1 = neg_inf, l0 = v16{}, l1 = v16{};
+  alignas(64) float s[kKeys * kRows];
+  const float* krows[kKeys];
+  const float* vrows[kKeys];
+  const int64_t num_keys = t.keys;
+  for (int64_t j0 = 0; j0 < num_keys; j0 += kKeys) {
+    const int64_t n = std::min<int64_t>(kKeys, num_keys - j0);
+    for (int64_t i = 0; i < kKeys; ++i) {  // past n: a real row, its scores masked below
+      krows[i] = row_of(a, t.r, t.g, j0 + std::min(i, n - 1), a.kc);
+      vrows[i] = row_of(a, t.r, t.g, j0 + std::min(i, n - 1), a.vc);
+    }
+    scores8(qt, krows, D, s);
+    if (n > 8) scores8(qt, krows + 8, D, s + 8 * kRows);
+    const int64_t nk = n > 8 ? kKeys : 8;
+    if (j0 + nk - 1 > first_pos) {  // some key here lies past some row's position
+      for (int64_t i = 0; i < nk; ++i) {
+        const i16 j = i16{} + (int32_t)(j0 + i);
+        store(s + i * kRows, j <= pos0 ? load(s + i * kRows) : neg_inf);
+        store(s + i * kRows + 16, j <= pos1 ? load(s + i * kRows + 16) : neg_inf);
+      }
+    }
+    v16 c0 = m0, c1 = m1;
+    for (int64_t i = 0; i < nk; ++i) {
+      c0 = vmax(c0, load(s + i * kRows));
+      c1 = vmax(c1, load(s + i * kRows + 16));
+    }
+    // Key 0 is every row's, so from the first chunk on each lane's maximum is finite.
+    const v16 alpha0 = vexp(m0 - c0), alpha1 = vexp(m1 - c1);
+    v16 sum0 = v16{}, sum1 = v16{};
+    for (int64_t i = 0; i < nk; ++i) {
+      const v16 p0 = vexp(load(s + i * kRows) - c0), p1 = vexp(load(s + i * kRows + 16) - c1);
+      store(s + i * kRows, p0);
+      store(s + i * kRows + 16, p1);
+      sum0 += p0;
+      sum1 += p1;
+    }
+    l0 = l0 * alpha0 + sum0;
+    l1 = l1 * alpha1 + sum1;
+    m0 = c0;
+    m1 = c1;
+    accumulate(ot, s, vrows, n, D, alpha0, alpha1);
+  }
+  alignas(64) float inv[kRows];
+  store(inv, splat(1.f) / l0);
+  store(inv + 16, splat(1.f) / l1);
+  for (int64_t m = 0; m < rows; ++m) {
+    const int64_t h = t.g * G + t.h0 + m % t.nh;
+    float* orow = a.o + (q_start + t.t0 + m / t.nh) * a.o_stride + h * D;
+    for (int64_t d = 0; d < D; ++d) orow[d] = ot[d * kRows + m] * inv[m];
+  }
+}
+
+std::vector<Tile> make_tiles(const Args& a, int64_t R) {
+  const int64_t G = a.H / a.KVH;
+  const int64_t nh = std::min<int64_t>(G, kRows), tokens_per_tile = std::max<int64_t>(1, kRows / G);
+  std::vector<Tile> tiles;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t q_len = a.q_lens[r], first = a.lens[r] - q_len;
+    for (int64_t t0 = 0; t0 < q_len; t0 += tokens_per_tile) {
+      const int64_t nt = std::min(tokens_per_tile, q_len - t0);
+      for (int64_t g = 0; g < a.KVH; ++g)
+        for (int64_t h0 = 0; h0 < G; h0 += nh)
+          tiles.push_back({first + t0 + nt, (int32_t)r, (int32_t)g, (int32_t)t0, (int32_t)nt,
+                           (int32_t)h0, (int32_t)std::min(nh, G - h0)});
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& x, const Tile& y) { return x.keys > y.keys; });
+  return tiles;
+}
+}  // namespace
+
+void prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+                       torch::Tensor value_cache, torch::Tensor block_table,
+                       torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor seq_lens,
+                       double scale) {
+  const Args a{query.data_ptr<float>(), key_cache.data_ptr<float>(),
+               value_cache.data_ptr<float>(), block_table.data_ptr<int32_t>(),
+               q_starts.data_ptr<int32_t>(), q_lens.data_ptr<int32_t>(),
+               seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), query.size(1),
+               query.size(2), key_cache.size(1), key_cache.size(2), block_table.size(1),
+               query.stride(0), out.stride(0), (float)scale};
+  const std::vector<Tile> tiles = make_tiles(a, q_lens.size(0));
+  const int64_t n = (int64_t)tiles.size();
+  const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch scratch;
+    scratch.resize(a.D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) tile_task(a, tiles[i], scratch);
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("prefill_attention", &prefill_attention,
+        "causal varlen attention over the paged cache, float32");
+}

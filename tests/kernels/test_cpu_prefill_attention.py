@@ -1,0 +1,98 @@
+"""The CPU prefill attention kernel against the pure-torch paged reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_prefill_attention import is_available, prefill_attention, unavailable_reason
+from kernels.paged_attention_ref import paged_attention_ref
+
+pytestmark = pytest.mark.skipif(not is_available(),
+                                reason=f"CPU kernel not built: {unavailable_reason()}")
+
+
+def _case(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
+          head_dim: int, block_size: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+    # Every slot starts as NaN: a read outside a request's context poisons its output.
+    kv = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
+    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    max_blocks = max(-(-n // block_size) for n in seq_lens)
+    table = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    for r, n in enumerate(seq_lens):
+        for b in range(-(-n // block_size)):
+            block = perm.pop()
+            table[r, b] = block
+            rows = min(block_size, n - b * block_size)
+            kv[:, block, :rows] = torch.randn(2, rows, num_kv_heads, head_dim, generator=g)
+    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=g)
+    starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    return query, kv, table, starts, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens", "num_heads", "num_kv_heads", "head_dim",
+                          "block_size"), [
+    ([5, 40, 2], [5, 100, 2], 8, 4, 64, 16),  # fresh, after a cached prefix, tiny; GQA 2
+    ([17, 33], [17, 70], 4, 4, 32, 16),  # MHA: 32 tokens a tile
+    ([3, 64], [300, 64], 8, 2, 64, 32),  # GQA 4, block size 32, a short chunk late in context
+    ([9, 30], [20, 30], 6, 2, 40, 16),  # GQA 3: tiles of 30 rows, head_dim 40
+    ([7, 70], [7, 90], 64, 1, 36, 8),  # MQA with 64 heads: head chunks of 32, head_dim 36
+    ([100, 1], [100, 5], 16, 2, 128, 16),  # GQA 8, head_dim 128, a one-token request
+    ([250], [700], 8, 4, 80, 16),  # long context over many chunks, 16-lane tail of head_dim
+    ([31, 16], [31, 47], 4, 2, 64, 8),  # blocks smaller than a 16-key chunk
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_the_paged_reference(query_lens: list[int], seq_lens: list[int], num_heads: int,
+                                     num_kv_heads: int, head_dim: int, block_size: int,
+                                     seed: int) -> None:
+    query, kv, table, starts, lens = _case(query_lens, seq_lens, num_heads, num_kv_heads,
+                                           head_dim, block_size, seed)
+    scale = head_dim**-0.5
+    out = torch.full_like(query, float("nan"))  # every row must be written
+    prefill_attention(out, query, kv, table, starts[:-1], starts[1:] - starts[:-1], lens, scale)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, scale)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_writes_only_the_rows_of_the_requests_given() -> None:
+    # The backend hands over the prefills of a mixed step; the decodes' rows are not its own.
+    query, kv, table, starts, lens = _case([1, 12, 1, 20], [9, 12, 30, 25], 8, 4, 64, 16, 3)
+    out = torch.full_like(query, float("nan"))
+    members = torch.tensor([1, 3])
+    prefill_attention(out, query, kv, table[members], starts[members],
+                      (starts[1:] - starts[:-1])[members], lens[members], 0.125)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, 0.125)
+    untouched = torch.tensor([0, 13])  # the two one-token requests' rows
+    assert out[untouched].isnan().all()
+    written = torch.ones(len(query), dtype=torch.bool)
+    written[untouched] = False
+    torch.testing.assert_close(out[written], ref[written], atol=1e-5, rtol=1e-5)
+
+
+def test_reads_strided_query_rows() -> None:
+    # q as the engine hands it over: a view of the fused qkv projection, tokens strided.
+    query, kv, table, starts, lens = _case([24, 8], [24, 40], 8, 4, 64, 16, 4)
+    qkv = torch.randn(len(query), 16, 64)
+    qkv[:, :8] = query
+    strided = qkv[:, :8]
+    assert not strided.is_contiguous()
+    out = torch.empty_like(query)
+    prefill_attention(out, strided, kv, table, starts[:-1], starts[1:] - starts[:-1], lens, 0.125)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, 0.125)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_refuses_other_dtypes_and_shapes_naming_them() -> None:
+    query, kv, table, starts, lens = _case([4], [4], 4, 2, 32, 16, 0)
+    q_lens = starts[1:] - starts[:-1]
+    with pytest.raises(ValueError, match="float32 query"):
+        prefill_attention(torch.empty_like(query), query.half(), kv, table, starts[:-1], q_lens,
+                          lens, 0.1)
+    with pytest.raises(ValueError, match="out shape"):
+        prefill_attention(torch.empty(3, 4, 32), query, kv, table, starts[:-1], q_lens, lens, 0.1)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        prefill_attention(torch.empty(4, 3, 32), query[:, :3], kv, table, starts[:-1], q_lens,
+                          lens, 0.1)
