@@ -147,8 +147,9 @@ _HELP = {
     "kv_cache_memory": "CPU: bytes of KV cache",
     "scheduling_policy": "fcfs or priority (lower value first)",
     "attention_backend": "torch, triton or flash_attn (default: the best available)",
-    "enforce_eager": "accepted for vLLM compatibility; the runner is always eager "
-                     "(CUDA graphs are not implemented yet)",
+    "enforce_eager": "run every step eagerly. Default on CUDA (triton or flash_attn "
+                     "backend): pure-decode steps replay CUDA graphs captured at start-up for "
+                     "batch sizes 1, 2, 4, 8, ... up to max_num_seqs, padded to the next size",
     "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
     "kv_connector": "KV connector: offload (CPU tier) or multi",
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",

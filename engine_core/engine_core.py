@@ -47,7 +47,8 @@ class EngineCore:
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         cache_config = args.cache_config()
         runner = ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
-                             attention_backend=args.attention_backend, seed=args.seed)
+                             attention_backend=args.attention_backend, seed=args.seed,
+                             enforce_eager=args.enforce_eager)
         num_blocks = runner.determine_num_blocks()
         runner.initialize_kv_cache(num_blocks)
         connector = _make_connector(args, runner, num_blocks)

@@ -4,7 +4,8 @@ Life of a step (execute_model):
  1. apply the SchedulerOutput to the runner's copies of the requests (new, cached, finished,
     preempted);
  2. cut input ids, positions and slot mapping for all scheduled tokens out of the host arrays;
- 3. one forward: K/V land in the paged cache, attention through the backend;
+ 3. one forward: K/V land in the paged cache, attention through the backend (on CUDA, a pure
+    decode step replays a captured graph instead: decode_graphs.py);
  4. logits only at the rows that are sampled (requests that reached their last known token) and
     at prompt positions whose logprobs were asked for;
  5. sample, append each sampled token to the runner's copy of the request, return the tokens.
@@ -26,6 +27,8 @@ from engine_core.model_executor.attention.backend import AttentionMetadata
 from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
 from engine_core.model_executor.attention.selector import get_attention_backend
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
+from engine_core.model_executor.cuda_graphs import GraphCapturer, choose_capturer
+from engine_core.model_executor.decode_graphs import DecodeGraphRunner
 from engine_core.model_executor.input_batch import CachedRequestState, InputBatch
 from engine_core.model_executor.kv_cache_sizing import (
     bytes_per_block,
@@ -59,12 +62,19 @@ class StepInputs:
     logits_indices: torch.Tensor
     # req index -> (first prompt position, number of positions) whose logprobs are computed now.
     prompt_spans: dict[int, tuple[int, int]]
+    # Batch size of the decode graph that runs this step (input_ids, positions and metadata are
+    # then its static buffers, padded to it); None: an eager forward.
+    graph_size: int | None = None
 
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
                  scheduler_config: SchedulerConfig, device: str = "auto",
-                 attention_backend: str | None = None, seed: int = 0) -> None:
+                 attention_backend: str | None = None, seed: int = 0,
+                 enforce_eager: bool = False,
+                 graph_capturer: GraphCapturer | None = None) -> None:
+        """enforce_eager: no CUDA graphs. graph_capturer: for tests, a stand-in for
+        torch.cuda.CUDAGraph that makes the decode-graph path run on any device."""
         self.model_config = model_config
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
@@ -84,6 +94,9 @@ class ModelRunner:
         self._suspended: dict[str, tuple[torch.Generator | None, int]] = {}
         # Worker side of the KV connector, attached by connector.factory when one is configured.
         self.kv_connector: KVConnectorBase | None = None
+        self.enforce_eager = enforce_eager
+        self._graph_capturer = graph_capturer
+        self.decode_graphs: DecodeGraphRunner | None = None  # captured by initialize_kv_cache
         max_len = scheduler_config.max_model_len
         self.input_batch = InputBatch(scheduler_config.max_num_seqs, max_len + 1,
                                       -(-max_len // self.block_size) + 1)
@@ -116,6 +129,18 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_caches(num_blocks)
         logger.info("allocated %.1f MiB of KV cache",
                     num_blocks * bytes_per_block(self.model_config, self.block_size) / 2**20)
+        # Graphs hold the cache tensors' addresses: a new cache needs new graphs.
+        self.decode_graphs = None
+        capturer = choose_capturer(self.device, self.enforce_eager, self.attn_backend,
+                                   self._graph_capturer)
+        if capturer is not None:
+            graphs = DecodeGraphRunner(
+                self.model, self.attn_backend, self.kv_caches, capturer,
+                max_num_seqs=self.scheduler_config.max_num_seqs,
+                max_model_len=self.scheduler_config.max_model_len,
+                block_size=self.block_size, device=self.device)
+            graphs.capture()
+            self.decode_graphs = graphs
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         c = self.model_config
@@ -193,8 +218,12 @@ class ModelRunner:
 
     def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
         """The forward pass; logits only at inputs.logits_indices. [n, vocab] in model dtype."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata,
-                            self.attn_backend)  # [num_tokens, hidden]
+        if inputs.graph_size is not None and self.decode_graphs is not None:
+            # Rows past the step's requests are padding; logits_indices never points there.
+            hidden = self.decode_graphs.replay(inputs.graph_size)[:len(inputs.req_ids)]
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
+                                inputs.metadata, self.attn_backend)  # [num_tokens, hidden]
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def update_states(self, so: SchedulerOutput) -> None:
@@ -271,8 +300,17 @@ class ModelRunner:
         input_ids = batch.token_ids[token_rows, positions]
         slots = batch.block_table[token_rows, positions // self.block_size].astype(np.int64)
         slots = slots * self.block_size + positions % self.block_size
-        metadata = build_attention_metadata(query_lens, seq_lens, slots, batch.block_table[rows],
-                                            self.block_size, self.device)
+        graphs = self.decode_graphs
+        graph_size = graphs.padded_size(query_lens, seq_lens) if graphs is not None else None
+        if graphs is not None and graph_size is not None:
+            ids_t, positions_t, metadata = graphs.load(graph_size, input_ids, positions, slots,
+                                                       seq_lens, batch.block_table[rows])
+        else:
+            metadata = build_attention_metadata(query_lens, seq_lens, slots,
+                                                batch.block_table[rows], self.block_size,
+                                                self.device)
+            ids_t = torch.from_numpy(input_ids).to(self.device)
+            positions_t = torch.from_numpy(positions).to(self.device)
 
         # A request is sampled when this step reaches its last known token.
         sample_reqs = np.nonzero((seq_lens == known) & (query_lens > 0))[0]
@@ -288,15 +326,15 @@ class ModelRunner:
                 prompt_spans[i] = (first, last - first)
                 row0 = int(ends[i] - query_lens[i]) + first - int(computed[i])
                 logits_rows.append(np.arange(row0, row0 + last - first))
-        device = self.device
         return StepInputs(
             req_ids=req_ids,
-            input_ids=torch.from_numpy(input_ids).to(device),
-            positions=torch.from_numpy(positions).to(device),
+            input_ids=ids_t,
+            positions=positions_t,
             metadata=metadata,
             sample_reqs=sample_reqs,
-            logits_indices=torch.from_numpy(np.concatenate(logits_rows)).to(device),
+            logits_indices=torch.from_numpy(np.concatenate(logits_rows)).to(self.device),
             prompt_spans=prompt_spans,
+            graph_size=graph_size,
         )
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> SamplerOutput:

@@ -13,6 +13,7 @@ import torch
 
 from engine_core.config import CacheConfig, SchedulerConfig
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from engine_core.model_executor.cuda_graphs import GraphCapturer
 from engine_core.model_executor.model_config import load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING, make_tiny_model
@@ -51,14 +52,17 @@ def llama_dir(variant_dirs: dict[str, Path]) -> Path:
 
 def make_runner(model_dir: Path, *, num_blocks: int = 64, block_size: int = 4,
                 max_model_len: int = 256, max_num_seqs: int = 8, dtype: str = "float32",
-                attention_backend: str | None = None) -> ModelRunner:
+                attention_backend: str | None = None, device: str = "cpu",
+                enforce_eager: bool = False,
+                graph_capturer: GraphCapturer | None = None) -> ModelRunner:
     config = load_model_config(str(model_dir), dtype)
     runner = ModelRunner(
         config,
         CacheConfig(block_size=block_size, num_gpu_blocks_override=num_blocks),
         SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=max_num_seqs,
                         max_model_len=max_model_len),
-        device="cpu", attention_backend=attention_backend)
+        device=device, attention_backend=attention_backend, enforce_eager=enforce_eager,
+        graph_capturer=graph_capturer)
     runner.initialize_kv_cache(runner.determine_num_blocks())
     return runner
 

@@ -40,6 +40,11 @@ class AttentionBackend(ABC):
     """Writes this step's K/V into the paged cache, then attends causally over the context."""
 
     name: str = "abstract"
+    # True when forward, on a batch of one-token requests, reads only the metadata's device
+    # tensors and ints that a graph fixes at capture (no host copies, no shapes taken from the
+    # data, no host sync), and skips slot -1 in the KV write: one CUDA graph per batch size then
+    # replays it for any contents (model_executor/decode_graphs.py).
+    supports_cuda_graphs: bool = False
 
     @abstractmethod
     def forward(

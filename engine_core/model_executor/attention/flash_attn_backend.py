@@ -21,6 +21,9 @@ FLASH_ATTN_PAGE_MULTIPLE = 256
 
 class FlashAttnBackend(AttentionBackend):
     name = "flash_attn"
+    # Decodes take the flash_attn_with_kvcache path: shapes from the batch size, lengths and
+    # block table read on the device.
+    supports_cuda_graphs = True
 
     def __init__(self, block_size: int) -> None:
         if block_size <= 0 or block_size % FLASH_ATTN_PAGE_MULTIPLE != 0:

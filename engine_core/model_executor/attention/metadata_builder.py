@@ -40,3 +40,35 @@ def build_attention_metadata(
         seq_lens_cpu=seq_lens_cpu,
         block_size=block_size,
     )
+
+
+def build_graph_decode_metadata(
+    size: int,  # rows of the graph: every row is one request of one new token
+    slot_mapping: torch.Tensor,  # [>= size] int64 on the device
+    query_start_loc: torch.Tensor,  # [>= size + 1] int32 on the device: 0, 1, 2, ...
+    seq_lens: torch.Tensor,  # [>= size] int32 on the device
+    block_table: torch.Tensor,  # [>= size, max_num_blocks] int32 on the device
+    query_start_loc_cpu: torch.Tensor,  # host twins of the two above
+    seq_lens_cpu: torch.Tensor,
+    max_seq_len: int,  # the longest context any replay may see
+    block_size: int,
+) -> AttentionMetadata:
+    """Metadata of a CUDA-graph decode batch, over static buffers rewritten before each replay.
+
+    Its ints are frozen into the graph at capture, so they describe every batch it will serve:
+    all `size` rows are requests (padding rows included) and max_seq_len is the static maximum,
+    never this step's, so a kernel sizing its launch from it is sized for any replay.
+    """
+    return AttentionMetadata(
+        num_reqs=size,
+        num_actual_tokens=size,
+        slot_mapping=slot_mapping[:size],
+        query_start_loc=query_start_loc[:size + 1],
+        seq_lens=seq_lens[:size],
+        block_table=block_table[:size],
+        max_query_len=1,
+        max_seq_len=max_seq_len,
+        query_start_loc_cpu=query_start_loc_cpu[:size + 1],
+        seq_lens_cpu=seq_lens_cpu[:size],
+        block_size=block_size,
+    )

@@ -14,10 +14,13 @@ class TritonAttentionBackend(AttentionBackend):
     """Runs on CUDA, or on CPU under TRITON_INTERPRET=1 (tests only: slow).
 
     num_splits: None lets paged_attention choose split-KV per batch from max_seq_len. A CUDA
-    graph replays whatever was chosen at capture, so a graph-capturing runner should pin it.
+    graph replays whatever was chosen at capture: the decode graphs are captured with
+    max_seq_len = max_model_len, so the choice covers every context the graph will see (splits
+    past a short context stay empty and weigh 0 in the reduce).
     """
 
     name = "triton"
+    supports_cuda_graphs = True
 
     def __init__(self, num_splits: int | None = None) -> None:
         if not triton_usable():
