@@ -84,7 +84,8 @@ class ModelShape:
 def measure_gemm(size: int = 2048, dtype: str = "float32", repeats: int = 3,
                  device: str = "cpu") -> float:
     """Best FLOP/s of a [size, size] x [size, size] product (2 * size^3 FLOPs each), by every
-    library at hand: torch.matmul, and on CPU oneDNN's linear as well. torch's CPU matmul is
+    library at hand: torch.matmul, and on CPU oneDNN's linear as well (plain and with the weight
+    packed, as the engine runs it). torch's CPU matmul is
     MKL, which runs AVX2 code on AMD processors; oneDNN uses AVX-512 there (kernels/cpu_linear.py),
     and a bound measured with the slower library alone would flatter every backend."""
     return max(rate for rate, _ in measure_gemm_by_library(size, dtype, repeats, device))
@@ -101,6 +102,9 @@ def measure_gemm_by_library(size: int = 2048, dtype: str = "float32", repeats: i
                                                          lambda: torch.matmul(a, b))]
     if device == "cpu" and cpu_linear.unavailable_reason() is None:
         products.append(("onednn", lambda: cpu_linear.linear(a, b, None)))
+        packed = cpu_linear.pack_weight(b)  # the engine's own layout (layers/linear.py)
+        if packed is not None:
+            products.append(("onednn-packed", lambda: cpu_linear.linear_packed(a, packed, None)))
     rates = []
     for library, product in products:
         with torch.inference_mode():

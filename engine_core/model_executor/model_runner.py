@@ -30,6 +30,7 @@ from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from engine_core.model_executor.cuda_graphs import GraphCapturer, choose_capturer
 from engine_core.model_executor.decode_graphs import DecodeGraphRunner
 from engine_core.model_executor.input_batch import CachedRequestState, InputBatch
+from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.kv_cache_sizing import (
     bytes_per_block,
     cuda_kv_budget,
@@ -85,6 +86,9 @@ class ModelRunner:
         # Unseeded random sampling draws from the global generator: seed it for reproducibility.
         torch.manual_seed(seed)
         self.model = load_model(model_config, self.device)
+        if self.device.type == "cpu":
+            # oneDNN's blocked weight layout, made once here instead of in every call.
+            logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
         self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []

@@ -83,3 +83,31 @@ def test_with_gradients_on_it_stays_differentiable() -> None:
     w = torch.randn(5, 8)
     cpu_linear.linear(x, w, None).sum().backward()
     assert x.grad is not None and x.grad.shape == (4, 8)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 8), (64, 512, 1024), (37, 72, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_weight_gives_the_plain_product(shape: tuple[int, int, int],
+                                                 dtype: torch.dtype) -> None:
+    if cpu_linear.unavailable_reason() is not None:
+        pytest.skip(f"oneDNN linear unavailable: {cpu_linear.unavailable_reason()}")
+    m, k, n = shape
+    g = torch.Generator().manual_seed(m + k + n)
+    x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    packed = cpu_linear.pack_weight(w)
+    assert packed is not None
+    with torch.inference_mode():
+        got = cpu_linear.linear_packed(x, packed, b)
+        rtol, atol = (1e-5, 1e-4) if dtype == torch.float32 else (2e-2, 5e-2)
+        torch.testing.assert_close(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol)
+        three_d = cpu_linear.linear_packed(x.view(1, m, k), packed, b)
+    assert torch.equal(three_d.view(m, n), got)
+
+
+def test_nothing_is_packed_where_onednn_does_not_apply(monkeypatch: pytest.MonkeyPatch,
+                                                       fresh_check: None) -> None:
+    assert cpu_linear.pack_weight(torch.ones(4, 4, dtype=torch.float64)) is None
+    monkeypatch.setenv("STRAND_CPU_GEMM", "torch")
+    cpu_linear.unavailable_reason.cache_clear()
+    assert cpu_linear.pack_weight(torch.ones(4, 4)) is None
