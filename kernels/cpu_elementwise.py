@@ -109,3 +109,40 @@ def rotary_neox_(
     positions, cos_sin = positions.to(torch.int64).contiguous(), cos_sin.contiguous()
     for x in heads:
         _module().rotary_neox(x, positions, cos_sin)
+
+
+def write_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]; tokens may be strided
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]; tokens may be strided
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] float32
+    slot_mapping: torch.Tensor,  # [num_tokens] int64: block * block_size + offset; < 0 skipped
+) -> None:
+    """Each token's key and value into its cache slot (index_copy_ by slot, in one pass)."""
+    _check_float32(key=key, value=value, kv_cache=kv_cache)
+    row = kv_cache.shape[3:]
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 3 or t.shape[1:] != row or t[0].stride() != (row[1], 1):
+            raise ValueError(f"{name} must be [num_tokens, {row[0]}, {row[1]}] with dense "
+                             f"token rows, got shape {tuple(t.shape)} strides {t.stride()}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+    slots = slot_mapping.to(torch.int64).contiguous()
+    if slots.shape != (key.shape[0],) or value.shape[0] != key.shape[0]:
+        raise ValueError(f"slot_mapping must be [num_tokens={key.shape[0]}], got "
+                         f"{tuple(slots.shape)}")
+    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    if slots.numel() and int(slots.max()) >= num_slots:
+        raise ValueError(f"slot_mapping must be < {num_slots} (the cache's slots), got "
+                         f"{int(slots.max())}")
+    _module().write_kv(kv_cache[0], kv_cache[1], key, value, slots)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:  # [num_reqs, vocab] -> [num_reqs] int64
+    """logits.argmax(dim=-1): the first maximum of each row, NaN counting as the maximum."""
+    _check_float32(logits=logits)
+    if logits.dim() != 2 or logits.stride(1) != 1 or logits.shape[1] == 0:
+        raise ValueError(f"logits must be [num_reqs, vocab > 0] with unit last stride, got "
+                         f"{tuple(logits.shape)}")
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    _module().argmax(out, logits)
+    return out

@@ -22,6 +22,7 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
+from kernels import cpu_elementwise
 
 __all__ = [
     "Sampler",
@@ -77,7 +78,8 @@ class Sampler:
     ) -> torch.Tensor:  # [num_reqs] int64
         greedy = None
         if not metadata.all_random:
-            greedy = logits.argmax(dim=-1)
+            greedy = (cpu_elementwise.argmax(logits) if cpu_elementwise.applies(logits)
+                      and logits.stride(1) == 1 else logits.argmax(dim=-1))
             if metadata.all_greedy:
                 return greedy
         assert metadata.temperature is not None

@@ -87,3 +87,44 @@ def test_other_dtypes_are_refused_naming_the_tensor() -> None:
     with pytest.raises(ValueError, match="gate_up must be float32"):
         cpu_elementwise.silu_and_mul(torch.zeros(2, 4, dtype=torch.bfloat16))
     assert not cpu_elementwise.applies(torch.zeros(2, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 16, 17, 33, 32000, 32003])
+def test_argmax_matches_torch_with_ties_nan_and_inf(vocab: int) -> None:
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(37, vocab, generator=g)
+    assert torch.equal(cpu_elementwise.argmax(logits), logits.argmax(dim=-1))
+    ties = torch.randint(0, 3, (37, vocab), generator=g).float()  # the first maximum wins
+    assert torch.equal(cpu_elementwise.argmax(ties), ties.argmax(dim=-1))
+    ties[::3, -1] = float("nan")  # NaN counts as the maximum, the first NaN wins
+    ties[::5, 0] = float("nan")
+    ties[1::4] = float("-inf")
+    ties[2, vocab // 2] = float("inf")
+    assert torch.equal(cpu_elementwise.argmax(ties), ties.argmax(dim=-1))
+    strided = torch.randn(8, 2 * vocab, generator=g)[:, :vocab]  # rows of a wider tensor
+    assert torch.equal(cpu_elementwise.argmax(strided), strided.argmax(dim=-1))
+
+
+def test_write_kv_puts_each_token_at_its_slot_and_skips_padding() -> None:
+    g = torch.Generator().manual_seed(5)
+    kv = torch.full((2, 6, 4, 2, 16), float("nan"))
+    qkv = torch.randn(5, 8, 16, generator=g)  # k, v as views of a fused projection
+    key, value = qkv[:, 4:6], qkv[:, 6:8]
+    slots = torch.tensor([9, 0, -1, 23, 4])
+    cpu_elementwise.write_kv(key, value, kv, slots)
+    flat = kv.view(2, -1, 2, 16)
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            assert torch.equal(flat[0, slot], key[t]) and torch.equal(flat[1, slot], value[t])
+    written = {s for s in slots.tolist() if s >= 0}
+    untouched = [s for s in range(24) if s not in written]
+    assert flat[:, untouched].isnan().all()  # the padding token (-1) wrote nowhere
+
+
+def test_write_kv_refuses_a_slot_past_the_cache_naming_the_bound() -> None:
+    kv = torch.zeros(2, 2, 4, 1, 16)
+    row = torch.zeros(1, 1, 16)
+    with pytest.raises(ValueError, match="slot_mapping must be < 8"):
+        cpu_elementwise.write_kv(row, row, kv, torch.tensor([8]))
+    with pytest.raises(ValueError, match=r"key must be \[num_tokens, 1, 16\]"):
+        cpu_elementwise.write_kv(torch.zeros(1, 2, 16), row, kv, torch.tensor([0]))

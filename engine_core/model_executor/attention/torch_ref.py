@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+from kernels import cpu_elementwise
 from kernels.cpu_decode_attention import decode_attention
 from kernels.cpu_decode_attention import is_available as cpu_decode_kernel_available
 from kernels.cpu_prefill_attention import is_available as cpu_prefill_kernel_available
@@ -150,6 +151,9 @@ def write_kv_cache(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
 ) -> None:
+    if cpu_elementwise.applies(key, value, kv_cache):
+        cpu_elementwise.write_kv(key, value, kv_cache, slot_mapping)  # one pass, no index tensors
+        return
     flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])
     flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
