@@ -5,6 +5,11 @@ and returns them to the kernel on free. A step allocates tens of MB of gathered 
 output and activations per layer; with mmap each of those pages is faulted in and zeroed by the
 kernel every time, which measured ~3x slower than the copy itself on a 2-core CPU. Raising the
 thresholds keeps freed memory in the process and reuses it.
+
+That holds for the main arena only: a thread other than the main one (the engine service steps
+on its own thread) gets an arena of mmap'ed heaps that are trimmed back to the kernel as they
+empty, and a step there took 1.7x the page faults. One arena for every thread keeps all of them
+on the tuned heap; the engine's allocations are few and large, so sharing its lock costs nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 _TUNED = False
 
 
@@ -31,7 +37,8 @@ def tune_cpu_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 <<
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)) and bool(
+            libc.mallopt(_M_ARENA_MAX, 1))
     except (OSError, AttributeError):
         return False
     _TUNED = ok

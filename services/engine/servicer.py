@@ -20,6 +20,7 @@ import grpc
 from engine_core.config import EngineArgs
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.engine_core import EngineCore
+from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_to_pb, core_request_from_pb
@@ -45,6 +46,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> EngineServicer:
         """Load the model on the thread that will run every step."""
+        # Before the thread exists: its first allocation picks its malloc arena for good.
+        tune_cpu_allocator()
         executor = core_executor()
         core = executor.submit(EngineCore.from_engine_args, engine_args).result()
         return cls(core, core.model_config.model_dir, executor)

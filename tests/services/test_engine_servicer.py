@@ -135,3 +135,4 @@ def test_the_model_loads_on_the_thread_that_runs_every_step(
     assert sum(len(r.outputs.outputs) for r in responses[1:]) == 2
     assert len(threads["load"]) == 1 and threads["load"] == threads["step"]
     assert threads["load"] != {threading.get_ident()}
+
