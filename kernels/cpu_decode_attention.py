@@ -20,6 +20,8 @@ import torch
 from kernels._cpu_build import CpuExtension
 
 _EXTENSION = CpuExtension("strand_cpu_decode_attention", "decode_attention.cpp")
+# What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def is_available() -> bool:
@@ -32,8 +34,8 @@ def unavailable_reason() -> str | None:
 
 
 def decode_attention(
-    query: torch.Tensor,  # [num_reqs, num_heads, head_dim] float32, one token per request
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] float32
+    query: torch.Tensor,  # [num_reqs, num_heads, head_dim] float32/bfloat16, one token each
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], query's dtype
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32, covering seq_lens
     seq_lens: torch.Tensor,  # [num_reqs] int32, each >= 1
     scale: float,
@@ -41,9 +43,9 @@ def decode_attention(
     module = _EXTENSION.module()
     if module is None:
         raise RuntimeError(f"CPU decode attention kernel unavailable: {unavailable_reason()}")
-    if query.dtype != torch.float32 or kv_cache.dtype != torch.float32:
-        raise ValueError(f"decode_attention needs float32, got {query.dtype} and "
-                         f"{kv_cache.dtype}")
+    if query.dtype not in DTYPES or kv_cache.dtype != query.dtype:
+        raise ValueError(f"decode_attention needs float32 or bfloat16 query and kv_cache of "
+                         f"one dtype, got {query.dtype} and {kv_cache.dtype}")
     if query.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
                          f"({kv_cache.shape[3]})")

@@ -18,6 +18,8 @@ import torch
 from kernels._cpu_build import CpuExtension
 
 _EXTENSION = CpuExtension("strand_cpu_prefill_attention", "prefill_attention.cpp")
+# What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def is_available() -> bool:
@@ -30,9 +32,9 @@ def unavailable_reason() -> str | None:
 
 
 def prefill_attention(
-    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32: rows of the requests written
-    query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32 (rows may be strided)
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] float32
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: the requests' rows are written
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32/bfloat16, rows may be strided
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], query's dtype
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32, covering seq_lens
     q_starts: torch.Tensor,  # [num_reqs] int32: first row of each request in query and out
     q_lens: torch.Tensor,  # [num_reqs] int32, each >= 1
@@ -43,9 +45,12 @@ def prefill_attention(
     module = _EXTENSION.module()
     if module is None:
         raise RuntimeError(f"CPU prefill attention kernel unavailable: {unavailable_reason()}")
-    for name, t in (("out", out), ("query", query), ("kv_cache", kv_cache)):
-        if t.dtype != torch.float32:
-            raise ValueError(f"prefill_attention needs float32 {name}, got {t.dtype}")
+    if query.dtype not in DTYPES:
+        raise ValueError(f"prefill_attention needs float32 or bfloat16 query, got {query.dtype}")
+    for name, t in (("out", out), ("kv_cache", kv_cache)):
+        if t.dtype != query.dtype:
+            raise ValueError(f"prefill_attention needs {name} in the query's dtype "
+                             f"({query.dtype}), got {t.dtype}")
     if query.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
                          f"({kv_cache.shape[3]})")

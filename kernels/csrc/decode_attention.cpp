@@ -8,7 +8,8 @@
 #include "vec16.h"
 
 // out[r, h] = softmax(q[r, h] . K[r, :len] * scale) @ V[r, :len], K/V read through the block table
-// where they lie. float32, contiguous tensors (the Python wrapper checks).
+// where they lie. float32 or bfloat16 (computed in float32), contiguous tensors (the Python
+// wrapper checks).
 //
 // One task per request, longest first. Its blocks are visited in order and each is finished for
 // every kv head before the next, so the cache is read as whole contiguous blocks (the hardware
@@ -27,26 +28,29 @@ constexpr int64_t kAhead = 2;  // blocks prefetched ahead of the one being read 
 // Blocks lie anywhere in the pool, so the hardware prefetchers stop at each block's end and
 // start over at the next; asking kAhead blocks ahead keeps the loads in flight (on the standard
 // workload's decode steps: 3.27 s without, 3.05 s one block ahead, 2.92 s two).
-inline void prefetch_block(const float* cache, const int32_t* blocks, int64_t b, int64_t t0,
+template <typename T>
+inline void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t t0,
                            int64_t len, int64_t BS, int64_t RS) {
   if (t0 >= len) return;
   const char* p = reinterpret_cast<const char*>(cache + (int64_t)blocks[b] * BS * RS);
-  const int64_t bytes = std::min(BS, len - t0) * RS * (int64_t)sizeof(float);
+  const int64_t bytes = std::min(BS, len - t0) * RS * (int64_t)sizeof(T);
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
+template <typename T>  // float or bf16: what the tensors hold
 struct Args {
-  const float *q, *kc, *vc;
+  const T *q, *kc, *vc;
   const int32_t *bt, *lens;
-  float* o;
+  T* o;
   int64_t H, D, BS, KVH, MB;
   float scale;
 };
 
 // DC > 0: head_dim == 16 * DC (the chunk loops unroll and accumulators stay in registers);
 // DC == 0: any head_dim, its last D % 16 lanes handled apart.
-template <int DC>
-void request_task(const Args& a, int64_t r, std::vector<float>& s, std::vector<float>& inv) {
+template <typename T, int DC>
+void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vector<float>& inv,
+                  std::vector<float>& acc_out) {
   const int64_t H = a.H, D = DC > 0 ? 16 * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D, len = a.lens[r];
   const int64_t FC = DC > 0 ? DC : D / 16, rem = DC > 0 ? 0 : D % 16;
   const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole vectors
@@ -59,17 +63,17 @@ void request_task(const Args& a, int64_t r, std::vector<float>& s, std::vector<f
     for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
       prefetch_block(a.kc, blocks, b + ahead, t0 + ahead * a.BS, len, a.BS, RS);
     for (int64_t g = 0; g < a.KVH; ++g) {
-      const float* kb = a.kc + (int64_t)blocks[b] * a.BS * RS + g * D;
+      const T* kb = a.kc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
-        const float* qh = a.q + (r * H + h) * D;
+        const T* qh = a.q + (r * H + h) * D;
         v16 qv[DC > 0 ? DC : kMaxChunks];
         for (int64_t c = 0; c < FC; ++c) qv[c] = load(qh + 16 * c) * a.scale;
         const v16 qt = rem ? load_tail(qh + 16 * FC, rem) * a.scale : v16{};
         for (int64_t i0 = 0; i0 < in_block; i0 += 16) {
           const int64_t n = std::min<int64_t>(16, in_block - i0);
           for (int64_t i = 0; i < n; ++i) {
-            const float* k = kb + (i0 + i) * RS;
+            const T* k = kb + (i0 + i) * RS;
             v16 acc = v16{};
             for (int64_t c = 0; c < FC; ++c) acc += qv[c] * load(k + 16 * c);
             if (rem) acc += qt * load_tail(k + 16 * FC, rem);
@@ -108,15 +112,15 @@ void request_task(const Args& a, int64_t r, std::vector<float>& s, std::vector<f
     for (int l = 0; l < 16; ++l) total += sum[l];
     inv[h] = 1.f / total;
   }
-  // Weighted sums of V rows, block by block, accumulated in the output rows.
-  float* out = a.o + r * H * D;
-  std::fill(out, out + H * D, 0.f);
+  // Weighted sums of V rows, block by block, accumulated in float32 rows.
+  acc_out.assign(H * D, 0.f);
+  float* out = acc_out.data();
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
     for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
       prefetch_block(a.vc, blocks, b + ahead, t0 + ahead * a.BS, len, a.BS, RS);
     for (int64_t g = 0; g < a.KVH; ++g) {
-      const float* vb = a.vc + (int64_t)blocks[b] * a.BS * RS + g * D;
+      const T* vb = a.vc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
         const float* p = s.data() + h * L + t0;
@@ -124,23 +128,27 @@ void request_task(const Args& a, int64_t r, std::vector<float>& s, std::vector<f
         v16 acc[DC > 0 ? DC : kMaxChunks];
         for (int64_t c = 0; c < FC; ++c) acc[c] = load(oh + 16 * c);
         for (int64_t i = 0; i < in_block; ++i) {
-          const float* v = vb + i * RS;
+          const T* v = vb + i * RS;
           for (int64_t c = 0; c < FC; ++c) acc[c] += p[i] * load(v + 16 * c);
-          for (int64_t d = 16 * FC; d < D; ++d) oh[d] += p[i] * v[d];
+          for (int64_t d = 16 * FC; d < D; ++d) oh[d] += p[i] * to_float(v[d]);
         }
         for (int64_t c = 0; c < FC; ++c) store(oh + 16 * c, acc[c]);
       }
     }
     t0 += in_block;
   }
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t d = 0; d < D; ++d) out[h * D + d] *= inv[h];
+  T* dst = a.o + r * H * D;
+  for (int64_t h = 0; h < H; ++h) {
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) store(dst + h * D + d, load(out + h * D + d) * inv[h]);
+    for (; d < D; ++d) store_scalar(dst + h * D + d, out[h * D + d] * inv[h]);
+  }
 }
 
 // Longest first, to whichever thread is free: an even split of 64 requests of random lengths
 // left one thread a tenth more work than the other.
-template <int DC>
-void run(const Args& a, int64_t R) {
+template <typename T, int DC>
+void run(const Args<T>& a, int64_t R) {
   std::vector<int64_t> order(R);
   for (int64_t r = 0; r < R; ++r) order[r] = r;
   std::stable_sort(order.begin(), order.end(),
@@ -148,9 +156,28 @@ void run(const Args& a, int64_t R) {
   const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), R));
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> s, inv;  // scratch reused across the thread's requests
+    std::vector<float> s, inv, acc_out;  // scratch reused across the thread's requests
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < R; ++i) request_task<DC>(a, order[i], s, inv);
+    for (int64_t i = 0; i < R; ++i) request_task<T, DC>(a, order[i], s, inv, acc_out);
+  }
+}
+
+template <typename T, typename Torch>
+void dispatch(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+              torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+              double scale) {
+  const auto ptr = [](torch::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
+  const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
+                  seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
+                  key_cache.size(1), key_cache.size(2), block_table.size(1), (float)scale};
+  TORCH_CHECK(a.D <= 16 * kMaxChunks, "head_dim must be at most ", 16 * kMaxChunks);
+  const int64_t R = query.size(0);
+  switch (a.D) {
+    case 64: run<T, 4>(a, R); break;
+    case 128: run<T, 8>(a, R); break;
+    case 32: run<T, 2>(a, R); break;
+    case 256: run<T, 16>(a, R); break;
+    default: run<T, 0>(a, R);
   }
 }
 }  // namespace
@@ -158,22 +185,12 @@ void run(const Args& a, int64_t R) {
 void decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
                       torch::Tensor value_cache, torch::Tensor block_table,
                       torch::Tensor seq_lens, double scale) {
-  const Args a{query.data_ptr<float>(), key_cache.data_ptr<float>(),
-               value_cache.data_ptr<float>(), block_table.data_ptr<int32_t>(),
-               seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), query.size(1),
-               query.size(2), key_cache.size(1), key_cache.size(2), block_table.size(1),
-               (float)scale};
-  TORCH_CHECK(a.D <= 16 * kMaxChunks, "head_dim must be at most ", 16 * kMaxChunks);
-  const int64_t R = query.size(0);
-  switch (a.D) {
-    case 64: run<4>(a, R); break;
-    case 128: run<8>(a, R); break;
-    case 32: run<2>(a, R); break;
-    case 256: run<16>(a, R); break;
-    default: run<0>(a, R);
-  }
+  if (query.scalar_type() == at::kBFloat16)
+    dispatch<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
+  else
+    dispatch<float, float>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "paged decode attention, float32");
+  m.def("decode_attention", &decode_attention, "paged decode attention, float32 or bfloat16");
 }

@@ -10,7 +10,8 @@
 // Causal attention of each request's new tokens over its whole context, read from the paged cache
 // where it lies: query token i of a request with q_len new tokens and seq_len in all sits at
 // position seq_len - q_len + i and sees keys 0..that position (a cached prefix included). No
-// padding: each request does its own work, however long. float32 (the Python wrapper checks).
+// padding: each request does its own work, however long. float32 or bfloat16, computed in
+// float32 (the Python wrapper checks).
 //
 // The work is cut into tiles of 32 rows: the query heads that share a kv head times as many
 // consecutive tokens as fit, so each K/V row loaded serves all 32. Rows are the lanes of two
@@ -26,10 +27,11 @@ using namespace strand;
 constexpr int kRows = 32;  // rows per tile: two vectors of lanes
 constexpr int kKeys = 16;  // keys per chunk of the key loop
 
+template <typename T>  // float or bf16: what the tensors hold
 struct Args {
-  const float *q, *kc, *vc;
+  const T *q, *kc, *vc;
   const int32_t *bt, *q_starts, *q_lens, *lens;
-  float* o;
+  T* o;
   int64_t H, D, BS, KVH, MB, q_stride, o_stride;
   float scale;
 };
@@ -42,25 +44,29 @@ struct Tile {
 // Row m of a tile is token t0 + m / nh, query head g * G + h0 + m % nh.
 struct Scratch {
   std::vector<float> qt, ot;  // [D][kRows]: q (scaled) and the output, transposed
+  std::vector<float> row;  // [D]: one output row before it is stored
   void resize(int64_t D) {
     qt.resize(D * kRows);
     ot.resize(D * kRows);
+    row.resize(D);
   }
 };
 
-inline const float* row_of(const Args& a, int64_t r, int64_t g, int64_t j, const float* cache) {
+template <typename T>
+inline const T* row_of(const Args<T>& a, int64_t r, int64_t g, int64_t j, const T* cache) {
   const int64_t block = a.bt[r * a.MB + j / a.BS];
   return cache + ((block * a.BS + j % a.BS) * a.KVH + g) * a.D;
 }
 
 // Scores of keys k[0..8) for the 32 rows: s[i] (two vectors) = sum_d qt[d] * k[i][d].
-inline void scores8(const float* qt, const float* const* k, int64_t D, float* s) {
+template <typename T>
+inline void scores8(const float* qt, const T* const* k, int64_t D, float* s) {
   v16 acc[8][2];
   for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = v16{};
   for (int64_t d = 0; d < D; ++d) {
     const v16 q0 = load(qt + d * kRows), q1 = load(qt + d * kRows + 16);
     for (int i = 0; i < 8; ++i) {
-      const float x = k[i][d];
+      const float x = to_float(k[i][d]);
       acc[i][0] += q0 * x;
       acc[i][1] += q1 * x;
     }
@@ -72,7 +78,8 @@ inline void scores8(const float* qt, const float* const* k, int64_t D, float* s)
 }
 
 // ot[d] = ot[d] * alpha + sum_i p[i] * v[i][d] for n keys, 8 dimensions at a time.
-inline void accumulate(float* ot, const float* p, const float* const* v, int64_t n, int64_t D,
+template <typename T>
+inline void accumulate(float* ot, const float* p, const T* const* v, int64_t n, int64_t D,
                        v16 alpha0, v16 alpha1) {
   int64_t d0 = 0;
   for (; d0 + 8 <= D; d0 += 8) {
@@ -84,7 +91,7 @@ inline void accumulate(float* ot, const float* p, const float* const* v, int64_t
     for (int64_t i = 0; i < n; ++i) {
       const v16 p0 = load(p + i * kRows), p1 = load(p + i * kRows + 16);
       for (int k = 0; k < 8; ++k) {
-        const float x = v[i][d0 + k];
+        const float x = to_float(v[i][d0 + k]);
         acc[k][0] += p0 * x;
         acc[k][1] += p1 * x;
       }
@@ -97,8 +104,8 @@ inline void accumulate(float* ot, const float* p, const float* const* v, int64_t
   for (; d0 < D; ++d0) {  // head_dim not a multiple of 8
     v16 acc0 = load(ot + d0 * kRows) * alpha0, acc1 = load(ot + d0 * kRows + 16) * alpha1;
     for (int64_t i = 0; i < n; ++i) {
-      acc0 += load(p + i * kRows) * v[i][d0];
-      acc1 += load(p + i * kRows + 16) * v[i][d0];
+      acc0 += load(p + i * kRows) * to_float(v[i][d0]);
+      acc1 += load(p + i * kRows + 16) * to_float(v[i][d0]);
     }
     store(ot + d0 * kRows, acc0);
     store(ot + d0 * kRows + 16, acc1);
@@ -107,7 +114,8 @@ inline void accumulate(float* ot, const float* p, const float* const* v, int64_t
 
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
 
-void tile_task(const Args& a, const Tile& t, Scratch& sc) {
+template <typename T>
+void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
   const int64_t D = a.D, G = a.H / a.KVH, rows = (int64_t)t.nt * t.nh;
   const int64_t q_start = a.q_starts[t.r], first_pos = a.lens[t.r] - a.q_lens[t.r] + t.t0;
   float* qt = sc.qt.data();
@@ -118,16 +126,16 @@ void tile_task(const Args& a, const Tile& t, Scratch& sc) {
     const int64_t mm = std::min(m, rows - 1);
     pos[m] = (int32_t)(first_pos + mm / t.nh);
     const int64_t h = t.g * G + t.h0 + mm % t.nh;
-    const float* qrow = a.q + (q_start + t.t0 + mm / t.nh) * a.q_stride + h * D;
-    for (int64_t d = 0; d < D; ++d) qt[d * kRows + m] = qrow[d] * a.scale;
+    const T* qrow = a.q + (q_start + t.t0 + mm / t.nh) * a.q_stride + h * D;
+    for (int64_t d = 0; d < D; ++d) qt[d * kRows + m] = to_float(qrow[d]) * a.scale;
   }
   std::fill(ot, ot + D * kRows, 0.f);
   const i16 pos0 = *reinterpret_cast<const i16*>(pos), pos1 = *reinterpret_cast<const i16*>(pos + 16);
   const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
   v16 m0 = neg_inf, m1 = neg_inf, l0 = v16{}, l1 = v16{};
   alignas(64) float s[kKeys * kRows];
-  const float* krows[kKeys];
-  const float* vrows[kKeys];
+  const T* krows[kKeys];
+  const T* vrows[kKeys];
   const int64_t num_keys = t.keys;
   for (int64_t j0 = 0; j0 < num_keys; j0 += kKeys) {
     const int64_t n = std::min<int64_t>(kKeys, num_keys - j0);
@@ -171,12 +179,17 @@ void tile_task(const Args& a, const Tile& t, Scratch& sc) {
   store(inv + 16, splat(1.f) / l1);
   for (int64_t m = 0; m < rows; ++m) {
     const int64_t h = t.g * G + t.h0 + m % t.nh;
-    float* orow = a.o + (q_start + t.t0 + m / t.nh) * a.o_stride + h * D;
-    for (int64_t d = 0; d < D; ++d) orow[d] = ot[d * kRows + m] * inv[m];
+    T* orow = a.o + (q_start + t.t0 + m / t.nh) * a.o_stride + h * D;
+    float* row = sc.row.data();
+    for (int64_t d = 0; d < D; ++d) row[d] = ot[d * kRows + m] * inv[m];
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) store(orow + d, load(row + d));
+    for (; d < D; ++d) store_scalar(orow + d, row[d]);
   }
 }
 
-std::vector<Tile> make_tiles(const Args& a, int64_t R) {
+template <typename T>
+std::vector<Tile> make_tiles(const Args<T>& a, int64_t R) {
   const int64_t G = a.H / a.KVH;
   const int64_t nh = std::min<int64_t>(G, kRows), tokens_per_tile = std::max<int64_t>(1, kRows / G);
   std::vector<Tile> tiles;
@@ -194,18 +207,16 @@ std::vector<Tile> make_tiles(const Args& a, int64_t R) {
                    [](const Tile& x, const Tile& y) { return x.keys > y.keys; });
   return tiles;
 }
-}  // namespace
-
-void prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-                       torch::Tensor value_cache, torch::Tensor block_table,
-                       torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor seq_lens,
-                       double scale) {
-  const Args a{query.data_ptr<float>(), key_cache.data_ptr<float>(),
-               value_cache.data_ptr<float>(), block_table.data_ptr<int32_t>(),
-               q_starts.data_ptr<int32_t>(), q_lens.data_ptr<int32_t>(),
-               seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), query.size(1),
-               query.size(2), key_cache.size(1), key_cache.size(2), block_table.size(1),
-               query.stride(0), out.stride(0), (float)scale};
+template <typename T, typename Torch>
+void run(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+         torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor q_starts,
+         torch::Tensor q_lens, torch::Tensor seq_lens, double scale) {
+  const auto ptr = [](torch::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
+  const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
+                  q_starts.data_ptr<int32_t>(), q_lens.data_ptr<int32_t>(),
+                  seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
+                  key_cache.size(1), key_cache.size(2), block_table.size(1), query.stride(0),
+                  out.stride(0), (float)scale};
   const std::vector<Tile> tiles = make_tiles(a, q_lens.size(0));
   const int64_t n = (int64_t)tiles.size();
   const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
@@ -217,8 +228,21 @@ void prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key
     for (int64_t i = 0; i < n; ++i) tile_task(a, tiles[i], scratch);
   }
 }
+}  // namespace
+
+void prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+                       torch::Tensor value_cache, torch::Tensor block_table,
+                       torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor seq_lens,
+                       double scale) {
+  if (query.scalar_type() == at::kBFloat16)
+    run<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, q_starts, q_lens,
+                            seq_lens, scale);
+  else
+    run<float, float>(out, query, key_cache, value_cache, block_table, q_starts, q_lens,
+                      seq_lens, scale);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefill_attention", &prefill_attention,
-        "causal varlen attention over the paged cache, float32");
+        "causal varlen attention over the paged cache, float32 or bfloat16");
 }

@@ -20,6 +20,47 @@ inline v16 load_tail(const float* p, int64_t n) {  // the first n < 16 floats, z
   std::memcpy(&v, p, n * sizeof(float));
   return v;
 }
+inline float to_float(float x) { return x; }
+
+// bfloat16, stored as its 16 bits (the layout of torch's at::BFloat16): the top half of a
+// float32. Kernels read it into float32 vectors and compute there; only what they store is
+// rounded back (to nearest, ties to even, as torch rounds).
+struct bf16 {
+  uint16_t bits;
+};
+typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+inline v16 load(const bf16* p) {
+  const u32x16 wide = __builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16;
+  return reinterpret_cast<const v16&>(wide);
+}
+inline v16 load_tail(const bf16* p, int64_t n) {
+  u16x16 h = u16x16{};
+  std::memcpy(&h, p, n * sizeof(bf16));
+  const u32x16 wide = __builtin_convertvector(h, u32x16) << 16;
+  return reinterpret_cast<const v16&>(wide);
+}
+inline float to_float(bf16 x) {
+  const uint32_t wide = (uint32_t)x.bits << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+inline void store(bf16* p, v16 v) {
+  u32x16 u = reinterpret_cast<const u32x16&>(v);
+  const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  // A NaN stays a (quiet) NaN: rounding could carry its mantissa into the exponent.
+  const u32x16 out = (v != v) ? u32x16{} + 0x7FC0u : rounded;
+  *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(out, u16x16);
+}
+inline void store_scalar(float* p, float x) { *p = x; }
+inline void store_scalar(bf16* p, float x) {
+  v16 v = splat(x);
+  alignas(64) bf16 tmp[16];
+  store(tmp, v);
+  *p = tmp[0];
+}
 
 // e^x lane by lane (Cephes expf: 2^n * p(r), |r| <= ln2/2, about 1 ulp). Below -87 it gives 0
 // (attention scores that far under their row's maximum weigh nothing beside its e^0 = 1) and

@@ -57,5 +57,27 @@ def test_matches_the_paged_reference(seq_lens: list[int], num_heads: int, num_kv
 
 def test_refuses_other_dtypes_naming_them() -> None:
     query, kv, table, lens = _case([4], 4, 2, 32, 16, 0)
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
         decode_attention(query.half(), kv.half(), table, lens, 0.1)
+    with pytest.raises(ValueError, match="of one dtype"):
+        decode_attention(query.bfloat16(), kv, table, lens, 0.1)
+
+
+@pytest.mark.parametrize(("seq_lens", "num_heads", "num_kv_heads", "head_dim", "block_size"), [
+    ([1, 5, 16, 17, 100], 8, 4, 64, 16),
+    ([31, 1, 90], 4, 2, 72, 16),  # a tail past whole vectors: scalar bfloat16 reads and writes
+    ([700, 250], 8, 4, 128, 32),
+])
+def test_bfloat16_is_computed_in_float32_and_rounded_once(
+        seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+        block_size: int) -> None:
+    query, kv, table, lens = _case(seq_lens, num_heads, num_kv_heads, head_dim, block_size, 5)
+    query, kv = query.bfloat16(), kv.bfloat16()
+    scale = head_dim**-0.5
+    out = decode_attention(query, kv, table, lens, scale)
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    # The exact answer for these bfloat16 inputs, rounded to bfloat16 once.
+    ref = paged_attention_ref(query.float(), torch.nan_to_num(kv.float(), nan=0.0), starts,
+                              lens, table, scale)
+    torch.testing.assert_close(out.float(), ref.bfloat16().float(), atol=1e-2, rtol=1e-2)

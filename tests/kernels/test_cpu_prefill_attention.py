@@ -88,11 +88,35 @@ def test_reads_strided_query_rows() -> None:
 def test_refuses_other_dtypes_and_shapes_naming_them() -> None:
     query, kv, table, starts, lens = _case([4], [4], 4, 2, 32, 16, 0)
     q_lens = starts[1:] - starts[:-1]
-    with pytest.raises(ValueError, match="float32 query"):
+    with pytest.raises(ValueError, match="float32 or bfloat16 query"):
         prefill_attention(torch.empty_like(query), query.half(), kv, table, starts[:-1], q_lens,
                           lens, 0.1)
+    with pytest.raises(ValueError, match="kv_cache in the query's dtype"):
+        prefill_attention(torch.empty_like(query).bfloat16(), query.bfloat16(), kv, table,
+                          starts[:-1], q_lens, lens, 0.1)
     with pytest.raises(ValueError, match="out shape"):
         prefill_attention(torch.empty(3, 4, 32), query, kv, table, starts[:-1], q_lens, lens, 0.1)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         prefill_attention(torch.empty(4, 3, 32), query[:, :3], kv, table, starts[:-1], q_lens,
                           lens, 0.1)
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens", "num_heads", "num_kv_heads", "head_dim"), [
+    ([5, 40, 2], [5, 100, 2], 8, 4, 64),
+    ([9, 30], [20, 30], 6, 2, 36),  # a head_dim tail: scalar bfloat16 reads and writes
+    ([100, 1], [100, 5], 16, 2, 128),
+])
+def test_bfloat16_is_computed_in_float32_and_rounded_once(
+        query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
+        head_dim: int) -> None:
+    query, kv, table, starts, lens = _case(query_lens, seq_lens, num_heads, num_kv_heads,
+                                           head_dim, 16, 6)
+    query, kv = query.bfloat16(), kv.bfloat16()
+    scale = head_dim**-0.5
+    out = torch.full_like(query, float("nan"))
+    prefill_attention(out, query, kv, table, starts[:-1], starts[1:] - starts[:-1], lens, scale)
+    assert not out.isnan().any()
+    # The exact answer for these bfloat16 inputs, rounded to bfloat16 once.
+    ref = paged_attention_ref(query.float(), torch.nan_to_num(kv.float(), nan=0.0), starts,
+                              lens, table, scale)
+    torch.testing.assert_close(out.float(), ref.bfloat16().float(), atol=1e-2, rtol=1e-2)

@@ -80,8 +80,8 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, use_cpu_kernel: bool = True) -> None:
         self._plan: _Plan | None = None
         # The C++ decode and prefill kernels (kernels/cpu_decode_attention.py,
-        # kernels/cpu_prefill_attention.py) for float32 on CPU; False keeps every request on the
-        # gather + SDPA path.
+        # kernels/cpu_prefill_attention.py) for float32 and bfloat16 on CPU; False keeps every
+        # request on the gather + SDPA path.
         self.use_cpu_kernel = use_cpu_kernel
 
     def forward(
@@ -138,7 +138,7 @@ class TorchAttentionBackend(AttentionBackend):
     def _plan_for(self, metadata: AttentionMetadata, kv_cache: torch.Tensor) -> _Plan:
         if self._plan is None or self._plan.metadata is not metadata:
             kernels = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
-                       and kv_cache.dtype == torch.float32)
+                       and kv_cache.dtype in (torch.float32, torch.bfloat16))
             self._plan = build_plan(metadata,
                                     decode_kernel=kernels and cpu_decode_kernel_available(),
                                     prefill_kernel=kernels and cpu_prefill_kernel_available())
