@@ -2,9 +2,11 @@
 
 Between a layer's matmuls torch runs about a dozen elementwise ops per layer, each a pass over
 [num_tokens, hidden]; on the 2-core CPU they were 8% of a standard-workload run once the
-matmuls went to oneDNN. The C++ is kernels/csrc/elementwise.cpp (float32 only; callers keep the
-torch path for other dtypes). References: kernels/rms_norm_ref.py, kernels/rotary_ref.py and
-`F.silu(gate) * up`; tests/kernels/test_cpu_elementwise.py compares them.
+matmuls went to oneDNN. Also here: the KV cache write by slot and the greedy argmax.
+The C++ is kernels/csrc/elementwise.cpp: float32, and bfloat16 rounded after each op exactly
+where HF's bfloat16 ops round (callers keep the torch path for other dtypes). References:
+kernels/rms_norm_ref.py, kernels/rotary_ref.py and `F.silu(gate) * up`;
+tests/kernels/test_cpu_elementwise.py compares them.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ def unavailable_reason() -> str | None:
     return _EXTENSION.unavailable_reason()
 
 
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether these kernels take tensors like these (float32 on CPU) and are built."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and is_available())
+    """Whether these kernels take tensors like these (on CPU, all float32 or all bfloat16) and
+    are built."""
+    return (len({t.dtype for t in tensors}) == 1 and tensors[0].dtype in _DTYPES
+            and all(t.device.type == "cpu" for t in tensors) and is_available())
 
 
 def _module():  # type: ignore[no-untyped-def]
@@ -45,6 +51,15 @@ def _check_float32(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be float32 on CPU, got {t.dtype} on {t.device}")
 
 
+def _check_same(**tensors: torch.Tensor) -> None:
+    """All on CPU, all float32 or all bfloat16."""
+    first = next(iter(tensors.values())).dtype
+    for name, t in tensors.items():
+        if t.dtype not in _DTYPES or t.dtype != first or t.device.type != "cpu":
+            raise ValueError(f"{name} must be float32 or bfloat16 on CPU, in the dtype of "
+                             f"{next(iter(tensors))} ({first}); got {t.dtype} on {t.device}")
+
+
 def rms_norm(
     x: torch.Tensor,  # [num_tokens, hidden], rows may be strided
     weight: torch.Tensor,  # [hidden]
@@ -52,7 +67,7 @@ def rms_norm(
     residual: torch.Tensor | None = None,  # [num_tokens, hidden]
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Without residual: the normed x. With it: (norm(x + residual), x + residual)."""
-    _check_float32(x=x, weight=weight)
+    _check_same(x=x, weight=weight)
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
         raise ValueError(f"x must be [num_tokens, hidden] with unit last stride and weight "
                          f"[hidden]; got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -61,7 +76,7 @@ def rms_norm(
     if residual is None:
         _module().rms_norm(out, x, weight, float(eps))
         return out
-    _check_float32(residual=residual)
+    _check_same(x=x, residual=residual)
     if residual.shape != x.shape:
         raise ValueError(f"residual must be {tuple(x.shape)}, got {tuple(residual.shape)}")
     new_residual = torch.empty_like(out)
@@ -71,7 +86,7 @@ def rms_norm(
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * n] -> [.., n]
     """silu(gate_up[:, :n]) * gate_up[:, n:], the gated MLP's activation."""
-    _check_float32(gate_up=gate_up)
+    _check_same(gate_up=gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be [num_tokens, 2 * n], got {tuple(gate_up.shape)}")
     gate_up = gate_up.contiguous()
@@ -83,7 +98,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * n] 
 def rotary_neox_(
     positions: torch.Tensor,  # [num_tokens] int64
     cos_sin: torch.Tensor,  # [max_positions, rot_dim] float32: cos | sin
-    *heads: torch.Tensor,  # each [num_tokens, n, head_dim], modified in place; rows may be strided
+    *heads: torch.Tensor,  # each [num_tokens, n, head_dim] float32/bfloat16, rotated in place
 ) -> None:
     """Rotates the first rot_dim dims of every head of each tensor by position (NeoX halves, as
     HF Llama). q and k go in one call so the positions are checked once per layer."""
@@ -100,7 +115,7 @@ def rotary_neox_(
         if low < 0 or high >= len(cos_sin):
             raise ValueError(f"positions must be in [0, {len(cos_sin)}), got {low}..{high}")
     for x in heads:
-        _check_float32(x=x)
+        _check_same(x=x)
         if x.dim() != 3 or x.stride(2) != 1 or x.shape[0] != positions.shape[0]:
             raise ValueError(f"x must be [num_tokens={positions.shape[0]}, heads, head_dim] with "
                              f"unit last stride, got shape {tuple(x.shape)} strides {x.stride()}")
@@ -118,7 +133,7 @@ def write_kv(
     slot_mapping: torch.Tensor,  # [num_tokens] int64: block * block_size + offset; < 0 skipped
 ) -> None:
     """Each token's key and value into its cache slot (index_copy_ by slot, in one pass)."""
-    _check_float32(key=key, value=value, kv_cache=kv_cache)
+    _check_same(key=key, value=value, kv_cache=kv_cache)
     row = kv_cache.shape[3:]
     for name, t in (("key", key), ("value", value)):
         if t.dim() != 3 or t.shape[1:] != row or t[0].stride() != (row[1], 1):

@@ -78,8 +78,9 @@ class Sampler:
     ) -> torch.Tensor:  # [num_reqs] int64
         greedy = None
         if not metadata.all_random:
-            greedy = (cpu_elementwise.argmax(logits) if cpu_elementwise.applies(logits)
-                      and logits.stride(1) == 1 else logits.argmax(dim=-1))
+            greedy = (cpu_elementwise.argmax(logits) if logits.dtype == torch.float32
+                      and cpu_elementwise.applies(logits) and logits.stride(1) == 1
+                      else logits.argmax(dim=-1))
             if metadata.all_greedy:
                 return greedy
         assert metadata.temperature is not None

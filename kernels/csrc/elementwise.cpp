@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "vec16.h"
 
@@ -91,14 +92,109 @@ void rotate_rows(float* x, int64_t tokens, int64_t heads, int64_t token_stride,
     }
   });
 }
-// key/value row t -> cache row slots[t] (a negative slot is padding: skipped).
-void write_rows(float* kc, float* vc, const float* k, const float* v, const int64_t* slots,
+// HF's bfloat16 RMSNorm: x + residual rounded (a bfloat16 add), the norm in float32, rounded,
+// then times the weight, rounded again.
+void norm_rows_bf16(bf16* out, bf16* new_residual, const bf16* x, const bf16* residual,
+                    const bf16* weight, int64_t rows, int64_t hidden, int64_t x_stride,
+                    float eps) {
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    std::vector<float> src(hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* xr = x + r * x_stride;
+      int64_t i = 0;
+      for (; i + 16 <= hidden; i += 16) {
+        v16 v = load(xr + i);
+        if (residual != nullptr) {
+          v = round_bf16(v + load(residual + r * hidden + i));
+          store(new_residual + r * hidden + i, v);
+        }
+        store(src.data() + i, v);
+      }
+      for (; i < hidden; ++i) {
+        float v = to_float(xr[i]);
+        if (residual != nullptr) {
+          v = round_bf16(splat(v + to_float(residual[r * hidden + i])))[0];
+          store_scalar(new_residual + r * hidden + i, v);
+        }
+        src[i] = v;
+      }
+      v16 acc = v16{};
+      for (i = 0; i + 16 <= hidden; i += 16) {
+        const v16 v = load(src.data() + i);
+        acc += v * v;
+      }
+      float sum = 0.f;
+      for (int l = 0; l < 16; ++l) sum += acc[l];
+      for (; i < hidden; ++i) sum += src[i] * src[i];
+      const float inv = 1.f / std::sqrt(sum / (float)hidden + eps);
+      bf16* o = out + r * hidden;
+      for (i = 0; i + 16 <= hidden; i += 16)
+        store(o + i, load(weight + i) * round_bf16(load(src.data() + i) * inv));
+      for (; i < hidden; ++i)
+        store_scalar(o + i, to_float(weight[i]) * round_bf16(splat(src[i] * inv))[0]);
+    }
+  });
+}
+
+// HF's bfloat16 gated MLP activation: silu(gate) rounded, times up, rounded.
+void silu_rows_bf16(bf16* out, const bf16* gate_up, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const bf16* g = gate_up + r * 2 * n;
+      const bf16* u = g + n;
+      bf16* o = out + r * n;
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16) {
+        const v16 gv = load(g + i);
+        store(o + i, round_bf16(gv / (1.f + vexp(-gv))) * load(u + i));
+      }
+      for (; i < n; ++i) {
+        const float gv = to_float(g[i]);
+        store_scalar(o + i, round_bf16(splat(gv / (1.f + std::exp(-gv))))[0] * to_float(u[i]));
+      }
+    }
+  });
+}
+
+// HF's bfloat16 rotary: cos and sin rounded to bfloat16, and every product and sum rounded.
+void rotate_rows_bf16(bf16* x, int64_t tokens, int64_t heads, int64_t token_stride,
+                      int64_t head_stride, const int64_t* positions, const float* cos_sin,
+                      int64_t rot) {
+  const int64_t half = rot / 2;
+  at::parallel_for(0, tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cos_sin + positions[t] * rot;
+      const float* s = c + half;
+      for (int64_t h = 0; h < heads; ++h) {
+        bf16* x1 = x + t * token_stride + h * head_stride;
+        bf16* x2 = x1 + half;
+        int64_t i = 0;
+        for (; i + 16 <= half; i += 16) {
+          const v16 a = load(x1 + i), b = load(x2 + i);
+          const v16 cv = round_bf16(load(c + i)), sv = round_bf16(load(s + i));
+          store(x1 + i, round_bf16(a * cv) - round_bf16(b * sv));
+          store(x2 + i, round_bf16(b * cv) + round_bf16(a * sv));
+        }
+        for (; i < half; ++i) {
+          const float a = to_float(x1[i]), b = to_float(x2[i]);
+          const float cv = round_bf16(splat(c[i]))[0], sv = round_bf16(splat(s[i]))[0];
+          store_scalar(x1 + i, round_bf16(splat(a * cv))[0] - round_bf16(splat(b * sv))[0]);
+          store_scalar(x2 + i, round_bf16(splat(b * cv))[0] + round_bf16(splat(a * sv))[0]);
+        }
+      }
+    }
+  });
+}
+
+// key/value row t -> cache row slots[t] (a negative slot is padding: skipped); rows of `row`
+// bytes, any element type.
+void write_rows(char* kc, char* vc, const char* k, const char* v, const int64_t* slots,
                 int64_t tokens, int64_t row, int64_t k_stride, int64_t v_stride) {
   at::parallel_for(0, tokens, 4 * kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (slots[t] < 0) continue;
-      std::memcpy(kc + slots[t] * row, k + t * k_stride, row * sizeof(float));
-      std::memcpy(vc + slots[t] * row, v + t * v_stride, row * sizeof(float));
+      std::memcpy(kc + slots[t] * row, k + t * k_stride, row);
+      std::memcpy(vc + slots[t] * row, v + t * v_stride, row);
     }
   });
 }
@@ -141,42 +237,60 @@ void argmax_rows(int64_t* out, const float* x, int64_t rows, int64_t n, int64_t 
 
 void write_kv(torch::Tensor key_cache, torch::Tensor value_cache, torch::Tensor key,
               torch::Tensor value, torch::Tensor slots) {
-  write_rows(key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), key.data_ptr<float>(),
-             value.data_ptr<float>(), slots.data_ptr<int64_t>(), key.size(0),
-             key.size(1) * key.size(2), key.stride(0), value.stride(0));
+  const int64_t size = key.element_size();
+  const auto bytes = [](torch::Tensor t) { return static_cast<char*>(t.data_ptr()); };
+  write_rows(bytes(key_cache), bytes(value_cache), bytes(key), bytes(value),
+             slots.data_ptr<int64_t>(), key.size(0), key.size(1) * key.size(2) * size,
+             key.stride(0) * size, value.stride(0) * size);
 }
+
+static bf16* bf16_ptr(torch::Tensor t) { return reinterpret_cast<bf16*>(t.data_ptr<at::BFloat16>()); }
 
 void argmax(torch::Tensor out, torch::Tensor x) {
   argmax_rows(out.data_ptr<int64_t>(), x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0));
 }
 
 void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps) {
+  if (x.scalar_type() == at::kBFloat16)
+    return norm_rows_bf16(bf16_ptr(out), nullptr, bf16_ptr(x), nullptr, bf16_ptr(weight),
+                          x.size(0), x.size(1), x.stride(0), (float)eps);
   norm_rows(out.data_ptr<float>(), nullptr, x.data_ptr<float>(), nullptr,
             weight.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), (float)eps);
 }
 
 void add_rms_norm(torch::Tensor out, torch::Tensor new_residual, torch::Tensor x,
                   torch::Tensor residual, torch::Tensor weight, double eps) {
+  if (x.scalar_type() == at::kBFloat16)
+    return norm_rows_bf16(bf16_ptr(out), bf16_ptr(new_residual), bf16_ptr(x),
+                          bf16_ptr(residual), bf16_ptr(weight), x.size(0), x.size(1),
+                          x.stride(0), (float)eps);
   norm_rows(out.data_ptr<float>(), new_residual.data_ptr<float>(), x.data_ptr<float>(),
             residual.data_ptr<float>(), weight.data_ptr<float>(), x.size(0), x.size(1),
             x.stride(0), (float)eps);
 }
 
 void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
+  if (gate_up.scalar_type() == at::kBFloat16)
+    return silu_rows_bf16(bf16_ptr(out), bf16_ptr(gate_up), gate_up.size(0),
+                          gate_up.size(1) / 2);
   silu_rows(out.data_ptr<float>(), gate_up.data_ptr<float>(), gate_up.size(0),
             gate_up.size(1) / 2);
 }
 
 void rotary_neox(torch::Tensor x, torch::Tensor positions, torch::Tensor cos_sin) {
+  if (x.scalar_type() == at::kBFloat16)
+    return rotate_rows_bf16(bf16_ptr(x), x.size(0), x.size(1), x.stride(0), x.stride(1),
+                            positions.data_ptr<int64_t>(), cos_sin.data_ptr<float>(),
+                            cos_sin.size(1));
   rotate_rows(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1),
               positions.data_ptr<int64_t>(), cos_sin.data_ptr<float>(), cos_sin.size(1));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32");
-  m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32");
-  m.def("rotary_neox", &rotary_neox, "NeoX rotary embedding in place, float32");
-  m.def("write_kv", &write_kv, "key/value rows into the paged cache by slot, float32");
+  m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
+  m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32 or bfloat16");
+  m.def("rotary_neox", &rotary_neox, "NeoX rotary embedding in place, float32 or bfloat16");
+  m.def("write_kv", &write_kv, "key/value rows into the paged cache by slot, any dtype");
   m.def("argmax", &argmax, "first index of each row's maximum, float32");
 }

@@ -47,12 +47,20 @@ inline float to_float(bf16 x) {
   std::memcpy(&f, &wide, sizeof(f));
   return f;
 }
-inline void store(bf16* p, v16 v) {
-  u32x16 u = reinterpret_cast<const u32x16&>(v);
+// The bfloat16 bits of each lane, rounded to nearest, ties to even. A NaN stays a (quiet) NaN:
+// rounding could carry its mantissa into the exponent.
+inline u32x16 bf16_bits(v16 v) {
+  const u32x16 u = reinterpret_cast<const u32x16&>(v);
   const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  // A NaN stays a (quiet) NaN: rounding could carry its mantissa into the exponent.
-  const u32x16 out = (v != v) ? u32x16{} + 0x7FC0u : rounded;
-  *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(out, u16x16);
+  return (v != v) ? u32x16{} + 0x7FC0u : rounded;
+}
+inline void store(bf16* p, v16 v) {
+  *reinterpret_cast<u16x16*>(p) = __builtin_convertvector(bf16_bits(v), u16x16);
+}
+// v rounded to bfloat16 and widened again: what a torch op in bfloat16 leaves behind.
+inline v16 round_bf16(v16 v) {
+  const u32x16 wide = bf16_bits(v) << 16;
+  return reinterpret_cast<const v16&>(wide);
 }
 inline void store_scalar(float* p, float x) { *p = x; }
 inline void store_scalar(bf16* p, float x) {

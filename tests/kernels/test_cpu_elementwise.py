@@ -84,9 +84,15 @@ def test_rotary_refuses_heads_of_another_length_naming_the_bound() -> None:
 
 
 def test_other_dtypes_are_refused_naming_the_tensor() -> None:
-    with pytest.raises(ValueError, match="gate_up must be float32"):
-        cpu_elementwise.silu_and_mul(torch.zeros(2, 4, dtype=torch.bfloat16))
-    assert not cpu_elementwise.applies(torch.zeros(2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="gate_up must be float32 or bfloat16"):
+        cpu_elementwise.silu_and_mul(torch.zeros(2, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="weight must be float32 or bfloat16 on CPU, in the "
+                                         "dtype of x"):
+        cpu_elementwise.rms_norm(torch.zeros(2, 4), torch.ones(4, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(ValueError, match="logits must be float32"):
+        cpu_elementwise.argmax(torch.zeros(2, 4, dtype=torch.bfloat16))
+    assert not cpu_elementwise.applies(torch.zeros(2, dtype=torch.float16))
+    assert not cpu_elementwise.applies(torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("vocab", [1, 5, 16, 17, 33, 32000, 32003])
@@ -128,3 +134,56 @@ def test_write_kv_refuses_a_slot_past_the_cache_naming_the_bound() -> None:
         cpu_elementwise.write_kv(row, row, kv, torch.tensor([8]))
     with pytest.raises(ValueError, match=r"key must be \[num_tokens, 1, 16\]"):
         cpu_elementwise.write_kv(torch.zeros(1, 2, 16), row, kv, torch.tensor([0]))
+
+
+# bfloat16: rounded where HF's bfloat16 ops round, so the kernels give torch's bits, but for
+# RMSNorm's float32 sum of squares, whose order differs: it may move a result by one bfloat16
+# step when the exact value sits near a rounding boundary.
+def _within_one_bf16_step(got: torch.Tensor, ref: torch.Tensor) -> None:
+    assert got.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2**-7, atol=1e-6)
+    assert (got != ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize(("tokens", "hidden"), [(7, 512), (64, 520), (3, 13)])
+def test_bfloat16_rms_norm_gives_torchs_rounding(tokens: int, hidden: int) -> None:
+    g = torch.Generator().manual_seed(tokens + hidden)
+    x, residual = (torch.randn(tokens, hidden, generator=g).bfloat16() for _ in range(2))
+    weight = (1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
+    _within_one_bf16_step(cpu_elementwise.rms_norm(x, weight, 1e-6),
+                          rms_norm_ref(x, weight, 1e-6))
+    out, new_residual = cpu_elementwise.rms_norm(x, weight, 1e-6, residual)
+    ref_out, ref_residual = rms_norm_ref(x, weight, 1e-6, residual)
+    assert torch.equal(new_residual, ref_residual)  # one bfloat16 add: exact
+    _within_one_bf16_step(out, ref_out)
+
+
+@pytest.mark.parametrize(("tokens", "n"), [(5, 64), (33, 1000), (2, 7)])
+def test_bfloat16_silu_and_mul_gives_torchs_bits(tokens: int, n: int) -> None:
+    gate_up = torch.randn(tokens, 2 * n, generator=torch.Generator().manual_seed(n)).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(cpu_elementwise.silu_and_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize(("head_dim", "rot_dim"), [(64, 64), (40, 40), (64, 32)])
+def test_bfloat16_rotary_gives_the_torch_paths_bits(head_dim: int, rot_dim: int) -> None:
+    g = torch.Generator().manual_seed(head_dim + rot_dim)
+    positions = torch.randint(0, 100, (9,), generator=g)
+    freqs = torch.outer(torch.arange(100.0), torch.rand(rot_dim // 2, generator=g))
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # float32, as the layer keeps it
+    q = torch.randn(9, 4, head_dim, generator=g).bfloat16()
+    # The layer's torch path: the table cast to bfloat16, every op in bfloat16.
+    cos, sin = cos_sin[positions].bfloat16().unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = q[..., :rot_dim].chunk(2, dim=-1)
+    expected = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, q[..., rot_dim:]], dim=-1)
+    got = q.clone()
+    cpu_elementwise.rotary_neox_(positions, cos_sin, got)
+    assert torch.equal(got, expected)
+
+
+def test_write_kv_copies_bfloat16_rows() -> None:
+    kv = torch.zeros(2, 2, 4, 1, 16, dtype=torch.bfloat16)
+    key, value = torch.randn(2, 1, 16).bfloat16(), torch.randn(2, 1, 16).bfloat16()
+    cpu_elementwise.write_kv(key, value, kv, torch.tensor([5, 2]))
+    flat = kv.view(2, -1, 1, 16)
+    assert torch.equal(flat[0, 5], key[0]) and torch.equal(flat[1, 2], value[1])

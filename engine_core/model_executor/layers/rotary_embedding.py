@@ -68,9 +68,10 @@ class RotaryEmbedding(nn.Module):
         query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotated (query, key). float32 on CPU rotates them in place, in one pass each
+        """Rotated (query, key). float32/bfloat16 on CPU rotates them in place, in one pass each
         (kernels/cpu_elementwise.py), instead of building new tensors op by op."""
-        if (cpu_elementwise.applies(query, key, self.cos_sin) and query.stride(-1) == 1
+        # The table stays float32 (the kernel rounds its entries as the torch path's cast does).
+        if (cpu_elementwise.applies(query, key) and query.stride(-1) == 1
                 and key.stride(-1) == 1):
             cpu_elementwise.rotary_neox_(positions, self.cos_sin, query, key)
             return query, key
