@@ -7,6 +7,7 @@ import torch
 
 from kernels.cpu_decode_attention import decode_attention, is_available, unavailable_reason
 from kernels.paged_attention_ref import paged_attention_ref
+from tests.kernels.paged_cases import scattered_paged_cache
 
 pytestmark = pytest.mark.skipif(not is_available(),
                                 reason=f"CPU kernel not built: {unavailable_reason()}")
@@ -15,18 +16,7 @@ pytestmark = pytest.mark.skipif(not is_available(),
 def _case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
           block_size: int, seed: int) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
-    # Every slot starts as NaN: a read outside a request's context poisons its output.
-    kv = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"))
-    perm = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
-    max_blocks = max(-(-n // block_size) for n in seq_lens)
-    table = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
-    for r, n in enumerate(seq_lens):
-        for b in range(-(-n // block_size)):
-            block = perm.pop()
-            table[r, b] = block
-            rows = min(block_size, n - b * block_size)
-            kv[:, block, :rows] = torch.randn(2, rows, num_kv_heads, head_dim, generator=g)
+    kv, table = scattered_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, g)
     query = torch.randn(len(seq_lens), num_heads, head_dim, generator=g)
     return query, kv, table, torch.tensor(seq_lens, dtype=torch.int32)
 
