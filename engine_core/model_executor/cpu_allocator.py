@@ -8,7 +8,7 @@ thresholds keeps freed memory in the process and reuses it.
 
 That holds for the main arena only: a thread other than the main one (the engine service steps
 on its own thread) gets an arena of mmap'ed heaps that are trimmed back to the kernel as they
-empty, and a step there took 1.7x the page faults. One arena for every thread keeps all of them
+empty: a run stepped there took 1.7x the page faults. One arena for every thread keeps all of them
 on the tuned heap; the engine's allocations are few and large, so sharing its lock costs nothing.
 """
 
