@@ -22,6 +22,12 @@ def triton_usable() -> bool:
     return HAS_TRITON and (torch.cuda.is_available() or triton_interpret_enabled())
 
 
+def runs_triton(t: torch.Tensor) -> bool:
+    """Whether the model's layers take their Triton kernels for this tensor: on CUDA. (On CPU the
+    interpreter is for tests of the kernels; the layers there have their own C++ kernels.)"""
+    return t.is_cuda and HAS_TRITON
+
+
 def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 

@@ -1,8 +1,10 @@
 """RMSNorm as HF Llama computes it: the variance in float32, the weight applied after the cast.
 
 With a residual it is the add before the norm as well (vLLM's fused form): the layer's input
-plus the residual stream is both normed and returned as the next residual. float32 on CPU runs
-the one-pass C++ kernel (kernels/cpu_elementwise.py); everything else the torch reference.
+plus the residual stream is both normed and returned as the next residual. On CPU float32 and
+bfloat16 run the one-pass C++ kernel (kernels/cpu_elementwise.py), on CUDA the one-pass Triton
+kernel (kernels/rms_norm.py: one launch and one read of the row where torch makes six); anything
+else the torch reference.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import overload
 import torch
 from torch import nn
 
-from kernels import cpu_elementwise
+from kernels import _triton, cpu_elementwise
+from kernels.rms_norm import rms_norm as triton_rms_norm
 from kernels.rms_norm_ref import rms_norm_ref
 
 
@@ -37,4 +40,6 @@ class RMSNorm(nn.Module):
         """Without residual: norm(x). With it: (norm(x + residual), x + residual)."""
         if cpu_elementwise.applies(x, self.weight) and x.dim() == 2 and x.stride(1) == 1:
             return cpu_elementwise.rms_norm(x, self.weight, self.eps, residual)
+        if _triton.runs_triton(x):
+            return triton_rms_norm(x, self.weight, self.eps, residual)
         return rms_norm_ref(x, self.weight, self.eps, residual)

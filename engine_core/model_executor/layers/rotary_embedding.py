@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import cpu_elementwise
+from kernels import _triton, cpu_elementwise
+from kernels.rotary import apply_rotary
 
 
 def rope_inv_freq(head_dim: int, theta: float,
@@ -75,6 +76,9 @@ class RotaryEmbedding(nn.Module):
                 and key.stride(-1) == 1):
             cpu_elementwise.rotary_neox_(positions, self.cos_sin, query, key)
             return query, key
+        if _triton.runs_triton(query) and query.stride(-1) == 1 and key.stride(-1) == 1:
+            # One launch for q and k (kernels/rotary.py); torch's path makes a dozen.
+            return apply_rotary(query, key, positions, self.cos_sin, is_neox=True)
         cos, sin = self.cos_sin[positions].to(query.dtype).unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
