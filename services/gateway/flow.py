@@ -105,16 +105,23 @@ class GatewayFlow:
                                                              trace_context=carrier))
         processed = tok.processed
         async with self._lock:
-            detok = await self.detokenizer.call(dpb.DetokenizerRequest(
-                add=dpb.DetokAddRequest(processed=processed), trace_context=carrier))
-            children = list(detok.children.requests)
             try:
-                await self.engine.call(epb.EngineRequest(
-                    add=epb.EngineAddRequests(requests=children), trace_context=carrier))
-            except StageError:
-                # All or nothing: the detokenizer forgets the request the engine refused.
-                await self._quietly(self.detokenizer, dpb.DetokenizerRequest(
-                    abort=dpb.DetokAbort(request_ids=[request_id])))
+                detok = await self.detokenizer.call(dpb.DetokenizerRequest(
+                    add=dpb.DetokAddRequest(processed=processed), trace_context=carrier))
+                children = list(detok.children.requests)
+                try:
+                    await self.engine.call(epb.EngineRequest(
+                        add=epb.EngineAddRequests(requests=children), trace_context=carrier))
+                except StageError:
+                    # All or nothing: the detokenizer forgets the request the engine refused.
+                    await self._quietly(self.detokenizer, dpb.DetokenizerRequest(
+                        abort=dpb.DetokAbort(request_ids=[request_id])))
+                    raise
+            except asyncio.CancelledError:
+                # The caller gave up (a deadline, a cancelled call) while a stage was taking the
+                # request: what the stages took must not run on unseen, holding KV blocks. The
+                # abort queues behind the add on each ordered stream, once the lock is free.
+                self._spawn(self._abort_quietly(request_id))
                 raise
             kind = processed.request.sampling_params.output_kind
             self._live[request_id] = LiveRequest(
@@ -299,6 +306,13 @@ class GatewayFlow:
                 outputs.append(error_output(request_id, len(live.child_ids), reason))
         returned, _ = self._deliver(outputs)
         self._pending.extend(returned)
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await self.abort([request_id])
+        except StageError as exc:
+            logger.warning("abort of %s after a cancelled add failed: %s", request_id,
+                           exc.message)
 
     @staticmethod
     async def _quietly(client: StageClient, msg: object) -> None:

@@ -44,9 +44,10 @@ class FakeTokenizer(FakeStage):
 
 
 class FakeEngine(FakeStage):
-    def __init__(self) -> None:
+    def __init__(self, add_seconds: float = 0.0) -> None:
         super().__init__("engine")
         self.running: list[str] = []
+        self.add_seconds = add_seconds
 
     async def answer(self, kind: str, msg: Any) -> Any:
         if kind == "step":
@@ -55,7 +56,10 @@ class FakeEngine(FakeStage):
             outputs = [pb.EngineCoreOutput(request_id=r, new_token_ids=[7]) for r in self.running]
             return epb.EngineResponse(outputs=pb.EngineCoreOutputs(outputs=outputs))
         if kind == "add":
+            await asyncio.sleep(self.add_seconds)
             self.running += [r.request_id for r in msg.add.requests]
+        if kind == "abort":
+            self.running = [r for r in self.running if r not in msg.abort.request_ids]
         return epb.EngineResponse(state=epb.EngineState())
 
 
@@ -72,6 +76,9 @@ class FakeDetokenizer(FakeStage):
             request = msg.add.processed.request
             self.num_tokens[request.request_id] = 0
             return dpb.DetokenizerResponse(children=dpb.ChildRequests(requests=[request]))
+        if kind == "abort":
+            known = [r for r in msg.abort.request_ids if self.num_tokens.pop(r, None) is not None]
+            return dpb.DetokenizerResponse(child_ids=dpb.RequestIds(request_ids=known))
         finished = []
         for out in msg.process_outputs.outputs.outputs:
             if out.request_id in self.num_tokens:
@@ -128,3 +135,31 @@ def _steps_in_flight(log: list[str]) -> list[int]:
         n += {"step": 1, "step-done": -1}.get(entry, 0)
         counts.append(n)
     return counts
+
+
+def test_an_add_cancelled_while_the_engine_takes_it_is_aborted_in_both_stages() -> None:
+    # A caller's deadline ends its AddRequest mid-way: the request must not run on unseen.
+    async def run() -> tuple[FakeEngine, FakeDetokenizer, int]:
+        engine = FakeEngine(add_seconds=0.2)
+        detokenizer = FakeDetokenizer(engine)
+        flow = GatewayFlow(FakeTokenizer("tokenizer"), engine, detokenizer)  # type: ignore[arg-type]
+        add = asyncio.create_task(_add(flow, "a"))
+        while "add" not in engine.log:  # the engine has been sent the request
+            await asyncio.sleep(0.005)
+        add.cancel()
+        try:
+            await add
+        except asyncio.CancelledError:
+            pass
+        for _ in range(100):  # the abort runs in the background, after the add lands
+            if "abort" in engine.log:
+                break
+            await asyncio.sleep(0.01)
+        live = await flow.get_num_unfinished_requests()
+        await flow.close()
+        return engine, detokenizer, live
+
+    engine, detokenizer, live = asyncio.run(run())
+    assert engine.log == ["add", "abort"] and engine.running == []
+    assert detokenizer.log == ["add", "abort"] and detokenizer.num_tokens == {}
+    assert live == 0
