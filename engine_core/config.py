@@ -48,6 +48,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"
     attention_backend: str | None = None  # None: auto (flash-attn > triton on CUDA > torch)
     enforce_eager: bool = False
+    cpu_threads: int | None = None  # None: torch's default, one per core
     tensor_parallel_size: int = 1
     kv_connector: str | None = None
     kv_connector_config: dict[str, Any] = field(default_factory=dict)
@@ -73,6 +74,8 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.tensor_parallel_size != 1:
             # Refused rather than ignored: a user asking for 2 GPUs must not silently get 1.
             raise ValueError("tensor_parallel_size must be 1: tensor parallelism is not "
@@ -150,6 +153,8 @@ _HELP = {
     "enforce_eager": "run every step eagerly. Default on CUDA (triton or flash_attn "
                      "backend): pure-decode steps replay CUDA graphs captured at start-up for "
                      "batch sizes 1, 2, 4, 8, ... up to max_num_seqs, padded to the next size",
+    "cpu_threads": "threads for CPU compute: torch's intra-op pool, which the C++ kernels "
+                   "share (default: one per core)",
     "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
     "kv_connector": "KV connector: offload (CPU tier) or multi",
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",

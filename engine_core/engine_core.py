@@ -10,6 +10,8 @@ import logging
 import time
 from collections.abc import Iterable
 
+import torch
+
 from engine_core.config import EngineArgs
 from engine_core.connector import kv_control
 from engine_core.core.engine_io import EngineCoreOutputs, EngineCoreRequest
@@ -46,6 +48,9 @@ class EngineCore:
         model_config = load_model_config(model_dir, args.dtype)
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         cache_config = args.cache_config()
+        if args.cpu_threads is not None:
+            # On the thread that will step (the pool is per process, its team per thread).
+            torch.set_num_threads(args.cpu_threads)
         runner = ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
                              attention_backend=args.attention_backend, seed=args.seed,
                              enforce_eager=args.enforce_eager)

@@ -13,10 +13,12 @@ def test_cli_flags_round_trip_into_engine_args() -> None:
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     args = EngineArgs.from_cli_args(parser.parse_args(
         ["--model", "/m", "--max-num-seqs", "8", "--no-enable-prefix-caching",
-         "--kv-connector-config", '{"num_cpu_blocks": 4}', "--scheduling-policy", "priority"]))
+         "--kv-connector-config", '{"num_cpu_blocks": 4}', "--scheduling-policy", "priority",
+         "--cpu-threads", "3"]))
     assert (args.model, args.max_num_seqs, args.enable_prefix_caching) == ("/m", 8, False)
     assert args.kv_connector_config == {"num_cpu_blocks": 4}
     assert args.scheduling_policy == "priority"
+    assert args.cpu_threads == 3
 
 
 @pytest.mark.parametrize(("field", "kwargs"), [
@@ -26,7 +28,23 @@ def test_cli_flags_round_trip_into_engine_args() -> None:
     ("gpu_memory_utilization", {"gpu_memory_utilization": 1.5}),
     ("max_num_seqs", {"max_num_seqs": 0}),
     ("tensor_parallel_size", {"tensor_parallel_size": 2}),
+    ("cpu_threads", {"cpu_threads": 0}),
 ])
 def test_bad_engine_args_raise_naming_the_field(field: str, kwargs: dict) -> None:
     with pytest.raises(ValueError, match=field):
         EngineArgs(**kwargs)
+
+
+def test_cpu_threads_sets_the_compute_pool(tiny_model_dir: object) -> None:
+    import torch
+
+    from engine_core import LLMEngine
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2  # a value that differs from what it was
+    try:
+        LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir), cpu_threads=wanted,
+                                              kv_cache_memory=8 * 1024**2))
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(before)
