@@ -29,6 +29,10 @@ from services.common.status import error_to_pb
 from services.common.tracing import context_from_carrier, server_span
 
 
+# Engine steps one Step message may ask for (EngineStep.num_steps).
+MAX_STEPS_PER_CALL = 64
+
+
 def core_executor() -> ThreadPoolExecutor:
     # One thread: the core is not thread-safe, and the loop must stay free for health checks.
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-core")
@@ -90,7 +94,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         core, seq = self.core, msg.seq
         reset_ok = False
         if kind == "step":
-            return self._step(seq, span)
+            return self._step(seq, span, msg.step.num_steps or 1)
         if kind == "clear_kv_cache":
             req = msg.clear_kv_cache
             event_id, num_tokens = core.clear_kv_cache(req.instance_id, req.location)
@@ -130,12 +134,22 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._owners.add(session, added)
         span.set_attribute("gen_ai.request.ids", added)
 
-    def _step(self, seq: int, span: Any) -> epb.EngineResponse:
+    def _step(self, seq: int, span: Any, num_steps: int = 1) -> epb.EngineResponse:
+        if num_steps > MAX_STEPS_PER_CALL:
+            raise ValueError(f"num_steps must be <= {MAX_STEPS_PER_CALL}, got {num_steps}")
         core = self.core
         # Cleared first: a step with nothing to do schedules nothing and leaves it None.
         core.last_scheduler_output = None
         outputs = core.step()
+        for _ in range(num_steps - 1):
+            if not core.has_unfinished_requests():
+                break
+            more = core.step()  # its outputs follow the earlier step's, in step order
+            outputs.outputs.extend(more.outputs)
+            outputs.finished_requests |= more.finished_requests
+            outputs.timestamp, outputs.scheduler_stats = more.timestamp, more.scheduler_stats
         self._owners.discard(o.request_id for o in outputs.outputs if o.finished)
+        span.set_attribute("strand.step.num_steps", num_steps)
         self._record_step(span, core.last_scheduler_output, len(outputs.outputs))
         return epb.EngineResponse(seq=seq, outputs=core_outputs_to_pb(outputs))
 

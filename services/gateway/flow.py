@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 # Auto mode: engine steps queued ahead of the detokenizer (one computing, one waiting). A stop
 # string then stops its request up to this many steps late; the detokenizer drops those tokens.
 STEPS_IN_FLIGHT = 2
+# Auto mode: engine steps per call while nobody streams (every live request wants its final
+# output only). Each stage then handles a quarter of the messages, and on a small machine their
+# CPU time is what the engine's steps lack (benchmarks/README.md). No token arrives later than
+# its request's end; a request added meanwhile waits for the calls already queued (up to
+# STEPS_IN_FLIGHT * this many steps) before it joins.
+STEPS_PER_CALL_UNSTREAMED = 4
 
 
 class GatewayFlow:
@@ -127,6 +133,7 @@ class GatewayFlow:
             self._live[request_id] = LiveRequest(
                 request_id=request_id, child_ids=[c.request_id for c in children], span=span,
                 cumulative=kind == RequestOutputKind.CUMULATIVE,
+                final_only=kind == RequestOutputKind.FINAL_ONLY,
                 num_prompt_tokens=len(processed.request.prompt_token_ids), queue=queue)
 
     async def step(self) -> tuple[list[pb.RequestOutput], list[str]]:
@@ -147,9 +154,14 @@ class GatewayFlow:
     async def _step_once(self) -> list[pb.RequestOutput]:
         return await self._detokenize(await self._engine_step(), wait_for_aborts=True)
 
-    async def _engine_step(self) -> epb.EngineResponse:
+    async def _engine_step(self, num_steps: int = 1) -> epb.EngineResponse:
         return await self.engine.call(epb.EngineRequest(
-            step=epb.EngineStep(), trace_context=carrier_from_context()))
+            step=epb.EngineStep(num_steps=num_steps), trace_context=carrier_from_context()))
+
+    def _steps_per_call(self) -> int:
+        if self._live and all(live.final_only for live in self._live.values()):
+            return STEPS_PER_CALL_UNSTREAMED
+        return 1
 
     async def _detokenize(self, resp: epb.EngineResponse, wait_for_aborts: bool
                           ) -> list[pb.RequestOutput]:
@@ -270,7 +282,8 @@ class GatewayFlow:
         # the next step (as in a loop that adds them all, then steps) instead of one per step.
         # Only a sustained stream of adds (hundreds a second) could hold stepping back.
         while self._live and not self._num_adding and len(in_flight) < STEPS_IN_FLIGHT:
-            in_flight.append(asyncio.get_running_loop().create_task(self._engine_step()))
+            in_flight.append(asyncio.get_running_loop().create_task(
+                self._engine_step(self._steps_per_call())))
 
     # -- lost stages ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ class LiveRequest:
     span: Span  # the llm_request span, ended when the request ends
     cumulative: bool  # output_kind CUMULATIVE: token_ids are totals, not deltas
     num_prompt_tokens: int
+    final_only: bool = False  # output_kind FINAL_ONLY: nothing to stream before the end
     queue: StreamQueue | None = None  # set for Generate requests
     num_completion_tokens: dict[int, int] = field(default_factory=dict)  # per output index
     start: float = field(default_factory=time.time)

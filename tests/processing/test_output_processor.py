@@ -259,3 +259,25 @@ def test_returned_outputs_are_not_changed_by_later_steps(
     output_processor.process_outputs([step("r", 6)], 2.0)
     assert first.outputs[0].token_ids == [5]
     assert first.metrics.last_token_time == 1.0
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY])
+def test_several_steps_in_one_batch_read_as_those_steps_one_by_one(
+    tokenizer: Tokenizer, kind: RequestOutputKind
+) -> None:
+    # An engine answering several steps at once lists each request's outputs in step order.
+    ids = ids_of(tokenizer, "kalo 中 龍 mi ne ru")
+    results = []
+    for per_call in (1, 3):
+        processor = OutputProcessor(tokenizer)
+        processor.add_request(make_processed(tokenizer, "r", stop=["ne r"], output_kind=kind))
+        text, tokens, finished = "", [], False
+        for start in range(0, len(ids), per_call):
+            outs = processor.process_outputs([step("r", t) for t in ids[start:start + per_call]])
+            for out in outs.request_outputs:
+                text += out.outputs[0].text
+                tokens += out.outputs[0].token_ids
+                finished = out.finished
+        results.append((text, tokens, finished))
+    assert results[0] == results[1]
+    assert results[0][0] == "kalo 中 龍 mi " and results[0][2]

@@ -48,20 +48,22 @@ def test_step_span_reports_the_scheduled_batch(servicer: EngineServicer) -> None
     _add(servicer, "a", [1, 20, 21, 22, 23])
     _add(servicer, "b", [1, 30, 31])
     span = RecordingSpan()
-    resp = servicer._step(7, span)
+    resp = servicer._step(7, span, 1)
     assert resp.seq == 7
     assert [o.request_id for o in resp.outputs.outputs] == ["a", "b"]
-    assert span.attributes == {"strand.step.num_outputs": 2, "strand.step.batch_size": 2,
+    assert span.attributes == {"strand.step.num_steps": 1,
+                               "strand.step.num_outputs": 2, "strand.step.batch_size": 2,
                                "strand.step.scheduled_tokens": 8,
                                "strand.step.prefill_tokens": 8}
 
 
 def test_step_with_nothing_to_do_reports_an_empty_batch(servicer: EngineServicer) -> None:
     _add(servicer, "a", [1, 20, 21])
-    servicer._step(1, RecordingSpan())  # prefill; max_tokens=1 finishes it
+    servicer._step(1, RecordingSpan(), 1)  # prefill; max_tokens=1 finishes it
     span = RecordingSpan()
-    servicer._step(2, span)
-    assert span.attributes == {"strand.step.num_outputs": 0, "strand.step.batch_size": 0}
+    servicer._step(2, span, 1)
+    assert span.attributes == {"strand.step.num_steps": 1, "strand.step.num_outputs": 0,
+                               "strand.step.batch_size": 0}
 
 
 def test_the_runner_is_left_unwrapped(servicer: EngineServicer) -> None:
@@ -136,3 +138,39 @@ def test_the_model_loads_on_the_thread_that_runs_every_step(
     assert len(threads["load"]) == 1 and threads["load"] == threads["step"]
     assert threads["load"] != {threading.get_ident()}
 
+
+
+def test_one_step_message_runs_num_steps_and_answers_them_in_order(
+        servicer: EngineServicer) -> None:
+    def add(request_id: str, max_tokens: int) -> None:
+        request = EngineCoreRequest(request_id, [1, 20, 21],
+                                    SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                    eos_token_id=None)
+        servicer.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+            requests=[core_request_to_pb(request)])))
+
+    add("a", 5)
+    add("b", 2)
+    resp = servicer.handle(epb.EngineRequest(seq=2, step=epb.EngineStep(num_steps=3)))
+    outputs = [(o.request_id, len(o.new_token_ids), o.HasField("finish_reason"))
+               for o in resp.outputs.outputs]
+    # Three steps: a and b, a and b (b ends at 2 tokens), then a alone.
+    assert outputs == [("a", 1, False), ("b", 1, False), ("a", 1, False), ("b", 1, True),
+                       ("a", 1, False)]
+    assert list(resp.outputs.finished_requests) == ["b"]
+    # Stops early once nothing is left: a needs 2 more steps of the 10 asked.
+    resp = servicer.handle(epb.EngineRequest(seq=3, step=epb.EngineStep(num_steps=10)))
+    assert [(o.request_id, o.HasField("finish_reason")) for o in resp.outputs.outputs] == [
+        ("a", False), ("a", True)]
+    assert not servicer.core.has_unfinished_requests()
+
+
+def test_too_many_steps_in_one_message_is_an_in_stream_invalid_argument(
+        servicer: EngineServicer) -> None:
+    from services.engine.servicer import MAX_STEPS_PER_CALL
+
+    resp = servicer.handle(epb.EngineRequest(
+        seq=4, step=epb.EngineStep(num_steps=MAX_STEPS_PER_CALL + 1)))
+    assert resp.WhichOneof("kind") == "error"
+    assert resp.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert f"num_steps must be <= {MAX_STEPS_PER_CALL}" in resp.error.message

@@ -39,7 +39,8 @@ class FakeStage:
 
 class FakeTokenizer(FakeStage):
     async def answer(self, kind: str, msg: Any) -> Any:
-        request = pb.EngineCoreRequest(request_id=msg.process.request_id, prompt_token_ids=[1])
+        request = pb.EngineCoreRequest(request_id=msg.process.request_id, prompt_token_ids=[1],
+                                       sampling_params=msg.process.params)
         return tpb.TokenizerResponse(processed=pb.ProcessedPrompt(request=request))
 
 
@@ -48,9 +49,11 @@ class FakeEngine(FakeStage):
         super().__init__("engine")
         self.running: list[str] = []
         self.add_seconds = add_seconds
+        self.num_steps: list[int] = []  # what each step message asked for
 
     async def answer(self, kind: str, msg: Any) -> Any:
         if kind == "step":
+            self.num_steps.append(msg.step.num_steps)
             await asyncio.sleep(STEP_SECONDS)
             self.log.append("step-done")
             outputs = [pb.EngineCoreOutput(request_id=r, new_token_ids=[7]) for r in self.running]
@@ -90,8 +93,8 @@ class FakeDetokenizer(FakeStage):
         return dpb.DetokenizerResponse(result=dpb.ProcessOutputsResult(request_outputs=finished))
 
 
-async def _run_auto(scenario: Any) -> list[str]:
-    engine = FakeEngine()
+async def _run_auto(scenario: Any, engine: FakeEngine | None = None) -> list[str]:
+    engine = engine or FakeEngine()
     flow = GatewayFlow(FakeTokenizer("tokenizer"), engine, FakeDetokenizer(engine),  # type: ignore[arg-type]
                        auto_step=True)
     flow.start()
@@ -104,8 +107,11 @@ async def _run_auto(scenario: Any) -> list[str]:
     return engine.log
 
 
-async def _add(flow: GatewayFlow, request_id: str) -> None:
-    await flow.add_request(request_id, pb.Prompt(text="x"), pb.SamplingParams())
+async def _add(flow: GatewayFlow, request_id: str, final_only: bool = False) -> None:
+    params = pb.SamplingParams()
+    if final_only:
+        params.output_kind = pb.FINAL_ONLY
+    await flow.add_request(request_id, pb.Prompt(text="x"), params)
 
 
 def test_auto_mode_sends_the_next_step_before_the_previous_one_is_answered() -> None:
@@ -163,3 +169,20 @@ def test_an_add_cancelled_while_the_engine_takes_it_is_aborted_in_both_stages() 
     assert engine.log == ["add", "abort"] and engine.running == []
     assert detokenizer.log == ["add", "abort"] and detokenizer.num_tokens == {}
     assert live == 0
+
+
+def test_auto_mode_asks_for_several_steps_a_call_only_while_nobody_streams() -> None:
+    from services.gateway.flow import STEPS_PER_CALL_UNSTREAMED
+
+    def run(kinds: list[bool]) -> list[int]:
+        engine = FakeEngine()
+
+        async def scenario(flow: GatewayFlow) -> None:
+            await asyncio.gather(*(_add(flow, f"r{i}", final_only=final_only)
+                                   for i, final_only in enumerate(kinds)))
+
+        asyncio.run(_run_auto(scenario, engine))
+        return engine.num_steps
+
+    assert set(run([True, True])) == {STEPS_PER_CALL_UNSTREAMED}
+    assert set(run([True, False])) == {1}  # one streaming request: every token as it comes

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16strand/v1/engine.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"C\n\x11\x45ngineAddRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.strand.v1.EngineCoreRequest\"\x0c\n\nEngineStep\"\"\n\x0b\x45ngineAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"Q\n\x16\x45ngineResetPrefixCache\x12\x1e\n\x16reset_running_requests\x18\x01 \x01(\x08\x12\x17\n\x0freset_connector\x18\x02 \x01(\x08\"\r\n\x0b\x45ngineQuery\";\n\x12\x45ngineClearKvCache\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"(\n\x13\x45ngineLookupKvCache\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"\xf7\x03\n\rEngineRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x41\n\rtrace_context\x18\x0f \x03(\x0b\x32*.strand.v1.EngineRequest.TraceContextEntry\x12+\n\x03\x61\x64\x64\x18\x02 \x01(\x0b\x32\x1c.strand.v1.EngineAddRequestsH\x00\x12%\n\x04step\x18\x03 \x01(\x0b\x32\x15.strand.v1.EngineStepH\x00\x12\'\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x16.strand.v1.EngineAbortH\x00\x12?\n\x12reset_prefix_cache\x18\x05 \x01(\x0b\x32!.strand.v1.EngineResetPrefixCacheH\x00\x12\'\n\x05query\x18\x06 \x01(\x0b\x32\x16.strand.v1.EngineQueryH\x00\x12\x37\n\x0e\x63lear_kv_cache\x18\x07 \x01(\x0b\x32\x1d.strand.v1.EngineClearKvCacheH\x00\x12\x39\n\x0flookup_kv_cache\x18\x08 \x01(\x0b\x32\x1e.strand.v1.EngineLookupKvCacheH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"@\n\x0b\x45ngineState\x12\x1f\n\x17num_unfinished_requests\x18\x01 \x01(\x03\x12\x10\n\x08reset_ok\x18\x02 \x01(\x08\">\n\x0eKvCacheCleared\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x02 \x01(\x03\"\x91\x01\n\rKvCacheLookup\x12H\n\x11num_cached_tokens\x18\x01 \x03(\x0b\x32-.strand.v1.KvCacheLookup.NumCachedTokensEntry\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x81\x02\n\x0e\x45ngineResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12/\n\x07outputs\x18\x02 \x01(\x0b\x32\x1c.strand.v1.EngineCoreOutputsH\x00\x12\'\n\x05state\x18\x03 \x01(\x0b\x32\x16.strand.v1.EngineStateH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x12,\n\x07\x63leared\x18\x05 \x01(\x0b\x32\x19.strand.v1.KvCacheClearedH\x00\x12*\n\x06lookup\x18\x06 \x01(\x0b\x32\x18.strand.v1.KvCacheLookupH\x00\x42\x06\n\x04kind\"\x13\n\x11\x45ngineInfoRequest\"n\n\nEngineInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x12\n\nnum_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x32\x8c\x01\n\x06\x45ngine\x12\x42\n\x07Session\x12\x18.strand.v1.EngineRequest\x1a\x19.strand.v1.EngineResponse(\x01\x30\x01\x12>\n\x07GetInfo\x12\x1c.strand.v1.EngineInfoRequest\x1a\x15.strand.v1.EngineInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16strand/v1/engine.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"C\n\x11\x45ngineAddRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.strand.v1.EngineCoreRequest\"\x1f\n\nEngineStep\x12\x11\n\tnum_steps\x18\x01 \x01(\r\"\"\n\x0b\x45ngineAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"Q\n\x16\x45ngineResetPrefixCache\x12\x1e\n\x16reset_running_requests\x18\x01 \x01(\x08\x12\x17\n\x0freset_connector\x18\x02 \x01(\x08\"\r\n\x0b\x45ngineQuery\";\n\x12\x45ngineClearKvCache\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"(\n\x13\x45ngineLookupKvCache\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"\xf7\x03\n\rEngineRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x41\n\rtrace_context\x18\x0f \x03(\x0b\x32*.strand.v1.EngineRequest.TraceContextEntry\x12+\n\x03\x61\x64\x64\x18\x02 \x01(\x0b\x32\x1c.strand.v1.EngineAddRequestsH\x00\x12%\n\x04step\x18\x03 \x01(\x0b\x32\x15.strand.v1.EngineStepH\x00\x12\'\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x16.strand.v1.EngineAbortH\x00\x12?\n\x12reset_prefix_cache\x18\x05 \x01(\x0b\x32!.strand.v1.EngineResetPrefixCacheH\x00\x12\'\n\x05query\x18\x06 \x01(\x0b\x32\x16.strand.v1.EngineQueryH\x00\x12\x37\n\x0e\x63lear_kv_cache\x18\x07 \x01(\x0b\x32\x1d.strand.v1.EngineClearKvCacheH\x00\x12\x39\n\x0flookup_kv_cache\x18\x08 \x01(\x0b\x32\x1e.strand.v1.EngineLookupKvCacheH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"@\n\x0b\x45ngineState\x12\x1f\n\x17num_unfinished_requests\x18\x01 \x01(\x03\x12\x10\n\x08reset_ok\x18\x02 \x01(\x08\">\n\x0eKvCacheCleared\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x02 \x01(\x03\"\x91\x01\n\rKvCacheLookup\x12H\n\x11num_cached_tokens\x18\x01 \x03(\x0b\x32-.strand.v1.KvCacheLookup.NumCachedTokensEntry\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x81\x02\n\x0e\x45ngineResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12/\n\x07outputs\x18\x02 \x01(\x0b\x32\x1c.strand.v1.EngineCoreOutputsH\x00\x12\'\n\x05state\x18\x03 \x01(\x0b\x32\x16.strand.v1.EngineStateH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x12,\n\x07\x63leared\x18\x05 \x01(\x0b\x32\x19.strand.v1.KvCacheClearedH\x00\x12*\n\x06lookup\x18\x06 \x01(\x0b\x32\x18.strand.v1.KvCacheLookupH\x00\x42\x06\n\x04kind\"\x13\n\x11\x45ngineInfoRequest\"n\n\nEngineInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x12\n\nnum_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x32\x8c\x01\n\x06\x45ngine\x12\x42\n\x07Session\x12\x18.strand.v1.EngineRequest\x1a\x19.strand.v1.EngineResponse(\x01\x30\x01\x12>\n\x07GetInfo\x12\x1c.strand.v1.EngineInfoRequest\x1a\x15.strand.v1.EngineInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,35 +39,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENGINEADDREQUESTS']._serialized_start=60
   _globals['_ENGINEADDREQUESTS']._serialized_end=127
   _globals['_ENGINESTEP']._serialized_start=129
-  _globals['_ENGINESTEP']._serialized_end=141
-  _globals['_ENGINEABORT']._serialized_start=143
-  _globals['_ENGINEABORT']._serialized_end=177
-  _globals['_ENGINERESETPREFIXCACHE']._serialized_start=179
-  _globals['_ENGINERESETPREFIXCACHE']._serialized_end=260
-  _globals['_ENGINEQUERY']._serialized_start=262
-  _globals['_ENGINEQUERY']._serialized_end=275
-  _globals['_ENGINECLEARKVCACHE']._serialized_start=277
-  _globals['_ENGINECLEARKVCACHE']._serialized_end=336
-  _globals['_ENGINELOOKUPKVCACHE']._serialized_start=338
-  _globals['_ENGINELOOKUPKVCACHE']._serialized_end=378
-  _globals['_ENGINEREQUEST']._serialized_start=381
-  _globals['_ENGINEREQUEST']._serialized_end=884
-  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_start=825
-  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_end=876
-  _globals['_ENGINESTATE']._serialized_start=886
-  _globals['_ENGINESTATE']._serialized_end=950
-  _globals['_KVCACHECLEARED']._serialized_start=952
-  _globals['_KVCACHECLEARED']._serialized_end=1014
-  _globals['_KVCACHELOOKUP']._serialized_start=1017
-  _globals['_KVCACHELOOKUP']._serialized_end=1162
-  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_start=1108
-  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_end=1162
-  _globals['_ENGINERESPONSE']._serialized_start=1165
-  _globals['_ENGINERESPONSE']._serialized_end=1422
-  _globals['_ENGINEINFOREQUEST']._serialized_start=1424
-  _globals['_ENGINEINFOREQUEST']._serialized_end=1443
-  _globals['_ENGINEINFO']._serialized_start=1445
-  _globals['_ENGINEINFO']._serialized_end=1555
-  _globals['_ENGINE']._serialized_start=1558
-  _globals['_ENGINE']._serialized_end=1698
+  _globals['_ENGINESTEP']._serialized_end=160
+  _globals['_ENGINEABORT']._serialized_start=162
+  _globals['_ENGINEABORT']._serialized_end=196
+  _globals['_ENGINERESETPREFIXCACHE']._serialized_start=198
+  _globals['_ENGINERESETPREFIXCACHE']._serialized_end=279
+  _globals['_ENGINEQUERY']._serialized_start=281
+  _globals['_ENGINEQUERY']._serialized_end=294
+  _globals['_ENGINECLEARKVCACHE']._serialized_start=296
+  _globals['_ENGINECLEARKVCACHE']._serialized_end=355
+  _globals['_ENGINELOOKUPKVCACHE']._serialized_start=357
+  _globals['_ENGINELOOKUPKVCACHE']._serialized_end=397
+  _globals['_ENGINEREQUEST']._serialized_start=400
+  _globals['_ENGINEREQUEST']._serialized_end=903
+  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_start=844
+  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_end=895
+  _globals['_ENGINESTATE']._serialized_start=905
+  _globals['_ENGINESTATE']._serialized_end=969
+  _globals['_KVCACHECLEARED']._serialized_start=971
+  _globals['_KVCACHECLEARED']._serialized_end=1033
+  _globals['_KVCACHELOOKUP']._serialized_start=1036
+  _globals['_KVCACHELOOKUP']._serialized_end=1181
+  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_start=1127
+  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_end=1181
+  _globals['_ENGINERESPONSE']._serialized_start=1184
+  _globals['_ENGINERESPONSE']._serialized_end=1441
+  _globals['_ENGINEINFOREQUEST']._serialized_start=1443
+  _globals['_ENGINEINFOREQUEST']._serialized_end=1462
+  _globals['_ENGINEINFO']._serialized_start=1464
+  _globals['_ENGINEINFO']._serialized_end=1574
+  _globals['_ENGINE']._serialized_start=1577
+  _globals['_ENGINE']._serialized_end=1717
 # @@protoc_insertion_point(module_scope)

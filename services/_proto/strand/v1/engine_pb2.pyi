@@ -14,8 +14,10 @@ class EngineAddRequests(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[_types_pb2.EngineCoreRequest, _Mapping]]] = ...) -> None: ...
 
 class EngineStep(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("num_steps",)
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    num_steps: int
+    def __init__(self, num_steps: _Optional[int] = ...) -> None: ...
 
 class EngineAbort(_message.Message):
     __slots__ = ("request_ids",)
