@@ -54,7 +54,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50051, help="the gateway's port")
-    parser.add_argument("--auto-step", action="store_true")
+    parser.add_argument("--auto-step", action="store_true",
+                        help="the gateway steps the engine itself (Generate streams need no "
+                             "Step caller)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the gateway's private key (PEM)")

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine-addr", default="127.0.0.1:50053")
     parser.add_argument("--detokenizer-addr", default="127.0.0.1:50054")
     parser.add_argument("--auto-step", action="store_true",
-                        help="step the engine while it has work; Step returns what was produced")
+                        help="step the engine while it has work (several steps a call while "
+                             "every request is FINAL_ONLY); Step returns what was produced")
     parser.set_defaults(max_message_bytes=64 * 1024**2)
     args, options = parse_stage_args(parser, argv)
     asyncio.run(serve(args.tokenizer_addr, args.engine_addr, args.detokenizer_addr,
