@@ -30,13 +30,13 @@ from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from engine_core.model_executor.cuda_graphs import GraphCapturer, choose_capturer
 from engine_core.model_executor.decode_graphs import DecodeGraphRunner
 from engine_core.model_executor.input_batch import CachedRequestState, InputBatch
-from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.kv_cache_sizing import (
     bytes_per_block,
     cuda_kv_budget,
     log_capacity,
     num_blocks_for_budget,
 )
+from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.loader import load_model, resolve_device
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.sampler import Sampler, SamplerOutput

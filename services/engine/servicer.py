@@ -28,7 +28,6 @@ from services.common.ownership import SessionOwnership
 from services.common.status import error_to_pb
 from services.common.tracing import context_from_carrier, server_span
 
-
 # Engine steps one Step message may ask for (EngineStep.num_steps).
 MAX_STEPS_PER_CALL = 64
 
