@@ -94,3 +94,19 @@ def test_new_keys_and_values_are_written_at_their_slots() -> None:
     _, _, cache, md, new_k = _run([2, 1], [6, 4])
     flat = cache.view(2, -1, cache.shape[3], cache.shape[4])
     assert torch.equal(flat[0, md.slot_mapping], new_k)
+
+
+def test_a_block_table_the_kernels_would_read_past_is_refused() -> None:
+    # The C++ kernels trust the table; a bad one must fail loudly, not read outside the pool.
+    from engine_core.model_executor.attention.torch_ref import check_block_table
+
+    md = build_attention_metadata(np.array([2, 1]), np.array([5, 9]), np.array([4, 5, 36]),
+                                  np.array([[1, 2, 0], [3, 4, 9]], dtype=np.int32), 4, CPU)
+    check_block_table(md, num_blocks=10)  # fine
+    with pytest.raises(ValueError, match=r"block_table entries must be in \[0, 9\)"):
+        check_block_table(md, num_blocks=9)
+    short = build_attention_metadata(np.array([1]), np.array([13]), np.array([12]),
+                                     np.array([[1, 2, 3]], dtype=np.int32), 4, CPU)
+    with pytest.raises(ValueError, match="block_table covers 12 tokens per request, seq_lens "
+                                         "reach 13"):
+        check_block_table(short, num_blocks=10)

@@ -139,10 +139,29 @@ class TorchAttentionBackend(AttentionBackend):
         if self._plan is None or self._plan.metadata is not metadata:
             kernels = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
                        and kv_cache.dtype in (torch.float32, torch.bfloat16))
+            if kernels:
+                check_block_table(metadata, num_blocks=kv_cache.shape[1])
             self._plan = build_plan(metadata,
                                     decode_kernel=kernels and cpu_decode_kernel_available(),
                                     prefill_kernel=kernels and cpu_prefill_kernel_available())
         return self._plan
+
+
+def check_block_table(md: AttentionMetadata, num_blocks: int) -> None:
+    """The C++ kernels read the cache through the block table unchecked: a table that does not
+    cover a context, or names a block past the pool, would read outside it. Once per step."""
+    n = md.num_reqs
+    seq_lens = md.seq_lens_cpu[:n]
+    query_lens = md.query_start_loc_cpu[1:n + 1] - md.query_start_loc_cpu[:n]
+    if n and int(seq_lens.max()) > md.block_table.shape[1] * md.block_size:
+        raise ValueError(f"block_table covers {md.block_table.shape[1] * md.block_size} tokens "
+                         f"per request, seq_lens reach {int(seq_lens.max())}")
+    if n and bool((query_lens > seq_lens).any()):
+        raise ValueError("each request's query_len must be <= its seq_len")
+    table = md.block_table[:n]
+    if table.numel() and (int(table.max()) >= num_blocks or int(table.min()) < 0):
+        raise ValueError(f"block_table entries must be in [0, {num_blocks}), got "
+                         f"{int(table.min())}..{int(table.max())}")
 
 
 def write_kv_cache(
