@@ -15,6 +15,20 @@ from typing import Any
 # The standard CPU workload's model: random-weight Llama, 8 layers, hidden 512, 8/4 heads.
 STANDARD_MODEL = {"arch": "llama", "num_layers": 8, "hidden_size": 512, "num_heads": 8,
                   "num_kv_heads": 4, "vocab_size": 32000}
+# Published models' shapes, built with random weights (the GPU measurements use these two).
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": {"arch": "qwen2", "num_layers": 24, "hidden_size": 896, "num_heads": 14,
+                     "num_kv_heads": 2, "vocab_size": 151936, "intermediate_size": 4864,
+                     "tie_word_embeddings": True, "max_position_embeddings": 32768,
+                     "rope_theta": 1000000.0},
+    "llama-3.2-1b": {"arch": "llama", "num_layers": 16, "hidden_size": 2048, "num_heads": 32,
+                     "num_kv_heads": 8, "vocab_size": 128256, "intermediate_size": 8192,
+                     "tie_word_embeddings": True, "max_position_embeddings": 131072,
+                     "rope_theta": 500000.0,
+                     "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}},
+}
 DEFAULT_MODEL_CACHE = Path(os.environ.get("STRAND_BENCH_MODELS", "/tmp/strand-bench-models"))
 
 
@@ -65,6 +79,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                        help="one dtype for every backend")
     group.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                        help="one device for every backend; auto: cuda when available")
+    group.add_argument("--preset", default=None, choices=sorted(MODEL_PRESETS),
+                       help="a published model's shape with random weights (replaces --arch "
+                            "and the other shape flags)")
     group.add_argument("--arch", default=STANDARD_MODEL["arch"])
     group.add_argument("--num-layers", type=int, default=STANDARD_MODEL["num_layers"])
     group.add_argument("--hidden-size", type=int, default=STANDARD_MODEL["hidden_size"])
@@ -82,17 +99,23 @@ def resolve_model(args: argparse.Namespace) -> Path:
         if not (path / "config.json").is_file():
             raise ValueError(f"model must be a directory with config.json, got {args.model!r}")
         return path
-    spec = {"arch": args.arch, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
-            "num_heads": args.num_heads, "num_kv_heads": args.num_kv_heads,
-            "vocab_size": args.vocab_size, "dtype": args.dtype}
+    preset = getattr(args, "preset", None)
+    if preset:
+        shape = dict(MODEL_PRESETS[preset])
+        name = preset
+    else:
+        shape = {"arch": args.arch, "num_layers": args.num_layers,
+                 "hidden_size": args.hidden_size, "num_heads": args.num_heads,
+                 "num_kv_heads": args.num_kv_heads, "vocab_size": args.vocab_size}
+        name = f"{args.arch}-{args.num_layers}x{args.hidden_size}"
+    spec = {**shape, "dtype": args.dtype}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    out = Path(args.model_cache_dir) / f"{args.arch}-{args.num_layers}x{args.hidden_size}-{key}"
+    out = Path(args.model_cache_dir) / f"{name}-{key}"
     if not (out / "tokenizer.json").is_file():
         from engine_core.model_executor.tiny_model import make_tiny_model
 
         log(f"building a random-weight model at {out}")
-        make_tiny_model(out, args.arch, args.num_layers, args.hidden_size, args.num_heads,
-                        args.num_kv_heads, args.vocab_size, dtype=args.dtype, seed=0)
+        make_tiny_model(out, dtype=args.dtype, seed=0, **shape)
     return out
 
 
