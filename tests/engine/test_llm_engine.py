@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_core import LLM, RequestOutputKind, SamplingParams
+from engine_core import LLM, EngineArgs, LLMEngine, RequestOutputKind, SamplingParams
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine, run_to_completion
 
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "zu ba ki lo me"]
@@ -183,3 +183,25 @@ def test_get_stats_reports_load_cache_and_throughput(tiny_model_dir: Path, caplo
     assert engine.get_stats()["generation_tokens_per_s"] > 0.0
     assert engine.get_stats()["prefix_cache_hit_rate"] > 0.0  # s1 reused s0's full blocks
     assert any("generation throughput" in r.getMessage() for r in caplog.records)
+
+
+def test_stepping_on_another_thread_than_the_load_warns_once(
+        tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # On CPU a second thread running torch makes libgomp stop spin-waiting in every step.
+    import threading
+
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                   kv_cache_memory=8 * 1024**2))
+    engine.add_request("a", {"prompt_token_ids": [1, 5, 6]},
+                       SamplingParams(temperature=0.0, max_tokens=3))
+
+    def steps() -> None:
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    with caplog.at_level("WARNING", logger="engine_core.engine_core"):
+        worker = threading.Thread(target=steps)
+        worker.start()
+        worker.join()
+    warnings = [r for r in caplog.records if "other than the one that loaded" in r.message]
+    assert len(warnings) == 1
