@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Bytes per element of the dtypes the benchmarks take.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
 # The standard CPU workload's model: random-weight Llama, 8 layers, hidden 512, 8/4 heads.
 STANDARD_MODEL = {"arch": "llama", "num_layers": 8, "hidden_size": 512, "num_heads": 8,
                   "num_kv_heads": 4, "vocab_size": 32000}

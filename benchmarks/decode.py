@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    DTYPE_BYTES,
     add_model_args,
     format_table,
     load_config,
@@ -33,8 +34,6 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.roofline import ModelShape, measure_bandwidth
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(slots=True)
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = resolve_model(args)
     config = load_config(model_dir)
     shape = ModelShape.from_config(config)
-    dtype_bytes = _DTYPE_BYTES[args.dtype]
+    dtype_bytes = DTYPE_BYTES[args.dtype]
     from engine_core import EngineArgs, LLMEngine
 
     max_batch = max(batch_sizes)

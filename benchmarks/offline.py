@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    DTYPE_BYTES,
     BackendResult,
     add_model_args,
     format_table,
@@ -44,9 +45,6 @@ BACKENDS = ("strand", "strand-gateway", "hf-static", "hf-continuous")
 RATIO_GOALS = (("strand", "hf-static", 2.0), ("strand", "hf-continuous", 3.0),
                ("strand-gateway", "strand", 0.9))
 COMPUTE_BOUND_GOAL = 0.5
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(parser)
@@ -91,7 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = resolve_model(args)
     config = load_config(model_dir)
     requests = dataset_from_args(args, config["vocab_size"])
-    kv_bytes = args.kv_cache_memory or kv_cache_bytes(config, requests, _DTYPE_BYTES[args.dtype])
+    kv_bytes = args.kv_cache_memory or kv_cache_bytes(config, requests, DTYPE_BYTES[args.dtype])
     settings = StrandSettings(dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               enable_prefix_caching=not args.no_prefix_caching,
@@ -145,7 +143,7 @@ def _runner(name: str, args: argparse.Namespace, model_dir: str, requests: list[
         return lambda: hf_backends.run_hf_static(model_dir, requests, args.dtype,
                                                  args.hf_batch_size, settings.device)
     kv_tokens = kv_bytes // kv_bytes_per_token(load_config(Path(model_dir)),
-                                               _DTYPE_BYTES[args.dtype])
+                                               DTYPE_BYTES[args.dtype])
     return lambda: hf_backends.run_hf_continuous(
         model_dir, requests, args.dtype, args.max_num_batched_tokens, args.max_num_seqs,
         kv_cache_tokens=int(kv_tokens), device=settings.device)

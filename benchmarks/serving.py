@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.common import (
+    DTYPE_BYTES,
     add_model_args,
     format_table,
     load_config,
@@ -35,8 +36,6 @@ from benchmarks.common import (
 )
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args, describe_dataset
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes, stack_for
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(slots=True)
@@ -193,7 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               enable_prefix_caching=not args.no_prefix_caching,
                               kv_cache_memory=kv_cache_bytes(config, requests,
-                                                             _DTYPE_BYTES[args.dtype]))
+                                                             DTYPE_BYTES[args.dtype]))
     data: dict[str, Any] = {
         "benchmark": "serving", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": str(model_dir), "dtype": args.dtype, "device": device, "num_threads": threads,
