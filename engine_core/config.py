@@ -74,6 +74,8 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.tensor_parallel_size != 1:
@@ -158,6 +160,7 @@ _HELP = {
     "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
     "kv_connector": "KV connector: offload (CPU tier) or multi",
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",
+    "max_logprobs": "most logprobs / prompt_logprobs a request may ask for (-1: no limit)",
     "log_stats": "log running/waiting, KV usage, prefix hit rate and tokens/s periodically",
     "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",
 }

@@ -27,7 +27,8 @@ class LLMEngine:
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
-                                              engine_core.vocab_size, eos_token_id=eos)
+                                              engine_core.vocab_size, eos_token_id=eos,
+                                              max_logprobs=args.max_logprobs)
         self.output_processor = OutputProcessor(tokenizer)
         self.stats_logger = StatsLogger(args.stats_interval_s) if args.log_stats else None
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import enum
+import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
+# The engine's default cap on logprobs / prompt_logprobs (EngineArgs.max_logprobs); the cap itself
+# is checked by the InputProcessor, which knows the engine's setting.
 MAX_LOGPROBS = 20
 _GREEDY_EPS = 1e-5
+# vLLM's _MAX_TEMP: below it, logits / temperature overflows to inf and softmax gives NaN.
+_MIN_RANDOM_TEMPERATURE = 1e-2
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -48,7 +56,20 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.seed == -1:  # vLLM: -1 means "no seed", as None does
+            self.seed = None
+        if 0.0 < self.temperature < _MIN_RANDOM_TEMPERATURE:
+            logger.warning("temperature %s is below %s, which may cause NaN or inf in the "
+                           "sampler; it is raised to %s", self.temperature,
+                           _MIN_RANDOM_TEMPERATURE, _MIN_RANDOM_TEMPERATURE)
+            self.temperature = _MIN_RANDOM_TEMPERATURE
         self.validate()
+        if self.is_greedy:
+            # Greedy: the truncations cannot change an argmax, so they are normalised away
+            # (after validation, as vLLM does: a bad top_p is still refused).
+            self.top_p = 1.0
+            self.top_k = 0
+            self.min_p = 0.0
 
     @property
     def is_greedy(self) -> bool:
@@ -70,8 +91,8 @@ class SamplingParams:
                self.presence_penalty)
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]",
                self.frequency_penalty)
-        _check(self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0",
-               self.repetition_penalty)
+        _check(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0,
+               "repetition_penalty", "must be finite and > 0", self.repetition_penalty)
         if self.max_tokens is not None:
             _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
                    "must be >= 1", self.max_tokens)
@@ -83,8 +104,9 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
-                _check(isinstance(value, int) and 0 <= value <= MAX_LOGPROBS, name,
-                       f"must be in [0, {MAX_LOGPROBS}] (max_logprobs)", value)
+                # -1: the whole vocabulary; the engine's max_logprobs is checked on admission.
+                _check(isinstance(value, int) and value >= -1, name,
+                       "must be >= -1 (-1: the whole vocabulary)", value)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",
                "must not contain an empty string", self.stop)
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",

@@ -134,7 +134,9 @@ def build_sampling_metadata(
         if row.generator is not None and not g
     }
     asked = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
-    max_num_logprobs = max((rows[i].params.logprobs or 0 for i in asked), default=None)
+    # -1 asks for the whole vocabulary.
+    max_num_logprobs = max((_num_logprobs(rows[i].params.logprobs, vocab_size) for i in asked),
+                           default=None)
 
     return SamplingMetadata(
         num_reqs=num_reqs,
@@ -153,6 +155,10 @@ def build_sampling_metadata(
         max_num_logprobs=max_num_logprobs,
         logprob_rows=asked,
     )
+
+
+def _num_logprobs(value: int | None, vocab_size: int) -> int:
+    return vocab_size if value == -1 else (value or 0)
 
 
 def _effective_top_k(params: SamplingParams, vocab_size: int) -> int:

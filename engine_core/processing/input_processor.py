@@ -32,6 +32,8 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+        if max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {max_logprobs}")
         self.max_logprobs = max_logprobs
 
     def process(
@@ -76,11 +78,15 @@ class InputProcessor:
         # A clone re-runs every bound (the caller may have mutated its object since building it)
         # and keeps the caller's object out of the engine.
         params = params.clone()
+        # vLLM: max_logprobs -1 lifts the cap to the vocabulary; logprobs -1 asks for all of it.
+        cap = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > self.max_logprobs:
+            asked = self.vocab_size if value == -1 else value
+            if asked is not None and asked > cap:
                 raise ValueError(
                     f"{name} must be <= max_logprobs ({self.max_logprobs}), got {value}"
+                    + (f" (the whole vocabulary, {asked} tokens)" if value == -1 else "")
                 )
         params.validate_against_vocab(self.vocab_size)
         if params.allowed_token_ids and params.min_tokens > 0:

@@ -11,9 +11,12 @@ class LogprobsProcessor:
     """Sample and prompt logprobs of one sequence; only kept when the request asked for them."""
 
     def __init__(
-        self, tokenizer: Tokenizer, num_logprobs: int | None, num_prompt_logprobs: int | None
+        self, tokenizer: Tokenizer, num_logprobs: int | None, num_prompt_logprobs: int | None,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.prompt_token_ids = list(prompt_token_ids or [])
+        self._sampled_ids: list[int] = []  # the sequence's output so far (decoding context)
         self.logprobs: SampleLogprobs | None = None if num_logprobs is None else []
         self.cumulative_logprob: float | None = None if num_logprobs is None else 0.0
         self.prompt_logprobs: PromptLogprobs | None = None if num_prompt_logprobs is None else []
@@ -22,9 +25,16 @@ class LogprobsProcessor:
     def update_sample(self, rows: LogprobsLists | None) -> None:
         if rows is None or self.logprobs is None:
             return
-        for position in _to_dicts(self.tokenizer, rows):
+        for row in range(len(rows.logprob_token_ids)):
+            one = LogprobsLists([rows.logprob_token_ids[row]], [rows.logprobs[row]],
+                                [rows.sampled_token_ranks[row]])
+            # A character may start in the prompt and end in the output.
+            context = (self.prompt_token_ids[-_MAX_CONTEXT_TOKENS:]
+                       + self._sampled_ids[-_MAX_CONTEXT_TOKENS:])[-_MAX_CONTEXT_TOKENS:]
+            position = _to_dicts(self.tokenizer, one, [context])[0]
             self.logprobs.append(position)
-            sampled_id = next(iter(position))  # column 0 is the sampled token
+            sampled_id = rows.logprob_token_ids[row][0]  # column 0 is the sampled token
+            self._sampled_ids.append(sampled_id)
             assert self.cumulative_logprob is not None
             self.cumulative_logprob += position[sampled_id].logprob
 
@@ -35,7 +45,11 @@ class LogprobsProcessor:
         if not self.prompt_logprobs:
             self.prompt_logprobs.append(None)
             self._num_new_prompt_positions += 1
-        positions = _to_dicts(self.tokenizer, rows)
+        # Row k is prompt position len(prompt_logprobs) + k: the tokens before it are its context.
+        first = len(self.prompt_logprobs)
+        contexts = [self.prompt_token_ids[max(0, p - _MAX_CONTEXT_TOKENS):p]
+                    for p in range(first, first + len(rows.logprob_token_ids))]
+        positions = _to_dicts(self.tokenizer, rows, contexts)
         self.prompt_logprobs.extend(positions)
         self._num_new_prompt_positions += len(positions)
 
@@ -48,10 +62,18 @@ class LogprobsProcessor:
         return self.prompt_logprobs[len(self.prompt_logprobs) - count :] if count else None
 
 
-def _to_dicts(tokenizer: Tokenizer, rows: LogprobsLists) -> list[dict[int, Logprob]]:
+# A UTF-8 character is at most 4 bytes; vLLM looks back as many tokens (a token may hold a
+# byte plus other text).
+_MAX_CONTEXT_TOKENS = 4
+_REPLACEMENT = "\ufffd"
+
+
+def _to_dicts(tokenizer: Tokenizer, rows: LogprobsLists,
+              contexts: list[list[int]]) -> list[dict[int, Logprob]]:
+    """contexts[i]: the tokens before row i's position (for vLLM's UTF-8 correction)."""
     positions: list[dict[int, Logprob]] = []
-    for token_ids, logprobs, sampled_rank in zip(
-        rows.logprob_token_ids, rows.logprobs, rows.sampled_token_ranks, strict=True
+    for token_ids, logprobs, sampled_rank, context in zip(
+        rows.logprob_token_ids, rows.logprobs, rows.sampled_token_ranks, contexts, strict=True
     ):
         ranks = [sampled_rank, *range(1, len(token_ids))]
         position: dict[int, Logprob] = {}
@@ -61,7 +83,27 @@ def _to_dicts(tokenizer: Tokenizer, rows: LogprobsLists) -> list[dict[int, Logpr
                 position[token_id] = Logprob(
                     logprob=logprob,
                     rank=rank,
-                    decoded_token=tokenizer.decode([token_id], skip_special_tokens=False),
+                    decoded_token=decode_token(tokenizer, token_id, context),
                 )
         positions.append(position)
     return positions
+
+
+def decode_token(tokenizer: Tokenizer, token_id: int, context: list[int]) -> str:
+    """The text one token adds after context; "" while it only holds part of a character.
+
+    A byte-fallback token decodes alone to U+FFFD (a piece of a multi-byte character): vLLM
+    decodes it together with the tokens before it instead, so no lone U+FFFD is reported.
+    """
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    if not text.endswith(_REPLACEMENT):
+        return text
+    for start in range(1, min(_MAX_CONTEXT_TOKENS, len(context)) + 1):
+        before = context[-start:]
+        joined = tokenizer.decode([*before, token_id], skip_special_tokens=False)
+        if joined.endswith(_REPLACEMENT):
+            continue
+        # The earlier tokens' own text, less their unfinished character, is not this token's.
+        prefix = tokenizer.decode(before, skip_special_tokens=False).rstrip(_REPLACEMENT)
+        return joined[len(prefix):] if joined.startswith(prefix) else joined
+    return ""

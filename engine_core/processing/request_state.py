@@ -24,7 +24,8 @@ class SequenceState:
         self.request_id = request_id
         self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params)
-        self.logprobs = LogprobsProcessor(tokenizer, params.logprobs, params.prompt_logprobs)
+        self.logprobs = LogprobsProcessor(tokenizer, params.logprobs, params.prompt_logprobs,
+                                          prompt_token_ids)
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

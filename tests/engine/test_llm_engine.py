@@ -124,8 +124,8 @@ INVALID = [
     ("presence_penalty", {"presence_penalty": 3.0}),
     ("frequency_penalty", {"frequency_penalty": -3.0}),
     ("repetition_penalty", {"repetition_penalty": 0.0}), ("max_tokens", {"max_tokens": 0}),
-    ("min_tokens", {"min_tokens": 5, "max_tokens": 2}), ("logprobs", {"logprobs": 21}),
-    ("prompt_logprobs", {"prompt_logprobs": 21}), ("stop", {"stop": [""]}),
+    ("min_tokens", {"min_tokens": 5, "max_tokens": 2}), ("logprobs", {"logprobs": -2}),
+    ("prompt_logprobs", {"prompt_logprobs": -2}), ("stop", {"stop": [""]}),
     ("n", {"n": 2, "temperature": 0.0}),
 ]
 

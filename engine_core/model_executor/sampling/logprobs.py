@@ -12,8 +12,11 @@ def gather_logprobs(
     token_ids: torch.Tensor,  # [num_rows] int64: the sampled (or next prompt) token
     num_logprobs: int,
 ) -> LogprobsLists:
-    if num_logprobs < 0:
-        raise ValueError(f"num_logprobs must be >= 0, got {num_logprobs}")
+    if num_logprobs < -1:
+        raise ValueError(f"num_logprobs must be >= -1 (-1: the whole vocabulary), "
+                         f"got {num_logprobs}")
+    if num_logprobs == -1:  # vLLM: -1 asks for every token of the vocabulary
+        num_logprobs = logprobs.shape[1]
     token_ids = token_ids.to(torch.int64).unsqueeze(1)  # [num_rows, 1]
     token_logprobs = logprobs.gather(1, token_ids)  # [num_rows, 1]
     # Rank 1 = best; ties with the chosen token do not push it down.
