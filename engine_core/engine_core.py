@@ -69,6 +69,9 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """ValueError (nothing changes) for a duplicate id or a request that can never fit."""
+        if not isinstance(request.request_id, str):
+            raise ValueError("request_id must be a str, got "
+                             f"{type(request.request_id).__name__}")
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
@@ -89,7 +92,7 @@ class EngineCore:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> EngineCoreOutputs:
-        if not self.scheduler.has_unfinished_requests():
+        if not self.scheduler.has_requests():
             return EngineCoreOutputs(outputs=[])
         if self._load_thread is not None and threading.get_ident() != self._load_thread:
             self._warn_other_thread()

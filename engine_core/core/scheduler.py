@@ -128,6 +128,15 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def has_finished_requests(self) -> bool:
+        """Finished or aborted ids the runner has not been told about yet."""
+        return bool(self.finished_req_ids)
+
+    def has_requests(self) -> bool:
+        """Anything for a step to do: requests to run, or finished ids for the runner to drop
+        (vLLM steps for those too, so the runner frees their state at once)."""
+        return bool(self.requests) or bool(self.finished_req_ids)
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
