@@ -8,7 +8,7 @@ layer takes 1.5 ms, about 30 GB/s of K/V against 42 GB/s for a plain read of tha
 the previous scalar-reduction version took 3.3 ms, gather + SDPA more than twice that.
 Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_decode_attention.py).
 
-The C++ is kernels/csrc/decode_attention.cpp, built on first use (kernels/_cpu_build.py). Where
+The C++ is kernels/csrc/decode_attention.cpp, built once with the other CPU kernels (kernels/_cpu_build.py). Where
 that fails, or with STRAND_DISABLE_CPU_KERNELS=1, the caller keeps the pure-torch path;
 `unavailable_reason()` says why.
 """
@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels._cpu_build import CpuExtension
+from kernels._cpu_build import KERNELS as _EXTENSION
 
-_EXTENSION = CpuExtension("strand_cpu_decode_attention", "decode_attention.cpp")
 # What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
 DTYPES = (torch.float32, torch.bfloat16)
 
 
 def is_available() -> bool:
-    """Builds on the first call."""
+    """Builds (once, with the other CPU kernels) on the first call."""
     return _EXTENSION.module() is not None
 
 

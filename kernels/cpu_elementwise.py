@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels._cpu_build import CpuExtension
-
-_EXTENSION = CpuExtension("strand_cpu_elementwise", "elementwise.cpp",
-                          extra_cflags=("-ffp-contract=off",))
+from kernels._cpu_build import KERNELS as _EXTENSION
 
 
 def is_available() -> bool:
-    """Builds on the first call."""
+    """Builds (once, with the other CPU kernels) on the first call."""
     return _EXTENSION.module() is not None
 
 

@@ -24,29 +24,45 @@ import os
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_isa import probe
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
-def unavailable_reason() -> str | None:
-    """None when oneDNN linear is usable here; else why not (checked once, on first use)."""
+def unavailable_reason(dtype: torch.dtype = torch.float32) -> str | None:
+    """None when oneDNN linear is usable here for `dtype`; else why not (checked once per dtype,
+    on first use). bfloat16 also needs the CPU support oneDNN's bfloat16 kernels need
+    (kernels/cpu_isa.py): without it torch's op raises rather than falling back."""
     if os.environ.get("STRAND_DISABLE_CPU_KERNELS"):
         return "disabled by STRAND_DISABLE_CPU_KERNELS"
     if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
         return f"STRAND_CPU_GEMM={os.environ['STRAND_CPU_GEMM']}"
+    if dtype not in _DTYPES:
+        return f"oneDNN linear takes float32 or bfloat16, not {dtype}"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn,
                                                                "_linear_pointwise"):
         return "this torch build has no oneDNN linear op"
-    try:  # one small product against torch's own, so a broken op cannot go unnoticed
+    isa = probe()
+    if dtype == torch.bfloat16 and not isa.onednn_bf16:
+        reason = f"no oneDNN bfloat16 kernels for CPU ISA {isa.level}"
+        logger.info("bfloat16 linear layers use torch's default path (%s)", reason)
+        return reason
+    try:  # one small product, packed and not, against torch's own: a broken op cannot go unnoticed
         g = torch.Generator().manual_seed(0)
-        x, w, b = (torch.randn(*shape, generator=g) for shape in ((5, 24), (40, 24), (40,)))
-        got = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-        torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        x, w, b = (torch.randn(*shape, generator=g).to(dtype) for shape in ((5, 24), (40, 24),
+                                                                             (40,)))
+        want = F.linear(x.float(), w.float(), b.float())
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        for got in (torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""),
+                    torch.ops.mkldnn._linear_pointwise(
+                        x, torch.ops.mkldnn._reorder_linear_weight(w), b, "none", [], "")):
+            torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
     except Exception as exc:  # keep torch's path, and say why once
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        logger.warning("oneDNN linear unavailable (%s); using torch's default", reason)
+        logger.warning("oneDNN %s linear unavailable (%s); using torch's default", dtype, reason)
         return reason
     return None
 
@@ -55,7 +71,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's blocked copy of a [out, in] weight for `linear_packed`; None where oneDNN linear
     does not apply (another device or dtype, or switched off)."""
     if (weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2
-            or unavailable_reason() is not None):
+            or unavailable_reason(weight.dtype) is not None):
         return None
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
@@ -75,6 +91,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     """F.linear, through oneDNN where it applies (CPU, float32/bfloat16, 2-D input)."""
     if (x.device.type == "cpu" and x.dim() == 2 and x.dtype in _DTYPES
             and weight.dtype == x.dtype and not torch.is_grad_enabled()
-            and unavailable_reason() is None):
+            and unavailable_reason(x.dtype) is None):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -46,6 +46,8 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
+from kernels._cpu_build import ensure_built as ensure_cpu_kernels_built
+from kernels.cpu_isa import probe as probe_cpu_isa
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,9 @@ class ModelRunner:
         self.block_size = cache_config.block_size
         if self.device.type == "cpu":
             tune_cpu_allocator()
+            logger.info("%s", probe_cpu_isa().describe())
+            # Built (or loaded) here, before the engine reports ready: never inside a step.
+            ensure_cpu_kernels_built()
         # Unseeded random sampling draws from the global generator: seed it for reproducibility.
         torch.manual_seed(seed)
         self.model = load_model(model_config, self.device)

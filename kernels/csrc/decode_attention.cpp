@@ -1,5 +1,4 @@
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -163,10 +162,10 @@ void run(const Args<T>& a, int64_t R) {
 }
 
 template <typename T, typename Torch>
-void dispatch(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-              torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor seq_lens,
+void dispatch(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+              at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
               double scale) {
-  const auto ptr = [](torch::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
+  const auto ptr = [](at::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
   const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
                   seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
                   key_cache.size(1), key_cache.size(2), block_table.size(1), (float)scale};
@@ -182,15 +181,11 @@ void dispatch(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
 }
 }  // namespace
 
-void decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-                      torch::Tensor value_cache, torch::Tensor block_table,
-                      torch::Tensor seq_lens, double scale) {
+void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                      at::Tensor value_cache, at::Tensor block_table,
+                      at::Tensor seq_lens, double scale) {
   if (query.scalar_type() == at::kBFloat16)
     dispatch<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
   else
     dispatch<float, float>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "paged decode attention, float32 or bfloat16");
 }

@@ -1,5 +1,8 @@
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+// Rounding must happen where torch's ops round: no a*b+c fused into one FMA in this file
+// (the attention sources may fuse; they are compared within a tolerance).
+#pragma GCC optimize("fp-contract=off")
+
+#include "kernels.h"
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -173,22 +176,22 @@ void argmax_rows(int64_t* out, const float* x, int64_t rows, int64_t n, int64_t 
 }
 }  // namespace
 
-void write_kv(torch::Tensor key_cache, torch::Tensor value_cache, torch::Tensor key,
-              torch::Tensor value, torch::Tensor slots) {
+void write_kv(at::Tensor key_cache, at::Tensor value_cache, at::Tensor key,
+              at::Tensor value, at::Tensor slots) {
   const int64_t size = key.element_size();
-  const auto bytes = [](torch::Tensor t) { return static_cast<char*>(t.data_ptr()); };
+  const auto bytes = [](at::Tensor t) { return static_cast<char*>(t.data_ptr()); };
   write_rows(bytes(key_cache), bytes(value_cache), bytes(key), bytes(value),
              slots.data_ptr<int64_t>(), key.size(0), key.size(1) * key.size(2) * size,
              key.stride(0) * size, value.stride(0) * size);
 }
 
 
-void argmax(torch::Tensor out, torch::Tensor x) {
+void argmax(at::Tensor out, at::Tensor x) {
   argmax_rows(out.data_ptr<int64_t>(), x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0));
 }
 
 template <typename Fn>
-void by_dtype(torch::Tensor t, Fn fn) {  // fn(T* tag): float or bf16
+void by_dtype(at::Tensor t, Fn fn) {  // fn(T* tag): float or bf16
   if (t.scalar_type() == at::kBFloat16)
     fn(static_cast<bf16*>(nullptr));
   else
@@ -196,11 +199,11 @@ void by_dtype(torch::Tensor t, Fn fn) {  // fn(T* tag): float or bf16
 }
 
 template <typename T>
-T* ptr(torch::Tensor t) {
+T* ptr(at::Tensor t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps) {
+void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps) {
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     norm_rows<T>(ptr<T>(out), nullptr, ptr<T>(x), nullptr, ptr<T>(weight), x.size(0),
@@ -208,8 +211,8 @@ void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double e
   });
 }
 
-void add_rms_norm(torch::Tensor out, torch::Tensor new_residual, torch::Tensor x,
-                  torch::Tensor residual, torch::Tensor weight, double eps) {
+void add_rms_norm(at::Tensor out, at::Tensor new_residual, at::Tensor x,
+                  at::Tensor residual, at::Tensor weight, double eps) {
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     norm_rows<T>(ptr<T>(out), ptr<T>(new_residual), ptr<T>(x), ptr<T>(residual),
@@ -217,26 +220,17 @@ void add_rms_norm(torch::Tensor out, torch::Tensor new_residual, torch::Tensor x
   });
 }
 
-void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
+void silu_and_mul(at::Tensor out, at::Tensor gate_up) {
   by_dtype(gate_up, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     silu_rows<T>(ptr<T>(out), ptr<T>(gate_up), gate_up.size(0), gate_up.size(1) / 2);
   });
 }
 
-void rotary_neox(torch::Tensor x, torch::Tensor positions, torch::Tensor cos_sin) {
+void rotary_neox(at::Tensor x, at::Tensor positions, at::Tensor cos_sin) {
   by_dtype(x, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     rotate_rows<T>(ptr<T>(x), x.size(0), x.size(1), x.stride(0), x.stride(1),
                    positions.data_ptr<int64_t>(), cos_sin.data_ptr<float>(), cos_sin.size(1));
   });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
-  m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32 or bfloat16");
-  m.def("rotary_neox", &rotary_neox, "NeoX rotary embedding in place, float32 or bfloat16");
-  m.def("write_kv", &write_kv, "key/value rows into the paged cache by slot, any dtype");
-  m.def("argmax", &argmax, "first index of each row's maximum, float32");
 }

@@ -1,5 +1,4 @@
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
 #include <omp.h>
 #include <algorithm>
 #include <limits>
@@ -208,10 +207,10 @@ std::vector<Tile> make_tiles(const Args<T>& a, int64_t R) {
   return tiles;
 }
 template <typename T, typename Torch>
-void run(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-         torch::Tensor value_cache, torch::Tensor block_table, torch::Tensor q_starts,
-         torch::Tensor q_lens, torch::Tensor seq_lens, double scale) {
-  const auto ptr = [](torch::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
+void run(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+         at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
+         at::Tensor q_lens, at::Tensor seq_lens, double scale) {
+  const auto ptr = [](at::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
   const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
                   q_starts.data_ptr<int32_t>(), q_lens.data_ptr<int32_t>(),
                   seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
@@ -230,9 +229,9 @@ void run(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
 }
 }  // namespace
 
-void prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
-                       torch::Tensor value_cache, torch::Tensor block_table,
-                       torch::Tensor q_starts, torch::Tensor q_lens, torch::Tensor seq_lens,
+void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                       at::Tensor value_cache, at::Tensor block_table,
+                       at::Tensor q_starts, at::Tensor q_lens, at::Tensor seq_lens,
                        double scale) {
   if (query.scalar_type() == at::kBFloat16)
     run<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, q_starts, q_lens,
@@ -240,9 +239,4 @@ void prefill_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key
   else
     run<float, float>(out, query, key_cache, value_cache, block_table, q_starts, q_lens,
                       seq_lens, scale);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("prefill_attention", &prefill_attention,
-        "causal varlen attention over the paged cache, float32 or bfloat16");
 }

@@ -49,6 +49,8 @@ def test_a_strided_input_gives_the_same_product() -> None:
 
 
 def test_bfloat16_matches_f_linear() -> None:
+    # Through oneDNN where the CPU has its bfloat16 kernels, through torch's path elsewhere
+    # (AVX2-only): the same product either way, never an error.
     g = torch.Generator().manual_seed(4)
     x = torch.randn(8, 64, generator=g).bfloat16()
     w = torch.randn(32, 64, generator=g).bfloat16()
@@ -89,8 +91,8 @@ def test_with_gradients_on_it_stays_differentiable() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_packed_weight_gives_the_plain_product(shape: tuple[int, int, int],
                                                  dtype: torch.dtype) -> None:
-    if cpu_linear.unavailable_reason() is not None:
-        pytest.skip(f"oneDNN linear unavailable: {cpu_linear.unavailable_reason()}")
+    if cpu_linear.unavailable_reason(dtype) is not None:
+        pytest.skip(f"oneDNN linear unavailable: {cpu_linear.unavailable_reason(dtype)}")
     m, k, n = shape
     g = torch.Generator().manual_seed(m + k + n)
     x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
@@ -111,3 +113,24 @@ def test_nothing_is_packed_where_onednn_does_not_apply(monkeypatch: pytest.Monke
     monkeypatch.setenv("STRAND_CPU_GEMM", "torch")
     cpu_linear.unavailable_reason.cache_clear()
     assert cpu_linear.pack_weight(torch.ones(4, 4)) is None
+
+
+def test_bfloat16_takes_torchs_path_where_the_cpu_lacks_onednns_bf16_kernels(
+        monkeypatch: pytest.MonkeyPatch, fresh_check: None) -> None:
+    # On an AVX2-only CPU oneDNN's bfloat16 reorder raises; the layer must not get there.
+    from kernels import cpu_isa
+
+    avx2 = cpu_isa.CpuIsa(machine="x86_64", detected="avx2", level="avx2",
+                          flags=frozenset({"avx2"}))
+    monkeypatch.setattr(cpu_linear, "probe", lambda: avx2)
+    assert "avx2" in (cpu_linear.unavailable_reason(torch.bfloat16) or "")
+    assert cpu_linear.unavailable_reason(torch.float32) is None
+    w = torch.randn(32, 64).bfloat16()
+    assert cpu_linear.pack_weight(w) is None
+    called = []
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise",
+                        lambda *a: called.append(a), raising=False)
+    x = torch.randn(8, 64).bfloat16()
+    with torch.inference_mode():
+        got = cpu_linear.linear(x, w, None)
+    assert not called and torch.equal(got, F.linear(x, w))

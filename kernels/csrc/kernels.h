@@ -1,0 +1,31 @@
+// The CPU kernels' entry points, shared by their sources and bindings.cpp.
+//
+// The kernel sources include ATen's tensor and parallel headers only: <torch/extension.h> costs
+// about 37 s of compile time per source file on a 2-core machine, these about 3 s. Only
+// bindings.cpp pays for pybind11's tensor casters (about 12 s), once for the whole extension.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+
+// decode_attention.cpp
+void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                      at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
+                      double scale);
+
+// prefill_attention.cpp
+void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                       at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
+                       at::Tensor q_lens, at::Tensor seq_lens, double scale);
+
+// elementwise.cpp
+void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);
+void add_rms_norm(at::Tensor out, at::Tensor new_residual, at::Tensor x, at::Tensor residual,
+                  at::Tensor weight, double eps);
+void silu_and_mul(at::Tensor out, at::Tensor gate_up);
+void rotary_neox(at::Tensor x, at::Tensor positions, at::Tensor cos_sin);
+void write_kv(at::Tensor key_cache, at::Tensor value_cache, at::Tensor key, at::Tensor value,
+              at::Tensor slots);
+void argmax(at::Tensor out, at::Tensor x);

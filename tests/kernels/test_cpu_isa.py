@@ -1,0 +1,101 @@
+"""The CPU ISA probe: levels from CPU flags, the STRAND_CPU_ISA cap, and what each level chooses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kernels import cpu_isa
+
+AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+AVX512_FLAGS = AVX2_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+
+
+@pytest.fixture
+def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    cpu_isa.probe.cache_clear()
+    yield
+    monkeypatch.undo()
+    cpu_isa.probe.cache_clear()
+
+
+def _on_cpu(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
+    monkeypatch.setattr(cpu_isa, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu_isa.platform, "machine", lambda: "x86_64")
+
+
+@pytest.mark.parametrize(("flags", "level"), [(AVX512_FLAGS, "avx512"), (AVX2_FLAGS, "avx2"),
+                                              (frozenset({"sse4_2", "avx"}), "generic")])
+def test_the_level_is_the_widest_the_flags_allow(monkeypatch: pytest.MonkeyPatch,
+                                                 fresh_probe: None, flags: frozenset[str],
+                                                 level: str) -> None:
+    monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    _on_cpu(monkeypatch, flags)
+    isa = cpu_isa.probe()
+    assert (isa.detected, isa.level, isa.overridden) == (level, level, False)
+
+
+def test_strand_cpu_isa_avx2_makes_an_avx512_cpu_behave_as_avx2(
+        monkeypatch: pytest.MonkeyPatch, fresh_probe: None) -> None:
+    monkeypatch.setenv(cpu_isa.ENV, "avx2")
+    _on_cpu(monkeypatch, AVX512_FLAGS | {"avx512_bf16"})
+    isa = cpu_isa.probe()
+    assert (isa.detected, isa.level, isa.overridden) == ("avx512", "avx2", True)
+    assert not isa.onednn_bf16
+    assert "-march=x86-64-v3" in isa.compile_flags()
+    assert "capped by STRAND_CPU_ISA" in isa.describe()
+
+
+def test_the_override_caps_onednn_and_aten_without_overriding_the_user(
+        monkeypatch: pytest.MonkeyPatch, fresh_probe: None) -> None:
+    monkeypatch.setenv(cpu_isa.ENV, "avx2")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # the user's own choice stays
+    _on_cpu(monkeypatch, AVX512_FLAGS)
+    cpu_isa.apply_override()
+    import os
+
+    assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
+
+
+def test_a_level_wider_than_the_cpu_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                               fresh_probe: None) -> None:
+    monkeypatch.setenv(cpu_isa.ENV, "avx512")
+    _on_cpu(monkeypatch, AVX2_FLAGS)
+    with pytest.raises(ValueError, match="STRAND_CPU_ISA=avx512 is wider than this CPU"):
+        cpu_isa.probe()
+
+
+def test_an_unknown_level_names_the_variable_and_the_choices(monkeypatch: pytest.MonkeyPatch,
+                                                            fresh_probe: None) -> None:
+    monkeypatch.setenv(cpu_isa.ENV, "sse9")
+    _on_cpu(monkeypatch, AVX2_FLAGS)
+    with pytest.raises(ValueError, match="STRAND_CPU_ISA must be one of generic, avx2, avx512"):
+        cpu_isa.probe()
+
+
+@pytest.mark.parametrize(("flags", "want"), [(AVX512_FLAGS, True), (AVX2_FLAGS, False),
+                                             (AVX2_FLAGS | {"avx_ne_convert"}, True)])
+def test_onednn_bf16_needs_avx512_or_avx_ne_convert(monkeypatch: pytest.MonkeyPatch,
+                                                    fresh_probe: None, flags: frozenset[str],
+                                                    want: bool) -> None:
+    monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    _on_cpu(monkeypatch, flags)
+    assert cpu_isa.probe().onednn_bf16 is want
+
+
+def test_the_build_flags_never_name_the_build_machine_beyond_tuning(
+        monkeypatch: pytest.MonkeyPatch, fresh_probe: None) -> None:
+    # -march=native would bake this CPU's widest instructions into a shared cache.
+    monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    _on_cpu(monkeypatch, AVX512_FLAGS)
+    flags = cpu_isa.probe().compile_flags()
+    assert "-march=x86-64-v4" in flags and "-march=native" not in flags
+
+
+def test_this_machine_probes_to_a_known_level() -> None:
+    isa = cpu_isa.probe()
+    assert isa.level in (*cpu_isa.LEVELS, "native")
+    assert isa.level in isa.describe()
