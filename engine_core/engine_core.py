@@ -152,6 +152,7 @@ class EngineCore:
             "num_waiting_reqs": float(stats.num_waiting_reqs),
             "kv_cache_usage": float(stats.kv_cache_usage),
             "prefix_cache_hit_rate": float(stats.prefix_cache_stats.hit_rate),
+            "prefix_cache_recent_hit_rate": float(stats.prefix_cache_recent_hit_rate),
             "num_steps": float(self.num_steps),
             "generation_tokens_per_s": self.throughput.rate(),
         }

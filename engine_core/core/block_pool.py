@@ -5,7 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from engine_core.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+from engine_core.core.kv_cache_utils import (
+    BlockHash,
+    BlockHashToBlockMap,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +31,8 @@ class BlockPool:
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1  # never freed, never handed out
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
-        # One block per hash: a duplicate (two requests computing the same prefix in one step)
-        # is simply left uncached and recycled when freed.
-        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        # Every cached block by hash; a hash computed twice maps to both blocks (vLLM's map).
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be allocated now, cached-but-free ones included."""
@@ -69,8 +73,7 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash
         assert block_hash is not None
-        if self.cached_block_hash_to_block.get(block_hash) is block:
-            del self.cached_block_hash_to_block[block_hash]
+        self.cached_block_hash_to_block.pop(block_hash, block.block_id)
         block.block_hash = None
 
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
@@ -81,24 +84,22 @@ class BlockPool:
             block = blocks[i]
             if block.block_hash is not None:  # a prefix hit: already registered
                 continue
-            block_hash = block_hashes[i]
-            if block_hash not in table:
-                block.block_hash = block_hash
-                table[block_hash] = block
+            # A duplicate of a block already cached is cached too: each holder keeps its own.
+            block.block_hash = block_hashes[i]
+            table.insert(block_hashes[i], block)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; pass them in eviction order (a request's tail first).
 
-        Blocks that cache nothing go to the head: they are worthless, so they are reused first.
+        Each block that reaches ref_cnt 0 goes to the tail of the free queue in the order given,
+        cached or not (vLLM's order): a freed request's tail is reused before its prefix, and
+        blocks freed earlier are reused before it.
         """
         queue = self.free_block_queue
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.block_hash is None:
-                    queue.appendleft(block)
-                else:
-                    queue.append(block)
+                queue.append(block)
 
     def evict_cached_free_blocks(self) -> int:
         """Forget the prefixes of free blocks only (running requests keep theirs); how many.
@@ -120,7 +121,7 @@ class BlockPool:
             logger.warning("Failed to reset the prefix cache: %d blocks are still in use "
                            "by running requests", num_used)
             return False
-        for block in self.cached_block_hash_to_block.values():
+        for _, block in self.cached_block_hash_to_block.items():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
         logger.info("Prefix cache reset")

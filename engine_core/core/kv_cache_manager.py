@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine_core.core.block_pool import BlockPool
 from engine_core.core.kv_cache_utils import KVCacheBlock
 from engine_core.core.request import Request
-from engine_core.core.stats import PrefixCacheStats
+from engine_core.core.stats import CachingMetrics, PrefixCacheStats
 
 
 class KVCacheManager:
@@ -19,6 +19,7 @@ class KVCacheManager:
         # req_id -> how many of its leading blocks are registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.caching_metrics = CachingMetrics()
 
     @property
     def num_blocks(self) -> int:
@@ -86,8 +87,10 @@ class KVCacheManager:
         if is_new:
             self.req_to_blocks[req_id] = req_blocks
             self.num_cached_block[req_id] = len(hits)
-            if self.enable_caching:
-                self.prefix_cache_stats.record(request.num_tokens, len(hits) * self.block_size)
+            # Recorded here, once the admission succeeds: a request retried after a failed
+            # allocation counts once. A request that may not read the cache looked nothing up.
+            if self.enable_caching and request.sampling_params.prompt_logprobs is None:
+                self._record_lookup(request, len(hits) * self.block_size)
         new_blocks = pool.get_new_blocks(num_needed) if num_needed > 0 else []
         if new_blocks:
             req_blocks.extend(new_blocks)
@@ -100,6 +103,12 @@ class KVCacheManager:
                 pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
                 self.num_cached_block[req_id] = num_full
         return new_blocks
+
+    def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
+        preempted = request.num_preemptions > 0
+        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, preempted)
+        if not preempted:
+            self.caching_metrics.observe(PrefixCacheStats(1, request.num_tokens, num_hit_tokens))
 
     def free(self, request: Request) -> None:
         """Release a request's blocks, tail first so its tail is evicted before its prefix."""
@@ -124,6 +133,7 @@ class KVCacheManager:
         if not self.block_pool.reset_prefix_cache():
             return False
         self.prefix_cache_stats = PrefixCacheStats()
+        self.caching_metrics.reset()
         return True
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:

@@ -156,3 +156,60 @@ class FreeKVCacheBlockQueue:
             out.append(node)
             node = node.next_free
         return out
+
+
+class BlockHashToBlockMap:
+    """Prefix-cache table: block hash -> every cached block holding it (vLLM's map).
+
+    Two requests can compute the same full block independently (neither found the other's in the
+    cache when it was scheduled, e.g. prompt logprobs, or equal generated text): each keeps its
+    own block and both stay cached, so freeing or evicting one leaves the other findable.
+    """
+
+    __slots__ = ("_table",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        self._table: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+
+    def get(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        """Any one block cached under block_hash (the earliest registered), or None."""
+        blocks = self._table.get(block_hash)
+        return next(iter(blocks.values())) if blocks else None
+
+    def get_all(self, block_hash: BlockHash) -> list[KVCacheBlock]:
+        return list(self._table.get(block_hash, {}).values())
+
+    def insert(self, block_hash: BlockHash, block: KVCacheBlock) -> None:
+        self._table.setdefault(block_hash, {})[block.block_id] = block
+
+    def pop(self, block_hash: BlockHash, block_id: int) -> KVCacheBlock | None:
+        """Remove one block from the hash's entry; the hash stays while other blocks hold it."""
+        blocks = self._table.get(block_hash)
+        if blocks is None:
+            return None
+        block = blocks.pop(block_id, None)
+        if not blocks:
+            del self._table[block_hash]
+        return block
+
+    def items(self) -> list[tuple[BlockHash, KVCacheBlock]]:
+        """(hash, block) for every cached block (a hash appears once per block)."""
+        return [(h, b) for h, blocks in self._table.items() for b in blocks.values()]
+
+    def clear(self) -> None:
+        self._table.clear()
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._table
+
+    def __len__(self) -> int:
+        """Distinct hashes cached."""
+        return len(self._table)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockHashToBlockMap):
+            return self._table == other._table
+        # Compared with a plain dict of hash -> block (tests compare with {}).
+        return isinstance(other, dict) and dict(self.items()) == other and len(
+            self.items()) == len(other)

@@ -385,6 +385,7 @@ class Scheduler:
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=kv.usage,
             prefix_cache_stats=kv.make_prefix_cache_stats(),
+            prefix_cache_recent_hit_rate=kv.caching_metrics.hit_rate,
             num_preemptions=self.num_preemptions,
             connector_prefix_cache_stats=(self.connector_prefix_cache_stats.copy()
                                           if self.kv_connector is not None else None),

@@ -77,10 +77,11 @@ def test_eviction_takes_least_recently_freed_first_and_a_request_tail_first() ->
     new = _hashed("new", list(range(100, 109)))  # 2 full blocks + 1 partial
     _admit(kv, new)
     kv.free(new)
-    _admit(kv, _hashed("x", list(range(200, 210))))  # needs 3 blocks
-    # Evicted: the uncached partial block, then old's two last full blocks; old keeps its first.
-    assert kv.get_computed_blocks(_hashed("o", list(range(13))))[1] == 4
-    assert kv.get_computed_blocks(_hashed("n", list(range(100, 109))))[1] == 8
+    _admit(kv, _hashed("x", list(range(200, 217))))  # needs 5 blocks
+    # vLLM's order: old's remaining blocks (freed first), then new's tail: its partial block,
+    # then its last full block; new keeps its first block.
+    assert kv.get_computed_blocks(_hashed("o", list(range(13))))[1] == 0
+    assert kv.get_computed_blocks(_hashed("n", list(range(100, 109))))[1] == 4
 
 
 def test_allocation_failure_changes_nothing() -> None:
