@@ -311,13 +311,17 @@ class Scheduler:
         caching = self.enable_caching
         block_size = self.block_size
         max_model_len = self.max_model_len
-        running_status = RequestStatus.RUNNING
+        preempted_status = RequestStatus.PREEMPTED
         stopped: set[Request] = set()
+        stopped_preempted: list[Request] = []
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
-            # Aborted, or preempted by a reset, since schedule(): its result is dropped.
-            if request is None or request.status != running_status:
+            # Aborted since schedule(): its result is dropped. A request preempted while this
+            # step computed (vLLM's test_preempt_during_execution) still takes the token the
+            # step sampled: it is recomputed with it when it resumes, nothing is lost.
+            if request is None:
                 continue
+            was_preempted = request.status == preempted_status
             index = index_of.get(req_id)
             new_token_ids = sampled[index] if index is not None else []
             finished = False
@@ -349,10 +353,15 @@ class Scheduler:
                 request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
                 request.first_scheduled_time))
             if finished:
-                stopped.add(request)
+                if was_preempted:
+                    stopped_preempted.append(request)
+                else:
+                    stopped.add(request)
                 self._free_request(request)
         if stopped:
             self.running = [r for r in self.running if r not in stopped]
+        for request in stopped_preempted:
+            self.waiting.remove(request)
         return outputs
 
     # ---- cache control and stats ---------------------------------------------------------

@@ -1,0 +1,226 @@
+"""tests/v1/core/test_scheduler.py: the scheduler alone (no model), driven by a fake runner."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_core.core.request import RequestStatus
+from engine_core.core.runner_output import ModelRunnerOutput
+from engine_core.core.sched_output import SchedulerOutput
+from engine_core.core.scheduler import DuplicateRequestError
+from tests.core.conftest import (
+    FakeRunner,
+    RunResult,
+    assert_pool_whole,
+    expected_tokens,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+    step,
+)
+
+
+def _sampled(out: SchedulerOutput, tokens: dict[str, list[int]]) -> ModelRunnerOutput:
+    """A runner output that samples the given tokens for the scheduled requests."""
+    req_ids = list(out.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
+                             [tokens.get(r, []) for r in req_ids])
+
+
+def test_add_requests() -> None:
+    scheduler = make_scheduler()
+    for i in range(10):
+        request = make_request(str(i), 8)
+        scheduler.add_request(request)
+        assert scheduler.requests[str(i)] is request
+        assert len(scheduler.waiting) == i + 1
+    with pytest.raises(DuplicateRequestError):
+        scheduler.add_request(make_request("3", 8))
+
+
+def test_finish_request() -> None:
+    scheduler = make_scheduler()
+    for i in range(10):
+        scheduler.add_request(make_request(str(i), 8))
+    for i in range(10):
+        scheduler.finish_requests(str(i), RequestStatus.FINISHED_ABORTED)
+        assert str(i) not in scheduler.requests
+        assert len(scheduler.waiting) == 9 - i
+    assert scheduler.finished_req_ids == {str(i) for i in range(10)}
+
+
+def test_get_num_unfinished_requests() -> None:
+    scheduler = make_scheduler()
+    for i in range(10):
+        scheduler.add_request(make_request(str(i), 8))
+    for i in range(10):
+        scheduler.finish_requests(str(i), RequestStatus.FINISHED_STOPPED)
+        assert scheduler.get_num_unfinished_requests() == 9 - i
+
+
+@pytest.mark.parametrize(("enable_prefix_caching", "prompt_logprobs"),
+                         [(False, None), (True, 5)])
+def test_schedule(enable_prefix_caching: bool, prompt_logprobs: int | None) -> None:
+    scheduler = make_scheduler(enable_prefix_caching=enable_prefix_caching,
+                               max_num_batched_tokens=200)
+    requests = [make_request(str(i), 16, prompt_logprobs=prompt_logprobs) for i in range(10)]
+    for request in requests:
+        scheduler.add_request(request)
+    out = scheduler.schedule()
+    assert len(out.scheduled_new_reqs) == 10
+    assert out.scheduled_cached_reqs.num_reqs == 0
+    assert out.finished_req_ids == set()
+    assert out.num_scheduled_tokens == {r.request_id: 16 for r in requests}
+    assert len(scheduler.waiting) == 0 and len(scheduler.running) == 10
+    assert scheduler.running == requests
+
+
+def test_schedule_partial_requests() -> None:
+    """Chunked prefill: the budget cuts the last request's prompt short."""
+    scheduler = make_scheduler(max_num_batched_tokens=40, block_size=4)
+    requests = [make_request(str(i), 16) for i in range(3)]
+    for request in requests:
+        scheduler.add_request(request)
+    runner = FakeRunner(scheduler)
+    out, outputs = step(scheduler, runner)
+    assert out.num_scheduled_tokens == {"0": 16, "1": 16, "2": 8}
+    assert {o.request_id for o in outputs} == {"0", "1"}  # "2" sampled nothing yet
+    out, _ = step(scheduler, runner)
+    assert out.num_scheduled_tokens == {"0": 1, "1": 1, "2": 8}
+
+
+def test_schedule_concurrent_partial_requests() -> None:
+    """long_prefill_token_threshold caps each request's chunk, so several prefill at once."""
+    scheduler = make_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=10)
+    for i in range(3):
+        scheduler.add_request(make_request(str(i), 30))
+    runner = FakeRunner(scheduler)
+    out, _ = step(scheduler, runner)
+    assert out.num_scheduled_tokens == {"0": 10, "1": 10, "2": 10}
+    result = run_to_completion(scheduler, runner)
+    for i in range(3):
+        prompt = make_request(str(i), 30).prompt_token_ids
+        assert result.tokens[str(i)] == expected_tokens(prompt, 4)
+
+
+def test_stop_via_update_from_output() -> None:
+    scheduler = make_scheduler()
+    eos = 999
+    a = make_request("a", 4, max_tokens=10, eos_token_id=eos)
+    b = make_request("b", 4, max_tokens=10, stop_token_ids=[7])
+    c = make_request("c", 4, max_tokens=2)
+    for request in (a, b, c):
+        scheduler.add_request(request)
+    out = scheduler.schedule()
+    outputs = scheduler.update_from_output(out, _sampled(out, {"a": [eos], "b": [7], "c": [5]}))
+    by_id = {o.request_id: o for o in outputs}
+    assert by_id["a"].finish_reason == "stop" and by_id["a"].stop_reason is None
+    assert by_id["b"].finish_reason == "stop" and by_id["b"].stop_reason == 7
+    assert by_id["c"].finish_reason is None
+    assert [r.request_id for r in scheduler.running] == ["c"]
+    assert scheduler.finished_req_ids == {"a", "b"}
+    out = scheduler.schedule()
+    outputs = scheduler.update_from_output(out, _sampled(out, {"c": [6]}))
+    assert outputs[0].finish_reason == "length"
+    assert c.output_token_ids == [5, 6]
+
+
+def test_preempt_during_execution() -> None:
+    """A request preempted while its step computes still gets that step's token."""
+    scheduler = make_scheduler(enable_prefix_caching=False)
+    request = make_request("0", 8, max_tokens=4)
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    # The step is in flight; meanwhile every running request is preempted.
+    assert scheduler.reset_prefix_cache(reset_running_requests=True)
+    assert request.status == RequestStatus.PREEMPTED
+    outputs = scheduler.update_from_output(out, _sampled(out, {"0": [42]}))
+    assert [o.new_token_ids for o in outputs] == [[42]]
+    assert request.output_token_ids == [42]
+    assert request.status == RequestStatus.PREEMPTED and request in list(scheduler.waiting)
+    # It resumes with the token: prompt + 42 recomputed, then decoding goes on.
+    out = scheduler.schedule()
+    assert out.preempted_req_ids == {"0"}
+    assert [n.output_token_ids for n in out.scheduled_new_reqs] == [[42]]
+    assert out.num_scheduled_tokens == {"0": 9}
+
+
+def test_preempt_during_execution_finishing_token() -> None:
+    scheduler = make_scheduler(enable_prefix_caching=False)
+    request = make_request("0", 8, max_tokens=1)
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    scheduler.reset_prefix_cache(reset_running_requests=True)
+    outputs = scheduler.update_from_output(out, _sampled(out, {"0": [42]}))
+    assert outputs[0].finish_reason == "length"
+    assert not scheduler.has_unfinished_requests() and len(scheduler.waiting) == 0
+    assert_pool_whole(scheduler)
+
+
+def test_memory_leak() -> None:
+    """Many requests through the scheduler leave nothing behind."""
+    scheduler = make_scheduler(num_blocks=32, max_num_seqs=4)
+    for i in range(40):
+        scheduler.add_request(make_request(str(i), 5 + i % 7, max_tokens=3 + i % 4))
+    run_to_completion(scheduler)
+    assert not scheduler.requests and not scheduler.running and len(scheduler.waiting) == 0
+    assert_pool_whole(scheduler)
+
+
+def test_priority_scheduling_basic_ordering() -> None:
+    scheduler = make_scheduler(policy="priority", max_num_seqs=1)
+    for rid, priority in (("low", 5), ("high", 0), ("mid", 2)):
+        scheduler.add_request(make_request(rid, 4, priority=priority))
+    order = []
+    for _ in range(3):
+        out = scheduler.schedule()
+        order.extend(n.req_id for n in out.scheduled_new_reqs)
+        scheduler.finish_requests(list(out.num_scheduled_tokens), RequestStatus.FINISHED_ABORTED)
+    assert order == ["high", "mid", "low"]
+
+
+def test_priority_scheduling_arrival_time_tiebreaker() -> None:
+    scheduler = make_scheduler(policy="priority", max_num_seqs=1)
+    scheduler.add_request(make_request("late", 4, priority=1, arrival_time=20.0))
+    scheduler.add_request(make_request("early", 4, priority=1, arrival_time=10.0))
+    assert [n.req_id for n in scheduler.schedule().scheduled_new_reqs] == ["early"]
+
+
+def test_priority_scheduling_preemption() -> None:
+    """Out of blocks, the worst-priority running request is preempted."""
+    scheduler = make_scheduler(policy="priority", num_blocks=5, block_size=4,
+                               enable_prefix_caching=False)
+    runner = FakeRunner(scheduler)
+    low = make_request("low", 7, max_tokens=6, priority=5)
+    high = make_request("high", 7, max_tokens=6, priority=0)
+    scheduler.add_request(low)
+    step(scheduler, runner)
+    scheduler.add_request(high)
+    result = RunResult()
+    run_to_completion(scheduler, runner, result=result)
+    assert low.num_preemptions >= 1 and high.num_preemptions == 0
+    assert result.tokens["high"] == expected_tokens(high.prompt_token_ids, 6)
+
+
+def test_priority_scheduling_fcfs_fallback() -> None:
+    scheduler = make_scheduler(policy="priority", max_num_seqs=1)
+    for rid in ("a", "b", "c"):
+        scheduler.add_request(make_request(rid, 4))  # equal priorities: arrival order
+    assert [n.req_id for n in scheduler.schedule().scheduled_new_reqs] == ["a"]
+
+
+@pytest.mark.parametrize("name", [
+    "test_schedule_multimodal_requests", "test_schedule_concurrent_batches",
+    "test_schedule_spec_decoding_stats", "test_schedule_skip_tokenizer_init",
+    "test_chunked_prefill_disabled_for_encoder_decoder", "test_structured_output_request",
+])
+def test_missing_features(name: str) -> None:
+    missing = {
+        "test_schedule_multimodal_requests": "multimodal inputs",
+        "test_schedule_concurrent_batches": "a batch queue (max_concurrent_batches > 1)",
+        "test_schedule_spec_decoding_stats": "speculative decoding",
+        "test_schedule_skip_tokenizer_init": "skip_tokenizer_init",
+        "test_chunked_prefill_disabled_for_encoder_decoder": "encoder-decoder models",
+        "test_structured_output_request": "structured outputs (grammars)",
+    }
+    pytest.skip(f"missing feature: {missing[name]}")
