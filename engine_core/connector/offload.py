@@ -54,8 +54,9 @@ class OffloadConnector(KVConnectorBase):
                                  num_computed_tokens: int, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
+        # The scheduler takes external hits in tokens: a partial last block is loaded whole.
         start = num_computed_tokens // self.block_size
-        end = start + num_external_tokens // self.block_size
+        end = -(-(num_computed_tokens + num_external_tokens) // self.block_size)
         self._pending.slots.extend(self.tier.acquire(request.block_hashes[start:end]))
         self._pending.block_ids.extend(block_ids[start:end])
 

@@ -54,6 +54,9 @@ class Scheduler:
         self.enable_caching = cache_config.enable_prefix_caching
         self.hash_fn = get_hash_fn(cache_config.prefix_caching_hash_algo)
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, self.enable_caching)
+        # Block hashes key the device prefix cache and the connector's tier alike: a connector
+        # needs them even with automatic prefix caching off (vLLM hashes for either).
+        self.hash_blocks = self.enable_caching or self.kv_connector is not None
         self.policy = scheduler_config.policy
         self.waiting = make_request_queue(self.policy)
         self.running: list[Request] = []
@@ -88,7 +91,7 @@ class Scheduler:
                 f"cache blocks of {self.block_size} tokens, more than the pool's "
                 f"num_blocks - 1 ({num_allocatable})")
         request.max_tokens = max_tokens
-        if self.enable_caching:
+        if self.hash_blocks:
             update_block_hashes(request, self.block_size, self.hash_fn)
         self.waiting.add(request)
         self.requests[request.request_id] = request
@@ -253,7 +256,9 @@ class Scheduler:
                 break  # head-of-line: later requests wait too, so order is kept
             waiting.pop()
             if self.kv_connector is not None and num_external is not None:
-                self.connector_prefix_cache_stats.record(request.num_tokens, num_loaded)
+                # Queried: what the device cache did not have (vLLM's connector stats).
+                self.connector_prefix_cache_stats.record(
+                    request.num_tokens - num_hit_tokens, num_loaded, request.num_preemptions > 0)
                 self.kv_connector.update_state_after_alloc(
                     request, kv.get_block_ids(request.request_id), num_hit_tokens, num_loaded)
             num_hit_tokens += num_loaded
@@ -269,15 +274,16 @@ class Scheduler:
 
     def _get_num_external_tokens(self, request: Request, num_hit_tokens: int) -> int | None:
         """Leading tokens after the device hit that the connector supplies; None when it was
-        not asked (no connector, no prefix caching, or prompt logprobs: every position needed)."""
-        if (self.kv_connector is None or not self.enable_caching
-                or request.sampling_params.prompt_logprobs is not None):
+        not asked (no connector, or prompt logprobs: every position's logits are needed).
+
+        Asked with prefix caching off too (the device hit is then 0). The answer is taken in
+        tokens, as the connector gives it (it may load a partial block); only capped so the
+        last token is still computed.
+        """
+        if self.kv_connector is None or request.sampling_params.prompt_logprobs is not None:
             return None
         num = self.kv_connector.get_num_new_matched_tokens(request, num_hit_tokens)
-        # Whole blocks only, and the last token is always computed.
-        bs = self.block_size
-        max_blocks = (request.num_tokens - 1) // bs - num_hit_tokens // bs
-        return max(0, min(num // bs, max_blocks)) * bs
+        return max(0, min(num, request.num_tokens - 1 - num_hit_tokens))
 
     def _pick_victim(self) -> Request:
         """FCFS: the newest running request; priority: the worst (highest value, latest)."""
@@ -308,7 +314,7 @@ class Scheduler:
         logprobs = runner_output.logprobs
         prompt_logprobs = runner_output.prompt_logprobs_dict
         requests = self.requests
-        caching = self.enable_caching
+        caching = self.hash_blocks
         block_size = self.block_size
         max_model_len = self.max_model_len
         preempted_status = RequestStatus.PREEMPTED

@@ -120,8 +120,11 @@ class DictTierConnector(KVConnectorBase):
 
     def update_state_after_alloc(self, request: Request, block_ids: Sequence[int],
                                  num_computed_tokens: int, num_external_tokens: int) -> None:
+        # Tokens, not blocks: a partial last block (the scheduler keeps the last prompt token
+        # for the forward) is loaded whole; the forward rewrites its computed slots.
         start = num_computed_tokens // self.block_size
-        for i in range(start, start + num_external_tokens // self.block_size):
+        end = -(-(num_computed_tokens + num_external_tokens) // self.block_size)
+        for i in range(start, end):
             self.pending.append((self.store[request.block_hashes[i]], block_ids[i]))
 
     def build_connector_meta(self) -> object | None:

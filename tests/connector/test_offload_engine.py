@@ -185,6 +185,7 @@ def test_preempted_requests_resume_from_the_tier_with_unchanged_output(
     scheduler = engine.engine_core.scheduler
     assert scheduler.num_preemptions > 0
     stats = scheduler.make_stats().connector_prefix_cache_stats
-    assert stats is not None and stats.hits > 0
+    # Resumed requests' loads count as preempted hits (vLLM's split of the counters).
+    assert stats is not None and stats.preempted_hits > 0
     assert tiered == plain
     assert_pool_whole(engine)

@@ -84,8 +84,10 @@ def test_the_last_prompt_token_is_computed_even_when_the_tier_holds_every_block(
     _evict_everything(scheduler)
     scheduler.add_request(make_request("b", SHARED, max_tokens=2))
     result, schedules = _run(scheduler, runner, connector)
-    assert schedules[0].num_scheduled_tokens == {"b": 4}  # the third block is recomputed
-    assert schedules[0].scheduled_new_reqs[0].num_computed_tokens == 8
+    # External hits are tokens: the tier supplies 11 of the 12, only the last is computed.
+    assert schedules[0].num_scheduled_tokens == {"b": 1}
+    assert schedules[0].scheduled_new_reqs[0].num_computed_tokens == 11
+    assert connector.num_loaded_blocks == 3
     assert result.tokens["b"] == expected_tokens(SHARED, 2)
 
 
