@@ -1,11 +1,13 @@
 """MultiConnector: several connectors behind one, e.g. a CPU tier and a remote store.
 
-Loads come from the first child that can supply any tokens for a request (its tokens only);
-saves, resets and clears go to every child, with no short-circuit.
+Every child is asked for its hits; loads come from the first child that can supply any tokens
+for a request (its tokens only); saves, resets and clears go to every child, with no
+short-circuit.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -13,6 +15,8 @@ import torch
 from engine_core.connector.base import KVConnectorBase
 from engine_core.core.kv_cache_utils import BlockHash
 from engine_core.core.request import Request
+
+logger = logging.getLogger(__name__)
 
 
 class MultiConnector(KVConnectorBase):
@@ -25,13 +29,20 @@ class MultiConnector(KVConnectorBase):
         self._loader_of: dict[str, int] = {}
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+        """Every child is asked (each may track lookups of its own, as vLLM's children do);
+        the first with a hit serves the load, and is recorded as the request's loader."""
         self._loader_of.pop(request.request_id, None)
+        found = 0
         for i, child in enumerate(self.connectors):
             num = child.get_num_new_matched_tokens(request, num_computed_tokens)
-            if num > 0:
+            if found == 0 and num > 0:
                 self._loader_of[request.request_id] = i
-                return num
-        return 0
+                found = num
+        return found
+
+    def loader_of(self, request_id: str) -> int | None:
+        """Index of the child chosen to load the request, until its blocks are allocated."""
+        return self._loader_of.get(request_id)
 
     def update_state_after_alloc(self, request: Request, block_ids: Sequence[int],
                                  num_computed_tokens: int, num_external_tokens: int) -> None:
@@ -50,9 +61,17 @@ class MultiConnector(KVConnectorBase):
             child.request_finished(request, block_ids)
 
     def reset_cache(self) -> bool:
-        # Every child is reset even after one fails; None (not implemented) is not a failure.
-        results = [child.reset_cache() for child in self.connectors]
-        return all(r is not False for r in results)
+        # Every child is reset even after one fails (False or an exception); None (not
+        # implemented) is not a failure.
+        ok = True
+        for child in self.connectors:
+            try:
+                result = child.reset_cache()
+            except Exception:
+                logger.exception("reset_cache() of %s failed", type(child).__name__)
+                result = False
+            ok = ok and result is not False
+        return ok
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> dict[str, int]:
         found: dict[str, int] = {}
