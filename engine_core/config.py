@@ -54,6 +54,7 @@ class EngineArgs:
     kv_connector_config: dict[str, Any] = field(default_factory=dict)
     kv_offload_bytes: int = 0
     max_logprobs: int = 20
+    stream_interval: int = 1  # streaming outputs every k tokens (and the first and last)
     log_stats: bool = False
     stats_interval_s: float = 5.0
     otlp_traces_endpoint: str | None = None
@@ -74,6 +75,8 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
@@ -160,6 +163,8 @@ _HELP = {
     "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
     "kv_connector": "KV connector: offload (CPU tier) or multi",
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",
+    "stream_interval": "streaming requests get an output every k tokens (always the first "
+                       "and the last); 1: every step",
     "max_logprobs": "most logprobs / prompt_logprobs a request may ask for (-1: no limit)",
     "log_stats": "log running/waiting, KV usage, prefix hit rate and tokens/s periodically",
     "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",

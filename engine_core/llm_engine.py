@@ -29,7 +29,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs)
-        self.output_processor = OutputProcessor(tokenizer)
+        self.output_processor = OutputProcessor(tokenizer, stream_interval=args.stream_interval)
         self.stats_logger = StatsLogger(args.stats_interval_s) if args.log_stats else None
 
     @classmethod

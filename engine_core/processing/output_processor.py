@@ -27,8 +27,12 @@ class OutputProcessorResult:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.tokenizer = tokenizer
+        # Streaming requests get an output every stream_interval tokens (vLLM's EngineArgs).
+        self.stream_interval = stream_interval
         self._parents: dict[str, ParentRequest] = {}
         self._parent_of_child: dict[str, ParentRequest] = {}
 
@@ -41,7 +45,7 @@ class OutputProcessor:
         request_id = processed.request.request_id
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
-        parent = ParentRequest(processed, self.tokenizer)
+        parent = ParentRequest(processed, self.tokenizer, self.stream_interval)
         # A child id of the new request ("0_x") may collide with a live id as well.
         for rid in (request_id, *parent.children):
             if self.has_request(rid):

@@ -17,8 +17,10 @@ def child_request_id(index: int, request_id: str) -> str:
 
 
 class ParentRequest:
-    def __init__(self, processed: ProcessedPrompt, tokenizer: Tokenizer) -> None:
+    def __init__(self, processed: ProcessedPrompt, tokenizer: Tokenizer,
+                 stream_interval: int = 1) -> None:
         request = processed.request
+        self.stream_interval = stream_interval
         params = request.sampling_params
         self.request_id = request.request_id
         self.prompt = processed.prompt
@@ -89,10 +91,10 @@ class ParentRequest:
             return None
         delta = kind == RequestOutputKind.DELTA
         children = sorted(self.children.values(), key=lambda c: c.index)
-        if delta:
-            children = [c for c in children if c.has_news()]
-        elif not any(c.has_news() for c in children):
-            return None
+        if kind != RequestOutputKind.FINAL_ONLY:
+            # Streaming (DELTA or CUMULATIVE): the children that produced output this step,
+            # as vLLM's ParentRequest streams them; FINAL_ONLY gathers all n at the end.
+            children = [c for c in children if c.ready_to_stream(self.stream_interval)]
         if not children:
             return None
         outputs = [child.completion(delta) for child in children]

@@ -66,6 +66,15 @@ class SequenceState:
             self.finished and not self._sent_finish
         )
 
+    def ready_to_stream(self, stream_interval: int) -> bool:
+        """Whether a streaming output should carry this sequence now: it has news, and it is
+        the first output, the last, or stream_interval tokens have gathered (vLLM's rule)."""
+        if not self.has_news():
+            return False
+        if stream_interval <= 1 or self.finished or self._num_sent_tokens == 0:
+            return True
+        return len(self.token_ids) - self._num_sent_tokens >= stream_interval
+
     def completion(self, delta: bool) -> CompletionOutput:
         text = self.detokenizer.get_next_output_text(self.finished, delta)
         logprobs = self.logprobs.logprobs

@@ -93,13 +93,14 @@ def test_stop_string_in_the_final_step_needs_no_core_abort(
 def test_n2_children_are_seeded_apart_and_aggregated(
     tokenizer: Tokenizer, output_processor: OutputProcessor
 ) -> None:
-    children = output_processor.add_request(make_processed(tokenizer, "r", n=2, seed=7))
+    children = output_processor.add_request(make_processed(
+        tokenizer, "r", n=2, seed=7, output_kind=RequestOutputKind.FINAL_ONLY))
     assert [c.request_id for c in children] == ["0_r", "1_r"]
     assert [c.sampling_params.seed for c in children] == [7, 8]
     assert all(c.sampling_params.n == 1 for c in children)
     a, b = ids_of(tokenizer, "kalo"), ids_of(tokenizer, "mi")
     first = output_processor.process_outputs([step("0_r", *a, finish_reason="length")])
-    assert not first.request_outputs[0].finished
+    assert first.request_outputs == []  # FINAL_ONLY: nothing until all n have finished
     last = output_processor.process_outputs([step("1_r", *b, finish_reason="length")])
     (out,) = last.request_outputs
     assert out.finished and out.request_id == "r"
