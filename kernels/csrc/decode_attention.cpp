@@ -14,13 +14,15 @@
 // every kv head before the next, so the cache is read as whole contiguous blocks (the hardware
 // prefetchers follow that; a task per (request, kv head) reading 1/num_kv_heads of each row did
 // not).
-// The arithmetic is 16-float vectors (GCC/Clang vector extensions: AVX-512, or split by the
-// compiler on narrower targets): dot products of 16 tokens are reduced together by a
-// transpose-and-add tree, and exp is a vector polynomial, not a libm call per score.
+// The arithmetic is register-wide vectors (vec16.h's vl: 16 floats with AVX-512, 8 with AVX2):
+// dot products of that many tokens are reduced together by a transpose-and-add tree, and exp is
+// a vector polynomial, not a libm call per score. Nothing wider than a register is carried
+// through a loop: under AVX2 GCC keeps such a value on the stack (2 GB/s of K/V that way, on one
+// thread of an AVX2-only EPYC, against 11 GB/s of memory bandwidth).
 namespace {
 using namespace strand;
 
-constexpr int kMaxChunks = 32;  // head_dim <= 512
+constexpr int kMaxChunks = 512 / kLanes;  // head_dim <= 512
 constexpr int64_t kAhead = 2;  // blocks prefetched ahead of the one being read (1 and 3: slower)
 
 // Asks for the cache rows of block `b` (tokens from t0 on, up to len) before they are needed.
@@ -45,18 +47,18 @@ struct Args {
   float scale;
 };
 
-// DC > 0: head_dim == 16 * DC (the chunk loops unroll and accumulators stay in registers);
-// DC == 0: any head_dim, its last D % 16 lanes handled apart.
+// DC > 0: head_dim == kLanes * DC (the chunk loops unroll and accumulators stay in registers);
+// DC == 0: any head_dim, its last D % kLanes lanes handled apart.
 template <typename T, int DC>
 void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vector<float>& inv,
                   std::vector<float>& acc_out) {
-  const int64_t H = a.H, D = DC > 0 ? 16 * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D, len = a.lens[r];
-  const int64_t FC = DC > 0 ? DC : D / 16, rem = DC > 0 ? 0 : D % 16;
-  const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole vectors
+  const int64_t H = a.H, D = DC > 0 ? kLanes * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D;
+  const int64_t len = a.lens[r], FC = DC > 0 ? DC : D / kLanes, rem = DC > 0 ? 0 : D % kLanes;
+  const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole v16s
   const int32_t* blocks = a.bt + r * a.MB;
   s.resize(H * L);
-  v16 part[16];
-  // Scores: for every block, every kv head, every query head of its group, 16 tokens a tile.
+  vl part[kLanes];
+  // Scores: for every block, every kv head, every query head of its group, kLanes tokens a tile.
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
     for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
@@ -66,21 +68,21 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
       for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
         const T* qh = a.q + (r * H + h) * D;
-        v16 qv[DC > 0 ? DC : kMaxChunks];
-        for (int64_t c = 0; c < FC; ++c) qv[c] = load(qh + 16 * c) * a.scale;
-        const v16 qt = rem ? load_tail(qh + 16 * FC, rem) * a.scale : v16{};
-        for (int64_t i0 = 0; i0 < in_block; i0 += 16) {
-          const int64_t n = std::min<int64_t>(16, in_block - i0);
+        vl qv[DC > 0 ? DC : kMaxChunks];
+        for (int64_t c = 0; c < FC; ++c) qv[c] = load_l(qh + kLanes * c) * a.scale;
+        const vl qt = rem ? load_tail_l(qh + kLanes * FC, rem) * a.scale : vl{};
+        for (int64_t i0 = 0; i0 < in_block; i0 += kLanes) {
+          const int64_t n = std::min<int64_t>(kLanes, in_block - i0);
           for (int64_t i = 0; i < n; ++i) {
             const T* k = kb + (i0 + i) * RS;
-            v16 acc = v16{};
-            for (int64_t c = 0; c < FC; ++c) acc += qv[c] * load(k + 16 * c);
-            if (rem) acc += qt * load_tail(k + 16 * FC, rem);
+            vl acc = vl{};
+            for (int64_t c = 0; c < FC; ++c) acc += qv[c] * load_l(k + kLanes * c);
+            if (rem) acc += qt * load_tail_l(k + kLanes * FC, rem);
             part[i] = acc;
           }
-          for (int64_t i = n; i < 16; ++i) part[i] = v16{};
-          float tile[16];
-          store(tile, reduce16(part));
+          for (int64_t i = n; i < kLanes; ++i) part[i] = vl{};
+          alignas(64) float tile[kLanes];
+          store_l(tile, reduce_lanes(part));
           std::memcpy(s.data() + h * L + t0 + i0, tile, n * sizeof(float));
         }
       }
@@ -94,21 +96,21 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
   for (int64_t h = 0; h < H; ++h) {
     float* sh = s.data() + h * L;
     std::fill(sh + len, sh + L, -std::numeric_limits<float>::infinity());
-    v16 mv = load(sh);
-    for (int64_t t = 16; t < L; t += 16) {
-      const v16 x = load(sh + t);
+    vl mv = load_l(sh);
+    for (int64_t t = kLanes; t < L; t += kLanes) {
+      const vl x = load_l(sh + t);
       mv = x > mv ? x : mv;
     }
     float m = mv[0];
-    for (int l = 1; l < 16; ++l) m = std::max(m, mv[l]);
-    v16 sum = v16{};
-    for (int64_t t = 0; t < L; t += 16) {
-      const v16 e = vexp(load(sh + t) - m);
-      store(sh + t, e);
+    for (int l = 1; l < kLanes; ++l) m = std::max(m, mv[l]);
+    vl sum = vl{};
+    for (int64_t t = 0; t < L; t += kLanes) {
+      const vl e = vexp(load_l(sh + t) - m);
+      store_l(sh + t, e);
       sum += e;
     }
     float total = 0.f;
-    for (int l = 0; l < 16; ++l) total += sum[l];
+    for (int l = 0; l < kLanes; ++l) total += sum[l];
     inv[h] = 1.f / total;
   }
   // Weighted sums of V rows, block by block, accumulated in float32 rows.
@@ -124,14 +126,14 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
         const int64_t h = g * G + j;
         const float* p = s.data() + h * L + t0;
         float* oh = out + h * D;
-        v16 acc[DC > 0 ? DC : kMaxChunks];
-        for (int64_t c = 0; c < FC; ++c) acc[c] = load(oh + 16 * c);
+        vl acc[DC > 0 ? DC : kMaxChunks];
+        for (int64_t c = 0; c < FC; ++c) acc[c] = load_l(oh + kLanes * c);
         for (int64_t i = 0; i < in_block; ++i) {
           const T* v = vb + i * RS;
-          for (int64_t c = 0; c < FC; ++c) acc[c] += p[i] * load(v + 16 * c);
-          for (int64_t d = 16 * FC; d < D; ++d) oh[d] += p[i] * to_float(v[d]);
+          for (int64_t c = 0; c < FC; ++c) acc[c] += p[i] * load_l(v + kLanes * c);
+          for (int64_t d = kLanes * FC; d < D; ++d) oh[d] += p[i] * to_float(v[d]);
         }
-        for (int64_t c = 0; c < FC; ++c) store(oh + 16 * c, acc[c]);
+        for (int64_t c = 0; c < FC; ++c) store_l(oh + kLanes * c, acc[c]);
       }
     }
     t0 += in_block;
@@ -169,13 +171,13 @@ void dispatch(at::Tensor out, at::Tensor query, at::Tensor key_cache,
   const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
                   seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
                   key_cache.size(1), key_cache.size(2), block_table.size(1), (float)scale};
-  TORCH_CHECK(a.D <= 16 * kMaxChunks, "head_dim must be at most ", 16 * kMaxChunks);
+  TORCH_CHECK(a.D <= kLanes * kMaxChunks, "head_dim must be at most ", kLanes * kMaxChunks);
   const int64_t R = query.size(0);
   switch (a.D) {
-    case 64: run<T, 4>(a, R); break;
-    case 128: run<T, 8>(a, R); break;
-    case 32: run<T, 2>(a, R); break;
-    case 256: run<T, 16>(a, R); break;
+    case 64: run<T, 64 / kLanes>(a, R); break;
+    case 128: run<T, 128 / kLanes>(a, R); break;
+    case 32: run<T, 32 / kLanes>(a, R); break;
+    case 256: run<T, 256 / kLanes>(a, R); break;
     default: run<T, 0>(a, R);
   }
 }

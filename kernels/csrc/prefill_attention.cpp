@@ -13,8 +13,8 @@
 // float32 (the Python wrapper checks).
 //
 // The work is cut into tiles of 32 rows: the query heads that share a kv head times as many
-// consecutive tokens as fit, so each K/V row loaded serves all 32. Rows are the lanes of two
-// 16-float vectors, which makes every step lane-wise: scores of 8 keys for 32 rows are 16
+// consecutive tokens as fit, so each K/V row loaded serves all 32. Rows are the lanes of a few
+// register-wide vectors, which makes every step lane-wise: scores of 8 keys for 32 rows are 16
 // multiply-adds per dimension (q of the rows, transposed once per tile, times a broadcast key
 // element), the running max and sum of the online softmax are lane maxima and sums, and the
 // output accumulates as out^T[d] += p[key] * v[key][d]. No horizontal reductions, no gathers.
@@ -23,7 +23,7 @@
 namespace {
 using namespace strand;
 
-constexpr int kRows = 32;  // rows per tile: two vectors of lanes
+constexpr int kRows = 32;  // rows per tile: kNV register-wide vectors of lanes
 constexpr int kKeys = 16;  // keys per chunk of the key loop
 
 template <typename T>  // float or bf16: what the tensors hold
@@ -57,61 +57,60 @@ inline const T* row_of(const Args<T>& a, int64_t r, int64_t g, int64_t j, const 
   return cache + ((block * a.BS + j % a.BS) * a.KVH + g) * a.D;
 }
 
-// Scores of keys k[0..8) for the 32 rows: s[i] (two vectors) = sum_d qt[d] * k[i][d].
+// The 32 rows of a tile are kNV lane vectors (vec16.h: 2 of 16 floats with AVX-512, 4 of 8
+// with AVX2), each a register, so nothing a loop carries leaves the register file. Keys (scores)
+// and head dimensions (output) are taken kBlock per pass over the other operand: kBlock * kNV
+// accumulators plus kNV operand vectors must fit too (16 + 2 of 32 zmm; 8 + 4 of 16 ymm).
+constexpr int kNV = kRows / kLanes;
+constexpr int kBlock = kLanes == 16 ? 8 : (kRegsPerV16 == 2 ? 2 : 1);
+
+// Scores of keys k[0..kBlock) for the 32 rows: s[i][row] = sum_d qt[d][row] * k[i][d].
 template <typename T>
-inline void scores8(const float* qt, const T* const* k, int64_t D, float* s) {
-  v16 acc[8][2];
-  for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = v16{};
+inline void scores_block(const float* qt, const T* const* k, int64_t D, float* s) {
+  vl acc[kBlock][kNV];
+  for (int i = 0; i < kBlock; ++i)
+    for (int v = 0; v < kNV; ++v) acc[i][v] = vl{};
   for (int64_t d = 0; d < D; ++d) {
-    const v16 q0 = load(qt + d * kRows), q1 = load(qt + d * kRows + 16);
-    for (int i = 0; i < 8; ++i) {
+    vl q[kNV];
+    for (int v = 0; v < kNV; ++v) q[v] = load_l(qt + d * kRows + v * kLanes);
+    for (int i = 0; i < kBlock; ++i) {
       const float x = to_float(k[i][d]);
-      acc[i][0] += q0 * x;
-      acc[i][1] += q1 * x;
+      for (int v = 0; v < kNV; ++v) acc[i][v] += q[v] * x;
     }
   }
-  for (int i = 0; i < 8; ++i) {
-    store(s + i * kRows, acc[i][0]);
-    store(s + i * kRows + 16, acc[i][1]);
-  }
+  for (int i = 0; i < kBlock; ++i)
+    for (int v = 0; v < kNV; ++v) store_l(s + i * kRows + v * kLanes, acc[i][v]);
 }
 
-// ot[d] = ot[d] * alpha + sum_i p[i] * v[i][d] for n keys, 8 dimensions at a time.
+// ot[d][row] = ot[d][row] * alpha[row] + sum_i p[i][row] * v[i][d] over n keys, for dimensions
+// d0 .. d0 + B.
+template <int B, typename T>
+inline void accumulate_block(float* ot, const float* p, const T* const* v, int64_t n, int64_t d0,
+                             const vl* alpha) {
+  vl acc[B][kNV];
+  for (int k = 0; k < B; ++k)
+    for (int u = 0; u < kNV; ++u) acc[k][u] = load_l(ot + (d0 + k) * kRows + u * kLanes) * alpha[u];
+  for (int64_t i = 0; i < n; ++i) {
+    vl pi[kNV];
+    for (int u = 0; u < kNV; ++u) pi[u] = load_l(p + i * kRows + u * kLanes);
+    for (int k = 0; k < B; ++k) {
+      const float x = to_float(v[i][d0 + k]);
+      for (int u = 0; u < kNV; ++u) acc[k][u] += pi[u] * x;
+    }
+  }
+  for (int k = 0; k < B; ++k)
+    for (int u = 0; u < kNV; ++u) store_l(ot + (d0 + k) * kRows + u * kLanes, acc[k][u]);
+}
+
 template <typename T>
 inline void accumulate(float* ot, const float* p, const T* const* v, int64_t n, int64_t D,
-                       v16 alpha0, v16 alpha1) {
+                       const vl* alpha) {
   int64_t d0 = 0;
-  for (; d0 + 8 <= D; d0 += 8) {
-    v16 acc[8][2];
-    for (int k = 0; k < 8; ++k) {
-      acc[k][0] = load(ot + (d0 + k) * kRows) * alpha0;
-      acc[k][1] = load(ot + (d0 + k) * kRows + 16) * alpha1;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const v16 p0 = load(p + i * kRows), p1 = load(p + i * kRows + 16);
-      for (int k = 0; k < 8; ++k) {
-        const float x = to_float(v[i][d0 + k]);
-        acc[k][0] += p0 * x;
-        acc[k][1] += p1 * x;
-      }
-    }
-    for (int k = 0; k < 8; ++k) {
-      store(ot + (d0 + k) * kRows, acc[k][0]);
-      store(ot + (d0 + k) * kRows + 16, acc[k][1]);
-    }
-  }
-  for (; d0 < D; ++d0) {  // head_dim not a multiple of 8
-    v16 acc0 = load(ot + d0 * kRows) * alpha0, acc1 = load(ot + d0 * kRows + 16) * alpha1;
-    for (int64_t i = 0; i < n; ++i) {
-      acc0 += load(p + i * kRows) * to_float(v[i][d0]);
-      acc1 += load(p + i * kRows + 16) * to_float(v[i][d0]);
-    }
-    store(ot + d0 * kRows, acc0);
-    store(ot + d0 * kRows + 16, acc1);
-  }
+  for (; d0 + kBlock <= D; d0 += kBlock) accumulate_block<kBlock>(ot, p, v, n, d0, alpha);
+  for (; d0 < D; ++d0) accumulate_block<1>(ot, p, v, n, d0, alpha);  // head_dim % kBlock
 }
 
-inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+inline vl vmax(vl a, vl b) { return a > b ? a : b; }
 
 template <typename T>
 void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
@@ -129,9 +128,12 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
     for (int64_t d = 0; d < D; ++d) qt[d * kRows + m] = to_float(qrow[d]) * a.scale;
   }
   std::fill(ot, ot + D * kRows, 0.f);
-  const i16 pos0 = *reinterpret_cast<const i16*>(pos), pos1 = *reinterpret_cast<const i16*>(pos + 16);
-  const v16 neg_inf = splat(-std::numeric_limits<float>::infinity());
-  v16 m0 = neg_inf, m1 = neg_inf, l0 = v16{}, l1 = v16{};
+  const vl neg_inf = vl{} - std::numeric_limits<float>::infinity();
+  vl mx[kNV], l[kNV];  // the online softmax's running maximum and sum, per row
+  for (int u = 0; u < kNV; ++u) {
+    mx[u] = neg_inf;
+    l[u] = vl{};
+  }
   alignas(64) float s[kKeys * kRows];
   const T* krows[kKeys];
   const T* vrows[kKeys];
@@ -142,40 +144,38 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
       krows[i] = row_of(a, t.r, t.g, j0 + std::min(i, n - 1), a.kc);
       vrows[i] = row_of(a, t.r, t.g, j0 + std::min(i, n - 1), a.vc);
     }
-    scores8(qt, krows, D, s);
-    if (n > 8) scores8(qt, krows + 8, D, s + 8 * kRows);
-    const int64_t nk = n > 8 ? kKeys : 8;
+    const int64_t nk = (n + kBlock - 1) / kBlock * kBlock;  // whole blocks; the rest masked
+    for (int64_t i = 0; i < nk; i += kBlock) scores_block(qt, krows + i, D, s + i * kRows);
     if (j0 + nk - 1 > first_pos) {  // some key here lies past some row's position
       for (int64_t i = 0; i < nk; ++i) {
-        const i16 j = i16{} + (int32_t)(j0 + i);
-        store(s + i * kRows, j <= pos0 ? load(s + i * kRows) : neg_inf);
-        store(s + i * kRows + 16, j <= pos1 ? load(s + i * kRows + 16) : neg_inf);
+        const il j = il{} + (int32_t)(j0 + i);
+        for (int u = 0; u < kNV; ++u) {
+          const il p = *reinterpret_cast<const il*>(pos + u * kLanes);
+          float* su = s + i * kRows + u * kLanes;
+          store_l(su, j <= p ? load_l(su) : neg_inf);
+        }
       }
     }
-    v16 c0 = m0, c1 = m1;
-    for (int64_t i = 0; i < nk; ++i) {
-      c0 = vmax(c0, load(s + i * kRows));
-      c1 = vmax(c1, load(s + i * kRows + 16));
+    vl alpha[kNV];
+    for (int u = 0; u < kNV; ++u) {
+      vl c = mx[u];
+      for (int64_t i = 0; i < nk; ++i) c = vmax(c, load_l(s + i * kRows + u * kLanes));
+      // Key 0 is every row's, so from the first chunk on each lane's maximum is finite.
+      alpha[u] = vexp(mx[u] - c);
+      vl sum = vl{};
+      for (int64_t i = 0; i < nk; ++i) {
+        float* su = s + i * kRows + u * kLanes;
+        const vl e = vexp(load_l(su) - c);
+        store_l(su, e);
+        sum += e;
+      }
+      l[u] = l[u] * alpha[u] + sum;
+      mx[u] = c;
     }
-    // Key 0 is every row's, so from the first chunk on each lane's maximum is finite.
-    const v16 alpha0 = vexp(m0 - c0), alpha1 = vexp(m1 - c1);
-    v16 sum0 = v16{}, sum1 = v16{};
-    for (int64_t i = 0; i < nk; ++i) {
-      const v16 p0 = vexp(load(s + i * kRows) - c0), p1 = vexp(load(s + i * kRows + 16) - c1);
-      store(s + i * kRows, p0);
-      store(s + i * kRows + 16, p1);
-      sum0 += p0;
-      sum1 += p1;
-    }
-    l0 = l0 * alpha0 + sum0;
-    l1 = l1 * alpha1 + sum1;
-    m0 = c0;
-    m1 = c1;
-    accumulate(ot, s, vrows, n, D, alpha0, alpha1);
+    accumulate(ot, s, vrows, n, D, alpha);
   }
   alignas(64) float inv[kRows];
-  store(inv, splat(1.f) / l0);
-  store(inv + 16, splat(1.f) / l1);
+  for (int u = 0; u < kNV; ++u) store_l(inv + u * kLanes, (vl{} + 1.f) / l[u]);
   for (int64_t m = 0; m < rows; ++m) {
     const int64_t h = t.g * G + t.h0 + m % t.nh;
     T* orow = a.o + (q_start + t.t0 + m / t.nh) * a.o_stride + h * D;

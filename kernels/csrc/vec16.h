@@ -9,6 +9,31 @@
 namespace strand {
 
 typedef float v16 __attribute__((vector_size(64)));
+
+// Hardware registers one v16 takes: 1 with AVX-512 (32 of them), 2 with AVX2 (16 ymm), 4 below
+// (16 xmm). A kernel that keeps k v16 accumulators live needs k * kRegsPerV16 of them: past the
+// register file the compiler spills every accumulator to the stack in every iteration (the
+// prefill kernel's 8x2 blocks ran 4x slower than torch's SDPA on an AVX2-only CPU that way).
+#if defined(__AVX512F__)
+constexpr int kRegsPerV16 = 1;
+#elif defined(__AVX__)
+constexpr int kRegsPerV16 = 2;
+#else
+constexpr int kRegsPerV16 = 4;
+#endif
+
+// The widest vector one register holds: what a kernel should carry from one loop iteration to
+// the next (a 64-byte v16 carried that way under AVX2 is kept on the stack and moved through it
+// in 16-byte pieces).
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float vl __attribute__((vector_size(4 * kLanes)));
+typedef float vlu __attribute__((vector_size(4 * kLanes), aligned(4)));
+typedef int32_t il __attribute__((vector_size(4 * kLanes)));
+inline vl load_l(const float* p) { return *reinterpret_cast<const vlu*>(p); }
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 
@@ -73,22 +98,25 @@ inline void store_scalar(bf16* p, float x) {
 // e^x lane by lane (Cephes expf: 2^n * p(r), |r| <= ln2/2, about 1 ulp). Below -87 it gives 0
 // (attention scores that far under their row's maximum weigh nothing beside its e^0 = 1) and
 // above 88.7 infinity, as expf would.
-inline v16 vexp(v16 x) {
-  const i16 tiny = x < -87.f, huge = x > 88.7f;
-  x = tiny ? splat(-87.f) : (huge ? splat(0.f) : x);
-  const v16 magic = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to the nearest integer
-  const v16 n = (x * 1.44269504088896341f + magic) - magic;
-  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
+template <typename V>
+inline V vexp(V x) {
+  using I = decltype(x < x);
+  const V zero = V{};
+  const I tiny = x < -87.f, huge = x > 88.7f;
+  x = tiny ? zero - 87.f : (huge ? zero : x);
+  const V magic = zero + 12582912.f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const V n = (x * 1.44269504088896341f + magic) - magic;
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const v16 y = p * r * r + r + 1.f;
-  const i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;  // 2^n
-  const v16 e = y * reinterpret_cast<const v16&>(bits);
-  return tiny ? splat(0.f) : (huge ? splat(__builtin_huge_valf()) : e);
+  const V y = p * r * r + r + 1.f;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n
+  const V e = y * reinterpret_cast<const V&>(bits);
+  return tiny ? zero : (huge ? zero + __builtin_huge_valf() : e);
 }
 
 // Lane sums of 16 vectors at once: out[i] = sum(a[i]). Each level halves the lanes per source
@@ -107,6 +135,37 @@ inline v16 reduce16(const v16* a) {
            HALVES(d[2 * k], d[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
   return HALVES(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          HALVES(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// ---- register-wide lane vectors (vl): loads, stores, lane sums ----
+inline void store_l(float* p, vl v) { *reinterpret_cast<vlu*>(p) = v; }
+typedef uint16_t u16l __attribute__((vector_size(2 * kLanes), aligned(2)));
+typedef uint32_t u32l __attribute__((vector_size(4 * kLanes)));
+inline vl load_l(const bf16* p) {
+  const u32l wide = __builtin_convertvector(*reinterpret_cast<const u16l*>(p), u32l) << 16;
+  return reinterpret_cast<const vl&>(wide);
+}
+template <typename T>
+inline vl load_tail_l(const T* p, int64_t n) {  // the first n < kLanes values, zeros after
+  alignas(64) T tmp[kLanes] = {};
+  std::memcpy(tmp, p, n * sizeof(T));
+  return load_l(tmp);
+}
+
+// Lane sums of kLanes vectors at once: out[i] = sum(a[i]), by the same halving tree as reduce16.
+inline vl reduce_lanes(const vl* a) {
+#if defined(__AVX512F__)
+  return reduce16(a);
+#else
+  vl c[4], d[2];
+  for (int k = 0; k < 4; ++k)
+    c[k] = HALVES(a[2 * k], a[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           HALVES(a[2 * k], a[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int k = 0; k < 2; ++k)
+    d[k] = HALVES(c[2 * k], c[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           HALVES(c[2 * k], c[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return HALVES(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) + HALVES(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
 }
 
 }  // namespace strand
