@@ -55,6 +55,8 @@ class EngineArgs:
     kv_offload_bytes: int = 0
     max_logprobs: int = 20
     stream_interval: int = 1  # streaming outputs every k tokens (and the first and last)
+    # Custom logits processors (vLLM v1's LogitsProcessor): classes or "pkg.module:Class".
+    logits_processors: list[Any] | None = None
     log_stats: bool = False
     stats_interval_s: float = 5.0
     otlp_traces_endpoint: str | None = None
@@ -96,6 +98,8 @@ class EngineArgs:
             if isinstance(default, bool):
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                     help=_HELP.get(f.name))
+            elif f.name == "logits_processors":
+                parser.add_argument(flag, nargs="*", default=None, help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
                 parser.add_argument(flag, type=json.loads, default={},
                                     help="JSON object passed to the KV connector")
@@ -163,6 +167,8 @@ _HELP = {
     "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
     "kv_connector": "KV connector: offload (CPU tier) or multi",
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",
+    "logits_processors": "custom logits processors, each 'package.module:Class' (vLLM v1's "
+                         "LogitsProcessor interface; applied per request from extra_args)",
     "stream_interval": "streaming requests get an output every k tokens (always the first "
                        "and the last); 1: every step",
     "max_logprobs": "most logprobs / prompt_logprobs a request may ask for (-1: no limit)",

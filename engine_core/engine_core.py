@@ -57,6 +57,14 @@ class EngineCore:
         runner = ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
                              attention_backend=args.attention_backend, seed=args.seed,
                              enforce_eager=args.enforce_eager)
+        if args.logits_processors:
+            from engine_core.model_executor.sampler import Sampler
+            from engine_core.model_executor.sampling.logits_processor import (
+                build_logits_processors,
+            )
+
+            runner.sampler = Sampler(build_logits_processors(args.logits_processors, args,
+                                                             runner.device))
         num_blocks = runner.determine_num_blocks()
         runner.initialize_kv_cache(num_blocks)
         connector = _make_connector(args, runner, num_blocks)

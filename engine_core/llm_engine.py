@@ -28,7 +28,8 @@ class LLMEngine:
         eos = tokenizer.eos_token_id
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
-                                              max_logprobs=args.max_logprobs)
+                                              max_logprobs=args.max_logprobs,
+                                              logits_processor_classes=_processor_classes(args))
         self.output_processor = OutputProcessor(tokenizer, stream_interval=args.stream_interval)
         self.stats_logger = StatsLogger(args.stats_interval_s) if args.log_stats else None
 
@@ -98,3 +99,11 @@ class LLMEngine:
 
     def get_stats(self) -> dict[str, float]:
         return self.engine_core.get_stats()
+
+
+def _processor_classes(args: EngineArgs) -> list[type]:
+    if not args.logits_processors:
+        return []
+    from engine_core.model_executor.sampling.logits_processor import resolve_logits_processor
+
+    return [resolve_logits_processor(name) for name in args.logits_processors]

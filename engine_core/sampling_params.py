@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -48,6 +49,17 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Words never generated: a word's last token is banned once the output ends with the rest
+    # of it (each word tokenized alone and after a space, as vLLM does).
+    bad_words: list[str] | None = None
+    # False: token ids only; text stays "" and logprobs carry no decoded_token.
+    detokenize: bool = True
+    # Keep only the last k prompt tokens (-1: the last max_model_len).
+    truncate_prompt_tokens: int | None = None
+    # Free-form, JSON-serialisable; custom logits processors read their options here.
+    extra_args: dict[str, Any] | None = None
+    # Set by the InputProcessor from bad_words (needs the tokenizer); travels to the sampler.
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -109,6 +121,32 @@ class SamplingParams:
                        "must be >= -1 (-1: the whole vocabulary)", value)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop",
                "must not contain an empty string", self.stop)
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (they are matched on text), "
+                             f"got stop={self.stop!r}")
+        if self.bad_words is not None:
+            _check(isinstance(self.bad_words, list)
+                   and all(isinstance(w, str) and w.strip() for w in self.bad_words),
+                   "bad_words", "must be a list of non-blank strings", self.bad_words)
+        if self.bad_words_token_ids is not None:
+            _check(all(isinstance(ids, list) and ids
+                       and all(isinstance(t, int) and t >= 0 for t in ids)
+                       for ids in self.bad_words_token_ids),
+                   "bad_words_token_ids", "must be non-empty lists of token ids",
+                   self.bad_words_token_ids)
+        if self.truncate_prompt_tokens is not None:
+            _check(isinstance(self.truncate_prompt_tokens, int)
+                   and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1),
+                   "truncate_prompt_tokens", "must be an integer >= 1 or -1",
+                   self.truncate_prompt_tokens)
+        if self.extra_args is not None:
+            _check(isinstance(self.extra_args, dict)
+                   and all(isinstance(k, str) for k in self.extra_args),
+                   "extra_args", "must be a dict with str keys", self.extra_args)
+            try:
+                json.dumps(self.extra_args)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"extra_args must be JSON-serialisable: {exc}") from None
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "must be non-negative token ids", self.stop_token_ids)
         if self.seed is not None:
@@ -131,6 +169,9 @@ class SamplingParams:
         if self.logit_bias:
             bad = [t for t in self.logit_bias if not 0 <= int(t) < vocab_size]
             _check(not bad, "logit_bias", f"token ids must be in [0, {vocab_size})", bad)
+        if self.bad_words_token_ids:
+            bad = [t for ids in self.bad_words_token_ids for t in ids if not 0 <= t < vocab_size]
+            _check(not bad, "bad_words", f"token ids must be in [0, {vocab_size})", bad)
 
     def clone(self, **changes: Any) -> SamplingParams:
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}

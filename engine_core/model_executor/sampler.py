@@ -7,11 +7,13 @@ exponential race. Logprobs are of the raw model distribution, before any of this
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from engine_core.core.runner_output import LogprobsLists
+from engine_core.model_executor.sampling.logits_processor import LogitsProcessor, LogitsProcessors
 from engine_core.model_executor.sampling.logprobs import compute_prompt_logprobs, gather_logprobs
 from engine_core.model_executor.sampling.masks import apply_token_masks
 from engine_core.model_executor.sampling.penalties import apply_penalties
@@ -44,6 +46,10 @@ class SamplerOutput:
 
 
 class Sampler:
+    def __init__(self, logits_processors: Sequence[LogitsProcessor] = ()) -> None:
+        # Custom processors (EngineArgs.logits_processors), applied in vLLM v1's places.
+        self.logits_processors = LogitsProcessors(logits_processors)
+
     def __call__(
         self,
         logits: torch.Tensor,  # [num_reqs, vocab] any float dtype
@@ -58,9 +64,14 @@ class Sampler:
         if metadata.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
 
+        custom = self.logits_processors
         # Masks edit in place: copy so the caller's logits stay as the model produced them.
-        logits = logits.to(torch.float32, copy=not metadata.masks.is_empty)
+        logits = logits.to(torch.float32, copy=not metadata.masks.is_empty or bool(custom))
         logits = apply_token_masks(logits, metadata.masks)
+        if custom:
+            custom.update_state(metadata.rows)
+            for processor in custom.non_argmax_invariant:
+                logits = processor.apply(logits)
         if metadata.penalties is not None:
             logits = apply_penalties(logits, metadata.penalties)
         sampled = self._sample(logits, metadata)
@@ -85,6 +96,8 @@ class Sampler:
                 return greedy
         assert metadata.temperature is not None
         logits = logits / metadata.temperature.unsqueeze(1)
+        for processor in self.logits_processors.argmax_invariant:
+            logits = processor.apply(logits)
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k, metadata.top_p)
         if metadata.min_p is not None:
             logits = apply_min_p(logits, metadata.min_p)

@@ -83,6 +83,8 @@ class SamplingMetadata:
     max_num_logprobs: int | None
     # Rows whose params asked for sample logprobs (for the caller; all rows are computed).
     logprob_rows: list[int] = field(default_factory=list)
+    # The rows themselves, for custom logits processors' batch updates.
+    rows: list[SamplingRow] = field(default_factory=list)
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -154,6 +156,7 @@ def build_sampling_metadata(
         masks=_build_masks(rows, vocab_size, device),
         max_num_logprobs=max_num_logprobs,
         logprob_rows=asked,
+        rows=list(rows),
     )
 
 
@@ -225,6 +228,10 @@ def _build_masks(rows: list[SamplingRow], vocab_size: int, device: torch.device)
                 stop_ids.add(row.eos_token_id)
             banned_rows.extend([i] * len(stop_ids))
             banned_cols.extend(sorted(stop_ids))
+        if params.bad_words_token_ids:
+            banned = _bad_word_bans(params.bad_words_token_ids, row.output_token_ids)
+            banned_rows.extend([i] * len(banned))
+            banned_cols.extend(banned)
 
     def ids(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
@@ -242,9 +249,21 @@ def _build_masks(rows: list[SamplingRow], vocab_size: int, device: torch.device)
     return masks
 
 
+def _bad_word_bans(words: list[list[int]], output_token_ids: list[int]) -> list[int]:
+    """vLLM's bad words: a word's last token is banned when the output ends with the rest of
+    it (a one-token word is always banned)."""
+    banned = []
+    for ids in words:
+        prefix = ids[:-1]
+        if not prefix or output_token_ids[len(output_token_ids) - len(prefix):] == prefix:
+            banned.append(ids[-1])
+    return banned
+
+
 def _validate_row(row: SamplingRow, vocab_size: int) -> None:
     params = row.params
-    if params.stop_token_ids or params.allowed_token_ids or params.logit_bias:
+    if (params.stop_token_ids or params.allowed_token_ids or params.logit_bias
+            or params.bad_words_token_ids):
         params.validate_against_vocab(vocab_size)
     if row.eos_token_id is not None and not 0 <= row.eos_token_id < vocab_size:
         raise ValueError(f"eos_token_id must be in [0, {vocab_size}), got {row.eos_token_id}")

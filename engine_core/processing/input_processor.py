@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ class InputProcessor:
         vocab_size: int,
         eos_token_id: int | None = None,
         max_logprobs: int = MAX_LOGPROBS,
+        logits_processor_classes: Sequence[type] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -35,6 +37,8 @@ class InputProcessor:
         if max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {max_logprobs}")
         self.max_logprobs = max_logprobs
+        # Custom logits processors' classes: each validates a request's extra_args up front.
+        self.logits_processor_classes = tuple(logits_processor_classes)
 
     def process(
         self,
@@ -52,6 +56,7 @@ class InputProcessor:
             raise ValueError(f"priority must be an int, got {priority!r}")
         params = self._validate_params(params)
         text, token_ids, salt = self._tokenize(prompt)
+        token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         cache_salt = cache_salt if cache_salt is not None else salt
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty str, got {cache_salt!r}")
@@ -88,7 +93,13 @@ class InputProcessor:
                     f"{name} must be <= max_logprobs ({self.max_logprobs}), got {value}"
                     + (f" (the whole vocabulary, {asked} tokens)" if value == -1 else "")
                 )
+        if params.bad_words and params.bad_words_token_ids is None:
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         params.validate_against_vocab(self.vocab_size)
+        for cls in self.logits_processor_classes:
+            validate = getattr(cls, "validate_params", None)
+            if validate is not None:
+                validate(params)  # ValueError naming the bad extra_args entry
         if params.allowed_token_ids and params.min_tokens > 0:
             # Until min_tokens, stop ids (and EOS) are masked: an allowed set made only of them
             # would leave nothing to sample.
@@ -135,6 +146,17 @@ class InputProcessor:
             return text, self._encode_text(text), salt
         raise ValueError("prompt dict needs one of 'prompt', 'prompt_token_ids' or 'messages'")
 
+    def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: max_model_len)."""
+        if keep is None:
+            return token_ids
+        if keep == -1:
+            keep = self.max_model_len
+        if keep > self.max_model_len:
+            raise ValueError(f"truncate_prompt_tokens ({keep}) must be <= max_model_len "
+                             f"({self.max_model_len})")
+        return token_ids[-keep:]
+
     def _encode_text(self, text: str) -> list[int]:
         if not text:
             raise ValueError("prompt must not be empty")
@@ -166,3 +188,18 @@ def _check_messages(messages: object) -> list[dict[str, str]]:
         ):
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content'")
     return messages
+
+
+def bad_words_token_ids(tokenizer: Tokenizer, bad_words: list[str]) -> list[list[int]]:
+    """Token ids of each bad word, alone and after a space (a word mid-text usually starts with
+    one), as vLLM tokenizes them; the spaced form only when it is a different word token of
+    the same length."""
+    result: list[list[int]] = []
+    for word in bad_words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if plain:
+            result.append(plain)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            result.append(spaced)
+    return result

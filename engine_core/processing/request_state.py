@@ -24,8 +24,10 @@ class SequenceState:
         self.request_id = request_id
         self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params)
+        # detokenize=False (vLLM): token ids only, no text, no decoded_token.
+        self.detokenize = params.detokenize
         self.logprobs = LogprobsProcessor(tokenizer, params.logprobs, params.prompt_logprobs,
-                                          prompt_token_ids)
+                                          prompt_token_ids, detokenize=params.detokenize)
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -45,7 +47,7 @@ class SequenceState:
         stop_terminated = output.finish_reason == "stop"
         stop_string = self.detokenizer.update(
             output.new_token_ids, stop_terminated, finished=output.finished
-        )
+        ) if self.detokenize else None
         if stop_string is not None:
             self.finish_reason = "stop"
             self.stop_reason = stop_string
@@ -76,7 +78,8 @@ class SequenceState:
         return len(self.token_ids) - self._num_sent_tokens >= stream_interval
 
     def completion(self, delta: bool) -> CompletionOutput:
-        text = self.detokenizer.get_next_output_text(self.finished, delta)
+        text = (self.detokenizer.get_next_output_text(self.finished, delta)
+                if self.detokenize else "")
         logprobs = self.logprobs.logprobs
         if delta:
             token_ids = self.token_ids[self._num_sent_tokens :]

@@ -6,6 +6,7 @@ the field; services map that to INVALID_ARGUMENT before anything changes.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
@@ -17,7 +18,8 @@ PromptType = str | dict[str, Any]
 _OPTIONAL_SCALARS = (
     "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "min_tokens", "logprobs", "prompt_logprobs",
-    "skip_special_tokens", "spaces_between_special_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "detokenize",
+    "truncate_prompt_tokens",
 )
 
 
@@ -42,6 +44,12 @@ def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
             msg.logit_bias[int(token_id)] = float(bias)
     if params.allowed_token_ids is not None:
         msg.allowed_token_ids.extend(params.allowed_token_ids)
+    if params.bad_words:
+        msg.bad_words.extend(params.bad_words)
+    for ids in params.bad_words_token_ids or ():
+        msg.bad_words_token_ids.add().ids.extend(ids)
+    if params.extra_args is not None:
+        msg.extra_args_json = json.dumps(params.extra_args)
     return msg
 
 
@@ -65,7 +73,14 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         logit_bias=dict(msg.logit_bias) or None,
         allowed_token_ids=list(msg.allowed_token_ids) or None,
         output_kind=RequestOutputKind(msg.output_kind),
+        bad_words=list(msg.bad_words) or None,
+        bad_words_token_ids=[list(t.ids) for t in msg.bad_words_token_ids] or None,
     )
+    if msg.HasField("extra_args_json"):
+        try:
+            kwargs["extra_args"] = json.loads(msg.extra_args_json)
+        except ValueError as exc:
+            raise ValueError(f"extra_args_json must be a JSON object: {exc}") from None
     return SamplingParams(**kwargs)
 
 
