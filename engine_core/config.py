@@ -55,6 +55,8 @@ class EngineArgs:
     kv_offload_bytes: int = 0
     max_logprobs: int = 20
     stream_interval: int = 1  # streaming outputs every k tokens (and the first and last)
+    # Batches in flight at once (vLLM's batch queue): 2 schedules step N+1 while N computes.
+    max_concurrent_batches: int = 1
     # Custom logits processors (vLLM v1's LogitsProcessor): classes or "pkg.module:Class".
     logits_processors: list[Any] | None = None
     log_stats: bool = False
@@ -77,6 +79,9 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_concurrent_batches < 1:
+            raise ValueError("max_concurrent_batches must be >= 1, got "
+                             f"{self.max_concurrent_batches}")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_logprobs < -1:
@@ -169,6 +174,9 @@ _HELP = {
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",
     "logits_processors": "custom logits processors, each 'package.module:Class' (vLLM v1's "
                          "LogitsProcessor interface; applied per request from extra_args)",
+    "max_concurrent_batches": "batches in flight at once: 2 schedules step N+1 on the engine "
+                              "thread while step N computes on a worker thread (vLLM's batch "
+                              "queue; outputs unchanged). 1 (default): off",
     "stream_interval": "streaming requests get an output every k tokens (always the first "
                        "and the last); 1: every step",
     "max_logprobs": "most logprobs / prompt_logprobs a request may ask for (-1: no limit)",

@@ -15,7 +15,8 @@ import torch
 
 from engine_core.config import EngineArgs
 from engine_core.connector import kv_control
-from engine_core.core.engine_io import EngineCoreOutputs, EngineCoreRequest
+from engine_core.core.batch_queue import BatchQueue
+from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
@@ -44,6 +45,12 @@ class EngineCore:
         self.last_scheduler_output: SchedulerOutput | None = None  # the latest step's (spans)
         # The thread that loaded the model; stepping from another is slow on CPU (see step()).
         self._load_thread: int | None = threading.get_ident()
+        # max_concurrent_batches > 1: schedule step N+1 while step N computes (vLLM's batch
+        # queue). Off by default: on CPU the worker thread's own OpenMP team makes every
+        # forward slower (see _warn_other_thread), which outweighs the overlap.
+        self.batch_queue: BatchQueue | None = None
+        if args.max_concurrent_batches > 1:
+            self.batch_queue = BatchQueue(args.max_concurrent_batches, runner.execute_model)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
@@ -100,6 +107,8 @@ class EngineCore:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
 
     def step(self) -> EngineCoreOutputs:
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue()
         if not self.scheduler.has_requests():
             return EngineCoreOutputs(outputs=[])
         if self._load_thread is not None and threading.get_ident() != self._load_thread:
@@ -108,6 +117,30 @@ class EngineCore:
         self.last_scheduler_output = scheduler_output
         runner_output = self.runner.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return self._finish_step(outputs)
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Schedule and queue a batch; while the queue has room and work was scheduled, return
+        at once (no outputs), else wait for the oldest batch and apply its result."""
+        queue = self.batch_queue
+        assert queue is not None
+        if self.scheduler.has_requests():
+            scheduler_output = self.scheduler.schedule()
+            computes = scheduler_output.total_num_scheduled_tokens > 0
+            # An empty batch still carries finished / preempted ids for the runner.
+            if computes or scheduler_output.finished_req_ids or \
+                    scheduler_output.preempted_req_ids or not len(queue):
+                self.last_scheduler_output = scheduler_output
+                queue.submit(scheduler_output)
+            if computes and not queue.full:
+                return EngineCoreOutputs(outputs=[], timestamp=time.time())
+        if not len(queue):
+            return EngineCoreOutputs(outputs=[])
+        scheduler_output, runner_output = queue.pop_oldest()
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return self._finish_step(outputs)
+
+    def _finish_step(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
         self.num_steps += 1
         self.throughput.add(sum(len(o.new_token_ids) for o in outputs))
         finished = {o.request_id for o in outputs if o.finished}
@@ -126,7 +159,8 @@ class EngineCore:
                            "steps it")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        # A batch still in flight has results to deliver even if its requests were aborted.
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()

@@ -34,7 +34,7 @@ def engine_core(tiny_model_dir: Path) -> EngineCore:
 
 def _drain(core: EngineCore, max_steps: int = 200) -> None:
     for _ in range(max_steps):
-        if not core.scheduler.has_requests():
+        if not core.scheduler.has_requests() and not core.batch_queue:
             return
         core.step()
     raise AssertionError("engine core still busy")
@@ -114,8 +114,51 @@ def test_engine_core_advanced_sampling(engine_core: EngineCore) -> None:
         assert 4 <= len(tokens) <= 6
 
 
-def test_engine_core_concurrent_batches() -> None:
-    pytest.skip("missing feature: max_concurrent_batches / batch queue (step_with_batch_queue)")
+def test_engine_core_concurrent_batches(tiny_model_dir: Path) -> None:
+    """max_concurrent_batches=2: step N+1 is scheduled while step N computes; each call then
+    consumes the oldest batch's result."""
+    core = EngineCore.from_engine_args(EngineArgs(
+        model=str(tiny_model_dir), dtype="float32", device="cpu", num_gpu_blocks_override=64,
+        max_model_len=128, max_num_seqs=2, enable_prefix_caching=False,
+        max_num_batched_tokens=10, max_concurrent_batches=2))
+    queue = core.batch_queue
+    assert queue is not None
+    req0, req1 = make_request("0", max_tokens=5), make_request("1", max_tokens=5)
+    core.add_request(req0)
+    core.add_request(req1)
+    requests = core.scheduler.requests
+
+    # Batch 1: (10, req0); nothing to return yet.
+    assert core.step().outputs == []
+    assert len(queue) == 1 and queue.newest().num_scheduled_tokens == {"0": 10}
+    assert requests["0"].num_computed_tokens == 10  # advanced when scheduled
+    # Batch 2: (2, req0), (8, req1); batch 1 (a partial prefill) completes with no tokens.
+    assert core.step().outputs == []
+    assert len(queue) == 1 and queue.newest().num_scheduled_tokens == {"0": 2, "1": 8}
+    assert (requests["0"].num_computed_tokens, requests["1"].num_computed_tokens) == (12, 8)
+    # Batch 3: (4, req1) only: req0 waits for its first token, which batch 2 delivers now.
+    outputs = core.step().outputs
+    assert queue.newest().num_scheduled_tokens == {"1": 4}
+    assert [o.request_id for o in outputs] == ["0"] and requests["0"].num_tokens == 13
+    # Batch 4: (1, req0); batch 3 gives req1's first token.
+    outputs = core.step().outputs
+    assert queue.newest().num_scheduled_tokens == {"0": 1}
+    assert [o.request_id for o in outputs] == ["1"] and requests["1"].num_tokens == 13
+    # From here the two requests alternate: every call consumes one batch, one token.
+    expected = {"0": 14, "1": 14}
+    turn = "0"
+    for _ in range(20):
+        if core.scheduler.get_num_unfinished_requests() < 2:
+            break
+        outputs = core.step().outputs
+        assert [o.request_id for o in outputs] == [turn]
+        if turn in requests:
+            assert requests[turn].num_tokens == expected[turn]
+        expected[turn] += 1
+        turn = "1" if turn == "0" else "0"
+    _drain(core)
+    assert not core.has_unfinished_requests() and len(queue) == 0
+    core.batch_queue.shutdown()  # type: ignore[union-attr]
 
 
 def test_engine_core_tp() -> None:
