@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
 
 // decode_attention.cpp
 void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
@@ -19,6 +20,9 @@ void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
 void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                        at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
                        at::Tensor q_lens, at::Tensor seq_lens, double scale);
+
+// linear_small.cpp
+void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
 
 // elementwise.cpp
 void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);

@@ -1,4 +1,5 @@
-"""Linear layers packed for oneDNN after loading: same outputs, dense copies released."""
+"""Linear layers packed for oneDNN after loading: same outputs, dense copies released where
+nothing reads them; a few rows go to the few-row kernel, which reads the dense weight."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine_core.model_executor.layers import linear as linear_layer
 from engine_core.model_executor.layers.linear import Linear, pack_linear_weights
 from engine_core.model_executor.loader import load_model
 from engine_core.model_executor.model_config import load_model_config
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.skipif(cpu_linear.unavailable_reason() is not None,
                                        f"{cpu_linear.unavailable_reason()}")
 
 
-def test_a_packed_layer_computes_what_it_did(tmp_path: Path) -> None:
+def test_a_packed_layer_computes_what_it_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_layer, "small_m_applies", lambda weight: False)
     layer = Linear(48, 24, bias=True)
     x = torch.randn(5, 48)
     with torch.inference_mode():
@@ -40,8 +43,43 @@ def test_every_linear_is_packed_and_a_shared_weight_kept(tmp_path: Path, tied: b
         assert pack_linear_weights(model) == len(linears)
         # The embedding still reads the table a tied lm_head shares; the rest are released.
         assert model.model.embed_tokens.weight.device.type == "cpu"
-        assert (model.lm_head.weight.device.type == "cpu") == tied
-        assert model.model.layers[0].mlp.down_proj.weight.device.type == "meta"
+        assert (model.lm_head.weight.device.type == "cpu") == (tied or model.lm_head.small_m)
+        down = model.model.layers[0].mlp.down_proj
+        assert (down.weight.device.type == "meta") == (not down.small_m)
         torch.testing.assert_close(model.compute_logits(model.model.embed_tokens(ids)),
                                    logits_before, rtol=1e-6, atol=1e-6)
         assert pack_linear_weights(model) == 0  # already packed: nothing to do
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_a_few_rows_read_the_dense_weight_and_more_take_onednn(
+        monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int) -> None:
+    if not cpu_linear.small_m_applies(torch.empty(4, 4)):
+        pytest.skip("CPU kernels not built")
+    layer = Linear(75, 41, bias=True).to(dtype)  # not multiples of the vector width
+    x = torch.randn(rows, 75).to(dtype)
+    with torch.inference_mode():
+        want = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+        layer.pack(keep_dense=False)
+        assert layer.small_m and layer.weight.device.type == "cpu"
+        small_calls: list[int] = []
+        real = linear_layer.linear_small
+        monkeypatch.setattr(linear_layer, "linear_small",
+                            lambda x, w, b: small_calls.append(x.shape[0]) or real(x, w, b))
+        got = layer(x)
+    assert small_calls == ([rows] if rows <= cpu_linear.SMALL_M else [])
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * 4)
+
+
+def test_linear_small_names_what_it_refuses() -> None:
+    if not cpu_linear.small_m_applies(torch.empty(4, 4)):
+        pytest.skip("CPU kernels not built")
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="1 <= M <= 4"):
+        cpu_linear.linear_small(torch.randn(5, 16), w, None)
+    with pytest.raises(ValueError, match="x has 12 features, the weight takes 16"):
+        cpu_linear.linear_small(torch.randn(2, 12), w, None)
+    with pytest.raises(ValueError, match="weight's dtype"):
+        cpu_linear.linear_small(torch.randn(2, 16).bfloat16(), w, None)

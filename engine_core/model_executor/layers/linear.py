@@ -1,9 +1,12 @@
-"""nn.Linear whose CPU forward goes through oneDNN (kernels/cpu_linear.py explains why).
+"""nn.Linear whose CPU forward goes through oneDNN, or Strand's own kernel for a few rows
+(kernels/cpu_linear.py explains both).
 
-After loading, `pack_linear_weights` swaps each layer's weight for oneDNN's blocked copy, made
-once instead of on every call. The dense weight is released (the packed copy replaces it, so
-memory stays what it was) unless another module shares it, as a tied lm_head shares the
-embedding table.
+After loading, `pack_linear_weights` gives each layer oneDNN's blocked copy of its weight, made
+once instead of on every call. The dense weight stays where the few-row kernel reads it (decode
+steps of up to SMALL_M requests: a read of the weights, 1.6x oneDNN's speed at one row), or where
+another module shares it, as a tied lm_head shares the embedding table; else it is released, so
+memory stays what it was. Keeping both costs the weights' size once more: the price of decode
+speed at small batches.
 """
 
 from __future__ import annotations
@@ -11,24 +14,36 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu_linear import linear, linear_packed, pack_weight
+from kernels.cpu_linear import (
+    SMALL_M,
+    linear,
+    linear_packed,
+    linear_small,
+    pack_weight,
+    small_m_applies,
+)
 
 
 class Linear(nn.Linear):
-    packed: torch.Tensor | None = None  # set by pack(); the weight is then not read
+    packed: torch.Tensor | None = None  # set by pack(): oneDNN's copy of the weight
+    small_m: bool = False  # set by pack(): up to SMALL_M rows go to linear_small
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
+        if self.small_m and x.dim() == 2 and x.shape[0] <= SMALL_M and x.dtype == self.weight.dtype:
+            return linear_small(x, self.weight, self.bias)
         if self.packed is not None:
             return linear_packed(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
 
     def pack(self, keep_dense: bool) -> bool:
-        """Use oneDNN's blocked copy of the weight from now on; False where it does not apply."""
+        """Use oneDNN's blocked copy of the weight from now on, and the few-row kernel where it
+        applies; False where oneDNN does not apply."""
+        self.small_m = small_m_applies(self.weight)
         packed = pack_weight(self.weight)
         if packed is None:
             return False
         self.packed = packed
-        if not keep_dense:
+        if not keep_dense and not self.small_m:
             # An empty meta tensor keeps the attribute (and in/out features) without the bytes.
             self.weight = nn.Parameter(torch.empty(0, device="meta", dtype=self.weight.dtype),
                                        requires_grad=False)

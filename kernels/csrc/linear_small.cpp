@@ -1,0 +1,84 @@
+#include "kernels.h"
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "vec16.h"
+
+// out[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a few rows of x (M <= 4): decode steps of a few
+// requests. A GEMM library is built for products that reuse each weight many times; here each
+// weight is used M times, so the product is a read of the weights and nothing else. This streams
+// each weight row once, contiguous per thread (the hardware prefetchers see one run), and
+// serves all M rows of x from it. float32 or bfloat16 weights (bf16: half the bytes to read),
+// x in the weight's dtype, computed in float32 and rounded once per output.
+namespace {
+using namespace strand;
+
+constexpr int kRowBlock = 4;  // weight rows whose dot products run together (independent chains)
+
+template <typename T, int M>
+void rows_task(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N, int64_t n0,
+               int64_t n1, const float* xf) {
+  const int64_t KV = K / kLanes * kLanes;
+  for (int64_t n = n0; n < n1; n += kRowBlock) {
+    const int64_t nr = std::min<int64_t>(kRowBlock, n1 - n);
+    vl acc[kRowBlock][M];
+    for (int r = 0; r < kRowBlock; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = vl{};
+    const T* rows[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
+    for (int64_t k = 0; k < KV; k += kLanes) {
+      vl xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = load_l(xf + m * K + k);
+      for (int r = 0; r < kRowBlock; ++r) {
+        const vl wv = load_l(rows[r] + k);
+        for (int m = 0; m < M; ++m) acc[r][m] += wv * xv[m];
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      for (int m = 0; m < M; ++m) {
+        float sum = 0.f;
+        for (int l = 0; l < kLanes; ++l) sum += acc[r][m][l];
+        for (int64_t k = KV; k < K; ++k) sum += to_float(rows[r][k]) * xf[m * K + k];
+        if (bias != nullptr) sum += to_float(bias[n + r]);
+        store_scalar(out + m * N + n + r, sum);
+      }
+    }
+  }
+}
+
+template <typename T, int M>
+void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
+  // x in float32 once (it is read N times); a few KB.
+  std::vector<float> xf(M * K);
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(x[i]);
+  // Whole row blocks per thread, at least 64 rows each: fewer and the threads' start costs more
+  // than their share of the read.
+  at::parallel_for(0, (N + kRowBlock - 1) / kRowBlock, 64 / kRowBlock, [&](int64_t b0, int64_t b1) {
+    rows_task<T, M>(x, w, bias, out, K, N, b0 * kRowBlock, std::min(N, b1 * kRowBlock), xf.data());
+  });
+}
+
+template <typename T>
+void by_m(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, int64_t N) {
+  switch (M) {
+    case 1: run<T, 1>(x, w, bias, out, K, N); break;
+    case 2: run<T, 2>(x, w, bias, out, K, N); break;
+    case 3: run<T, 3>(x, w, bias, out, K, N); break;
+    default: run<T, 4>(x, w, bias, out, K, N);
+  }
+}
+}  // namespace
+
+void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  TORCH_CHECK(M >= 1 && M <= 4, "linear_small takes 1 to 4 rows, got ", M);
+  if (x.scalar_type() == at::kBFloat16) {
+    const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
+    by_m<bf16>(static_cast<const bf16*>(x.data_ptr()), static_cast<const bf16*>(weight.data_ptr()),
+               b, static_cast<bf16*>(out.data_ptr()), M, K, N);
+  } else {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    by_m<float>(x.data_ptr<float>(), weight.data_ptr<float>(), b, out.data_ptr<float>(), M, K, N);
+  }
+}
