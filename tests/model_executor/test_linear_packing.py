@@ -83,3 +83,21 @@ def test_linear_small_names_what_it_refuses() -> None:
         cpu_linear.linear_small(torch.randn(2, 12), w, None)
     with pytest.raises(ValueError, match="weight's dtype"):
         cpu_linear.linear_small(torch.randn(2, 16).bfloat16(), w, None)
+
+
+def test_bfloat16_without_onednn_bf16_goes_through_a_float32_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on an AVX2-only CPU: oneDNN takes float32 only.
+    real_pack = linear_layer.pack_weight
+    monkeypatch.setattr(linear_layer, "pack_weight",
+                        lambda w: None if w.dtype == torch.bfloat16 else real_pack(w))
+    layer = Linear(64, 24, bias=True).to(torch.bfloat16)
+    x = torch.randn(16, 64).bfloat16()
+    with torch.inference_mode():
+        want = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+        assert layer.pack(keep_dense=False)
+        assert layer.packed is not None and layer.packed.dtype == torch.float32
+        got = layer(x)
+    assert got.dtype == torch.bfloat16
+    # One bfloat16 rounding of float32 sums (the order of the sums may differ: one step at most).
+    torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=1e-2)

@@ -32,6 +32,9 @@ class Linear(nn.Linear):
         if self.small_m and x.dim() == 2 and x.shape[0] <= SMALL_M and x.dtype == self.weight.dtype:
             return linear_small(x, self.weight, self.bias)
         if self.packed is not None:
+            if self.packed.dtype != x.dtype:  # bfloat16 through a float32 copy (see pack)
+                bias = None if self.bias is None else self.bias.float()
+                return linear_packed(x.float(), self.packed, bias).to(x.dtype)
             return linear_packed(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
 
@@ -40,6 +43,11 @@ class Linear(nn.Linear):
         applies; False where oneDNN does not apply."""
         self.small_m = small_m_applies(self.weight)
         packed = pack_weight(self.weight)
+        if packed is None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu":
+            # No oneDNN bfloat16 kernels on this CPU (AVX2-only): torch's own bfloat16 GEMM runs
+            # at a sixth of float32's speed there. Products of many rows go through a float32
+            # copy instead: bfloat16 inputs, float32 sums, one rounding, as a bfloat16 GEMM does.
+            packed = pack_weight(self.weight.float())
         if packed is None:
             return False
         self.packed = packed
