@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
+import os
 import sys
 import tempfile
 import time
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine_core.config import EngineArgs
+from services.common.errors import LOG_LEVEL_ENV, UserError, run_main
 
 if TYPE_CHECKING:
     from services.launch import Stack
@@ -33,10 +34,26 @@ _NOT_FORWARDED = {"model", "otlp_traces_endpoint"}
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = ["serve", "demo", "make-tiny-model", *_SERVICE_MAINS]
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print(f"usage: strand {{{','.join(commands)}}} [options]\n\n{__doc__}", file=sys.stderr)
-        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    if "--debug" in argv:
+        # Inherited by the services serve starts: their tracebacks and DEBUG logs show too.
+        argv = [a for a in argv if a != "--debug"]
+        os.environ[LOG_LEVEL_ENV] = "DEBUG"
+    usage = f"usage: strand [--version] [--debug] {{{','.join(commands)}}} [options]"
+    if argv and argv[0] == "--version":
+        print(f"strand {_version()}")
+        return
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"{usage}\n\n{__doc__}", file=sys.stderr)
+        sys.exit(0 if argv else 2)
+    if argv[0] not in commands:
+        print(f"strand: error: unknown command {argv[0]!r} (choose from {', '.join(commands)})"
+              f"\n{usage}", file=sys.stderr)
+        sys.exit(2)
     command, rest = argv[0], argv[1:]
+    run_main(f"strand {command}", lambda: _run(command, rest))
+
+
+def _run(command: str, rest: list[str]) -> None:
     if command in _SERVICE_MAINS:
         import importlib
 
@@ -47,6 +64,15 @@ def main(argv: list[str] | None = None) -> None:
         demo(rest)
     else:
         make_tiny_model_cmd(rest)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("strand")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _stack_parser(prog: str) -> argparse.ArgumentParser:
@@ -100,35 +126,57 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
 
 
 def serve(argv: list[str]) -> None:
-    parser = _stack_parser("strand serve")
-    args = parser.parse_args(argv)
-    from engine_core.default_model import resolve_model_dir
+    from services.launch import Interrupted, check_port_free, interrupt_on_signals
 
-    stack = _launch(args, parser, resolve_model_dir(args.model))
-    print(f"strand gateway ready at {stack.gateway_address}", flush=True)
-    stopping = False
+    # Handlers first: a signal at any moment from here on stops every service started so far.
+    with interrupt_on_signals():
+        parser = _stack_parser("strand serve")
+        args = parser.parse_args(argv)
+        from engine_core.default_model import resolve_model_dir
+        from services.common.errors import check_model_dir
 
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        try:
+            model = resolve_model_dir(args.model)
+            check_model_dir(model, args.tokenizer)  # before any stage starts (one clear line)
+            check_port_free(args.host, args.port)
+            stack = _launch(args, parser, model)  # stops what it started if interrupted
+        except Interrupted as exc:
+            raise UserError(f"{exc} during start-up; every service started is stopped") from exc
+        print(f"strand gateway ready at {stack.gateway_address}", flush=True)
+        _watch(stack)
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+
+def _watch(stack: Stack) -> None:
+    """Report services that exit; stop them all on SIGINT/SIGTERM (exit code 0)."""
+    from services.launch import Interrupted
+
     reported: set[str] = set()
     try:
-        while not stopping:
+        while True:
             for name, process in stack.processes.items():
                 if process.poll() is not None and name not in reported:
                     reported.add(name)
                     print(f"strand: {name} exited with code {process.returncode}",
                           file=sys.stderr)
             time.sleep(0.2)
+    except Interrupted:
+        pass
     finally:
         stack.stop()
         print("strand: stopped", flush=True)
 
 
 def demo(argv: list[str]) -> None:
+    from services.launch import Interrupted, interrupt_on_signals
+
+    with interrupt_on_signals():
+        try:
+            _demo(argv)
+        except Interrupted as exc:
+            raise UserError(f"{exc}; every service started is stopped") from exc
+
+
+def _demo(argv: list[str]) -> None:
     parser = _stack_parser("strand demo")
     parser.set_defaults(port=0)
     args = parser.parse_args(argv)
@@ -154,17 +202,30 @@ def demo(argv: list[str]) -> None:
 
 
 def make_tiny_model_cmd(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="strand make-tiny-model")
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--arch", default="llama")
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--num-kv-heads", type=int, default=2)
-    parser.add_argument("--vocab-size", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
+    from engine_core.model_executor.tiny_model import ARCHITECTURES, make_tiny_model
+
+    parser = argparse.ArgumentParser(
+        prog="strand make-tiny-model",
+        description="Write a tiny random model (config.json, safetensors, a tiny tokenizer) "
+                    "that every command takes as --model; prints its path.")
+    parser.add_argument("out_dir", type=Path, help="directory to write (created if missing)")
+    # Checked by make_tiny_model, not argparse choices: one line and exit code 1 like any error.
+    parser.add_argument("--arch", default="llama",
+                        help=f"architecture: {', '.join(ARCHITECTURES)} (default: %(default)s)")
+    parser.add_argument("--num-layers", type=int, default=2,
+                        help="decoder layers (default: %(default)s)")
+    parser.add_argument("--hidden-size", type=int, default=64,
+                        help="hidden size, a multiple of --num-heads with an even head size "
+                             "(default: %(default)s)")
+    parser.add_argument("--num-heads", type=int, default=4,
+                        help="attention heads (default: %(default)s)")
+    parser.add_argument("--num-kv-heads", type=int, default=2,
+                        help="KV heads, dividing --num-heads (default: %(default)s)")
+    parser.add_argument("--vocab-size", type=int, default=512,
+                        help="vocabulary size (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random weights (default: %(default)s)")
     args = parser.parse_args(argv)
-    from engine_core.model_executor.tiny_model import make_tiny_model
 
     path = make_tiny_model(args.out_dir, arch=args.arch, num_layers=args.num_layers,
                            hidden_size=args.hidden_size, num_heads=args.num_heads,

@@ -40,6 +40,15 @@ class RequestError(ValueError):
         self.code = code
 
 
+class ServerUnavailable(ConnectionError):
+    """No gateway answers at the address (not started, wrong address, or gone)."""
+
+    def __init__(self, target: str, details: str) -> None:
+        super().__init__(f"no strand gateway answering at {target} ({details}); is "
+                         f"`strand serve` running, on that port?")
+        self.target = target
+
+
 class EngineClient:
     def __init__(self, target: str, api_key: str | None = None,
                  root_certificates: bytes | None = None, timeout: float | None = 300.0) -> None:
@@ -51,6 +60,7 @@ class EngineClient:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._target = target
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
         self._timeout = timeout
         self._auto_step: bool | None = None
@@ -127,7 +137,7 @@ class EngineClient:
         call = self._stub.Generate(msg, metadata=self._metadata())
         try:
             if self._auto_step:
-                for output in _raise_user_errors(call):
+                for output in _raise_user_errors(call, self._target):
                     yield request_output_from_pb(output)
             else:
                 yield from self._generate_manual(call)
@@ -138,10 +148,10 @@ class EngineClient:
         try:
             metadata = dict(call.initial_metadata())  # arrives once the request is added
         except grpc.RpcError as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._target) from exc
         request_id = metadata.get("strand-request-id", "")
         inbox: queue.Queue[pb.RequestOutput | BaseException | None] = queue.Queue()
-        reader = threading.Thread(target=_drain, args=(call, inbox), daemon=True)
+        reader = threading.Thread(target=_drain, args=(call, inbox, self._target), daemon=True)
         reader.start()
         while True:
             # Endings that need no Step (abort elsewhere, a lost stage) may already be here.
@@ -191,23 +201,27 @@ class EngineClient:
         try:
             return method(msg, metadata=self._metadata(), timeout=self._timeout)
         except grpc.RpcError as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._target) from exc
 
 
-def _translate(exc: grpc.RpcError) -> Exception:
+def _translate(exc: grpc.RpcError, target: str) -> Exception:
     code = exc.code()  # type: ignore[attr-defined]
     if code in _USER_ERRORS:
         return RequestError(code, exc.details())  # type: ignore[attr-defined]
+    details = str(exc.details())  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
+        # Nothing listens there: say so, instead of a raw _InactiveRpcError.
+        return ServerUnavailable(target, "connection refused")
     return exc
 
 
-def _raise_user_errors(call: Any) -> Iterator[pb.RequestOutput]:
+def _raise_user_errors(call: Any, target: str) -> Iterator[pb.RequestOutput]:
     try:
         yield from call
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
             return
-        raise _translate(exc) from exc
+        raise _translate(exc, target) from exc
 
 
 def _take_all(inbox: queue.Queue[Any]) -> list[Any]:
@@ -219,11 +233,12 @@ def _take_all(inbox: queue.Queue[Any]) -> list[Any]:
             return items
 
 
-def _drain(call: Any, inbox: queue.Queue[pb.RequestOutput | BaseException | None]) -> None:
+def _drain(call: Any, inbox: queue.Queue[pb.RequestOutput | BaseException | None],
+           target: str) -> None:
     try:
         for output in call:
             inbox.put(output)
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-            inbox.put(_translate(exc))
+            inbox.put(_translate(exc, target))
     inbox.put(None)

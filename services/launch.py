@@ -11,16 +11,81 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.errors import UserError
+
 STAGES = ("tokenizer", "engine", "detokenizer")
 SERVICES = (*STAGES, "gateway")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while interrupt_on_signals was in force."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+# While a child is being spawned a signal is held back (raised right after): an exception in
+# the middle of Popen would leave a started child that nobody tracks.
+_spawning = False
+_held_signal: int | None = None
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    global _held_signal
+    if _spawning:
+        _held_signal = signum
+        return
+    raise Interrupted(signum)
+
+
+@contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGINT/SIGTERM raise Interrupted in the main thread from here on, so a `finally` that
+    stops the stack runs whenever they come (before launch, during start-up, or later)."""
+    previous = {sig: signal.signal(sig, _raise_interrupted)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_ignored() -> Iterator[None]:
+    """While the stack stops: a second Ctrl-C must not cut the stop short and orphan children."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def check_port_free(host: str, port: int, flag: str = "--port") -> None:
+    """UserError naming the port and the flag when something already listens on host:port."""
+    if port == 0:
+        return
+    with socket.socket() as sock:
+        # SO_REUSEADDR as the gRPC server sets it: only a listening socket is a conflict.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"port {port} on {host} is in use ({exc.strerror}); "
+                            f"choose another with {flag}") from exc
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -111,9 +176,19 @@ class Stack:
         # The stages import `services` from this checkout whether or not it is installed.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        self.processes[name] = subprocess.Popen(self.command(name), stdout=out,  # type: ignore[arg-type]
-                                                stderr=subprocess.STDOUT if log_dir else None,
-                                                env=env)
+        global _spawning, _held_signal
+        _spawning = True
+        try:
+            # Own session: a terminal's Ctrl-C reaches only the launcher, which stops each
+            # service in order (instead of four half-started services each printing a trace).
+            self.processes[name] = subprocess.Popen(
+                self.command(name), stdout=out,  # type: ignore[arg-type]
+                stderr=subprocess.STDOUT if log_dir else None, env=env, start_new_session=True)
+        finally:
+            _spawning = False
+        held, _held_signal = _held_signal, None
+        if held is not None:
+            raise Interrupted(held)
 
     def kill(self, name: str) -> None:
         """SIGKILL one service (fault tests): no chance to clean up, as in a crash."""
@@ -123,6 +198,13 @@ class Stack:
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM every service (gateway first), then SIGKILL what is still running."""
+        if threading.current_thread() is threading.main_thread():
+            with signals_ignored():
+                self._stop(timeout)
+        else:
+            self._stop(timeout)
+
+    def _stop(self, timeout: float) -> None:
         order = ["gateway", *STAGES]
         for name in order:
             process = self.processes.get(name)

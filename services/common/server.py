@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.errors import UserError
 from services.common.tracing import init_tracing, shutdown_tracing
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,10 @@ async def run_server(name: str, options: ServerOptions,
     # requests) must never be refused, or its outputs would be lost.
     server_options = [("grpc.max_receive_message_length", options.max_message_bytes),
                       ("grpc.max_send_message_length",
-                       max(options.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES))]
+                       max(options.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES)),
+                      # gRPC sets SO_REUSEPORT by default: a second stack would then bind the
+                      # same port silently and the kernel would share connections between them.
+                      ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(interceptors=interceptors, options=server_options)
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
@@ -113,12 +117,16 @@ async def run_server(name: str, options: ServerOptions,
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)
     address = f"{options.host}:{options.port}"
-    if options.tls_cert and options.tls_key:
-        with open(options.tls_key, "rb") as k, open(options.tls_cert, "rb") as c:
-            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if options.tls_cert and options.tls_key:
+            with open(options.tls_key, "rb") as k, open(options.tls_cert, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc's "Failed to bind to address ..."
+        raise UserError(f"{name}: cannot listen on {address} (the port is in use, or the host "
+                        f"is not a local address); choose another with --port") from exc
     await server.start()
     for service in ("", *names):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

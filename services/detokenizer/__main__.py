@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import grpc
 
 from engine_core.config import EngineArgs
 from services._proto.strand.v1 import detokenizer_pb2, detokenizer_pb2_grpc
+from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
 from services.common.stage_args import make_parser, parse_stage_args
 from services.detokenizer.servicer import DetokenizerServicer
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO)
+    setup_logging()
+    run_main("strand detokenizer", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(make_parser("detokenizer"), argv)
     engine_args = EngineArgs.from_cli_args(args)
     from engine_core.default_model import resolve_model_dir

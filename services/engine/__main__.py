@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import grpc
 
 from engine_core.config import EngineArgs
 from services._proto.strand.v1 import engine_pb2, engine_pb2_grpc
+from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
 from services.common.stage_args import make_parser, parse_stage_args
 from services.engine.servicer import EngineServicer
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO)
+    setup_logging()
+    run_main("strand engine", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(make_parser("engine"), argv)
     servicer = EngineServicer.from_engine_args(EngineArgs.from_cli_args(args))
 

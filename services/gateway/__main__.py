@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import grpc
 
@@ -14,6 +13,7 @@ from services._proto.strand.v1 import (
     gateway_pb2_grpc,
     tokenizer_pb2_grpc,
 )
+from services.common.errors import run_main, setup_logging
 from services.common.server import ServerOptions, run_server
 from services.common.stage_args import make_parser, parse_stage_args
 from services.gateway.flow import GatewayFlow
@@ -22,7 +22,11 @@ from services.gateway.stage_client import StageClient
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO)
+    setup_logging()
+    run_main("strand gateway", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     parser = make_parser("gateway", engine_flags=False)
     parser.add_argument("--tokenizer-addr", default="127.0.0.1:50052")
     parser.add_argument("--engine-addr", default="127.0.0.1:50053")

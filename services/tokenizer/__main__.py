@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import grpc
 
 from engine_core.config import EngineArgs
 from services._proto.strand.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
 from services.common.stage_args import make_parser, parse_stage_args, resolve_model_info
 from services.tokenizer.servicer import TokenizerServicer
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO)
+    setup_logging()
+    run_main("strand tokenizer", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(make_parser("tokenizer"), argv)
     engine_args = EngineArgs.from_cli_args(args)
     from engine_core.processing.input_processor import InputProcessor
