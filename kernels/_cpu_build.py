@@ -104,6 +104,8 @@ class CpuKernels:
         self._lock = threading.Lock()
 
     def module(self, say: Callable[[str], None] | None = None) -> ModuleType | None:
+        if self._module is not None:  # every kernel call asks: no lock once it is loaded
+            return self._module
         with self._lock:
             if self._module is None and self._error is None:
                 self._load(say or logger.info)

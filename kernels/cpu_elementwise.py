@@ -31,8 +31,13 @@ _DTYPES = (torch.float32, torch.bfloat16)
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether these kernels take tensors like these (on CPU, all float32 or all bfloat16) and
     are built."""
-    return (len({t.dtype for t in tensors}) == 1 and tensors[0].dtype in _DTYPES
-            and all(t.device.type == "cpu" for t in tensors) and is_available())
+    dtype = tensors[0].dtype
+    if dtype not in _DTYPES:
+        return False
+    for t in tensors:  # a loop, not generators: this runs some 100 times a decode step
+        if t.dtype != dtype or t.device.type != "cpu":
+            return False
+    return is_available()
 
 
 def _module():  # type: ignore[no-untyped-def]
