@@ -112,12 +112,31 @@ def _engine_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return flags
 
 
+def _build_cpu_kernels(device: str) -> None:
+    """The CPU kernels, built here where the user sees it (once; later starts find them cached
+    and print nothing), before any stage starts: the engine stage would otherwise build them
+    behind its log, and the stack would sit silent for a minute before "ready"."""
+    if device.startswith("cuda"):
+        return
+    import torch
+
+    if device == "auto" and torch.cuda.is_available():
+        return
+    from kernels._cpu_build import ensure_built
+
+    reason = ensure_built(lambda line: print(f"strand: {line}", flush=True))
+    if reason is not None and "STRAND_DISABLE_CPU_KERNELS" not in reason:
+        print(f"strand: CPU kernels unavailable ({reason}); the engine runs the slower "
+              "pure-torch path", file=sys.stderr, flush=True)
+
+
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> Stack:
     from services.launch import StackConfig, launch_stack
 
     gateway_args = ["--auto-step"] if args.auto_step else []
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
+    _build_cpu_kernels(args.device)
     config = StackConfig(model=model, engine_args=_engine_flags(args, parser),
                          gateway_args=gateway_args, host=args.host, gateway_port=args.port,
                          otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
