@@ -4,6 +4,8 @@
    returns the child requests) -> engine (EngineCore.add_request for each child).
 2. Step: engine step -> detokenizer process_outputs -> RequestOutputs (+ stop-string aborts back to
    the engine). Outputs of Generate requests go to their streams, the rest to the Step caller.
+   Steps come from Step calls (manual mode), from the gateway itself (auto mode), or, in manual
+   mode, from the gateway for Generate streams once no Step call has come for a while.
 3. Abort: detokenizer abort_requests (returns child ids) -> engine abort.
 A lost engine or detokenizer ends every live request with finish_reason "error".
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Awaitable, Coroutine
 from typing import Any
@@ -41,11 +45,18 @@ STEPS_IN_FLIGHT = 2
 # its request's end; a request added meanwhile waits for the calls already queued (up to
 # STEPS_IN_FLIGHT * this many steps) before it joins.
 STEPS_PER_CALL_UNSTREAMED = 4
+# Manual mode: a Generate stream steps the engine itself (as auto mode would) once no Step call
+# has come for this long, counted from the stream's start too. A client that drives Generate
+# with Step calls (EngineClient.generate) keeps control; one that only reads the stream
+# (grpcurl) is not left waiting forever.
+SELF_STEP_AFTER_S = 1.0
 
 
 class GatewayFlow:
     def __init__(self, tokenizer: StageClient, engine: StageClient, detokenizer: StageClient,
-                 auto_step: bool = False) -> None:
+                 auto_step: bool = False, self_step_after: float = SELF_STEP_AFTER_S) -> None:
+        if not self_step_after > 0:
+            raise ValueError(f"self_step_after must be > 0 seconds, got {self_step_after}")
         self.tokenizer = tokenizer
         self.engine = engine
         self.detokenizer = detokenizer
@@ -62,14 +73,22 @@ class GatewayFlow:
         self._auto_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._num_adding = 0  # add_request calls past the tokenizer, not yet in the engine
+        self.self_step_after = self_step_after
+        self._self_step_task: asyncio.Task[None] | None = None
+        # Manual mode: when a Step call or a Generate stream last came (time.monotonic()).
+        self._last_step_call = -math.inf
+        self._last_stream_added = -math.inf
 
     def start(self) -> None:
         if self.auto_step and self._auto_task is None:
             self._auto_task = asyncio.get_running_loop().create_task(self._auto_loop())
+        if not self.auto_step and self._self_step_task is None:
+            self._self_step_task = asyncio.get_running_loop().create_task(self._self_step_loop())
 
     async def close(self) -> None:
-        if self._auto_task is not None:
-            self._auto_task.cancel()
+        for task in (self._auto_task, self._self_step_task):
+            if task is not None:
+                task.cancel()
         for client in (self.tokenizer, self.engine, self.detokenizer):
             await client.close()
 
@@ -135,18 +154,24 @@ class GatewayFlow:
                 cumulative=kind == RequestOutputKind.CUMULATIVE,
                 final_only=kind == RequestOutputKind.FINAL_ONLY,
                 num_prompt_tokens=len(processed.request.prompt_token_ids), queue=queue)
+            if queue is not None:
+                self._last_stream_added = time.monotonic()
 
     async def step(self) -> tuple[list[pb.RequestOutput], list[str]]:
         """(outputs for the caller, ids of Generate requests whose output went to their stream)."""
         if self.auto_step:
             owed, self._pending = self._pending, []
             return owed, []
+        self._last_step_call = time.monotonic()
         async with self._lock:
             if not self._live:
                 # Nothing to compute (as EngineCore.step): report endings owed by a lost stage.
                 owed, self._pending = self._pending, []
                 return owed, []
-            outputs = await self._step_once()
+            try:
+                outputs = await self._step_once()
+            finally:
+                self._last_step_call = time.monotonic()
         owed, self._pending = self._pending, []
         returned, streamed = self._deliver(outputs)
         return owed + returned, streamed
@@ -284,6 +309,42 @@ class GatewayFlow:
         while self._live and not self._num_adding and len(in_flight) < STEPS_IN_FLIGHT:
             in_flight.append(asyncio.get_running_loop().create_task(
                 self._engine_step(self._steps_per_call())))
+
+    # -- manual mode: Generate streams nobody steps ---------------------------------------------
+
+    async def _self_step_loop(self) -> None:
+        while True:
+            try:
+                if not self._has_streams():
+                    self._work.clear()
+                    await self._work.wait()
+                    continue
+                wait = self._self_step_wait()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                async with self._lock:
+                    # Re-checked under the lock: a Step call may have run meanwhile.
+                    if not self._has_streams() or self._self_step_wait() > 0:
+                        continue
+                    outputs = await self._step_once()
+                # Outputs of AddRequest requests this step advanced wait for the next Step.
+                returned, _ = self._deliver(outputs)
+                self._pending.extend(returned)
+                if not outputs:
+                    await asyncio.sleep(0.001)  # a step with nothing to report: do not spin
+            except StageError as exc:
+                logger.warning("self-step for Generate streams failed: %s", exc.message)
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(0)  # let waiting RPCs run between steps
+
+    def _has_streams(self) -> bool:
+        return any(live.queue is not None for live in self._live.values())
+
+    def _self_step_wait(self) -> float:
+        """Seconds until Generate streams may step themselves (<= 0: now)."""
+        quiet_since = max(self._last_step_call, self._last_stream_added)
+        return quiet_since + self.self_step_after - time.monotonic()
 
     # -- lost stages ----------------------------------------------------------------------------
 

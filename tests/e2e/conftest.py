@@ -42,8 +42,10 @@ def start_stack(model_dir: Path, log_dir: Path, gateway_args: list[str] | None =
 @pytest.fixture(scope="session")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack-logs")
+    # Generate streams never step themselves here: these tests drive every step with Step.
     with start_stack(tiny_model_dir, log_dir,
-                     ["--max-message-bytes", str(GATEWAY_MAX_MESSAGE_BYTES)]) as s:
+                     ["--max-message-bytes", str(GATEWAY_MAX_MESSAGE_BYTES),
+                      "--self-step-after", "3600"]) as s:
         yield s
 
 
