@@ -29,7 +29,8 @@ class Linear(nn.Linear):
     small_m: bool = False  # set by pack(): up to SMALL_M rows go to linear_small
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
-        if self.small_m and x.dim() == 2 and x.shape[0] <= SMALL_M and x.dtype == self.weight.dtype:
+        if (self.small_m and x.dim() == 2 and 0 < x.shape[0] <= SMALL_M
+                and x.dtype == self.weight.dtype):
             return linear_small(x, self.weight, self.bias)
         if self.packed is not None:
             if self.packed.dtype != x.dtype:  # bfloat16 through a float32 copy (see pack)
