@@ -1,0 +1,96 @@
+"""A user's mistake ends in one clear line on stderr and exit code 1; --debug adds the traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.client import EngineClient, ServerUnavailable
+from services.common.errors import UserError, check_model_dir
+from services.launch import REPO_ROOT, free_port
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+ENV.pop("STRAND_LOG_LEVEL", None)
+
+
+def _strand(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True,
+                          text=True, env=env or ENV, cwd=REPO_ROOT, timeout=120)
+
+
+def test_a_mistyped_model_path_is_one_line_before_any_service_starts(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    result = _strand("serve", "--model", str(missing), "--port", "0")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"strand serve: error: model directory {str(missing)!r} does not exist (--model)"]
+    assert "ready" not in result.stdout
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-model")
+    for result in (_strand("--debug", "serve", "--model", missing, "--port", "0"),
+                   _strand("serve", "--model", missing, "--port", "0",
+                           env={**ENV, "STRAND_LOG_LEVEL": "debug"})):
+        assert result.returncode == 1
+        assert "Traceback (most recent call last)" in result.stderr
+        assert result.stderr.splitlines()[-1].startswith("strand serve: error: model directory")
+
+
+def test_a_bad_arch_is_one_line() -> None:
+    result = _strand("make-tiny-model", "/nonexistent/out", "--arch", "gpt9")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "strand make-tiny-model: error: arch must be one of llama, mistral, qwen2, got 'gpt9'"]
+
+
+def test_unknown_command_and_version() -> None:
+    bogus = _strand("bogus")
+    assert bogus.returncode == 2
+    assert bogus.stderr.splitlines()[0].startswith("strand: error: unknown command 'bogus'")
+    version = _strand("--version")
+    assert version.returncode == 0
+    from importlib import metadata
+
+    assert version.stdout == f"strand {metadata.version('strand')}\n"
+
+
+def test_make_tiny_model_flags_have_help() -> None:
+    result = _strand("make-tiny-model", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for flag, default in (("--arch ARCH architecture: llama, mistral, qwen2", "llama"),
+                          ("--num-layers NUM_LAYERS decoder layers", "2"),
+                          ("--hidden-size HIDDEN_SIZE hidden size", "64"),
+                          ("--num-heads NUM_HEADS attention heads", "4"),
+                          ("--num-kv-heads NUM_KV_HEADS KV heads", "2"),
+                          ("--vocab-size VOCAB_SIZE vocabulary size", "512"),
+                          ("--seed SEED seed of the random weights", "0")):
+        assert flag in text
+        assert f"(default: {default})" in text.split(flag)[1][:90]
+
+
+def test_model_dir_check_names_what_is_missing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    check_model_dir(str(tiny_model_dir))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="no \\*.safetensors"):
+        check_model_dir(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="has no tokenizer.json"):
+        check_model_dir(str(tmp_path))
+    check_model_dir(str(tmp_path), tokenizer=str(tiny_model_dir))
+    with pytest.raises(UserError, match="no config.json"):
+        check_model_dir(str(tmp_path / ".."))
+
+
+def test_client_with_no_server_raises_a_connection_error_naming_the_address() -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with EngineClient(address, timeout=10) as client:
+        with pytest.raises(ServerUnavailable, match=f"no strand gateway answering at {address}"):
+            client.step()
+        with pytest.raises(ConnectionError, match=address):
+            list(client.generate("hi"))
