@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from engine_core.core.engine_io import EngineCoreOutput
+from engine_core.core.sched_output import SchedulerOutput
 
 logger = logging.getLogger("strand.stats")
 
@@ -40,21 +41,64 @@ class ThroughputMeter:
             self._events.popleft()
 
 
+def prompt_tokens_of(sched: SchedulerOutput | None) -> int:
+    """Prompt tokens a step computed: new requests' chunks, and any chunk longer than one token
+    (a decode step computes one token per request)."""
+    if sched is None:
+        return 0
+    new_ids = {r.req_id for r in sched.scheduled_new_reqs}
+    return sum(n for rid, n in sched.num_scheduled_tokens.items() if rid in new_ids or n > 1)
+
+
 class StatsLogger:
-    """Logs one line every `interval_s`: running/waiting, KV usage, prefix hit rate, tokens/s."""
+    """vLLM's periodic line, at most once every `interval_s` while there is activity: prompt and
+    generation tokens/s over the interval, running/waiting requests, KV usage, prefix hit rate.
+
+    record() counts each step's tokens and logs when due; log_if_due() alone (from a timer) lets
+    the last line of a burst, and the idle line after it, appear without a further step. Idle
+    intervals after that one log nothing."""
 
     def __init__(self, interval_s: float = 5.0) -> None:
         self.interval_s = interval_s
         self._last_log = time.monotonic()
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._logged_activity = False  # the last line reported tokens: one idle line follows
 
-    def record(self, stats: dict[str, float], outputs: Sequence[EngineCoreOutput]) -> None:
-        now = time.monotonic()
-        if now - self._last_log < self.interval_s:
-            return
+    def record(self, stats: dict[str, float], outputs: Sequence[EngineCoreOutput],
+               scheduler_output: SchedulerOutput | None = None) -> None:
+        self.count(prompt_tokens_of(scheduler_output),
+                   sum(len(o.new_token_ids) for o in outputs))
+        self.log_if_due(stats)
+
+    def count(self, prompt_tokens: int, generation_tokens: int) -> None:
+        self._prompt_tokens += prompt_tokens
+        self._generation_tokens += generation_tokens
+
+    def log_if_due(self, stats: dict[str, float], now: float | None = None) -> str | None:
+        """Log (and return) the line when the interval is up and there is something to say."""
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._last_log
+        if elapsed < self.interval_s:
+            return None
+        active = bool(self._prompt_tokens or self._generation_tokens or
+                      stats["num_running_reqs"] or stats["num_waiting_reqs"])
+        if not active and not self._logged_activity:
+            self._last_log = now
+            return None
+        line = format_stats_line(stats, self._prompt_tokens / max(elapsed, 1e-9),
+                                 self._generation_tokens / max(elapsed, 1e-9))
+        logger.info("%s", line)
         self._last_log = now
-        logger.info(
-            "running: %d reqs, waiting: %d reqs, KV cache usage: %.1f%%, "
-            "prefix cache hit rate: %.1f%%, generation throughput: %.1f tokens/s",
-            stats["num_running_reqs"], stats["num_waiting_reqs"],
-            100 * stats["kv_cache_usage"], 100 * stats["prefix_cache_hit_rate"],
-            stats.get("generation_tokens_per_s", 0.0))
+        self._prompt_tokens = self._generation_tokens = 0
+        self._logged_activity = active
+        return line
+
+
+def format_stats_line(stats: dict[str, float], prompt_tps: float, generation_tps: float) -> str:
+    return (f"Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
+            f"Avg generation throughput: {generation_tps:.1f} tokens/s, "
+            f"Running: {int(stats['num_running_reqs'])} reqs, "
+            f"Waiting: {int(stats['num_waiting_reqs'])} reqs, "
+            f"KV cache usage: {100 * stats['kv_cache_usage']:.1f}%, "
+            f"Prefix cache hit rate: {100 * stats['prefix_cache_hit_rate']:.1f}%")

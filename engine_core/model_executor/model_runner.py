@@ -24,6 +24,7 @@ from engine_core.connector.base import KVConnectorBase
 from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.model_executor.attention.backend import AttentionMetadata
+from engine_core.model_executor.attention.describe import describe_attention
 from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
 from engine_core.model_executor.attention.selector import get_attention_backend
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
@@ -111,7 +112,8 @@ class ModelRunner:
                                       -(-max_len // self.block_size) + 1)
         logger.info("model %s loaded on %s in %s (attention: %s, %d CPU threads)",
                     model_config.architecture, self.device, model_config.dtype,
-                    self.attn_backend.name, torch.get_num_threads())
+                    describe_attention(self.attn_backend, self.device, model_config.dtype),
+                    torch.get_num_threads())
 
     # ---- KV cache ----------------------------------------------------------------------------
 

@@ -27,10 +27,17 @@ def _main(argv: list[str] | None) -> None:
         engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
         return [engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name]
 
+    tasks: list[asyncio.Task[None]] = []
+
+    async def on_started(port: int) -> None:
+        tasks.append(asyncio.get_running_loop().create_task(servicer.log_stats_periodically()))
+
     async def on_stop() -> None:
+        for task in tasks:
+            task.cancel()
         servicer.close()
 
-    asyncio.run(run_server("engine", options, register, on_stop=on_stop))
+    asyncio.run(run_server("engine", options, register, on_stop=on_stop, on_started=on_started))
 
 
 if __name__ == "__main__":

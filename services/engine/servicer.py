@@ -21,6 +21,7 @@ from engine_core.config import EngineArgs
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
+from engine_core.stats_logger import StatsLogger, prompt_tokens_of
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_to_pb, core_request_from_pb
@@ -39,9 +40,11 @@ def core_executor() -> ThreadPoolExecutor:
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, core: EngineCore, model_name: str,
-                 executor: ThreadPoolExecutor | None = None) -> None:
+                 executor: ThreadPoolExecutor | None = None,
+                 stats_logger: StatsLogger | None = None) -> None:
         self.core = core
         self.model_name = model_name
+        self.stats_logger = stats_logger  # --log-stats: the periodic throughput/KV line
         # The thread that built the core (see the module docstring), or a new one.
         self._executor = executor or core_executor()
         self._owners = SessionOwnership()
@@ -53,7 +56,21 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         tune_cpu_allocator()
         executor = core_executor()
         core = executor.submit(EngineCore.from_engine_args, engine_args).result()
-        return cls(core, core.model_config.model_dir, executor)
+        stats = StatsLogger(engine_args.stats_interval_s) if engine_args.log_stats else None
+        return cls(core, core.model_config.model_dir, executor, stats)
+
+    async def log_stats_periodically(self) -> None:
+        """The stats line also when no step comes (the end of a burst); runs until cancelled."""
+        if self.stats_logger is None:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(self.stats_logger.interval_s, 0.5))
+            await loop.run_in_executor(self._executor, self._log_stats_if_due)
+
+    def _log_stats_if_due(self) -> None:
+        if self.stats_logger is not None:
+            self.stats_logger.log_if_due(self.core.get_stats())
 
     async def GetInfo(self, request: epb.EngineInfoRequest,
                       context: grpc.aio.ServicerContext) -> epb.EngineInfo:
@@ -140,16 +157,22 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         # Cleared first: a step with nothing to do schedules nothing and leaves it None.
         core.last_scheduler_output = None
         outputs = core.step()
+        prompt_tokens = prompt_tokens_of(core.last_scheduler_output)
         for _ in range(num_steps - 1):
             if not core.has_unfinished_requests():
                 break
             more = core.step()  # its outputs follow the earlier step's, in step order
+            prompt_tokens += prompt_tokens_of(core.last_scheduler_output)
             outputs.outputs.extend(more.outputs)
             outputs.finished_requests |= more.finished_requests
             outputs.timestamp, outputs.scheduler_stats = more.timestamp, more.scheduler_stats
         self._owners.discard(o.request_id for o in outputs.outputs if o.finished)
         span.set_attribute("strand.step.num_steps", num_steps)
         self._record_step(span, core.last_scheduler_output, len(outputs.outputs))
+        if self.stats_logger is not None:
+            self.stats_logger.count(prompt_tokens,
+                                    sum(len(o.new_token_ids) for o in outputs.outputs))
+            self.stats_logger.log_if_due(core.get_stats())
         return epb.EngineResponse(seq=seq, outputs=core_outputs_to_pb(outputs))
 
     @staticmethod

@@ -174,3 +174,21 @@ def test_too_many_steps_in_one_message_is_an_in_stream_invalid_argument(
     assert resp.WhichOneof("kind") == "error"
     assert resp.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert f"num_steps must be <= {MAX_STEPS_PER_CALL}" in resp.error.message
+
+
+def test_log_stats_prints_the_periodic_line_in_the_engine_service(
+        servicer: EngineServicer, caplog: pytest.LogCaptureFixture) -> None:
+    from engine_core.stats_logger import StatsLogger
+
+    servicer.stats_logger = StatsLogger(interval_s=0.0)  # every step: --stats-interval-s 0
+    _add(servicer, "a", [1, 20, 21, 22, 23])
+    _add(servicer, "b", [1, 30, 31])
+    with caplog.at_level("INFO", logger="strand.stats"):
+        servicer._step(1, RecordingSpan(), 1)
+    lines = [r.getMessage() for r in caplog.records if r.name == "strand.stats"]
+    assert len(lines) == 1
+    assert lines[0].startswith("Avg prompt throughput: ")
+    assert "Running: 0 reqs, Waiting: 0 reqs" in lines[0]  # both had max_tokens=1
+    assert "KV cache usage: 0.0%" in lines[0] and "Prefix cache hit rate: 0.0%" in lines[0]
+    prompt_tps = float(lines[0].split("Avg prompt throughput: ")[1].split()[0])
+    assert prompt_tps > 0.0  # 8 prompt tokens in this interval
