@@ -113,8 +113,10 @@ class EngineCore:
             return EngineCoreOutputs(outputs=[])
         if self._load_thread is not None and threading.get_ident() != self._load_thread:
             self._warn_other_thread()
+        flush_only = not self.scheduler.has_unfinished_requests()
         scheduler_output = self.scheduler.schedule()
-        self.last_scheduler_output = scheduler_output
+        if not flush_only:  # a step that only hands finished ids to the runner ran no batch
+            self.last_scheduler_output = scheduler_output
         runner_output = self.runner.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return self._finish_step(outputs)
