@@ -6,6 +6,7 @@ incoming context is still passed on, so a traced caller's trace stays whole thro
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,43 @@ from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 _provider: object | None = None
+# The OTLP exporter's logger warns on every retry (every 1-4 s while nothing listens).
+_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+
+
+class ExportFailureFilter(logging.Filter):
+    """Lets the first export failure through (saying later ones are quiet), drops the rest until
+    an export succeeds again (reset()); the exporter keeps retrying meanwhile."""
+
+    _PREFIXES = ("Transient error", "Failed to export")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reported = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self._PREFIXES):
+            return True
+        if self.reported:
+            return record.levelno < logging.WARNING or logging.getLogger().isEnabledFor(
+                logging.DEBUG)
+        self.reported = True
+        record.msg = f"{record.msg} (retrying quietly; the next failures are not logged)"
+        return True
+
+    def reset(self) -> None:
+        self.reported = False
+
+
+_export_filter = ExportFailureFilter()
+
+
+def quiet_export_failures() -> ExportFailureFilter:
+    """Install (once) the filter on the OTLP exporter's logger; returns it."""
+    logger = logging.getLogger(_EXPORTER_LOGGER)
+    if _export_filter not in logger.filters:
+        logger.addFilter(_export_filter)
+    return _export_filter
 
 
 def init_tracing(service_name: str, endpoint: str | None = None) -> None:
@@ -27,13 +65,22 @@ def init_tracing(service_name: str, endpoint: str | None = None) -> None:
         return
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
     service = os.environ.get("OTEL_SERVICE_NAME", service_name)
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     insecure = not endpoint.startswith("https://")
-    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
+    quiet_export_failures()
+
+    class QuietExporter(OTLPSpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            result = super().export(spans)
+            if result == SpanExportResult.SUCCESS:
+                _export_filter.reset()  # an outage after this one is reported again
+            return result
+
+    exporter = QuietExporter(endpoint=endpoint, insecure=insecure)
     # Short delay: a process may be stopped soon after its last span.
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     trace.set_tracer_provider(provider)
