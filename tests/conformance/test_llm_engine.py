@@ -45,7 +45,7 @@ def test_stream_interval(tiny_model_dir: Path) -> None:
     engine.add_request("r", PROMPTS[0], SamplingParams(max_tokens=7, temperature=0.0,
                                                        ignore_eos=True,
                                                        output_kind=RequestOutputKind.DELTA))
-    counts = []
+    counts: list[int] = []
     for _ in range(50):
         if not engine.has_unfinished_requests():
             break

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_core import EngineArgs, LLMEngine
+from engine_core import EngineArgs, LLMEngine, RequestOutput
 from engine_core.core.runner_output import LogprobsLists
+from engine_core.outputs import Logprob
 from engine_core.processing.logprobs import LogprobsProcessor, decode_token
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import SamplingParams
@@ -18,9 +19,23 @@ from tests.conformance.conftest import make_engine, run_to_completion
 PROMPT = "kalo mi ne ru"
 
 
-def _generate(engine: LLMEngine, params: SamplingParams, request_id: str = "r") -> object:
+def _generate(engine: LLMEngine, params: SamplingParams, request_id: str = "r") -> RequestOutput:
     engine.add_request(request_id, PROMPT, params)
     return run_to_completion(engine)[request_id]
+
+
+def _sample(out: RequestOutput) -> list[dict[int, Logprob]]:
+    logprobs = out.outputs[0].logprobs
+    assert logprobs is not None
+    return logprobs
+
+
+def _prompt(out: RequestOutput) -> list[dict[int, Logprob]]:
+    """Prompt positions 1.. (position 0 has no logprob)."""
+    assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None
+    positions = out.prompt_logprobs[1:]
+    assert all(p is not None for p in positions)
+    return positions  # type: ignore[return-value]
 
 
 def test_max_logprobs(tiny_model_dir: Path) -> None:
@@ -31,14 +46,14 @@ def test_max_logprobs(tiny_model_dir: Path) -> None:
         engine.add_request("b", PROMPT, SamplingParams(prompt_logprobs=3))
     assert not engine.has_unfinished_requests()
     out = _generate(engine, SamplingParams(logprobs=1, max_tokens=2, temperature=0.0))
-    assert all(len(position) in (1, 2) for position in out.outputs[0].logprobs)
+    assert all(len(position) in (1, 2) for position in _sample(out))
 
 
 def test_max_logprobs_above_the_old_constant(tiny_model_dir: Path) -> None:
     """max_logprobs is the engine's setting: 30 > 20 is allowed when the engine says so."""
     engine = make_engine(tiny_model_dir, max_logprobs=30)
     out = _generate(engine, SamplingParams(logprobs=30, max_tokens=1, temperature=0.0))
-    assert len(out.outputs[0].logprobs[0]) in (30, 31)
+    assert len(_sample(out)[0]) in (30, 31)
 
 
 def test_max_logprobs_engine_arg_is_validated() -> None:
@@ -56,23 +71,24 @@ def test_none_logprobs(engine: LLMEngine) -> None:
 def test_zero_logprobs(engine: LLMEngine) -> None:
     out = _generate(engine, SamplingParams(max_tokens=3, logprobs=0, prompt_logprobs=0,
                                            temperature=0.0))
-    sample = out.outputs[0].logprobs
+    sample = _sample(out)
     assert len(sample) == 3
     for token_id, position in zip(out.outputs[0].token_ids, sample, strict=True):
         assert list(position) == [token_id]  # only the sampled token
-    assert out.prompt_logprobs[0] is None
-    assert all(len(p) == 1 for p in out.prompt_logprobs[1:])
-    assert math.isclose(out.outputs[0].cumulative_logprob,
-                        sum(p[t].logprob for t, p in zip(out.outputs[0].token_ids, sample, strict=True)))
+    assert all(len(p) == 1 for p in _prompt(out))
+    cumulative = out.outputs[0].cumulative_logprob
+    assert cumulative is not None
+    total = sum(p[t].logprob for t, p in zip(out.outputs[0].token_ids, sample, strict=True))
+    assert math.isclose(cumulative, total)
 
 
 def test_all_logprobs(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir, max_logprobs=-1)
     vocab = engine.engine_core.vocab_size
     out = _generate(engine, SamplingParams(max_tokens=2, logprobs=-1, temperature=0.0))
-    for position in out.outputs[0].logprobs:
+    for position in _sample(out):
         assert len(position) == vocab
-        assert sorted(p.rank for p in position.values()) == list(range(1, vocab + 1))
+        assert sorted(p.rank or 0 for p in position.values()) == list(range(1, vocab + 1))
         assert math.isclose(sum(math.exp(p.logprob) for p in position.values()), 1.0,
                             rel_tol=1e-4)
 
@@ -136,6 +152,9 @@ def test_prompt_logprobs_decoded_tokens_are_corrected(tokenizer: Tokenizer) -> N
                          [1 for _ in prompt[1:]])
     processor.update_prompt(rows)
     assert processor.prompt_logprobs is not None
-    texts = [p[t].decoded_token for p, t in zip(processor.prompt_logprobs[1:], prompt[1:], strict=True)]
-    assert "".join(texts) == "😀"
-    assert all("\ufffd" not in text for text in texts)
+    positions = processor.prompt_logprobs[1:]
+    texts = [p[t].decoded_token if p is not None else None
+             for p, t in zip(positions, prompt[1:], strict=True)]
+    assert all(isinstance(text, str) for text in texts)
+    assert "".join(t for t in texts if t is not None) == "😀"
+    assert all("\ufffd" not in (text or "") for text in texts)

@@ -61,11 +61,13 @@ def test_logprobs_processor(tokenizer: Tokenizer) -> None:
         "r", ka, new_logprobs=logprob_rows(([ka, lo], [-0.5, -0.1], 2)),
         new_prompt_logprobs=logprob_rows(([lo, ka], [-1.0, -0.2], 3)))])
     out = result.request_outputs[0]
+    assert out.outputs[0].logprobs is not None and out.prompt_logprobs is not None
     position = out.outputs[0].logprobs[0]
     assert (position[ka].rank, position[ka].decoded_token) == (2, "ka")
     assert (position[lo].rank, position[lo].decoded_token) == (1, "lo")
     assert out.outputs[0].cumulative_logprob == pytest.approx(-0.5)
-    assert out.prompt_logprobs[0] is None and out.prompt_logprobs[1][lo].rank == 3
+    second = out.prompt_logprobs[1]
+    assert out.prompt_logprobs[0] is None and second is not None and second[lo].rank == 3
 
 
 def test_stop_token(tokenizer: Tokenizer) -> None:

@@ -55,11 +55,14 @@ def test_top_k_minus_one_disables() -> None:
 
 @pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
 def test_logprobs_minus_one_is_the_whole_vocabulary(name: str) -> None:
-    assert getattr(SamplingParams(**{name: -1}), name) == -1
+    def make(value: int) -> SamplingParams:
+        return SamplingParams(**{name: value})  # type: ignore[arg-type]
+
+    assert getattr(make(-1), name) == -1
     # The engine's max_logprobs, not SamplingParams, caps the count.
-    assert getattr(SamplingParams(**{name: 100}), name) == 100
+    assert getattr(make(100), name) == 100
     with pytest.raises(ValueError, match=name):
-        SamplingParams(**{name: -2})
+        make(-2)
 
 
 def test_n_gt_1_greedy_is_refused() -> None:
@@ -73,4 +76,4 @@ def test_min_tokens_above_max_tokens_is_refused() -> None:
 
 
 def test_stop_string_is_listed() -> None:
-    assert SamplingParams(stop="x").stop == ["x"]
+    assert SamplingParams(stop="x").stop == ["x"]  # type: ignore[arg-type]

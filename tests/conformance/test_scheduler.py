@@ -171,7 +171,7 @@ def test_priority_scheduling_basic_ordering() -> None:
     scheduler = make_scheduler(policy="priority", max_num_seqs=1)
     for rid, priority in (("low", 5), ("high", 0), ("mid", 2)):
         scheduler.add_request(make_request(rid, 4, priority=priority))
-    order = []
+    order: list[str] = []
     for _ in range(3):
         out = scheduler.schedule()
         order.extend(n.req_id for n in out.scheduled_new_reqs)
