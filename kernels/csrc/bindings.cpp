@@ -11,6 +11,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "varlen causal prefill attention over the paged cache, float32 or bfloat16");
   m.def("linear_small", &linear_small, "x @ w.T (+ bias) for 1 to 4 rows of x, float32 or bfloat16",
         py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("decode_layer", &decode_layer,
+        "one Llama-family decoder layer for a decode step of 1 to 4 rows");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
   m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32 or bfloat16");

@@ -11,6 +11,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
+#include <vector>
+
 // decode_attention.cpp
 void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                       at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
@@ -23,6 +25,18 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
 
 // linear_small.cpp
 void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
+
+// decode_layer.cpp
+std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor> residual,
+                                     at::Tensor input_norm, at::Tensor qkv_w,
+                                     c10::optional<at::Tensor> qkv_b, at::Tensor o_w,
+                                     c10::optional<at::Tensor> o_b, at::Tensor post_norm,
+                                     at::Tensor gate_up_w, at::Tensor down_w,
+                                     at::Tensor positions, at::Tensor cos_sin, at::Tensor kv_cache,
+                                     at::Tensor slots, at::Tensor block_table,
+                                     at::Tensor seq_lens, int64_t num_heads,
+                                     int64_t num_kv_heads, int64_t head_dim, double eps,
+                                     double scale);
 
 // elementwise.cpp
 void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);

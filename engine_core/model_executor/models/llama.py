@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Mistral, Qwen2), over a flattened batch and a paged KV cache.
+"""The Llama-family decoder (Llama, Mistral, Qwen2; Qwen3, Qwen3-MoE and Phi-3 subclass it),
+over a flattened batch and a paged KV cache.
 
 Module names follow the HF checkpoint (model.layers.N.self_attn...), except that q/k/v and
 gate/up are fused into one matmul each; weight_destinations() maps every HF tensor name to the
@@ -7,33 +8,51 @@ slice of the parameter it fills.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+from engine_core.model_executor.layers import fused_decode
+from engine_core.model_executor.layers.activation import act_and_mul
+from engine_core.model_executor.layers.gemma_norm import GemmaRMSNorm
 from engine_core.model_executor.layers.linear import Linear
+from engine_core.model_executor.layers.moe import SparseMoeBlock
 from engine_core.model_executor.layers.rms_norm import RMSNorm
 from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
-from kernels import cpu_elementwise
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    """Also Qwen3's and Gemma's: per-head q/k norms, the window and the softcap of `layer_idx`,
+    Gemma's query_pre_attn_scalar all come from config.arch."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, layer_idx: int = 0) -> None:
         super().__init__()
+        arch = config.arch
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = (arch.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=config.qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.rotary = rotary
+        # Only the keywords a layer needs reach the backend (a plain layer passes none).
+        self.attn_kwargs: dict[str, Any] = {}
+        if arch.window_of(layer_idx) is not None:
+            self.attn_kwargs["sliding_window"] = arch.window_of(layer_idx)
+        if arch.attn_logit_softcap is not None:
+            self.attn_kwargs["logit_softcap"] = arch.attn_logit_softcap
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if arch.qk_norm:
+            norm_cls = GemmaRMSNorm if config.architecture.startswith("Gemma") else RMSNorm
+            self.q_norm = norm_cls(config.head_dim, config.rms_norm_eps)
+            self.k_norm = norm_cls(config.head_dim, config.rms_norm_eps)
 
     def forward(
         self,
@@ -49,8 +68,12 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            # Each head normed on its own (Qwen3, Gemma 3), before RoPE.
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(num_tokens, self.num_heads, -1)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(num_tokens, self.num_kv_heads, -1)
         q, k = self.rotary(positions, q, k)
-        out = backend.forward(q, k, v, kv_cache, metadata, self.scale)
+        out = backend.forward(q, k, v, kv_cache, metadata, self.scale, **self.attn_kwargs)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -58,22 +81,27 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
+        self.act = config.arch.hidden_act
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        gate_up = self.gate_up_proj(x)
-        if cpu_elementwise.applies(gate_up):
-            return self.down_proj(cpu_elementwise.silu_and_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(act_and_mul(self.gate_up_proj(x), self.act))
+
+
+def make_mlp(config: ModelConfig, layer_idx: int) -> nn.Module:
+    arch = config.arch
+    if arch.is_moe_layer(layer_idx):
+        return SparseMoeBlock(config.hidden_size, arch.moe_intermediate_size, arch.num_experts,
+                              arch.num_experts_per_tok, arch.norm_topk_prob, arch.hidden_act)
+    return LlamaMLP(config)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, layer_idx: int = 0) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, rotary, layer_idx)
+        self.mlp = make_mlp(config, layer_idx)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -105,12 +133,14 @@ class LlamaModel(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary) for _ in range(config.num_layers))
+            LlamaDecoderLayer(config, self.rotary, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Also MistralForCausalLM and Qwen2ForCausalLM: same graph, differing only in config."""
+    """Also MistralForCausalLM and Qwen2ForCausalLM: same graph, differing only in config.
+    Qwen3 (q/k norms) and Qwen3-MoE (SparseMoeBlock MLPs) too: config.arch switches them on,
+    and weight_destinations names their tensors."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -130,6 +160,10 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
+        if type(self) is LlamaForCausalLM and fused_decode.applies(self, input_ids, kv_caches,
+                                                                   metadata, backend):
+            # A decode step of a few requests: each layer as one C++ call (same kernels).
+            return fused_decode.forward(self, input_ids, positions, kv_caches, metadata)
         hidden = self.model.embed_tokens(input_ids)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
@@ -163,10 +197,28 @@ class LlamaForCausalLM(nn.Module):
             dest[f"{p}self_attn.o_proj.weight"] = attn.o_proj.weight.data
             if c.o_proj_bias:
                 dest[f"{p}self_attn.o_proj.bias"] = attn.o_proj.bias.data
-            gate_up = mlp.gate_up_proj.weight.data
-            dest[f"{p}mlp.gate_proj.weight"] = gate_up.narrow(0, 0, inter)
-            dest[f"{p}mlp.up_proj.weight"] = gate_up.narrow(0, inter, inter)
-            dest[f"{p}mlp.down_proj.weight"] = mlp.down_proj.weight.data
+            if attn.q_norm is not None and attn.k_norm is not None:
+                dest[f"{p}self_attn.q_norm.weight"] = cast(Any, attn.q_norm).weight.data
+                dest[f"{p}self_attn.k_norm.weight"] = cast(Any, attn.k_norm).weight.data
+            if isinstance(mlp, SparseMoeBlock):
+                dest.update(moe_destinations(mlp, f"{p}mlp."))
+            else:
+                gate_up = cast(LlamaMLP, mlp).gate_up_proj.weight.data
+                dest[f"{p}mlp.gate_proj.weight"] = gate_up.narrow(0, 0, inter)
+                dest[f"{p}mlp.up_proj.weight"] = gate_up.narrow(0, inter, inter)
+                dest[f"{p}mlp.down_proj.weight"] = cast(LlamaMLP, mlp).down_proj.weight.data
             dest[f"{p}input_layernorm.weight"] = layer.input_layernorm.weight.data
             dest[f"{p}post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.data
         return dest
+
+
+def moe_destinations(moe: SparseMoeBlock, prefix: str) -> dict[str, torch.Tensor]:
+    """HF's per-expert names (mlp.experts.E.{gate,up,down}_proj) -> slices of the stacks."""
+    inter = moe.w2.shape[2]
+    dest = {f"{prefix}gate.weight": moe.gate.weight.data}
+    for e in range(moe.num_experts):
+        w13 = moe.w13.data[e]
+        dest[f"{prefix}experts.{e}.gate_proj.weight"] = w13.narrow(0, 0, inter)
+        dest[f"{prefix}experts.{e}.up_proj.weight"] = w13.narrow(0, inter, inter)
+        dest[f"{prefix}experts.{e}.down_proj.weight"] = moe.w2.data[e]
+    return dest

@@ -1,0 +1,131 @@
+"""A decode step of a few requests on CPU through each Llama-family layer as one C++ call.
+
+At batch size 1 a decode step reads every weight once: on the 2-core AVX2-only EPYC, SmolLM2's
+30 layers take ~27 ms to read, and their ~330 Python-level calls (module dispatch, the kernel
+wrappers' checks, tensor bookkeeping) took ~20 ms more. kernels/csrc/decode_layer.cpp runs a
+layer's kernels (the same ones, in the same order, on the same data) from C++; this module decides
+when that applies and does, once per step, the checks the wrappers would do once per call. The
+outputs are the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, cast
+
+import torch
+from torch import nn
+
+from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+from engine_core.model_executor.attention.torch_ref import TorchAttentionBackend, check_block_table
+from engine_core.model_executor.layers.linear import Linear
+from engine_core.model_executor.layers.rms_norm import RMSNorm
+from kernels._cpu_build import KERNELS
+from kernels.cpu_linear import SMALL_M
+
+if TYPE_CHECKING:
+    from engine_core.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+_DTYPES = (torch.float32, torch.bfloat16)
+LayerArgs = tuple[object, ...]
+# model -> its layers' arguments (None: some layer cannot take the fused call), gathered once.
+_ARGS: weakref.WeakKeyDictionary[nn.Module, list[LayerArgs] | None] = weakref.WeakKeyDictionary()
+
+
+def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
+            metadata: AttentionMetadata, backend: AttentionBackend) -> bool:
+    """A pure decode step of 1..SMALL_M requests, on CPU, with every layer on the C++ kernels."""
+    m = input_ids.shape[0]
+    if not (0 < m <= SMALL_M and metadata.max_query_len == 1 and metadata.num_reqs == m
+            and metadata.num_actual_tokens == m and input_ids.device.type == "cpu"):
+        return False
+    if not (isinstance(backend, TorchAttentionBackend) and backend.use_cpu_kernel):
+        return False
+    return _layer_args(model, kv_caches) is not None
+
+
+def _layer_args(model: LlamaForCausalLM,
+                kv_caches: list[torch.Tensor]) -> list[LayerArgs] | None:
+    """Each layer's weights and sizes, gathered once per model; None where a layer cannot go
+    through the fused call."""
+    if model not in _ARGS:
+        _ARGS[model] = _gather(model)
+    cached = _ARGS[model]
+    if cached is None or KERNELS.module() is None:
+        return None
+    dtype = model.model.embed_tokens.weight.dtype
+    if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
+           for c in kv_caches):
+        return None
+    return cached
+
+
+def _gather(model: LlamaForCausalLM) -> list[LayerArgs] | None:
+    dtype = model.model.embed_tokens.weight.dtype
+    rotary = model.model.rotary
+    cos_sin = rotary.cos_sin
+    if (dtype not in _DTYPES or cos_sin.dtype != torch.float32 or cos_sin.dim() != 2
+            or cos_sin.shape[1] % 2 or cos_sin.shape[1] > model.config.head_dim):
+        return None
+    out: list[LayerArgs] = []
+    for module in model.model.layers:
+        layer = cast("LlamaDecoderLayer", module)
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, o, gate_up, down = (cast(Linear, lin) for lin in (
+            attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        norm1, norm2 = cast(RMSNorm, layer.input_layernorm), cast(RMSNorm,
+                                                                 layer.post_attention_layernorm)
+        if not all(lin.small_m and lin.weight.dtype == dtype for lin in (qkv, o, gate_up, down)):
+            return None
+        if gate_up.bias is not None or down.bias is not None:
+            return None
+        if any(n.weight.dtype != dtype or n.weight.dim() != 1 for n in (norm1, norm2)):
+            return None
+        if norm1.eps != norm2.eps:
+            return None  # the C++ takes one eps per layer (HF Llama's norms share it)
+        out.append((norm1.weight.contiguous(), qkv.weight, qkv.bias, o.weight, o.bias,
+                    norm2.weight.contiguous(), gate_up.weight, down.weight,
+                    attn.num_heads, attn.num_kv_heads, attn.head_dim, float(norm1.eps),
+                    float(attn.scale)))
+    return out
+
+
+def _check_step(positions: torch.Tensor, slots: torch.Tensor, cos_sin: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: AttentionMetadata) -> None:
+    """What the kernels index unchecked, checked once for every layer of the step."""
+    if int(positions.min()) < 0 or int(positions.max()) >= len(cos_sin):
+        raise ValueError(f"positions must be in [0, {len(cos_sin)}), got "
+                         f"{int(positions.min())}..{int(positions.max())}")
+    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    if int(slots.max()) >= num_slots:
+        raise ValueError(f"slot_mapping must be < {num_slots} (the cache's slots), got "
+                         f"{int(slots.max())}")
+    check_block_table(metadata, num_blocks=kv_cache.shape[1])
+
+
+def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+            kv_caches: list[torch.Tensor],
+            metadata: AttentionMetadata) -> torch.Tensor:  # [m, hidden] after the final norm
+    layers = _layer_args(model, kv_caches)
+    module = KERNELS.module()
+    assert layers is not None and module is not None, "call applies() first"
+    m = input_ids.shape[0]
+    positions = positions[:m].to(torch.int64).contiguous()
+    slots = metadata.slot_mapping[:m].to(torch.int64).contiguous()
+    block_table = metadata.block_table[:m].to(torch.int32).contiguous()
+    seq_lens = metadata.seq_lens[:m].to(torch.int32).contiguous()
+    cos_sin = model.model.rotary.cos_sin
+    if kv_caches:
+        _check_step(positions, slots, cos_sin, kv_caches[0], metadata)
+    hidden = model.model.embed_tokens(input_ids)
+    residual: torch.Tensor | None = None
+    for args, kv_cache in zip(layers, kv_caches, strict=True):
+        (norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, down_w, heads, kv_heads, head_dim,
+         eps, scale) = args
+        hidden, residual = module.decode_layer(
+            hidden, residual, norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, down_w,
+            positions, cos_sin, kv_cache, slots, block_table, seq_lens, heads, kv_heads,
+            head_dim, eps, scale)
+    if residual is None:
+        return model.model.norm(hidden)
+    return model.model.norm(hidden, residual)[0]

@@ -1,0 +1,82 @@
+"""A decode step of a few requests through each layer as one C++ call (layers/fused_decode.py):
+the same tokens and the same logprobs, bit for bit, as the layer-by-layer path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_core import EngineArgs, LLMEngine, SamplingParams
+from engine_core.model_executor.layers import fused_decode
+from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING
+from kernels._cpu_build import KERNELS
+from tests.conftest import build_tiny_model
+
+pytestmark = pytest.mark.skipif(KERNELS.module() is None,
+                                reason=f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
+
+VARIANTS = {"llama": {}, "qwen2": {"arch": "qwen2", "tie_word_embeddings": True},
+            "llama3_rope_tied": {"rope_scaling": LLAMA3_ROPE_SCALING, "rope_theta": 500000.0,
+                                 "tie_word_embeddings": True}}
+PROMPTS = [[5, 9, 13, 200, 7], [3, 3, 3], [100, 101, 102, 103, 104, 105, 106, 107, 108], [42],
+           [17, 18, 19, 20]]
+
+
+def _generate(model_dir: Path, dtype: str, num_requests: int,
+              fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], int]:
+    calls = []
+    real_forward = fused_decode.forward
+    if fused:
+        monkeypatch.setattr(fused_decode, "forward",
+                            lambda *a: calls.append(1) or real_forward(*a))
+    else:
+        monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), dtype=dtype,
+                                                   block_size=4, num_gpu_blocks_override=64))
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:num_requests]):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                finished[out.request_id] = (c.token_ids, [
+                    {t: lp.logprob for t, lp in step.items()} for step in (c.logprobs or [])])
+    monkeypatch.undo()
+    return [finished[k] for k in sorted(finished)], len(calls)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {name: build_tiny_model(tmp_path_factory.mktemp(name), **spec)
+            for name, spec in VARIANTS.items()}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("num_requests", [1, 3, 5])
+def test_fused_decode_gives_the_layer_by_layer_outputs_bit_for_bit(
+        model_dirs: dict[str, Path], variant: str, num_requests: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir = model_dirs[variant]
+    fused, calls = _generate(model_dir, "float32", num_requests, True, monkeypatch)
+    plain, _ = _generate(model_dir, "float32", num_requests, False, monkeypatch)
+    assert fused == plain
+    # Up to 4 decodes a step take the fused call; 5 at once never do.
+    assert (calls > 0) == (num_requests <= 4)
+
+
+def test_fused_decode_in_bfloat16(model_dirs: dict[str, Path],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fused, calls = _generate(model_dirs["llama"], "bfloat16", 2, True, monkeypatch)
+    plain, _ = _generate(model_dirs["llama"], "bfloat16", 2, False, monkeypatch)
+    assert calls > 0 and fused == plain
+
+
+def test_a_bad_position_is_refused_before_any_kernel_reads_the_table() -> None:
+    import torch
+
+    with pytest.raises(ValueError, match=r"positions must be in \[0, 8\)"):
+        fused_decode._check_step(torch.tensor([3, 8]), torch.tensor([0, 1]), torch.zeros(8, 4),
+                                 torch.zeros(2, 4, 4, 1, 4), None)  # type: ignore[arg-type]
