@@ -56,6 +56,8 @@ def _paged_attn_kernel(
     stride_kv_slot,
     stride_kv_head,
     stride_bt_req,
+    sliding_window,  # 0 = none
+    softcap,  # 0.0 = none
     QUERIES_PER_KV: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -64,6 +66,8 @@ def _paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
 ):
     q_block_global = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -112,12 +116,17 @@ def _paged_attn_kernel(
     # Causality: this block's last row sees nothing past its own position.
     visible_end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(visible_end, TILE_N)
+    first_tile = split * 0
+    if USE_WINDOW:
+        # Tiles wholly before the block's first row's window hold nothing any row sees.
+        first_visible = tl.maximum(context_len + q_block * BLOCK_Q - sliding_window + 1, 0)
+        first_tile = first_visible // TILE_N
     if SPLIT_KV:
-        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-        tile_start = split * tiles_per_split
+        tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+        tile_start = first_tile + split * tiles_per_split
         tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
     else:
-        tile_start = split * 0
+        tile_start = first_tile
         tile_end = num_tiles
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -143,7 +152,16 @@ def _paged_attn_kernel(
             other=0.0,
         )
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE_N]
+        if USE_SOFTCAP:
+            # softcap * tanh(s / softcap), tanh through exp (no tanh in every Triton version);
+            # the exponent is kept <= 0 so it cannot overflow.
+            x = s / softcap
+            e = tl.exp(-2.0 * tl.abs(x))
+            t = (1.0 - e) / (1.0 + e)
+            s = softcap * tl.where(x < 0, -t, t)
         visible = (kv_pos[None, :] <= q_pos[:, None]) & row_valid[:, None]
+        if USE_WINDOW:
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # A row with nothing visible yet keeps max -inf; shifting by 0 keeps exp() at 0, not NaN.
@@ -202,7 +220,7 @@ def _split_kv_reduce_kernel(
     base = (tok.to(tl.int64) * num_heads + head) * NUM_SPLITS + offs_s  # [SPLITS_PAD]
     m = tl.load(part_max_ptr + base, mask=s_valid, other=float("-inf"))
     l_s = tl.load(part_sum_ptr + base, mask=s_valid, other=0.0)
-    # Split 0 holds position 0, which every query sees: m_max is finite.
+    # Some split holds the query's own position, which it always sees: m_max is finite.
     m_max = tl.max(m, axis=0)
     w = tl.exp(m - m_max)  # [SPLITS_PAD]; empty splits (max -inf) weigh 0
     acc = tl.load(
@@ -294,18 +312,26 @@ def paged_attention(
     max_seq_len: int,
     num_splits: int | None = None,
     tile_n: int | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its paged context; returns `out`.
 
     num_splits: None picks by heuristic (split-KV only when the grid is small and contexts
     long); 1 forces the single-pass kernel; >1 forces split-KV with that many partitions.
     tile_n: context positions per inner-loop tile (power of two >= 16); None picks.
+    sliding_window: a query at position p sees only positions > p - sliding_window (None: all).
+    softcap: scores become softcap * tanh(scores / softcap) before the softmax (Gemma 2).
     """
     _check_inputs(query, kv_cache, out, query_start_loc, seq_lens, block_table)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if tile_n is not None and (tile_n < 16 or tile_n & (tile_n - 1)):
         raise ValueError(f"tile_n must be a power of two >= 16, got {tile_n}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0, got {softcap}")
     num_tokens, num_heads, head_dim = query.shape
     num_reqs = seq_lens.shape[0]
     num_kv_heads = kv_cache.shape[3]
@@ -343,10 +369,11 @@ def paged_attention(
         scale, num_reqs, num_heads, head_dim, kv_cache.shape[2],
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        block_table.stride(0),
+        block_table.stride(0), sliding_window or 0, float(softcap or 0.0),
         QUERIES_PER_KV=queries_per_kv, BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=tile_n,
         HEAD_DIM_PAD=head_dim_pad, NUM_SPLITS=num_splits, SPLIT_KV=split_kv,
-        DOT_PRECISION=dot_precision,
+        DOT_PRECISION=dot_precision, USE_WINDOW=sliding_window is not None,
+        USE_SOFTCAP=softcap is not None,
     )
     if split_kv:
         _split_kv_reduce_kernel[(num_tokens, num_heads)](

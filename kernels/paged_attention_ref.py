@@ -13,12 +13,16 @@ def paged_attention_ref(
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks]
     scale: float,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole context in the paged cache.
 
     The new tokens of request r are the last query_len_r positions of its seq_len_r context, so
     query token i sits at position seq_len_r - query_len_r + i and sees positions <= that.
     Rows past query_start_loc[-1] (padding) are left as they were in `out`.
+    sliding_window: a query at position p sees only positions > p - sliding_window.
+    softcap: scores become softcap * tanh(scores / softcap) before masking.
     """
     if out is None:
         out = torch.zeros_like(query)
@@ -45,7 +49,12 @@ def paged_attention_ref(
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [num_heads, query_len, seq_len]
         q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device).unsqueeze(1)
         k_pos = torch.arange(seq_len, device=query.device).unsqueeze(0)
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        hidden = k_pos > q_pos
+        if sliding_window is not None:
+            hidden |= k_pos <= q_pos - sliding_window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
     return out

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.models.llama import LlamaForCausalLM
 from engine_core.model_executor.models.registry import model_class
@@ -39,7 +40,9 @@ def load_model(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
         model = cls(config)
     model = model.to(dtype=config.dtype).to_empty(device=device)
     model.tie_weights()
-    model.model.rotary.build_cache(device)
+    for module in model.modules():  # Gemma 3 has two RoPE tables (global and sliding layers)
+        if isinstance(module, RotaryEmbedding):
+            module.build_cache(device)
     _copy_weights(model, Path(config.model_dir))
     return model.eval().requires_grad_(False)
 

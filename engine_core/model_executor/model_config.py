@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine_core.model_executor.arch_config import ArchOptions, parse_arch_options
+
 # HF architecture name -> the family the loader builds (all Llama-shaped decoders).
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM",
+                           "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -44,6 +48,8 @@ class ModelConfig:
     eos_token_id: int | list[int] | None
     bos_token_id: int | None
     model_dir: str
+    # Fields of the families past Llama (arch_config.py); the defaults are Llama's.
+    arch: ArchOptions = field(default_factory=ArchOptions)
 
     @property
     def first_eos_token_id(self) -> int | None:
@@ -80,9 +86,8 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         raise ValueError(f"head_dim must be even for rotary embeddings, got {head_dim}")
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias=true is not supported (Llama, Mistral and Qwen2 have no MLP bias)")
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"hidden_act must be 'silu', got {act!r}")
+    num_layers = _positive_int(raw, "num_hidden_layers")
+    arch = parse_arch_options(raw, architecture, num_layers)
     rope_theta, rope_scaling = _rope(raw)
     attention_bias = bool(raw.get("attention_bias", False))
     is_qwen2 = architecture == "Qwen2ForCausalLM"
@@ -90,7 +95,7 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         architecture=architecture,
         hidden_size=hidden,
         intermediate_size=_positive_int(raw, "intermediate_size"),
-        num_layers=_positive_int(raw, "num_hidden_layers"),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
@@ -106,6 +111,7 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         eos_token_id=raw.get("eos_token_id"),
         bos_token_id=raw.get("bos_token_id"),
         model_dir=model_dir,
+        arch=arch,
     )
 
 
@@ -136,8 +142,13 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     # transformers 5 writes `rope_parameters` (theta inside); older configs `rope_theta` +
     # `rope_scaling`. Both describe the same thing.
     params = dict(raw.get("rope_parameters") or {})
+    if isinstance(params.get("full_attention"), dict):
+        # Gemma 3 (transformers 5): one entry per layer type; the sliding layers' base is read
+        # by arch_config (local_rope_theta).
+        params = dict(params["full_attention"])
     scaling = dict(raw.get("rope_scaling") or params)
-    theta = float(raw.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    default_theta = 1_000_000.0 if raw.get("model_type") == "gemma3_text" else 10000.0
+    theta = float(raw.get("rope_theta") or params.get("rope_theta") or default_theta)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(

@@ -55,5 +55,14 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """sliding_window: a query at position p sees keys at positions > p - sliding_window
+        (HF's and Gemma's convention: the window counts the query itself); None = full context.
+        logit_softcap: scores become cap * tanh(scores / cap) before the softmax (Gemma 2).
+
+        Every block of a windowed layer stays allocated and keys older than the window are
+        masked here: prefix caching and the block pool need no change. vLLM's hybrid KV cache
+        manager frees out-of-window blocks instead, the reference for a later memory saving."""
         ...

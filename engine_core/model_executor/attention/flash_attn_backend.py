@@ -48,6 +48,8 @@ class FlashAttnBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         if query.dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"flash-attn needs float16 or bfloat16, got dtype {query.dtype}")
@@ -56,6 +58,10 @@ class FlashAttnBackend(AttentionBackend):
                 f"kv_cache block_size ({kv_cache.shape[2]}) must equal the backend's "
                 f"block_size ({self.block_size})")
         write_kv(key, value, kv_cache, metadata.slot_mapping)
+        # flash-attn's window counts the keys left of the query (ours includes the query);
+        # (-1, -1) and softcap 0.0 are its "off". Not run in this repository's CI (no GPU).
+        extra = {"window_size": (-1, -1) if sliding_window is None else (sliding_window - 1, 0),
+                 "softcap": logit_softcap or 0.0}
         num_reqs = metadata.num_reqs
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         block_table = metadata.block_table[:num_reqs]
@@ -64,7 +70,7 @@ class FlashAttnBackend(AttentionBackend):
             decoded = self._with_kvcache(
                 query[:num_reqs].unsqueeze(1), key_cache, value_cache,
                 cache_seqlens=metadata.seq_lens[:num_reqs], block_table=block_table,
-                softmax_scale=scale, causal=True,
+                softmax_scale=scale, causal=True, **extra,
             )  # [num_reqs, 1, num_heads, head_dim]
             out = torch.empty_like(query)
             out[:num_reqs] = decoded.squeeze(1)
@@ -77,7 +83,7 @@ class FlashAttnBackend(AttentionBackend):
             query, key_cache, value_cache,
             cu_seqlens_q=metadata.query_start_loc, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=metadata.max_query_len, max_seqlen_k=metadata.max_seq_len,
-            softmax_scale=scale, causal=True, block_table=block_table,
+            softmax_scale=scale, causal=True, block_table=block_table, **extra,
         )  # [num_tokens, num_heads, head_dim]
         if query.shape[0] > metadata.num_actual_tokens:
             out[metadata.num_actual_tokens:].zero_()

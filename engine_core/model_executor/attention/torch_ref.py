@@ -4,8 +4,11 @@ No per-request Python loop: each request's context K/V is gathered from the page
 advanced index into a padded batch, one boolean mask encodes causality and context lengths, and
 scaled_dot_product_attention runs once per group. Decodes (one query token) and prefill chunks are
 two groups, so a long prefill does not pad every decode to its query length.
-The gather indices and masks depend only on the metadata, so they are built once per step (on the
-first layer) and reused by the others.
+The gather indices and masks depend only on the metadata (and the layer's sliding window), so they
+are built once per step and window (on the first such layer) and reused by the others.
+Layers with a sliding window shorter than the batch's longest context, or with attention-logit
+soft-capping, take the masked gather path (the C++ kernels know neither); softcapped scores are
+computed explicitly since SDPA cannot cap them.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self, use_cpu_kernel: bool = True) -> None:
-        self._plan: _Plan | None = None
+        # One plan per sliding window (None = full attention) for the current step's metadata.
+        self._plans: dict[int | None, _Plan] = {}
         # The C++ decode and prefill kernels (kernels/cpu_decode_attention.py,
         # kernels/cpu_prefill_attention.py) for float32 and bfloat16 on CPU; False keeps every
         # request on the gather + SDPA path.
@@ -92,11 +96,17 @@ class TorchAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         n = metadata.num_actual_tokens
         num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
         write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping[:n])
-        plan = self._plan_for(metadata, kv_cache)
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+        if sliding_window is not None and sliding_window >= metadata.max_seq_len:
+            sliding_window = None  # every context fits in the window: plain causal attention
+        plan = self._plan_for(metadata, kv_cache, sliding_window, logit_softcap is not None)
         groups = plan.groups
         d = plan.decodes
         if d is not None and d.is_whole_batch and n == query.shape[0]:
@@ -123,9 +133,15 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = group.context_blocks.view(-1)
             k = kv_cache[0].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
             v = kv_cache[1].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
-            o = F.scaled_dot_product_attention(  # [reqs, heads, max_q, head_dim]
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask,
-                is_causal=group.mask is None, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+            if logit_softcap is not None:
+                assert group.mask is not None  # softcapped plans always carry a mask
+                o = softcapped_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         group.mask, scale, logit_softcap)
+            else:
+                o = F.scaled_dot_product_attention(  # [reqs, heads, max_q, head_dim]
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    attn_mask=group.mask, is_causal=group.mask is None, scale=scale,
+                    enable_gqa=q.shape[2] != k.shape[2])
             o = o.transpose(1, 2).reshape(-1, query.shape[1], head_dim)
             if group.is_whole_batch and n == query.shape[0]:
                 return o
@@ -135,16 +151,27 @@ class TorchAttentionBackend(AttentionBackend):
                 out[group.token_rows] = o if group.valid is None else o[group.valid]
         return out
 
-    def _plan_for(self, metadata: AttentionMetadata, kv_cache: torch.Tensor) -> _Plan:
-        if self._plan is None or self._plan.metadata is not metadata:
+    def _plan_for(self, metadata: AttentionMetadata, kv_cache: torch.Tensor,
+                  window: int | None, softcap: bool) -> _Plan:
+        # Softcapped layers need explicit masks; windowed ones already have them. The key keeps
+        # the two plans of one window apart (-1 - window: never a valid window).
+        key = window if not softcap else -1 - (window or 0)
+        plan = self._plans.get(key)
+        if plan is None or plan.metadata is not metadata:
+            if any(p.metadata is not metadata for p in self._plans.values()):
+                self._plans.clear()  # a new step: drop the previous step's plans
+            # The C++ kernels have no window and no softcap: such layers stay on the torch path.
             kernels = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
-                       and kv_cache.dtype in (torch.float32, torch.bfloat16))
+                       and kv_cache.dtype in (torch.float32, torch.bfloat16)
+                       and window is None and not softcap)
             if kernels:
                 check_block_table(metadata, num_blocks=kv_cache.shape[1])
-            self._plan = build_plan(metadata,
-                                    decode_kernel=kernels and cpu_decode_kernel_available(),
-                                    prefill_kernel=kernels and cpu_prefill_kernel_available())
-        return self._plan
+            plan = build_plan(metadata,
+                              decode_kernel=kernels and cpu_decode_kernel_available(),
+                              prefill_kernel=kernels and cpu_prefill_kernel_available(),
+                              window=window, need_mask=softcap)
+            self._plans[key] = plan
+        return plan
 
 
 def check_block_table(md: AttentionMetadata, num_blocks: int) -> None:
@@ -178,8 +205,30 @@ def write_kv_cache(
     flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 
+def softcapped_attention(
+    q: torch.Tensor,  # [reqs, heads, max_q, head_dim]
+    k: torch.Tensor,  # [reqs, kv_heads, ctx, head_dim]
+    v: torch.Tensor,  # [reqs, kv_heads, ctx, head_dim]
+    mask: torch.Tensor,  # [reqs, 1, max_q, ctx] True = may attend
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [reqs, heads, max_q, head_dim]
+    """Gemma 2's eager attention: cap * tanh(scores / cap), then the mask, then a float32
+    softmax rounded back to q's dtype."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
 def build_plan(md: AttentionMetadata, decode_kernel: bool = False,
-               prefill_kernel: bool = False) -> _Plan:
+               prefill_kernel: bool = False, window: int | None = None,
+               need_mask: bool = False) -> _Plan:
     """Which requests go to which kernel; what is left is grouped for SDPA."""
     device = md.block_table.device
     starts = md.query_start_loc_cpu[:md.num_reqs].to(torch.int64)
@@ -208,7 +257,7 @@ def build_plan(md: AttentionMetadata, decode_kernel: bool = False,
                     *_length_buckets(is_prefill, query_lens, seq_lens)):
         if members.numel():
             groups.append(_build_group(md, members, starts[members], query_lens[members],
-                                       seq_lens[members], device))
+                                       seq_lens[members], device, window, need_mask))
     return _Plan(md, groups, decodes, prefills)
 
 
@@ -232,7 +281,8 @@ def _length_buckets(selected: torch.Tensor, query_lens: torch.Tensor,
 
 def _build_group(md: AttentionMetadata, members: torch.Tensor, starts: torch.Tensor,
                  query_lens: torch.Tensor, seq_lens: torch.Tensor,
-                 device: torch.device) -> _Group:
+                 device: torch.device, window: int | None = None,
+                 need_mask: bool = False) -> _Group:
     # Built on the host from host tensors (no device sync), then moved in one copy each.
     max_q = int(query_lens.max())
     max_s = int(seq_lens.max())
@@ -255,10 +305,13 @@ def _build_group(md: AttentionMetadata, members: torch.Tensor, starts: torch.Ten
     # Query token i of a request sits at position seq_len - query_len + i.
     q_pos = (seq_lens - query_lens).unsqueeze(1) + q_off.unsqueeze(0)  # [reqs, max_q]
     mask = (pos.view(1, 1, max_s) <= q_pos.unsqueeze(2)) & in_context.unsqueeze(1)
+    if window is not None:
+        mask &= pos.view(1, 1, max_s) > q_pos.unsqueeze(2) - window
     num_tokens = md.num_actual_tokens
     is_whole_batch = (valid is None and len(members) == md.num_reqs
                       and query_rows.numel() == num_tokens)
-    fresh = bool((query_lens == seq_lens).all()) and max_q > 1
+    fresh = (bool((query_lens == seq_lens).all()) and max_q > 1 and window is None
+             and not need_mask)
     return _Group(query_rows=query_rows.to(device), valid=valid, token_rows=token_rows.to(device),
                   is_whole_batch=is_whole_batch, context_blocks=context_blocks,
                   mask=None if fresh else mask.unsqueeze(1).to(device), num_ctx=max_s)

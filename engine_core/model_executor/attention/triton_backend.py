@@ -39,6 +39,8 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         if kv_cache.shape[2] != metadata.block_size:
             raise ValueError(
@@ -55,6 +57,8 @@ class TritonAttentionBackend(AttentionBackend):
             max_query_len=metadata.max_query_len,
             max_seq_len=metadata.max_seq_len,
             num_splits=self.num_splits,
+            sliding_window=sliding_window,
+            softcap=logit_softcap,
         )
         if query.shape[0] > metadata.num_actual_tokens:
             # Padding rows (CUDA-graph batches) are not attended; zero them, not garbage.
