@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from engine_core.model_executor.tiny_model import ARCHITECTURES
+from services import cli
 from services.client import EngineClient, ServerUnavailable
 from services.common.errors import UserError, check_model_dir
 from services.launch import REPO_ROOT, free_port
@@ -22,6 +25,25 @@ def _strand(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           text=True, env=env or ENV, cwd=REPO_ROOT, timeout=120)
 
 
+@pytest.fixture
+def strand_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+                ) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`strand ARGS` run in this process (a subprocess per case costs seconds of imports)."""
+    monkeypatch.delenv("STRAND_LOG_LEVEL", raising=False)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code: int | str | None = 0
+        try:
+            cli.main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code if isinstance(code, int) else 1,
+                                           out, err)
+    return run
+
+
 def test_a_mistyped_model_path_is_one_line_before_any_service_starts(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     result = _strand("serve", "--model", str(missing), "--port", "0")
@@ -31,39 +53,43 @@ def test_a_mistyped_model_path_is_one_line_before_any_service_starts(tmp_path: P
     assert "ready" not in result.stdout
 
 
-def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   strand_here: Callable[..., subprocess.CompletedProcess[str]]
+                                   ) -> None:
     missing = str(tmp_path / "no-such-model")
-    for result in (_strand("--debug", "serve", "--model", missing, "--port", "0"),
-                   _strand("serve", "--model", missing, "--port", "0",
-                           env={**ENV, "STRAND_LOG_LEVEL": "debug"})):
+    results = [strand_here("--debug", "serve", "--model", missing, "--port", "0")]
+    monkeypatch.setenv("STRAND_LOG_LEVEL", "debug")
+    results.append(strand_here("serve", "--model", missing, "--port", "0"))
+    for result in results:
         assert result.returncode == 1
         assert "Traceback (most recent call last)" in result.stderr
         assert result.stderr.splitlines()[-1].startswith("strand serve: error: model directory")
 
 
-def test_a_bad_arch_is_one_line() -> None:
-    result = _strand("make-tiny-model", "/nonexistent/out", "--arch", "gpt9")
+def test_a_bad_arch_is_one_line(strand_here: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    result = strand_here("make-tiny-model", "/nonexistent/out", "--arch", "gpt9")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        "strand make-tiny-model: error: arch must be one of llama, mistral, qwen2, got 'gpt9'"]
+        f"strand make-tiny-model: error: arch must be one of {', '.join(ARCHITECTURES)}, "
+        f"got 'gpt9'"]
 
 
-def test_unknown_command_and_version() -> None:
-    bogus = _strand("bogus")
+def test_unknown_command_and_version(strand_here: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    bogus = strand_here("bogus")
     assert bogus.returncode == 2
     assert bogus.stderr.splitlines()[0].startswith("strand: error: unknown command 'bogus'")
-    version = _strand("--version")
+    version = strand_here("--version")
     assert version.returncode == 0
     from importlib import metadata
 
     assert version.stdout == f"strand {metadata.version('strand')}\n"
 
 
-def test_make_tiny_model_flags_have_help() -> None:
-    result = _strand("make-tiny-model", "--help")
+def test_make_tiny_model_flags_have_help(strand_here: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    result = strand_here("make-tiny-model", "--help")
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
-    for flag, default in (("--arch ARCH architecture: llama, mistral, qwen2", "llama"),
+    for flag, default in ((f"--arch ARCH architecture: {', '.join(ARCHITECTURES)}", "llama"),
                           ("--num-layers NUM_LAYERS decoder layers", "2"),
                           ("--hidden-size HIDDEN_SIZE hidden size", "64"),
                           ("--num-heads NUM_HEADS attention heads", "4"),
