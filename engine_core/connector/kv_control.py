@@ -53,16 +53,18 @@ def prompt_block_hashes(scheduler: Scheduler, token_ids: Sequence[int]) -> list[
 def lookup_locations(scheduler: Scheduler, token_ids: Sequence[int]) -> dict[str, int]:
     """Per location, how many leading tokens of token_ids are cached there (whole blocks)."""
     found = dict.fromkeys(LOCATIONS, 0)
-    if not scheduler.enable_caching or not token_ids:
+    if not token_ids or not (scheduler.enable_caching or scheduler.kv_connector is not None):
         return found
     hashes = prompt_block_hashes(scheduler, token_ids)
-    table = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
-    num_device = 0
-    for block_hash in hashes:
-        if block_hash not in table:
-            break
-        num_device += 1
-    found[DEVICE] = num_device * scheduler.block_size
+    if scheduler.enable_caching:
+        table = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+        num_device = 0
+        for block_hash in hashes:
+            if block_hash not in table:
+                break
+            num_device += 1
+        found[DEVICE] = num_device * scheduler.block_size
+    # The connector's tier answers with prefix caching off too (it is asked then, as vLLM does).
     connector = scheduler.kv_connector
     if connector is not None:
         for location, num_blocks in connector.lookup(hashes).items():

@@ -175,6 +175,13 @@ def test_kv_connector_handles_preemption() -> None:
     assert_pool_whole(scheduler)
 
 
+def test_lookup_kv_cache_asks_the_connector_without_prefix_caching() -> None:
+    from engine_core.connector.kv_control import lookup_locations
+
+    scheduler = _with(RecordingConnector(matched=8), enable_prefix_caching=False)
+    assert lookup_locations(scheduler, list(range(20))) == {"device": 0, "cpu": 8}
+
+
 # ---- MultiConnector (tests/v1/kv_connector/unit/test_multi_connector.py) -----------------
 
 def test_multi_connector_asks_every_child() -> None:
