@@ -49,6 +49,11 @@ class EngineCore:
         # queue). Off by default: on CPU the worker thread's own OpenMP team makes every
         # forward slower (see _warn_other_thread), which outweighs the overlap.
         self.batch_queue: BatchQueue | None = None
+        if args.max_concurrent_batches > 1 and scheduler.kv_connector is not None:
+            # The connector saves a request's blocks from the engine thread when it lets go of
+            # them; with a batch in flight those blocks may not be written yet.
+            raise ValueError("max_concurrent_batches must be 1 with a KV connector "
+                             f"({args.kv_connector!r}), got {args.max_concurrent_batches}")
         if args.max_concurrent_batches > 1:
             self.batch_queue = BatchQueue(args.max_concurrent_batches, runner.execute_model)
 

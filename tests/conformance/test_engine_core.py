@@ -161,6 +161,14 @@ def test_engine_core_concurrent_batches(tiny_model_dir: Path) -> None:
     core.batch_queue.shutdown()  # type: ignore[union-attr]
 
 
+def test_engine_core_concurrent_batches_refused_with_a_connector(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="max_concurrent_batches must be 1 with a KV connector"):
+        EngineCore.from_engine_args(EngineArgs(
+            model=str(tiny_model_dir), dtype="float32", device="cpu",
+            num_gpu_blocks_override=64, max_model_len=128, max_concurrent_batches=2,
+            kv_connector="offload", kv_offload_bytes=1 << 20))
+
+
 def test_engine_core_tp() -> None:
     pytest.skip("missing feature: tensor parallelism (tensor_parallel_size must be 1)")
 
