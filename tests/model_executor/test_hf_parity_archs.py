@@ -1,4 +1,4 @@
-"""Qwen3, Qwen3-MoE, Phi-3, Gemma 2 and Gemma 3: fp32 logits of the runner (paged cache, torch
+"""Qwen3, Qwen3-MoE, Phi-3, Mistral with a window, Gemma 2 and Gemma 3: fp32 logits of the runner (paged cache, torch
 backend) equal HF transformers' on the same tiny directory, with windows shorter than the
 prompts so the sliding layers really slide."""
 
@@ -29,6 +29,7 @@ ARCH_VARIANTS: dict[str, dict[str, Any]] = {
     "qwen3": {"arch": "qwen3"},
     "qwen3_moe": {"arch": "qwen3_moe", "num_layers": 3, "extra_config": {"mlp_only_layers": [1]}},
     "phi3_window": {"arch": "phi3", "sliding_window": WINDOW},
+    "mistral_window": {"arch": "mistral", "sliding_window": WINDOW},
     # Small caps so soft-capping changes the numbers (Gemma 2's own are 50 and 30).
     "gemma2": {"arch": "gemma2", "sliding_window": WINDOW,
                "extra_config": {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
