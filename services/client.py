@@ -40,13 +40,24 @@ class RequestError(ValueError):
         self.code = code
 
 
-class ServerUnavailable(ConnectionError):
-    """No gateway answers at the address (not started, wrong address, or gone)."""
+class ServerUnavailable(ConnectionError, grpc.RpcError):
+    """No gateway answers at the address (not started, wrong address, TLS mismatch, or gone).
+
+    A ConnectionError naming the address; still a grpc.RpcError (code() UNAVAILABLE) for
+    callers that catch those."""
 
     def __init__(self, target: str, details: str) -> None:
-        super().__init__(f"no strand gateway answering at {target} ({details}); is "
-                         f"`strand serve` running, on that port?")
+        reason = details.split("last error: ")[-1]
+        super().__init__(f"no strand gateway answering at {target} ({reason}); is `strand "
+                         f"serve` running on that port, with TLS exactly when the client uses it?")
         self.target = target
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
 
 
 class EngineClient:
@@ -211,7 +222,7 @@ def _translate(exc: grpc.RpcError, target: str) -> Exception:
     details = str(exc.details())  # type: ignore[attr-defined]
     if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
         # Nothing listens there: say so, instead of a raw _InactiveRpcError.
-        return ServerUnavailable(target, "connection refused")
+        return ServerUnavailable(target, details)
     return exc
 
 
