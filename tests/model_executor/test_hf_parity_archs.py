@@ -118,3 +118,26 @@ def test_window_and_softcap_change_the_output(arch_dirs: dict[str, Path]) -> Non
     assert max_rel_err(logits_with(sliding_window=None), ref) > 100 * TOL
     assert max_rel_err(logits_with(logit_softcap=None), ref) > 100 * TOL
 
+
+
+@pytest.mark.parametrize("variant", ["gemma2", "gemma3"])
+def test_triton_backend_with_window_and_softcap_matches_hf(
+        variant: str, arch_dirs: dict[str, Path]) -> None:
+    # The Triton paged kernel (the interpreter on CPU, as its other tests): prefill then decodes
+    # past the window, softcapped on gemma2.
+    pytest.importorskip("triton")
+    model_dir = arch_dirs[variant]
+    runner = make_runner(model_dir, attention_backend="triton")
+    spy = LogitsSpy(runner)
+    tokens = prompt(8, 13)
+    blocks = Blocks(runner.block_size)
+    out = runner.execute_model(step(new=[new_req("a", tokens, blocks.take(0, 13))],
+                                    num_scheduled={"a": 13}))
+    for _ in range(3):
+        ref = hf_logits(model_dir, tokens)[-1]
+        assert max_rel_err(spy.last[0], ref) < TOL
+        assert out.sampled_token_ids == [[int(ref.argmax())]]
+        tokens = tokens + out.sampled_token_ids[0]
+        n = len(tokens)
+        out = runner.execute_model(step(cached=[("a", blocks.take(n - 1, n), n - 1)],
+                                        num_scheduled={"a": 1}))
