@@ -202,6 +202,51 @@ def test_priority_scheduling_preemption() -> None:
     assert result.tokens["high"] == expected_tokens(high.prompt_token_ids, 6)
 
 
+def test_priority_scheduling_mixed_priority_and_arrival() -> None:
+    scheduler = make_scheduler(policy="priority", max_num_seqs=1)
+    for rid, priority, arrival in (("a", 2, 1.0), ("b", 1, 3.0), ("c", 1, 2.0), ("d", 0, 4.0)):
+        scheduler.add_request(make_request(rid, 4, priority=priority, arrival_time=arrival))
+    order: list[str] = []
+    for _ in range(4):
+        out = scheduler.schedule()
+        order.extend(n.req_id for n in out.scheduled_new_reqs)
+        scheduler.finish_requests(list(out.num_scheduled_tokens), RequestStatus.FINISHED_ABORTED)
+    assert order == ["d", "c", "b", "a"]
+
+
+def test_priority_scheduling_no_preemption_when_space_available() -> None:
+    scheduler = make_scheduler(policy="priority", num_blocks=64)
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(make_request("low", 8, priority=5))
+    step(scheduler, runner)
+    scheduler.add_request(make_request("high", 8, priority=0))
+    out, _ = step(scheduler, runner)
+    assert out.preempted_req_ids == set()
+    assert set(out.num_scheduled_tokens) == {"low", "high"}
+
+
+def test_priority_scheduling_with_limited_slots() -> None:
+    """max_num_seqs full: a better-priority arrival waits (no preemption for slots)."""
+    scheduler = make_scheduler(policy="priority", max_num_seqs=1)
+    runner = FakeRunner(scheduler)
+    scheduler.add_request(make_request("low", 4, max_tokens=3, priority=5))
+    step(scheduler, runner)
+    scheduler.add_request(make_request("high", 4, max_tokens=3, priority=0))
+    out, _ = step(scheduler, runner)
+    assert set(out.num_scheduled_tokens) == {"low"} and len(scheduler.waiting) == 1
+    result = run_to_completion(scheduler, runner)
+    assert result.finish_reasons == {"low": "length", "high": "length"}
+
+
+def test_schedule_order_fcfs() -> None:
+    scheduler = make_scheduler(max_num_seqs=2)
+    for rid in ("a", "b", "c"):
+        scheduler.add_request(make_request(rid, 4))
+    out = scheduler.schedule()
+    assert [n.req_id for n in out.scheduled_new_reqs] == ["a", "b"]
+    assert [r.request_id for r in scheduler.waiting] == ["c"]
+
+
 def test_priority_scheduling_fcfs_fallback() -> None:
     scheduler = make_scheduler(policy="priority", max_num_seqs=1)
     for rid in ("a", "b", "c"):
