@@ -29,7 +29,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
-                                              logits_processor_classes=_processor_classes(args))
+                                              logits_processor_classes=logits_processor_classes(args))
         self.output_processor = OutputProcessor(tokenizer, stream_interval=args.stream_interval)
         self.stats_logger = StatsLogger(args.stats_interval_s) if args.log_stats else None
 
@@ -101,7 +101,8 @@ class LLMEngine:
         return self.engine_core.get_stats()
 
 
-def _processor_classes(args: EngineArgs) -> list[type]:
+def logits_processor_classes(args: EngineArgs) -> list[type]:
+    """The classes named by --logits-processors (the tokenizer stage validates with them too)."""
     if not args.logits_processors:
         return []
     from engine_core.model_executor.sampling.logits_processor import resolve_logits_processor

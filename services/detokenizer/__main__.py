@@ -27,7 +27,7 @@ def _main(argv: list[str] | None) -> None:
     from engine_core.processing.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(engine_args.tokenizer or resolve_model_dir(engine_args.model))
-    processor = OutputProcessor(tokenizer)
+    processor = OutputProcessor(tokenizer, stream_interval=engine_args.stream_interval)
 
     def register(server: grpc.aio.Server) -> list[str]:
         detokenizer_pb2_grpc.add_DetokenizerServicer_to_server(DetokenizerServicer(processor),

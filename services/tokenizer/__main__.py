@@ -27,8 +27,13 @@ def _main(argv: list[str] | None) -> None:
 
     info = resolve_model_info(engine_args)
     tokenizer = Tokenizer.from_dir(engine_args.tokenizer or info.model_dir)
+    from engine_core.llm_engine import logits_processor_classes
+
+    # The engine's limits and processors, as LLMEngine gives its own InputProcessor.
     processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size,
-                               eos_token_id=tokenizer.eos_token_id)
+                               eos_token_id=tokenizer.eos_token_id,
+                               max_logprobs=engine_args.max_logprobs,
+                               logits_processor_classes=logits_processor_classes(engine_args))
 
     def register(server: grpc.aio.Server) -> list[str]:
         tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(processor), server)
