@@ -81,8 +81,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50051, help="the gateway's port")
     parser.add_argument("--auto-step", action="store_true",
-                        help="the gateway steps the engine itself (Generate streams need no "
-                             "Step caller)")
+                        help="the gateway steps the engine whenever it has work (for serving "
+                             "Generate streams); without it Step calls drive the engine, and a "
+                             "Generate stream nobody steps steps itself after 1 s")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the gateway's private key (PEM)")
