@@ -3,6 +3,7 @@ Gemma 2/3), read and validated once so the models only read typed attributes."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,3 +127,28 @@ def _parse_moe(raw: dict[str, Any], num_layers: int, opts: ArchOptions) -> None:
     dense = set(raw.get("mlp_only_layers") or [])
     # transformers: layer i is sparse when not in mlp_only_layers and (i + 1) % step == 0.
     opts.moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+
+
+def longrope_scaling(raw: dict[str, Any], scaling: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's LongRoPE ("su"/"longrope"): per-frequency short and long factors and an
+    attention factor on cos/sin. Returned with every default resolved, as the rotary reads it."""
+    head_dim = int(raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"])
+    orig = scaling.get("original_max_position_embeddings") or raw.get(
+        "original_max_position_embeddings")
+    if not isinstance(orig, int) or orig < 1:
+        raise ValueError("rope_scaling.original_max_position_embeddings must be a positive "
+                         f"integer for rope_type 'longrope', got {orig!r}")
+    for key in ("short_factor", "long_factor"):
+        factors = scaling.get(key)
+        if not isinstance(factors, list) or len(factors) != head_dim // 2:
+            raise ValueError(f"rope_scaling.{key} must list head_dim // 2 = {head_dim // 2} "
+                             f"numbers, got {factors!r}")
+    factor = float(scaling.get("factor") or raw.get("max_position_embeddings", orig) / orig)
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        # The LongRoPE paper's default, as transformers computes it.
+        attention_factor = (1.0 if factor <= 1.0
+                            else math.sqrt(1 + math.log(factor) / math.log(orig)))
+    return {"rope_type": "longrope", "short_factor": [float(f) for f in scaling["short_factor"]],
+            "long_factor": [float(f) for f in scaling["long_factor"]],
+            "original_max_position_embeddings": orig, "attention_factor": float(attention_factor)}

@@ -9,13 +9,17 @@ from typing import Any
 
 import torch
 
-from engine_core.model_executor.arch_config import ArchOptions, parse_arch_options
+from engine_core.model_executor.arch_config import (
+    ArchOptions,
+    longrope_scaling,
+    parse_arch_options,
+)
 
 # HF architecture name -> the family the loader builds (all Llama-shaped decoders).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM",
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -150,6 +154,7 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     default_theta = 1_000_000.0 if raw.get("model_type") == "gemma3_text" else 10000.0
     theta = float(raw.get("rope_theta") or params.get("rope_theta") or default_theta)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"rope_scaling.rope_type must be one of {', '.join(SUPPORTED_ROPE_TYPES)}, "
@@ -159,6 +164,8 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     scaling["rope_type"] = rope_type
     scaling.pop("type", None)
     scaling.pop("rope_theta", None)
+    if rope_type == "longrope":
+        return theta, longrope_scaling(raw, scaling)
     if float(scaling.get("factor", 0.0)) <= 0.0:
         raise ValueError(f"rope_scaling.factor must be > 0, got {scaling.get('factor')!r}")
     if rope_type == "llama3":

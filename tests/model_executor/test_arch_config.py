@@ -91,9 +91,12 @@ def test_bad_fields_are_rejected_by_name(tmp_path: Path, arch: str, field: str, 
         model_config_from_dict(raw, str(tmp_path))
 
 
-def test_phi3_longrope_is_refused_by_name(tmp_path: Path) -> None:
-    raw = tiny_config(tmp_path, "phi3")
-    raw["rope_scaling"] = {"rope_type": "longrope", "short_factor": [1.0] * 8,
-                           "long_factor": [2.0] * 8}
+def test_phi3_su_rope_is_longrope_and_yarn_is_refused(tmp_path: Path) -> None:
+    raw = tiny_config(tmp_path, "phi3", extra_config={"original_max_position_embeddings": 512})
+    raw["rope_scaling"] = {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    scaling = model_config_from_dict(raw, str(tmp_path)).rope_scaling
+    assert scaling is not None and scaling["rope_type"] == "longrope"
+    assert scaling["original_max_position_embeddings"] == 512
+    raw["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
     with pytest.raises(ValueError, match="rope_scaling.rope_type must be one of"):
         model_config_from_dict(raw, str(tmp_path))

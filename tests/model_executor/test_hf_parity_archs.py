@@ -25,11 +25,17 @@ from tests.model_executor.conftest import (
 
 TOL = 1e-4
 WINDOW = 8
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [2.0 + 0.5 * i for i in range(8)]}
 ARCH_VARIANTS: dict[str, dict[str, Any]] = {
     "qwen3": {"arch": "qwen3"},
     "qwen3_moe": {"arch": "qwen3_moe", "num_layers": 3, "extra_config": {"mlp_only_layers": [1]}},
     "phi3_window": {"arch": "phi3", "sliding_window": WINDOW},
     "mistral_window": {"arch": "mistral", "sliding_window": WINDOW},
+    # Phi-3-mini-128k's rope: every test position stays below the original 64, where
+    # transformers uses the short factors throughout (test_rotary_longrope.py covers the rest).
+    "phi3_longrope": {"arch": "phi3", "rope_scaling": LONGROPE,
+                      "extra_config": {"original_max_position_embeddings": 64}},
     # Small caps so soft-capping changes the numbers (Gemma 2's own are 50 and 30).
     "gemma2": {"arch": "gemma2", "sliding_window": WINDOW,
                "extra_config": {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,

@@ -1,4 +1,5 @@
-"""Rotary position embedding (HF's rotate-half layout) with linear and llama3 frequency scaling."""
+"""Rotary position embedding (HF's rotate-half layout) with linear, llama3 and Phi-3's longrope
+frequency scaling."""
 
 from __future__ import annotations
 
@@ -57,8 +58,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
 
     def build_cache(self, device: torch.device) -> None:
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
         t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
+        if self.scaling is not None and self.scaling["rope_type"] == "longrope":
+            self.cos_sin = _longrope_table(self.head_dim, self.theta, self.scaling, t)
+            return
+        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
         # Kept in float32 and cast per call, as HF does (tables in bf16 lose position detail).
         self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
@@ -81,6 +85,22 @@ class RotaryEmbedding(nn.Module):
             return apply_rotary(query, key, positions, self.cos_sin, is_neox=True)
         cos, sin = self.cos_sin[positions].to(query.dtype).unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _longrope_table(head_dim: int, theta: float, scaling: dict[str, Any],
+                    t: torch.Tensor) -> torch.Tensor:  # [max_positions, head_dim] float32
+    """Positions below original_max_position_embeddings rotate by the short factors, the rest by
+    the long ones (vLLM's table); both scaled by attention_factor. transformers instead picks
+    one set per forward from the longest position in it, so the two agree exactly while every
+    position stays below the original length, and past it only on the positions beyond."""
+    shape = torch.arange(0, head_dim, 2, dtype=torch.int64, device=t.device).float() / head_dim
+    orig = int(scaling["original_max_position_embeddings"])
+    tables = []
+    for key in ("short_factor", "long_factor"):
+        ext = torch.tensor(scaling[key], dtype=torch.float32, device=t.device)
+        freqs = torch.outer(t, 1.0 / (ext * theta**shape))
+        tables.append(torch.cat([freqs.cos(), freqs.sin()], dim=-1) * scaling["attention_factor"])
+    return torch.where((t < orig).unsqueeze(1), tables[0], tables[1])
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
