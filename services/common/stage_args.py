@@ -46,3 +46,14 @@ def resolve_model_info(engine_args: EngineArgs) -> ModelInfo:
     config = load_model_config(model_dir, engine_args.dtype)
     max_len = engine_args.scheduler_config(config.max_position_embeddings).max_model_len
     return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=config.vocab_size)
+
+
+def checked_engine_args(args: argparse.Namespace) -> EngineArgs:
+    """EngineArgs from the flags, with --model checked first: a wrong path is one clear line,
+    not a stage-specific error (the detokenizer's was "no tokenizer.json")."""
+    from engine_core.default_model import resolve_model_dir
+    from services.common.errors import check_model_dir
+
+    engine_args = EngineArgs.from_cli_args(args)
+    check_model_dir(resolve_model_dir(engine_args.model), engine_args.tokenizer)
+    return engine_args

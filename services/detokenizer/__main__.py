@@ -6,11 +6,10 @@ import asyncio
 
 import grpc
 
-from engine_core.config import EngineArgs
 from services._proto.strand.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
-from services.common.stage_args import make_parser, parse_stage_args
+from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
 from services.detokenizer.servicer import DetokenizerServicer
 
 
@@ -21,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(make_parser("detokenizer"), argv)
-    engine_args = EngineArgs.from_cli_args(args)
+    engine_args = checked_engine_args(args)
     from engine_core.default_model import resolve_model_dir
     from engine_core.processing.output_processor import OutputProcessor
     from engine_core.processing.tokenizer import Tokenizer

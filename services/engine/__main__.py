@@ -6,11 +6,10 @@ import asyncio
 
 import grpc
 
-from engine_core.config import EngineArgs
 from services._proto.strand.v1 import engine_pb2, engine_pb2_grpc
 from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
-from services.common.stage_args import make_parser, parse_stage_args
+from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
 from services.engine.servicer import EngineServicer
 
 
@@ -21,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(make_parser("engine"), argv)
-    servicer = EngineServicer.from_engine_args(EngineArgs.from_cli_args(args))
+    servicer = EngineServicer.from_engine_args(checked_engine_args(args))
 
     def register(server: grpc.aio.Server) -> list[str]:
         engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)

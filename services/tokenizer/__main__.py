@@ -6,11 +6,15 @@ import asyncio
 
 import grpc
 
-from engine_core.config import EngineArgs
 from services._proto.strand.v1 import tokenizer_pb2, tokenizer_pb2_grpc
 from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
-from services.common.stage_args import make_parser, parse_stage_args, resolve_model_info
+from services.common.stage_args import (
+    checked_engine_args,
+    make_parser,
+    parse_stage_args,
+    resolve_model_info,
+)
 from services.tokenizer.servicer import TokenizerServicer
 
 
@@ -21,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(make_parser("tokenizer"), argv)
-    engine_args = EngineArgs.from_cli_args(args)
+    engine_args = checked_engine_args(args)
     from engine_core.processing.input_processor import InputProcessor
     from engine_core.processing.tokenizer import Tokenizer
 

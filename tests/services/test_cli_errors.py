@@ -120,3 +120,14 @@ def test_client_with_no_server_raises_a_connection_error_naming_the_address() ->
             client.step()
         with pytest.raises(ConnectionError, match=address):
             list(client.generate("hi"))
+
+
+@pytest.mark.parametrize("stage", ["tokenizer", "engine", "detokenizer"])
+def test_a_stage_alone_checks_its_model_path_first(
+        stage: str, tmp_path: Path,
+        strand_here: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    missing = str(tmp_path / "no-such-model")
+    result = strand_here(stage, "--model", missing, "--port", "0")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"strand {stage}: error: model directory {missing!r} does not exist (--model)"]
