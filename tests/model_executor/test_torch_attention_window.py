@@ -20,20 +20,22 @@ QUERY_LENS = [1, 11, 6, 1]
 SEQ_LENS = [21, 11, 20, 3]
 
 
-def make_case(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+def make_case(seed: int = 0, query_lens: list[int] = QUERY_LENS,
+              seq_lens: list[int] = SEQ_LENS) -> tuple[torch.Tensor, torch.Tensor,
+                                                        AttentionMetadata]:
     g = torch.Generator().manual_seed(seed)
-    num_blocks = 1 + sum(-(-s // BLOCK_SIZE) for s in SEQ_LENS)
+    num_blocks = 1 + sum(-(-s // BLOCK_SIZE) for s in seq_lens)
     cache = torch.randn(2, num_blocks, BLOCK_SIZE, 2, 8, generator=g)
     perm = (1 + torch.randperm(num_blocks - 1, generator=g)).tolist()
-    table = np.zeros((len(SEQ_LENS), max(-(-s // BLOCK_SIZE) for s in SEQ_LENS)), np.int32)
+    table = np.zeros((len(seq_lens), max(-(-s // BLOCK_SIZE) for s in seq_lens)), np.int32)
     slots = []
-    for r, (ql, sl) in enumerate(zip(QUERY_LENS, SEQ_LENS, strict=True)):
+    for r, (ql, sl) in enumerate(zip(query_lens, seq_lens, strict=True)):
         table[r, :-(-sl // BLOCK_SIZE)] = [perm.pop() for _ in range(-(-sl // BLOCK_SIZE))]
         pos = np.arange(sl - ql, sl)
         slots.append(table[r, pos // BLOCK_SIZE].astype(np.int64) * BLOCK_SIZE + pos % BLOCK_SIZE)
-    md = build_attention_metadata(np.array(QUERY_LENS), np.array(SEQ_LENS), np.concatenate(slots),
+    md = build_attention_metadata(np.array(query_lens), np.array(seq_lens), np.concatenate(slots),
                                   table, BLOCK_SIZE, torch.device("cpu"))
-    q = torch.randn(sum(QUERY_LENS), 4, 8, generator=g)
+    q = torch.randn(sum(query_lens), 4, 8, generator=g)
     return q, cache, md
 
 
@@ -92,3 +94,13 @@ def test_window_below_one_is_rejected() -> None:
     q, cache, md = make_case(0)
     with pytest.raises(ValueError, match="sliding_window must be >= 1"):
         run_backend(TorchAttentionBackend(), q, cache, md, sliding_window=0)
+
+
+@pytest.mark.parametrize("use_cpu_kernel", [True, False])
+def test_grouped_requests_gather_from_the_earliest_window_start(use_cpu_kernel: bool) -> None:
+    # Decodes of 17 and 30 (one length bucket, one group) and chunks of 5 on 20 and 24 cached:
+    # the gather starts at the block of the earliest visible key of each group, not at 0.
+    q, cache, md = make_case(9, [1, 1, 5, 5], [17, 30, 25, 29])
+    out = run_backend(TorchAttentionBackend(use_cpu_kernel), q, cache, md, sliding_window=6)
+    torch.testing.assert_close(out, reference(q, cache, md, sliding_window=6),
+                               atol=1e-5, rtol=1e-5)

@@ -295,11 +295,16 @@ def _build_group(md: AttentionMetadata, members: torch.Tensor, starts: torch.Ten
 
     block_size = md.block_size
     num_blocks = -(-max_s // block_size)
-    max_s = num_blocks * block_size  # whole blocks are gathered; the mask hides the tail
-    pos = torch.arange(max_s)  # [max_s]
+    # With a window, blocks wholly before every member's earliest visible key are not gathered.
+    first_block = 0
+    if window is not None:
+        first_visible = int((seq_lens - query_lens).min()) - window + 1
+        first_block = max(first_visible, 0) // block_size
+    max_s = (num_blocks - first_block) * block_size  # whole blocks; the mask hides the tail
+    pos = torch.arange(first_block * block_size, num_blocks * block_size)  # [max_s]
     in_context = pos.unsqueeze(0) < seq_lens.unsqueeze(1)  # [reqs, max_s]
-    used = in_context[:, ::block_size].to(device)  # [reqs, num_blocks]
-    blocks = md.block_table[members.to(device), :num_blocks].to(torch.int64)
+    used = in_context[:, ::block_size].to(device)  # [reqs, num_blocks - first_block]
+    blocks = md.block_table[members.to(device), first_block:num_blocks].to(torch.int64)
     context_blocks = torch.where(used, blocks, 0)
 
     # Query token i of a request sits at position seq_len - query_len + i.
