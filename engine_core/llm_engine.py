@@ -71,7 +71,8 @@ class LLMEngine:
             # Stop strings end requests here; the core must stop computing them at once.
             self.engine_core.abort_requests(result.reqs_to_abort)
         if self.stats_logger is not None:
-            self.stats_logger.record(self.get_stats(), core_outputs.outputs)
+            self.stats_logger.record(self.get_stats(), core_outputs.outputs,
+                                     self.engine_core.last_scheduler_output)
         return result.request_outputs
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
