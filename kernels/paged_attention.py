@@ -157,8 +157,8 @@ def _paged_attn_kernel(
             # the exponent is kept <= 0 so it cannot overflow.
             x = s / softcap
             e = tl.exp(-2.0 * tl.abs(x))
-            t = (1.0 - e) / (1.0 + e)
-            s = softcap * tl.where(x < 0, -t, t)
+            tanh_abs = (1.0 - e) / (1.0 + e)
+            s = softcap * tl.where(x < 0, -tanh_abs, tanh_abs)
         visible = (kv_pos[None, :] <= q_pos[:, None]) & row_valid[:, None]
         if USE_WINDOW:
             visible = visible & (kv_pos[None, :] > q_pos[:, None] - sliding_window)

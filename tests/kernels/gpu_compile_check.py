@@ -17,15 +17,17 @@ from kernels._triton import LazyKernel
 DTYPES = ("fp32", "fp16", "bf16")
 
 
-def _paged_variant(dtype: str, split_kv: bool, num_reqs_is_one: bool) -> tuple[Any, ...]:
+def _paged_variant(dtype: str, split_kv: bool, num_reqs_is_one: bool,
+                   window_softcap: bool = False) -> tuple[Any, ...]:
     pointers = {"out_ptr": f"*{dtype}", "q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}",
                 "part_acc_ptr": "*fp32", "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32",
                 "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
-                "scale": "fp32"}
+                "scale": "fp32", "softcap": "fp32"}
     constants: dict[str, Any] = dict(
         QUERIES_PER_KV=4, BLOCK_Q=4, BLOCK_M=16, TILE_N=64, HEAD_DIM_PAD=128,
         NUM_SPLITS=4 if split_kv else 1, SPLIT_KV=split_kv,
-        DOT_PRECISION="ieee" if dtype == "fp32" else None)
+        DOT_PRECISION="ieee" if dtype == "fp32" else None,
+        USE_WINDOW=window_softcap, USE_SOFTCAP=window_softcap)
     if num_reqs_is_one:  # Triton turns an int argument equal to 1 into a constant
         constants["num_reqs"] = 1
     return paged_attention._paged_attn_kernel, pointers, constants
@@ -39,6 +41,9 @@ def variants() -> dict[str, tuple[Any, ...]]:
             for one in (False, True):
                 name = f"paged_attention-{dt}-{'split' if split else 'one_pass'}-{one and 'one_req' or 'many_reqs'}"
                 table[name] = _paged_variant(dt, split, one)
+            # Gemma's sliding window and logit soft-capping.
+            table[f"paged_attention-{dt}-{'split' if split else 'one_pass'}-window_softcap"] = (
+                _paged_variant(dt, split, False, window_softcap=True))
         table[f"split_kv_reduce-{dt}"] = (
             paged_attention._split_kv_reduce_kernel,
             {"out_ptr": f"*{dt}", "part_acc_ptr": "*fp32", "part_max_ptr": "*fp32",
