@@ -88,6 +88,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the gateway's private key (PEM)")
     parser.add_argument("--log-dir", type=Path, default=None)
+    parser.add_argument("--openai-port", type=int, default=None,
+                        help="also serve an OpenAI-compatible HTTP API (/v1/completions, "
+                             "/v1/chat/completions, /v1/models) on this port of --host")
     return parser
 
 
@@ -141,7 +144,8 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
     config = StackConfig(model=model, engine_args=_engine_flags(args, parser),
                          gateway_args=gateway_args, host=args.host, gateway_port=args.port,
                          otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
-                         tls_cert=args.tls_cert, tls_key=args.tls_key)
+                         tls_cert=args.tls_cert, tls_key=args.tls_key,
+                         openai_port=args.openai_port)
     return launch_stack(config)
 
 
@@ -159,10 +163,14 @@ def serve(argv: list[str]) -> None:
             model = resolve_model_dir(args.model)
             check_model_dir(model, args.tokenizer)  # before any stage starts (one clear line)
             check_port_free(args.host, args.port)
+            if args.openai_port:
+                check_port_free(args.host, args.openai_port, "--openai-port")
             stack = _launch(args, parser, model)  # stops what it started if interrupted
         except Interrupted as exc:
             raise UserError(f"{exc} during start-up; every service started is stopped") from exc
         print(f"strand gateway ready at {stack.gateway_address}", flush=True)
+        if "openai" in stack.ports:
+            print(f"strand OpenAI API at http://{stack.address('openai')}/v1", flush=True)
         _watch(stack)
 
 

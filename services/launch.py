@@ -128,6 +128,7 @@ class StackConfig:
     log_dir: Path | None = None  # None: the stages write to this process's stdout/stderr
     tls_cert: str | None = None  # the gateway's certificate and key (PEM files): TLS to clients
     tls_key: str | None = None
+    openai_port: int | None = None  # the OpenAI-compatible front's port (0: a free one); None: none
 
 
 @dataclass(slots=True)
@@ -149,6 +150,8 @@ class Stack:
                "--port", str(self.ports[name])]
         if cfg.otlp_traces_endpoint:
             cmd += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
+        if name == "openai":
+            return cmd + _openai_args(self)
         if name == "gateway":
             cmd += [f"--{s}-addr={self.address(s)}" for s in STAGES] + cfg.gateway_args
             if cfg.tls_cert and cfg.tls_key:
@@ -205,7 +208,7 @@ class Stack:
             self._stop(timeout)
 
     def _stop(self, timeout: float) -> None:
-        order = ["gateway", *STAGES]
+        order = ["openai", "gateway", *STAGES]
         for name in order:
             process = self.processes.get(name)
             if process is not None and process.poll() is None:
@@ -239,8 +242,25 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
         for name in STAGES:
             wait_healthy(stack.address(name), timeout, stack.processes[name], name)
         stack.start("gateway", timeout)
+        if config.openai_port is not None:
+            from services.openai.health import wait_http_healthy
+
+            stack.ports["openai"] = config.openai_port or free_port(config.host)
+            stack.start_async("openai")
+            wait_http_healthy(f"http://{stack.address('openai')}/health", timeout,
+                              stack.processes["openai"])
     except BaseException:
         stack.stop()
         raise
     return stack
 
+
+def _openai_args(stack: Stack) -> list[str]:
+    """The front reaches the gateway as a client does: its address, API key and TLS roots."""
+    cfg = stack.config
+    args = ["--gateway-addr", stack.gateway_address]
+    if "--api-key" in cfg.gateway_args:
+        args += ["--api-key", cfg.gateway_args[cfg.gateway_args.index("--api-key") + 1]]
+    if cfg.tls_cert:
+        args += ["--gateway-tls-cert", cfg.tls_cert]
+    return args

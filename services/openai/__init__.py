@@ -1,0 +1,1 @@
+"""An OpenAI-compatible HTTP front (FastAPI on uvicorn) that talks to the gateway over gRPC."""

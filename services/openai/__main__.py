@@ -1,0 +1,45 @@
+"""`python -m services.openai --gateway-addr H:P --port 8000`: the OpenAI-compatible front."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from services.common.errors import run_main, setup_logging
+
+
+def main(argv: list[str] | None = None) -> None:
+    setup_logging()
+    run_main("strand openai", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.openai",
+                                     description="OpenAI-compatible HTTP front of a gateway")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--gateway-addr", default="127.0.0.1:50051")
+    parser.add_argument("--api-key", default=None,
+                        help="required of HTTP clients (Bearer) and passed to the gateway")
+    parser.add_argument("--gateway-tls-cert", default=None,
+                        help="the gateway's certificate (PEM), when it serves TLS")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients use (default: the gateway's model)")
+    # Accepted as every service accepts it (strand serve passes it to all); unused here yet.
+    parser.add_argument("--otlp-traces-endpoint", default=None)
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    from services.openai.app import FrontConfig, create_app
+
+    roots = Path(args.gateway_tls_cert).read_bytes() if args.gateway_tls_cert else None
+    app = create_app(FrontConfig(gateway=args.gateway_addr, api_key=args.api_key,
+                                 root_certificates=roots,
+                                 served_model_name=args.served_model_name))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine_core.outputs import RequestOutput
+from engine_core.sampling_params import SamplingParams
+from services.client import EngineClient
+from services.common.convert import PromptType
+from services.openai import params as convert
+from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
+from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from services.openai.shaping import DONE, Shaper, sse
+from services.openai.streams import Job, OutputStream, final_outputs
+
+
+@dataclass(slots=True)
+class FrontConfig:
+    gateway: str  # host:port of the strand gateway
+    api_key: str | None = None  # required of HTTP clients and passed on to the gateway
+    root_certificates: bytes | None = None  # the gateway's TLS roots, when it serves TLS
+    served_model_name: str | None = None  # None: the model the gateway reports
+
+
+class Front:
+    def __init__(self, config: FrontConfig) -> None:
+        self.config = config
+        self._model: str | None = config.served_model_name
+        self._info: dict[str, Any] | None = None
+
+    def connect(self) -> EngineClient:
+        # One client (one channel) per engine request: EngineClient keeps per-caller state
+        # (manual mode's owed outputs), so threads do not share one.
+        return EngineClient(self.config.gateway, api_key=self.config.api_key,
+                            root_certificates=self.config.root_certificates, timeout=30)
+
+    async def info(self) -> dict[str, Any]:
+        if self._info is None:
+            def ask() -> dict[str, Any]:
+                with self.connect() as client:
+                    return client.get_server_info()
+
+            self._info = await asyncio.to_thread(ask)
+            self._model = self._model or str(self._info["model"])
+        return self._info
+
+    async def model_name(self) -> str:
+        await self.info()
+        assert self._model is not None
+        return self._model
+
+    async def check_model(self, requested: str | None) -> str:
+        served = await self.model_name()
+        if requested is not None and requested != served:
+            raise model_not_found(requested)
+        return served
+
+
+def create_app(config: FrontConfig) -> FastAPI:
+    app = FastAPI(title="strand OpenAI-compatible API")
+    front = Front(config)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        return bad_request(message, loc[0] if loc else None).response()
+
+    @app.exception_handler(Exception)
+    async def _any(request: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc).response()
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Response:
+        key = config.api_key
+        if key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization") != f"Bearer {key}":
+                return OpenAIError(401, "invalid or missing API key", param=None,
+                                   code="invalid_api_key").response()
+        response: Response = await call_next(request)
+        return response
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await asyncio.to_thread(_ping, front)
+        except Exception as exc:  # noqa: BLE001
+            return from_exception(exc).response()
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        info = await front.info()
+        return {"object": "list", "data": [{
+            "id": await front.model_name(), "object": "model", "created": int(time.time()),
+            "owned_by": "strand", "root": info["model"],
+            "max_model_len": info["max_model_len"]}]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Response:
+        model = await front.check_model(req.model)
+        shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}")
+        params = convert.completion_params(req)
+        return await _serve(front, req, shaper, convert.completion_prompts(req), params)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: ChatCompletionRequest) -> Response:
+        model = await front.check_model(req.model)
+        shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
+                        id=f"chatcmpl-{uuid.uuid4().hex}")
+        params = convert.chat_params(req)
+        return await _serve(front, req, shaper, [convert.chat_prompt(req)], params)
+
+    return app
+
+
+def _ping(front: Front) -> None:
+    with front.connect() as client:
+        client.has_unfinished_requests()
+
+
+async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
+                 params: SamplingParams) -> Response:
+    jobs = [Job(f"{shaper.id}-{i}", p, params) for i, p in enumerate(prompts)]
+    stream = OutputStream(front.connect, jobs)
+    if not req.stream:
+        return JSONResponse(shaper.response(await final_outputs(stream, len(jobs))))
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    first: tuple[int, RequestOutput] | None
+    try:
+        # The first output before the response starts: bad input is still a 400, not a stream.
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        stream.close()
+        raise
+    return StreamingResponse(_events(stream, shaper, first, include_usage),
+                             media_type="text/event-stream")
+
+
+async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, RequestOutput] | None,
+                  include_usage: bool) -> AsyncIterator[str]:
+    try:
+        if first is not None:
+            for event in shaper.chunks(first[0], first[1], include_usage):
+                yield event
+        async for index, output in stream:
+            for event in shaper.chunks(index, output, include_usage):
+                yield event
+        if include_usage:
+            yield shaper.usage_chunk()
+    except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        yield sse(from_exception(exc).body())
+    finally:
+        stream.close()  # the client left (cancelled here) or the stream ended: abort the rest
+    yield DONE

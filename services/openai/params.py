@@ -1,0 +1,86 @@
+"""OpenAI request -> the engine's prompts and SamplingParams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from services.common.convert import PromptType
+from services.openai.errors import bad_request
+from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+
+def completion_prompts(req: CompletionRequest) -> list[PromptType]:
+    """One engine prompt per OpenAI prompt: a str, a list of str, token ids or lists of them."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [{"prompt_token_ids": list(prompt)}]  # type: ignore[arg-type]
+    return [p if isinstance(p, str) else {"prompt_token_ids": list(p)}  # type: ignore[arg-type]
+            for p in prompt]
+
+
+def chat_prompt(req: ChatCompletionRequest) -> PromptType:
+    """The engine renders the model's chat template from {"messages": [...]}."""
+    messages = [{"role": str(m.get("role", "")), "content": _text_content(m.get("content"), i)}
+                for i, m in enumerate(req.messages)]
+    return {"messages": messages, "add_generation_prompt": req.add_generation_prompt}
+
+
+def _text_content(content: Any, index: int) -> str:
+    # OpenAI allows a list of parts; only text parts have a meaning for a text model.
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise bad_request(f"messages[{index}].content: only text parts are supported",
+                                  "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise bad_request(f"messages[{index}].content must be a str or a list of text parts",
+                      "messages")
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    if req.echo:
+        raise bad_request("echo is not supported", "echo")
+    return _params(req, req.max_tokens, req.logprobs)
+
+
+def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    return _params(req, max_tokens, logprobs)
+
+
+def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    try:
+        logit_bias = ({int(k): float(v) for k, v in req.logit_bias.items()}
+                      if req.logit_bias else None)
+    except ValueError:
+        raise bad_request("logit_bias keys must be token ids", "logit_bias") from None
+    kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
+    try:
+        return SamplingParams(
+            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=0 if req.top_k is None else req.top_k, min_p=req.min_p,
+            presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty, seed=req.seed, max_tokens=max_tokens,
+            min_tokens=req.min_tokens, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias,
+            skip_special_tokens=req.skip_special_tokens, output_kind=kind)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
