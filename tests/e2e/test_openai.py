@@ -1,0 +1,258 @@
+"""The OpenAI-compatible front (`strand serve --openai-port`), driven by the official `openai` SDK
+against a real stack: completions and chat, streamed and not, n > 1, stop, logprobs, errors in
+OpenAI's shape, /v1/models, and a dropped stream aborting its request in the engine.
+
+The model has random weights: the tests assert on structure, counts, finish reasons and usage,
+and compare runs of greedy decoding with each other, never on what the text says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from services.client import EngineClient
+from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
+from tests.conftest import build_tiny_model
+from tests.e2e.conftest import ENGINE_FLAGS
+
+# Long enough that a request of this many tokens cannot finish while the cancel test waits.
+LONG_MAX_TOKENS = 16000
+CHAT = [{"role": "user", "content": "Say hello"}]
+
+
+@pytest.fixture(scope="module")
+def openai_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny-long"),
+                             max_position_embeddings=LONG_MAX_TOKENS + 64)
+    config = StackConfig(model=str(model), engine_args=list(ENGINE_FLAGS),
+                         gateway_args=["--auto-step"],
+                         log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0)
+    with launch_stack(config, timeout=120) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def model_name(openai_stack: Stack) -> str:
+    return openai_stack.config.model  # the gateway's model: the front's default name
+
+
+@pytest.fixture
+def engine(openai_stack: Stack) -> Iterator[EngineClient]:
+    with EngineClient(openai_stack.gateway_address, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def client(openai_stack: Stack, engine: EngineClient) -> Iterator[openai.OpenAI]:
+    base = f"http://{openai_stack.address('openai')}/v1"
+    with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+    # The stack is shared: no test may leave a request running for the next one.
+    assert _wait_idle(engine)
+
+
+def _wait_idle(engine: EngineClient, seconds: float = 30.0) -> bool:
+    for _ in range(int(seconds / 0.1)):
+        if engine.get_num_unfinished_requests() == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_completion_counts_usage_and_finishes_by_length(client: openai.OpenAI,
+                                                       model_name: str) -> None:
+    resp = client.completions.create(model=model_name, prompt=[1, 42, 7], max_tokens=5,
+                                     temperature=0.0, extra_body={"ignore_eos": True})
+    assert resp.id.startswith("cmpl-") and resp.object == "text_completion"
+    assert resp.model == model_name and resp.created > 0
+    assert [c.index for c in resp.choices] == [0]
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage is not None
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens,
+            resp.usage.total_tokens) == (3, 5, 8)
+
+
+def test_n2_and_a_list_of_prompts_give_one_choice_each(client: openai.OpenAI,
+                                                      model_name: str) -> None:
+    resp = client.completions.create(model=model_name, prompt=["Hello", "A robot"], n=2,
+                                     max_tokens=3, seed=1, extra_body={"ignore_eos": True})
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    assert {c.finish_reason for c in resp.choices} == {"length"}
+    assert resp.usage is not None and resp.usage.completion_tokens == 4 * 3
+
+
+def test_seed_repeats_the_sample(client: openai.OpenAI, model_name: str) -> None:
+    texts = [client.completions.create(model=model_name, prompt="Hello", max_tokens=8,
+                                       temperature=1.0, seed=7).choices[0].text
+             for _ in range(2)]
+    assert texts[0] == texts[1]
+
+
+def test_stop_string_ends_the_text_before_it(client: openai.OpenAI, model_name: str) -> None:
+    kwargs = {"model": model_name, "prompt": "A robot may not", "max_tokens": 12,
+              "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+    full = client.completions.create(**kwargs).choices[0].text  # type: ignore[call-overload]
+    # A stop string from the middle of the greedy text: the same run must end right before it.
+    stop = next(ch for ch in full[len(full) // 2:] if ch.isalnum())
+    resp = client.completions.create(stop=[stop], **kwargs)  # type: ignore[call-overload]
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].text == full[:full.index(stop)]
+
+
+def test_completion_logprobs_per_token(client: openai.OpenAI, model_name: str) -> None:
+    resp = client.completions.create(model=model_name, prompt="Hello", max_tokens=4,
+                                     logprobs=2, extra_body={"ignore_eos": True})
+    lp = resp.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+    assert lp.top_logprobs is not None and lp.text_offset is not None
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(x <= 0.0 for x in lp.token_logprobs)
+    assert all(2 <= len(top) <= 3 for top in lp.top_logprobs)  # top 2, plus the sampled one
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+
+
+def test_streamed_completion_equals_the_whole_one(client: openai.OpenAI,
+                                                 model_name: str) -> None:
+    kwargs = {"model": model_name, "prompt": "Hello", "max_tokens": 6, "temperature": 0.0,
+              "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**kwargs)  # type: ignore[call-overload]
+    chunks = list(client.completions.create(  # type: ignore[call-overload]
+        stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("cmpl-")
+    text = "".join(ch.text for c in chunks for ch in c.choices)
+    assert text == whole.choices[0].text
+    reasons = [ch.finish_reason for c in chunks for ch in c.choices]
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_completion(client: openai.OpenAI, model_name: str) -> None:
+    resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=5,  # type: ignore[arg-type]
+                                          n=2, temperature=0.8, seed=3,
+                                          extra_body={"ignore_eos": True})
+    assert resp.id.startswith("chatcmpl-") and resp.object == "chat.completion"
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert all(c.message.role == "assistant" and isinstance(c.message.content, str)
+               for c in resp.choices)
+    assert {c.finish_reason for c in resp.choices} == {"length"}
+    assert resp.usage is not None and resp.usage.completion_tokens == 10
+    # The chat template wraps the message: more prompt tokens than the message's words.
+    assert resp.usage.prompt_tokens > 2
+
+
+def test_chat_logprobs_with_top_logprobs(client: openai.OpenAI, model_name: str) -> None:
+    resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=3,  # type: ignore[arg-type]
+                                          logprobs=True, top_logprobs=3,
+                                          extra_body={"ignore_eos": True})
+    content = resp.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 3
+    for entry in content:
+        assert entry.logprob <= 0.0 and len(entry.top_logprobs) == 3
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and entry.logprob <= values[0]
+
+
+def test_streamed_chat_equals_the_whole_one(client: openai.OpenAI, model_name: str) -> None:
+    kwargs = {"model": model_name, "messages": CHAT, "max_tokens": 6, "temperature": 0.0,
+              "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    deltas = [ch.delta for c in chunks for ch in c.choices]
+    assert deltas[0].role == "assistant" and all(d.role is None for d in deltas[1:])
+    assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_bad_input_is_a_400_in_openai_shape(client: openai.OpenAI, model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="Hello", temperature=2.5)
+    assert info.value.status_code == 400
+    body = info.value.response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == "temperature"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "temperature must be in [0, 2]" in body["error"]["message"]
+
+
+def test_engine_refusal_is_a_400_naming_the_field(client: openai.OpenAI,
+                                                  model_name: str) -> None:
+    # The vocab bound is checked by the engine's stages, past the front: INVALID_ARGUMENT -> 400.
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt=[1, 999_999], max_tokens=2,
+                                  stream=True)
+    error = info.value.response.json()["error"]
+    assert error["param"] == "prompt_token_ids" and "vocab" in error["message"]
+
+
+def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=CHAT)  # type: ignore[arg-type]
+    assert info.value.response.json()["error"]["code"] == "model_not_found"
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, model_name: str) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [model_name] and models[0].object == "model"
+
+
+def test_health(openai_stack: Stack) -> None:
+    with urllib.request.urlopen(f"http://{openai_stack.address('openai')}/health") as resp:
+        assert resp.status == 200
+
+
+def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: str,
+                                             engine: EngineClient) -> None:
+    stream = client.chat.completions.create(model=model_name, messages=CHAT,  # type: ignore[arg-type]
+                                            max_tokens=LONG_MAX_TOKENS - 64, stream=True,
+                                            extra_body={"ignore_eos": True})
+    assert isinstance(stream, openai.Stream)
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    assert engine.get_num_unfinished_requests() == 1
+    stream.close()
+    # Thousands of tokens were still to come: only an abort ends the request this soon.
+    assert _wait_idle(engine, seconds=20.0)
+
+
+def test_no_gateway_is_a_503(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.openai", "--port", str(port),
+         "--gateway-addr", f"127.0.0.1:{free_port()}"], cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status, body = _get_until_listening(f"http://127.0.0.1:{port}/v1/models", process)
+        assert status == 503
+        assert body["error"]["code"] == "service_unavailable"
+        assert "no strand gateway answering" in body["error"]["message"]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _get_until_listening(url: str, process: subprocess.Popen[bytes]
+                         ) -> tuple[int, dict[str, dict[str, str]]]:
+    for _ in range(300):
+        assert process.poll() is None, "the front exited"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+        except urllib.error.URLError:
+            time.sleep(0.1)  # not listening yet
+    raise AssertionError(f"nothing listened at {url}")
