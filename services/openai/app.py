@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -61,7 +62,9 @@ class Front:
 
     async def check_model(self, requested: str | None) -> str:
         served = await self.model_name()
-        if requested is not None and requested != served:
+        # The gateway reports the model path normalised ("./models/tiny" -> "models/tiny"):
+        # either spelling of the path names it.
+        if requested is not None and os.path.normpath(requested) != os.path.normpath(served):
             raise model_not_found(requested)
         return served
 

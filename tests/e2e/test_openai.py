@@ -208,6 +208,13 @@ def test_models_lists_the_served_model(client: openai.OpenAI, model_name: str) -
     assert [m.id for m in models] == [model_name] and models[0].object == "model"
 
 
+def test_the_model_path_may_be_spelled_differently(client: openai.OpenAI,
+                                                  model_name: str) -> None:
+    # `strand serve --model ./dir/` reports "dir": a client may name it as it was given.
+    resp = client.completions.create(model=model_name + "/.", prompt="Hi", max_tokens=1)
+    assert resp.model == model_name
+
+
 def test_health(openai_stack: Stack) -> None:
     with urllib.request.urlopen(f"http://{openai_stack.address('openai')}/health") as resp:
         assert resp.status == 200
