@@ -14,7 +14,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -235,20 +234,45 @@ def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: 
     assert _wait_idle(engine, seconds=20.0)
 
 
-def test_no_gateway_is_a_503(tmp_path: Path) -> None:
+@pytest.fixture
+def front_without_gateway() -> Iterator[str]:
+    """A front with an API key whose gateway address has nothing listening: its base URL."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.openai", "--port", str(port),
+        [sys.executable, "-m", "services.openai", "--port", str(port), "--api-key", "k1",
          "--gateway-addr", f"127.0.0.1:{free_port()}"], cwd=REPO_ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        status, body = _get_until_listening(f"http://127.0.0.1:{port}/v1/models", process)
-        assert status == 503
-        assert body["error"]["code"] == "service_unavailable"
-        assert "no strand gateway answering" in body["error"]["message"]
+        url = f"http://127.0.0.1:{port}/v1"
+        _get_until_listening(f"{url}/models", process)
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_no_gateway_is_a_503(front_without_gateway: str) -> None:
+    status, body = _get(f"{front_without_gateway}/models", "k1")
+    assert status == 503
+    assert body["error"]["code"] == "service_unavailable"
+    assert "no strand gateway answering" in body["error"]["message"]
+
+
+def test_a_wrong_api_key_is_a_401(front_without_gateway: str) -> None:
+    with openai.OpenAI(base_url=front_without_gateway, api_key="wrong", max_retries=0) as c:
+        with pytest.raises(openai.AuthenticationError) as info:
+            c.models.list()
+    assert info.value.response.json()["error"]["code"] == "invalid_api_key"
+
+
+def _get(url: str, api_key: str | None = None) -> tuple[int, dict[str, dict[str, str]]]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 def _get_until_listening(url: str, process: subprocess.Popen[bytes]
