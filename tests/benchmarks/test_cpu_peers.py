@@ -1,0 +1,69 @@
+"""benchmarks/cpu_peers.py: reading llama.cpp's own tools' output, and the summary maths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import cpu_peers
+
+# llama-bench -o json, trimmed to the fields read (two tests: pp512 and tg128).
+LLAMA_BENCH_JSON = json.dumps([
+    {"build_commit": "abc1234", "n_prompt": 512, "n_gen": 0, "n_threads": 2,
+     "avg_ts": 352.1, "stddev_ts": 3.0, "samples_ts": [349.0, 352.1, 355.2]},
+    {"build_commit": "abc1234", "n_prompt": 0, "n_gen": 128, "n_threads": 2,
+     "avg_ts": 28.4, "stddev_ts": 0.2, "samples_ts": [28.2, 28.4, 28.6]},
+])
+
+BATCHED_BENCH = """
+main: n_kv_max = 8256, n_batch = 2048, n_ubatch = 512, flash_attn = 0, is_pp_shared = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |    128 |   32 |   8192 |   11.742 |   348.84 |   23.901 |   171.37 |   35.643 |   229.84 |
+
+llama_perf_context_print:        load time =     120.44 ms
+"""
+
+
+def test_llama_bench_json_gives_decode_and_prefill_samples() -> None:
+    got = cpu_peers.parse_llama_bench(LLAMA_BENCH_JSON)
+    assert got == {"prefill": [349.0, 352.1, 355.2], "decode": [28.2, 28.4, 28.6]}
+
+
+def test_batched_bench_throughput_is_output_tokens_over_total_time() -> None:
+    assert cpu_peers.parse_batched_bench(BATCHED_BENCH) == pytest.approx(128 * 32 / 35.643)
+
+
+def test_batched_bench_without_a_result_row_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no result row"):
+        cpu_peers.parse_batched_bench("main: n_kv_max = 8256\nerror: failed to load model\n")
+
+
+def test_median_and_spread() -> None:
+    assert cpu_peers._median([3.0, 1.0, 2.0]) == {"median": 2.0, "stdev": 1.0, "runs": 3}
+    assert cpu_peers._median([5.0])["stdev"] == 0.0
+
+
+def test_the_table_states_ratios_against_llama_cpp_and_the_bounds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def result(decode: float, batch: float, prefill: float) -> dict[str, dict[str, float]]:
+        return {w: {"median": v, "stdev": 0.0, "runs": 1}
+                for w, v in zip(cpu_peers.WORKLOADS, (decode, batch, prefill), strict=True)}
+
+    report = {"dtype": "float32", "threads": 2, "llama_cpp_build": "abc1234",
+              "bounds": {"decode_tok_s": 40.0, "prefill_tok_s": 500.0, "weight_bytes": 5.4e8,
+                         "bandwidth_bytes_per_s": 2.2e10, "gemm_flops_per_s": 1.1e11},
+              "results": {"llama.cpp": result(20.0, 100.0, 300.0),
+                          "strand": result(30.0, 200.0, 360.0)}}
+    cpu_peers.print_table(report)
+    out = capsys.readouterr().out
+    assert "30.0 ± 0.0 (1.50x)" in out and "200.0 ± 0.0 (2.00x)" in out
+    assert "decode 75% of its bound, prefill 72% of its bound" in out
+
+
+def test_the_benchmark_needs_the_llama_cpp_side(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cpu_peers.main(["--hf-dir", "x"])
+    assert "--gguf and --llama-cpp are needed" in capsys.readouterr().err
