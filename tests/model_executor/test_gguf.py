@@ -1,0 +1,138 @@
+"""GGUF files: a tiny Llama written with gguf's own writer (llama.cpp's layout: permuted q/k,
+quantized tensors, a byte-level BPE vocabulary) loads back as the model it was made from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from engine_core import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from engine_core.default_model import resolve_model_dir  # noqa: E402
+from engine_core.model_executor.gguf import gguf_to_hf_dir  # noqa: E402
+from engine_core.model_executor.gguf.config import hf_config  # noqa: E402
+from engine_core.model_executor.gguf.tensors import hf_name, unpermute  # noqa: E402
+from tests.conftest import build_tiny_model  # noqa: E402
+
+
+def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to Llama's q and k rows."""
+    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def test_unpermute_inverts_llama_cpps_permutation() -> None:
+    w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    assert np.array_equal(unpermute(llama_cpp_permute(w, 8), 8), w)
+    assert not np.array_equal(llama_cpp_permute(w, 8), w)
+
+
+def test_tensor_names_map_to_hf_and_rope_tables_are_dropped() -> None:
+    assert hf_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"
+    assert hf_name("output.weight") == "lm_head.weight"
+    assert hf_name("rope_freqs.weight") is None
+
+
+def test_metadata_errors_name_the_key() -> None:
+    with pytest.raises(ValueError, match="'general.architecture' 'falcon' is not supported"
+                                         "|general.architecture 'falcon' is not supported"):
+        hf_config({"general.architecture": "falcon"}, set(), 10)
+    with pytest.raises(ValueError, match="no 'llama.embedding_length'"):
+        hf_config({"general.architecture": "llama"}, set(), 10)
+
+
+def _write_gguf(model_dir: Path, out: Path, quantized: str) -> None:
+    import json
+
+    from safetensors.torch import load_file
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([1] * len(vocab))
+    merges = tok["model"]["merges"]
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_eos_token_id(config.get("eos_token_id") or 0)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+             "output_norm.weight", "lm_head.weight": "output.weight"}
+    layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    qtype = getattr(gguf.GGMLQuantizationType, quantized)
+    for name, t in load_file(str(model_dir / "model.safetensors")).items():
+        a = t.float().numpy()
+        if name.startswith("model.layers."):
+            i, rest = name[len("model.layers."):].split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            if module == "self_attn.q_proj":
+                a = llama_cpp_permute(a, config["num_attention_heads"])
+            elif module == "self_attn.k_proj":
+                a = llama_cpp_permute(a, config["num_key_value_heads"])
+            gname = f"blk.{i}.{layer[module]}.{kind}"
+        else:
+            gname = names[name]
+        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("quantized", ["F32", "Q8_0"])
+def test_a_gguf_file_loads_as_the_model_it_was_made_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantized: str) -> None:
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    path = tmp_path / f"tiny-{quantized}.gguf"
+    _write_gguf(model_dir, path, quantized)
+    converted = gguf_to_hf_dir(path)
+    assert resolve_model_dir(str(path)) == str(converted)  # cached: the same directory
+    from safetensors.torch import load_file
+
+    want, got = (load_file(str(d / "model.safetensors")) for d in (model_dir, converted))
+    tol = 0 if quantized == "F32" else 2e-2  # Q8_0: one int8 step of each 32-block's range
+    for name, t in want.items():
+        torch.testing.assert_close(got[name], t.float(), atol=tol * float(t.abs().max()), rtol=0)
+    prompts = [[5, 9, 13, 200, 7], [100, 101, 102]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def greedy(model: str) -> list[list[int]]:
+        engine = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="float32"))
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), {"prompt_token_ids": p}, params)
+        done: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    done[o.request_id] = list(o.outputs[0].token_ids)
+        return [done[str(i)] for i in range(len(prompts))]
+
+    if quantized == "F32":
+        assert greedy(str(path)) == greedy(str(model_dir))
+    tokenizer_text = "hello world, 123"
+    from engine_core.processing.tokenizer import Tokenizer
+
+    # The BPE itself; BOS is not added for GGUF vocabularies (transformers' GGUF tokenizer,
+    # the oracle, adds none).
+    assert (Tokenizer.from_dir(converted).encode(tokenizer_text, add_special_tokens=False)
+            == Tokenizer.from_dir(model_dir).encode(tokenizer_text, add_special_tokens=False))
