@@ -1,4 +1,5 @@
-"""EngineClient: LLMEngine's methods over the Gateway, returning engine_core's dataclasses.
+"""EngineClient: LLMEngine's methods over the gateway's Inference and Control services,
+returning engine_core's dataclasses.
 
     client = EngineClient("127.0.0.1:50051")
     client.add_request("0", "Hello", SamplingParams(temperature=0.0))
@@ -17,8 +18,9 @@ import grpc
 
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
+from services._proto.strand.v1 import control_pb2 as cpb
+from services._proto.strand.v1 import control_pb2_grpc, inference_pb2_grpc
 from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import (
     PromptType,
@@ -70,7 +72,8 @@ class EngineClient:
             self._channel = grpc.secure_channel(target, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(target, options=options)
-        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._stub = inference_pb2_grpc.InferenceStub(self._channel)
+        self._control = control_pb2_grpc.ControlStub(self._channel)
         self._target = target
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
         self._timeout = timeout
@@ -110,11 +113,11 @@ class EngineClient:
                            reset_connector: bool = False) -> bool:
         msg = gpb.ResetPrefixCacheRequest(reset_running_requests=reset_running_requests,
                                           reset_connector=reset_connector)
-        return bool(self._call(self._stub.ResetPrefixCache, msg).success)
+        return bool(self._call(self._control.ResetPrefixCache, msg).success)
 
     def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
         """Empty one KV location ("device" or "cpu"): (event id, number of tokens cleared)."""
-        resp = self._call(self._stub.ClearKvCache,
+        resp = self._call(self._control.ClearKvCache,
                           gpb.ClearKvCacheRequest(instance_id=instance_id, location=location))
         return resp.event_id, int(resp.num_tokens_cleared)
 
@@ -123,14 +126,22 @@ class EngineClient:
         bad = [t for t in token_ids if not isinstance(t, int) or isinstance(t, bool)]
         if bad:
             raise ValueError(f"token_ids must be ints, got {bad[:8]}")
-        resp = self._call(self._stub.LookupKvCache,
+        resp = self._call(self._control.LookupKvCache,
                           gpb.LookupKvCacheRequest(token_ids=token_ids))
         return {location: int(n) for location, n in resp.num_cached_tokens.items()}
 
     # -- beyond LLMEngine ---------------------------------------------------------------------
 
+    def get_loads(self) -> list[dict[str, Any]]:
+        """Per engine: running and waiting requests, KV blocks used and free, tokens in flight."""
+        resp = self._call(self._control.GetLoads, cpb.GetLoadsRequest())
+        return [{"engine": load.engine, "num_running": load.num_running,
+                 "num_waiting": load.num_waiting, "kv_blocks_used": load.kv_blocks_used,
+                 "kv_blocks_free": load.kv_blocks_free,
+                 "tokens_in_flight": load.tokens_in_flight} for load in resp.loads]
+
     def get_server_info(self) -> dict[str, Any]:
-        info = self._call(self._stub.GetServerInfo, gpb.GetServerInfoRequest())
+        info = self._call(self._control.GetServerInfo, gpb.GetServerInfoRequest())
         self._auto_step = info.auto_step
         return {"model": info.model, "max_model_len": info.max_model_len,
                 "block_size": info.block_size, "num_blocks": info.num_blocks,

@@ -22,8 +22,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import UserError
+from services.common.server import READINESS
 
 STAGES = ("tokenizer", "engine", "detokenizer")
+# Readiness order: each stage is ready once the stages it sends to are.
+_READY_ORDER = ("engine", "detokenizer", "tokenizer")
 SERVICES = (*STAGES, "gateway")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,8 +98,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def wait_healthy(address: str, timeout: float, process: subprocess.Popen[bytes] | None = None,
-                 name: str = "service", root_certificates: bytes | None = None) -> None:
-    """Block until `address` answers SERVING; RuntimeError if the process exits or time runs out."""
+                 name: str = "service", root_certificates: bytes | None = None,
+                 service: str = READINESS) -> None:
+    """Block until `address` answers SERVING for `service` (readiness: its part of the ring is
+    connected; "" or "liveness": the process is up); RuntimeError if the process exits or time
+    runs out."""
     deadline = time.monotonic() + timeout
     channel = (grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates))
                if root_certificates is not None else grpc.insecure_channel(address))
@@ -107,7 +113,7 @@ def wait_healthy(address: str, timeout: float, process: subprocess.Popen[bytes] 
                 raise RuntimeError(f"{name} exited with code {process.returncode} before it "
                                    f"was healthy")
             try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
@@ -156,8 +162,15 @@ class Stack:
             cmd += [f"--{s}-addr={self.address(s)}" for s in STAGES] + cfg.gateway_args
             if cfg.tls_cert and cfg.tls_key:
                 cmd += ["--tls-cert", cfg.tls_cert, "--tls-key", cfg.tls_key]
-        else:
-            cmd += ["--model", cfg.model, *cfg.engine_args]
+            return cmd
+        cmd += ["--model", cfg.model, *cfg.engine_args]
+        # The ring: each stage is told the next ones; the engine's mode is the stack's.
+        if name == "tokenizer":
+            cmd += [f"--{s}-addr={self.address(s)}" for s in ("engine", "detokenizer")]
+        elif name == "detokenizer":
+            cmd += [f"--engine-addr={self.address('engine')}"]
+        elif "--auto-step" in cfg.gateway_args:
+            cmd += ["--auto-step"]
         return cmd
 
     def start(self, name: str, timeout: float = 120.0) -> None:
@@ -239,7 +252,7 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
     try:
         for name in STAGES:
             stack.start_async(name)
-        for name in STAGES:
+        for name in _READY_ORDER:
             wait_healthy(stack.address(name), timeout, stack.processes[name], name)
         stack.start("gateway", timeout)
         if config.openai_port is not None:

@@ -21,6 +21,12 @@ logger = logging.getLogger(__name__)
 # Internal streams carry one whole engine step (every request's tokens and logprobs).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024**2
 _OPEN_METHODS = ("/grpc.health.v1.", "/grpc.reflection.")
+# grpc.health.v1 service names: liveness is "" and "liveness" (the process answers); readiness is
+# "readiness" and each served service's full name (the model is loaded and every stage of the
+# ring this one needs is connected).
+LIVENESS = "liveness"
+READINESS = "readiness"
+_READINESS_POLL_S = 0.2
 
 
 @dataclass(slots=True)
@@ -97,8 +103,10 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodH
 async def run_server(name: str, options: ServerOptions,
                      register: Callable[[grpc.aio.Server], Sequence[str]],
                      on_stop: Callable[[], Awaitable[None]] | None = None,
-                     on_started: Callable[[int], Awaitable[None]] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names."""
+                     on_started: Callable[[int], Awaitable[None]] | None = None,
+                     ready: Callable[[], bool] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names;
+    `ready` (polled) says whether this stage's part of the ring is connected."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     interceptors = [ApiKeyInterceptor(options.api_key)] if options.api_key else []
     # Only what clients send is capped by max_message_bytes: a large answer (one step of many
@@ -128,11 +136,13 @@ async def run_server(name: str, options: ServerOptions,
         raise UserError(f"{name}: cannot listen on {address} (the port is in use, or the host "
                         f"is not a local address); choose another with --port") from exc
     await server.start()
-    for service in ("", *names):
+    for service in ("", LIVENESS):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     print(f"strand {name} listening on {options.host}:{port}", flush=True)
     if on_started is not None:
         await on_started(port)
+    readiness = asyncio.get_running_loop().create_task(
+        _track_readiness(health_servicer, [READINESS, *names], ready))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -140,8 +150,23 @@ async def run_server(name: str, options: ServerOptions,
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     logger.info("%s: stopping", name)
+    readiness.cancel()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
     if on_stop is not None:
         await on_stop()
     shutdown_tracing()
+
+
+async def _track_readiness(health_servicer: health.aio.HealthServicer, services: list[str],
+                           ready: Callable[[], bool] | None) -> None:
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    current: int | None = None
+    while True:
+        status = serving if ready is None or ready() else not_serving
+        if status != current:
+            for service in services:
+                await health_servicer.set(service, status)
+            current = status
+        await asyncio.sleep(_READINESS_POLL_S)

@@ -1,4 +1,4 @@
-"""`python -m services.detokenizer --model DIR [--port N]`: the detokenizer stage alone."""
+"""`python -m services.detokenizer --model DIR --engine-addr H:P [--port N]`: the detokenizer stage."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import asyncio
 
 import grpc
 
+from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 from services.common.errors import run_main, setup_logging
-from services.common.server import run_server
+from services.common.server import ServerOptions, run_server
 from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
 from services.detokenizer.servicer import DetokenizerServicer
 
@@ -19,22 +20,36 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    args, options = parse_stage_args(make_parser("detokenizer"), argv)
+    parser = make_parser("detokenizer")
+    parser.add_argument("--engine-addr", default="127.0.0.1:50053",
+                        help="the engine whose step outputs this stage subscribes to")
+    args, options = parse_stage_args(parser, argv)
     engine_args = checked_engine_args(args)
     from engine_core.default_model import resolve_model_dir
-    from engine_core.processing.output_processor import OutputProcessor
     from engine_core.processing.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(engine_args.tokenizer or resolve_model_dir(engine_args.model))
     processor = OutputProcessor(tokenizer, stream_interval=engine_args.stream_interval)
 
+    asyncio.run(_serve(processor, args.engine_addr, options))
+
+
+async def _serve(processor: OutputProcessor, engine_addr: str, options: ServerOptions) -> None:
+    # Made on the running loop: a grpc.aio channel belongs to the loop it was created on.
+    servicer = DetokenizerServicer.create(processor, engine_addr)
+
     def register(server: grpc.aio.Server) -> list[str]:
-        detokenizer_pb2_grpc.add_DetokenizerServicer_to_server(DetokenizerServicer(processor),
-                                                               server)
+        detokenizer_pb2_grpc.add_DetokenizerServicer_to_server(servicer, server)
         return [detokenizer_pb2.DESCRIPTOR.services_by_name["Detokenizer"].full_name]
 
-    asyncio.run(run_server("detokenizer", options, register))
+    async def on_started(port: int) -> None:
+        servicer.feed.start()
 
+    async def on_stop() -> None:
+        await servicer.feed.close()
+
+    await run_server("detokenizer", options, register, on_stop=on_stop, on_started=on_started,
+                     ready=servicer.ready)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,11 @@
-"""Detokenizer servicer: each message is one call on the OutputProcessor."""
+"""Detokenizer servicer: the ring's last stage. The engine's step outputs come in on a
+subscription (EngineFeed), become RequestOutputs here and go to the gateway that owns each
+request on its Outputs subscription. The tokenizer adds request state on a Session (always before
+the engine has the request, so before its first output); gateways abort on theirs."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -9,77 +13,101 @@ import grpc
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import detokenizer_pb2_grpc
-from services.common.convert import (
-    core_outputs_from_pb,
-    core_request_to_pb,
-    request_output_to_pb,
-)
+from services._proto.strand.v1 import engine_pb2 as epb
+from services.common.convert import core_request_to_pb
 from services.common.convert_core import processed_from_pb
-from services.common.ownership import SessionOwnership
-from services.common.status import error_to_pb
+from services.common.status import StageError, error_to_pb
 from services.common.tracing import context_from_carrier, server_span
+from services.detokenizer.engine_feed import EngineFeed
+from services.detokenizer.routes import Routes
+
+logger = logging.getLogger(__name__)
+
+# An add waits this long for the engine subscription (a restarted engine or detokenizer is
+# subscribed again within a fraction of it) before it is refused as UNAVAILABLE.
+SUBSCRIBE_WAIT_S = 3.0
 
 
 class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
-    def __init__(self, processor: OutputProcessor) -> None:
+    def __init__(self, processor: OutputProcessor, feed: EngineFeed) -> None:
         self.processor = processor
-        self._owners = SessionOwnership()
+        self.routes = feed.routes
+        self.feed = feed
+
+    @classmethod
+    def create(cls, processor: OutputProcessor, engine_addr: str) -> DetokenizerServicer:
+        return cls(processor, EngineFeed(processor, Routes(), engine_addr))
+
+    def ready(self) -> bool:
+        return self.feed.subscribed
+
+    async def Outputs(self, request: dpb.DetokOutputsRequest,
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[dpb.OutputBatch]:
+        if not request.origin:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "origin must not be empty")
+        queue = self.routes.subscribe(request.origin)
+        try:
+            yield dpb.OutputBatch(subscribed=True)
+            while True:
+                batch = await queue.get()
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            orphans = self.routes.unsubscribe(request.origin, queue)
+            if orphans:
+                # Its gateway is gone: nobody would ever collect or abort these.
+                logger.info("gateway %s left; aborting its %d requests", request.origin,
+                            len(orphans))
+                self.feed.abort_in_engine_later(self.processor.abort_requests(orphans))
 
     async def Session(self, request_iterator: AsyncIterator[dpb.DetokenizerRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[dpb.DetokenizerResponse]:
-        session = self._owners.new_session()
-        try:
-            async for msg in request_iterator:
-                yield self.handle(msg, session)
-        finally:
-            # The gateway is gone: nobody would ever collect or abort what it added.
-            orphans = self._owners.release(session)
-            if orphans:
-                self.processor.abort_requests(orphans)
+        async for msg in request_iterator:
+            yield await self.answer(msg)
 
-    def handle(self, msg: dpb.DetokenizerRequest, session: int = 0) -> dpb.DetokenizerResponse:
+    async def answer(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
         kind = msg.WhichOneof("kind")
         parent = context_from_carrier(msg.trace_context)
         with server_span(f"strand.v1.Detokenizer/{kind}", parent) as span:
             try:
-                return self._dispatch(msg, kind, session)
+                return await self._dispatch(msg, kind)
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
                 return dpb.DetokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
 
-    def _dispatch(self, msg: dpb.DetokenizerRequest, kind: str | None, session: int
-                  ) -> dpb.DetokenizerResponse:
+    async def _dispatch(self, msg: dpb.DetokenizerRequest, kind: str | None
+                        ) -> dpb.DetokenizerResponse:
         seq = msg.seq
         if kind == "add":
-            processed = processed_from_pb(msg.add.processed)
-            request_id = processed.request.request_id
-            if self.processor.has_request(request_id):
-                raise ValueError(f"request_id {request_id!r} is already in use")
-            children = self.processor.add_request(processed)
-            self._owners.add(session, [request_id])
-            return dpb.DetokenizerResponse(seq=seq, children=dpb.ChildRequests(
-                requests=[core_request_to_pb(c) for c in children]))
-        if kind == "process_outputs":
-            outputs = core_outputs_from_pb(msg.process_outputs.outputs)
-            result = self.processor.process_outputs(outputs.outputs, outputs.timestamp)
-            self._owners.discard(o.request_id for o in result.request_outputs if o.finished)
-            return dpb.DetokenizerResponse(seq=seq, result=dpb.ProcessOutputsResult(
-                request_outputs=[request_output_to_pb(o) for o in result.request_outputs],
-                reqs_to_abort=list(result.reqs_to_abort)))
+            return dpb.DetokenizerResponse(seq=seq, children=await self._add(msg.add))
         if kind == "abort":
             child_ids = self.processor.abort_requests(list(msg.abort.request_ids))
-            self._owners.discard(msg.abort.request_ids)
+            self.routes.forget(msg.abort.request_ids)
+            if child_ids:
+                # Answered once the engine has dropped them too: no step after the Abort call
+                # computes them (LLMEngine.abort_request's promise).
+                await self.feed.engine.call(epb.EngineRequest(
+                    abort=epb.EngineAbort(request_ids=child_ids)))
             return dpb.DetokenizerResponse(seq=seq,
                                            child_ids=dpb.RequestIds(request_ids=child_ids))
-        if kind == "finish_with_error":
-            req = msg.finish_with_error
-            ended = self.processor.finish_with_error(list(req.request_ids), req.reason)
-            self._owners.discard(req.request_ids)
-            return dpb.DetokenizerResponse(seq=seq, result=dpb.ProcessOutputsResult(
-                request_outputs=[request_output_to_pb(o) for o in ended]))
         if kind == "query":
-            num = self.processor.get_num_unfinished_requests()
             return dpb.DetokenizerResponse(seq=seq, state=dpb.DetokState(
-                num_unfinished_requests=num))
-        raise ValueError(f"kind must be one of add, process_outputs, abort, finish_with_error, "
-                         f"query, got {kind!r}")
+                num_unfinished_requests=self.processor.get_num_unfinished_requests(),
+                engine_subscribed=self.feed.subscribed))
+        raise ValueError(f"kind must be one of add, abort, query, got {kind!r}")
+
+    async def _add(self, add: dpb.DetokAddRequest) -> dpb.ChildRequests:
+        if not add.origin:
+            raise ValueError("origin must not be empty")
+        await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
+        if not self.routes.is_subscribed(add.origin):
+            raise StageError(grpc.StatusCode.UNAVAILABLE,
+                             f"detokenizer stage is unavailable: gateway {add.origin!r} has no "
+                             f"output subscription here")
+        processed = processed_from_pb(add.processed)
+        children = self.processor.add_request(processed)
+        self.routes.own(processed.request.request_id, add.origin)
+        return dpb.ChildRequests(requests=[core_request_to_pb(c) for c in children])
+
+

@@ -1,4 +1,5 @@
-"""`python -m services.engine --model DIR [--port N]`: the engine stage alone (loads the model)."""
+"""`python -m services.engine --model DIR [--port N] [--auto-step]`: the engine stage (loads the
+model; the detokenizer subscribes to its outputs, the tokenizer and gateway send it requests)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    args, options = parse_stage_args(make_parser("engine"), argv)
-    servicer = EngineServicer.from_engine_args(checked_engine_args(args))
+    parser = make_parser("engine")
+    parser.add_argument("--auto-step", action="store_true",
+                        help="step while there is work, streaming each step's outputs to the "
+                             "detokenizer (without it, a gateway's Step call runs each step)")
+    args, options = parse_stage_args(parser, argv)
+    servicer = EngineServicer.from_engine_args(checked_engine_args(args), args.auto_step,
+                                               name=f"{args.host}:{args.port}")
 
     def register(server: grpc.aio.Server) -> list[str]:
         engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
@@ -29,7 +35,10 @@ def _main(argv: list[str] | None) -> None:
     tasks: list[asyncio.Task[None]] = []
 
     async def on_started(port: int) -> None:
-        tasks.append(asyncio.get_running_loop().create_task(servicer.log_stats_periodically()))
+        loop = asyncio.get_running_loop()
+        tasks.append(loop.create_task(servicer.log_stats_periodically()))
+        if servicer.auto_step:
+            tasks.append(loop.create_task(servicer.auto_loop()))
 
     async def on_stop() -> None:
         for task in tasks:

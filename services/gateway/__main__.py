@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 
 from services._proto.strand.v1 import (
+    control_pb2,
+    control_pb2_grpc,
     detokenizer_pb2_grpc,
     engine_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
     tokenizer_pb2_grpc,
 )
 from services.common.errors import run_main, setup_logging
+from services.common.peer_health import PeerHealth
 from services.common.server import ServerOptions, run_server
 from services.common.stage_args import make_parser, parse_stage_args
+from services.common.stage_client import StageClient
+from services.common.status import StageError
 from services.gateway.flow import SELF_STEP_AFTER_S, GatewayFlow
 from services.gateway.servicer import GatewayServicer
-from services.gateway.stage_client import StageClient
+
+logger = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,8 +41,8 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--engine-addr", default="127.0.0.1:50053")
     parser.add_argument("--detokenizer-addr", default="127.0.0.1:50054")
     parser.add_argument("--auto-step", action="store_true",
-                        help="step the engine while it has work (several steps a call while "
-                             "every request is FINAL_ONLY); Step returns what was produced")
+                        help="expect an engine that steps itself (its own --auto-step decides "
+                             "the mode; a mismatch is logged)")
     parser.add_argument("--self-step-after", type=float, default=SELF_STEP_AFTER_S,
                         help="without --auto-step: Generate streams step the engine themselves "
                              "once no Step call has come for this many seconds "
@@ -48,20 +57,46 @@ def _main(argv: list[str] | None) -> None:
 
 async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, auto_step: bool,
                 options: ServerOptions, self_step_after: float = SELF_STEP_AFTER_S) -> None:
-    flow = GatewayFlow(
-        StageClient("tokenizer", tokenizer_addr, tokenizer_pb2_grpc.TokenizerStub),
-        StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub),
-        StageClient("detokenizer", detokenizer_addr, detokenizer_pb2_grpc.DetokenizerStub),
-        auto_step=auto_step, self_step_after=self_step_after)
+    tokenizer = StageClient("tokenizer", tokenizer_addr, tokenizer_pb2_grpc.TokenizerStub)
+    engine = StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub)
+    detokenizer = StageClient("detokenizer", detokenizer_addr,
+                              detokenizer_pb2_grpc.DetokenizerStub)
+    flow = GatewayFlow(tokenizer, engine, detokenizer, self_step_after=self_step_after)
+    peers = PeerHealth({"tokenizer": tokenizer.channel, "engine": engine.channel,
+                        "detokenizer": detokenizer.channel})
 
     def register(server: grpc.aio.Server) -> list[str]:
-        gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(flow), server)
-        return [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
+        servicer = GatewayServicer(flow)
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+        control_pb2_grpc.add_ControlServicer_to_server(servicer, server)
+        gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
+        return [inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+                control_pb2.DESCRIPTOR.services_by_name["Control"].full_name,
+                gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name]
 
     async def on_started(port: int) -> None:
         flow.start()
+        peers.start()
+        asyncio.get_running_loop().create_task(_check_mode(flow, auto_step))
 
-    await run_server("gateway", options, register, on_stop=flow.close, on_started=on_started)
+    async def on_stop() -> None:
+        peers.stop()
+        await flow.close()
+
+    await run_server("gateway", options, register, on_stop=on_stop, on_started=on_started,
+                     ready=lambda: peers.ready and flow.feed.subscribed)
+
+
+async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:
+    """Learn the engine's mode once it answers; say so when --auto-step disagrees with it."""
+    while flow.auto_step is None:
+        try:
+            await flow.engine_info()
+        except StageError:
+            await asyncio.sleep(0.5)
+    if auto_step and not flow.auto_step:
+        logger.warning("--auto-step given, but the engine at %s does not step itself: start "
+                       "the engine with --auto-step", flow.engine.target)
 
 
 if __name__ == "__main__":

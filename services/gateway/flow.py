@@ -1,24 +1,26 @@
-"""GatewayFlow: the life of a request across the three stages (no engine logic of its own).
+"""GatewayFlow: the front door of the ring (gateway -> tokenizer -> engine -> detokenizer ->
+gateway). It owns what a front door needs and nothing of the engine's orchestration:
 
-1. AddRequest: tokenizer (InputProcessor.process) -> detokenizer (OutputProcessor.add_request
-   returns the child requests) -> engine (EngineCore.add_request for each child).
-2. Step: engine step -> detokenizer process_outputs -> RequestOutputs (+ stop-string aborts back to
-   the engine). Outputs of Generate requests go to their streams, the rest to the Step caller.
-   Steps come from Step calls (manual mode), from the gateway itself (auto mode), or, in manual
-   mode, from the gateway for Generate streams once no Step call has come for a while.
-3. Abort: detokenizer abort_requests (returns child ids) -> engine abort.
-A lost engine or detokenizer ends every live request with finish_reason "error".
+- which requests are live (its own: outputs come back on its subscription, by its origin id);
+- AddRequest: one message to the tokenizer, answered once the request is in the engine;
+- Step (manual mode): one message to the engine with a step id; the step's outputs reach the
+  gateway through the detokenizer tagged with that id, and Step returns exactly them. In auto
+  mode the engine steps itself and Step returns what arrived since the last Step;
+- Abort: one message to the detokenizer, which drops the request and has the engine drop it;
+- the Generate streams, and cancellation.
+A lost detokenizer ends every live request with finish_reason "error" here; a lost engine does so
+in the detokenizer, whose "error" outputs arrive like any other.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import logging
 import math
 import time
-from collections import deque
-from collections.abc import Awaitable, Coroutine
+import uuid
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import grpc
@@ -29,50 +31,56 @@ from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
+from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
 from services.common.tracing import carrier_from_context, tracer
-from services.gateway.live import LiveRequest, StreamQueue, error_output, finish_reason_of
-from services.gateway.stage_client import StageClient
+from services.gateway.kv_event_feed import KvEventFeed
+from services.gateway.live import (
+    LiveRequest,
+    StreamQueue,
+    abort_output,
+    error_output,
+    finish_reason_of,
+)
+from services.gateway.output_feed import OutputFeed
 
 logger = logging.getLogger(__name__)
 
-# Auto mode: engine steps queued ahead of the detokenizer (one computing, one waiting). A stop
-# string then stops its request up to this many steps late; the detokenizer drops those tokens.
-STEPS_IN_FLIGHT = 2
-# Auto mode: engine steps per call while nobody streams (every live request wants its final
-# output only). Each stage then handles a quarter of the messages, and on a small machine their
-# CPU time is what the engine's steps lack (benchmarks/README.md). No token arrives later than
-# its request's end; a request added meanwhile waits for the calls already queued (up to
-# STEPS_IN_FLIGHT * this many steps) before it joins.
-STEPS_PER_CALL_UNSTREAMED = 4
 # Manual mode: a Generate stream steps the engine itself (as auto mode would) once no Step call
 # has come for this long, counted from the stream's start too. A client that drives Generate
 # with Step calls (EngineClient.generate) keeps control; one that only reads the stream
 # (grpcurl) is not left waiting forever.
 SELF_STEP_AFTER_S = 1.0
+# A Step's outputs cross the detokenizer after the engine has run it; past this they are lost
+# (the detokenizer died with them) and the Step fails as UNAVAILABLE.
+STEP_OUTPUTS_TIMEOUT_S = 10.0
+# How long an AddRequest waits for this gateway's output subscription (a restarted detokenizer
+# is subscribed again within a fraction of it).
+SUBSCRIBE_WAIT_S = 3.0
 
 
 class GatewayFlow:
     def __init__(self, tokenizer: StageClient, engine: StageClient, detokenizer: StageClient,
-                 auto_step: bool = False, self_step_after: float = SELF_STEP_AFTER_S) -> None:
+                 self_step_after: float = SELF_STEP_AFTER_S) -> None:
         if not self_step_after > 0:
             raise ValueError(f"self_step_after must be > 0 seconds, got {self_step_after}")
         self.tokenizer = tokenizer
         self.engine = engine
         self.detokenizer = detokenizer
-        self.auto_step = auto_step
-        engine.on_lost = self._engine_lost
-        detokenizer.on_lost = self._detokenizer_lost
-        # One engine-changing sequence at a time: the stages are sequential anyway, and an abort
-        # must not slip between a request's detokenizer add and its engine add.
-        self._lock = asyncio.Lock()
+        # Outputs of the requests this gateway adds come back to it by this id.
+        self.origin = f"gw-{uuid.uuid4().hex[:16]}"
+        self.feed = OutputFeed(detokenizer, self.origin, self._on_batch, self._detokenizer_lost)
+        self.kv_feed = KvEventFeed(engine)
+        self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
         self._live: dict[str, LiveRequest] = {}
-        # Outputs owed to the next Step: auto-mode results and "error" endings.
+        # Outputs owed to the next Step: auto-mode results, self-steps' and "error" endings.
         self._pending: list[pb.RequestOutput] = []
+        self._step_ids = itertools.count(1)
+        self._step_waiters: dict[int, asyncio.Future[tuple[list[pb.RequestOutput],
+                                                           list[str]]]] = {}
+        self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self._work = asyncio.Event()
-        self._auto_task: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self._num_adding = 0  # add_request calls past the tokenizer, not yet in the engine
+        self._background: set[asyncio.Task[Any]] = set()
         self.self_step_after = self_step_after
         self._self_step_task: asyncio.Task[None] | None = None
         # Manual mode: when a Step call or a Generate stream last came (time.monotonic()).
@@ -80,17 +88,29 @@ class GatewayFlow:
         self._last_stream_added = -math.inf
 
     def start(self) -> None:
-        if self.auto_step and self._auto_task is None:
-            self._auto_task = asyncio.get_running_loop().create_task(self._auto_loop())
-        if not self.auto_step and self._self_step_task is None:
+        self.feed.start()
+        if self._self_step_task is None:
             self._self_step_task = asyncio.get_running_loop().create_task(self._self_step_loop())
 
     async def close(self) -> None:
-        for task in (self._auto_task, self._self_step_task):
-            if task is not None:
-                task.cancel()
+        if self._self_step_task is not None:
+            self._self_step_task.cancel()
+        await self.feed.close()
         for client in (self.tokenizer, self.engine, self.detokenizer):
             await client.close()
+
+    async def engine_info(self) -> epb.EngineInfo:
+        try:
+            info = await self.engine.stub.GetInfo(epb.EngineInfoRequest(), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            raise StageUnavailable("engine", exc.details() or exc.code().name) from exc
+        self.auto_step = bool(info.auto_step)
+        return info
+
+    async def _is_auto(self) -> bool:
+        if self.auto_step is None:
+            await self.engine_info()
+        return bool(self.auto_step)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -102,120 +122,114 @@ class GatewayFlow:
         if request_id in self._live:
             raise StageError(grpc.StatusCode.ALREADY_EXISTS,
                              f"request_id {request_id!r} is already in use")
+        await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
         span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
         _set_param_attributes(span, params)
-        # Counted until the request is in: the auto loop queues no new step meanwhile, so an
-        # add waits for the step being computed, not for every step queued behind it.
-        self._num_adding += 1
+        kind = params.output_kind
+        # Live before the tokenizer answers: in auto mode the first outputs may come first.
+        live = LiveRequest(request_id=request_id, child_ids=[], span=span,
+                           cumulative=kind == RequestOutputKind.CUMULATIVE,
+                           final_only=kind == RequestOutputKind.FINAL_ONLY,
+                           num_prompt_tokens=0, queue=queue,
+                           num_outputs=params.n if params.HasField("n") else 1)
+        self._live[request_id] = live
         try:
-            await self._add(request_id, prompt, params, arrival_time, priority, queue, span)
+            added = await self._add(request_id, prompt, params, arrival_time, priority, span)
         except BaseException as exc:
+            if self._live.get(request_id) is live:
+                del self._live[request_id]
             span.record_exception(exc)
             span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
             span.end()
             raise
         finally:
-            self._num_adding -= 1
             self._work.set()
+        live.child_ids = list(added.child_ids)
+        live.num_outputs = len(added.child_ids)
+        live.num_prompt_tokens = int(added.num_prompt_tokens)
+        if live.aborted:
+            # Aborted while the stages were taking it: drop it from them now that it is in.
+            self._spawn(self._abort_quietly(request_id))
+        if queue is not None:
+            self._last_stream_added = time.monotonic()
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
-                   arrival_time: float | None, priority: int, queue: StreamQueue | None,
-                   span: trace.Span) -> None:
-        carrier = carrier_from_context(trace.set_span_in_context(span))
+                   arrival_time: float | None, priority: int, span: trace.Span
+                   ) -> tpb.AddedRequest:
         process = tpb.ProcessRequest(request_id=request_id, prompt=prompt, params=params,
-                                     priority=priority)
+                                     priority=priority, origin=self.origin)
         if arrival_time is not None:
             process.arrival_time = arrival_time
-        tok = await self.tokenizer.call(tpb.TokenizerRequest(process=process,
-                                                             trace_context=carrier))
-        processed = tok.processed
-        async with self._lock:
-            try:
-                detok = await self.detokenizer.call(dpb.DetokenizerRequest(
-                    add=dpb.DetokAddRequest(processed=processed), trace_context=carrier))
-                children = list(detok.children.requests)
-                try:
-                    await self.engine.call(epb.EngineRequest(
-                        add=epb.EngineAddRequests(requests=children), trace_context=carrier))
-                except StageError:
-                    # All or nothing: the detokenizer forgets the request the engine refused.
-                    await self._quietly(self.detokenizer, dpb.DetokenizerRequest(
-                        abort=dpb.DetokAbort(request_ids=[request_id])))
-                    raise
-            except asyncio.CancelledError:
-                # The caller gave up (a deadline, a cancelled call) while a stage was taking the
-                # request: what the stages took must not run on unseen, holding KV blocks. The
-                # abort queues behind the add on each ordered stream, once the lock is free.
-                self._spawn(self._abort_quietly(request_id))
-                raise
-            kind = processed.request.sampling_params.output_kind
-            self._live[request_id] = LiveRequest(
-                request_id=request_id, child_ids=[c.request_id for c in children], span=span,
-                cumulative=kind == RequestOutputKind.CUMULATIVE,
-                final_only=kind == RequestOutputKind.FINAL_ONLY,
-                num_prompt_tokens=len(processed.request.prompt_token_ids), queue=queue)
-            if queue is not None:
-                self._last_stream_added = time.monotonic()
+        call = asyncio.get_running_loop().create_task(self.tokenizer.call(tpb.TokenizerRequest(
+            process=process, trace_context=carrier_from_context(trace.set_span_in_context(span)))))
+        try:
+            resp = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            # The caller gave up (a deadline, a cancelled call) while the stages were taking
+            # the request: once they have, it must not run on unseen, holding KV blocks.
+            self._spawn(self._abort_when_added(call, request_id))
+            raise
+        return resp.added  # type: ignore[no-any-return]
 
     async def step(self) -> tuple[list[pb.RequestOutput], list[str]]:
         """(outputs for the caller, ids of Generate requests whose output went to their stream)."""
-        if self.auto_step:
-            owed, self._pending = self._pending, []
-            return owed, []
+        if await self._is_auto():
+            return self._take_pending(), []
         self._last_step_call = time.monotonic()
-        async with self._lock:
+        async with self._step_lock:
             if not self._live:
                 # Nothing to compute (as EngineCore.step): report endings owed by a lost stage.
-                owed, self._pending = self._pending, []
-                return owed, []
+                return self._take_pending(), []
             try:
-                outputs = await self._step_once()
+                returned, streamed = await self._step_once()
+            except StageError:
+                if self._pending:  # a lost stage's "error" endings: they are this step's news
+                    return self._take_pending(), []
+                raise
             finally:
                 self._last_step_call = time.monotonic()
+        return self._take_pending() + returned, streamed
+
+    async def _step_once(self) -> tuple[list[pb.RequestOutput], list[str]]:
+        step_id = next(self._step_ids)
+        waiter = asyncio.get_running_loop().create_future()
+        self._step_waiters[step_id] = waiter
+        try:
+            await self.engine.call(epb.EngineRequest(
+                step=epb.EngineStep(step_id=step_id, origin=self.origin),
+                trace_context=carrier_from_context()))
+            try:
+                return await asyncio.wait_for(waiter, STEP_OUTPUTS_TIMEOUT_S)
+            except TimeoutError as exc:
+                raise StageUnavailable("detokenizer", f"the outputs of step {step_id} did not "
+                                       f"arrive within {STEP_OUTPUTS_TIMEOUT_S:.0f}s") from exc
+        finally:
+            self._step_waiters.pop(step_id, None)
+
+    def _take_pending(self) -> list[pb.RequestOutput]:
         owed, self._pending = self._pending, []
-        returned, streamed = self._deliver(outputs)
-        return owed + returned, streamed
+        return owed
 
-    async def _step_once(self) -> list[pb.RequestOutput]:
-        return await self._detokenize(await self._engine_step(), wait_for_aborts=True)
-
-    async def _engine_step(self, num_steps: int = 1) -> epb.EngineResponse:
-        return await self.engine.call(epb.EngineRequest(
-            step=epb.EngineStep(num_steps=num_steps), trace_context=carrier_from_context()))
-
-    def _steps_per_call(self) -> int:
-        if self._live and all(live.final_only for live in self._live.values()):
-            return STEPS_PER_CALL_UNSTREAMED
-        return 1
-
-    async def _detokenize(self, resp: epb.EngineResponse, wait_for_aborts: bool
-                          ) -> list[pb.RequestOutput]:
-        result = (await self.detokenizer.call(dpb.DetokenizerRequest(
-            process_outputs=dpb.DetokProcessOutputs(outputs=resp.outputs),
-            trace_context=carrier_from_context()))).result
-        if result.reqs_to_abort:
-            # Stop strings end requests in the detokenizer; the engine must stop computing them.
-            abort = self.engine.call(epb.EngineRequest(
-                abort=epb.EngineAbort(request_ids=list(result.reqs_to_abort))))
-            if wait_for_aborts:
-                await abort
-            else:
-                # The engine stream is ordered: the abort lands before any step sent after it,
-                # so its answer need not hold up the next step.
-                self._spawn(self._quietly_awaited(self.engine.stage, abort))
-        return list(result.request_outputs)
+    def _on_batch(self, batch: Any) -> None:
+        returned, streamed = self._deliver(list(batch.outputs))
+        waiter = self._step_waiters.get(batch.step_id) if batch.step_id else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result((returned, streamed))
+        else:
+            self._pending.extend(returned)
 
     def _deliver(self, outputs: list[pb.RequestOutput]) -> tuple[list[pb.RequestOutput], list[str]]:
         returned: list[pb.RequestOutput] = []
         streamed: list[str] = []
         for output in outputs:
             live = self._live.get(output.request_id)
-            if live is not None:
-                live.record(output)
-                if output.finished:
-                    del self._live[output.request_id]
-                    live.end_span(output, finish_reason_of(output))
-            if live is not None and live.queue is not None:
+            if live is None:
+                continue  # aborted here meanwhile: LLMEngine reports nothing more for it
+            live.record(output)
+            if output.finished:
+                del self._live[output.request_id]
+                live.end_span(output, finish_reason_of(output))
+            if live.queue is not None:
                 live.queue.put_nowait(output)
                 streamed.append(output.request_id)
             else:
@@ -223,33 +237,42 @@ class GatewayFlow:
         return returned, streamed
 
     async def abort(self, request_ids: list[str]) -> None:
-        async with self._lock:
-            child_ids = (await self.detokenizer.call(dpb.DetokenizerRequest(
+        ended = [live for rid in request_ids if (live := self._live.pop(rid, None)) is not None]
+        for live in ended:
+            live.aborted = True
+        try:
+            # The detokenizer drops them and has the engine drop them before it answers.
+            await self.detokenizer.call(dpb.DetokenizerRequest(
                 abort=dpb.DetokAbort(request_ids=request_ids),
-                trace_context=carrier_from_context()))).child_ids.request_ids
-            await self.engine.call(epb.EngineRequest(
-                abort=epb.EngineAbort(request_ids=list(child_ids)),
                 trace_context=carrier_from_context()))
-            for request_id in request_ids:
-                live = self._live.pop(request_id, None)
-                if live is not None:
-                    live.end_span(None, "abort")
-                    if live.queue is not None:
-                        live.queue.put_nowait(None)
+        finally:
+            for live in ended:
+                live.end_span(None, "abort")
+                if live.queue is not None:
+                    # vLLM's streams end with a final output whose finish_reason is "abort".
+                    live.queue.put_nowait(abort_output(live.request_id, live.num_outputs))
+
+    async def get_num_unfinished_requests(self) -> int:
+        # The requests this gateway added that have not ended. The detokenizer would say the
+        # same for them (a request leaves both with its final output), but asking it costs a
+        # round trip on every iteration of a `while has_unfinished_requests(): step()` loop.
+        return len(self._live)
+
+    # -- engine-wide control --------------------------------------------------------------------
 
     async def reset_prefix_cache(self, reset_running_requests: bool, reset_connector: bool
-                                 ) -> bool:
-        async with self._lock:
+                                 ) -> epb.EngineState:
+        async with self._step_lock:  # between steps, as in process
             resp = await self.engine.call(epb.EngineRequest(
                 reset_prefix_cache=epb.EngineResetPrefixCache(
                     reset_running_requests=reset_running_requests,
                     reset_connector=reset_connector),
                 trace_context=carrier_from_context()))
-        return bool(resp.state.reset_ok)
+        return resp.state  # type: ignore[no-any-return]
 
     async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
         """EngineCore.clear_kv_cache: (event id, number of tokens cleared)."""
-        async with self._lock:
+        async with self._step_lock:
             resp = await self.engine.call(epb.EngineRequest(
                 clear_kv_cache=epb.EngineClearKvCache(instance_id=instance_id,
                                                       location=location),
@@ -263,59 +286,22 @@ class GatewayFlow:
             trace_context=carrier_from_context()))
         return {k: int(v) for k, v in resp.lookup.num_cached_tokens.items()}
 
-    async def get_num_unfinished_requests(self) -> int:
-        # The requests this gateway added that have not ended. The detokenizer would say the
-        # same for them (a request leaves both with its final output), but asking it costs a
-        # round trip on every iteration of a `while has_unfinished_requests(): step()` loop.
-        return len(self._live)
+    async def get_loads(self) -> list[pb.EngineLoad]:
+        resp = await self.engine.call(epb.EngineRequest(get_loads=epb.EngineGetLoads()))
+        return [resp.load]
 
-    # -- auto mode ------------------------------------------------------------------------------
-
-    async def _auto_loop(self) -> None:
-        # Engine steps stay queued ahead of the detokenizer, so the engine computes step N+1
-        # while step N is detokenized and delivered: nothing waits on a round trip.
-        in_flight: deque[asyncio.Task[epb.EngineResponse]] = deque()
-        try:
-            await self._run_auto_steps(in_flight)
-        finally:
-            for task in in_flight:
-                task.cancel()
-
-    async def _run_auto_steps(self, in_flight: deque[asyncio.Task[epb.EngineResponse]]) -> None:
-        while True:
-            try:
-                self._top_up(in_flight)
-                if not in_flight:
-                    self._work.clear()
-                    await self._work.wait()
-                    continue
-                resp = await in_flight.popleft()
-                self._top_up(in_flight)
-                outputs = await self._detokenize(resp, wait_for_aborts=False)
-                returned, _ = self._deliver(outputs)
-                self._pending.extend(returned)
-                if not resp.outputs.outputs:
-                    await asyncio.sleep(0.001)  # a step with nothing to report: do not spin
-            except StageError as exc:
-                logger.warning("auto step failed: %s", exc.message)
-                await _drain(in_flight)
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(0)  # let waiting RPCs run between steps
-
-    def _top_up(self, in_flight: deque[asyncio.Task[epb.EngineResponse]]) -> None:
-        # No new step while requests are being added: many requests arriving together all join
-        # the next step (as in a loop that adds them all, then steps) instead of one per step.
-        # Only a sustained stream of adds (hundreds a second) could hold stepping back.
-        while self._live and not self._num_adding and len(in_flight) < STEPS_IN_FLIGHT:
-            in_flight.append(asyncio.get_running_loop().create_task(
-                self._engine_step(self._steps_per_call())))
+    async def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+        """The engine's KV event batches as they come (polled: the engine keeps them in a
+        bounded buffer with consecutive sequence numbers, so a gap shows what was dropped)."""
+        async for batch in self.kv_feed.subscribe():
+            yield batch
 
     # -- manual mode: Generate streams nobody steps ---------------------------------------------
 
     async def _self_step_loop(self) -> None:
         while True:
             try:
-                if not self._has_streams():
+                if not self._has_streams() or await self._is_auto():
                     self._work.clear()
                     await self._work.wait()
                     continue
@@ -323,16 +309,13 @@ class GatewayFlow:
                 if wait > 0:
                     await asyncio.sleep(wait)
                     continue
-                async with self._lock:
+                async with self._step_lock:
                     # Re-checked under the lock: a Step call may have run meanwhile.
                     if not self._has_streams() or self._self_step_wait() > 0:
                         continue
-                    outputs = await self._step_once()
+                    returned, _ = await self._step_once()
                 # Outputs of AddRequest requests this step advanced wait for the next Step.
-                returned, _ = self._deliver(outputs)
                 self._pending.extend(returned)
-                if not outputs:
-                    await asyncio.sleep(0.001)  # a step with nothing to report: do not spin
             except StageError as exc:
                 logger.warning("self-step for Generate streams failed: %s", exc.message)
                 await asyncio.sleep(0.2)
@@ -348,68 +331,35 @@ class GatewayFlow:
 
     # -- lost stages ----------------------------------------------------------------------------
 
-    async def _engine_lost(self, error: StageUnavailable) -> None:
-        async with self._lock:
-            ids = list(self._live)
-            if not ids:
-                return
-            try:
-                resp = await self.detokenizer.call(dpb.DetokenizerRequest(
-                    finish_with_error=dpb.DetokFinishWithError(request_ids=ids,
-                                                               reason=error.message)))
-                outputs = list(resp.result.request_outputs)
-            except StageError:
-                outputs = []
-            self._end_with_error(outputs, error.message)
+    def _detokenizer_lost(self, reason: str) -> None:
+        """Every live request ends with "error" (the engine drops them itself on losing its
+        subscriber); Step calls waiting for outputs fail."""
+        outputs = [error_output(rid, live.num_outputs, reason)
+                   for rid, live in self._live.items()]
+        self._pending.extend(self._deliver(outputs)[0])
+        for waiter in self._step_waiters.values():
+            if not waiter.done():
+                waiter.set_exception(StageError(grpc.StatusCode.UNAVAILABLE, reason))
 
-    async def _detokenizer_lost(self, error: StageUnavailable) -> None:
-        async with self._lock:
-            ids = list(self._live)
-            if not ids:
-                return
-            child_ids = [c for i in ids for c in self._live[i].child_ids]
-            await self._quietly(self.engine, epb.EngineRequest(
-                abort=epb.EngineAbort(request_ids=child_ids)))
-            self._end_with_error([], error.message)
-
-    def _end_with_error(self, outputs: list[pb.RequestOutput], reason: str) -> None:
-        """Deliver the "error" endings; live requests the stage could not end get our own."""
-        covered = {o.request_id for o in outputs if o.finished}
-        for request_id, live in list(self._live.items()):
-            if request_id not in covered:
-                outputs.append(error_output(request_id, len(live.child_ids), reason))
-        returned, _ = self._deliver(outputs)
-        self._pending.extend(returned)
+    async def _abort_when_added(self, call: asyncio.Task[Any], request_id: str) -> None:
+        try:
+            await call
+        except StageError:
+            return  # it never got in
+        self._live.pop(request_id, None)
+        await self._abort_quietly(request_id)
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
-            await self.abort([request_id])
+            await self.detokenizer.call(dpb.DetokenizerRequest(
+                abort=dpb.DetokAbort(request_ids=[request_id])))
         except StageError as exc:
-            logger.warning("abort of %s after a cancelled add failed: %s", request_id,
-                           exc.message)
-
-    @staticmethod
-    async def _quietly(client: StageClient, msg: object) -> None:
-        await GatewayFlow._quietly_awaited(client.stage, client.call(msg))
-
-    @staticmethod
-    async def _quietly_awaited(stage: str, call: Awaitable[object]) -> None:
-        try:
-            await call
-        except StageError as exc:
-            logger.warning("%s cleanup failed: %s", stage, exc.message)
+            logger.warning("abort of %s failed: %s", request_id, exc.message)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._background.discard)
-
-
-async def _drain(tasks: deque[asyncio.Task[epb.EngineResponse]]) -> None:
-    """Await (and forget) steps still in flight after a failure: their stage is gone."""
-    while tasks:
-        with contextlib.suppress(StageError, asyncio.CancelledError):
-            await tasks.popleft()
 
 
 def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:

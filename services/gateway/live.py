@@ -23,6 +23,8 @@ class LiveRequest:
     num_prompt_tokens: int
     final_only: bool = False  # output_kind FINAL_ONLY: nothing to stream before the end
     queue: StreamQueue | None = None  # set for Generate requests
+    num_outputs: int = 1  # n: the completions of its RequestOutputs
+    aborted: bool = False  # by an Abort call (maybe while the stages were still taking it)
     num_completion_tokens: dict[int, int] = field(default_factory=dict)  # per output index
     start: float = field(default_factory=time.time)
 
@@ -68,6 +70,19 @@ def finish_reason_of(output: pb.RequestOutput) -> str:
 
 def error_output(request_id: str, num_outputs: int, reason: str) -> pb.RequestOutput:
     """The gateway's own last word for a request whose detokenizer state was lost."""
-    return pb.RequestOutput(
-        request_id=request_id, finished=True, error=reason,
-        outputs=[pb.CompletionOutput(index=i, finish_reason="error") for i in range(num_outputs)])
+    return _final_output(request_id, num_outputs, "error", reason)
+
+
+def abort_output(request_id: str, num_outputs: int) -> pb.RequestOutput:
+    """The last output of an aborted Generate stream (vLLM ends its streams so too)."""
+    return _final_output(request_id, num_outputs, "abort", "")
+
+
+def _final_output(request_id: str, num_outputs: int, reason: str, error: str
+                  ) -> pb.RequestOutput:
+    output = pb.RequestOutput(
+        request_id=request_id, finished=True,
+        outputs=[pb.CompletionOutput(index=i, finish_reason=reason) for i in range(num_outputs)])
+    if error:
+        output.error = error
+    return output

@@ -1,4 +1,6 @@
-"""Gateway servicer: every RPC is a few lines around one GatewayFlow call."""
+"""Gateway servicer: every RPC is a few lines around one GatewayFlow call. One object serves
+strand.v1.Inference, strand.v1.Control and the deprecated strand.v1.Gateway (their methods
+share names and messages)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import TypeVar
 
 import grpc
 
-from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import gateway_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
@@ -20,6 +22,8 @@ from services.gateway.flow import GatewayFlow
 from services.gateway.live import StreamQueue
 
 T = TypeVar("T")
+_CONTROL_METHODS = frozenset({"ResetPrefixCache", "ClearKvCache", "LookupKvCache",
+                              "GetServerInfo", "GetLoads", "SubscribeKvEvents"})
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -29,7 +33,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def _traced(self, name: str, context: grpc.aio.ServicerContext,
                       body: Callable[[], Awaitable[T]]) -> T:
         parent = context_from_metadata(context.invocation_metadata())
-        with server_span(f"strand.v1.Gateway/{name}", parent) as span:
+        service = "Control" if name in _CONTROL_METHODS else "Inference"
+        with server_span(f"strand.v1.{service}/{name}", parent) as span:
             try:
                 return await body()
             except (StageError, ValueError) as exc:
@@ -65,9 +70,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                context: grpc.aio.ServicerContext
                                ) -> gpb.ResetPrefixCacheResponse:
         async def body() -> gpb.ResetPrefixCacheResponse:
-            ok = await self.flow.reset_prefix_cache(request.reset_running_requests,
-                                                    request.reset_connector)
-            return gpb.ResetPrefixCacheResponse(success=ok)
+            state = await self.flow.reset_prefix_cache(request.reset_running_requests,
+                                                       request.reset_connector)
+            return gpb.ResetPrefixCacheResponse(success=state.reset_ok, tiers=state.tiers)
         return await self._traced("ResetPrefixCache", context, body)
 
     async def HasUnfinishedRequests(self, request: gpb.HasUnfinishedRequestsRequest,
@@ -104,16 +109,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def GetServerInfo(self, request: gpb.GetServerInfoRequest,
                             context: grpc.aio.ServicerContext) -> gpb.GetServerInfoResponse:
         async def body() -> gpb.GetServerInfoResponse:
-            try:
-                info = await self.flow.engine.stub.GetInfo(epb.EngineInfoRequest(), timeout=10)
-            except grpc.aio.AioRpcError as exc:
-                raise StageError(grpc.StatusCode.UNAVAILABLE,
-                                 f"engine stage is unavailable: {exc.details()}") from exc
+            info = await self.flow.engine_info()
             return gpb.GetServerInfoResponse(
                 model=info.model, max_model_len=info.max_model_len, block_size=info.block_size,
                 num_blocks=info.num_blocks, vocab_size=info.vocab_size,
-                auto_step=self.flow.auto_step, versions=_versions())
+                auto_step=info.auto_step, versions=_versions())
         return await self._traced("GetServerInfo", context, body)
+
+    async def GetLoads(self, request: cpb.GetLoadsRequest,
+                       context: grpc.aio.ServicerContext) -> cpb.GetLoadsResponse:
+        async def body() -> cpb.GetLoadsResponse:
+            return cpb.GetLoadsResponse(loads=await self.flow.get_loads())
+        return await self._traced("GetLoads", context, body)
+
+    async def SubscribeKvEvents(self, request: cpb.SubscribeKvEventsRequest,
+                                context: grpc.aio.ServicerContext
+                                ) -> AsyncIterator[pb.KvEventBatch]:
+        try:
+            async for batch in self.flow.kv_events():
+                yield batch
+        except StageError as exc:
+            code, message = status_of(exc)
+            await context.abort(code, message)
 
     async def Generate(self, request: gpb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RequestOutput]:
@@ -131,7 +148,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             while True:
                 output = await queue.get()
                 if output is None:
-                    finished = True  # aborted by someone else: nothing more will come
+                    finished = True
                     return
                 finished = output.finished
                 yield output
@@ -146,7 +163,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         try:
             await self.flow.abort([request_id])
         except StageError:
-            pass
+            pass  # the stage that would hold it is gone, and with it the request
 
 
 def _versions() -> dict[str, str]:

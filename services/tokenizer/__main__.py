@@ -1,4 +1,5 @@
-"""`python -m services.tokenizer --model DIR [--port N]`: the tokenizer stage alone."""
+"""`python -m services.tokenizer --model DIR --engine-addr H:P --detokenizer-addr H:P [--port N]`:
+the tokenizer stage."""
 
 from __future__ import annotations
 
@@ -6,15 +7,23 @@ import asyncio
 
 import grpc
 
-from services._proto.strand.v1 import tokenizer_pb2, tokenizer_pb2_grpc
+from engine_core.processing.input_processor import InputProcessor
+from services._proto.strand.v1 import (
+    detokenizer_pb2_grpc,
+    engine_pb2_grpc,
+    tokenizer_pb2,
+    tokenizer_pb2_grpc,
+)
 from services.common.errors import run_main, setup_logging
-from services.common.server import run_server
+from services.common.peer_health import PeerHealth
+from services.common.server import ServerOptions, run_server
 from services.common.stage_args import (
     checked_engine_args,
     make_parser,
     parse_stage_args,
     resolve_model_info,
 )
+from services.common.stage_client import StageClient
 from services.tokenizer.servicer import TokenizerServicer
 
 
@@ -24,9 +33,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    args, options = parse_stage_args(make_parser("tokenizer"), argv)
+    parser = make_parser("tokenizer")
+    parser.add_argument("--engine-addr", default="127.0.0.1:50053",
+                        help="the engine this stage adds requests to")
+    parser.add_argument("--detokenizer-addr", default="127.0.0.1:50054",
+                        help="the detokenizer this stage hands request state to")
+    args, options = parse_stage_args(parser, argv)
     engine_args = checked_engine_args(args)
-    from engine_core.processing.input_processor import InputProcessor
     from engine_core.processing.tokenizer import Tokenizer
 
     info = resolve_model_info(engine_args)
@@ -39,11 +52,30 @@ def _main(argv: list[str] | None) -> None:
                                max_logprobs=engine_args.max_logprobs,
                                logits_processor_classes=logits_processor_classes(engine_args))
 
+    asyncio.run(_serve(processor, args.detokenizer_addr, args.engine_addr, options))
+
+
+async def _serve(processor: InputProcessor, detokenizer_addr: str, engine_addr: str,
+                 options: ServerOptions) -> None:
+    detokenizer = StageClient("detokenizer", detokenizer_addr,
+                              detokenizer_pb2_grpc.DetokenizerStub)
+    engine = StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub)
+    servicer = TokenizerServicer(processor, detokenizer, engine)
+    peers = PeerHealth({"detokenizer": detokenizer.channel, "engine": engine.channel})
+
     def register(server: grpc.aio.Server) -> list[str]:
-        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(TokenizerServicer(processor), server)
+        tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
         return [tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name]
 
-    asyncio.run(run_server("tokenizer", options, register))
+    async def on_started(port: int) -> None:
+        peers.start()
+
+    async def on_stop() -> None:
+        peers.stop()
+        await servicer.close()
+
+    await run_server("tokenizer", options, register, on_stop=on_stop, on_started=on_started,
+                     ready=lambda: peers.ready)
 
 
 if __name__ == "__main__":

@@ -1,42 +1,121 @@
-"""Tokenizer servicer: ProcessRequest -> InputProcessor.process -> ProcessedPrompt."""
+"""Tokenizer servicer: the ring's first stage. Each ProcessRequest from a gateway is tokenized
+(InputProcessor.process, off the event loop), handed to the detokenizer (which fans n > 1 out
+into child requests) and then, as those children, to the engine; the gateway's answer says the
+request is in the engine, or why it is not (with the stages left as they were).
+
+Requests are handled concurrently and answered as they finish (matched by seq): one long prompt
+does not hold up the short ones behind it."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from engine_core.processing.input_processor import InputProcessor
+from services._proto.strand.v1 import detokenizer_pb2 as dpb
+from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import tokenizer_pb2_grpc
 from services.common.convert import params_from_pb, prompt_from_pb
 from services.common.convert_core import processed_to_pb
-from services.common.status import error_to_pb
+from services.common.stage_client import StageClient
+from services.common.status import StageError, error_to_pb
 from services.common.tracing import context_from_carrier, server_span
+
+logger = logging.getLogger(__name__)
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
-    def __init__(self, processor: InputProcessor) -> None:
+    def __init__(self, processor: InputProcessor, detokenizer: StageClient,
+                 engine: StageClient) -> None:
         self.processor = processor
+        self.detokenizer = detokenizer
+        self.engine = engine
+        # One thread: tokenizing a long prompt must not stall the loop (health, other streams).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        for client in (self.detokenizer, self.engine):
+            await client.close()
+        self._executor.shutdown(wait=False)
 
     async def Session(self, request_iterator: AsyncIterator[tpb.TokenizerRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[tpb.TokenizerResponse]:
-        async for msg in request_iterator:
-            yield self.handle(msg)
+        answers: asyncio.Queue[tpb.TokenizerResponse | None] = asyncio.Queue()
+        reader = asyncio.get_running_loop().create_task(self._read(request_iterator, answers))
+        try:
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    return
+                yield answer
+        finally:
+            reader.cancel()
 
-    def handle(self, msg: tpb.TokenizerRequest) -> tpb.TokenizerResponse:
+    async def _read(self, request_iterator: AsyncIterator[tpb.TokenizerRequest],
+                    answers: asyncio.Queue[tpb.TokenizerResponse | None]) -> None:
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            async for msg in request_iterator:
+                # Not cancelled with the stream: a request half-way into the stages finishes
+                # its way in (its gateway's departure then aborts it).
+                task = asyncio.get_running_loop().create_task(self._answer_into(msg, answers))
+                pending.add(task)
+                self._tasks.add(task)
+                task.add_done_callback(pending.discard)
+                task.add_done_callback(self._tasks.discard)
+            if pending:
+                await asyncio.wait(pending)
+        finally:
+            answers.put_nowait(None)
+
+    async def _answer_into(self, msg: tpb.TokenizerRequest,
+                           answers: asyncio.Queue[tpb.TokenizerResponse | None]) -> None:
+        answers.put_nowait(await self.answer(msg))
+
+    async def answer(self, msg: tpb.TokenizerRequest) -> tpb.TokenizerResponse:
         req = msg.process
         parent = context_from_carrier(msg.trace_context)
         with server_span("strand.v1.Tokenizer/Process", parent,
                          {"gen_ai.request.id": req.request_id}) as span:
             try:
-                params = params_from_pb(req.params) if req.HasField("params") else None
-                processed = self.processor.process(
-                    req.request_id, prompt_from_pb(req.prompt), params,
-                    req.arrival_time if req.HasField("arrival_time") else None, req.priority)
+                added = await self._add(req, dict(msg.trace_context))
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
                 return tpb.TokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
-            span.set_attribute("gen_ai.usage.prompt_tokens",
-                               len(processed.request.prompt_token_ids))
-            return tpb.TokenizerResponse(seq=msg.seq, processed=processed_to_pb(processed))
+            span.set_attribute("gen_ai.usage.prompt_tokens", added.num_prompt_tokens)
+            return tpb.TokenizerResponse(seq=msg.seq, added=added)
+
+    async def _add(self, req: tpb.ProcessRequest, carrier: dict[str, str]) -> tpb.AddedRequest:
+        params = params_from_pb(req.params) if req.HasField("params") else None
+        arrival = req.arrival_time if req.HasField("arrival_time") else None
+        processed = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.processor.process, req.request_id, prompt_from_pb(req.prompt),
+            params, arrival, req.priority)
+        # The detokenizer first: it must know the request before the engine's first output.
+        detok = await self.detokenizer.call(dpb.DetokenizerRequest(
+            add=dpb.DetokAddRequest(processed=processed_to_pb(processed), origin=req.origin),
+            trace_context=carrier))
+        children = list(detok.children.requests)
+        try:
+            await self.engine.call(epb.EngineRequest(
+                add=epb.EngineAddRequests(requests=children), trace_context=carrier))
+        except BaseException:
+            # All or nothing: the detokenizer forgets the request the engine did not take.
+            await self._forget_in_detokenizer(req.request_id)
+            raise
+        return tpb.AddedRequest(child_ids=[c.request_id for c in children],
+                                num_prompt_tokens=len(processed.request.prompt_token_ids),
+                                output_kind=int(processed.request.sampling_params.output_kind))
+
+    async def _forget_in_detokenizer(self, request_id: str) -> None:
+        try:
+            await self.detokenizer.call(dpb.DetokenizerRequest(
+                abort=dpb.DetokAbort(request_ids=[request_id])))
+        except StageError as exc:
+            logger.warning("detokenizer cleanup of %s failed: %s", request_id, exc.message)

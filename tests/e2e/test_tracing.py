@@ -38,7 +38,7 @@ def test_one_request_makes_one_trace_across_all_four_services(
                         "strand-detokenizer"}
     ids = {s.span_id for s in spans}
     roots = [s for s in spans if s.parent_span_id not in ids]
-    assert [r.name for r in roots] == ["strand.v1.Gateway/AddRequest"]
+    assert [r.name for r in roots] == ["strand.v1.Inference/AddRequest"]
     by_service = {s.service: s for s in spans if s.parent_span_id == root.span_id}
     assert set(by_service) == {"strand-tokenizer", "strand-engine", "strand-detokenizer"}
 

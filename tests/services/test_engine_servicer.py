@@ -1,7 +1,9 @@
-"""The engine servicer without a network: one EngineRequest in, one EngineResponse out."""
+"""The engine servicer without a network: Session messages in, answers and the subscriber's
+step outputs out."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +38,13 @@ def servicer(tiny_model_dir: Path) -> EngineServicer:
     return EngineServicer(core, "tiny")
 
 
-def _add(servicer: EngineServicer, request_id: str, prompt: list[int]) -> None:
-    request = EngineCoreRequest(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=1),
+def _add(servicer: EngineServicer, request_id: str, prompt: list[int],
+         max_tokens: int = 1) -> None:
+    request = EngineCoreRequest(request_id, prompt,
+                                SamplingParams(temperature=0.0, max_tokens=max_tokens),
                                 eos_token_id=None)
-    resp = servicer.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
-        requests=[core_request_to_pb(request)])))
+    resp = servicer.calls.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+        requests=[core_request_to_pb(request)])), RecordingSpan())
     assert resp.WhichOneof("kind") == "state"
 
 
@@ -48,22 +52,19 @@ def test_step_span_reports_the_scheduled_batch(servicer: EngineServicer) -> None
     _add(servicer, "a", [1, 20, 21, 22, 23])
     _add(servicer, "b", [1, 30, 31])
     span = RecordingSpan()
-    resp = servicer._step(7, span, 1)
-    assert resp.seq == 7
-    assert [o.request_id for o in resp.outputs.outputs] == ["a", "b"]
-    assert span.attributes == {"strand.step.num_steps": 1,
-                               "strand.step.num_outputs": 2, "strand.step.batch_size": 2,
+    outputs = servicer.calls.step(span)
+    assert [o.request_id for o in outputs.outputs] == ["a", "b"]
+    assert span.attributes == {"strand.step.num_outputs": 2, "strand.step.batch_size": 2,
                                "strand.step.scheduled_tokens": 8,
                                "strand.step.prefill_tokens": 8}
 
 
 def test_step_with_nothing_to_do_reports_an_empty_batch(servicer: EngineServicer) -> None:
     _add(servicer, "a", [1, 20, 21])
-    servicer._step(1, RecordingSpan(), 1)  # prefill; max_tokens=1 finishes it
+    servicer.calls.step(RecordingSpan())  # prefill; max_tokens=1 finishes it
     span = RecordingSpan()
-    servicer._step(2, span, 1)
-    assert span.attributes == {"strand.step.num_steps": 1, "strand.step.num_outputs": 0,
-                               "strand.step.batch_size": 0}
+    servicer.calls.step(span)
+    assert span.attributes == {"strand.step.num_outputs": 0, "strand.step.batch_size": 0}
 
 
 def test_the_runner_is_left_unwrapped(servicer: EngineServicer) -> None:
@@ -75,30 +76,136 @@ def test_the_runner_is_left_unwrapped(servicer: EngineServicer) -> None:
 def test_lookup_and_clear_answer_in_their_own_kinds(servicer: EngineServicer) -> None:
     prompt = list(range(100, 140))
     _add(servicer, "a", prompt)
-    servicer._step(1, RecordingSpan())
-    lookup = servicer.handle(epb.EngineRequest(
-        seq=2, lookup_kv_cache=epb.EngineLookupKvCache(token_ids=prompt)))
+    servicer.calls.step(RecordingSpan())
+    lookup = servicer.calls.handle(epb.EngineRequest(
+        seq=2, lookup_kv_cache=epb.EngineLookupKvCache(token_ids=prompt)), RecordingSpan())
     assert dict(lookup.lookup.num_cached_tokens) == {"device": 32, "cpu": 0}
-    cleared = servicer.handle(epb.EngineRequest(
-        seq=3, clear_kv_cache=epb.EngineClearKvCache(location="device")))
+    cleared = servicer.calls.handle(epb.EngineRequest(
+        seq=3, clear_kv_cache=epb.EngineClearKvCache(location="device")), RecordingSpan())
     assert cleared.seq == 3
     assert cleared.cleared.event_id.startswith("kv-clear-")
     assert cleared.cleared.num_tokens_cleared == 32
 
 
+def test_get_loads_counts_running_waiting_and_blocks(servicer: EngineServicer) -> None:
+    _add(servicer, "a", list(range(100, 140)), max_tokens=5)
+    _add(servicer, "b", [1, 2, 3], max_tokens=5)
+    before = servicer.calls.load()
+    assert (before.num_running, before.num_waiting, before.kv_blocks_used) == (0, 2, 0)
+    assert before.tokens_in_flight == 43
+    servicer.calls.step(RecordingSpan())
+    after = servicer.calls.load()
+    assert (after.num_running, after.num_waiting) == (2, 0)
+    assert after.kv_blocks_used == 3 + 1  # 41 tokens in 16-token blocks, and 4 in one
+    assert after.kv_blocks_used + after.kv_blocks_free == servicer.core.num_blocks - 1
+
+
 def test_unknown_location_is_an_in_stream_invalid_argument(servicer: EngineServicer) -> None:
-    resp = servicer.handle(epb.EngineRequest(
-        seq=4, clear_kv_cache=epb.EngineClearKvCache(location="tape")))
+    async def answer() -> epb.EngineResponse:
+        return await servicer.answer(epb.EngineRequest(
+            seq=4, clear_kv_cache=epb.EngineClearKvCache(location="tape")))
+
+    resp = asyncio.run(answer())
     assert resp.seq == 4
     assert resp.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert resp.error.message.startswith("location")
+
+
+async def _session(servicer: EngineServicer, messages: list[epb.EngineRequest],
+                   subscribe: bool = True
+                   ) -> tuple[list[epb.EngineResponse], list[epb.EngineStepOutputs]]:
+    """Run a Session's messages with (or without) a subscriber reading the step outputs."""
+    seen: list[epb.EngineStepOutputs] = []
+    subscribed = asyncio.Event()
+
+    async def subscriber() -> None:
+        async for msg in servicer.Outputs(epb.EngineOutputsRequest(), None):  # type: ignore[arg-type]
+            if msg.subscribed:
+                subscribed.set()
+            else:
+                seen.append(msg)
+
+    reader = asyncio.get_running_loop().create_task(subscriber()) if subscribe else None
+    if reader is not None:
+        await subscribed.wait()
+
+    async def incoming():  # type: ignore[no-untyped-def]
+        for message in messages:
+            yield message
+    answers = [resp async for resp in servicer.Session(incoming(), None)]  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    if reader is not None:
+        reader.cancel()
+    return answers, seen
+
+
+def _add_msg(request_id: str, max_tokens: int) -> epb.EngineRequest:
+    request = EngineCoreRequest(request_id, [1, 20, 21],
+                                SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                eos_token_id=None)
+    return epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+        requests=[core_request_to_pb(request)]))
+
+
+def test_a_step_message_sends_its_outputs_to_the_subscriber_tagged_with_its_id(
+        servicer: EngineServicer) -> None:
+    messages = [_add_msg("a", 3), _add_msg("b", 1),
+                epb.EngineRequest(seq=2, step=epb.EngineStep(step_id=7, origin="gw-1")),
+                epb.EngineRequest(seq=3, step=epb.EngineStep(step_id=8, origin="gw-1"))]
+    answers, seen = asyncio.run(_session(servicer, messages))
+    assert [r.WhichOneof("kind") for r in answers] == ["state"] * 4
+    assert [(m.step_id, m.origin) for m in seen] == [(7, "gw-1"), (8, "gw-1")]
+    assert [o.request_id for o in seen[0].outputs.outputs] == ["a", "b"]
+    assert [o.request_id for o in seen[1].outputs.outputs] == ["a"]
+    assert answers[-1].state.num_unfinished_requests == 1
+
+
+def test_without_a_subscriber_adds_and_steps_are_unavailable(servicer: EngineServicer) -> None:
+    answers, _ = asyncio.run(_session(servicer, [
+        _add_msg("a", 3), epb.EngineRequest(seq=2, step=epb.EngineStep(step_id=1))],
+        subscribe=False))
+    assert [r.error.code for r in answers] == [grpc.StatusCode.UNAVAILABLE.value[0]] * 2
+    assert "no detokenizer is subscribed" in answers[0].error.message
+    assert not servicer.core.has_unfinished_requests()
+
+
+def test_losing_the_subscriber_aborts_every_request(servicer: EngineServicer) -> None:
+    asyncio.run(_session(servicer, [_add_msg("a", 50), _add_msg("b", 50)]))
+    servicer._executor.submit(lambda: None).result()  # the abort queued behind the adds
+    assert servicer.core.get_num_unfinished_requests() == 0
+
+
+def test_auto_mode_steps_by_itself_and_streams_each_step(tiny_model_dir: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                  kv_cache_memory=8 * 1024**2))
+    servicer = EngineServicer(core, "tiny", auto_step=True)
+
+    async def run() -> list[epb.EngineStepOutputs]:
+        loop_task = asyncio.get_running_loop().create_task(servicer.auto_loop())
+        seen: list[epb.EngineStepOutputs] = []
+        async for msg in servicer.Outputs(epb.EngineOutputsRequest(), None):  # type: ignore[arg-type]
+            if msg.subscribed:
+                await servicer.answer(_add_msg("a", 4))
+                continue
+            seen.append(msg)
+            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+                break
+        loop_task.cancel()
+        return seen
+
+    seen = asyncio.run(run())
+    assert [m.step_id for m in seen] == [0, 0, 0, 0]
+    assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1, 1, 1, 1]
+    servicer.close()
 
 
 def test_the_model_loads_on_the_thread_that_runs_every_step(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A second thread running torch leaves a second OpenMP team behind, and libgomp then stops
     # spin-waiting in every parallel region of every step (see services/engine/servicer.py).
-    import asyncio
     import threading
 
     threads: dict[str, set[int]] = {"load": set(), "step": set()}
@@ -116,75 +223,26 @@ def test_the_model_loads_on_the_thread_that_runs_every_step(
     monkeypatch.setattr(EngineCore, "step", recording_step)
     servicer = EngineServicer.from_engine_args(EngineArgs(model=str(tiny_model_dir),
                                                           kv_cache_memory=8 * 1024**2))
-    request = EngineCoreRequest("a", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2),
-                                eos_token_id=None)
-    messages = [epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
-                    requests=[core_request_to_pb(request)])),
-                epb.EngineRequest(seq=2, step=epb.EngineStep()),
-                epb.EngineRequest(seq=3, step=epb.EngineStep())]
-
-    async def session() -> list[epb.EngineResponse]:
-        async def incoming():  # type: ignore[no-untyped-def]
-            for message in messages:
-                yield message
-        return [resp async for resp in servicer.Session(incoming(), None)]  # type: ignore[arg-type]
-
+    messages = [_add_msg("a", 2), epb.EngineRequest(seq=2, step=epb.EngineStep(step_id=1)),
+                epb.EngineRequest(seq=3, step=epb.EngineStep(step_id=2))]
     try:
-        responses = asyncio.run(session())
+        _, seen = asyncio.run(_session(servicer, messages))
     finally:
         servicer.close()
-    assert [r.seq for r in responses] == [1, 2, 3]
-    assert sum(len(r.outputs.outputs) for r in responses[1:]) == 2
+    assert sum(len(m.outputs.outputs) for m in seen) == 2
     assert len(threads["load"]) == 1 and threads["load"] == threads["step"]
     assert threads["load"] != {threading.get_ident()}
-
-
-
-def test_one_step_message_runs_num_steps_and_answers_them_in_order(
-        servicer: EngineServicer) -> None:
-    def add(request_id: str, max_tokens: int) -> None:
-        request = EngineCoreRequest(request_id, [1, 20, 21],
-                                    SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                                    eos_token_id=None)
-        servicer.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
-            requests=[core_request_to_pb(request)])))
-
-    add("a", 5)
-    add("b", 2)
-    resp = servicer.handle(epb.EngineRequest(seq=2, step=epb.EngineStep(num_steps=3)))
-    outputs = [(o.request_id, len(o.new_token_ids), o.HasField("finish_reason"))
-               for o in resp.outputs.outputs]
-    # Three steps: a and b, a and b (b ends at 2 tokens), then a alone.
-    assert outputs == [("a", 1, False), ("b", 1, False), ("a", 1, False), ("b", 1, True),
-                       ("a", 1, False)]
-    assert list(resp.outputs.finished_requests) == ["b"]
-    # Stops early once nothing is left: a needs 2 more steps of the 10 asked.
-    resp = servicer.handle(epb.EngineRequest(seq=3, step=epb.EngineStep(num_steps=10)))
-    assert [(o.request_id, o.HasField("finish_reason")) for o in resp.outputs.outputs] == [
-        ("a", False), ("a", True)]
-    assert not servicer.core.has_unfinished_requests()
-
-
-def test_too_many_steps_in_one_message_is_an_in_stream_invalid_argument(
-        servicer: EngineServicer) -> None:
-    from services.engine.servicer import MAX_STEPS_PER_CALL
-
-    resp = servicer.handle(epb.EngineRequest(
-        seq=4, step=epb.EngineStep(num_steps=MAX_STEPS_PER_CALL + 1)))
-    assert resp.WhichOneof("kind") == "error"
-    assert resp.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert f"num_steps must be <= {MAX_STEPS_PER_CALL}" in resp.error.message
 
 
 def test_log_stats_prints_the_periodic_line_in_the_engine_service(
         servicer: EngineServicer, caplog: pytest.LogCaptureFixture) -> None:
     from engine_core.stats_logger import StatsLogger
 
-    servicer.stats_logger = StatsLogger(interval_s=0.0)  # every step: --stats-interval-s 0
+    servicer.calls.stats_logger = StatsLogger(interval_s=0.0)  # every step
     _add(servicer, "a", [1, 20, 21, 22, 23])
     _add(servicer, "b", [1, 30, 31])
     with caplog.at_level("INFO", logger="strand.stats"):
-        servicer._step(1, RecordingSpan(), 1)
+        servicer.calls.step(RecordingSpan())
     lines = [r.getMessage() for r in caplog.records if r.name == "strand.stats"]
     assert len(lines) == 1
     assert lines[0].startswith("Avg prompt throughput: ")

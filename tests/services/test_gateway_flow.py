@@ -1,188 +1,163 @@
-"""GatewayFlow's auto mode against scripted stages: steps are pipelined, adds join together."""
+"""GatewayFlow and the detokenizer's routes against scripted stages: a Step returns exactly its
+own step's outputs, other outputs wait for the next Step, and an add cancelled half-way is
+aborted once the stages have it."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
+
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
+from services.detokenizer.routes import Routes
 from services.gateway.flow import GatewayFlow
-
-STEP_SECONDS = 0.02
-TOKENS_PER_REQUEST = 3
 
 
 class FakeStage:
-    """One message at a time, in the order sent, as on the real stream."""
-
     def __init__(self, stage: str) -> None:
         self.stage = stage
-        self.on_lost: Any = None
-        self.log: list[str] = []
-        self._order = asyncio.Lock()
+        self.target = f"{stage}:0"
+        self.sent: list[Any] = []
+        self.stub: Any = None
+        self.channel: Any = None
 
     async def call(self, msg: Any) -> Any:
-        kind = msg.WhichOneof("kind")
-        self.log.append(kind)
-        async with self._order:
-            return await self.answer(kind, msg)
+        self.sent.append(msg)
+        return await self.answer(msg)
 
-    async def answer(self, kind: str, msg: Any) -> Any:
-        raise NotImplementedError
+    async def answer(self, msg: Any) -> Any:
+        return None
 
     async def close(self) -> None:
         pass
 
 
-class FakeTokenizer(FakeStage):
-    async def answer(self, kind: str, msg: Any) -> Any:
-        request = pb.EngineCoreRequest(request_id=msg.process.request_id, prompt_token_ids=[1],
-                                       sampling_params=msg.process.params)
-        return tpb.TokenizerResponse(processed=pb.ProcessedPrompt(request=request))
+class SlowTokenizer(FakeStage):
+    def __init__(self) -> None:
+        super().__init__("tokenizer")
+        self.release = asyncio.Event()
+
+    async def answer(self, msg: Any) -> Any:
+        await self.release.wait()
+        return tpb.TokenizerResponse(added=tpb.AddedRequest(
+            child_ids=[msg.process.request_id], num_prompt_tokens=3))
 
 
-class FakeEngine(FakeStage):
-    def __init__(self, add_seconds: float = 0.0) -> None:
+class StepEngine(FakeStage):
+    """Each step's outputs come back through `flow` as the detokenizer would send them."""
+
+    def __init__(self) -> None:
         super().__init__("engine")
-        self.running: list[str] = []
-        self.add_seconds = add_seconds
-        self.num_steps: list[int] = []  # what each step message asked for
+        self.flow: GatewayFlow | None = None
+        self.step_outputs: list[list[pb.RequestOutput]] = []
 
-    async def answer(self, kind: str, msg: Any) -> Any:
-        if kind == "step":
-            self.num_steps.append(msg.step.num_steps)
-            await asyncio.sleep(STEP_SECONDS)
-            self.log.append("step-done")
-            outputs = [pb.EngineCoreOutput(request_id=r, new_token_ids=[7]) for r in self.running]
-            return epb.EngineResponse(outputs=pb.EngineCoreOutputs(outputs=outputs))
-        if kind == "add":
-            await asyncio.sleep(self.add_seconds)
-            self.running += [r.request_id for r in msg.add.requests]
-        if kind == "abort":
-            self.running = [r for r in self.running if r not in msg.abort.request_ids]
+    async def answer(self, msg: Any) -> Any:
+        assert self.flow is not None
+        if msg.WhichOneof("kind") == "step":
+            outputs = self.step_outputs.pop(0)
+            # Another gateway-less output first (untagged), then this step's batch.
+            self.flow._on_batch(dpb.OutputBatch(step_id=msg.step.step_id, outputs=outputs))
         return epb.EngineResponse(state=epb.EngineState())
 
 
-class FakeDetokenizer(FakeStage):
-    """Ends a request (finished output) once it has TOKENS_PER_REQUEST tokens."""
-
-    def __init__(self, engine: FakeEngine) -> None:
-        super().__init__("detokenizer")
-        self.engine = engine
-        self.num_tokens: dict[str, int] = {}
-
-    async def answer(self, kind: str, msg: Any) -> Any:
-        if kind == "add":
-            request = msg.add.processed.request
-            self.num_tokens[request.request_id] = 0
-            return dpb.DetokenizerResponse(children=dpb.ChildRequests(requests=[request]))
-        if kind == "abort":
-            known = [r for r in msg.abort.request_ids if self.num_tokens.pop(r, None) is not None]
-            return dpb.DetokenizerResponse(child_ids=dpb.RequestIds(request_ids=known))
-        finished = []
-        for out in msg.process_outputs.outputs.outputs:
-            if out.request_id in self.num_tokens:
-                self.num_tokens[out.request_id] += len(out.new_token_ids)
-                if self.num_tokens[out.request_id] == TOKENS_PER_REQUEST:
-                    del self.num_tokens[out.request_id]
-                    self.engine.running.remove(out.request_id)
-                    finished.append(pb.RequestOutput(request_id=out.request_id, finished=True))
-        return dpb.DetokenizerResponse(result=dpb.ProcessOutputsResult(request_outputs=finished))
+def _output(request_id: str, token: int, finished: bool = False) -> pb.RequestOutput:
+    completion = pb.CompletionOutput(index=0, token_ids=[token])
+    if finished:
+        completion.finish_reason = "length"
+    return pb.RequestOutput(request_id=request_id, outputs=[completion], finished=finished)
 
 
-async def _run_auto(scenario: Any, engine: FakeEngine | None = None) -> list[str]:
-    engine = engine or FakeEngine()
-    flow = GatewayFlow(FakeTokenizer("tokenizer"), engine, FakeDetokenizer(engine),  # type: ignore[arg-type]
-                       auto_step=True)
-    flow.start()
-    try:
-        await asyncio.wait_for(scenario(flow), timeout=10)
-        while await flow.get_num_unfinished_requests():
-            await asyncio.sleep(0.005)
-    finally:
-        await flow.close()
-    return engine.log
+def _flow(tokenizer: FakeStage, engine: FakeStage, detokenizer: FakeStage) -> GatewayFlow:
+    flow = GatewayFlow(tokenizer, engine, detokenizer)  # type: ignore[arg-type]
+    flow.auto_step = False
+
+    async def subscribed(timeout: float) -> None:
+        return None
+    flow.feed.wait_subscribed = subscribed  # type: ignore[method-assign]
+    return flow
 
 
-async def _add(flow: GatewayFlow, request_id: str, final_only: bool = False) -> None:
-    params = pb.SamplingParams()
-    if final_only:
-        params.output_kind = pb.FINAL_ONLY
-    await flow.add_request(request_id, pb.Prompt(text="x"), params)
+def test_step_returns_its_own_step_outputs_and_owes_the_rest_to_the_next() -> None:
+    async def run() -> tuple[list[str], list[str]]:
+        tokenizer = SlowTokenizer()
+        tokenizer.release.set()
+        engine = StepEngine()
+        flow = _flow(tokenizer, engine, FakeStage("detokenizer"))
+        engine.flow = flow
+        for rid in ("a", "b"):
+            await flow.add_request(rid, pb.Prompt(text="x"), pb.SamplingParams())
+        # A self-step of this gateway (untagged) reported b's first token meanwhile.
+        flow._on_batch(dpb.OutputBatch(step_id=0, outputs=[_output("b", 5)]))
+        engine.step_outputs = [[_output("a", 1), _output("b", 2, finished=True)],
+                               [_output("a", 3, finished=True)]]
+        first, _ = await flow.step()
+        second, _ = await flow.step()
+        return ([f"{o.request_id}{o.outputs[0].token_ids[0]}" for o in first],
+                [f"{o.request_id}{o.outputs[0].token_ids[0]}" for o in second])
+
+    first, second = asyncio.run(run())
+    assert first == ["b5", "a1", "b2"]  # what was owed, then this step's own
+    assert second == ["a3"]
 
 
-def test_auto_mode_sends_the_next_step_before_the_previous_one_is_answered() -> None:
-    async def scenario(flow: GatewayFlow) -> None:
-        await _add(flow, "a")
-
-    log = asyncio.run(_run_auto(scenario))
-    assert log[:4] == ["add", "step", "step", "step-done"]
-    assert max(_steps_in_flight(log)) == 2
-
-
-def test_requests_added_while_a_step_runs_join_the_next_step_together() -> None:
-    async def scenario(flow: GatewayFlow) -> None:
-        await _add(flow, "a")
-        await asyncio.sleep(STEP_SECONDS / 4)  # both of a's steps are queued by now
-        await asyncio.gather(_add(flow, "b"), _add(flow, "c"))
-
-    log = asyncio.run(_run_auto(scenario))
-    # b and c wait for the two steps already sent, and no step is sent between them.
-    assert log[:9] == ["add", "step", "step", "add", "step-done", "step-done", "add",
-                       "step", "step"]
-
-
-def _steps_in_flight(log: list[str]) -> list[int]:
-    counts, n = [], 0
-    for entry in log:
-        n += {"step": 1, "step-done": -1}.get(entry, 0)
-        counts.append(n)
-    return counts
-
-
-def test_an_add_cancelled_while_the_engine_takes_it_is_aborted_in_both_stages() -> None:
-    # A caller's deadline ends its AddRequest mid-way: the request must not run on unseen.
-    async def run() -> tuple[FakeEngine, FakeDetokenizer, int]:
-        engine = FakeEngine(add_seconds=0.2)
-        detokenizer = FakeDetokenizer(engine)
-        flow = GatewayFlow(FakeTokenizer("tokenizer"), engine, detokenizer)  # type: ignore[arg-type]
-        add = asyncio.create_task(_add(flow, "a"))
-        while "add" not in engine.log:  # the engine has been sent the request
-            await asyncio.sleep(0.005)
+def test_an_add_cancelled_while_the_stages_take_it_is_aborted_once_it_is_in() -> None:
+    async def run() -> list[Any]:
+        tokenizer = SlowTokenizer()
+        detokenizer = FakeStage("detokenizer")
+        flow = _flow(tokenizer, FakeStage("engine"), detokenizer)
+        add = asyncio.get_running_loop().create_task(
+            flow.add_request("c", pb.Prompt(text="x"), pb.SamplingParams()))
+        await asyncio.sleep(0.01)
         add.cancel()
-        try:
+        with pytest.raises(asyncio.CancelledError):
             await add
-        except asyncio.CancelledError:
-            pass
-        for _ in range(100):  # the abort runs in the background, after the add lands
-            if "abort" in engine.log:
-                break
+        assert detokenizer.sent == []  # not before the stages have it: it would miss
+        tokenizer.release.set()
+        for _ in range(20):
             await asyncio.sleep(0.01)
-        live = await flow.get_num_unfinished_requests()
-        await flow.close()
-        return engine, detokenizer, live
+        assert await flow.get_num_unfinished_requests() == 0
+        return detokenizer.sent
 
-    engine, detokenizer, live = asyncio.run(run())
-    assert engine.log == ["add", "abort"] and engine.running == []
-    assert detokenizer.log == ["add", "abort"] and detokenizer.num_tokens == {}
-    assert live == 0
+    sent = asyncio.run(run())
+    assert [list(m.abort.request_ids) for m in sent] == [["c"]]
 
 
-def test_auto_mode_asks_for_several_steps_a_call_only_while_nobody_streams() -> None:
-    from services.gateway.flow import STEPS_PER_CALL_UNSTREAMED
+def test_an_aborted_stream_ends_with_a_final_abort_output() -> None:
+    async def run() -> pb.RequestOutput | None:
+        tokenizer = SlowTokenizer()
+        tokenizer.release.set()
+        flow = _flow(tokenizer, FakeStage("engine"), FakeStage("detokenizer"))
+        queue: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
+        await flow.add_request("s", pb.Prompt(text="x"), pb.SamplingParams(n=1), queue=queue)
+        await flow.abort(["s"])
+        return queue.get_nowait()
 
-    def run(kinds: list[bool]) -> list[int]:
-        engine = FakeEngine()
+    last = asyncio.run(run())
+    assert last is not None and last.finished
+    assert [c.finish_reason for c in last.outputs] == ["abort"]
 
-        async def scenario(flow: GatewayFlow) -> None:
-            await asyncio.gather(*(_add(flow, f"r{i}", final_only=final_only)
-                                   for i, final_only in enumerate(kinds)))
 
-        asyncio.run(_run_auto(scenario, engine))
-        return engine.num_steps
+def test_routes_send_each_output_to_its_gateway_and_the_step_batch_to_the_stepper() -> None:
+    async def run() -> tuple[list[dpb.OutputBatch | None], list[dpb.OutputBatch | None]]:
+        routes = Routes()
+        q1, q2 = routes.subscribe("gw-1"), routes.subscribe("gw-2")
+        routes.own("a", "gw-1")
+        routes.own("b", "gw-2")
+        routes.send([_output("b", 1)], step_id=4, step_origin="gw-1")
+        routes.send([_output("a", 2, finished=True), _output("b", 3)])
+        orphans = routes.unsubscribe("gw-2", q2)
+        assert orphans == ["b"]
+        assert routes.owned() == []  # a finished, b's gateway left
+        return ([q1.get_nowait() for _ in range(q1.qsize())],
+                [q2.get_nowait() for _ in range(q2.qsize())])
 
-    assert set(run([True, True])) == {STEPS_PER_CALL_UNSTREAMED}
-    assert set(run([True, False])) == {1}  # one streaming request: every token as it comes
+    one, two = asyncio.run(run())
+    # gw-1 ran step 4: it gets a batch tagged 4 though none of that step's outputs were its own.
+    assert [(b.step_id, [o.request_id for o in b.outputs]) for b in one if b] == [
+        (4, []), (0, ["a"])]
+    assert [(b.step_id, [o.request_id for o in b.outputs]) for b in two if b] == [
+        (0, ["b"]), (0, ["b"])]

@@ -8,16 +8,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DetokAddRequest(_message.Message):
-    __slots__ = ("processed",)
+    __slots__ = ("processed", "origin")
     PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     processed: _types_pb2.ProcessedPrompt
-    def __init__(self, processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ...) -> None: ...
-
-class DetokProcessOutputs(_message.Message):
-    __slots__ = ("outputs",)
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
-    outputs: _types_pb2.EngineCoreOutputs
-    def __init__(self, outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ...) -> None: ...
+    origin: str
+    def __init__(self, processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class DetokAbort(_message.Message):
     __slots__ = ("request_ids",)
@@ -25,20 +21,12 @@ class DetokAbort(_message.Message):
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class DetokFinishWithError(_message.Message):
-    __slots__ = ("request_ids", "reason")
-    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    REASON_FIELD_NUMBER: _ClassVar[int]
-    request_ids: _containers.RepeatedScalarFieldContainer[str]
-    reason: str
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
-
 class DetokQuery(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class DetokenizerRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "add", "process_outputs", "abort", "finish_with_error", "query")
+    __slots__ = ("seq", "trace_context", "add", "abort", "query")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,18 +37,14 @@ class DetokenizerRequest(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ADD_FIELD_NUMBER: _ClassVar[int]
-    PROCESS_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
-    FINISH_WITH_ERROR_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     add: DetokAddRequest
-    process_outputs: DetokProcessOutputs
     abort: DetokAbort
-    finish_with_error: DetokFinishWithError
     query: DetokQuery
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[DetokAddRequest, _Mapping]] = ..., process_outputs: _Optional[_Union[DetokProcessOutputs, _Mapping]] = ..., abort: _Optional[_Union[DetokAbort, _Mapping]] = ..., finish_with_error: _Optional[_Union[DetokFinishWithError, _Mapping]] = ..., query: _Optional[_Union[DetokQuery, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[DetokAddRequest, _Mapping]] = ..., abort: _Optional[_Union[DetokAbort, _Mapping]] = ..., query: _Optional[_Union[DetokQuery, _Mapping]] = ...) -> None: ...
 
 class ChildRequests(_message.Message):
     __slots__ = ("requests",)
@@ -74,32 +58,40 @@ class RequestIds(_message.Message):
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class ProcessOutputsResult(_message.Message):
-    __slots__ = ("request_outputs", "reqs_to_abort")
-    REQUEST_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
-    REQS_TO_ABORT_FIELD_NUMBER: _ClassVar[int]
-    request_outputs: _containers.RepeatedCompositeFieldContainer[_types_pb2.RequestOutput]
-    reqs_to_abort: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_outputs: _Optional[_Iterable[_Union[_types_pb2.RequestOutput, _Mapping]]] = ..., reqs_to_abort: _Optional[_Iterable[str]] = ...) -> None: ...
-
 class DetokState(_message.Message):
-    __slots__ = ("num_unfinished_requests",)
+    __slots__ = ("num_unfinished_requests", "engine_subscribed")
     NUM_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     num_unfinished_requests: int
-    def __init__(self, num_unfinished_requests: _Optional[int] = ...) -> None: ...
+    engine_subscribed: bool
+    def __init__(self, num_unfinished_requests: _Optional[int] = ..., engine_subscribed: _Optional[bool] = ...) -> None: ...
 
 class DetokenizerResponse(_message.Message):
-    __slots__ = ("seq", "children", "result", "child_ids", "state", "error")
+    __slots__ = ("seq", "children", "child_ids", "state", "error")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
-    RESULT_FIELD_NUMBER: _ClassVar[int]
     CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     seq: int
     children: ChildRequests
-    result: ProcessOutputsResult
     child_ids: RequestIds
     state: DetokState
     error: _types_pb2.StageError
-    def __init__(self, seq: _Optional[int] = ..., children: _Optional[_Union[ChildRequests, _Mapping]] = ..., result: _Optional[_Union[ProcessOutputsResult, _Mapping]] = ..., child_ids: _Optional[_Union[RequestIds, _Mapping]] = ..., state: _Optional[_Union[DetokState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., children: _Optional[_Union[ChildRequests, _Mapping]] = ..., child_ids: _Optional[_Union[RequestIds, _Mapping]] = ..., state: _Optional[_Union[DetokState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+
+class DetokOutputsRequest(_message.Message):
+    __slots__ = ("origin",)
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    origin: str
+    def __init__(self, origin: _Optional[str] = ...) -> None: ...
+
+class OutputBatch(_message.Message):
+    __slots__ = ("step_id", "outputs", "subscribed")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    outputs: _containers.RepeatedCompositeFieldContainer[_types_pb2.RequestOutput]
+    subscribed: bool
+    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[_types_pb2.RequestOutput, _Mapping]]] = ..., subscribed: _Optional[bool] = ...) -> None: ...

@@ -39,6 +39,11 @@ class DetokenizerStub:
                 request_serializer=strand_dot_v1_dot_detokenizer__pb2.DetokenizerRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_detokenizer__pb2.DetokenizerResponse.FromString,
                 _registered_method=True)
+        self.Outputs = channel.unary_stream(
+                '/strand.v1.Detokenizer/Outputs',
+                request_serializer=strand_dot_v1_dot_detokenizer__pb2.DetokOutputsRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_detokenizer__pb2.OutputBatch.FromString,
+                _registered_method=True)
 
 
 class DetokenizerServicer:
@@ -50,6 +55,14 @@ class DetokenizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Outputs(self, request, context):
+        """One gateway's subscription: the outputs of the requests it added (origin). When it ends,
+        the gateway is gone: its requests are aborted here and in the engine.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DetokenizerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +70,11 @@ def add_DetokenizerServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=strand_dot_v1_dot_detokenizer__pb2.DetokenizerRequest.FromString,
                     response_serializer=strand_dot_v1_dot_detokenizer__pb2.DetokenizerResponse.SerializeToString,
+            ),
+            'Outputs': grpc.unary_stream_rpc_method_handler(
+                    servicer.Outputs,
+                    request_deserializer=strand_dot_v1_dot_detokenizer__pb2.DetokOutputsRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_detokenizer__pb2.OutputBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +104,33 @@ class Detokenizer:
             '/strand.v1.Detokenizer/Session',
             strand_dot_v1_dot_detokenizer__pb2.DetokenizerRequest.SerializeToString,
             strand_dot_v1_dot_detokenizer__pb2.DetokenizerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Outputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/strand.v1.Detokenizer/Outputs',
+            strand_dot_v1_dot_detokenizer__pb2.DetokOutputsRequest.SerializeToString,
+            strand_dot_v1_dot_detokenizer__pb2.OutputBatch.FromString,
             options,
             channel_credentials,
             insecure,

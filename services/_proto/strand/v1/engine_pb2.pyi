@@ -14,10 +14,12 @@ class EngineAddRequests(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[_types_pb2.EngineCoreRequest, _Mapping]]] = ...) -> None: ...
 
 class EngineStep(_message.Message):
-    __slots__ = ("num_steps",)
-    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
-    num_steps: int
-    def __init__(self, num_steps: _Optional[int] = ...) -> None: ...
+    __slots__ = ("step_id", "origin")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    origin: str
+    def __init__(self, step_id: _Optional[int] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class EngineAbort(_message.Message):
     __slots__ = ("request_ids",)
@@ -51,8 +53,16 @@ class EngineLookupKvCache(_message.Message):
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class EngineGetLoads(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineTakeKvEvents(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class EngineRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache")
+    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache", "get_loads", "take_kv_events")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +79,8 @@ class EngineRequest(_message.Message):
     QUERY_FIELD_NUMBER: _ClassVar[int]
     CLEAR_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    GET_LOADS_FIELD_NUMBER: _ClassVar[int]
+    TAKE_KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     add: EngineAddRequests
@@ -78,15 +90,19 @@ class EngineRequest(_message.Message):
     query: EngineQuery
     clear_kv_cache: EngineClearKvCache
     lookup_kv_cache: EngineLookupKvCache
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ...) -> None: ...
+    get_loads: EngineGetLoads
+    take_kv_events: EngineTakeKvEvents
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ..., get_loads: _Optional[_Union[EngineGetLoads, _Mapping]] = ..., take_kv_events: _Optional[_Union[EngineTakeKvEvents, _Mapping]] = ...) -> None: ...
 
 class EngineState(_message.Message):
-    __slots__ = ("num_unfinished_requests", "reset_ok")
+    __slots__ = ("num_unfinished_requests", "reset_ok", "tiers")
     NUM_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RESET_OK_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     num_unfinished_requests: int
     reset_ok: bool
-    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ...) -> None: ...
+    tiers: _containers.RepeatedCompositeFieldContainer[_types_pb2.TierReset]
+    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ...) -> None: ...
 
 class KvCacheCleared(_message.Message):
     __slots__ = ("event_id", "num_tokens_cleared")
@@ -110,35 +126,70 @@ class KvCacheLookup(_message.Message):
     def __init__(self, num_cached_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class EngineResponse(_message.Message):
-    __slots__ = ("seq", "outputs", "state", "error", "cleared", "lookup")
+    __slots__ = ("seq", "state", "error", "cleared", "lookup", "load", "kv_events_batches")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    outputs: _types_pb2.EngineCoreOutputs
     state: EngineState
     error: _types_pb2.StageError
     cleared: KvCacheCleared
     lookup: KvCacheLookup
-    def __init__(self, seq: _Optional[int] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ..., cleared: _Optional[_Union[KvCacheCleared, _Mapping]] = ..., lookup: _Optional[_Union[KvCacheLookup, _Mapping]] = ...) -> None: ...
+    load: _types_pb2.EngineLoad
+    kv_events_batches: KvEventBatches
+    def __init__(self, seq: _Optional[int] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ..., cleared: _Optional[_Union[KvCacheCleared, _Mapping]] = ..., lookup: _Optional[_Union[KvCacheLookup, _Mapping]] = ..., load: _Optional[_Union[_types_pb2.EngineLoad, _Mapping]] = ..., kv_events_batches: _Optional[_Union[KvEventBatches, _Mapping]] = ...) -> None: ...
+
+class EngineOutputsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineStepOutputs(_message.Message):
+    __slots__ = ("step_id", "origin", "outputs", "subscribed", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    origin: str
+    outputs: _types_pb2.EngineCoreOutputs
+    subscribed: bool
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., origin: _Optional[str] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., subscribed: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class KvEventBatches(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[_types_pb2.KvEventBatch]
+    def __init__(self, batches: _Optional[_Iterable[_Union[_types_pb2.KvEventBatch, _Mapping]]] = ...) -> None: ...
 
 class EngineInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size")
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    AUTO_STEP_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     block_size: int
     num_blocks: int
     vocab_size: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    auto_step: bool
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ...) -> None: ...

@@ -39,6 +39,11 @@ class EngineStub:
                 request_serializer=strand_dot_v1_dot_engine__pb2.EngineRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_engine__pb2.EngineResponse.FromString,
                 _registered_method=True)
+        self.Outputs = channel.unary_stream(
+                '/strand.v1.Engine/Outputs',
+                request_serializer=strand_dot_v1_dot_engine__pb2.EngineOutputsRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_engine__pb2.EngineStepOutputs.FromString,
+                _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/strand.v1.Engine/GetInfo',
                 request_serializer=strand_dot_v1_dot_engine__pb2.EngineInfoRequest.SerializeToString,
@@ -51,6 +56,15 @@ class EngineServicer:
 
     def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Outputs(self, request, context):
+        """The detokenizer's subscription: one message per engine step, all requests in it. A new
+        subscription replaces the old one; when it ends, every request in the engine is aborted
+        (nobody would detokenize its tokens).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -68,6 +82,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=strand_dot_v1_dot_engine__pb2.EngineRequest.FromString,
                     response_serializer=strand_dot_v1_dot_engine__pb2.EngineResponse.SerializeToString,
+            ),
+            'Outputs': grpc.unary_stream_rpc_method_handler(
+                    servicer.Outputs,
+                    request_deserializer=strand_dot_v1_dot_engine__pb2.EngineOutputsRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_engine__pb2.EngineStepOutputs.SerializeToString,
             ),
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
@@ -102,6 +121,33 @@ class Engine:
             '/strand.v1.Engine/Session',
             strand_dot_v1_dot_engine__pb2.EngineRequest.SerializeToString,
             strand_dot_v1_dot_engine__pb2.EngineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Outputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/strand.v1.Engine/Outputs',
+            strand_dot_v1_dot_engine__pb2.EngineOutputsRequest.SerializeToString,
+            strand_dot_v1_dot_engine__pb2.EngineStepOutputs.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,10 +56,12 @@ class ResetPrefixCacheRequest(_message.Message):
     def __init__(self, reset_running_requests: _Optional[bool] = ..., reset_connector: _Optional[bool] = ...) -> None: ...
 
 class ResetPrefixCacheResponse(_message.Message):
-    __slots__ = ("success",)
+    __slots__ = ("success", "tiers")
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     success: bool
-    def __init__(self, success: _Optional[bool] = ...) -> None: ...
+    tiers: _containers.RepeatedCompositeFieldContainer[_types_pb2.TierReset]
+    def __init__(self, success: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ...) -> None: ...
 
 class HasUnfinishedRequestsRequest(_message.Message):
     __slots__ = ()

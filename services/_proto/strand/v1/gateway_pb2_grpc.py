@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class GatewayStub:
-    """Missing associated documentation comment in .proto file."""
+    """Deprecated: use strand.v1.Inference and strand.v1.Control.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -88,7 +89,8 @@ class GatewayStub:
 
 
 class GatewayServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Deprecated: use strand.v1.Inference and strand.v1.Control.
+    """
 
     def AddRequest(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -218,7 +220,8 @@ def add_GatewayServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Gateway:
-    """Missing associated documentation comment in .proto file."""
+    """Deprecated: use strand.v1.Inference and strand.v1.Control.
+    """
 
     @staticmethod
     def AddRequest(request,

@@ -2,24 +2,26 @@ from services._proto.strand.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProcessRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority")
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _types_pb2.Prompt
     params: _types_pb2.SamplingParams
     arrival_time: float
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ...) -> None: ...
+    origin: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class TokenizerRequest(_message.Message):
     __slots__ = ("seq", "trace_context", "process")
@@ -38,12 +40,22 @@ class TokenizerRequest(_message.Message):
     process: ProcessRequest
     def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., process: _Optional[_Union[ProcessRequest, _Mapping]] = ...) -> None: ...
 
+class AddedRequest(_message.Message):
+    __slots__ = ("child_ids", "num_prompt_tokens", "output_kind")
+    CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_KIND_FIELD_NUMBER: _ClassVar[int]
+    child_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_prompt_tokens: int
+    output_kind: int
+    def __init__(self, child_ids: _Optional[_Iterable[str]] = ..., num_prompt_tokens: _Optional[int] = ..., output_kind: _Optional[int] = ...) -> None: ...
+
 class TokenizerResponse(_message.Message):
-    __slots__ = ("seq", "processed", "error")
+    __slots__ = ("seq", "added", "error")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    processed: _types_pb2.ProcessedPrompt
+    added: AddedRequest
     error: _types_pb2.StageError
-    def __init__(self, seq: _Optional[int] = ..., processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., added: _Optional[_Union[AddedRequest, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...

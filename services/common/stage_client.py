@@ -46,7 +46,7 @@ class StageClient:
     async def call(self, msg: Any) -> Any:
         """Send msg (its seq is set here) and await the matching answer; StageError on error."""
         if self._closing:
-            raise StageUnavailable(self.stage, "gateway is shutting down")
+            raise StageUnavailable(self.stage, "this stage is shutting down")
         seq = next(self._seq)
         msg.seq = seq
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -1,0 +1,66 @@
+"""Which gateway (origin) owns each request here, and each gateway's outgoing queue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from services._proto.strand.v1 import detokenizer_pb2 as dpb
+from services._proto.strand.v1 import types_pb2 as pb
+
+
+class Routes:
+    def __init__(self) -> None:
+        self._queues: dict[str, asyncio.Queue[dpb.OutputBatch | None]] = {}
+        self._origin: dict[str, str] = {}  # request id -> origin
+
+    def subscribe(self, origin: str) -> asyncio.Queue[dpb.OutputBatch | None]:
+        old = self._queues.get(origin)
+        if old is not None:
+            old.put_nowait(None)  # one subscription per gateway: the newer wins
+        queue: asyncio.Queue[dpb.OutputBatch | None] = asyncio.Queue()
+        self._queues[origin] = queue
+        return queue
+
+    def unsubscribe(self, origin: str, queue: asyncio.Queue[dpb.OutputBatch | None]
+                    ) -> list[str]:
+        """End the subscription; the ids its gateway owned (forgotten here: abort them)."""
+        if self._queues.get(origin) is not queue:
+            return []  # replaced by a newer subscription of the same gateway
+        del self._queues[origin]
+        owned = [r for r, o in self._origin.items() if o == origin]
+        self.forget(owned)
+        return owned
+
+    def is_subscribed(self, origin: str) -> bool:
+        return origin in self._queues
+
+    def own(self, request_id: str, origin: str) -> None:
+        self._origin[request_id] = origin
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            self._origin.pop(request_id, None)
+
+    def owned(self) -> list[str]:
+        return list(self._origin)
+
+    def send(self, outputs: list[pb.RequestOutput], step_id: int = 0, step_origin: str = ""
+             ) -> None:
+        """Each output to its gateway; the gateway whose Step ran the step gets a batch tagged
+        with step_id even when none of the outputs are its own (its Step call waits for it)."""
+        by_origin: dict[str, list[pb.RequestOutput]] = {}
+        for output in outputs:
+            origin = self._origin.get(output.request_id)
+            if origin is None:
+                continue
+            by_origin.setdefault(origin, []).append(output)
+            if output.finished:
+                del self._origin[output.request_id]
+        if step_id and step_origin not in by_origin:
+            by_origin[step_origin] = []
+        for origin, batch in by_origin.items():
+            queue = self._queues.get(origin)
+            if queue is not None:
+                tag = step_id if origin == step_origin else 0
+                queue.put_nowait(dpb.OutputBatch(step_id=tag, outputs=batch))
