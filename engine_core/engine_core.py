@@ -17,10 +17,12 @@ from engine_core.config import EngineArgs
 from engine_core.connector import kv_control
 from engine_core.core.batch_queue import BatchQueue
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from engine_core.core.kv_events import KVEventBatch, KVEventBuffer
 from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.default_model import resolve_model_dir
+from engine_core.errors import DuplicateRequestError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.stats_logger import ThroughputMeter
@@ -56,6 +58,11 @@ class EngineCore:
                              f"({args.kv_connector!r}), got {args.max_concurrent_batches}")
         if args.max_concurrent_batches > 1:
             self.batch_queue = BatchQueue(args.max_concurrent_batches, runner.execute_model)
+        # KV events: the block pool records cache changes for take_kv_events (a router's feed).
+        self.kv_events: KVEventBuffer | None = None
+        if args.kv_events:
+            self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
+                args.block_size, args.kv_events_max_buffer)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
@@ -93,7 +100,7 @@ class EngineCore:
             raise ValueError("request_id must be a str, got "
                              f"{type(request.request_id).__name__}")
         if request.request_id in self.scheduler.requests:
-            raise ValueError(f"request_id {request.request_id!r} is already in use")
+            raise DuplicateRequestError(f"request_id {request.request_id!r} is already in use")
         bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
@@ -168,6 +175,15 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         # A batch still in flight has results to deliver even if its requests were aborted.
         return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
+
+    def take_kv_events(self) -> KVEventBatch | None:
+        """The KV events since the last call as one numbered batch; None when there are none.
+
+        Raises ValueError when the engine was built without kv_events=True.
+        """
+        if self.kv_events is None:
+            raise ValueError("kv_events must be True (--kv-events) to take KV events")
+        return self.kv_events.take()
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()

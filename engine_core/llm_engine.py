@@ -8,6 +8,7 @@ from typing import Any
 
 from engine_core.config import EngineArgs
 from engine_core.engine_core import EngineCore
+from engine_core.errors import DuplicateRequestError
 from engine_core.outputs import RequestOutput
 from engine_core.processing.input_processor import InputProcessor
 from engine_core.processing.output_processor import OutputProcessor
@@ -48,7 +49,7 @@ class LLMEngine:
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         if self.output_processor.has_request(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise DuplicateRequestError(f"request_id {request_id!r} is already in use")
         processed = self.input_processor.process(request_id, prompt, params, arrival_time,
                                                  priority)
         children = self.output_processor.add_request(processed)

@@ -22,12 +22,9 @@ from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine_core.core.stats import PrefixCacheStats, SchedulerStats
 from engine_core.core.stop import check_stop
+from engine_core.errors import DuplicateRequestError
 
 logger = logging.getLogger(__name__)
-
-
-class DuplicateRequestError(ValueError):
-    """add_request with an id that is still unfinished (services map it to ALREADY_EXISTS)."""
 
 
 class Scheduler:

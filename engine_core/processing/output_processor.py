@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
+from engine_core.errors import DuplicateRequestError
 from engine_core.outputs import RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.processing.parallel_sampling import ParentRequest
@@ -49,7 +50,7 @@ class OutputProcessor:
         # A child id of the new request ("0_x") may collide with a live id as well.
         for rid in (request_id, *parent.children):
             if self.has_request(rid):
-                raise ValueError(f"request_id {rid!r} already in use")
+                raise DuplicateRequestError(f"request_id {rid!r} already in use")
         self._parents[request_id] = parent
         for child_id in parent.children:
             self._parent_of_child[child_id] = parent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from engine_core.errors import DuplicateRequestError
 from services._proto.strand.v1 import types_pb2 as pb
 
 
@@ -28,17 +29,12 @@ class StageUnavailable(StageError):
 _CODES_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def is_duplicate_id_error(exc: ValueError) -> bool:
-    # The engine core and output processor word a reused request id as "... already in use".
-    return "already in use" in str(exc)
-
-
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status a servicer answers for an exception from the pure objects."""
     if isinstance(exc, StageError):
         return exc.code, exc.message
     if isinstance(exc, ValueError):
-        code = (grpc.StatusCode.ALREADY_EXISTS if is_duplicate_id_error(exc)
+        code = (grpc.StatusCode.ALREADY_EXISTS if isinstance(exc, DuplicateRequestError)
                 else grpc.StatusCode.INVALID_ARGUMENT)
         return code, str(exc)
     return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from engine_core.errors import DuplicateRequestError
 from services.common.status import (
     StageUnavailable,
     error_from_pb,
@@ -17,9 +18,12 @@ def test_value_error_is_invalid_argument_with_its_message() -> None:
         grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0, 1], got 2.0")
 
 
-def test_reused_request_id_is_already_exists() -> None:
-    code, _ = status_of(ValueError("request_id 'a' is already in use"))
+def test_reused_request_id_is_already_exists_by_type_not_by_wording() -> None:
+    code, _ = status_of(DuplicateRequestError("request_id 'a' was seen"))
     assert code == grpc.StatusCode.ALREADY_EXISTS
+    # A plain ValueError that happens to use the words stays INVALID_ARGUMENT.
+    code, _ = status_of(ValueError("stop string 'already in use' is too long"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_unavailable_stage_is_named() -> None:

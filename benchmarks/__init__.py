@@ -1,0 +1,1 @@
+"""Benchmarks: Strand side by side with its peers (see README.md here)."""

@@ -1,0 +1,7 @@
+"""Errors the engine raises that callers tell apart by type (a service maps each to its status)."""
+
+from __future__ import annotations
+
+
+class DuplicateRequestError(ValueError):
+    """A request id that is already live (vLLM raises ValueError too; this is one)."""
