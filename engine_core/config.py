@@ -62,6 +62,9 @@ class EngineArgs:
     log_stats: bool = False
     stats_interval_s: float = 5.0
     otlp_traces_endpoint: str | None = None
+    # KV cache events (BlockStored/BlockRemoved/AllBlocksCleared) for a prefix-aware router.
+    kv_events: bool = False
+    kv_events_max_buffer: int = 10_000
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 1 != 0:
@@ -154,6 +157,8 @@ _HELP = {
     "device": "auto (cuda when available), cpu or cuda",
     "block_size": "tokens per KV cache block",
     "enable_prefix_caching": "reuse cached KV blocks of shared prompt prefixes",
+    "kv_events": "record KV cache events for a prefix-aware router (take_kv_events)",
+    "kv_events_max_buffer": "most KV events kept between takes (oldest dropped)",
     "prefix_caching_hash_algo": "sha256 (default) or xxhash (fast, non-cryptographic)",
     "max_num_batched_tokens": "token budget of one step (default: max(2048, max_num_seqs))",
     "max_num_seqs": "most requests running at once",

@@ -11,6 +11,7 @@ from engine_core.core.kv_cache_utils import (
     FreeKVCacheBlockQueue,
     KVCacheBlock,
 )
+from engine_core.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,14 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
         # Every cached block by hash; a hash computed twice maps to both blocks (vLLM's map).
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # Set by enable_kv_events(): cache changes recorded for a prefix-aware router.
+        self.kv_events: KVEventBuffer | None = None
+        self.kv_events_block_size = 0
+
+    def enable_kv_events(self, block_size: int, max_events: int = 10_000) -> KVEventBuffer:
+        self.kv_events = KVEventBuffer(max_events)
+        self.kv_events_block_size = block_size
+        return self.kv_events
 
     def get_num_free_blocks(self) -> int:
         """Blocks that can be allocated now, cached-but-free ones included."""
@@ -75,18 +84,47 @@ class BlockPool:
         assert block_hash is not None
         self.cached_block_hash_to_block.pop(block_hash, block.block_id)
         block.block_hash = None
+        # A duplicate block may still hold the hash: only its last holder removes it.
+        if self.kv_events is not None and block_hash not in self.cached_block_hash_to_block:
+            self.kv_events.record(BlockRemoved([block_hash]))
 
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Register blocks[num_cached_blocks:num_full_blocks] under their hashes."""
+                          num_cached_blocks: int, num_full_blocks: int,
+                          token_ids: Sequence[int] = ()) -> None:
+        """Register blocks[num_cached_blocks:num_full_blocks] under their hashes.
+
+        token_ids (the request's) only feed the BlockStored event when KV events are on.
+        """
         table = self.cached_block_hash_to_block
+        new_indices: list[int] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.block_hash is not None:  # a prefix hit: already registered
                 continue
             # A duplicate of a block already cached is cached too: each holder keeps its own.
             block.block_hash = block_hashes[i]
+            if self.kv_events is not None and block_hashes[i] not in table:
+                new_indices.append(i)
             table.insert(block_hashes[i], block)
+        if new_indices:
+            self._record_stored(new_indices, block_hashes, token_ids)
+
+    def _record_stored(self, indices: list[int], block_hashes: Sequence[BlockHash],
+                       token_ids: Sequence[int]) -> None:
+        """One BlockStored per contiguous run of newly cached blocks (each run is a chain)."""
+        assert self.kv_events is not None
+        size = self.kv_events_block_size
+        runs: list[list[int]] = []
+        for i in indices:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            parent = block_hashes[run[0] - 1] if run[0] > 0 else None
+            tokens = list(token_ids[run[0] * size:(run[-1] + 1) * size])
+            self.kv_events.record(BlockStored([block_hashes[i] for i in run], parent,
+                                              tokens, size))
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; pass them in eviction order (a request's tail first).
@@ -124,5 +162,7 @@ class BlockPool:
         for _, block in self.cached_block_hash_to_block.items():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.kv_events is not None:
+            self.kv_events.record(AllBlocksCleared())
         logger.info("Prefix cache reset")
         return True

@@ -100,7 +100,8 @@ class KVCacheManager:
             num_full = min(num_total // self.block_size, len(request.block_hashes))
             num_cached = self.num_cached_block[req_id]
             if num_full > num_cached:
-                pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
+                pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full,
+                                      request.all_token_ids)
                 self.num_cached_block[req_id] = num_full
         return new_blocks
 
