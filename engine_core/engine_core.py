@@ -21,6 +21,7 @@ from engine_core.core.kv_events import KVEventBatch, KVEventBuffer
 from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
+from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
 from engine_core.errors import DuplicateRequestError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
@@ -191,6 +192,11 @@ class EngineCore:
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool:
         return self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector)
+
+    def reset_prefix_cache_tiers(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> list[TierReset]:
+        """reset_prefix_cache with what each tier (device, connector tiers) dropped."""
+        return self.scheduler.reset_prefix_cache_tiers(reset_running_requests, reset_connector)
 
     def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
         """Empty one KV location ("device" or "cpu"): (event id, number of tokens cleared)."""

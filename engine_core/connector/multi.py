@@ -15,6 +15,7 @@ import torch
 from engine_core.connector.base import KVConnectorBase
 from engine_core.core.kv_cache_utils import BlockHash
 from engine_core.core.request import Request
+from engine_core.core.tier_reset import TierReset, connector_tiers
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,10 @@ class MultiConnector(KVConnectorBase):
                 result = False
             ok = ok and result is not False
         return ok
+
+    def reset_tiers(self) -> list[TierReset]:
+        # Every child is reset even after one fails.
+        return [tier for child in self.connectors for tier in connector_tiers(child)]
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> dict[str, int]:
         found: dict[str, int] = {}

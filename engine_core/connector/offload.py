@@ -17,6 +17,7 @@ from engine_core.connector.base import KVConnectorBase
 from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.core.kv_cache_utils import BlockHash
 from engine_core.core.request import Request
+from engine_core.core.tier_reset import TierReset
 
 LOCATION = "cpu"
 
@@ -76,6 +77,9 @@ class OffloadConnector(KVConnectorBase):
     def reset_cache(self) -> bool:
         self.tier.clear()
         return True
+
+    def reset_tiers(self) -> list[TierReset]:
+        return [TierReset(LOCATION, True, self.tier.clear())]
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> dict[str, int]:
         return {LOCATION: self.tier.num_leading_hits(block_hashes)}

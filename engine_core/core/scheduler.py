@@ -22,6 +22,7 @@ from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine_core.core.stats import PrefixCacheStats, SchedulerStats
 from engine_core.core.stop import check_stop
+from engine_core.core.tier_reset import TierReset, connector_tiers
 from engine_core.errors import DuplicateRequestError
 
 logger = logging.getLogger(__name__)
@@ -288,10 +289,11 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, offer_to_connector: bool = True) -> None:
         """Free its blocks and requeue it at the head; its KV is recomputed when it resumes
         (or reloaded, when a connector saved it)."""
-        self._offer_to_connector(request)
+        if offer_to_connector:
+            self._offer_to_connector(request)
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -373,22 +375,32 @@ class Scheduler:
                            reset_connector: bool = False) -> bool:
         """Forget every cached prefix. False (logged) while requests hold blocks, unless
         reset_running_requests, which preempts them first (they are recomputed, same output)."""
+        return all(t.reset for t in self.reset_prefix_cache_tiers(reset_running_requests,
+                                                                   reset_connector))
+
+    def reset_prefix_cache_tiers(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> list[TierReset]:
+        """reset_prefix_cache, reporting what each tier dropped: the device cache first, then
+        (reset_connector) each connector tier."""
         if reset_running_requests and self.running:
-            # Newest first, each to the head: the oldest ends up first in line again.
+            # Newest first, each to the head: the oldest ends up first in line again. Their
+            # blocks are not offered to a connector that is about to be emptied anyway.
+            offer = not (reset_connector and self.connector is not None)
             for request in reversed(self.running):
-                self._preempt(request)
+                self._preempt(request, offer_to_connector=offer)
                 self._preempted_outside_step.add(request.request_id)
             self.running = []
+        num_cached = len(self.kv_cache_manager.block_pool.cached_block_hash_to_block.items())
         ok = self.kv_cache_manager.reset_prefix_cache()
         if ok:
             self.connector_prefix_cache_stats = PrefixCacheStats()
+        tiers = [TierReset("device", ok, num_cached if ok else 0)]
         if reset_connector and self.connector is not None:
-            reset = getattr(self.connector, "reset_cache", None)
-            # None means "not implemented" and counts as success; only False fails.
-            if reset is not None and reset() is False:
+            connector = connector_tiers(self.connector)
+            if not all(t.reset for t in connector):
                 logger.warning("Failed to reset the KV connector's cache")
-                ok = False
-        return ok
+            tiers += connector
+        return tiers
 
     def make_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager

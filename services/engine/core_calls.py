@@ -49,8 +49,11 @@ class CoreCalls:
             core.abort_requests(list(msg.abort.request_ids))
         elif kind == "reset_prefix_cache":
             req = msg.reset_prefix_cache
-            state.reset_ok = core.reset_prefix_cache(req.reset_running_requests,
-                                                     req.reset_connector)
+            tiers = core.reset_prefix_cache_tiers(req.reset_running_requests,
+                                                  req.reset_connector)
+            state.reset_ok = all(t.reset for t in tiers)
+            state.tiers.extend(pb.TierReset(tier=t.tier, reset=t.reset, num_blocks=t.num_blocks,
+                                            num_bytes=t.num_bytes) for t in tiers)
         elif kind != "query":
             raise ValueError(f"kind must be add, step, abort, reset_prefix_cache, query, "
                              f"clear_kv_cache, lookup_kv_cache or get_loads, got {kind!r}")

@@ -11,7 +11,7 @@ import pytest
 
 from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
+from services._proto.strand.v1 import control_pb2_grpc, gateway_pb2_grpc
 from services.client import EngineClient, RequestError
 from services.launch import Stack
 from tests.e2e.conftest import start_stack
@@ -123,3 +123,29 @@ def test_reset_prefix_cache_without_reset_connector_keeps_cpu(
     _serve(offload_client, "kv-keep", prompt)
     assert offload_client.reset_prefix_cache() is True
     assert offload_client.lookup_kv_cache(prompt) == {"device": 0, "cpu": 2 * BLOCK_SIZE}
+
+
+def test_control_reset_reports_what_each_tier_dropped(offload_stack: Stack,
+                                                       offload_client: EngineClient) -> None:
+    offload_client.reset_prefix_cache(reset_connector=True)  # start from empty tiers
+    _serve(offload_client, "kv-tiers", [p + 6 for p in PROMPT])
+    with grpc.insecure_channel(offload_stack.gateway_address) as channel:
+        resp = control_pb2_grpc.ControlStub(channel).ResetPrefixCache(
+            gpb.ResetPrefixCacheRequest(reset_connector=True), timeout=30)
+    assert resp.success
+    assert [(t.tier, t.reset, t.num_blocks) for t in resp.tiers] == [
+        ("device", True, 2), ("cpu", True, 2)]
+
+
+def test_get_loads_reports_the_engine_and_its_blocks(client: EngineClient) -> None:
+    client.add_request("kv-load", {"prompt_token_ids": PROMPT},
+                       SamplingParams(temperature=0.0, max_tokens=50))
+    try:
+        client.step()
+        (load,) = client.get_loads()
+        assert (load["num_running"], load["num_waiting"]) == (1, 0)
+        assert load["kv_blocks_used"] >= 3  # 41 tokens in 16-token blocks
+        assert load["tokens_in_flight"] == len(PROMPT) + 1
+        assert load["engine"]
+    finally:
+        client.abort_request("kv-load")
