@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import control_pb2_grpc, gateway_pb2_grpc
+from services._proto.strand.v1 import gateway_pb2 as gpb
 from services.client import EngineClient, RequestError
 from services.launch import Stack
 from tests.e2e.conftest import start_stack
