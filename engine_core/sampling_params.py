@@ -181,4 +181,14 @@ class SamplingParams:
 
 def _check(ok: bool, name: str, bound: str, value: object) -> None:
     if not ok:
-        raise ValueError(f"{name} {bound}, got {value!r}")
+        raise ValueError(f"{name} {bound}, got {_shown(value)}")
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """The offending value for an error message, cut short: a message must never carry an
+    unbounded input (a gRPC status message has to fit the metadata limit)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f", {len(value)} items" if isinstance(value, list | dict | tuple | set) else ""  # type: ignore[arg-type]
+    return f"{text[:limit]}... ({len(text)} characters{size})"

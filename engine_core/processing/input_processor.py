@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_core.core.engine_io import EngineCoreRequest
+from engine_core.processing.request_limits import (
+    RequestLimits,
+    check_params,
+    check_prompt_size,
+)
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -29,6 +34,7 @@ class InputProcessor:
         eos_token_id: int | None = None,
         max_logprobs: int = MAX_LOGPROBS,
         logits_processor_classes: Sequence[type] = (),
+        limits: RequestLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -39,6 +45,7 @@ class InputProcessor:
         self.max_logprobs = max_logprobs
         # Custom logits processors' classes: each validates a request's extra_args up front.
         self.logits_processor_classes = tuple(logits_processor_classes)
+        self.limits = limits or RequestLimits()
 
     def process(
         self,
@@ -55,6 +62,7 @@ class InputProcessor:
         if not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
         params = self._validate_params(params)
+        check_prompt_size(prompt, self.limits, self.max_model_len)
         text, token_ids, salt = self._tokenize(prompt)
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
         cache_salt = cache_salt if cache_salt is not None else salt
@@ -82,6 +90,8 @@ class InputProcessor:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         # A clone re-runs every bound (the caller may have mutated its object since building it)
         # and keeps the caller's object out of the engine.
+        # Sizes first: a huge stop list or logit_bias is refused before anything walks it.
+        check_params(params, self.limits, self.max_model_len)
         params = params.clone()
         # vLLM: max_logprobs -1 lifts the cap to the vocabulary; logprobs -1 asks for all of it.
         cap = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs

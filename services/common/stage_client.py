@@ -51,10 +51,12 @@ class StageClient:
         msg.seq = seq
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
+        # The write runs in a task of its own, shielded: a caller cancelled mid-write (a client
+        # that hung up) must not cancel the write, which would make grpc.aio cancel the whole
+        # shared stream and fail every other request on it. The message is then sent anyway.
+        write = asyncio.get_running_loop().create_task(self._write(msg))
         try:
-            async with self._write_lock:
-                call = await self._session()
-                await call.write(msg)
+            await asyncio.shield(write)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             self._pending.pop(seq, None)
             raise StageUnavailable(self.stage, _detail(exc)) from exc
@@ -65,6 +67,11 @@ class StageClient:
         if resp.HasField("error"):
             raise error_from_pb(resp.error)
         return resp
+
+    async def _write(self, msg: Any) -> None:
+        async with self._write_lock:
+            call = await self._session()
+            await call.write(msg)
 
     async def _session(self) -> Any:
         if self._call is None:

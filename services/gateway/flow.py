@@ -57,6 +57,7 @@ STEP_OUTPUTS_TIMEOUT_S = 10.0
 # How long an AddRequest waits for this gateway's output subscription (a restarted detokenizer
 # is subscribed again within a fraction of it).
 SUBSCRIBE_WAIT_S = 3.0
+MAX_REQUEST_ID_CHARS = 256
 
 
 class GatewayFlow:
@@ -117,8 +118,7 @@ class GatewayFlow:
     async def add_request(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                           arrival_time: float | None = None, priority: int = 0,
                           queue: StreamQueue | None = None) -> None:
-        if not request_id:
-            raise StageError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+        check_request_id(request_id)
         if request_id in self._live:
             raise StageError(grpc.StatusCode.ALREADY_EXISTS,
                              f"request_id {request_id!r} is already in use")
@@ -360,6 +360,21 @@ class GatewayFlow:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._background.discard)
+
+
+def check_request_id(request_id: str) -> None:
+    """Ids travel as gRPC metadata (strand-request-id) and in logs: printable ASCII only, and
+    bounded; checked before anything is added anywhere."""
+    if not request_id:
+        raise StageError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+    shown = repr(request_id[:40]) + ("..." if len(request_id) > 40 else "")
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, got "
+                         f"{len(request_id)} ({shown})")
+    if not all(" " <= c <= "~" for c in request_id):
+        raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"request_id must be printable ASCII (0x20-0x7E), got {shown}")
 
 
 def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:

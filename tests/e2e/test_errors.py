@@ -90,3 +90,37 @@ def test_oversized_message_is_resource_exhausted_and_the_gateway_keeps_serving(
 def test_client_side_params_are_checked_before_sending(client: EngineClient) -> None:
     with pytest.raises(ValueError, match="top_k"):
         client.add_request("x", "hi", SamplingParams(top_k=-5))
+
+
+@pytest.mark.parametrize(("request_id", "reason"), [
+    ("bad\nid", "printable ASCII"),
+    ("naïve", "printable ASCII"),
+    ("x" * 257, "at most 256 characters"),
+])
+def test_a_request_id_that_is_not_valid_metadata_is_refused_before_anything_is_added(
+        gateway_stub: gateway_pb2_grpc.GatewayStub, request_id: str, reason: str) -> None:
+    stream = gateway_stub.Generate(gpb.GenerateRequest(
+        request_id=request_id, prompt=pb.Prompt(text="hello"),
+        params=pb.SamplingParams(max_tokens=3)), timeout=30)
+    with pytest.raises(grpc.RpcError) as err:
+        list(stream)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("request_id must")
+    assert reason in err.value.details()
+    assert len(err.value.details()) < 200
+    assert _num_unfinished(gateway_stub) == 0
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    (pb.SamplingParams(n=129, temperature=1.0), "n must be <= 128"),
+    (pb.SamplingParams(max_tokens=100_000), "max_tokens must be <= max_model_len"),
+    (pb.SamplingParams(stop_token_ids=list(range(5000))), "stop_token_ids must be <= 1024"),
+])
+def test_oversized_asks_are_invalid_argument_with_short_messages(
+        gateway_stub: gateway_pb2_grpc.GatewayStub, params: pb.SamplingParams,
+        message: str) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        _add(gateway_stub, "too-big", params)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(message)
+    assert _num_unfinished(gateway_stub) == 0
