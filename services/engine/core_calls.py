@@ -12,6 +12,7 @@ from engine_core.stats_logger import StatsLogger, prompt_tokens_of
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import core_request_from_pb
+from services.common.convert_kv_events import kv_event_batch_to_pb
 
 
 class CoreCalls:
@@ -42,6 +43,12 @@ class CoreCalls:
                 num_cached_tokens=found))
         if kind == "get_loads":
             return epb.EngineResponse(seq=seq, load=self.load())
+        if kind == "take_kv_events":
+            # ValueError (INVALID_ARGUMENT) names --kv-events when the engine records none.
+            batch = core.take_kv_events()
+            batches = [kv_event_batch_to_pb(batch, self.name)] if batch is not None else []
+            return epb.EngineResponse(seq=seq, kv_events_batches=epb.KvEventBatches(
+                batches=batches))
         state = epb.EngineState()
         if kind == "add":
             self._add(list(msg.add.requests), span)
@@ -56,7 +63,7 @@ class CoreCalls:
                                             num_bytes=t.num_bytes) for t in tiers)
         elif kind != "query":
             raise ValueError(f"kind must be add, step, abort, reset_prefix_cache, query, "
-                             f"clear_kv_cache, lookup_kv_cache or get_loads, got {kind!r}")
+                             f"clear_kv_cache, lookup_kv_cache, get_loads or take_kv_events, got {kind!r}")
         state.num_unfinished_requests = core.get_num_unfinished_requests()
         return epb.EngineResponse(seq=seq, state=state)
 

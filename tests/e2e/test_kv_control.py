@@ -3,6 +3,7 @@ how many leading tokens of a prompt are cached, and reset_prefix_cache reaches t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import grpc
 import pytest
 
 from engine_core.sampling_params import SamplingParams
+from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import control_pb2_grpc, gateway_pb2_grpc
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services.client import EngineClient, RequestError
@@ -32,7 +34,8 @@ def _serve(client: EngineClient, request_id: str, prompt: list[int]) -> None:
 @pytest.fixture(scope="module")
 def offload_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[Stack]:
-    engine_args = ["--kv-connector", "offload", "--kv-offload-bytes", str(OFFLOAD_BYTES)]
+    engine_args = ["--kv-connector", "offload", "--kv-offload-bytes", str(OFFLOAD_BYTES),
+                   "--kv-events"]
     with start_stack(tiny_model_dir, tmp_path_factory.mktemp("offload-logs"),
                      engine_args=engine_args) as s:
         yield s
@@ -149,3 +152,29 @@ def test_get_loads_reports_the_engine_and_its_blocks(client: EngineClient) -> No
         assert load["engine"]
     finally:
         client.abort_request("kv-load")
+
+
+def test_subscribe_kv_events_streams_stored_blocks_then_the_clear(
+        offload_stack: Stack, offload_client: EngineClient) -> None:
+    offload_client.reset_prefix_cache(reset_connector=True)
+    prompt = [p + 7 for p in PROMPT]
+    with grpc.insecure_channel(offload_stack.gateway_address) as channel:
+        stream = control_pb2_grpc.ControlStub(channel).SubscribeKvEvents(
+            cpb.SubscribeKvEventsRequest(), timeout=30)
+        time.sleep(0.3)  # subscribed before the request runs
+        _serve(offload_client, "kv-events", prompt)
+        offload_client.reset_prefix_cache()
+        events = []
+        seqs = []
+        stored_tokens = []
+        for batch in stream:  # earlier tests' events first: the engine buffers them
+            seqs.append(batch.seq)
+            events += [e.WhichOneof("kind") for e in batch.events]
+            stored_tokens += [list(e.block_stored.token_ids) for e in batch.events
+                              if e.HasField("block_stored")]
+            if events[-1:] == ["all_blocks_cleared"] and prompt[:32] in stored_tokens:
+                stream.cancel()
+                break
+    assert seqs == sorted(seqs)
+    # The prompt's two full blocks, as one chain of 2 hashes and 32 tokens.
+    assert prompt[:2 * BLOCK_SIZE] in stored_tokens
