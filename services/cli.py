@@ -178,17 +178,15 @@ def serve(argv: list[str]) -> None:
 
 
 def _watch(stack: Stack) -> None:
-    """Report services that exit; stop them all on SIGINT/SIGTERM (exit code 0)."""
+    """Restart services that exit (with back-off); stop them all on SIGINT/SIGTERM (exit
+    code 0)."""
     from services.launch import Interrupted
+    from services.supervisor import Supervisor
 
-    reported: set[str] = set()
+    supervisor = Supervisor(stack)
     try:
         while True:
-            for name, process in stack.processes.items():
-                if process.poll() is not None and name not in reported:
-                    reported.add(name)
-                    print(f"strand: {name} exited with code {process.returncode}",
-                          file=sys.stderr)
+            supervisor.tick()
             time.sleep(0.2)
     except Interrupted:
         pass

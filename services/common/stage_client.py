@@ -29,7 +29,7 @@ class StageClient:
     def __init__(self, stage: str, target: str, stub_factory: Callable[[grpc.aio.Channel], Any],
                  on_lost: Callable[[StageUnavailable], Awaitable[None]] | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 connect_timeout: float = 2.0) -> None:
+                 connect_timeout: float = 1.0) -> None:
         self.stage = stage
         self.connect_timeout = connect_timeout
         self.target = target

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # An add waits this long for the engine subscription (a restarted engine or detokenizer is
 # subscribed again within a fraction of it) before it is refused as UNAVAILABLE.
-SUBSCRIBE_WAIT_S = 3.0
+SUBSCRIBE_WAIT_S = 1.0
 
 
 class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):

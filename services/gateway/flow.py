@@ -56,7 +56,7 @@ SELF_STEP_AFTER_S = 1.0
 STEP_OUTPUTS_TIMEOUT_S = 10.0
 # How long an AddRequest waits for this gateway's output subscription (a restarted detokenizer
 # is subscribed again within a fraction of it).
-SUBSCRIBE_WAIT_S = 3.0
+SUBSCRIBE_WAIT_S = 1.0
 MAX_REQUEST_ID_CHARS = 256
 
 

@@ -113,3 +113,28 @@ def test_killed_tokenizer_is_unavailable_by_name_then_recovers(fault_stack: Stac
     assert fault_client.get_num_unfinished_requests() == 0
     fault_stack.start("tokenizer")
     assert _works(fault_client, "t2").outputs[0].finish_reason == "length"
+
+
+def test_the_supervisor_restarts_a_killed_stage_and_adds_fail_fast_meanwhile(
+        fault_stack: Stack, fault_client: EngineClient) -> None:
+    from services.launch import wait_healthy
+    from services.supervisor import Supervisor
+
+    lines: list[str] = []
+    supervisor = Supervisor(fault_stack, log=lines.append)
+    supervisor.tick()
+    fault_stack.kill("detokenizer")
+    supervisor.tick()
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        fault_client.add_request("s1", "while down", LONG)
+    # Fails fast (about a second: the wait for a resubscription), not after a stage timeout.
+    assert time.monotonic() - started < 5
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "detokenizer" in err.value.details()
+    deadline = time.monotonic() + 10
+    while "detokenizer" not in supervisor.tick() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    wait_healthy(fault_stack.address("detokenizer"), 60, name="detokenizer")
+    assert lines[0].startswith("strand: detokenizer exited with code -9; restarting in 1 s")
+    assert _works(fault_client, "s2").outputs[0].finish_reason == "length"
