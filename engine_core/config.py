@@ -40,6 +40,9 @@ class EngineArgs:
     prefix_caching_hash_algo: str = "sha256"
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 256
+    # Requests waiting to run beyond which add_request raises QueueFullError (the service's
+    # RESOURCE_EXHAUSTED). None: no bound in process; the engine service uses 4 x max_num_seqs.
+    max_waiting_requests: int | None = None
     max_model_len: int | None = None
     long_prefill_token_threshold: int = 0
     gpu_memory_utilization: float = 0.9
@@ -82,6 +85,9 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be >= 1, got "
+                             f"{self.max_waiting_requests}")
         if self.max_concurrent_batches < 1:
             raise ValueError("max_concurrent_batches must be >= 1, got "
                              f"{self.max_concurrent_batches}")
@@ -162,6 +168,8 @@ _HELP = {
     "prefix_caching_hash_algo": "sha256 (default) or xxhash (fast, non-cryptographic)",
     "max_num_batched_tokens": "token budget of one step (default: max(2048, max_num_seqs))",
     "max_num_seqs": "most requests running at once",
+    "max_waiting_requests": "most requests waiting to run; more are refused as queue full "
+                            "(default: none in process, 4 x max_num_seqs in the engine service)",
     "max_model_len": "longest prompt + output (default: the model's max_position_embeddings)",
     "long_prefill_token_threshold": "largest prefill chunk of one request per step (0: no cap)",
     "gpu_memory_utilization": "CUDA: share of GPU memory for weights, activations and KV cache",

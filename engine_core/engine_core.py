@@ -23,7 +23,7 @@ from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
-from engine_core.errors import DuplicateRequestError
+from engine_core.errors import DuplicateRequestError, QueueFullError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.stats_logger import ThroughputMeter
@@ -106,6 +106,10 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
         request.sampling_params.validate_against_vocab(self.vocab_size)
+        bound = self.args.max_waiting_requests
+        if bound is not None and len(self.scheduler.waiting) >= bound:
+            raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
+                                 f"waiting (max_waiting_requests); retry later")
         self.scheduler.add_request(Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),

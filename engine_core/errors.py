@@ -5,3 +5,8 @@ from __future__ import annotations
 
 class DuplicateRequestError(ValueError):
     """A request id that is already live (vLLM raises ValueError too; this is one)."""
+
+
+class QueueFullError(RuntimeError):
+    """The engine's waiting queue is at max_waiting_requests: try again later (services answer
+    RESOURCE_EXHAUSTED)."""

@@ -58,8 +58,9 @@ class LLMEngine:
             for child in children:
                 self.engine_core.add_request(child)
                 added.append(child.request_id)
-        except ValueError:
-            # All or nothing: a child the core refused takes its siblings back out.
+        except Exception:
+            # All or nothing: a child the core refused (bad input, a full queue) takes its
+            # siblings back out.
             self.engine_core.abort_requests(added)
             self.output_processor.abort_requests([request_id])
             raise

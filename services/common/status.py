@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from engine_core.errors import DuplicateRequestError
+from engine_core.errors import DuplicateRequestError, QueueFullError
 from services._proto.strand.v1 import types_pb2 as pb
 
 
@@ -33,6 +33,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status a servicer answers for an exception from the pure objects."""
     if isinstance(exc, StageError):
         return exc.code, exc.message
+    if isinstance(exc, QueueFullError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, ValueError):
         code = (grpc.StatusCode.ALREADY_EXISTS if isinstance(exc, DuplicateRequestError)
                 else grpc.StatusCode.INVALID_ARGUMENT)

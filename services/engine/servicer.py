@@ -12,6 +12,7 @@ woke them again (tens of thousands of context switches per benchmark run, 12% sl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -57,6 +58,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def from_engine_args(cls, engine_args: EngineArgs, auto_step: bool = False,
                          name: str = "engine") -> EngineServicer:
         """Load the model on the thread that will run every step."""
+        if engine_args.max_waiting_requests is None:
+            # A service is bounded by default: overload is answered RESOURCE_EXHAUSTED at once
+            # instead of a queue that grows until clients time out.
+            engine_args = dataclasses.replace(engine_args,
+                                              max_waiting_requests=4 * engine_args.max_num_seqs)
         # Before the thread exists: its first allocation picks its malloc arena for good.
         tune_cpu_allocator()
         executor = core_executor()

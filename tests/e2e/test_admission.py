@@ -1,0 +1,57 @@
+"""Admission control: beyond --max-waiting-requests an add is RESOURCE_EXHAUSTED saying what is
+full (not a bare CANCELLED after a timeout), and nothing of it is left in any stage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engine_core.config import EngineArgs
+from engine_core.errors import QueueFullError
+from engine_core.llm_engine import LLMEngine
+from engine_core.sampling_params import SamplingParams
+from services.client import EngineClient
+from services.launch import Stack
+from tests.e2e.conftest import engine_num_unfinished, start_stack
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def small_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[Stack]:
+    with start_stack(tiny_model_dir, tmp_path_factory.mktemp("admission-logs"),
+                     engine_args=["--max-waiting-requests", "2"]) as s:
+        yield s
+
+
+def test_beyond_the_waiting_bound_adds_are_resource_exhausted(small_stack: Stack) -> None:
+    with EngineClient(small_stack.gateway_address, timeout=30) as client:
+        client.add_request("w1", "one", PARAMS)
+        client.add_request("w2", "two", PARAMS)  # manual mode: both wait for a step
+        with pytest.raises(grpc.RpcError) as err:
+            client.add_request("w3", "three", PARAMS)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "waiting queue is full" in err.value.details()
+        assert "max_waiting_requests" in err.value.details()
+        assert client.get_num_unfinished_requests() == 2
+        assert engine_num_unfinished(small_stack) == 2
+        while client.has_unfinished_requests():
+            client.step()
+        client.add_request("w3", "three, later", PARAMS)  # room again once they ran
+        while client.has_unfinished_requests():
+            client.step()
+
+
+def test_in_process_the_bound_is_off_unless_set(tiny_model_dir: Path) -> None:
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                   kv_cache_memory=8 * 1024**2,
+                                                   max_waiting_requests=1))
+    engine.add_request("a", "one", PARAMS)
+    with pytest.raises(QueueFullError, match="waiting queue is full"):
+        engine.add_request("b", "two", PARAMS)
+    assert engine.get_num_unfinished_requests() == 1
+    assert EngineArgs(model=str(tiny_model_dir)).max_waiting_requests is None
