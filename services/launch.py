@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import UserError
 from services.common.server import READINESS
+from services.common.stage_auth import STAGE_TOKEN_ENV, new_stage_token, stage_token
 
 STAGES = ("tokenizer", "engine", "detokenizer")
 # Readiness order: each stage is ready once the stages it sends to are.
@@ -142,6 +143,8 @@ class Stack:
     config: StackConfig
     ports: dict[str, int]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Every service of the stack shares it: the stages accept only callers that send it.
+    stage_token: str = field(default_factory=lambda: stage_token() or new_stage_token())
 
     def address(self, name: str) -> str:
         return f"{self.config.host}:{self.ports[name]}"
@@ -189,6 +192,7 @@ class Stack:
             out = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[STAGE_TOKEN_ENV] = self.stage_token
         # The stages import `services` from this checkout whether or not it is installed.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.errors import UserError
+from services.common.stage_auth import stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ async def run_server(name: str, options: ServerOptions,
     """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names;
     `ready` (polled) says whether this stage's part of the ring is connected."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
-    interceptors = [ApiKeyInterceptor(options.api_key)] if options.api_key else []
+    api_key = stage_api_key(name, options.host, options.api_key)
+    interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
     # Only what clients send is capped by max_message_bytes: a large answer (one step of many
     # requests) must never be refused, or its outputs would be lost.
     server_options = [("grpc.max_receive_message_length", options.max_message_bytes),

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from services.common.stage_auth import stage_metadata
 from services.common.status import StageError, StageUnavailable, error_from_pb
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class StageClient:
                 await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
             except TimeoutError as exc:
                 raise StageUnavailable(self.stage, f"cannot connect to {self.target}") from exc
-            self._call = self.stub.Session()
+            self._call = self.stub.Session(metadata=stage_metadata())
             asyncio.get_running_loop().create_task(self._read(self._call))
         return self._call
 

@@ -20,6 +20,7 @@ from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_from_pb, request_output_to_pb
+from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
 from services.common.tracing import context_from_carrier, server_span
@@ -78,7 +79,7 @@ class EngineFeed:
         try:
             await asyncio.wait_for(self.engine.channel.channel_ready(), 2.0)
             call = engine_pb2_grpc.EngineStub(self.engine.channel).Outputs(
-                epb.EngineOutputsRequest())
+                epb.EngineOutputsRequest(), metadata=stage_metadata())
             async for msg in call:
                 if msg.subscribed:
                     self._subscribed.set()

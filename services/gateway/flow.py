@@ -31,6 +31,7 @@ from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
+from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
 from services.common.tracing import carrier_from_context, tracer
@@ -102,7 +103,8 @@ class GatewayFlow:
 
     async def engine_info(self) -> epb.EngineInfo:
         try:
-            info = await self.engine.stub.GetInfo(epb.EngineInfoRequest(), timeout=10)
+            info = await self.engine.stub.GetInfo(epb.EngineInfoRequest(), timeout=10,
+                                                  metadata=stage_metadata())
         except grpc.aio.AioRpcError as exc:
             raise StageUnavailable("engine", exc.details() or exc.code().name) from exc
         self.auto_step = bool(info.auto_step)

@@ -12,6 +12,7 @@ import grpc
 
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import detokenizer_pb2_grpc
+from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageUnavailable
 
@@ -68,7 +69,7 @@ class OutputFeed:
         try:
             await asyncio.wait_for(self.detokenizer.channel.channel_ready(), 2.0)
             call = detokenizer_pb2_grpc.DetokenizerStub(self.detokenizer.channel).Outputs(
-                dpb.DetokOutputsRequest(origin=self.origin))
+                dpb.DetokOutputsRequest(origin=self.origin), metadata=stage_metadata())
             async for batch in call:
                 if batch.subscribed:
                     self._subscribed.set()

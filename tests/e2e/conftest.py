@@ -14,6 +14,7 @@ import pytest
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc, gateway_pb2_grpc
 from services.client import EngineClient
+from services.common.stage_auth import STAGE_TOKEN_ENV
 from services.launch import (
     REPO_ROOT,
     STAGES,
@@ -93,7 +94,8 @@ def engine_num_unfinished(stack: Stack) -> int:
     """Asked of the engine stage directly, past the gateway."""
     with grpc.insecure_channel(stack.address("engine")) as channel:
         responses = engine_pb2_grpc.EngineStub(channel).Session(
-            iter([epb.EngineRequest(seq=1, query=epb.EngineQuery())]), timeout=30)
+            iter([epb.EngineRequest(seq=1, query=epb.EngineQuery())]), timeout=30,
+            metadata=(("authorization", f"Bearer {stack.stage_token}"),))
         return int(next(iter(responses)).state.num_unfinished_requests)
 
 
@@ -104,7 +106,8 @@ def start_side_gateway(stack: Stack, extra_args: list[str] | None = None,
     port = free_port()
     command = [sys.executable, "-m", "services.gateway", "--port", str(port),
                *[f"--{s}-addr={stack.address(s)}" for s in STAGES], *(extra_args or [])]
-    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
+                                             STAGE_TOKEN_ENV: stack.stage_token},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
     try:
