@@ -13,9 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
-from services._proto.strand.v1 import detokenizer_pb2_grpc
+from services._proto.strand.v1 import detokenizer_pb2_grpc, engine_pb2_grpc
 from services._proto.strand.v1 import engine_pb2 as epb
-from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.stage_auth import STAGE_TOKEN_ENV
 from services.launch import REPO_ROOT, Stack
 
