@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,7 +22,6 @@ import grpc
 from opentelemetry import context as otel_context
 
 from engine_core.config import EngineArgs
-from engine_core.core.engine_io import EngineCoreOutputs
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from engine_core.stats_logger import StatsLogger
@@ -32,6 +32,14 @@ from services.common.status import StageError, error_to_pb
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
 from services.engine.core_calls import CoreCalls
 from services.engine.outputs_hub import OutputsHub
+
+# Auto mode: while adds keep arriving (a burst of requests), the next step waits until they
+# pause for this long, at most MAX_ADD_HOLD_S: they then join one step together, as in a loop
+# that adds them all and then steps, instead of one request per step (each add waits for the
+# step before it on the core's one thread). Only a sustained stream of adds can delay steps, and
+# by at most MAX_ADD_HOLD_S each.
+ADD_QUIET_S = 0.002
+MAX_ADD_HOLD_S = 0.05
 
 
 def core_executor() -> ThreadPoolExecutor:
@@ -53,6 +61,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._hub: OutputsHub | None = None
         self._has_work = False  # auto mode: the core has unfinished requests
         self._work: asyncio.Event | None = None
+        self._last_add = -1.0  # time.monotonic() of the last add (auto mode batches bursts)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, auto_step: bool = False,
@@ -123,6 +132,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     return await self._manual_step(msg, span)
                 resp = await loop.run_in_executor(self._executor, self.calls.handle, msg, span)
                 if kind == "add":
+                    self._last_add = time.monotonic()
                     self._wake()
                 return resp
             except Exception as exc:  # answered in-stream: the session stays open
@@ -133,10 +143,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if self.auto_step:
             raise ValueError("the engine steps itself (auto mode): Step messages are refused")
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self._executor, self.calls.step, span)
+        outputs = await loop.run_in_executor(
+            self._executor, lambda: core_outputs_to_pb(self.calls.step(span)))
         out = epb.EngineStepOutputs(step_id=msg.step.step_id, origin=msg.step.origin,
-                                    outputs=core_outputs_to_pb(outputs),
-                                    trace_context=carrier_from_context())
+                                    outputs=outputs, trace_context=carrier_from_context())
         if not await self.hub.put(out):
             raise StageError(grpc.StatusCode.UNAVAILABLE,
                              "engine stage is unavailable: its detokenizer went away")
@@ -165,16 +175,28 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     for w in waits:
                         w.cancel()
                 continue
-            outputs, self._has_work = await loop.run_in_executor(self._executor,
-                                                                 self._auto_step_once)
-            if outputs.outputs or outputs.finished_requests:
-                await self.hub.put(epb.EngineStepOutputs(outputs=core_outputs_to_pb(outputs)))
+            await self._let_a_burst_of_adds_in()
+            msg, self._has_work = await loop.run_in_executor(self._executor,
+                                                             self._auto_step_once)
+            if msg is not None:
+                await self.hub.put(msg)
             await asyncio.sleep(0)  # Session messages (adds, aborts) between steps
 
-    def _auto_step_once(self) -> tuple[EngineCoreOutputs, bool]:
+    async def _let_a_burst_of_adds_in(self) -> None:
+        held_since = time.monotonic()
+        while (time.monotonic() - self._last_add < ADD_QUIET_S
+               and time.monotonic() - held_since < MAX_ADD_HOLD_S):
+            await asyncio.sleep(ADD_QUIET_S)
+
+    def _auto_step_once(self) -> tuple[epb.EngineStepOutputs | None, bool]:
+        """One step and its message, both on the core's thread: the event loop only queues it
+        (and gRPC sends it while the next step computes)."""
         with server_span("engine_step", otel_context.Context()) as span:
             outputs = self.calls.step(span)
-        return outputs, self.core.has_unfinished_requests()
+        msg = None
+        if outputs.outputs or outputs.finished_requests:
+            msg = epb.EngineStepOutputs(outputs=core_outputs_to_pb(outputs))
+        return msg, self.core.has_unfinished_requests()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
