@@ -14,82 +14,44 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-import grpc
-
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_from_pb, request_output_to_pb
 from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
-from services.common.status import StageError, StageUnavailable
+from services.common.status import StageError
+from services.common.subscriber import Subscriber
 from services.common.tracing import context_from_carrier, server_span
 from services.detokenizer.routes import Routes
 
 logger = logging.getLogger(__name__)
 
-RESUBSCRIBE_S = 0.1
+class EngineFeed(Subscriber):
+    not_subscribed = "the detokenizer is not subscribed to its outputs"
 
-
-class EngineFeed:
     def __init__(self, processor: OutputProcessor, routes: Routes, engine_addr: str) -> None:
+        super().__init__(StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub))
         self.processor = processor
         self.routes = routes
-        self.engine = StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub)
-        self._subscribed: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.engine = self.client
         self._background: set[asyncio.Task[None]] = set()
 
-    @property
-    def subscribed(self) -> bool:
-        return self._subscribed is not None and self._subscribed.is_set()
-
-    def start(self) -> None:
-        self._subscribed = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await super().close()
         await self.engine.close()
 
-    async def wait_subscribed(self, timeout: float) -> None:
-        if self._subscribed is None:
-            raise StageUnavailable("engine", "the detokenizer has not started its subscription")
-        try:
-            await asyncio.wait_for(self._subscribed.wait(), timeout)
-        except TimeoutError as exc:
-            raise StageUnavailable("engine", "the detokenizer is not subscribed to its "
-                                             "outputs") from exc
+    def open(self) -> Any:
+        return engine_pb2_grpc.EngineStub(self.engine.channel).Outputs(
+            epb.EngineOutputsRequest(), metadata=stage_metadata())
 
-    async def _run(self) -> None:
-        assert self._subscribed is not None
-        while True:
-            detail = await self._follow()
-            was_subscribed = self._subscribed.is_set()
-            self._subscribed.clear()
-            if was_subscribed:
-                logger.warning("engine stage is unavailable: %s", detail)
-            self._end_all_with_error(f"engine stage is unavailable: {detail}")
-            await asyncio.sleep(RESUBSCRIBE_S)
+    async def on_message(self, msg: epb.EngineStepOutputs) -> None:
+        await self._on_step(msg)
 
-    async def _follow(self) -> str:
-        """Read the engine's outputs until the subscription ends; why it ended."""
-        assert self._subscribed is not None
-        try:
-            await asyncio.wait_for(self.engine.channel.channel_ready(), 2.0)
-            call = engine_pb2_grpc.EngineStub(self.engine.channel).Outputs(
-                epb.EngineOutputsRequest(), metadata=stage_metadata())
-            async for msg in call:
-                if msg.subscribed:
-                    self._subscribed.set()
-                    continue
-                await self._on_step(msg)
-            return "its output stream ended"
-        except TimeoutError:
-            return f"cannot connect to {self.engine.target}"
-        except grpc.aio.AioRpcError as exc:
-            return f"{exc.code().name}: {exc.details()}"
+    def on_lost(self, detail: str, was_subscribed: bool) -> None:
+        if was_subscribed:
+            logger.warning("engine stage is unavailable: %s", detail)
+        self._end_all_with_error(f"engine stage is unavailable: {detail}")
 
     async def _on_step(self, msg: epb.EngineStepOutputs) -> None:
         with server_span("strand.v1.Detokenizer/process_outputs",
