@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
+from engine_core import engine_extras
 from engine_core.config import EngineArgs
 from engine_core.connector import kv_control
 from engine_core.core.batch_queue import BatchQueue
@@ -61,6 +63,7 @@ class EngineCore:
             self.batch_queue = BatchQueue(args.max_concurrent_batches, runner.execute_model)
         # KV events: the block pool records cache changes for take_kv_events (a router's feed).
         self.kv_events: KVEventBuffer | None = None
+        self.profiler = engine_extras.TorchProfiler()
         if args.kv_events:
             self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
                 args.block_size, args.kv_events_max_buffer)
@@ -219,6 +222,22 @@ class EngineCore:
         if bad:
             raise ValueError(f"token_ids must be ints in [0, {self.vocab_size}), got {bad[:8]}")
         return kv_control.lookup_locations(self.scheduler, token_ids)
+
+    def workers(self) -> list[object]:
+        """The model workers collective_rpc reaches (one runner today; TP adds more)."""
+        return [self.runner]
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+                       ) -> list[Any]:
+        """One result per worker; timeout is accepted for vLLM's API (calls are in process)."""
+        return engine_extras.collective_rpc(self.workers(), method, args, kwargs)
+
+    def start_profile(self) -> None:
+        self.profiler.start()
+
+    def stop_profile(self) -> str:
+        return self.profiler.stop()
 
     def get_stats(self) -> dict[str, float]:
         stats = self.scheduler.make_stats()

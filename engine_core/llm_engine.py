@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import torch
 
 from engine_core.config import EngineArgs
 from engine_core.engine_core import EngineCore
@@ -99,6 +101,27 @@ class LLMEngine:
     def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
         """Per location ("device", "cpu"): how many leading tokens of token_ids are cached."""
         return self.engine_core.lookup_kv_cache(token_ids)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+                       ) -> list[Any]:
+        """Call `method` on every model worker: a list with one result per worker."""
+        return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> list[Any]:
+        """func(model) on every worker's model, one result per worker."""
+        return self.collective_rpc(lambda worker: func(worker.model))
+
+    def start_profile(self) -> None:
+        """torch.profiler on; the trace directory is $STRAND_TORCH_PROFILER_DIR."""
+        self.engine_core.start_profile()
+
+    def stop_profile(self) -> str:
+        """torch.profiler off; returns the path of the Chrome trace written."""
+        return self.engine_core.stop_profile()
 
     def get_stats(self) -> dict[str, float]:
         return self.engine_core.get_stats()
