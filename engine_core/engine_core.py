@@ -28,6 +28,7 @@ from engine_core.default_model import resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class EngineCore:
         # KV events: the block pool records cache changes for take_kv_events (a router's feed).
         self.kv_events: KVEventBuffer | None = None
         self.profiler = engine_extras.TorchProfiler()
+        self.sleep_state = SleepState()
         if args.kv_events:
             self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
                 args.block_size, args.kv_events_max_buffer)
@@ -100,6 +102,8 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """ValueError (nothing changes) for a duplicate id or a request that can never fit."""
+        if self.sleep_state.is_sleeping():
+            raise EngineSleepingError("the engine is sleeping: call wake_up() before add_request")
         if not isinstance(request.request_id, str):
             raise ValueError("request_id must be a str, got "
                              f"{type(request.request_id).__name__}")
@@ -232,6 +236,21 @@ class EngineCore:
                        ) -> list[Any]:
         """One result per worker; timeout is accepted for vLLM's API (calls are in process)."""
         return engine_extras.collective_rpc(self.workers(), method, args, kwargs)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free device memory: level 1 offloads weights, level 2 drops them; both drop KV."""
+        if self.has_unfinished_requests():
+            raise ValueError("sleep needs an idle engine: "
+                             f"{self.get_num_unfinished_requests()} requests are unfinished")
+        self.sleep_state.sleep(self.runner, level)
+        # The cached blocks' contents are gone with the KV tensors.
+        self.scheduler.reset_prefix_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleep_state.wake_up(self.runner, self.num_blocks, tags)
+
+    def is_sleeping(self) -> bool:
+        return self.sleep_state.is_sleeping()
 
     def start_profile(self) -> None:
         self.profiler.start()

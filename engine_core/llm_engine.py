@@ -115,6 +115,17 @@ class LLMEngine:
         """func(model) on every worker's model, one result per worker."""
         return self.collective_rpc(lambda worker: func(worker.model))
 
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to CPU, KV cache freed; level 2: both freed (reloaded on wake)."""
+        self.engine_core.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back "weights" and/or "kv_cache" (all when tags is None)."""
+        self.engine_core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core.is_sleeping()
+
     def start_profile(self) -> None:
         """torch.profiler on; the trace directory is $STRAND_TORCH_PROFILER_DIR."""
         self.engine_core.start_profile()

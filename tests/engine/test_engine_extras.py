@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine_core import SamplingParams
+from engine_core.sleep_mode import EngineSleepingError
 from tests.engine.conftest import make_engine, run_to_completion
 
 
@@ -59,3 +60,32 @@ def test_tokenizer_property_and_getter_agree(engine) -> None:
     assert engine.get_tokenizer() is engine.tokenizer
     ids = engine.get_tokenizer().encode("hello")
     assert ids and all(isinstance(i, int) for i in ids)
+
+
+def _greedy_text(engine, rid: str) -> list[int]:
+    engine.add_request(rid, "the quick brown fox", SamplingParams(max_tokens=8, temperature=0.0))
+    return list(run_to_completion(engine)[rid].outputs[0].token_ids)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_frees_kv_refuses_requests_and_wakes_to_the_same_output(
+        tiny_model_dir: Path, level: int) -> None:
+    engine = make_engine(tiny_model_dir)
+    before = _greedy_text(engine, "a")
+    engine.sleep(level=level)
+    assert engine.is_sleeping()
+    assert engine.engine_core.runner.kv_caches == []
+    with pytest.raises(EngineSleepingError, match="wake_up"):
+        engine.add_request("b", "hi", SamplingParams(max_tokens=2))
+    engine.wake_up(tags=["weights"])
+    assert engine.is_sleeping()  # the KV cache is still asleep
+    engine.wake_up()
+    assert not engine.is_sleeping()
+    assert _greedy_text(engine, "c") == before
+
+
+def test_sleep_refuses_a_bad_level_and_bad_tags(engine) -> None:
+    with pytest.raises(ValueError, match="level"):
+        engine.sleep(level=3)
+    with pytest.raises(ValueError, match="tags"):
+        engine.wake_up(tags=["bogus"])
