@@ -41,7 +41,9 @@ class SleepState:
         runner.decode_graphs = None
         runner.kv_caches = []
         if level == 2:
-            runner.model = torch.nn.Module()  # the weights go; wake_up reloads them
+            # The weights go (each tensor emptied, so nothing keeps them); wake_up reloads.
+            for _, tensor in _tensors(runner.model):
+                tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
         elif runner.device.type != "cpu":
             pin = torch.cuda.is_available()
             for name, tensor in _tensors(runner.model):
