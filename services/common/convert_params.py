@@ -53,8 +53,10 @@ def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
     return msg
 
 
-def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
-    """ValueError naming the field when a value is out of bounds."""
+def params_from_pb(msg: pb.SamplingParams, validated: bool = False) -> SamplingParams:
+    """ValueError naming the field when a value is out of bounds. validated=True: the message
+    comes from a stage that already validated it (the tokenizer; stages authenticate each
+    other), so it is rebuilt as data without checking every bound again."""
     kwargs: dict[str, Any] = {}
     for name in _OPTIONAL_SCALARS:
         if msg.HasField(name):
@@ -81,6 +83,8 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
             kwargs["extra_args"] = json.loads(msg.extra_args_json)
         except ValueError as exc:
             raise ValueError(f"extra_args_json must be a JSON object: {exc}") from None
+    if validated:
+        return SamplingParams.from_validated(**kwargs)
     return SamplingParams(**kwargs)
 
 
