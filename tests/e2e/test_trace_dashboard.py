@@ -133,6 +133,10 @@ def test_completed_request_is_found_in_phoenix_by_its_trace_id(sent: Sent) -> No
     assert attrs["gen_ai.usage.completion_tokens"] == traced.num_completion_tokens == 4
     assert attrs["gen_ai.response.finish_reasons"] == ["length"]
     assert span["status_code"] != "ERROR"
+    # The other way in (docs/tracing.md): from the request id to its span and trace.
+    (found,) = sent.phoenix.spans(PROJECT, name="llm_request",
+                                  attribute=f"gen_ai.request.id:{traced.request_id}")
+    assert found["context"] == span["context"]
 
 
 def test_aborted_request_span_says_abort_with_the_tokens_it_had(sent: Sent) -> None:
