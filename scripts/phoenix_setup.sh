@@ -10,9 +10,13 @@ VENV="${PHOENIX_VENV:-.venv-phoenix}"
 REQUIREMENT="${PHOENIX_REQUIREMENT:-arize-phoenix==20.26.1}"
 PYTHON="${PYTHON:-python3}"
 
-if [ -x "$VENV/bin/phoenix" ] && "$VENV/bin/python" -c "import phoenix" 2>/dev/null; then
-    echo "phoenix_setup: $VENV already has $("$VENV/bin/python" -c \
-        'import phoenix; print("arize-phoenix", phoenix.__version__)')"
+# Its installed metadata, not `import phoenix` (that import alone takes seconds of CPU).
+installed() {
+    "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("arize-phoenix"))' \
+        2>/dev/null
+}
+if [ -x "$VENV/bin/phoenix" ] && version="$(installed)"; then
+    echo "phoenix_setup: $VENV already has arize-phoenix $version"
     exit 0
 fi
 "$PYTHON" -m venv "$VENV"
