@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import Span
 
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
@@ -23,6 +24,7 @@ from services.openai.errors import OpenAIError, bad_request, from_exception, mod
 from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
+from services.openai.tracing import end_request_span, start_request_span
 
 
 @dataclass(slots=True)
@@ -139,8 +141,23 @@ def _ping(front: Front) -> None:
 
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
                  params: SamplingParams, request: Request) -> Response:
+    span = start_request_span(request, "chat" if shaper.chat else "text_completion",
+                              shaper.model)
+    try:
+        response = await _respond(front, req, shaper, prompts, params, request, span)
+    except BaseException as exc:
+        end_request_span(span, from_exception(exc).status if isinstance(exc, Exception) else 499,
+                         exc)
+        raise
+    if not isinstance(response, StreamingResponse):  # a stream ends its span when it ends
+        end_request_span(span, response.status_code)
+    return response
+
+
+async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
+                   params: SamplingParams, request: Request, span: Span) -> Response:
     jobs = [Job(f"{shaper.id}-{i}", p, params) for i, p in enumerate(prompts)]
-    stream = OutputStream(front.connect, jobs)
+    stream = OutputStream(front.connect, jobs, span)
     if not req.stream:
         work = asyncio.ensure_future(final_outputs(stream, len(jobs)))
         if not await _finished_before_disconnect(work, request):
@@ -156,7 +173,7 @@ async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[Pro
     except BaseException:
         stream.close()
         raise
-    return StreamingResponse(_events(stream, shaper, first, include_usage),
+    return StreamingResponse(_events(stream, shaper, first, include_usage, span),
                              media_type="text/event-stream")
 
 
@@ -191,7 +208,8 @@ async def _until_disconnected(request: Request) -> None:
 
 
 async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, RequestOutput] | None,
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, span: Span) -> AsyncIterator[str]:
+    error: BaseException | None = None
     try:
         if first is not None:
             for event in shaper.chunks(first[0], first[1], include_usage):
@@ -202,7 +220,12 @@ async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, Reques
         if include_usage:
             yield shaper.usage_chunk()
     except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        error = exc
         yield sse(from_exception(exc).body())
+    except BaseException as exc:  # the client left: this generator was cancelled
+        error = exc
+        raise
     finally:
         stream.close()  # the client left (cancelled here) or the stream ended: abort the rest
+        end_request_span(span, 200, error)
     yield DONE

@@ -23,6 +23,7 @@ from services.client import EngineClient
 from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
 from tests.conftest import build_tiny_model
 from tests.e2e.conftest import ENGINE_FLAGS
+from tests.e2e.otlp_receiver import OtlpReceiver
 
 # Long enough that a request of this many tokens cannot finish while the cancel test waits.
 LONG_MAX_TOKENS = 16000
@@ -30,12 +31,14 @@ CHAT = [{"role": "user", "content": "Say hello"}]
 
 
 @pytest.fixture(scope="module")
-def openai_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def openai_stack(tmp_path_factory: pytest.TempPathFactory,
+                 otlp_receiver: OtlpReceiver) -> Iterator[Stack]:
     model = build_tiny_model(tmp_path_factory.mktemp("tiny-long"),
                              max_position_embeddings=LONG_MAX_TOKENS + 64)
     config = StackConfig(model=str(model), engine_args=list(ENGINE_FLAGS),
                          gateway_args=["--auto-step"],
-                         log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0)
+                         log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0,
+                         otlp_traces_endpoint=otlp_receiver.endpoint)
     with launch_stack(config, timeout=120) as stack:
         yield stack
 
@@ -252,6 +255,31 @@ def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,
         assert engine.get_num_unfinished_requests() == 1
     # Thousands of tokens were still to come: only an abort ends the request this soon.
     assert _wait_idle(engine, seconds=20.0)
+
+
+def test_an_http_request_is_one_trace_from_its_traceparent_into_the_ring(
+        client: openai.OpenAI, model_name: str, otlp_receiver: OtlpReceiver) -> None:
+    trace_id = "5b8efff798038103d269b633813fc60c"
+    client.completions.create(model=model_name, prompt=[1, 42, 7], max_tokens=3,
+                              extra_headers={"traceparent": f"00-{trace_id}-eee19b7ec3c1b174-01"})
+    [http] = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id
+                                    and s.name == "POST /v1/completions")
+    [front] = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id
+                                     and s.name == f"text_completion {model_name}")
+    assert http.parent_span_id == "eee19b7ec3c1b174"  # the caller's span, from traceparent
+    # Under the HTTP server span (FastAPI's own telemetry puts its endpoint span between).
+    parents = {x.span_id: x.parent_span_id for x in otlp_receiver.trace(trace_id)}
+    ancestors, node = [], front.span_id
+    while node in parents:
+        node = parents[node]
+        ancestors.append(node)
+    assert front.service == "strand-openai" and http.span_id in ancestors
+    assert front.attributes["gen_ai.operation.name"] == "text_completion"
+    assert front.attributes["strand.http.status_code"] == 200
+    # The gateway's spans of the same request are in the same trace, under the front's span.
+    gateway = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id
+                                     and s.service == "strand-gateway")
+    assert gateway and any(s.parent_span_id == front.span_id for s in gateway)
 
 
 @pytest.fixture
