@@ -27,6 +27,7 @@ _SERVICE_MAINS = {
     "engine": "services.engine.__main__",
     "detokenizer": "services.detokenizer.__main__",
     "gateway": "services.gateway.__main__",
+    "openai": "services.openai.__main__",
 }
 # EngineArgs fields that are set by serve itself, not passed through.
 _NOT_FORWARDED = {"model", "otlp_traces_endpoint"}
