@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from engine_core import engine_extras
 from engine_core.config import EngineArgs
@@ -26,6 +27,7 @@ from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError
+from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.sleep_mode import EngineSleepingError, SleepState
@@ -69,6 +71,12 @@ class EngineCore:
         if args.kv_events:
             self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
                 args.block_size, args.kv_events_max_buffer)
+        # This engine's Prometheus metrics (LLMEngine adds its requests' to the same registry;
+        # the engine service serves it on /metrics). Per instance: many engines in one process.
+        self.metrics_registry = CollectorRegistry()
+        self.model_name = args.model or model_config.model_dir
+        self.metrics = EngineMetrics(self.metrics_registry, self.model_name, scheduler,
+                                     scheduler.scheduler_config.max_num_batched_tokens)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
@@ -143,7 +151,7 @@ class EngineCore:
             self.last_scheduler_output = scheduler_output
         runner_output = self.runner.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return self._finish_step(outputs)
+        return self._finish_step(outputs, None if flush_only else scheduler_output)
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Schedule and queue a batch; while the queue has room and work was scheduled, return
@@ -164,11 +172,14 @@ class EngineCore:
             return EngineCoreOutputs(outputs=[])
         scheduler_output, runner_output = queue.pop_oldest()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return self._finish_step(outputs)
+        return self._finish_step(outputs, scheduler_output)
 
-    def _finish_step(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+    def _finish_step(self, outputs: list[EngineCoreOutput],
+                     scheduler_output: SchedulerOutput | None) -> EngineCoreOutputs:
+        """scheduler_output: the batch these outputs came from (None: nothing computed)."""
         self.num_steps += 1
         self.throughput.add(sum(len(o.new_token_ids) for o in outputs))
+        self.metrics.observe_step(self.scheduler.make_stats(), scheduler_output, outputs)
         finished = {o.request_id for o in outputs if o.finished}
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
                                  timestamp=time.time())

@@ -416,6 +416,7 @@ class Scheduler:
             prefix_cache_stats=kv.make_prefix_cache_stats(),
             prefix_cache_recent_hit_rate=kv.caching_metrics.hit_rate,
             num_preemptions=self.num_preemptions,
+            prefix_cache_totals=kv.prefix_cache_totals.copy(),
             connector_prefix_cache_stats=(self.connector_prefix_cache_stats.copy()
                                           if self.kv_connector is not None else None),
         )
