@@ -16,7 +16,7 @@ from services._proto.strand.v1 import detokenizer_pb2_grpc
 from services._proto.strand.v1 import engine_pb2 as epb
 from services.common.convert import core_request_to_pb
 from services.common.convert_core import processed_from_pb
-from services.common.status import StageError, error_to_pb
+from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import context_from_carrier, server_span
 from services.detokenizer.engine_feed import EngineFeed
 from services.detokenizer.routes import Routes
@@ -74,6 +74,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                 return await self._dispatch(msg, kind)
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
+                span.set_attribute("error.type", status_of(exc)[0].name)
                 return dpb.DetokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
 
     async def _dispatch(self, msg: dpb.DetokenizerRequest, kind: str | None

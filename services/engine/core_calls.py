@@ -151,3 +151,8 @@ def record_step(span: Any, sched: SchedulerOutput | None, num_outputs: int) -> N
     span.set_attribute("strand.step.batch_size", sched.num_reqs)
     span.set_attribute("strand.step.scheduled_tokens", sched.total_num_scheduled_tokens)
     span.set_attribute("strand.step.prefill_tokens", prefill)
+    if sched.preempted_req_ids:
+        # Where the engine knows it: the requests this step's schedule preempted (recomputed
+        # later), as an event on the step's span.
+        span.add_event("strand.preemption",
+                       {"gen_ai.request.ids": sorted(sched.preempted_req_ids)})

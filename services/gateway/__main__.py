@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from services._proto.strand.v1 import (
     control_pb2,
@@ -25,6 +26,7 @@ from services.common.stage_args import make_parser, parse_stage_args
 from services.common.stage_client import StageClient
 from services.common.status import StageError
 from services.gateway.flow import SELF_STEP_AFTER_S, GatewayFlow
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.servicer import GatewayServicer
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, au
     detokenizer = StageClient("detokenizer", detokenizer_addr,
                               detokenizer_pb2_grpc.DetokenizerStub)
     flow = GatewayFlow(tokenizer, engine, detokenizer, self_step_after=self_step_after)
+    registry = CollectorRegistry()
+    flow.metrics = GatewayMetrics(registry, lambda: flow.num_live)
     peers = PeerHealth({"tokenizer": tokenizer.channel, "engine": engine.channel,
                         "detokenizer": detokenizer.channel})
 
@@ -84,7 +88,7 @@ async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, au
         await flow.close()
 
     await run_server("gateway", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=lambda: peers.ready and flow.feed.subscribed)
+                     ready=lambda: peers.ready and flow.feed.subscribed, metrics=registry)
 
 
 async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:

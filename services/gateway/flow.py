@@ -34,7 +34,7 @@ from services._proto.strand.v1 import types_pb2 as pb
 from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
-from services.common.tracing import carrier_from_context, tracer
+from services.common.tracing import carrier_from_context
 from services.gateway.kv_event_feed import KvEventFeed
 from services.gateway.live import (
     LiveRequest,
@@ -43,7 +43,9 @@ from services.gateway.live import (
     error_output,
     finish_reason_of,
 )
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.output_feed import OutputFeed
+from services.gateway.request_span import fail_request_span, start_request_span
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ class GatewayFlow:
         self.feed = OutputFeed(detokenizer, self.origin, self._on_batch, self._detokenizer_lost)
         self.kv_feed = KvEventFeed(engine)
         self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
+        self.model: str | None = None  # the engine's model, learned with its mode (spans)
+        self.metrics: GatewayMetrics | None = None  # set by the server when it serves /metrics
         self._live: dict[str, LiveRequest] = {}
         # Outputs owed to the next Step: auto-mode results, self-steps' and "error" endings.
         self._pending: list[pb.RequestOutput] = []
@@ -108,6 +112,7 @@ class GatewayFlow:
         except grpc.aio.AioRpcError as exc:
             raise StageUnavailable("engine", exc.details() or exc.code().name) from exc
         self.auto_step = bool(info.auto_step)
+        self.model = info.model
         return info
 
     async def _is_auto(self) -> bool:
@@ -120,32 +125,39 @@ class GatewayFlow:
     async def add_request(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                           arrival_time: float | None = None, priority: int = 0,
                           queue: StreamQueue | None = None) -> None:
-        check_request_id(request_id)
-        if request_id in self._live:
-            raise StageError(grpc.StatusCode.ALREADY_EXISTS,
-                             f"request_id {request_id!r} is already in use")
+        try:
+            check_request_id(request_id)
+            if request_id in self._live:
+                raise StageError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"request_id {request_id!r} is already in use")
+        except StageError as exc:
+            if self.metrics is not None:
+                self.metrics.refused(exc)
+            raise
         await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
-        span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
-        _set_param_attributes(span, params)
+        span = start_request_span(request_id, prompt, params, self.model)
         kind = params.output_kind
         # Live before the tokenizer answers: in auto mode the first outputs may come first.
         live = LiveRequest(request_id=request_id, child_ids=[], span=span,
                            cumulative=kind == RequestOutputKind.CUMULATIVE,
                            final_only=kind == RequestOutputKind.FINAL_ONLY,
                            num_prompt_tokens=0, queue=queue,
-                           num_outputs=params.n if params.HasField("n") else 1)
+                           num_outputs=params.n if params.HasField("n") else 1,
+                           metrics=self.metrics)
         self._live[request_id] = live
         try:
             added = await self._add(request_id, prompt, params, arrival_time, priority, span)
         except BaseException as exc:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
-            span.record_exception(exc)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-            span.end()
+            fail_request_span(span, exc)
+            if self.metrics is not None:
+                self.metrics.refused(exc)
             raise
         finally:
             self._work.set()
+        if self.metrics is not None:
+            self.metrics.added()
         live.child_ids = list(added.child_ids)
         live.num_outputs = len(added.child_ids)
         live.num_prompt_tokens = int(added.num_prompt_tokens)
@@ -253,6 +265,10 @@ class GatewayFlow:
                 if live.queue is not None:
                     # vLLM's streams end with a final output whose finish_reason is "abort".
                     live.queue.put_nowait(abort_output(live.request_id, live.num_outputs))
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
 
     async def get_num_unfinished_requests(self) -> int:
         # The requests this gateway added that have not ended. The detokenizer would say the
@@ -377,9 +393,3 @@ def check_request_id(request_id: str) -> None:
     if not all(" " <= c <= "~" for c in request_id):
         raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
                          f"request_id must be printable ASCII (0x20-0x7E), got {shown}")
-
-
-def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:
-    for name in ("n", "temperature", "top_p", "max_tokens"):
-        if params.HasField(name):
-            span.set_attribute(f"gen_ai.request.{name}", getattr(params, name))
