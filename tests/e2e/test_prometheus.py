@@ -16,7 +16,7 @@ import pytest
 
 from services.client import EngineClient
 from services.launch import METRICS_ORDER, Stack, free_port
-from tests.e2e.test_metrics import run_requests, scrape, value
+from tests.e2e.metrics_scrape import run_requests, scrape, value
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
