@@ -303,6 +303,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.unreported_preemptions.append(time.time())
         self.num_preemptions += 1
         self.waiting.add_preempted(request)
 
@@ -344,7 +345,7 @@ class Scheduler:
                 req_id, new_token_ids, new_logprobs, new_prompt_logprobs,
                 request.get_finish_reason() if finished else None, request.stop_reason,
                 request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
-                request.first_scheduled_time))
+                request.first_scheduled_time, request.take_preemption_times()))
             if finished:
                 if was_preempted:
                     stopped_preempted.append(request)

@@ -10,7 +10,11 @@ from opentelemetry.trace import Span
 
 from services._proto.strand.v1 import types_pb2 as pb
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.request_span import add_first_token_event, end_request_span
+from services.gateway.request_span import (
+    add_first_token_event,
+    add_preemption_events,
+    end_request_span,
+)
 
 # A Generate stream receives RequestOutputs, then None when the request ends without one.
 StreamQueue = asyncio.Queue[pb.RequestOutput | None]
@@ -32,6 +36,7 @@ class LiveRequest:
     start: float = field(default_factory=time.time)
     metrics: GatewayMetrics | None = None
     has_tokens: bool = False  # an output with tokens has arrived
+    num_preemptions: int = 0  # the engine's preemptions of it, as outputs reported them
 
     def record(self, output: pb.RequestOutput) -> None:
         for completion in output.outputs:
@@ -43,6 +48,7 @@ class LiveRequest:
                     self.num_completion_tokens.get(completion.index, 0) + n)
             if completion.HasField("finish_reason"):
                 self.finish_reasons.setdefault(completion.index, completion.finish_reason)
+        self.num_preemptions = add_preemption_events(self.span, output, self.num_preemptions)
         if not self.has_tokens and any(c.token_ids for c in output.outputs):
             self.has_tokens = True
             add_first_token_event(self.span, output)
@@ -54,6 +60,7 @@ class LiveRequest:
         Completions that had not ended take finish_reason (an abort, a lost stage)."""
         for index in range(self.num_outputs):
             self.finish_reasons.setdefault(index, finish_reason)
+        self.span.set_attribute("strand.request.num_preemptions", self.num_preemptions)
         end_request_span(self.span, self.request_id, self.num_prompt_tokens,
                          sum(self.num_completion_tokens.values()), self.finish_reasons,
                          output, self.start)

@@ -108,6 +108,15 @@ def _set_latencies(span: Span, output: pb.RequestOutput | None, started: float) 
                            m.first_token_time - m.arrival_time)
 
 
+def add_preemption_events(span: Span, output: pb.RequestOutput, num_reported: int) -> int:
+    """A "strand.preemption" event at each preemption the engine reported since the last
+    output (RequestMetrics.preemption_times holds them all); returns how many there are now."""
+    times = output.metrics.preemption_times if output.HasField("metrics") else []
+    for when in times[num_reported:]:
+        span.add_event("strand.preemption", timestamp=int(when * 1e9))
+    return max(num_reported, len(times))
+
+
 def add_first_token_event(span: Span, output: pb.RequestOutput) -> None:
     """The first output with tokens: an event at the engine step that produced the token
     (when the output says; else now), so an aborted request shows it too."""

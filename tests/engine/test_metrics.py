@@ -138,7 +138,14 @@ def test_preemptions_are_counted(tiny_model_dir: Path) -> None:
     for i in range(4):
         engine.add_request(str(i), {"prompt_token_ids": [1, *range(100 + i * 40, 130 + i * 40)]},
                            SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
-    run_to_completion(engine)
+    finished = run_to_completion(engine)
     preemptions = engine.engine_core.scheduler.num_preemptions
     assert preemptions > 0, "the tiny pool should have forced preemption"
     assert counter(engine, "strand:num_preemptions") == preemptions
+    # Each request's own preemptions reach its RequestOutput, with their times, in order.
+    times = [o.metrics.preemption_times for o in finished.values()]  # type: ignore[union-attr]
+    assert sum(len(t) for t in times) == preemptions
+    for out, ts in zip(finished.values(), times, strict=True):
+        assert ts == sorted(ts)
+        assert all(out.metrics.arrival_time <= t <= out.metrics.finished_time  # type: ignore[union-attr,operator]
+                   for t in ts)

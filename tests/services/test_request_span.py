@@ -147,6 +147,23 @@ def test_errored_request_span_carries_the_reason(exporter: InMemorySpanExporter)
     assert not [e for e in span.events if e.name == "gen_ai.first_token"]
 
 
+def test_preemptions_become_span_events_at_their_times(
+        exporter: InMemorySpanExporter) -> None:
+    live = live_request()
+    first = output({0: [5]}, first_token_time=101.0)
+    first.metrics.preemption_times.append(101.5)
+    live.record(first)
+    final = output({0: [6]}, {0: "length"}, first_token_time=101.0)
+    final.metrics.preemption_times.extend([101.5, 102.5])  # every one so far, each output
+    live.record(final)
+    live.end_span(final, "length")
+    span = only_span(exporter)
+    preemptions = [e for e in span.events if e.name == "strand.preemption"]
+    assert [e.timestamp for e in preemptions] == [int(101.5 * 1e9), int(102.5 * 1e9)]
+    assert span.attributes is not None
+    assert span.attributes["strand.request.num_preemptions"] == 2
+
+
 @pytest.mark.parametrize(("exc", "error_type"), [
     (StageError(grpc.StatusCode.INVALID_ARGUMENT, "max_tokens must be >= 1, got 0"),
      "INVALID_ARGUMENT"),

@@ -146,7 +146,7 @@ class LogprobsLists(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., row_lengths: _Optional[_Iterable[int]] = ..., sampled_token_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineCoreOutput(_message.Message):
-    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time")
+    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time", "preempted_times")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class EngineCoreOutput(_message.Message):
     STOP_STR_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_TIMES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     new_logprobs: LogprobsLists
@@ -165,7 +166,8 @@ class EngineCoreOutput(_message.Message):
     stop_str: str
     num_cached_tokens: int
     first_scheduled_time: float
-    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., first_scheduled_time: _Optional[float] = ...) -> None: ...
+    preempted_times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("values",)
@@ -225,18 +227,20 @@ class PositionLogprobs(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[_Union[LogprobPosition, _Mapping]]] = ...) -> None: ...
 
 class RequestMetrics(_message.Message):
-    __slots__ = ("arrival_time", "first_scheduled_time", "first_token_time", "last_token_time", "finished_time")
+    __slots__ = ("arrival_time", "first_scheduled_time", "first_token_time", "last_token_time", "finished_time", "preemption_times")
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_TIME_FIELD_NUMBER: _ClassVar[int]
     FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_TIMES_FIELD_NUMBER: _ClassVar[int]
     arrival_time: float
     first_scheduled_time: float
     first_token_time: float
     last_token_time: float
     finished_time: float
-    def __init__(self, arrival_time: _Optional[float] = ..., first_scheduled_time: _Optional[float] = ..., first_token_time: _Optional[float] = ..., last_token_time: _Optional[float] = ..., finished_time: _Optional[float] = ...) -> None: ...
+    preemption_times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, arrival_time: _Optional[float] = ..., first_scheduled_time: _Optional[float] = ..., first_token_time: _Optional[float] = ..., last_token_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., preemption_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CompletionOutput(_message.Message):
     __slots__ = ("index", "text", "token_ids", "cumulative_logprob", "logprobs", "finish_reason", "stop_token_id", "stop_str")
