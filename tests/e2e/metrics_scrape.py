@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,10 +34,12 @@ def scrape(stack: Stack, service: str) -> tuple[dict[str, str], Samples]:
     return types, samples
 
 
-def value(samples: Samples, name: str, missing: float | None = None, **labels: str) -> float:
+def value(samples: Samples, name: str, labels: Mapping[str, str] | None = None,
+          missing: float | None = None) -> float:
     """The sum over the samples of `name` whose labels include `labels` (`missing` when there
     is none: a label value appears with its first event)."""
-    found = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
+    wanted = set((labels or {}).items())
+    found = [v for (n, ls), v in samples.items() if n == name and wanted <= set(ls)]
     if not found and missing is not None:
         return missing
     assert found, f"no sample {name} {labels}"

@@ -49,7 +49,7 @@ def test_metrics_move_with_requests(stack: Stack, client: EngineClient) -> None:
     after = {s: scrape(stack, s)[1] for s in METRICS_ORDER}
 
     def delta(service: str, name: str, **labels: str) -> float:
-        return value(after[service], name, **labels) - value(before[service], name, **labels)
+        return value(after[service], name, labels) - value(before[service], name, labels)
 
     num = len(PROMPTS)
     assert delta("engine", "strand:prompt_tokens_total") == sum(len(p) for p in PROMPTS)
@@ -91,6 +91,6 @@ def test_refused_and_aborted_requests_are_counted(
             ("tokenizer", "strand:tokenizer_requests_total", {"outcome": "INVALID_ARGUMENT"}),
             ("gateway", "strand:gateway_request_finished_total", {"finished_reason": "abort"}),
             ("detokenizer", "strand:request_success_total", {"finished_reason": "abort"})):
-        grew = value(after[service], name, **labels) - value(before[service], name, 0.0,
-                                                             **labels)
+        grew = value(after[service], name, labels) - value(before[service], name, labels,
+                                                           missing=0.0)
         assert grew == 1, (service, name, labels)

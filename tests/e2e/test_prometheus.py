@@ -103,7 +103,7 @@ def test_prometheus_scrapes_every_service_and_sees_requests(
     engine = scrape(stack, "engine")[1]
     detok = scrape(stack, "detokenizer")[1]
     generated = value(engine, "strand:generation_tokens_total")
-    finished = value(detok, "strand:request_success_total", finished_reason="length")
+    finished = value(detok, "strand:request_success_total", {"finished_reason": "length"})
     wait_for(lambda: scalar(prometheus, 'strand:generation_tokens_total{service="engine"}')
              == generated, "Prometheus to scrape the new generation token count")
     wait_for(lambda: scalar(prometheus, 'sum(strand:request_success_total'

@@ -93,8 +93,10 @@ def test_token_counters_and_request_histograms_count_every_request(
     sizes = histogram(engine, "strand:request_generation_tokens")
     assert (sizes.count, sizes.sum) == (3, 3.0 * max_tokens)
     e2e = histogram(engine, "strand:e2e_request_latency_seconds").sum
-    expected = sum(o.metrics.finished_time - o.metrics.arrival_time  # type: ignore[union-attr,operator]
-                   for o in finished.values())
+    expected = 0.0
+    for out in finished.values():
+        assert out.metrics is not None and out.metrics.finished_time is not None
+        expected += out.metrics.finished_time - out.metrics.arrival_time
     assert abs(e2e - expected) < 1e-6
     # Every step computed something: one iteration observation per step, all tokens counted.
     iterations = histogram(engine, "strand:iteration_tokens_total")
@@ -143,9 +145,11 @@ def test_preemptions_are_counted(tiny_model_dir: Path) -> None:
     assert preemptions > 0, "the tiny pool should have forced preemption"
     assert counter(engine, "strand:num_preemptions") == preemptions
     # Each request's own preemptions reach its RequestOutput, with their times, in order.
-    times = [o.metrics.preemption_times for o in finished.values()]  # type: ignore[union-attr]
-    assert sum(len(t) for t in times) == preemptions
-    for out, ts in zip(finished.values(), times, strict=True):
-        assert ts == sorted(ts)
-        assert all(out.metrics.arrival_time <= t <= out.metrics.finished_time  # type: ignore[union-attr,operator]
-                   for t in ts)
+    total = 0
+    for out in finished.values():
+        m = out.metrics
+        assert m is not None and m.finished_time is not None
+        assert m.preemption_times == sorted(m.preemption_times)
+        assert all(m.arrival_time <= t <= m.finished_time for t in m.preemption_times)
+        total += len(m.preemption_times)
+    assert total == preemptions
