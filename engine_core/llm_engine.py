@@ -70,7 +70,7 @@ class LLMEngine:
             # All or nothing: a child the core refused (bad input, a full queue) takes its
             # siblings back out.
             self.engine_core.abort_requests(added)
-            self.output_processor.abort_requests([request_id])
+            self.output_processor.abort_requests([request_id], count_as_aborted=False)
             raise
 
     def step(self) -> list[RequestOutput]:

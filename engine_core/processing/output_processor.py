@@ -101,10 +101,13 @@ class OutputProcessor:
                                 [len(c.token_ids) for c in children],
                                 [c.finish_reason for c in children])
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
+    def abort_requests(self, request_ids: Iterable[str], count_as_aborted: bool = True
+                       ) -> list[str]:
         """Drop the requests (no further output); return the child ids the core must abort.
 
         A child id drops its whole parent: a parent's output needs all n of its children.
+        count_as_aborted=False: taking back a request the core refused (not an abort in the
+        metrics: it never ran).
         """
         to_abort: list[str] = []
         for request_id in request_ids:
@@ -112,7 +115,7 @@ class OutputProcessor:
             if parent is None or parent.request_id not in self._parents:
                 continue
             to_abort.extend(parent.unfinished_child_ids())
-            if self.stats is not None:
+            if self.stats is not None and count_as_aborted:
                 parent.finish_unfinished("abort", time.time())
                 self._record_finished(parent)
             self._remove(parent)

@@ -88,7 +88,8 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         return dpb.DetokenizerResponse(seq=msg.seq, children=await self._add(msg.add))
 
     async def _on_abort(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
-        child_ids = self.processor.abort_requests(list(msg.abort.request_ids))
+        child_ids = self.processor.abort_requests(list(msg.abort.request_ids),
+                                                  not msg.abort.never_admitted)
         self.routes.forget(msg.abort.request_ids)
         if child_ids:
             # Answered once the engine has dropped them too: no step after the Abort call

@@ -133,6 +133,6 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     async def _forget_in_detokenizer(self, request_id: str) -> None:
         try:
             await self.detokenizer.call(dpb.DetokenizerRequest(
-                abort=dpb.DetokAbort(request_ids=[request_id])))
+                abort=dpb.DetokAbort(request_ids=[request_id], never_admitted=True)))
         except StageError as exc:
             logger.warning("detokenizer cleanup of %s failed: %s", request_id, exc.message)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine_core import LLMEngine, SamplingParams
+from engine_core.errors import QueueFullError
 from engine_core.metrics import Counter, Gauge, Histogram, Metric
 from tests.engine.conftest import make_engine, run_to_completion
 
@@ -111,6 +114,15 @@ def test_aborted_request_counts_as_abort(tiny_model_dir: Path) -> None:
     engine.abort_request("a")
     assert counter(engine, "strand:request_success", finished_reason="abort") == 1
     assert histogram(engine, "strand:e2e_request_latency_seconds").count == 1
+
+
+def test_request_the_core_refused_is_not_counted_as_aborted(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, max_waiting_requests=1)
+    engine.add_request("a", "one", SamplingParams(max_tokens=2))
+    with pytest.raises(QueueFullError):
+        engine.add_request("b", "two", SamplingParams(max_tokens=2))
+    assert counter(engine, "strand:request_success", finished_reason="abort") == 0
+    assert histogram(engine, "strand:e2e_request_latency_seconds").count == 0
 
 
 def test_prefix_cache_counters_grow_across_a_reset(tiny_model_dir: Path) -> None:
