@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,24 @@ def test_preemptions_are_counted(tiny_model_dir: Path) -> None:
         assert all(m.arrival_time <= t <= m.finished_time for t in m.preemption_times)
         total += len(m.preemption_times)
     assert total == preemptions
+
+
+def test_do_log_stats_logs_the_line_now(tiny_model_dir: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    engine = make_engine(tiny_model_dir, log_stats=True, stats_interval_s=3600.0)
+    engine.add_request("a", "one", SamplingParams(max_tokens=3, ignore_eos=True))
+    run_to_completion(engine)
+    with caplog.at_level(logging.INFO, logger="strand.stats"):
+        engine.do_log_stats()  # the interval is an hour: only do_log_stats logs now
+    lines = [r.getMessage() for r in caplog.records if r.name == "strand.stats"]
+    assert len(lines) == 1
+    assert "Avg generation throughput" in lines[0] and "Running: 0 reqs" in lines[0]
+    assert not lines[0].startswith("Avg prompt throughput: 0.0")  # the prompt was counted
+
+
+def test_do_log_stats_is_quiet_without_log_stats(tiny_model_dir: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    engine = make_engine(tiny_model_dir)
+    with caplog.at_level(logging.INFO, logger="strand.stats"):
+        engine.do_log_stats()
+    assert not [r for r in caplog.records if r.name == "strand.stats"]
