@@ -77,7 +77,7 @@ class GatewayFlow:
         self.kv_feed = KvEventFeed(engine)
         self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
         self.model: str | None = None  # the engine's model, learned with its mode (spans)
-        self.metrics: GatewayMetrics | None = None  # set by the server when it serves /metrics
+        self.metrics: GatewayMetrics | None = None  # set by the gateway's main
         self._live: dict[str, LiveRequest] = {}
         # Outputs owed to the next Step: auto-mode results, self-steps' and "error" endings.
         self._pending: list[pb.RequestOutput] = []
