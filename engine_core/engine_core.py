@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,8 +28,12 @@ from engine_core.default_model import resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
+
+if TYPE_CHECKING:
+    from engine_core.structured_output.grammar import GrammarCache
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +117,11 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
         request.sampling_params.validate_against_vocab(self.vocab_size)
+        structured = request.sampling_params.structured_outputs
+        if structured is not None:
+            # Compiled (or found in the cache) now: a bad spec is refused before it is added,
+            # and the runner's matcher later starts from the cached grammar.
+            self.grammar_cache().compile(structured)
         bound = self.args.max_waiting_requests
         if bound is not None and len(self.scheduler.waiting) >= bound:
             raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
@@ -126,6 +135,21 @@ class EngineCore:
             priority=request.priority,
             cache_salt=request.cache_salt,
         ))
+
+    def grammar_cache(self) -> GrammarCache:
+        """The structured-output compiler, built on first use from the engine's tokenizer."""
+        cache = self.runner.grammars.cache
+        if cache is None:
+            from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
+
+            tokenizer = Tokenizer.from_dir(self.args.tokenizer or self.model_config.model_dir)
+            eos = tokenizer.eos_token_id
+            if eos is None:
+                eos = self.model_config.first_eos_token_id
+            cache = GrammarCache(tokenizer_info(tokenizer, self.vocab_size, eos),
+                                 max_entries=self.args.structured_outputs_cache_size)
+            self.runner.grammars.cache = cache
+        return cache
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)

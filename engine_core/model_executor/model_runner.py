@@ -47,6 +47,7 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
+from engine_core.structured_output.runner_grammars import RunnerGrammars
 from kernels._cpu_build import ensure_built as ensure_cpu_kernels_built
 from kernels.cpu_isa import probe as probe_cpu_isa
 
@@ -97,6 +98,9 @@ class ModelRunner:
             logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
         self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
         self.sampler = Sampler()
+        # Grammar matchers of structured-output requests; the engine core gives it the
+        # compiler (GrammarCache) built from its tokenizer.
+        self.grammars = RunnerGrammars()
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
         # Preempted requests come back as new ones; their seeded generator (and how far their
@@ -216,7 +220,10 @@ class ModelRunner:
             tokens = out.sampled_token_ids.tolist()
             for i, token in zip(inputs.sample_reqs.tolist(), tokens, strict=True):
                 sampled_lists[i] = [token]
-                self._append_token(self.requests[inputs.req_ids[i]], token)
+                state = self.requests[inputs.req_ids[i]]
+                self._append_token(state, token)
+                if state.grammar is not None:
+                    self.grammars.accept(state.req_id, state.grammar, token)
             logprobs = _spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
         prompt_logprobs = self._prompt_logprobs(inputs, logits[num_sampled:])
         return ModelRunnerOutput(
@@ -264,20 +271,24 @@ class ModelRunner:
                 generator = make_generator(new.sampling_params.seed, self.device)
             tokens = [*new.prompt_token_ids, *new.output_token_ids]
             row = self.input_batch.add(tokens, new.block_ids)
+            eos = (new.eos_token_id if new.eos_token_id is not None
+                   else self.model_config.first_eos_token_id)
             self.requests[new.req_id] = CachedRequestState(
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
                 output_token_ids=list(new.output_token_ids),
                 params=new.sampling_params,
                 generator=generator,
-                eos_token_id=(new.eos_token_id if new.eos_token_id is not None
-                              else self.model_config.first_eos_token_id),
+                eos_token_id=eos,
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 row=row,
                 # Output exists only once the whole prompt was computed.
                 prompt_logprobs_done=max(done, len(new.prompt_token_ids)
                                          if new.output_token_ids else 0),
+                # A resumed (preempted) request replays its kept output through a new matcher.
+                grammar=self.grammars.matcher_for(new.sampling_params, new.output_token_ids,
+                                                  eos),
             )
 
     def _remove(self, req_id: str) -> CachedRequestState | None:
@@ -353,7 +364,7 @@ class ModelRunner:
         for i in inputs.sample_reqs.tolist():
             s = self.requests[inputs.req_ids[i]]
             rows.append(SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids,
-                                    s.generator, s.eos_token_id))
+                                    s.generator, s.eos_token_id, s.grammar))
         metadata = build_sampling_metadata(rows, self.model_config.vocab_size, self.device)
         return self.sampler(logits, metadata)
 

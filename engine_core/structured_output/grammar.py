@@ -1,0 +1,125 @@
+"""Grammars from StructuredOutputsParams: syntax checks, compilation against the engine's
+tokenizer (once per (kind, spec), in a bounded LRU cache) and a fresh matcher per request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+
+import xgrammar as xg
+
+from engine_core.processing.tokenizer import Tokenizer
+from engine_core.structured_output.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+# xgrammar's errors start with "[hh:mm:ss] /path/file.cc:123: "; users need only the rest.
+_ANY_OBJECT = '{"type": "object"}'
+_CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+def check_syntax(params: StructuredOutputsParams) -> None:
+    """Parse the schema, regex or grammar without a tokenizer: ValueError naming the field.
+
+    Cheap next to compiling, so the tokenizer stage refuses a bad spec before the request
+    travels anywhere."""
+    kind = params.kind
+    try:
+        _to_grammar(params)
+    except RuntimeError as exc:
+        raise ValueError(f"structured_outputs.{kind} is invalid: {_clean(exc)}") from None
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """EBNF for one of `choices`; JSON string escaping is also valid EBNF string escaping."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def _to_grammar(params: StructuredOutputsParams) -> xg.Grammar:
+    kind = params.kind
+    if kind in ("json", "json_object"):
+        # json_object is vLLM's {"type": "object"}: an object, not any JSON value.
+        schema = (_ANY_OBJECT if kind == "json_object" else
+                  params.json if isinstance(params.json, str) else json.dumps(params.json))
+        return xg.Grammar.from_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+    if kind == "regex":
+        assert params.regex is not None
+        return xg.Grammar.from_regex(params.regex)
+    if kind == "choice":
+        assert params.choice is not None
+        return xg.Grammar.from_ebnf(choice_grammar(params.choice))
+    assert params.grammar is not None
+    return xg.Grammar.from_ebnf(params.grammar)
+
+
+def _clean(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return _CPP_PREFIX.sub("", text)[:300]
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int,
+                   eos_token_id: int | None) -> xg.TokenizerInfo:
+    """xgrammar's view of the vocabulary: each id's raw token string and how tokens encode
+    bytes (byte-level BPE, byte fallback or raw), read from tokenizer.json.
+
+    vocab_size is the model's: ids past the tokenizer's (padding rows) are never allowed."""
+    backend = tokenizer.backend
+    encoded: list[str] = [""] * vocab_size
+    for token, token_id in backend.get_vocab(with_added_tokens=True).items():
+        if 0 <= token_id < vocab_size:
+            encoded[token_id] = token
+    metadata = xg.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
+    stop = [eos_token_id] if eos_token_id is not None else None
+    return xg.TokenizerInfo(encoded, metadata["vocab_type"], vocab_size=vocab_size,
+                            stop_token_ids=stop, add_prefix_space=metadata["add_prefix_space"])
+
+
+class GrammarCache:
+    """Compiled grammars keyed by StructuredOutputsParams.cache_key(), least recently used out.
+
+    Compilation is the expensive part (it walks the vocabulary against the grammar); the same
+    schema from many requests compiles once. Thread-safe: the tokenizer stage and the engine
+    loop may both ask."""
+
+    def __init__(self, info: xg.TokenizerInfo, max_entries: int = 256) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.info = info
+        self.max_entries = max_entries
+        # xgrammar's own cache is off: this one is bounded by entries and keyed on our spec.
+        self._compiler = xg.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._cache: OrderedDict[tuple[str, str, bool], xg.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.num_compiled = 0  # cache misses, for tests and stats
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def compile(self, params: StructuredOutputsParams) -> xg.CompiledGrammar:
+        """ValueError naming the field when the spec does not parse."""
+        key = params.cache_key()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        try:
+            compiled = self._compiler.compile_grammar(_to_grammar(params))
+        except RuntimeError as exc:
+            raise ValueError(f"structured_outputs.{params.kind} is invalid: {_clean(exc)}") \
+                from None
+        with self._lock:
+            self.num_compiled += 1
+            self._cache[key] = compiled
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def new_matcher(self, params: StructuredOutputsParams,
+                    eos_token_id: int | None) -> xg.GrammarMatcher:
+        """A matcher at the start of the grammar; it ends on the request's own EOS."""
+        stop = [eos_token_id] if eos_token_id is not None else None
+        return xg.GrammarMatcher(self.compile(params), override_stop_tokens=stop)
