@@ -1,0 +1,98 @@
+"""StructuredOutputsParams' rules, the grammar cache's bounds and the bitmask's effect on logits,
+without an engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine_core import SamplingParams, StructuredOutputsParams
+from engine_core.processing.tokenizer import Tokenizer
+from engine_core.structured_output.bitmask import apply_grammar_mask, build_grammar_mask
+from engine_core.structured_output.grammar import GrammarCache, check_syntax, tokenizer_info
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def info(tokenizer: Tokenizer):
+    return tokenizer_info(tokenizer, 512, tokenizer.eos_token_id)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({}, "exactly one of .* got none"),
+    ({"regex": "a", "choice": ["a"]}, "exactly one of .* got regex, choice"),
+    ({"choice": []}, "choice must be a non-empty list"),
+    ({"choice": ["a", ""]}, "choice must be a non-empty list of non-empty strings"),
+    ({"choice": ["a"] * 1025}, "choice must have <= 1024 entries"),
+    ({"json": 5}, "json must be a str or a dict"),
+    ({"json": "[1, 2]"}, "json must be a JSON schema"),
+    ({"regex": "x" * 70_000}, "regex must be at most 65536 characters"),
+    ({"grammar": ""}, "grammar must be a non-empty str"),
+])
+def test_params_refuse_bad_shapes_naming_the_field(kwargs, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StructuredOutputsParams(**kwargs)
+
+
+def test_sampling_params_take_a_dict_and_refuse_unknown_keys() -> None:
+    params = SamplingParams(structured_outputs={"regex": "[ab]+"})
+    assert params.structured_outputs == StructuredOutputsParams(regex="[ab]+")
+    with pytest.raises(ValueError, match="structured_outputs has unknown keys"):
+        SamplingParams(structured_outputs={"regexp": "a"})
+
+
+def test_syntax_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex is invalid: .*parenthesis"):
+        check_syntax(StructuredOutputsParams(regex="(ab"))
+    check_syntax(StructuredOutputsParams(choice=['a"b', "c\\d", "é\n中"]))  # escaped
+
+
+def test_cache_keeps_at_most_max_entries_least_recent_out(info) -> None:
+    cache = GrammarCache(info, max_entries=2)
+    a, b, c = (StructuredOutputsParams(regex=r) for r in ("a+", "b+", "c+"))
+    first = cache.compile(a)
+    cache.compile(b)
+    assert cache.compile(a) is first  # a hit, and a is now the most recent
+    cache.compile(c)  # evicts b
+    assert len(cache) == 2 and cache.num_compiled == 3
+    cache.compile(a)
+    assert cache.num_compiled == 3
+    cache.compile(b)
+    assert cache.num_compiled == 4
+
+
+def test_mask_leaves_only_grammar_tokens_and_free_rows_untouched(info, tokenizer) -> None:
+    cache = GrammarCache(info)
+    matcher = cache.new_matcher(StructuredOutputsParams(choice=["yes", "no"]),
+                                tokenizer.eos_token_id)
+    logits = torch.randn(2, 512)
+    free_row = logits[1].clone()
+    mask = build_grammar_mask([matcher, None], [tokenizer.eos_token_id, None], 512)
+    assert mask is not None and mask.rows == [0]
+    apply_grammar_mask(logits, mask)
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert allowed  # every allowed token starts "yes" or "no"
+    for token in allowed:
+        text = tokenizer.decode([token])
+        assert "yes".startswith(text) or "no".startswith(text), text
+    assert torch.equal(logits[1], free_row)
+    assert build_grammar_mask([None, None], [None, None], 512) is None
+
+
+def test_a_finished_grammar_allows_only_eos(info, tokenizer) -> None:
+    eos = tokenizer.eos_token_id
+    matcher = GrammarCache(info).new_matcher(StructuredOutputsParams(choice=["no"]), eos)
+    for token in tokenizer.encode("no", add_special_tokens=False):
+        assert matcher.accept_token(token)
+    assert matcher.accept_token(eos) and matcher.is_terminated()
+    logits = torch.zeros(1, 512)
+    mask = build_grammar_mask([matcher], [eos], 512)
+    assert mask is not None
+    apply_grammar_mask(logits, mask)
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
