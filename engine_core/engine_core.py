@@ -255,6 +255,9 @@ class EngineCore:
         """The model workers collective_rpc reaches (one runner today; TP adds more)."""
         return [self.runner]
 
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
                        ) -> list[Any]:

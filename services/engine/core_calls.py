@@ -61,10 +61,22 @@ class CoreCalls:
             state.reset_ok = all(t.reset for t in tiers)
             state.tiers.extend(pb.TierReset(tier=t.tier, reset=t.reset, num_blocks=t.num_blocks,
                                             num_bytes=t.num_bytes) for t in tiers)
+        elif kind == "sleep":
+            core.sleep(msg.sleep.level if msg.sleep.HasField("level") else 1)
+        elif kind == "wake_up":
+            core.wake_up(list(msg.wake_up.tags) or None)
+        elif kind == "profile":
+            if msg.profile.start:
+                core.start_profile()
+            else:
+                state.profile_path = core.stop_profile()
         elif kind != "query":
             raise ValueError(f"kind must be add, step, abort, reset_prefix_cache, query, "
-                             f"clear_kv_cache, lookup_kv_cache, get_loads or take_kv_events, got {kind!r}")
+                             f"clear_kv_cache, lookup_kv_cache, get_loads, take_kv_events, "
+                             f"sleep, wake_up or profile, got {kind!r}")
         state.num_unfinished_requests = core.get_num_unfinished_requests()
+        state.is_sleeping = core.is_sleeping()
+        state.supported_tasks.extend(core.get_supported_tasks())
         return epb.EngineResponse(seq=seq, state=state)
 
     def _add(self, pb_requests: list[Any], span: Any) -> None:
