@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from services.client import RequestError, ServerUnavailable
 
 # The engine's ValueErrors start with the field they refuse ("temperature must be in [0, 2]",
-# "messages[0] must be ..."): that name is OpenAI's `param`.
-_FIELD = re.compile(r"^([a-z_]+)(?:\[\d+\])?[ :]")
+# "messages[0] must be ...", "structured_outputs.json is invalid"): that name is OpenAI's `param`.
+_FIELD = re.compile(r"^([a-z_]+)(?:\.[a-z_]+)?(?:\[\d+\])?[ :]")
 
 
 class OpenAIError(Exception):
