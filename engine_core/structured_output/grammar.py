@@ -67,9 +67,13 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int,
 
     vocab_size is the model's: ids past the tokenizer's (padding rows) are never allowed."""
     backend = tokenizer.backend
+    # "" marks a token the grammar never allows: the padding ids, and the special tokens
+    # (<s>, <|user|>, ...), which detokenizing skips, so the text would not be what the grammar
+    # saw. EOS still ends the grammar: it is the matcher's stop token.
     encoded: list[str] = [""] * vocab_size
+    special = tokenizer.all_special_ids
     for token, token_id in backend.get_vocab(with_added_tokens=True).items():
-        if 0 <= token_id < vocab_size:
+        if 0 <= token_id < vocab_size and token_id not in special:
             encoded[token_id] = token
     metadata = xg.TokenizerInfo._detect_metadata_from_hf(backend.to_str())
     stop = [eos_token_id] if eos_token_id is not None else None

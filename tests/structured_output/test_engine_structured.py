@@ -139,3 +139,14 @@ def test_outputs_survive_preemption(tiny_model_dir: Path) -> None:
     for i, kind in enumerate(kinds):
         assert_satisfies(kind, finished[str(i)].outputs[0].text)
     assert_pool_whole(engine)
+
+
+def test_batch_queue_keeps_matchers_in_step(tiny_model_dir: Path) -> None:
+    # Two batches in flight: step N+1 is scheduled before N's token is known; the runner's
+    # matcher has still advanced on it by the time N+1 is sampled.
+    engine = make_engine(tiny_model_dir, max_concurrent_batches=2)
+    for kind in KINDS:
+        engine.add_request(kind, "hello world", _params(engine, kind, 1.0))
+    finished = run_to_completion(engine)
+    for kind in KINDS:
+        assert_satisfies(kind, finished[kind].outputs[0].text)

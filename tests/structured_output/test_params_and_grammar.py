@@ -96,3 +96,18 @@ def test_a_finished_grammar_allows_only_eos(info, tokenizer) -> None:
     assert mask is not None
     apply_grammar_mask(logits, mask)
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
+
+
+def test_special_and_padding_tokens_are_never_allowed(tokenizer) -> None:
+    # 8 ids past the tokenizer's vocab: a model may pad its embedding table.
+    info = tokenizer_info(tokenizer, 520, tokenizer.eos_token_id)
+    matcher = GrammarCache(info).new_matcher(StructuredOutputsParams(regex=r"[<>|a-z/]+"),
+                                             tokenizer.eos_token_id)
+    logits = torch.zeros(1, 520)
+    mask = build_grammar_mask([matcher], [tokenizer.eos_token_id], 520)
+    assert mask is not None
+    apply_grammar_mask(logits, mask)
+    allowed = set(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+    assert allowed and not allowed & set(range(512, 520))
+    # "<|user|>" and "</s>" spell text the regex accepts, but as special tokens they never are.
+    assert not allowed & tokenizer.all_special_ids
