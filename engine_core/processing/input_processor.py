@@ -106,10 +106,6 @@ class InputProcessor:
         if params.bad_words and params.bad_words_token_ids is None:
             params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         params.validate_against_vocab(self.vocab_size)
-        if params.structured_outputs is not None:
-            from engine_core.structured_output.grammar import check_syntax
-
-            check_syntax(params.structured_outputs)  # ValueError naming the field
         for cls in self.logits_processor_classes:
             validate = getattr(cls, "validate_params", None)
             if validate is not None:

@@ -21,18 +21,6 @@ _ANY_OBJECT = '{"type": "object"}'
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
 
 
-def check_syntax(params: StructuredOutputsParams) -> None:
-    """Parse the schema, regex or grammar without a tokenizer: ValueError naming the field.
-
-    Cheap next to compiling, so the tokenizer stage refuses a bad spec before the request
-    travels anywhere."""
-    kind = params.kind
-    try:
-        _to_grammar(params)
-    except RuntimeError as exc:
-        raise ValueError(f"structured_outputs.{kind} is invalid: {_clean(exc)}") from None
-
-
 def choice_grammar(choices: list[str]) -> str:
     """EBNF for one of `choices`; JSON string escaping is also valid EBNF string escaping."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)

@@ -2,8 +2,9 @@
 
 Exactly one kind of constraint: a JSON schema (`json`), a regular expression (`regex`), one of a
 list of strings (`choice`), an EBNF grammar (`grammar`) or any JSON object (`json_object=True`).
-The structure is checked here; whether the schema, regex or grammar itself parses is checked by
-`grammar.check_syntax` (it needs the grammar engine), before the request is added anywhere.
+The structure is checked here, in plain Python (the tokenizer stage imports no grammar engine,
+which would pull in torch); whether the schema, regex or grammar itself parses is checked when the
+engine core compiles it in add_request, before the request is added.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StructuredOutputsParams:
         return self._given()[0]
 
     def validate(self) -> None:
-        """ValueError naming the field; syntax of the spec is checked by grammar.check_syntax."""
+        """ValueError naming the field; the spec's syntax is checked by compiling it."""
         given = self._given()
         if len(given) != 1:
             which = ", ".join(given) if given else "none"

@@ -17,7 +17,7 @@ from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import control_pb2_grpc
 from services.client import EngineClient, RequestError
 from services.launch import Stack
-from tests.e2e.conftest import start_stack
+from tests.e2e.conftest import engine_num_unfinished, start_stack
 from tests.structured_output.constraints import KINDS, assert_satisfies, constraint
 
 
@@ -90,12 +90,18 @@ def test_every_constraint_kind_holds_over_grpc(client: EngineClient,
     assert len(finished["free"].outputs[0].token_ids) == 8  # type: ignore[attr-defined]
 
 
-def test_invalid_schema_is_invalid_argument_naming_the_field(client: EngineClient) -> None:
+def test_invalid_schema_is_invalid_argument_naming_the_field(client: EngineClient,
+                                                             own_stack: Stack) -> None:
     bad = StructuredOutputsParams(json=json.dumps({"type": "object", "properties": 5}))
     with pytest.raises(RequestError, match=r"structured_outputs\.json is invalid") as info:
         client.add_request("bad", "hello", SamplingParams(structured_outputs=bad))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    # Refused by the engine's compile, with nothing left behind in any stage.
     assert client.get_num_unfinished_requests() == 0
+    assert engine_num_unfinished(own_stack) == 0
+    client.add_request("bad", "hello", SamplingParams(  # the id is free again
+        max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["a", "b"])))
+    assert _run(client)["bad"].outputs[0].text in ("a", "b")  # type: ignore[attr-defined]
 
 
 def test_sleep_refuses_requests_until_wake_up(client: EngineClient) -> None:

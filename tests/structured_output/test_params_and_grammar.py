@@ -11,7 +11,7 @@ import torch
 from engine_core import SamplingParams, StructuredOutputsParams
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.structured_output.bitmask import apply_grammar_mask, build_grammar_mask
-from engine_core.structured_output.grammar import GrammarCache, check_syntax, tokenizer_info
+from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +47,16 @@ def test_sampling_params_take_a_dict_and_refuse_unknown_keys() -> None:
         SamplingParams(structured_outputs={"regexp": "a"})
 
 
-def test_syntax_errors_name_the_field() -> None:
+def test_syntax_errors_name_the_field(info) -> None:
+    cache = GrammarCache(info)
     with pytest.raises(ValueError, match=r"structured_outputs\.regex is invalid: .*parenthesis"):
-        check_syntax(StructuredOutputsParams(regex="(ab"))
-    check_syntax(StructuredOutputsParams(choice=['a"b', "c\\d", "é\n中"]))  # escaped
+        cache.compile(StructuredOutputsParams(regex="(ab"))
+    assert len(cache) == 0  # nothing cached for a spec that does not compile
+    # Quotes, backslashes, newlines and non-ASCII survive the choice -> EBNF escaping.
+    choices = ['a"b', "c\\d", "é\n中"]
+    for choice in choices:
+        matcher = cache.new_matcher(StructuredOutputsParams(choice=choices), None)
+        assert matcher.accept_string(choice) and matcher.is_completed(), choice
 
 
 def test_cache_keeps_at_most_max_entries_least_recent_out(info) -> None:
