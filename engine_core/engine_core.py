@@ -33,6 +33,8 @@ from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
 
 if TYPE_CHECKING:
+    import xgrammar as xg
+
     from engine_core.structured_output.grammar import GrammarCache
 
 logger = logging.getLogger(__name__)
@@ -119,9 +121,10 @@ class EngineCore:
         request.sampling_params.validate_against_vocab(self.vocab_size)
         structured = request.sampling_params.structured_outputs
         if structured is not None:
-            # Compiled (or found in the cache) now: a bad spec is refused before it is added,
-            # and the runner's matcher later starts from the cached grammar.
-            self.grammar_cache().compile(structured)
+            # Parsed now, so a bad spec is refused before it is added; compiled in the
+            # background, and the runner waits for it only at the request's first sample.
+            cache = self.grammar_cache()
+            cache.compile_async(structured, cache.parse(structured))
         bound = self.args.max_waiting_requests
         if bound is not None and len(self.scheduler.waiting) >= bound:
             raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
@@ -142,11 +145,16 @@ class EngineCore:
         if cache is None:
             from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
 
-            tokenizer = Tokenizer.from_dir(self.args.tokenizer or self.model_config.model_dir)
-            eos = tokenizer.eos_token_id
-            if eos is None:
-                eos = self.model_config.first_eos_token_id
-            cache = GrammarCache(tokenizer_info(tokenizer, self.vocab_size, eos),
+            tokenizer_dir = self.args.tokenizer or self.model_config.model_dir
+            vocab_size, first_eos = self.vocab_size, self.model_config.first_eos_token_id
+
+            def make_info() -> xg.TokenizerInfo:  # on the compile thread: ~1 s on 150k tokens
+                tokenizer = Tokenizer.from_dir(tokenizer_dir)
+                eos = tokenizer.eos_token_id
+                return tokenizer_info(tokenizer, vocab_size,
+                                      first_eos if eos is None else eos)
+
+            cache = GrammarCache(make_info,
                                  max_entries=self.args.structured_outputs_cache_size)
             self.runner.grammars.cache = cache
         return cache

@@ -31,7 +31,8 @@ class CachedRequestState:
     row: int  # row in InputBatch
     # Prompt positions whose prompt logprob row was already sent (survives preemption).
     prompt_logprobs_done: int = 0
-    # params.structured_outputs' matcher, at the state after output_token_ids.
+    # params.structured_outputs' matcher, at the state after output_token_ids; made when the
+    # request is first sampled (dropped with the state on preemption, then rebuilt).
     grammar: xg.GrammarMatcher | None = None
 
     @property

@@ -271,24 +271,20 @@ class ModelRunner:
                 generator = make_generator(new.sampling_params.seed, self.device)
             tokens = [*new.prompt_token_ids, *new.output_token_ids]
             row = self.input_batch.add(tokens, new.block_ids)
-            eos = (new.eos_token_id if new.eos_token_id is not None
-                   else self.model_config.first_eos_token_id)
             self.requests[new.req_id] = CachedRequestState(
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
                 output_token_ids=list(new.output_token_ids),
                 params=new.sampling_params,
                 generator=generator,
-                eos_token_id=eos,
+                eos_token_id=(new.eos_token_id if new.eos_token_id is not None
+                              else self.model_config.first_eos_token_id),
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 row=row,
                 # Output exists only once the whole prompt was computed.
                 prompt_logprobs_done=max(done, len(new.prompt_token_ids)
                                          if new.output_token_ids else 0),
-                # A resumed (preempted) request replays its kept output through a new matcher.
-                grammar=self.grammars.matcher_for(new.sampling_params, new.output_token_ids,
-                                                  eos),
             )
 
     def _remove(self, req_id: str) -> CachedRequestState | None:
@@ -363,6 +359,11 @@ class ModelRunner:
         rows = []
         for i in inputs.sample_reqs.tolist():
             s = self.requests[inputs.req_ids[i]]
+            if s.grammar is None and s.params.structured_outputs is not None:
+                # At the first sample, so the compile overlapped the prefill; a resumed
+                # (preempted) request replays its kept output through the new matcher.
+                s.grammar = self.grammars.matcher_for(s.params, s.output_token_ids,
+                                                      s.eos_token_id)
             rows.append(SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids,
                                     s.generator, s.eos_token_id, s.grammar))
         metadata = build_sampling_metadata(rows, self.model_config.vocab_size, self.device)

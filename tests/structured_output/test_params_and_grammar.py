@@ -117,3 +117,16 @@ def test_special_and_padding_tokens_are_never_allowed(tokenizer) -> None:
     assert allowed and not allowed & set(range(512, 520))
     # "<|user|>" and "</s>" spell text the regex accepts, but as special tokens they never are.
     assert not allowed & tokenizer.all_special_ids
+
+
+def test_compiles_run_in_the_background_once_per_spec(info) -> None:
+    cache = GrammarCache(lambda: info)  # the vocabulary view is built on the compile thread
+    params = StructuredOutputsParams(json={"type": "object"})
+    first = cache.compile_async(params)
+    again = cache.compile_async(StructuredOutputsParams(json='{"type":  "object"}'))
+    assert again is first and cache.num_compiled == 1  # one compile in flight, shared
+    assert first.result(timeout=60) is cache.compile(params)
+    # A spec that does not parse fails at once, in the caller's thread, and is not cached.
+    with pytest.raises(ValueError, match=r"structured_outputs\.grammar is invalid"):
+        cache.compile_async(StructuredOutputsParams(grammar="root ::= ("))
+    assert len(cache) == 1
