@@ -16,7 +16,7 @@ import torch
 
 from engine_core import engine_extras
 from engine_core.config import EngineArgs
-from engine_core.connector import kv_control
+from engine_core.core import kv_control
 from engine_core.core.batch_queue import BatchQueue
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.kv_events import KVEventBatch, KVEventBuffer

@@ -6,7 +6,7 @@ import enum
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from engine_core.structured_output.params import StructuredOutputsParams
@@ -88,6 +88,22 @@ class SamplingParams:
             self.top_p = 1.0
             self.top_k = 0
             self.min_p = 0.0
+
+    @classmethod
+    def from_validated(cls, **values: Any) -> SamplingParams:
+        """Rebuild params that a stage upstream already validated and normalised (the tokenizer
+        stage, over the ring): carried as data, not checked a second time in the engine and the
+        detokenizer. Fields not given take their defaults."""
+        obj = cls.__new__(cls)
+        for f in fields(cls):
+            if f.name in values:
+                value = values[f.name]
+            elif f.default_factory is not MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(obj, f.name, value)
+        return obj
 
     @property
     def is_greedy(self) -> bool:

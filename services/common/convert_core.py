@@ -30,7 +30,7 @@ def core_request_from_pb(msg: pb.EngineCoreRequest) -> EngineCoreRequest:
     return EngineCoreRequest(
         request_id=msg.request_id,
         prompt_token_ids=list(msg.prompt_token_ids),
-        sampling_params=params_from_pb(msg.sampling_params),
+        sampling_params=params_from_pb(msg.sampling_params, validated=True),
         eos_token_id=msg.eos_token_id if msg.HasField("eos_token_id") else None,
         arrival_time=msg.arrival_time,
         priority=msg.priority,

@@ -81,8 +81,10 @@ def structured_from_pb(msg: pb.StructuredOutputsParams) -> StructuredOutputsPara
     return StructuredOutputsParams(**kwargs)
 
 
-def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
-    """ValueError naming the field when a value is out of bounds."""
+def params_from_pb(msg: pb.SamplingParams, validated: bool = False) -> SamplingParams:
+    """ValueError naming the field when a value is out of bounds. validated=True: the message
+    comes from a stage that already validated it (the tokenizer; stages authenticate each
+    other), so it is rebuilt as data without checking every bound again."""
     kwargs: dict[str, Any] = {}
     for name in _OPTIONAL_SCALARS:
         if msg.HasField(name):
@@ -111,6 +113,8 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
             raise ValueError(f"extra_args_json must be a JSON object: {exc}") from None
     if msg.HasField("structured_outputs"):
         kwargs["structured_outputs"] = structured_from_pb(msg.structured_outputs)
+    if validated:
+        return SamplingParams.from_validated(**kwargs)
     return SamplingParams(**kwargs)
 
 

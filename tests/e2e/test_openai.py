@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -231,6 +232,25 @@ def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: 
         next(chunks)
     assert engine.get_num_unfinished_requests() == 1
     stream.close()
+    # Thousands of tokens were still to come: only an abort ends the request this soon.
+    assert _wait_idle(engine, seconds=20.0)
+
+
+def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,
+                                                            model_name: str,
+                                                            engine: EngineClient) -> None:
+    host, port = openai_stack.address("openai").rsplit(":", 1)
+    body = json.dumps({"model": model_name, "prompt": [1, 42, 7], "stream": False,
+                       "max_tokens": LONG_MAX_TOKENS - 64, "ignore_eos": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        for _ in range(300):  # up to 30 s for the request to reach the engine
+            if engine.get_num_unfinished_requests() == 1:
+                break
+            time.sleep(0.1)
+        assert engine.get_num_unfinished_requests() == 1
     # Thousands of tokens were still to come: only an abort ends the request this soon.
     assert _wait_idle(engine, seconds=20.0)
 
