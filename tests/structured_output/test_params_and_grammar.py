@@ -130,3 +130,22 @@ def test_compiles_run_in_the_background_once_per_spec(info) -> None:
     with pytest.raises(ValueError, match=r"structured_outputs\.grammar is invalid"):
         cache.compile_async(StructuredOutputsParams(grammar="root ::= ("))
     assert len(cache) == 1
+
+
+def test_sampler_applies_the_grammar_before_logit_bias(info, tokenizer) -> None:
+    from engine_core.model_executor.sampler import Sampler
+    from engine_core.model_executor.sampling_metadata import SamplingRow, build_sampling_metadata
+
+    eos = tokenizer.eos_token_id
+    constraint = StructuredOutputsParams(choice=["yes"])
+    # A huge bias on a token the grammar forbids must not bring it back.
+    banned = tokenizer.encode("no", add_special_tokens=False)[0]
+    params = SamplingParams(temperature=0.0, logit_bias={banned: 1e4},
+                            structured_outputs=constraint)
+    matcher = GrammarCache(info).new_matcher(constraint, eos)
+    free = SamplingParams(temperature=0.0, logit_bias={banned: 1e4})
+    rows = [SamplingRow(params, [5], [], None, eos, matcher),
+            SamplingRow(free, [5], [], None, eos)]
+    metadata = build_sampling_metadata(rows, 512, torch.device("cpu"))
+    sampled = Sampler()(torch.zeros(2, 512), metadata).sampled_token_ids.tolist()
+    assert tokenizer.decode([sampled[0]]) in ("y", "ye", "yes") and sampled[1] == banned
