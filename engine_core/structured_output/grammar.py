@@ -42,7 +42,18 @@ def _to_grammar(params: StructuredOutputsParams) -> xg.Grammar:
         assert params.choice is not None
         return xg.Grammar.from_ebnf(choice_grammar(params.choice))
     assert params.grammar is not None
+    if _is_lark(params.grammar):
+        return xg.Grammar.from_lark(params.grammar)
     return xg.Grammar.from_ebnf(params.grammar)
+
+
+def _is_lark(grammar: str) -> bool:
+    """vLLM's rule: a grammar with no `::=` outside comments is Lark (`start: ...`), not EBNF."""
+    for line in grammar.splitlines():
+        code = re.sub(r"(#|//).*$", "", line).strip()
+        if "::=" in code:
+            return False
+    return True
 
 
 def _clean(exc: Exception) -> str:

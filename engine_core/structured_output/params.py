@@ -1,7 +1,8 @@
 """StructuredOutputsParams: vLLM's per-request output constraint, validated with its rules.
 
 Exactly one kind of constraint: a JSON schema (`json`), a regular expression (`regex`), one of a
-list of strings (`choice`), an EBNF grammar (`grammar`) or any JSON object (`json_object=True`).
+list of strings (`choice`), an EBNF or Lark grammar (`grammar`) or any JSON object
+(`json_object=True`).
 The structure is checked here, in plain Python (the tokenizer stage imports no grammar engine,
 which would pull in torch); whether the schema, regex or grammar itself parses is checked when the
 engine core compiles it in add_request, before the request is added.
@@ -26,7 +27,7 @@ class StructuredOutputsParams:
     json: str | dict[str, Any] | None = None  # a JSON schema, as text or as a dict
     regex: str | None = None
     choice: list[str] | None = None
-    grammar: str | None = None  # EBNF (GBNF) with a `root` rule
+    grammar: str | None = None  # EBNF (GBNF) with a `root` rule, or Lark with a `start` rule
     json_object: bool = False  # any JSON object, no schema
     # JSON kinds: no whitespace between tokens (vLLM's option; also keeps outputs short).
     disable_any_whitespace: bool = False

@@ -4,6 +4,7 @@ its constraint, whatever else shares the batch, across preemption, n > 1 and ign
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,25 @@ def test_batch_queue_keeps_matchers_in_step(tiny_model_dir: Path) -> None:
     finished = run_to_completion(engine)
     for kind in KINDS:
         assert_satisfies(kind, finished[kind].outputs[0].text)
+
+
+LARK_SQL = """
+start: select
+select: "SELECT " column " FROM " table " WHERE " column " = " number
+column: "col_1" | "col_2"
+table: "table_1" | "table_2"
+number: "1" | "2" | "3"
+"""
+
+
+def test_lark_grammar_holds_and_a_non_grammar_is_refused(engine) -> None:
+    # vLLM's rule: no `::=` means Lark. Its SQL case, on the tiny model.
+    engine.add_request("lark", "hello", SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=1.0, seed=1,
+        structured_outputs=StructuredOutputsParams(grammar=LARK_SQL)))
+    text = run_to_completion(engine)["lark"].outputs[0].text
+    assert re.fullmatch(r"SELECT col_[12] FROM table_[12] WHERE col_[12] = [123]", text), text
+    with pytest.raises(ValueError, match=r"structured_outputs\.grammar is invalid"):
+        engine.add_request("nog", "hello", SamplingParams(
+            structured_outputs=StructuredOutputsParams(grammar="not a grammar")))
+    assert not engine.has_unfinished_requests()
