@@ -116,7 +116,7 @@ class GrammarCache:
         schema, regex or grammar does not parse."""
         try:
             return _to_grammar(params)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError
             raise ValueError(f"structured_outputs.{params.kind} is invalid: {_clean(exc)}") \
                 from None
 
@@ -136,7 +136,7 @@ class GrammarCache:
             hit = self._cache.get(key)  # another thread may have started it meanwhile
             if hit is not None:
                 return hit
-            future = self._executor.submit(self._compile, grammar)
+            future = self._executor.submit(self._compile_or_forget, key, grammar)
             self.num_compiled += 1
             self._cache[key] = future
             while len(self._cache) > self.max_entries:
@@ -152,6 +152,18 @@ class GrammarCache:
         """A matcher at the start of the grammar; it ends on the request's own EOS."""
         stop = [eos_token_id] if eos_token_id is not None else None
         return xg.GrammarMatcher(self.compile(params), override_stop_tokens=stop)
+
+    def _compile_or_forget(self, key: tuple[str, str, bool],
+                           grammar: xg.Grammar) -> xg.CompiledGrammar:
+        try:
+            return self._compile(grammar)
+        except Exception as exc:
+            # Rare (the spec parsed): not cached, so the next request with the spec tries
+            # again. Dropped before the future completes, so no waiter sees it still cached.
+            logger.error("structured_outputs.%s: compile failed: %s", key[0], exc)
+            with self._lock:
+                self._cache.pop(key, None)
+            raise
 
     def _compile(self, grammar: xg.Grammar) -> xg.CompiledGrammar:
         return self._compiler.result().compile_grammar(grammar)

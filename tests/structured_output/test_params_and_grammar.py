@@ -149,3 +149,20 @@ def test_sampler_applies_the_grammar_before_logit_bias(info, tokenizer) -> None:
     metadata = build_sampling_metadata(rows, 512, torch.device("cpu"))
     sampled = Sampler()(torch.zeros(2, 512), metadata).sampled_token_ids.tolist()
     assert tokenizer.decode([sampled[0]]) in ("y", "ye", "yes") and sampled[1] == banned
+
+
+def test_a_failed_compile_is_not_cached(info, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = GrammarCache(info)
+    params = StructuredOutputsParams(regex="a+")
+    calls = []
+
+    def failing(grammar):
+        calls.append(grammar)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(cache, "_compile", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cache.compile(params)
+    assert len(cache) == 0
+    monkeypatch.undo()
+    assert cache.compile(params) is not None and len(cache) == 1 and len(calls) == 1
