@@ -63,5 +63,9 @@ def from_exception(exc: BaseException) -> OpenAIError:
         details = str(exc.details())  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE:
             return unavailable(f"the strand gateway is unavailable: {details}")
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            # The engine sleeps (Control/Sleep): nothing wrong with the request; retry after
+            # WakeUp, as after any 503.
+            return unavailable(details)
         return OpenAIError(500, f"gateway error {code.name}: {details}", type_="server_error")
     return OpenAIError(500, f"{type(exc).__name__}: {exc}", type_="server_error")

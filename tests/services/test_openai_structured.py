@@ -60,3 +60,19 @@ def test_malformed_constraints_are_400_naming_the_field(fields: dict[str, Any], 
     with pytest.raises(OpenAIError, match=match) as info:
         _of(**fields)
     assert info.value.status == 400 and info.value.param == param
+
+
+def test_a_sleeping_engine_is_a_503() -> None:
+    import grpc
+
+    from services.openai.errors import from_exception
+
+    class Refused(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.FAILED_PRECONDITION
+
+        def details(self) -> str:
+            return "the engine is sleeping: call wake_up() before add_request"
+
+    error = from_exception(Refused())
+    assert error.status == 503 and "sleeping" in error.message
