@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from prometheus_client import CollectorRegistry
@@ -30,8 +30,14 @@ from engine_core.errors import DuplicateRequestError, QueueFullError
 from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
+
+if TYPE_CHECKING:
+    import xgrammar as xg
+
+    from engine_core.structured_output.grammar import GrammarCache
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +127,12 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
         request.sampling_params.validate_against_vocab(self.vocab_size)
+        structured = request.sampling_params.structured_outputs
+        if structured is not None:
+            # Parsed now, so a bad spec is refused before it is added; compiled in the
+            # background, and the runner waits for it only at the request's first sample.
+            cache = self.grammar_cache()
+            cache.compile_async(structured, cache.parse(structured))
         bound = self.args.max_waiting_requests
         if bound is not None and len(self.scheduler.waiting) >= bound:
             raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
@@ -134,6 +146,26 @@ class EngineCore:
             priority=request.priority,
             cache_salt=request.cache_salt,
         ))
+
+    def grammar_cache(self) -> GrammarCache:
+        """The structured-output compiler, built on first use from the engine's tokenizer."""
+        cache = self.runner.grammars.cache
+        if cache is None:
+            from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
+
+            tokenizer_dir = self.args.tokenizer or self.model_config.model_dir
+            vocab_size, first_eos = self.vocab_size, self.model_config.first_eos_token_id
+
+            def make_info() -> xg.TokenizerInfo:  # on the compile thread: ~1 s on 150k tokens
+                tokenizer = Tokenizer.from_dir(tokenizer_dir)
+                eos = tokenizer.eos_token_id
+                return tokenizer_info(tokenizer, vocab_size,
+                                      first_eos if eos is None else eos)
+
+            cache = GrammarCache(make_info,
+                                 max_entries=self.args.structured_outputs_cache_size)
+            self.runner.grammars.cache = cache
+        return cache
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
@@ -241,6 +273,9 @@ class EngineCore:
     def workers(self) -> list[object]:
         """The model workers collective_rpc reaches (one runner today; TP adds more)."""
         return [self.runner]
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

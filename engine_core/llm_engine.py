@@ -109,7 +109,7 @@ class LLMEngine:
         return self.engine_core.lookup_kv_cache(token_ids)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        return self.engine_core.get_supported_tasks()
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

@@ -8,11 +8,17 @@ every stage that no row needs (an all-greedy batch with no masks is a bare argma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engine_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import xgrammar as xg
+
+    from engine_core.structured_output.bitmask import GrammarMask
 
 
 @dataclass(slots=True)
@@ -24,6 +30,9 @@ class SamplingRow:
     output_token_ids: list[int]  # generated so far (penalties, min_tokens)
     generator: torch.Generator | None  # per-request, created once from params.seed by the runner
     eos_token_id: int | None
+    # The request's grammar matcher (params.structured_outputs), advanced by the runner on each
+    # accepted token; None: unconstrained.
+    grammar: xg.GrammarMatcher | None = None
 
 
 @dataclass(slots=True)
@@ -85,6 +94,8 @@ class SamplingMetadata:
     logprob_rows: list[int] = field(default_factory=list)
     # The rows themselves, for custom logits processors' batch updates.
     rows: list[SamplingRow] = field(default_factory=list)
+    # Allowed next tokens of the grammar-constrained rows; None when no row has a grammar.
+    grammar: GrammarMask | None = None
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -139,7 +150,17 @@ def build_sampling_metadata(
         max_num_logprobs=max_num_logprobs,
         logprob_rows=asked,
         rows=list(rows),
+        grammar=_build_grammar_mask(rows, vocab_size),
     )
+
+
+def _build_grammar_mask(rows: list[SamplingRow], vocab_size: int) -> GrammarMask | None:
+    if all(row.grammar is None for row in rows):
+        return None  # xgrammar is imported only once some request asks for a grammar
+    from engine_core.structured_output.bitmask import build_grammar_mask
+
+    return build_grammar_mask([row.grammar for row in rows],
+                              [row.eos_token_id for row in rows], vocab_size)
 
 
 @dataclass(slots=True)

@@ -76,8 +76,26 @@ class CoreCalls:
     def _on_query(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         return self._state(msg.seq, epb.EngineState())
 
+    def _on_sleep(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        self.core.sleep(msg.sleep.level if msg.sleep.HasField("level") else 1)
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_wake_up(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        self.core.wake_up(list(msg.wake_up.tags) or None)
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_profile(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        state = epb.EngineState()
+        if msg.profile.start:
+            self.core.start_profile()
+        else:
+            state.profile_path = self.core.stop_profile()
+        return self._state(msg.seq, state)
+
     def _state(self, seq: int, state: epb.EngineState) -> epb.EngineResponse:
         state.num_unfinished_requests = self.core.get_num_unfinished_requests()
+        state.is_sleeping = self.core.is_sleeping()
+        state.supported_tasks.extend(self.core.get_supported_tasks())
         return epb.EngineResponse(seq=seq, state=state)
 
     def _add(self, pb_requests: list[Any], span: Any) -> None:
@@ -136,6 +154,9 @@ _HANDLERS: dict[str, Callable[[CoreCalls, epb.EngineRequest, Any], epb.EngineRes
     "lookup_kv_cache": CoreCalls._on_lookup_kv_cache,
     "get_loads": CoreCalls._on_get_loads,
     "take_kv_events": CoreCalls._on_take_kv_events,
+    "sleep": CoreCalls._on_sleep,
+    "wake_up": CoreCalls._on_wake_up,
+    "profile": CoreCalls._on_profile,
 }
 
 

@@ -288,6 +288,13 @@ class GatewayFlow:
                 trace_context=carrier_from_context()))
         return resp.state  # type: ignore[no-any-return]
 
+    async def engine_call(self, **kind: Any) -> epb.EngineState:
+        """One engine-wide call (sleep, wake_up, profile, query) between steps: its state."""
+        async with self._step_lock:
+            resp = await self.engine.call(epb.EngineRequest(
+                **kind, trace_context=carrier_from_context()))
+        return resp.state  # type: ignore[no-any-return]
+
     async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
         """EngineCore.clear_kv_cache: (event id, number of tokens cleared)."""
         async with self._step_lock:

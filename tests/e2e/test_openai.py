@@ -8,6 +8,7 @@ and compare runs of greedy decoding with each other, never on what the text says
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -335,3 +336,43 @@ def _get_until_listening(url: str, process: subprocess.Popen[bytes]
         except urllib.error.URLError:
             time.sleep(0.1)  # not listening yet
     raise AssertionError(f"nothing listened at {url}")
+
+
+# Structured outputs: random weights leave the constraint all the work; each one ends early.
+PAIR_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+               "required": ["ok"], "additionalProperties": False}
+
+
+def test_guided_choice_and_regex_hold_on_completions(client: openai.OpenAI,
+                                                     model_name: str) -> None:
+    resp = client.completions.create(model=model_name, prompt="Hello", max_tokens=24, n=3,
+                                     temperature=1.0, seed=5,
+                                     extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert all(c.text in ("red", "green", "blue") for c in resp.choices)
+    resp = client.completions.create(
+        model=model_name, prompt="Hello", max_tokens=24, temperature=0.0,
+        extra_body={"structured_outputs": {"regex": "[a-c]{3}-[0-9]{2}"}})
+    assert re.fullmatch("[a-c]{3}-[0-9]{2}", resp.choices[0].text)
+    assert resp.choices[0].finish_reason == "stop"
+
+
+def test_response_format_json_schema_holds_on_chat(client: openai.OpenAI,
+                                                   model_name: str) -> None:
+    # vLLM's disable_any_whitespace rides along in structured_outputs: without it the random
+    # model may spend every token on the whitespace JSON allows.
+    resp = client.chat.completions.create(  # type: ignore[call-overload]
+        model=model_name, messages=CHAT, max_tokens=48, temperature=0.0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "pair", "schema": PAIR_SCHEMA}},
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    assert json.loads(resp.choices[0].message.content) in ({"ok": True}, {"ok": False})
+
+
+def test_invalid_schema_is_a_400_naming_structured_outputs(client: openai.OpenAI,
+                                                           model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=4,
+                                  extra_body={"guided_json": {"type": "object",
+                                                              "properties": 5}})
+    error = info.value.response.json()["error"]
+    assert error["param"] == "structured_outputs" and "invalid" in error["message"]
