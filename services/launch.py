@@ -136,6 +136,31 @@ class StackConfig:
     tls_cert: str | None = None  # the gateway's certificate and key (PEM files): TLS to clients
     tls_key: str | None = None
     openai_port: int | None = None  # the OpenAI-compatible front's port (0: a free one); None: none
+    data_parallel_size: int = 1  # engine replicas started here (each its own process)
+    engine_addresses: list[str] = field(default_factory=list)  # engines started elsewhere
+    router_policy: str | None = None  # the tokenizer's; None: kv-aware with several engines
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if self.engine_addresses and self.data_parallel_size != 1:
+            raise ValueError("data_parallel_size must be 1 with engine_addresses (the engines "
+                             "are started elsewhere), got "
+                             f"{self.data_parallel_size}")
+
+    @property
+    def engine_names(self) -> list[str]:
+        """The engine processes this stack starts: "engine", or engine-0 ... engine-{N-1}."""
+        if self.engine_addresses:
+            return []
+        if self.data_parallel_size == 1:
+            return ["engine"]
+        return [f"engine-{i}" for i in range(self.data_parallel_size)]
+
+    @property
+    def routes_kv_aware(self) -> bool:
+        num_engines = len(self.engine_addresses) or self.data_parallel_size
+        return num_engines > 1 and self.router_policy in (None, "kv-aware")
 
 
 @dataclass(slots=True)
@@ -150,30 +175,51 @@ class Stack:
         return f"{self.config.host}:{self.ports[name]}"
 
     @property
+    def stage_names(self) -> list[str]:
+        """Every stage process, engines in the middle (readiness order is _READY_ORDER)."""
+        return ["tokenizer", *self.config.engine_names, "detokenizer"]
+
+    @property
+    def engine_addrs(self) -> str:
+        """What the other stages are given as --engine-addr: every replica, comma-separated."""
+        if self.config.engine_addresses:
+            return ",".join(self.config.engine_addresses)
+        return ",".join(self.address(n) for n in self.config.engine_names)
+
+    @property
     def gateway_address(self) -> str:
         return self.address("gateway")
 
     def command(self, name: str) -> list[str]:
         cfg = self.config
-        cmd = [sys.executable, "-m", f"services.{name}", "--host", cfg.host,
+        module = "engine" if name in cfg.engine_names else name
+        cmd = [sys.executable, "-m", f"services.{module}", "--host", cfg.host,
                "--port", str(self.ports[name])]
         if cfg.otlp_traces_endpoint:
             cmd += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
         if name == "openai":
             return cmd + _openai_args(self)
         if name == "gateway":
-            cmd += [f"--{s}-addr={self.address(s)}" for s in STAGES] + cfg.gateway_args
+            cmd += [f"--tokenizer-addr={self.address('tokenizer')}",
+                    f"--engine-addr={self.engine_addrs}",
+                    f"--detokenizer-addr={self.address('detokenizer')}", *cfg.gateway_args]
             if cfg.tls_cert and cfg.tls_key:
                 cmd += ["--tls-cert", cfg.tls_cert, "--tls-key", cfg.tls_key]
             return cmd
         cmd += ["--model", cfg.model, *cfg.engine_args]
         # The ring: each stage is told the next ones; the engine's mode is the stack's.
         if name == "tokenizer":
-            cmd += [f"--{s}-addr={self.address(s)}" for s in ("engine", "detokenizer")]
-        elif name == "detokenizer":
-            cmd += [f"--engine-addr={self.address('engine')}"]
-        elif "--auto-step" in cfg.gateway_args:
+            cmd += [f"--engine-addr={self.engine_addrs}",
+                    f"--detokenizer-addr={self.address('detokenizer')}"]
+            if cfg.router_policy:
+                cmd += ["--router-policy", cfg.router_policy]
+            return cmd
+        if name == "detokenizer":
+            return cmd + [f"--engine-addr={self.engine_addrs}"]
+        if "--auto-step" in cfg.gateway_args:
             cmd += ["--auto-step"]
+        if cfg.routes_kv_aware and "--kv-events" not in cmd:
+            cmd += ["--kv-events"]  # the router's index is fed by them
         return cmd
 
     def start(self, name: str, timeout: float = 120.0) -> None:
@@ -225,7 +271,7 @@ class Stack:
             self._stop(timeout)
 
     def _stop(self, timeout: float) -> None:
-        order = ["openai", "gateway", *STAGES]
+        order = ["openai", "gateway", *self.stage_names]
         for name in order:
             process = self.processes.get(name)
             if process is not None and process.poll() is None:
@@ -249,15 +295,18 @@ class Stack:
 
 
 def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
-    """Start the four services (stages in parallel, then the gateway) and wait for health."""
-    ports = {name: free_port(config.host) for name in STAGES}
+    """Start the services (stages and engine replicas in parallel, then the gateway) and wait
+    for health."""
+    names = ["tokenizer", *config.engine_names, "detokenizer"]
+    ports = {name: free_port(config.host) for name in names}
     ports["gateway"] = config.gateway_port or free_port(config.host)
     stack = Stack(config, ports)
     try:
-        for name in STAGES:
+        for name in names:
             stack.start_async(name)
-        for name in _READY_ORDER:
-            wait_healthy(stack.address(name), timeout, stack.processes[name], name)
+        for stage in _READY_ORDER:
+            for name in config.engine_names if stage == "engine" else [stage]:
+                wait_healthy(stack.address(name), timeout, stack.processes[name], name)
         stack.start("gateway", timeout)
         if config.openai_port is not None:
             from services.openai.health import wait_http_healthy

@@ -8,6 +8,7 @@ import grpc
 
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import detokenizer_pb2, detokenizer_pb2_grpc
+from services.common.engine_replicas import parse_engine_addresses
 from services.common.errors import run_main, setup_logging
 from services.common.server import ServerOptions, run_server
 from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
@@ -22,8 +23,13 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = make_parser("detokenizer")
     parser.add_argument("--engine-addr", default="127.0.0.1:50053",
-                        help="the engine whose step outputs this stage subscribes to")
+                        help="the engine (or comma-separated engine replicas) whose step "
+                             "outputs this stage subscribes to")
     args, options = parse_stage_args(parser, argv)
+    try:
+        engine_addrs = parse_engine_addresses(args.engine_addr)
+    except ValueError as exc:
+        parser.error(str(exc))
     engine_args = checked_engine_args(args)
     from engine_core.default_model import resolve_model_dir
     from engine_core.processing.tokenizer import Tokenizer
@@ -31,22 +37,23 @@ def _main(argv: list[str] | None) -> None:
     tokenizer = Tokenizer.from_dir(engine_args.tokenizer or resolve_model_dir(engine_args.model))
     processor = OutputProcessor(tokenizer, stream_interval=engine_args.stream_interval)
 
-    asyncio.run(_serve(processor, args.engine_addr, options))
+    asyncio.run(_serve(processor, engine_addrs, options))
 
 
-async def _serve(processor: OutputProcessor, engine_addr: str, options: ServerOptions) -> None:
+async def _serve(processor: OutputProcessor, engine_addrs: list[str],
+                 options: ServerOptions) -> None:
     # Made on the running loop: a grpc.aio channel belongs to the loop it was created on.
-    servicer = DetokenizerServicer.create(processor, engine_addr)
+    servicer = DetokenizerServicer.create(processor, engine_addrs)
 
     def register(server: grpc.aio.Server) -> list[str]:
         detokenizer_pb2_grpc.add_DetokenizerServicer_to_server(servicer, server)
         return [detokenizer_pb2.DESCRIPTOR.services_by_name["Detokenizer"].full_name]
 
     async def on_started(port: int) -> None:
-        servicer.feed.start()
+        servicer.start()
 
     async def on_stop() -> None:
-        await servicer.feed.close()
+        await servicer.close()
 
     await run_server("detokenizer", options, register, on_stop=on_stop, on_started=on_started,
                      ready=servicer.ready)
