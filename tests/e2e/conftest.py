@@ -32,11 +32,12 @@ ENGINE_FLAGS = ["--max-num-seqs", "64", "--kv-cache-memory", str(64 * 1024**2)]
 
 
 def start_stack(model_dir: Path, log_dir: Path, gateway_args: list[str] | None = None,
-                otlp: str | None = None, engine_args: list[str] | None = None) -> Stack:
+                otlp: str | None = None, engine_args: list[str] | None = None,
+                data_parallel_size: int = 1) -> Stack:
     """A stack with ENGINE_FLAGS plus engine_args (later flags win) for every stage."""
     config = StackConfig(model=str(model_dir), engine_args=[*ENGINE_FLAGS, *(engine_args or [])],
                          gateway_args=list(gateway_args or []), log_dir=log_dir,
-                         otlp_traces_endpoint=otlp)
+                         otlp_traces_endpoint=otlp, data_parallel_size=data_parallel_size)
     return launch_stack(config, timeout=120)
 
 
