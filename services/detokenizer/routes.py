@@ -26,12 +26,14 @@ class Routes:
 
     def unsubscribe(self, origin: str, queue: asyncio.Queue[dpb.OutputBatch | None]
                     ) -> list[str]:
-        """End the subscription; the ids its gateway owned (forgotten here: abort them)."""
+        """End the subscription; the ids its gateway owned (no longer its: abort them, which
+        forgets their engine too)."""
         if self._queues.get(origin) is not queue:
             return []  # replaced by a newer subscription of the same gateway
         del self._queues[origin]
         owned = [r for r, o in self._origin.items() if o == origin]
-        self.forget(owned)
+        for request_id in owned:
+            del self._origin[request_id]
         return owned
 
     def is_subscribed(self, origin: str) -> bool:
