@@ -87,6 +87,10 @@ class GatewayFlow:
         self._step_ids = itertools.count(1)
         self._step_waiters: dict[int, asyncio.Future[tuple[list[pb.RequestOutput],
                                                            list[str]]]] = {}
+        self._step_replica: dict[int, str] = {}  # step id -> the replica it stepped
+        # A replica that leaves the rotation mid-step took its step's outputs with it (its
+        # requests end with "error" through the detokenizer): that step has nothing to wait for.
+        self.engines.listeners.append(self._replica_left)
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self._work = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -223,6 +227,7 @@ class GatewayFlow:
         loop = asyncio.get_running_loop()
         waiters = {step_id: loop.create_future() for step_id in step_ids.values()}
         self._step_waiters.update(waiters)
+        self._step_replica.update({step_id: name for name, step_id in step_ids.items()})
         carrier = carrier_from_context()
         try:
             results = await self.engines.fan_out(lambda name: epb.EngineRequest(
@@ -247,6 +252,15 @@ class GatewayFlow:
         finally:
             for step_id in waiters:
                 self._step_waiters.pop(step_id, None)
+                self._step_replica.pop(step_id, None)
+
+    def _replica_left(self, replica: str, in_rotation: bool) -> None:
+        if in_rotation:
+            return
+        for step_id, name in self._step_replica.items():
+            waiter = self._step_waiters.get(step_id)
+            if name == replica and waiter is not None and not waiter.done():
+                waiter.set_result(([], []))
 
     def _take_pending(self) -> list[pb.RequestOutput]:
         owed, self._pending = self._pending, []
