@@ -222,6 +222,15 @@ class Stack:
             cmd += ["--kv-events"]  # the router's index is fed by them
         return cmd
 
+    def replica_env(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        """Engine replica i gets the i-th of CUDA_VISIBLE_DEVICES when it names one device per
+        replica (its own GPU); otherwise the replicas share what is visible."""
+        names = self.config.engine_names
+        devices = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if name not in names or len(names) < 2 or len(devices) < len(names):
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": devices[names.index(name)].strip()}
+
     def start(self, name: str, timeout: float = 120.0) -> None:
         """(Re)start one service and wait for its health."""
         self.start_async(name)
@@ -239,6 +248,7 @@ class Stack:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env[STAGE_TOKEN_ENV] = self.stage_token
+        env.update(self.replica_env(name, env))
         # The stages import `services` from this checkout whether or not it is installed.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)

@@ -62,3 +62,13 @@ def test_bad_replica_flags_are_refused_naming_the_flag(
         _replica_args(parser.parse_args(argv), parser)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_each_replica_gets_its_own_visible_gpu_when_there_is_one_per_replica() -> None:
+    stack = _stack(data_parallel_size=2)
+    env = {"CUDA_VISIBLE_DEVICES": "2,3,5"}
+    assert stack.replica_env("engine-0", env) == {"CUDA_VISIBLE_DEVICES": "2"}
+    assert stack.replica_env("engine-1", env) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert stack.replica_env("tokenizer", env) == {}
+    assert stack.replica_env("engine-1", {"CUDA_VISIBLE_DEVICES": "0"}) == {}  # shared
+    assert stack.replica_env("engine-1", {}) == {}
