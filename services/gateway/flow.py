@@ -127,8 +127,10 @@ class GatewayFlow:
         """Every replica's GetInfo (rotation order first), or why it did not answer."""
         async def one(name: str) -> epb.EngineInfo | StageError:
             try:
+                # Short for a replica known to be down: a host that vanished does not refuse.
                 return await self.engines.clients[name].stub.GetInfo(
-                    epb.EngineInfoRequest(), timeout=10, metadata=stage_metadata())
+                    epb.EngineInfoRequest(), timeout=10 if name in up else 2,
+                    metadata=stage_metadata())
             except grpc.aio.AioRpcError as exc:
                 return StageUnavailable("engine", exc.details() or exc.code().name)
         up = self.engines.in_rotation()

@@ -5,7 +5,9 @@ The tokenizer is where a request's token ids are first known, so the router live
 - each replica's KV events (Engine.KvEvents: a snapshot of the cached hashes, then every
   batch; a sequence gap makes the index resync, and the subscription is reopened for a fresh
   snapshot), when the policy is kv-aware;
-- each replica's load (Engine get_loads, polled), when the policy weighs load;
+- each replica's load (Engine get_loads, polled), when the policy weighs load, plus the adds
+  routed to it that it has not answered yet (a poll answered before them cannot count them,
+  and they travel on the same stream, so nothing is counted twice or missed);
 - the rotation (EngineReplicas): a replica found down is removed at once, and added back, its
   KV subscription reopened, when its readiness returns.
 With one engine there is nothing to choose and none of this runs.
@@ -20,6 +22,7 @@ from typing import Any
 
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
+from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert_kv_events import kv_event_batch_from_pb
 from services.common.engine_replicas import EngineReplicas
 from services.common.stage_auth import stage_metadata
@@ -74,6 +77,7 @@ class ReplicaRouter:
                              on_resync=self._on_resync)
         self.policy = self.router.policy
         self._subscriptions: dict[str, KvEventsSubscription] = {}
+        self._in_flight: dict[str, int] = {}  # routed adds the replica has not answered yet
         self._load_task: asyncio.Task[None] | None = None
         engines.listeners.append(self._on_rotation)
 
@@ -103,9 +107,16 @@ class ReplicaRouter:
         if self._single:
             return self.engines.names[0]  # its own errors say whether it is up
         try:
-            return self.router.route(token_ids, cache_salt)
+            replica = self.router.route(token_ids, cache_salt)
         except ValueError as exc:
             raise StageUnavailable("engine", "no engine replica is in rotation") from exc
+        self._in_flight[replica] = self._in_flight.get(replica, 0) + 1
+        return replica
+
+    def answered(self, replica: str) -> None:
+        """The replica answered the add routed to it (taken or refused)."""
+        if self._in_flight.get(replica, 0) > 0:
+            self._in_flight[replica] -= 1
 
     def _on_rotation(self, replica: str, in_rotation: bool) -> None:
         if not in_rotation:
@@ -126,6 +137,14 @@ class ReplicaRouter:
         if sub is not None:
             sub.resync("the KV event sequence had a gap or the cache was cleared")
 
+    def update_load(self, replica: str, load: pb.EngineLoad) -> None:
+        """A polled load, plus the adds routed to the replica that it has not answered."""
+        self.router.update_load(replica, ReplicaLoad(
+            running=int(load.num_running),
+            waiting=int(load.num_waiting) + self._in_flight.get(replica, 0),
+            free_blocks=int(load.kv_blocks_free),
+            total_blocks=int(load.kv_blocks_used + load.kv_blocks_free)))
+
     async def _poll_loads(self) -> None:
         while True:
             for name in self.engines.in_rotation():
@@ -134,9 +153,5 @@ class ReplicaRouter:
                         get_loads=epb.EngineGetLoads()))
                 except StageError:
                     continue  # out of rotation now; its health check brings it back
-                load = resp.load
-                self.router.update_load(name, ReplicaLoad(
-                    running=int(load.num_running), waiting=int(load.num_waiting),
-                    free_blocks=int(load.kv_blocks_free),
-                    total_blocks=int(load.kv_blocks_used + load.kv_blocks_free)))
+                self.update_load(name, resp.load)
             await asyncio.sleep(LOAD_POLL_S)

@@ -13,10 +13,11 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 
-from engine_core.processing.input_processor import InputProcessor
+from engine_core.processing.input_processor import InputProcessor, ProcessedPrompt
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
@@ -104,6 +105,17 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             params, arrival, req.priority)
         request = processed.request
         engine = self.router.route(request.prompt_token_ids, request.cache_salt)
+        try:
+            children = await self._add_on(engine, req, processed, carrier)
+        finally:
+            self.router.answered(engine)
+        return tpb.AddedRequest(child_ids=[c.request_id for c in children],
+                                num_prompt_tokens=len(request.prompt_token_ids),
+                                output_kind=int(request.sampling_params.output_kind))
+
+    async def _add_on(self, engine: str, req: tpb.ProcessRequest, processed: ProcessedPrompt,
+                      carrier: dict[str, str]) -> list[Any]:
+        """The request's state to the detokenizer, then its children to the chosen engine."""
         # The detokenizer first: it must know the request before the engine's first output.
         detok = await self.detokenizer.call(dpb.DetokenizerRequest(
             add=dpb.DetokAddRequest(processed=processed_to_pb(processed), origin=req.origin,
@@ -117,9 +129,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             # All or nothing: the detokenizer forgets the request the engine did not take.
             await self._forget_in_detokenizer(req.request_id)
             raise
-        return tpb.AddedRequest(child_ids=[c.request_id for c in children],
-                                num_prompt_tokens=len(processed.request.prompt_token_ids),
-                                output_kind=int(processed.request.sampling_params.output_kind))
+        return children
 
     async def _forget_in_detokenizer(self, request_id: str) -> None:
         try:

@@ -134,3 +134,16 @@ def test_a_sequence_gap_reopens_the_kv_subscription_for_a_fresh_snapshot() -> No
     asyncio.run(sub.on_message(epb.EngineKvEvents(batch=pb.KvEventBatch(seq=3))))
     with pytest.raises(Resubscribe):
         asyncio.run(sub.on_message(epb.EngineKvEvents(batch=pb.KvEventBatch(seq=5))))
+
+
+def test_an_add_not_yet_answered_counts_against_its_replica_despite_an_older_load_poll() -> None:
+    engines, router = _router()
+    router.policy = router.router.policy = "least-load"
+    first = router.route([1] * BLOCK_SIZE)
+    # A poll answered before the add reached the engine: it cannot count it yet.
+    router.update_load(first, pb.EngineLoad())
+    assert router.router.loads[first].waiting == 1
+    assert router.route([2] * BLOCK_SIZE) != first
+    router.answered(first)
+    router.update_load(first, pb.EngineLoad(num_waiting=1))  # the engine has it now
+    assert router.router.loads[first].waiting == 1
