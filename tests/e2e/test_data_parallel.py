@@ -141,6 +141,32 @@ def test_reset_reaches_both_replicas_and_reports_each(
         assert set(_cached_on(control, prompt).values()) == {0}
 
 
+def test_kv_events_and_clear_name_the_replica(
+        dp_client: EngineClient, control: control_pb2_grpc.ControlStub) -> None:
+    _reset(control)
+    prompt = [70] * (2 * BLOCK_SIZE) + [1]
+    stream = control.SubscribeKvEvents(cpb.SubscribeKvEventsRequest(), timeout=30)
+    try:
+        time.sleep(0.5)  # subscribed (to both engines) before the request runs
+        _serve(dp_client, {"ev": prompt})
+        holder = next(e for e, n in _cached_on(control, prompt).items() if n)
+        for batch in stream:
+            if any(e.HasField("block_stored") for e in batch.events):
+                assert batch.engine == holder
+                break
+    finally:
+        stream.cancel()
+    # A replica's address as instance_id clears that replica only.
+    other = next(e for e in _cached_on(control, prompt) if e != holder)
+    cleared = control.ClearKvCache(gpb.ClearKvCacheRequest(instance_id=other,
+                                                           location="device"), timeout=10)
+    assert [r.engine for r in cleared.replicas] == [other]
+    assert _cached_on(control, prompt)[holder] == 2 * BLOCK_SIZE
+    cleared = control.ClearKvCache(gpb.ClearKvCacheRequest(location="device"), timeout=10)
+    assert len(cleared.replicas) == 2 and cleared.num_tokens_cleared >= 2 * BLOCK_SIZE
+    assert set(_cached_on(control, prompt).values()) == {0}
+
+
 def test_killed_replica_ends_its_requests_with_error_while_the_other_continues(
         dp_stack: Stack, dp_client: EngineClient,
         control: control_pb2_grpc.ControlStub) -> None:
