@@ -41,7 +41,10 @@ class KvEventsHub:
             return
         batch = self.core.take_kv_events()
         if batch is not None:
-            self._loop.call_soon_threadsafe(self._publish, kv_event_batch_to_pb(batch, self.name))
+            # The loop is gone only while the server shuts down: nobody is left to tell.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._publish,
+                                                kv_event_batch_to_pb(batch, self.name))
 
     def snapshot(self) -> tuple[list[bytes], int]:
         """On the core's thread: what a new subscriber starts from."""

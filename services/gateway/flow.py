@@ -232,12 +232,10 @@ class GatewayFlow:
         self._step_replica.update({step_id: name for name, step_id in step_ids.items()})
         carrier = carrier_from_context()
         try:
-            results = await self.engines.fan_out(lambda name: epb.EngineRequest(
+            results = answers(await self.engines.fan_out(lambda name: epb.EngineRequest(
                 step=epb.EngineStep(step_id=step_ids[name], origin=self.origin),
-                trace_context=carrier), names)
+                trace_context=carrier), names))
             stepped = [step_ids[n] for n, r in results.items() if not isinstance(r, StageError)]
-            if not stepped:
-                raise next(iter(results.values()))
             done, _ = await asyncio.wait([waiters[i] for i in stepped],
                                          timeout=STEP_OUTPUTS_TIMEOUT_S)
             returned: list[pb.RequestOutput] = []
