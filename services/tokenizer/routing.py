@@ -45,6 +45,7 @@ class KvEventsSubscription(Subscriber):
         self.replica = replica
         self.router = router
         self._resync_reason = ""
+        self._warned = False  # about an engine without --kv-events, once
 
     def open(self) -> Any:
         return engine_pb2_grpc.EngineStub(self.client.channel).KvEvents(
@@ -65,7 +66,11 @@ class KvEventsSubscription(Subscriber):
         self._resync_reason = reason
 
     def on_lost(self, detail: str, was_subscribed: bool) -> None:
-        if was_subscribed and not detail.startswith("resubscribing"):
+        if detail.startswith("FAILED_PRECONDITION") and not self._warned:
+            self._warned = True
+            logger.warning("engine %s records no KV events (start it with --kv-events): the "
+                           "router only remembers where it sent each prefix", self.replica)
+        elif was_subscribed and not detail.startswith("resubscribing"):
             logger.info("KV events of %s: %s", self.replica, detail)
 
 
