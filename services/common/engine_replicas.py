@@ -98,11 +98,10 @@ class EngineReplicas:
 
     async def fan_out(self, make_msg: Callable[[str], Any], names: Sequence[str] | None = None
                       ) -> dict[str, Any]:
-        """make_msg(replica) to each replica (those in rotation unless `names`): per replica,
-        its answer or the StageError it raised. UNAVAILABLE when no replica is in rotation."""
-        targets = list(names) if names is not None else self.in_rotation()
-        if not targets:
-            raise StageUnavailable("engine", "no engine replica is in rotation")
+        """make_msg(replica) to each replica (those in rotation unless `names`; all of them when
+        none is, so a replica just back answers before its next health check, and the errors
+        say why): per replica, its answer or the StageError it raised."""
+        targets = list(names) if names is not None else (self.in_rotation() or self.names)
         results = await asyncio.gather(*(self.call(n, make_msg(n)) for n in targets),
                                        return_exceptions=True)
         out: dict[str, Any] = {}

@@ -223,8 +223,7 @@ class GatewayFlow:
         """One step of every replica in rotation (each with its own step id); the union of
         their outputs. A replica that fails is out of rotation: its requests end with "error"
         through the detokenizer, and the others' step stands."""
-        # None in rotation: try them all, so the error says why.
-        names = self.engines.in_rotation() or self.engines.names
+        names = self.engines.in_rotation() or self.engines.names  # none: try all (fan_out)
         step_ids = {name: next(self._step_ids) for name in names}
         loop = asyncio.get_running_loop()
         waiters = {step_id: loop.create_future() for step_id in step_ids.values()}
