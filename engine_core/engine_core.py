@@ -240,6 +240,17 @@ class EngineCore:
             raise ValueError("kv_events must be True (--kv-events) to take KV events")
         return self.kv_events.take()
 
+    def kv_events_snapshot(self) -> tuple[list[bytes], int]:
+        """Every block hash the prefix cache holds now and the seq of the next batch: a new
+        subscriber's starting point (take pending events first, or they are counted twice).
+
+        Raises ValueError when the engine was built without kv_events=True.
+        """
+        if self.kv_events is None:
+            raise ValueError("kv_events must be True (--kv-events) to take KV events")
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return pool.cached_block_hash_to_block.hashes(), self.kv_events.next_seq
+
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()
 

@@ -1,6 +1,7 @@
 """`strand`: serve, demo, make-tiny-model, and each service alone (tokenizer|engine|detokenizer|gateway).
 
     strand serve --model DIR            # the four services on loopback; Ctrl-C stops them all
+    strand serve --model DIR --data-parallel-size 2   # two engine replicas, KV-aware routing
     strand demo                         # real SmolLM2 (pulled once), stack, step-by-step example
     strand pull smollm2                 # fetch a model by short name; prints its path
     strand engine --model DIR --port 50053   # one service alone (compose runs these)
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from engine_core.config import EngineArgs
 from services.common.errors import LOG_LEVEL_ENV, UserError, run_main
+from services.router.router import POLICIES
 
 if TYPE_CHECKING:
     from services.launch import Stack
@@ -99,7 +101,37 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
                         help="serve Prometheus /metrics: the gateway on this port of --host, "
                              "the tokenizer, engine and detokenizer on the next three; 0 or "
                              "absent: off")
+    parser.add_argument("--data-parallel-size", type=int, default=1,
+                        help="engine replicas to start, each its own process and KV cache, "
+                             "behind one tokenizer (which routes), detokenizer and gateway "
+                             "(default: %(default)s)")
+    parser.add_argument("--engine-addresses", default=None,
+                        help="host:port,... of engines started elsewhere (strand engine): the "
+                             "stack starts no engine and routes among these")
+    parser.add_argument("--router-policy", choices=POLICIES, default=None,
+                        help="how the tokenizer picks a replica: kv-aware (cached prefix "
+                             "against load; the default with several engines, and the started "
+                             "engines then record --kv-events), least-load or round-robin")
     return parser
+
+
+def _replica_args(args: argparse.Namespace, parser: argparse.ArgumentParser
+                  ) -> tuple[int, list[str]]:
+    """(engine replicas to start, engines started elsewhere); parser.error on a bad value."""
+    from services.common.engine_replicas import parse_engine_addresses
+
+    if args.data_parallel_size < 1:
+        parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    addresses: list[str] = []
+    if args.engine_addresses is not None:
+        try:
+            addresses = parse_engine_addresses(args.engine_addresses, "--engine-addresses")
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.data_parallel_size != 1:
+            parser.error("--data-parallel-size must be 1 with --engine-addresses (those "
+                         f"engines are started elsewhere), got {args.data_parallel_size}")
+    return args.data_parallel_size, addresses
 
 
 def _engine_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -148,12 +180,15 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
     gateway_args = ["--auto-step"] if args.auto_step else []
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
+    data_parallel_size, engine_addresses = _replica_args(args, parser)
     _build_cpu_kernels(args.device)
     config = StackConfig(model=model, engine_args=_engine_flags(args, parser),
                          gateway_args=gateway_args, host=args.host, gateway_port=args.port,
                          otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
-                         openai_port=args.openai_port, metrics_port=args.metrics_port or None)
+                         openai_port=args.openai_port, metrics_port=args.metrics_port or None,
+                         data_parallel_size=data_parallel_size,
+                         engine_addresses=engine_addresses, router_policy=args.router_policy)
     return launch_stack(config)
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +141,31 @@ class StackConfig:
     # Prometheus /metrics: None off; 0 a free port per service; P the gateway on P and the
     # tokenizer, engine and detokenizer on P+1, P+2, P+3 (METRICS_ORDER).
     metrics_port: int | None = None
+    data_parallel_size: int = 1  # engine replicas started here (each its own process)
+    engine_addresses: list[str] = field(default_factory=list)  # engines started elsewhere
+    router_policy: str | None = None  # the tokenizer's; None: kv-aware with several engines
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {self.data_parallel_size}")
+        if self.engine_addresses and self.data_parallel_size != 1:
+            raise ValueError("data_parallel_size must be 1 with engine_addresses (the engines "
+                             "are started elsewhere), got "
+                             f"{self.data_parallel_size}")
+
+    @property
+    def engine_names(self) -> list[str]:
+        """The engine processes this stack starts: "engine", or engine-0 ... engine-{N-1}."""
+        if self.engine_addresses:
+            return []
+        if self.data_parallel_size == 1:
+            return ["engine"]
+        return [f"engine-{i}" for i in range(self.data_parallel_size)]
+
+    @property
+    def routes_kv_aware(self) -> bool:
+        num_engines = len(self.engine_addresses) or self.data_parallel_size
+        return num_engines > 1 and self.router_policy in (None, "kv-aware")
 
 
 @dataclass(slots=True)
@@ -156,12 +181,25 @@ class Stack:
         return f"{self.config.host}:{self.ports[name]}"
 
     @property
+    def stage_names(self) -> list[str]:
+        """Every stage process, engines in the middle (readiness order is _READY_ORDER)."""
+        return ["tokenizer", *self.config.engine_names, "detokenizer"]
+
+    @property
+    def engine_addrs(self) -> str:
+        """What the other stages are given as --engine-addr: every replica, comma-separated."""
+        if self.config.engine_addresses:
+            return ",".join(self.config.engine_addresses)
+        return ",".join(self.address(n) for n in self.config.engine_names)
+
+    @property
     def gateway_address(self) -> str:
         return self.address("gateway")
 
     def command(self, name: str) -> list[str]:
         cfg = self.config
-        cmd = [sys.executable, "-m", f"services.{name}", "--host", cfg.host,
+        module = "engine" if name in cfg.engine_names else name
+        cmd = [sys.executable, "-m", f"services.{module}", "--host", cfg.host,
                "--port", str(self.ports[name])]
         if cfg.otlp_traces_endpoint:
             cmd += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
@@ -170,19 +208,36 @@ class Stack:
         if name == "openai":
             return cmd + _openai_args(self)
         if name == "gateway":
-            cmd += [f"--{s}-addr={self.address(s)}" for s in STAGES] + cfg.gateway_args
+            cmd += [f"--tokenizer-addr={self.address('tokenizer')}",
+                    f"--engine-addr={self.engine_addrs}",
+                    f"--detokenizer-addr={self.address('detokenizer')}", *cfg.gateway_args]
             if cfg.tls_cert and cfg.tls_key:
                 cmd += ["--tls-cert", cfg.tls_cert, "--tls-key", cfg.tls_key]
             return cmd
         cmd += ["--model", cfg.model, *cfg.engine_args]
         # The ring: each stage is told the next ones; the engine's mode is the stack's.
         if name == "tokenizer":
-            cmd += [f"--{s}-addr={self.address(s)}" for s in ("engine", "detokenizer")]
-        elif name == "detokenizer":
-            cmd += [f"--engine-addr={self.address('engine')}"]
-        elif "--auto-step" in cfg.gateway_args:
+            cmd += [f"--engine-addr={self.engine_addrs}",
+                    f"--detokenizer-addr={self.address('detokenizer')}"]
+            if cfg.router_policy:
+                cmd += ["--router-policy", cfg.router_policy]
+            return cmd
+        if name == "detokenizer":
+            return cmd + [f"--engine-addr={self.engine_addrs}"]
+        if "--auto-step" in cfg.gateway_args:
             cmd += ["--auto-step"]
+        if cfg.routes_kv_aware and "--kv-events" not in cmd:
+            cmd += ["--kv-events"]  # the router's index is fed by them
         return cmd
+
+    def replica_env(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        """Engine replica i gets the i-th of CUDA_VISIBLE_DEVICES when it names one device per
+        replica (its own GPU); otherwise the replicas share what is visible."""
+        names = self.config.engine_names
+        devices = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if name not in names or len(names) < 2 or len(devices) < len(names):
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": devices[names.index(name)].strip()}
 
     def start(self, name: str, timeout: float = 120.0) -> None:
         """(Re)start one service and wait for its health."""
@@ -201,6 +256,7 @@ class Stack:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env[STAGE_TOKEN_ENV] = self.stage_token
+        env.update(self.replica_env(name, env))
         # The stages import `services` from this checkout whether or not it is installed.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -233,7 +289,7 @@ class Stack:
             self._stop(timeout)
 
     def _stop(self, timeout: float) -> None:
-        order = ["openai", "gateway", *STAGES]
+        order = ["openai", "gateway", *self.stage_names]
         for name in order:
             process = self.processes.get(name)
             if process is not None and process.poll() is None:
@@ -257,16 +313,21 @@ class Stack:
 
 
 def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
-    """Start the four services (stages in parallel, then the gateway) and wait for health."""
-    ports = {name: free_port(config.host) for name in STAGES}
+    """Start the services (stages and engine replicas in parallel, then the gateway) and wait
+    for health."""
+    names = ["tokenizer", *config.engine_names, "detokenizer"]
+    ports = {name: free_port(config.host) for name in names}
     ports["gateway"] = config.gateway_port or free_port(config.host)
     stack = Stack(config, ports)
-    stack.metrics_ports = metrics_ports(config.host, config.metrics_port)
+    stack.metrics_ports = metrics_ports(
+        config.host, config.metrics_port,
+        ["gateway", "tokenizer", *config.engine_names, "detokenizer"])
     try:
-        for name in STAGES:
+        for name in names:
             stack.start_async(name)
-        for name in _READY_ORDER:
-            wait_healthy(stack.address(name), timeout, stack.processes[name], name)
+        for stage in _READY_ORDER:
+            for name in config.engine_names if stage == "engine" else [stage]:
+                wait_healthy(stack.address(name), timeout, stack.processes[name], name)
         stack.start("gateway", timeout)
         if config.openai_port is not None:
             from services.openai.health import wait_http_healthy
@@ -281,16 +342,18 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
     return stack
 
 
-def metrics_ports(host: str, first: int | None) -> dict[str, int]:
-    """Each service's /metrics port (see StackConfig.metrics_port)."""
+def metrics_ports(host: str, first: int | None,
+                  names: Sequence[str] = METRICS_ORDER) -> dict[str, int]:
+    """Each service's /metrics port (see StackConfig.metrics_port); names in port order (with
+    data-parallel replicas: gateway, tokenizer, engine-0 ... engine-{N-1}, detokenizer)."""
     if first is None:
         return {}
     if first == 0:
-        return {name: free_port(host) for name in METRICS_ORDER}
-    if not 0 < first <= 65535 - len(METRICS_ORDER) + 1:
-        raise ValueError(f"metrics_port must be in [1, {65535 - len(METRICS_ORDER) + 1}] "
-                         f"(four ports from it), got {first}")
-    return {name: first + i for i, name in enumerate(METRICS_ORDER)}
+        return {name: free_port(host) for name in names}
+    if not 0 < first <= 65535 - len(names) + 1:
+        raise ValueError(f"metrics_port must be in [1, {65535 - len(names) + 1}] "
+                         f"({len(names)} ports from it), got {first}")
+    return {name: first + i for i, name in enumerate(names)}
 
 
 def _openai_args(stack: Stack) -> list[str]:

@@ -193,6 +193,10 @@ class BlockHashToBlockMap:
             del self._table[block_hash]
         return block
 
+    def hashes(self) -> list[BlockHash]:
+        """Every hash cached now, once each."""
+        return list(self._table)
+
     def items(self) -> list[tuple[BlockHash, KVCacheBlock]]:
         """(hash, block) for every cached block (a hash appears once per block)."""
         return [(h, b) for h, blocks in self._table.items() for b in blocks.values()]

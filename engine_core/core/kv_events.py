@@ -62,6 +62,11 @@ class KVEventBuffer:
             self._dropped += 1
         self._events.append(event)
 
+    @property
+    def next_seq(self) -> int:
+        """The seq the next batch will carry when nothing is dropped before it."""
+        return self._next_seq + self._dropped
+
     def take(self) -> KVEventBatch | None:
         """The pending events as one batch, or None when there is nothing (not even a gap)."""
         if not self._events and not self._dropped:

@@ -16,6 +16,11 @@ from services.common.status import StageUnavailable
 RESUBSCRIBE_S = 0.1
 
 
+class Resubscribe(Exception):  # noqa: N818 - a request, not an error
+    """Raised by on_message: end this subscription and open a fresh one (e.g. to get a new
+    snapshot after a sequence gap)."""
+
+
 class Subscriber:
     # What wait_subscribed's UNAVAILABLE says (after "<stage> stage is unavailable: ").
     not_subscribed = "no output subscription"
@@ -52,6 +57,9 @@ class Subscriber:
     async def on_message(self, msg: Any) -> None:
         raise NotImplementedError
 
+    def on_subscribed(self, msg: Any) -> None:
+        """The stage's first message (`subscribed`): what it says besides (a snapshot)."""
+
     def on_lost(self, detail: str, was_subscribed: bool) -> None:
         """The subscription ended (or could not be opened), for `detail`."""
 
@@ -71,10 +79,13 @@ class Subscriber:
             await asyncio.wait_for(self.client.channel.channel_ready(), 2.0)
             async for msg in self.open():
                 if msg.subscribed:
+                    self.on_subscribed(msg)
                     self._subscribed.set()
                     continue
                 await self.on_message(msg)
             return "its output stream ended"
+        except Resubscribe as exc:
+            return f"resubscribing: {exc}"
         except TimeoutError:
             return f"cannot connect to {self.client.target}"
         except grpc.aio.AioRpcError as exc:

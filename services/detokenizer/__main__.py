@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from engine_core.metrics.request_metrics import RequestStatsRecorder
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import detokenizer_pb2, detokenizer_pb2_grpc
+from services.common.engine_replicas import parse_engine_addresses
 from services.common.errors import run_main, setup_logging
 from services.common.server import ServerOptions, run_server
 from services.common.stage_args import (
@@ -29,8 +30,13 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = make_parser("detokenizer")
     parser.add_argument("--engine-addr", default="127.0.0.1:50053",
-                        help="the engine whose step outputs this stage subscribes to")
+                        help="the engine (or comma-separated engine replicas) whose step "
+                             "outputs this stage subscribes to")
     args, options = parse_stage_args(parser, argv)
+    try:
+        engine_addrs = parse_engine_addresses(args.engine_addr)
+    except ValueError as exc:
+        parser.error(str(exc))
     engine_args = checked_engine_args(args)
     from engine_core.default_model import resolve_model_dir
     from engine_core.processing.tokenizer import Tokenizer
@@ -45,26 +51,27 @@ def _main(argv: list[str] | None) -> None:
     processor = OutputProcessor(tokenizer, stream_interval=engine_args.stream_interval,
                                 stats=stats)
 
-    asyncio.run(_serve(processor, args.engine_addr, options, registry))
+    asyncio.run(_serve(processor, engine_addrs, options, registry))
 
 
-async def _serve(processor: OutputProcessor, engine_addr: str, options: ServerOptions,
+async def _serve(processor: OutputProcessor, engine_addrs: list[str], options: ServerOptions,
                  registry: CollectorRegistry | None = None) -> None:
     # Made on the running loop: a grpc.aio channel belongs to the loop it was created on.
-    servicer = DetokenizerServicer.create(processor, engine_addr)
+    servicer = DetokenizerServicer.create(processor, engine_addrs)
 
     def register(server: grpc.aio.Server) -> list[str]:
         detokenizer_pb2_grpc.add_DetokenizerServicer_to_server(servicer, server)
         return [detokenizer_pb2.DESCRIPTOR.services_by_name["Detokenizer"].full_name]
 
     async def on_started(port: int) -> None:
-        servicer.feed.start()
+        servicer.start()
 
     async def on_stop() -> None:
-        await servicer.feed.close()
+        await servicer.close()
 
     await run_server("detokenizer", options, register, on_stop=on_stop, on_started=on_started,
                      ready=servicer.ready, metrics=registry)
+
 
 if __name__ == "__main__":
     main()

@@ -1,9 +1,10 @@
-"""The detokenizer's subscription to the engine's step outputs, kept open (reconnecting) for as
-long as the stage runs.
+"""The detokenizer's subscription to one engine replica's step outputs, kept open (reconnecting)
+for as long as the stage runs (one per replica, sharing the OutputProcessor and the routes).
 
 Each step: OutputProcessor.process_outputs, stop-string aborts to the engine, RequestOutputs to
 their gateways. When the subscription breaks (the engine died), every request here ends with
-finish_reason "error" naming the engine, at once; the engine aborts what it had when it loses
+finish_reason "error" naming the engine, at once (with replicas: every request of that replica;
+the others' go on); the engine aborts what it had when it loses
 its subscriber, so a restarted engine and this stage start clean together.
 """
 
@@ -35,6 +36,7 @@ class EngineFeed(Subscriber):
         self.processor = processor
         self.routes = routes
         self.engine = self.client
+        self.name = engine_addr  # the replica, as the tokenizer's router names it
         self._background: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -71,7 +73,7 @@ class EngineFeed(Subscriber):
                          msg.step_id, msg.origin)
 
     def _end_all_with_error(self, reason: str) -> None:
-        ids = self.routes.owned()
+        ids = self.routes.owned(engine=self.name)
         if ids:
             ended = self.processor.finish_with_error(ids, reason)
             self.routes.send([request_output_to_pb(o) for o in ended])

@@ -1,4 +1,5 @@
-"""Which gateway (origin) owns each request here, and each gateway's outgoing queue."""
+"""Which gateway (origin) owns each request here, which engine replica runs it, and each
+gateway's outgoing queue."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class Routes:
     def __init__(self) -> None:
         self._queues: dict[str, asyncio.Queue[dpb.OutputBatch | None]] = {}
         self._origin: dict[str, str] = {}  # request id -> origin
+        self._engine: dict[str, str] = {}  # request id -> the engine replica running it
 
     def subscribe(self, origin: str) -> asyncio.Queue[dpb.OutputBatch | None]:
         old = self._queues.get(origin)
@@ -24,26 +26,36 @@ class Routes:
 
     def unsubscribe(self, origin: str, queue: asyncio.Queue[dpb.OutputBatch | None]
                     ) -> list[str]:
-        """End the subscription; the ids its gateway owned (forgotten here: abort them)."""
+        """End the subscription; the ids its gateway owned (no longer its: abort them, which
+        forgets their engine too)."""
         if self._queues.get(origin) is not queue:
             return []  # replaced by a newer subscription of the same gateway
         del self._queues[origin]
         owned = [r for r, o in self._origin.items() if o == origin]
-        self.forget(owned)
+        for request_id in owned:
+            del self._origin[request_id]
         return owned
 
     def is_subscribed(self, origin: str) -> bool:
         return origin in self._queues
 
-    def own(self, request_id: str, origin: str) -> None:
+    def own(self, request_id: str, origin: str, engine: str = "") -> None:
         self._origin[request_id] = origin
+        self._engine[request_id] = engine
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
             self._origin.pop(request_id, None)
+            self._engine.pop(request_id, None)
 
-    def owned(self) -> list[str]:
-        return list(self._origin)
+    def owned(self, engine: str | None = None) -> list[str]:
+        """Every request here, or those running on one engine replica."""
+        if engine is None:
+            return list(self._origin)
+        return [r for r, e in self._engine.items() if e == engine]
+
+    def engine_of(self, request_id: str) -> str | None:
+        return self._engine.get(request_id)
 
     def send(self, outputs: list[pb.RequestOutput], step_id: int = 0, step_origin: str = ""
              ) -> None:
@@ -57,6 +69,7 @@ class Routes:
             by_origin.setdefault(origin, []).append(output)
             if output.finished:
                 del self._origin[output.request_id]
+                self._engine.pop(output.request_id, None)
         if step_id and step_origin not in by_origin:
             by_origin[step_origin] = []
         for origin, batch in by_origin.items():

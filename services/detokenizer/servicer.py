@@ -1,10 +1,14 @@
 """Detokenizer servicer: the ring's last stage. The engine's step outputs come in on a
 subscription (EngineFeed), become RequestOutputs here and go to the gateway that owns each
 request on its Outputs subscription. The tokenizer adds request state on a Session (always before
-the engine has the request, so before its first output); gateways abort on theirs."""
+the engine has the request, so before its first output); gateways abort on theirs.
+
+With engine replicas there is one subscription per replica; each request remembers the replica
+the tokenizer's router chose, so its aborts go there and only that replica's loss ends it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -29,17 +33,51 @@ SUBSCRIBE_WAIT_S = 1.0
 
 
 class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
-    def __init__(self, processor: OutputProcessor, feed: EngineFeed) -> None:
+    def __init__(self, processor: OutputProcessor, feeds: list[EngineFeed]) -> None:
+        if not feeds:
+            raise ValueError("feeds must not be empty: the detokenizer needs an engine")
         self.processor = processor
-        self.routes = feed.routes
-        self.feed = feed
+        self.routes = feeds[0].routes
+        self.feeds = {f.name: f for f in feeds}
 
     @classmethod
-    def create(cls, processor: OutputProcessor, engine_addr: str) -> DetokenizerServicer:
-        return cls(processor, EngineFeed(processor, Routes(), engine_addr))
+    def create(cls, processor: OutputProcessor, engine_addrs: list[str]) -> DetokenizerServicer:
+        routes = Routes()
+        return cls(processor, [EngineFeed(processor, routes, a) for a in engine_addrs])
+
+    def start(self) -> None:
+        for feed in self.feeds.values():
+            feed.start()
+
+    async def close(self) -> None:
+        for feed in self.feeds.values():
+            await feed.close()
 
     def ready(self) -> bool:
-        return self.feed.subscribed
+        # Serving as long as one replica is: the router sends nothing to the others.
+        return any(f.subscribed for f in self.feeds.values())
+
+    def _feed_for(self, engine: str) -> EngineFeed:
+        if not engine and len(self.feeds) == 1:
+            return next(iter(self.feeds.values()))
+        feed = self.feeds.get(engine)
+        if feed is None:
+            raise ValueError(f"engine must be one of {sorted(self.feeds)}, got {engine!r}")
+        return feed
+
+    def abort_everywhere(self, request_ids: list[str], count_as_aborted: bool = True
+                         ) -> dict[EngineFeed, list[str]]:
+        """Drop requests here; per replica, the engine requests (children) to abort there.
+        count_as_aborted=False: taking back requests an engine refused (not aborts in the
+        metrics: they never ran)."""
+        by_feed: dict[EngineFeed, list[str]] = {}
+        for request_id in request_ids:
+            engine = self.routes.engine_of(request_id)
+            child_ids = self.processor.abort_requests([request_id], count_as_aborted)
+            if child_ids and engine is not None and engine in self.feeds:
+                by_feed.setdefault(self.feeds[engine], []).extend(child_ids)
+        self.routes.forget(request_ids)
+        return by_feed
 
     async def Outputs(self, request: dpb.DetokOutputsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[dpb.OutputBatch]:
@@ -59,7 +97,8 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                 # Its gateway is gone: nobody would ever collect or abort these.
                 logger.info("gateway %s left; aborting its %d requests", request.origin,
                             len(orphans))
-                self.feed.abort_in_engine_later(self.processor.abort_requests(orphans))
+                for feed, child_ids in self.abort_everywhere(orphans).items():
+                    feed.abort_in_engine_later(child_ids)
 
     async def Session(self, request_iterator: AsyncIterator[dpb.DetokenizerRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[dpb.DetokenizerResponse]:
@@ -88,33 +127,33 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         return dpb.DetokenizerResponse(seq=msg.seq, children=await self._add(msg.add))
 
     async def _on_abort(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
-        child_ids = self.processor.abort_requests(list(msg.abort.request_ids),
-                                                  not msg.abort.never_admitted)
-        self.routes.forget(msg.abort.request_ids)
-        if child_ids:
-            # Answered once the engine has dropped them too: no step after the Abort call
-            # computes them (LLMEngine.abort_request's promise).
-            await self.feed.engine.call(epb.EngineRequest(
-                abort=epb.EngineAbort(request_ids=child_ids)))
+        by_feed = self.abort_everywhere(list(msg.abort.request_ids),
+                                        not msg.abort.never_admitted)
+        # Answered once each engine has dropped them too: no step after the Abort call
+        # computes them (LLMEngine.abort_request's promise).
+        await asyncio.gather(*(feed.engine.call(epb.EngineRequest(
+            abort=epb.EngineAbort(request_ids=ids))) for feed, ids in by_feed.items()))
+        child_ids = [c for ids in by_feed.values() for c in ids]
         return dpb.DetokenizerResponse(seq=msg.seq,
                                        child_ids=dpb.RequestIds(request_ids=child_ids))
 
     async def _on_query(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
         return dpb.DetokenizerResponse(seq=msg.seq, state=dpb.DetokState(
             num_unfinished_requests=self.processor.get_num_unfinished_requests(),
-            engine_subscribed=self.feed.subscribed))
+            engine_subscribed=self.ready()))
 
     async def _add(self, add: dpb.DetokAddRequest) -> dpb.ChildRequests:
         if not add.origin:
             raise ValueError("origin must not be empty")
-        await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
+        feed = self._feed_for(add.engine)
+        await feed.wait_subscribed(SUBSCRIBE_WAIT_S)
         if not self.routes.is_subscribed(add.origin):
             raise StageError(grpc.StatusCode.UNAVAILABLE,
                              f"detokenizer stage is unavailable: gateway {add.origin!r} has no "
                              f"output subscription here")
         processed = processed_from_pb(add.processed)
         children = self.processor.add_request(processed)
-        self.routes.own(processed.request.request_id, add.origin)
+        self.routes.own(processed.request.request_id, add.origin, feed.name)
         return dpb.ChildRequests(requests=[core_request_to_pb(c) for c in children])
 
 

@@ -22,6 +22,8 @@ class CoreCalls:
         self.stats_logger = stats_logger  # --log-stats: the periodic throughput/KV line
         self.name = name  # how GetLoads names this engine
         self.num_unfinished = 0  # after the last call: read from the loop without a core call
+        # Run on the core's thread after every call (the KV events hub takes new events).
+        self.after_call: Callable[[], None] = lambda: None
 
     def handle(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         kind = msg.WhichOneof("kind")
@@ -29,7 +31,10 @@ class CoreCalls:
         if handler is None:
             raise ValueError(f"kind must be one of {', '.join(sorted(_HANDLERS))} or step, "
                              f"got {kind!r}")
-        resp = handler(self, msg, span)
+        try:
+            resp = handler(self, msg, span)
+        finally:
+            self.after_call()
         self.num_unfinished = self.core.get_num_unfinished_requests()
         return resp
 
@@ -116,20 +121,26 @@ class CoreCalls:
         pool = scheduler.kv_cache_manager.block_pool
         free = pool.get_num_free_blocks()
         in_flight = sum(r.num_tokens for r in scheduler.requests.values())
+        prefix = scheduler.kv_cache_manager.prefix_cache_stats
         return pb.EngineLoad(engine=self.name, num_running=len(scheduler.running),
                              num_waiting=len(scheduler.waiting),
                              kv_blocks_used=pool.num_blocks - 1 - free, kv_blocks_free=free,
-                             tokens_in_flight=in_flight)
+                             tokens_in_flight=in_flight, prefix_cache_queries=prefix.queries,
+                             prefix_cache_hits=prefix.hits)
 
     def abort_all(self) -> None:
         self.core.abort_requests(list(self.core.scheduler.requests))
+        self.after_call()
         self.num_unfinished = self.core.get_num_unfinished_requests()
 
     def step(self, span: Any) -> EngineCoreOutputs:
         core = self.core
         # Cleared first: a step with nothing to do schedules nothing and leaves it None.
         core.last_scheduler_output = None
-        outputs = core.step()
+        try:
+            outputs = core.step()
+        finally:
+            self.after_call()
         self.num_unfinished = core.get_num_unfinished_requests()
         record_step(span, core.last_scheduler_output, len(outputs.outputs))
         if self.stats_logger is not None:

@@ -31,6 +31,7 @@ from services.common.convert import core_outputs_to_pb
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
 from services.engine.core_calls import CoreCalls
+from services.engine.kv_events_hub import KvEventsHub
 from services.engine.outputs_hub import OutputsHub
 
 # Auto mode: while adds keep arriving (a burst of requests), the next step waits until they
@@ -56,6 +57,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.model_name = model_name
         self.auto_step = auto_step
         self.calls = CoreCalls(core, stats_logger, name)
+        self.kv_hub = KvEventsHub(core, name)
+        self.calls.after_call = self.kv_hub.drain
         # The thread that built the core (see the module docstring), or a new one.
         self._executor = executor or core_executor()
         self._hub: OutputsHub | None = None
@@ -109,6 +112,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def Outputs(self, request: epb.EngineOutputsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[epb.EngineStepOutputs]:
         async for msg in self.hub.stream():
+            yield msg
+
+    async def KvEvents(self, request: epb.EngineKvEventsRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[epb.EngineKvEvents]:
+        if not self.kv_hub.enabled:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "kv_events must be on (--kv-events) to subscribe to KV events")
+        loop = asyncio.get_running_loop()
+
+        async def take_snapshot() -> tuple[list[bytes], int]:
+            return await loop.run_in_executor(self._executor, self.kv_hub.snapshot)
+        async for msg in self.kv_hub.stream(take_snapshot):
             yield msg
 
     async def Session(self, request_iterator: AsyncIterator[epb.EngineRequest],

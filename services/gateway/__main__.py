@@ -12,13 +12,13 @@ from services._proto.strand.v1 import (
     control_pb2,
     control_pb2_grpc,
     detokenizer_pb2_grpc,
-    engine_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
     tokenizer_pb2_grpc,
 )
+from services.common.engine_replicas import EngineReplicas, parse_engine_addresses
 from services.common.errors import run_main, setup_logging
 from services.common.peer_health import PeerHealth
 from services.common.server import ServerOptions, run_server
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = make_parser("gateway", engine_flags=False)
     parser.add_argument("--tokenizer-addr", default="127.0.0.1:50052")
-    parser.add_argument("--engine-addr", default="127.0.0.1:50053")
+    parser.add_argument("--engine-addr", default="127.0.0.1:50053",
+                        help="the engine, or comma-separated engine replicas (Step, reset and "
+                             "the other engine-wide calls reach every one)")
     parser.add_argument("--detokenizer-addr", default="127.0.0.1:50054")
     parser.add_argument("--auto-step", action="store_true",
                         help="expect an engine that steps itself (its own --auto-step decides "
@@ -53,21 +55,25 @@ def _main(argv: list[str] | None) -> None:
     args, options = parse_stage_args(parser, argv)
     if not args.self_step_after > 0:
         parser.error(f"--self-step-after must be > 0 seconds, got {args.self_step_after}")
-    asyncio.run(serve(args.tokenizer_addr, args.engine_addr, args.detokenizer_addr,
+    try:
+        engine_addrs = parse_engine_addresses(args.engine_addr)
+    except ValueError as exc:
+        parser.error(str(exc))
+    asyncio.run(serve(args.tokenizer_addr, engine_addrs, args.detokenizer_addr,
                       args.auto_step, options, args.self_step_after))
 
 
-async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, auto_step: bool,
-                options: ServerOptions, self_step_after: float = SELF_STEP_AFTER_S) -> None:
+async def serve(tokenizer_addr: str, engine_addrs: list[str], detokenizer_addr: str,
+                auto_step: bool, options: ServerOptions,
+                self_step_after: float = SELF_STEP_AFTER_S) -> None:
     tokenizer = StageClient("tokenizer", tokenizer_addr, tokenizer_pb2_grpc.TokenizerStub)
-    engine = StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub)
+    engines = EngineReplicas.connect(engine_addrs)
     detokenizer = StageClient("detokenizer", detokenizer_addr,
                               detokenizer_pb2_grpc.DetokenizerStub)
-    flow = GatewayFlow(tokenizer, engine, detokenizer, self_step_after=self_step_after)
+    flow = GatewayFlow(tokenizer, engines, detokenizer, self_step_after=self_step_after)
     registry = CollectorRegistry()
     flow.metrics = GatewayMetrics(registry, lambda: flow.num_live)
-    peers = PeerHealth({"tokenizer": tokenizer.channel, "engine": engine.channel,
-                        "detokenizer": detokenizer.channel})
+    peers = PeerHealth({"tokenizer": tokenizer.channel, "detokenizer": detokenizer.channel})
 
     def register(server: grpc.aio.Server) -> list[str]:
         servicer = GatewayServicer(flow)
@@ -81,6 +87,7 @@ async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, au
     async def on_started(port: int) -> None:
         flow.start()
         peers.start()
+        engines.start()
         asyncio.get_running_loop().create_task(_check_mode(flow, auto_step))
 
     async def on_stop() -> None:
@@ -88,7 +95,8 @@ async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, au
         await flow.close()
 
     await run_server("gateway", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=lambda: peers.ready and flow.feed.subscribed, metrics=registry)
+                     ready=lambda: peers.ready and engines.ready and flow.feed.subscribed,
+                     metrics=registry)
 
 
 async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:
@@ -100,7 +108,7 @@ async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:
             await asyncio.sleep(0.5)
     if auto_step and not flow.auto_step:
         logger.warning("--auto-step given, but the engine at %s does not step itself: start "
-                       "the engine with --auto-step", flow.engine.target)
+                       "the engine with --auto-step", ",".join(flow.engines.names))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ gateway). It owns what a front door needs and nothing of the engine's orchestrat
 - the Generate streams, and cancellation.
 A lost detokenizer ends every live request with finish_reason "error" here; a lost engine does so
 in the detokenizer, whose "error" outputs arrive like any other.
+
+With engine replicas (EngineReplicas), engine-wide calls fan out to every replica in rotation:
+Step steps each (one step id per replica) and returns the union of their outputs; reset, clear
+and lookup report per replica beside the aggregate; loads list the replicas.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from opentelemetry import trace
 from engine_core.sampling_params import RequestOutputKind
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
+from services.common.engine_replicas import EngineReplicas
 from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
@@ -45,6 +51,7 @@ from services.gateway.live import (
 )
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.output_feed import OutputFeed
+from services.gateway.replica_reports import answers, cleared_report, lookup_report, reset_report
 from services.gateway.request_span import fail_request_span, start_request_span
 
 logger = logging.getLogger(__name__)
@@ -64,17 +71,17 @@ MAX_REQUEST_ID_CHARS = 256
 
 
 class GatewayFlow:
-    def __init__(self, tokenizer: StageClient, engine: StageClient, detokenizer: StageClient,
-                 self_step_after: float = SELF_STEP_AFTER_S) -> None:
+    def __init__(self, tokenizer: StageClient, engine: StageClient | EngineReplicas,
+                 detokenizer: StageClient, self_step_after: float = SELF_STEP_AFTER_S) -> None:
         if not self_step_after > 0:
             raise ValueError(f"self_step_after must be > 0 seconds, got {self_step_after}")
         self.tokenizer = tokenizer
-        self.engine = engine
+        self.engines = engine if isinstance(engine, EngineReplicas) else EngineReplicas([engine])
         self.detokenizer = detokenizer
         # Outputs of the requests this gateway adds come back to it by this id.
         self.origin = f"gw-{uuid.uuid4().hex[:16]}"
         self.feed = OutputFeed(detokenizer, self.origin, self._on_batch, self._detokenizer_lost)
-        self.kv_feed = KvEventFeed(engine)
+        self.kv_feed = KvEventFeed(self.engines)
         self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
         self.model: str | None = None  # the engine's model, learned with its mode (spans)
         self.metrics: GatewayMetrics | None = None  # set by the gateway's main
@@ -84,6 +91,10 @@ class GatewayFlow:
         self._step_ids = itertools.count(1)
         self._step_waiters: dict[int, asyncio.Future[tuple[list[pb.RequestOutput],
                                                            list[str]]]] = {}
+        self._step_replica: dict[int, str] = {}  # step id -> the replica it stepped
+        # A replica that leaves the rotation mid-step took its step's outputs with it (its
+        # requests end with "error" through the detokenizer): that step has nothing to wait for.
+        self.engines.listeners.append(self._replica_left)
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self._work = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
@@ -102,18 +113,34 @@ class GatewayFlow:
         if self._self_step_task is not None:
             self._self_step_task.cancel()
         await self.feed.close()
-        for client in (self.tokenizer, self.engine, self.detokenizer):
+        await self.kv_feed.close()
+        for client in (self.tokenizer, self.detokenizer):
             await client.close()
+        await self.engines.close()
 
     async def engine_info(self) -> epb.EngineInfo:
-        try:
-            info = await self.engine.stub.GetInfo(epb.EngineInfoRequest(), timeout=10,
-                                                  metadata=stage_metadata())
-        except grpc.aio.AioRpcError as exc:
-            raise StageUnavailable("engine", exc.details() or exc.code().name) from exc
-        self.auto_step = bool(info.auto_step)
-        self.model = info.model
-        return info
+        """The first replica in rotation's answer (they share the model and the mode)."""
+        infos = await self.engine_infos()
+        for info in infos.values():
+            if not isinstance(info, StageError):
+                self.auto_step = bool(info.auto_step)
+                self.model = info.model
+                return info
+        raise next(iter(infos.values()))
+
+    async def engine_infos(self) -> dict[str, epb.EngineInfo | StageError]:
+        """Every replica's GetInfo (rotation order first), or why it did not answer."""
+        async def one(name: str) -> epb.EngineInfo | StageError:
+            try:
+                # Short for a replica known to be down: a host that vanished does not refuse.
+                return await self.engines.clients[name].stub.GetInfo(
+                    epb.EngineInfoRequest(), timeout=10 if name in up else 2,
+                    metadata=stage_metadata())
+            except grpc.aio.AioRpcError as exc:
+                return StageUnavailable("engine", exc.details() or exc.code().name)
+        up = self.engines.in_rotation()
+        names = up + [n for n in self.engines.names if n not in up]
+        return dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
 
     async def _is_auto(self) -> bool:
         if self.auto_step is None:
@@ -205,20 +232,46 @@ class GatewayFlow:
         return self._take_pending() + returned, streamed
 
     async def _step_once(self) -> tuple[list[pb.RequestOutput], list[str]]:
-        step_id = next(self._step_ids)
-        waiter = asyncio.get_running_loop().create_future()
-        self._step_waiters[step_id] = waiter
+        """One step of every replica in rotation (each with its own step id); the union of
+        their outputs. A replica that fails is out of rotation: its requests end with "error"
+        through the detokenizer, and the others' step stands."""
+        names = self.engines.in_rotation() or self.engines.names  # none: try all (fan_out)
+        step_ids = {name: next(self._step_ids) for name in names}
+        loop = asyncio.get_running_loop()
+        waiters = {step_id: loop.create_future() for step_id in step_ids.values()}
+        self._step_waiters.update(waiters)
+        self._step_replica.update({step_id: name for name, step_id in step_ids.items()})
+        carrier = carrier_from_context()
         try:
-            await self.engine.call(epb.EngineRequest(
-                step=epb.EngineStep(step_id=step_id, origin=self.origin),
-                trace_context=carrier_from_context()))
-            try:
-                return await asyncio.wait_for(waiter, STEP_OUTPUTS_TIMEOUT_S)
-            except TimeoutError as exc:
-                raise StageUnavailable("detokenizer", f"the outputs of step {step_id} did not "
-                                       f"arrive within {STEP_OUTPUTS_TIMEOUT_S:.0f}s") from exc
+            results = answers(await self.engines.fan_out(lambda name: epb.EngineRequest(
+                step=epb.EngineStep(step_id=step_ids[name], origin=self.origin),
+                trace_context=carrier), names))
+            stepped = [step_ids[n] for n, r in results.items() if not isinstance(r, StageError)]
+            done, _ = await asyncio.wait([waiters[i] for i in stepped],
+                                         timeout=STEP_OUTPUTS_TIMEOUT_S)
+            returned: list[pb.RequestOutput] = []
+            streamed: list[str] = []
+            for step_id in stepped:
+                waiter = waiters[step_id]
+                if waiter not in done:
+                    raise StageUnavailable("detokenizer", f"the outputs of step {step_id} did "
+                                           f"not arrive within {STEP_OUTPUTS_TIMEOUT_S:.0f}s")
+                outputs, ids = waiter.result()
+                returned += outputs
+                streamed += ids
+            return returned, streamed
         finally:
-            self._step_waiters.pop(step_id, None)
+            for step_id in waiters:
+                self._step_waiters.pop(step_id, None)
+                self._step_replica.pop(step_id, None)
+
+    def _replica_left(self, replica: str, in_rotation: bool) -> None:
+        if in_rotation:
+            return
+        for step_id, name in self._step_replica.items():
+            waiter = self._step_waiters.get(step_id)
+            if name == replica and waiter is not None and not waiter.done():
+                waiter.set_result(([], []))
 
     def _take_pending(self) -> list[pb.RequestOutput]:
         owed, self._pending = self._pending, []
@@ -279,41 +332,66 @@ class GatewayFlow:
     # -- engine-wide control --------------------------------------------------------------------
 
     async def reset_prefix_cache(self, reset_running_requests: bool, reset_connector: bool
-                                 ) -> epb.EngineState:
+                                 ) -> gpb.ResetPrefixCacheResponse:
+        carrier = carrier_from_context()
         async with self._step_lock:  # between steps, as in process
-            resp = await self.engine.call(epb.EngineRequest(
+            results = await self.engines.fan_out(lambda _: epb.EngineRequest(
                 reset_prefix_cache=epb.EngineResetPrefixCache(
                     reset_running_requests=reset_running_requests,
                     reset_connector=reset_connector),
-                trace_context=carrier_from_context()))
-        return resp.state  # type: ignore[no-any-return]
+                trace_context=carrier))
+        return reset_report(results)
 
     async def engine_call(self, **kind: Any) -> epb.EngineState:
-        """One engine-wide call (sleep, wake_up, profile, query) between steps: its state."""
+        """One engine-wide call (sleep, wake_up, profile, query) between steps, on every
+        replica: engine-wide means all of them, so any replica's failure is the call's. The
+        first replica's state, with is_sleeping true when any replica sleeps and every
+        replica's profile trace path."""
+        carrier = carrier_from_context()
         async with self._step_lock:
-            resp = await self.engine.call(epb.EngineRequest(
-                **kind, trace_context=carrier_from_context()))
-        return resp.state  # type: ignore[no-any-return]
+            results = await self.engines.fan_out(
+                lambda _: epb.EngineRequest(**kind, trace_context=carrier))
+        for result in results.values():
+            if isinstance(result, StageError):
+                raise result
+        states = [r.state for r in results.values()]
+        state = epb.EngineState()
+        state.CopyFrom(states[0])
+        state.is_sleeping = any(s.is_sleeping for s in states)
+        state.profile_path = ",".join(s.profile_path for s in states if s.profile_path)
+        return state
 
-    async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
-        """EngineCore.clear_kv_cache: (event id, number of tokens cleared)."""
+    async def clear_kv_cache(self, instance_id: str, location: str) -> gpb.ClearKvCacheResponse:
+        """EngineCore.clear_kv_cache on every replica ("" or the core's own id), or on the one
+        whose address instance_id is."""
+        names = [instance_id] if instance_id in self.engines.clients else None
+        instance_id = "" if names else instance_id
+        carrier = carrier_from_context()
         async with self._step_lock:
-            resp = await self.engine.call(epb.EngineRequest(
+            results = await self.engines.fan_out(lambda _: epb.EngineRequest(
                 clear_kv_cache=epb.EngineClearKvCache(instance_id=instance_id,
                                                       location=location),
-                trace_context=carrier_from_context()))
-        return resp.cleared.event_id, int(resp.cleared.num_tokens_cleared)
+                trace_context=carrier), names)
+        return cleared_report(results)
 
-    async def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
-        """EngineCore.lookup_kv_cache: per location, how many leading tokens are cached."""
-        resp = await self.engine.call(epb.EngineRequest(
+    async def lookup_kv_cache(self, token_ids: list[int]) -> gpb.LookupKvCacheResponse:
+        """EngineCore.lookup_kv_cache per replica: per location, leading tokens cached."""
+        carrier = carrier_from_context()
+        results = await self.engines.fan_out(lambda _: epb.EngineRequest(
             lookup_kv_cache=epb.EngineLookupKvCache(token_ids=token_ids),
-            trace_context=carrier_from_context()))
-        return {k: int(v) for k, v in resp.lookup.num_cached_tokens.items()}
+            trace_context=carrier))
+        return lookup_report(results)
 
     async def get_loads(self) -> list[pb.EngineLoad]:
-        resp = await self.engine.call(epb.EngineRequest(get_loads=epb.EngineGetLoads()))
-        return [resp.load]
+        """Every replica in rotation's load, named by its address as the router knows it."""
+        results = answers(await self.engines.fan_out(
+            lambda _: epb.EngineRequest(get_loads=epb.EngineGetLoads())))
+        loads = []
+        for name, result in results.items():
+            if not isinstance(result, StageError):
+                result.load.engine = name
+                loads.append(result.load)
+        return loads
 
     async def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
         """The engine's KV event batches as they come (polled: the engine keeps them in a

@@ -1,35 +1,64 @@
-"""SubscribeKvEvents: one poller of the engine's KV event buffer while anyone listens, fanned
-out to every subscriber (each gets every batch from the moment it subscribed)."""
+"""SubscribeKvEvents: while anyone listens, one Engine.KvEvents subscription per engine replica,
+fanned out to every subscriber (each gets every batch from the moment it subscribed; each
+batch names its engine, and seq is consecutive per engine). A replica whose stream breaks is
+followed again once it is back: its next batches then skip sequence numbers, which tells a
+client to resync that engine. An engine without --kv-events ends the subscribers' streams
+with FAILED_PRECONDITION naming the flag."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import engine_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
-from services.common.stage_client import StageClient
+from services.common.engine_replicas import EngineReplicas
+from services.common.stage_auth import stage_metadata
 from services.common.status import StageError
+from services.common.subscriber import Subscriber
 
-POLL_S = 0.1
 # A subscriber further behind than this many batches is ended (its client is not reading).
 MAX_QUEUED_BATCHES = 10_000
 
 
+class _ReplicaEvents(Subscriber):
+    def __init__(self, feed: KvEventFeed, engines: EngineReplicas, name: str) -> None:
+        super().__init__(engines.clients[name])
+        self.feed = feed
+        self.name = name
+
+    def open(self) -> Any:
+        return engine_pb2_grpc.EngineStub(self.client.channel).KvEvents(
+            epb.EngineKvEventsRequest(), metadata=stage_metadata())
+
+    async def on_message(self, msg: epb.EngineKvEvents) -> None:
+        msg.batch.engine = self.name  # as the router and GetLoads name it
+        self.feed.publish(msg.batch)
+
+    def on_lost(self, detail: str, was_subscribed: bool) -> None:
+        if detail.startswith("FAILED_PRECONDITION"):
+            self.feed.publish(StageError(grpc.StatusCode.FAILED_PRECONDITION,
+                                         detail.split(": ", 1)[-1]))
+
+
 class KvEventFeed:
-    def __init__(self, engine: StageClient) -> None:
-        self.engine = engine
+    def __init__(self, engines: EngineReplicas) -> None:
+        self.engines = engines
         self._queues: set[asyncio.Queue[pb.KvEventBatch | StageError]] = set()
-        self._poller: asyncio.Task[None] | None = None
+        self._replicas: list[_ReplicaEvents] = []
 
     async def subscribe(self) -> AsyncIterator[pb.KvEventBatch]:
         queue: asyncio.Queue[pb.KvEventBatch | StageError] = asyncio.Queue(MAX_QUEUED_BATCHES)
         self._queues.add(queue)
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        if not self._replicas:
+            self._replicas = [_ReplicaEvents(self, self.engines, n) for n in self.engines.names]
+            for replica in self._replicas:
+                replica.start()
         try:
             while True:
                 item = await queue.get()
@@ -38,22 +67,15 @@ class KvEventFeed:
                 yield item
         finally:
             self._queues.discard(queue)
-            if not self._queues and self._poller is not None:
-                self._poller.cancel()
+            if not self._queues:
+                await self.close()
 
-    async def _poll(self) -> None:
-        while self._queues:
-            try:
-                resp = await self.engine.call(epb.EngineRequest(
-                    take_kv_events=epb.EngineTakeKvEvents()))
-            except StageError as exc:
-                self._publish(exc)
-                return
-            for batch in resp.kv_events_batches.batches:
-                self._publish(batch)
-            await asyncio.sleep(POLL_S)
+    async def close(self) -> None:
+        replicas, self._replicas = self._replicas, []
+        for replica in replicas:
+            await replica.close()
 
-    def _publish(self, item: pb.KvEventBatch | StageError) -> None:
+    def publish(self, item: pb.KvEventBatch | StageError) -> None:
         for queue in list(self._queues):
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(item)
@@ -61,5 +83,6 @@ class KvEventFeed:
             self._queues.discard(queue)
             with contextlib.suppress(asyncio.QueueEmpty):
                 queue.get_nowait()
-            queue.put_nowait(StageError(grpc.StatusCode.RESOURCE_EXHAUSTED, "KV event subscriber fell too far "
-                                                              "behind; subscribe again"))
+            queue.put_nowait(StageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        "KV event subscriber fell too far behind; subscribe "
+                                        "again"))

@@ -21,6 +21,7 @@ from services.common.tracing import context_from_metadata, server_span
 from services.gateway.engine_control import ENGINE_CONTROL_METHODS, EngineControlRpcs
 from services.gateway.flow import GatewayFlow
 from services.gateway.live import StreamQueue
+from services.gateway.replica_reports import replica_infos
 
 T = TypeVar("T")
 _CONTROL_METHODS = frozenset({"ResetPrefixCache", "ClearKvCache", "LookupKvCache",
@@ -72,9 +73,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                context: grpc.aio.ServicerContext
                                ) -> gpb.ResetPrefixCacheResponse:
         async def body() -> gpb.ResetPrefixCacheResponse:
-            state = await self.flow.reset_prefix_cache(request.reset_running_requests,
-                                                       request.reset_connector)
-            return gpb.ResetPrefixCacheResponse(success=state.reset_ok, tiers=state.tiers)
+            return await self.flow.reset_prefix_cache(request.reset_running_requests,
+                                                      request.reset_connector)
         return await self._traced("ResetPrefixCache", context, body)
 
     async def HasUnfinishedRequests(self, request: gpb.HasUnfinishedRequestsRequest,
@@ -96,26 +96,25 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
     async def ClearKvCache(self, request: gpb.ClearKvCacheRequest,
                            context: grpc.aio.ServicerContext) -> gpb.ClearKvCacheResponse:
         async def body() -> gpb.ClearKvCacheResponse:
-            event_id, num_tokens = await self.flow.clear_kv_cache(request.instance_id,
-                                                                  request.location)
-            return gpb.ClearKvCacheResponse(event_id=event_id, num_tokens_cleared=num_tokens)
+            return await self.flow.clear_kv_cache(request.instance_id, request.location)
         return await self._traced("ClearKvCache", context, body)
 
     async def LookupKvCache(self, request: gpb.LookupKvCacheRequest,
                             context: grpc.aio.ServicerContext) -> gpb.LookupKvCacheResponse:
         async def body() -> gpb.LookupKvCacheResponse:
-            found = await self.flow.lookup_kv_cache(list(request.token_ids))
-            return gpb.LookupKvCacheResponse(num_cached_tokens=found)
+            return await self.flow.lookup_kv_cache(list(request.token_ids))
         return await self._traced("LookupKvCache", context, body)
 
     async def GetServerInfo(self, request: gpb.GetServerInfoRequest,
                             context: grpc.aio.ServicerContext) -> gpb.GetServerInfoResponse:
         async def body() -> gpb.GetServerInfoResponse:
             info = await self.flow.engine_info()
+            replicas = replica_infos(await self.flow.engine_infos(),
+                                     self.flow.engines.in_rotation())
             return gpb.GetServerInfoResponse(
                 model=info.model, max_model_len=info.max_model_len, block_size=info.block_size,
-                num_blocks=info.num_blocks, vocab_size=info.vocab_size,
-                auto_step=info.auto_step, versions=_versions())
+                num_blocks=sum(r.num_blocks for r in replicas), vocab_size=info.vocab_size,
+                auto_step=info.auto_step, versions=_versions(), replicas=replicas)
         return await self._traced("GetServerInfo", context, body)
 
     async def GetLoads(self, request: cpb.GetLoadsRequest,

@@ -4,6 +4,7 @@ the tokenizer stage."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -11,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from engine_core.processing.input_processor import InputProcessor
 from services._proto.strand.v1 import (
     detokenizer_pb2_grpc,
-    engine_pb2_grpc,
     tokenizer_pb2,
     tokenizer_pb2_grpc,
 )
+from services.common.engine_replicas import EngineReplicas, parse_engine_addresses
 from services.common.errors import run_main, setup_logging
 from services.common.peer_health import PeerHealth
 from services.common.server import ServerOptions, run_server
@@ -25,7 +26,9 @@ from services.common.stage_args import (
     resolve_model_info,
 )
 from services.common.stage_client import StageClient
+from services.router.router import POLICIES
 from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.routing import ReplicaRouter
 from services.tokenizer.servicer import TokenizerServicer
 
 
@@ -37,10 +40,19 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     parser = make_parser("tokenizer")
     parser.add_argument("--engine-addr", default="127.0.0.1:50053",
-                        help="the engine this stage adds requests to")
+                        help="the engine this stage adds requests to, or comma-separated "
+                             "engine replicas (data parallelism) to route among")
+    parser.add_argument("--router-policy", choices=POLICIES, default=None,
+                        help="how to pick a replica: kv-aware (cached prefix against load; the "
+                             "default with several replicas, which then need --kv-events), "
+                             "least-load or round-robin")
     parser.add_argument("--detokenizer-addr", default="127.0.0.1:50054",
                         help="the detokenizer this stage hands request state to")
     args, options = parse_stage_args(parser, argv)
+    try:
+        engine_addrs = parse_engine_addresses(args.engine_addr)
+    except ValueError as exc:
+        parser.error(str(exc))
     engine_args = checked_engine_args(args)
     from engine_core.processing.tokenizer import Tokenizer
 
@@ -54,17 +66,29 @@ def _main(argv: list[str] | None) -> None:
                                max_logprobs=engine_args.max_logprobs,
                                logits_processor_classes=logits_processor_classes(engine_args))
 
-    asyncio.run(_serve(processor, args.detokenizer_addr, args.engine_addr, options))
+    route = RouteConfig(engine_addrs, engine_args.block_size, args.router_policy,
+                        engine_args.prefix_caching_hash_algo)
+    asyncio.run(_serve(processor, args.detokenizer_addr, route, options))
 
 
-async def _serve(processor: InputProcessor, detokenizer_addr: str, engine_addr: str,
+@dataclass(slots=True)
+class RouteConfig:
+    engine_addrs: list[str]
+    block_size: int  # the engines' own: the router hashes prompts as their caches do
+    policy: str | None
+    hash_algo: str
+
+
+async def _serve(processor: InputProcessor, detokenizer_addr: str, route: RouteConfig,
                  options: ServerOptions) -> None:
     detokenizer = StageClient("detokenizer", detokenizer_addr,
                               detokenizer_pb2_grpc.DetokenizerStub)
-    engine = StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub)
+    engines = EngineReplicas.connect(route.engine_addrs)
+    router = ReplicaRouter(engines, route.block_size, route.policy, route.hash_algo)
     registry = CollectorRegistry()
-    servicer = TokenizerServicer(processor, detokenizer, engine, TokenizerMetrics(registry))
-    peers = PeerHealth({"detokenizer": detokenizer.channel, "engine": engine.channel})
+    servicer = TokenizerServicer(processor, detokenizer, engines, router,
+                                 TokenizerMetrics(registry))
+    peers = PeerHealth({"detokenizer": detokenizer.channel})
 
     def register(server: grpc.aio.Server) -> list[str]:
         tokenizer_pb2_grpc.add_TokenizerServicer_to_server(servicer, server)
@@ -72,13 +96,15 @@ async def _serve(processor: InputProcessor, detokenizer_addr: str, engine_addr: 
 
     async def on_started(port: int) -> None:
         peers.start()
+        engines.start()
+        router.start()
 
     async def on_stop() -> None:
         peers.stop()
         await servicer.close()
 
     await run_server("tokenizer", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=lambda: peers.ready, metrics=registry)
+                     ready=lambda: peers.ready and engines.ready, metrics=registry)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Tokenizer servicer: the ring's first stage. Each ProcessRequest from a gateway is tokenized
-(InputProcessor.process, off the event loop), handed to the detokenizer (which fans n > 1 out
-into child requests) and then, as those children, to the engine; the gateway's answer says the
-request is in the engine, or why it is not (with the stages left as they were).
+(InputProcessor.process, off the event loop), routed to an engine replica (ReplicaRouter: the
+first place its token ids are known), handed to the detokenizer (which fans n > 1 out into child
+requests) and then, as those children, to that engine; the gateway's answer says the request is
+in the engine, or why it is not (with the stages left as they were).
 
 Requests are handled concurrently and answered as they finish (matched by seq): one long prompt
 does not hold up the short ones behind it."""
@@ -24,28 +25,33 @@ from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import tokenizer_pb2_grpc
 from services.common.convert import params_from_pb, prompt_from_pb
 from services.common.convert_core import processed_to_pb
+from services.common.engine_replicas import EngineReplicas
 from services.common.stage_client import StageClient
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import context_from_carrier, server_span
 from services.tokenizer.metrics import TokenizerMetrics
+from services.tokenizer.routing import ReplicaRouter
 
 logger = logging.getLogger(__name__)
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def __init__(self, processor: InputProcessor, detokenizer: StageClient,
-                 engine: StageClient, metrics: TokenizerMetrics | None = None) -> None:
+                 engines: EngineReplicas, router: ReplicaRouter,
+                 metrics: TokenizerMetrics | None = None) -> None:
         self.processor = processor
         self.metrics = metrics
         self.detokenizer = detokenizer
-        self.engine = engine
+        self.engines = engines
+        self.router = router
         # One thread: tokenizing a long prompt must not stall the loop (health, other streams).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
-        for client in (self.detokenizer, self.engine):
-            await client.close()
+        await self.router.close()
+        await self.detokenizer.close()
+        await self.engines.close()
         self._executor.shutdown(wait=False)
 
     async def Session(self, request_iterator: AsyncIterator[tpb.TokenizerRequest],
@@ -106,21 +112,33 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         processed = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._process, req.request_id, prompt_from_pb(req.prompt),
             params, arrival, req.priority)
+        request = processed.request
+        engine = self.router.route(request.prompt_token_ids, request.cache_salt)
+        try:
+            children = await self._add_on(engine, req, processed, carrier)
+        finally:
+            self.router.answered(engine)
+        return tpb.AddedRequest(child_ids=[c.request_id for c in children],
+                                num_prompt_tokens=len(request.prompt_token_ids),
+                                output_kind=int(request.sampling_params.output_kind))
+
+    async def _add_on(self, engine: str, req: tpb.ProcessRequest, processed: ProcessedPrompt,
+                      carrier: dict[str, str]) -> list[Any]:
+        """The request's state to the detokenizer, then its children to the chosen engine."""
         # The detokenizer first: it must know the request before the engine's first output.
         detok = await self.detokenizer.call(dpb.DetokenizerRequest(
-            add=dpb.DetokAddRequest(processed=processed_to_pb(processed), origin=req.origin),
+            add=dpb.DetokAddRequest(processed=processed_to_pb(processed), origin=req.origin,
+                                    engine=engine),
             trace_context=carrier))
         children = list(detok.children.requests)
         try:
-            await self.engine.call(epb.EngineRequest(
+            await self.engines.call(engine, epb.EngineRequest(
                 add=epb.EngineAddRequests(requests=children), trace_context=carrier))
         except BaseException:
             # All or nothing: the detokenizer forgets the request the engine did not take.
             await self._forget_in_detokenizer(req.request_id)
             raise
-        return tpb.AddedRequest(child_ids=[c.request_id for c in children],
-                                num_prompt_tokens=len(processed.request.prompt_token_ids),
-                                output_kind=int(processed.request.sampling_params.output_kind))
+        return children
 
     def _process(self, *args: Any) -> ProcessedPrompt:
         start = time.perf_counter()

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DetokAddRequest(_message.Message):
-    __slots__ = ("processed", "origin")
+    __slots__ = ("processed", "origin", "engine")
     PROCESSED_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     processed: _types_pb2.ProcessedPrompt
     origin: str
-    def __init__(self, processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ..., origin: _Optional[str] = ...) -> None: ...
+    engine: str
+    def __init__(self, processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ..., origin: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class DetokAbort(_message.Message):
     __slots__ = ("request_ids", "never_admitted")

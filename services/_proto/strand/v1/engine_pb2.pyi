@@ -198,6 +198,22 @@ class EngineStepOutputs(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     def __init__(self, step_id: _Optional[int] = ..., origin: _Optional[str] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., subscribed: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class EngineKvEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineKvEvents(_message.Message):
+    __slots__ = ("subscribed", "snapshot_block_hashes", "snapshot_next_seq", "batch")
+    SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    subscribed: bool
+    snapshot_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    snapshot_next_seq: int
+    batch: _types_pb2.KvEventBatch
+    def __init__(self, subscribed: _Optional[bool] = ..., snapshot_block_hashes: _Optional[_Iterable[bytes]] = ..., snapshot_next_seq: _Optional[int] = ..., batch: _Optional[_Union[_types_pb2.KvEventBatch, _Mapping]] = ...) -> None: ...
+
 class KvEventBatches(_message.Message):
     __slots__ = ("batches",)
     BATCHES_FIELD_NUMBER: _ClassVar[int]

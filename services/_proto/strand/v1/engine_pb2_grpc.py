@@ -49,6 +49,11 @@ class EngineStub:
                 request_serializer=strand_dot_v1_dot_engine__pb2.EngineInfoRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_engine__pb2.EngineInfo.FromString,
                 _registered_method=True)
+        self.KvEvents = channel.unary_stream(
+                '/strand.v1.Engine/KvEvents',
+                request_serializer=strand_dot_v1_dot_engine__pb2.EngineKvEventsRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_engine__pb2.EngineKvEvents.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -75,6 +80,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KvEvents(self, request, context):
+        """KV events for any number of subscribers (the tokenizer's router, the gateway's
+        SubscribeKvEvents): first a snapshot of every cached block hash, then each batch as the
+        engine's steps and resets produce it. FAILED_PRECONDITION without --kv-events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +106,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=strand_dot_v1_dot_engine__pb2.EngineInfoRequest.FromString,
                     response_serializer=strand_dot_v1_dot_engine__pb2.EngineInfo.SerializeToString,
+            ),
+            'KvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.KvEvents,
+                    request_deserializer=strand_dot_v1_dot_engine__pb2.EngineKvEventsRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_engine__pb2.EngineKvEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +194,33 @@ class Engine:
             '/strand.v1.Engine/GetInfo',
             strand_dot_v1_dot_engine__pb2.EngineInfoRequest.SerializeToString,
             strand_dot_v1_dot_engine__pb2.EngineInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/strand.v1.Engine/KvEvents',
+            strand_dot_v1_dot_engine__pb2.EngineKvEventsRequest.SerializeToString,
+            strand_dot_v1_dot_engine__pb2.EngineKvEvents.FromString,
             options,
             channel_credentials,
             insecure,

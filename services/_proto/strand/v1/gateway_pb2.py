@@ -25,13 +25,15 @@ _sym_db = _symbol_database.Default()
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/gateway.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"\xb3\x01\n\x11\x41\x64\x64RequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.strand.v1.Prompt\x12)\n\x06params\x18\x03 \x01(\x0b\x32\x19.strand.v1.SamplingParams\x12\x19\n\x0c\x61rrival_time\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x05 \x01(\x03\x42\x0f\n\r_arrival_time\"\x14\n\x12\x41\x64\x64RequestResponse\"\r\n\x0bStepRequest\"W\n\x0cStepResponse\x12)\n\x07outputs\x18\x01 \x03(\x0b\x32\x18.strand.v1.RequestOutput\x12\x1c\n\x14streamed_request_ids\x18\x02 \x03(\t\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x0f\n\rAbortResponse\"R\n\x17ResetPrefixCacheRequest\x12\x1e\n\x16reset_running_requests\x18\x01 \x01(\x08\x12\x17\n\x0freset_connector\x18\x02 \x01(\x08\"P\n\x18ResetPrefixCacheResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.strand.v1.TierReset\"\x1e\n\x1cHasUnfinishedRequestsRequest\".\n\x1dHasUnfinishedRequestsResponse\x12\r\n\x05value\x18\x01 \x01(\x08\"!\n\x1fGetNumUnfinishedRequestsRequest\"1\n GetNumUnfinishedRequestsResponse\x12\r\n\x05value\x18\x01 \x01(\x03\"\x85\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.strand.v1.Prompt\x12)\n\x06params\x18\x03 \x01(\x0b\x32\x19.strand.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x03\"\x16\n\x14GetServerInfoRequest\"\xff\x01\n\x15GetServerInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x12\n\nnum_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x12\x11\n\tauto_step\x18\x06 \x01(\x08\x12@\n\x08versions\x18\x07 \x03(\x0b\x32..strand.v1.GetServerInfoResponse.VersionsEntry\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x13\x43learKvCacheRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"D\n\x14\x43learKvCacheResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x02 \x01(\x03\")\n\x14LookupKvCacheRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"\xa1\x01\n\x15LookupKvCacheResponse\x12P\n\x11num_cached_tokens\x18\x01 \x03(\x0b\x32\x35.strand.v1.LookupKvCacheResponse.NumCachedTokensEntry\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xc4\x06\n\x07Gateway\x12I\n\nAddRequest\x12\x1c.strand.v1.AddRequestRequest\x1a\x1d.strand.v1.AddRequestResponse\x12\x37\n\x04Step\x12\x16.strand.v1.StepRequest\x1a\x17.strand.v1.StepResponse\x12:\n\x05\x41\x62ort\x12\x17.strand.v1.AbortRequest\x1a\x18.strand.v1.AbortResponse\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12j\n\x15HasUnfinishedRequests\x12\'.strand.v1.HasUnfinishedRequestsRequest\x1a(.strand.v1.HasUnfinishedRequestsResponse\x12s\n\x18GetNumUnfinishedRequests\x12*.strand.v1.GetNumUnfinishedRequestsRequest\x1a+.strand.v1.GetNumUnfinishedRequestsResponse\x12\x42\n\x08Generate\x12\x1a.strand.v1.GenerateRequest\x1a\x18.strand.v1.RequestOutput0\x01\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/gateway.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"\xb3\x01\n\x11\x41\x64\x64RequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.strand.v1.Prompt\x12)\n\x06params\x18\x03 \x01(\x0b\x32\x19.strand.v1.SamplingParams\x12\x19\n\x0c\x61rrival_time\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x05 \x01(\x03\x42\x0f\n\r_arrival_time\"\x14\n\x12\x41\x64\x64RequestResponse\"\r\n\x0bStepRequest\"W\n\x0cStepResponse\x12)\n\x07outputs\x18\x01 \x03(\x0b\x32\x18.strand.v1.RequestOutput\x12\x1c\n\x14streamed_request_ids\x18\x02 \x03(\t\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x0f\n\rAbortResponse\"R\n\x17ResetPrefixCacheRequest\x12\x1e\n\x16reset_running_requests\x18\x01 \x01(\x08\x12\x17\n\x0freset_connector\x18\x02 \x01(\x08\"\x86\x01\n\x18ResetPrefixCacheResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12#\n\x05tiers\x18\x02 \x03(\x0b\x32\x14.strand.v1.TierReset\x12\x34\n\x08replicas\x18\x03 \x03(\x0b\x32\".strand.v1.ReplicaResetPrefixCache\"n\n\x17ReplicaResetPrefixCache\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0f\n\x07success\x18\x02 \x01(\x08\x12#\n\x05tiers\x18\x03 \x03(\x0b\x32\x14.strand.v1.TierReset\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"_\n\x10ReplicaKvCleared\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xb4\x01\n\x0fReplicaKvLookup\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12J\n\x11num_cached_tokens\x18\x02 \x03(\x0b\x32/.strand.v1.ReplicaKvLookup.NumCachedTokensEntry\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"B\n\x0bReplicaInfo\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x12\n\nnum_blocks\x18\x03 \x01(\x03\"\x1e\n\x1cHasUnfinishedRequestsRequest\".\n\x1dHasUnfinishedRequestsResponse\x12\r\n\x05value\x18\x01 \x01(\x08\"!\n\x1fGetNumUnfinishedRequestsRequest\"1\n GetNumUnfinishedRequestsResponse\x12\r\n\x05value\x18\x01 \x01(\x03\"\x85\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.strand.v1.Prompt\x12)\n\x06params\x18\x03 \x01(\x0b\x32\x19.strand.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x03\"\x16\n\x14GetServerInfoRequest\"\xa9\x02\n\x15GetServerInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x12\n\nnum_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x12\x11\n\tauto_step\x18\x06 \x01(\x08\x12@\n\x08versions\x18\x07 \x03(\x0b\x32..strand.v1.GetServerInfoResponse.VersionsEntry\x12(\n\x08replicas\x18\x08 \x03(\x0b\x32\x16.strand.v1.ReplicaInfo\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x13\x43learKvCacheRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"s\n\x14\x43learKvCacheResponse\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x02 \x01(\x03\x12-\n\x08replicas\x18\x03 \x03(\x0b\x32\x1b.strand.v1.ReplicaKvCleared\")\n\x14LookupKvCacheRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"\xcf\x01\n\x15LookupKvCacheResponse\x12P\n\x11num_cached_tokens\x18\x01 \x03(\x0b\x32\x35.strand.v1.LookupKvCacheResponse.NumCachedTokensEntry\x12,\n\x08replicas\x18\x02 \x03(\x0b\x32\x1a.strand.v1.ReplicaKvLookup\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xc4\x06\n\x07Gateway\x12I\n\nAddRequest\x12\x1c.strand.v1.AddRequestRequest\x1a\x1d.strand.v1.AddRequestResponse\x12\x37\n\x04Step\x12\x16.strand.v1.StepRequest\x1a\x17.strand.v1.StepResponse\x12:\n\x05\x41\x62ort\x12\x17.strand.v1.AbortRequest\x1a\x18.strand.v1.AbortResponse\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12j\n\x15HasUnfinishedRequests\x12\'.strand.v1.HasUnfinishedRequestsRequest\x1a(.strand.v1.HasUnfinishedRequestsResponse\x12s\n\x18GetNumUnfinishedRequests\x12*.strand.v1.GetNumUnfinishedRequestsRequest\x1a+.strand.v1.GetNumUnfinishedRequestsResponse\x12\x42\n\x08Generate\x12\x1a.strand.v1.GenerateRequest\x1a\x18.strand.v1.RequestOutput0\x01\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strand.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_REPLICAKVLOOKUP_NUMCACHEDTOKENSENTRY']._loaded_options = None
+  _globals['_REPLICAKVLOOKUP_NUMCACHEDTOKENSENTRY']._serialized_options = b'8\001'
   _globals['_GETSERVERINFORESPONSE_VERSIONSENTRY']._loaded_options = None
   _globals['_GETSERVERINFORESPONSE_VERSIONSENTRY']._serialized_options = b'8\001'
   _globals['_LOOKUPKVCACHERESPONSE_NUMCACHEDTOKENSENTRY']._loaded_options = None
@@ -50,34 +52,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ABORTRESPONSE']._serialized_end=421
   _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=423
   _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=505
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=507
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=587
-  _globals['_HASUNFINISHEDREQUESTSREQUEST']._serialized_start=589
-  _globals['_HASUNFINISHEDREQUESTSREQUEST']._serialized_end=619
-  _globals['_HASUNFINISHEDREQUESTSRESPONSE']._serialized_start=621
-  _globals['_HASUNFINISHEDREQUESTSRESPONSE']._serialized_end=667
-  _globals['_GETNUMUNFINISHEDREQUESTSREQUEST']._serialized_start=669
-  _globals['_GETNUMUNFINISHEDREQUESTSREQUEST']._serialized_end=702
-  _globals['_GETNUMUNFINISHEDREQUESTSRESPONSE']._serialized_start=704
-  _globals['_GETNUMUNFINISHEDREQUESTSRESPONSE']._serialized_end=753
-  _globals['_GENERATEREQUEST']._serialized_start=756
-  _globals['_GENERATEREQUEST']._serialized_end=889
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=891
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=913
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=916
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=1171
-  _globals['_GETSERVERINFORESPONSE_VERSIONSENTRY']._serialized_start=1124
-  _globals['_GETSERVERINFORESPONSE_VERSIONSENTRY']._serialized_end=1171
-  _globals['_CLEARKVCACHEREQUEST']._serialized_start=1173
-  _globals['_CLEARKVCACHEREQUEST']._serialized_end=1233
-  _globals['_CLEARKVCACHERESPONSE']._serialized_start=1235
-  _globals['_CLEARKVCACHERESPONSE']._serialized_end=1303
-  _globals['_LOOKUPKVCACHEREQUEST']._serialized_start=1305
-  _globals['_LOOKUPKVCACHEREQUEST']._serialized_end=1346
-  _globals['_LOOKUPKVCACHERESPONSE']._serialized_start=1349
-  _globals['_LOOKUPKVCACHERESPONSE']._serialized_end=1510
-  _globals['_LOOKUPKVCACHERESPONSE_NUMCACHEDTOKENSENTRY']._serialized_start=1456
-  _globals['_LOOKUPKVCACHERESPONSE_NUMCACHEDTOKENSENTRY']._serialized_end=1510
-  _globals['_GATEWAY']._serialized_start=1513
-  _globals['_GATEWAY']._serialized_end=2349
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=508
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=642
+  _globals['_REPLICARESETPREFIXCACHE']._serialized_start=644
+  _globals['_REPLICARESETPREFIXCACHE']._serialized_end=754
+  _globals['_REPLICAKVCLEARED']._serialized_start=756
+  _globals['_REPLICAKVCLEARED']._serialized_end=851
+  _globals['_REPLICAKVLOOKUP']._serialized_start=854
+  _globals['_REPLICAKVLOOKUP']._serialized_end=1034
+  _globals['_REPLICAKVLOOKUP_NUMCACHEDTOKENSENTRY']._serialized_start=980
+  _globals['_REPLICAKVLOOKUP_NUMCACHEDTOKENSENTRY']._serialized_end=1034
+  _globals['_REPLICAINFO']._serialized_start=1036
+  _globals['_REPLICAINFO']._serialized_end=1102
+  _globals['_HASUNFINISHEDREQUESTSREQUEST']._serialized_start=1104
+  _globals['_HASUNFINISHEDREQUESTSREQUEST']._serialized_end=1134
+  _globals['_HASUNFINISHEDREQUESTSRESPONSE']._serialized_start=1136
+  _globals['_HASUNFINISHEDREQUESTSRESPONSE']._serialized_end=1182
+  _globals['_GETNUMUNFINISHEDREQUESTSREQUEST']._serialized_start=1184
+  _globals['_GETNUMUNFINISHEDREQUESTSREQUEST']._serialized_end=1217
+  _globals['_GETNUMUNFINISHEDREQUESTSRESPONSE']._serialized_start=1219
+  _globals['_GETNUMUNFINISHEDREQUESTSRESPONSE']._serialized_end=1268
+  _globals['_GENERATEREQUEST']._serialized_start=1271
+  _globals['_GENERATEREQUEST']._serialized_end=1404
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1406
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1428
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=1431
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=1728
+  _globals['_GETSERVERINFORESPONSE_VERSIONSENTRY']._serialized_start=1681
+  _globals['_GETSERVERINFORESPONSE_VERSIONSENTRY']._serialized_end=1728
+  _globals['_CLEARKVCACHEREQUEST']._serialized_start=1730
+  _globals['_CLEARKVCACHEREQUEST']._serialized_end=1790
+  _globals['_CLEARKVCACHERESPONSE']._serialized_start=1792
+  _globals['_CLEARKVCACHERESPONSE']._serialized_end=1907
+  _globals['_LOOKUPKVCACHEREQUEST']._serialized_start=1909
+  _globals['_LOOKUPKVCACHEREQUEST']._serialized_end=1950
+  _globals['_LOOKUPKVCACHERESPONSE']._serialized_start=1953
+  _globals['_LOOKUPKVCACHERESPONSE']._serialized_end=2160
+  _globals['_LOOKUPKVCACHERESPONSE_NUMCACHEDTOKENSENTRY']._serialized_start=980
+  _globals['_LOOKUPKVCACHERESPONSE_NUMCACHEDTOKENSENTRY']._serialized_end=1034
+  _globals['_GATEWAY']._serialized_start=2163
+  _globals['_GATEWAY']._serialized_end=2999
 # @@protoc_insertion_point(module_scope)

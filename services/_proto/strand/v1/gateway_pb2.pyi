@@ -56,12 +56,65 @@ class ResetPrefixCacheRequest(_message.Message):
     def __init__(self, reset_running_requests: _Optional[bool] = ..., reset_connector: _Optional[bool] = ...) -> None: ...
 
 class ResetPrefixCacheResponse(_message.Message):
-    __slots__ = ("success", "tiers")
+    __slots__ = ("success", "tiers", "replicas")
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     success: bool
     tiers: _containers.RepeatedCompositeFieldContainer[_types_pb2.TierReset]
-    def __init__(self, success: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaResetPrefixCache]
+    def __init__(self, success: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaResetPrefixCache, _Mapping]]] = ...) -> None: ...
+
+class ReplicaResetPrefixCache(_message.Message):
+    __slots__ = ("engine", "success", "tiers", "error")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    success: bool
+    tiers: _containers.RepeatedCompositeFieldContainer[_types_pb2.TierReset]
+    error: str
+    def __init__(self, engine: _Optional[str] = ..., success: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReplicaKvCleared(_message.Message):
+    __slots__ = ("engine", "event_id", "num_tokens_cleared", "error")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_CLEARED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    event_id: str
+    num_tokens_cleared: int
+    error: str
+    def __init__(self, engine: _Optional[str] = ..., event_id: _Optional[str] = ..., num_tokens_cleared: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReplicaKvLookup(_message.Message):
+    __slots__ = ("engine", "num_cached_tokens", "error")
+    class NumCachedTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    num_cached_tokens: _containers.ScalarMap[str, int]
+    error: str
+    def __init__(self, engine: _Optional[str] = ..., num_cached_tokens: _Optional[_Mapping[str, int]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("engine", "healthy", "num_blocks")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    healthy: bool
+    num_blocks: int
+    def __init__(self, engine: _Optional[str] = ..., healthy: _Optional[bool] = ..., num_blocks: _Optional[int] = ...) -> None: ...
 
 class HasUnfinishedRequestsRequest(_message.Message):
     __slots__ = ()
@@ -100,7 +153,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "versions")
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "versions", "replicas")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +168,7 @@ class GetServerInfoResponse(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     AUTO_STEP_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     block_size: int
@@ -122,7 +176,8 @@ class GetServerInfoResponse(_message.Message):
     vocab_size: int
     auto_step: bool
     versions: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., versions: _Optional[_Mapping[str, str]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
 
 class ClearKvCacheRequest(_message.Message):
     __slots__ = ("instance_id", "location")
@@ -133,12 +188,14 @@ class ClearKvCacheRequest(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., location: _Optional[str] = ...) -> None: ...
 
 class ClearKvCacheResponse(_message.Message):
-    __slots__ = ("event_id", "num_tokens_cleared")
+    __slots__ = ("event_id", "num_tokens_cleared", "replicas")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_CLEARED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     num_tokens_cleared: int
-    def __init__(self, event_id: _Optional[str] = ..., num_tokens_cleared: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaKvCleared]
+    def __init__(self, event_id: _Optional[str] = ..., num_tokens_cleared: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaKvCleared, _Mapping]]] = ...) -> None: ...
 
 class LookupKvCacheRequest(_message.Message):
     __slots__ = ("token_ids",)
@@ -147,7 +204,7 @@ class LookupKvCacheRequest(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupKvCacheResponse(_message.Message):
-    __slots__ = ("num_cached_tokens",)
+    __slots__ = ("num_cached_tokens", "replicas")
     class NumCachedTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -156,5 +213,7 @@ class LookupKvCacheResponse(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     num_cached_tokens: _containers.ScalarMap[str, int]
-    def __init__(self, num_cached_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaKvLookup]
+    def __init__(self, num_cached_tokens: _Optional[_Mapping[str, int]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaKvLookup, _Mapping]]] = ...) -> None: ...

@@ -339,20 +339,24 @@ class TierReset(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., reset: _Optional[bool] = ..., num_blocks: _Optional[int] = ..., num_bytes: _Optional[int] = ...) -> None: ...
 
 class EngineLoad(_message.Message):
-    __slots__ = ("engine", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_free", "tokens_in_flight")
+    __slots__ = ("engine", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_free", "tokens_in_flight", "prefix_cache_queries", "prefix_cache_hits")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_FREE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     engine: str
     num_running: int
     num_waiting: int
     kv_blocks_used: int
     kv_blocks_free: int
     tokens_in_flight: int
-    def __init__(self, engine: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., tokens_in_flight: _Optional[int] = ...) -> None: ...
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    def __init__(self, engine: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., tokens_in_flight: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ...) -> None: ...
 
 class KvEvent(_message.Message):
     __slots__ = ("block_stored", "block_removed", "all_blocks_cleared")

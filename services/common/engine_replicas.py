@@ -1,0 +1,140 @@
+"""The engine replicas a stage talks to (data parallelism): one StageClient each, keyed by the
+replica's address, and which of them are in rotation.
+
+A replica leaves the rotation the moment a call to it fails as UNAVAILABLE (or its readiness
+check fails) and comes back when its grpc.health.v1 readiness says SERVING again. `fan_out`
+sends one message to every replica in rotation and reports each one's answer or error, which
+is how engine-wide calls (Step, reset, clear, lookup, loads) keep their meaning with N engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services._proto.strand.v1 import engine_pb2_grpc
+from services.common.server import READINESS
+from services.common.stage_client import StageClient
+from services.common.status import StageError, StageUnavailable
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.25
+
+
+def parse_engine_addresses(value: str, flag: str = "--engine-addr") -> list[str]:
+    """`host:port,host:port` -> the list; ValueError naming the flag on a malformed entry."""
+    addresses = [a.strip() for a in value.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError(f"{flag} must name at least one host:port, got {value!r}")
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{flag} entries must be host:port with a port in "
+                             f"[1, 65535], got {address!r}")
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"{flag} entries must be distinct, got {value!r}")
+    return addresses
+
+
+class EngineReplicas:
+    def __init__(self, clients: Sequence[StageClient]) -> None:
+        if not clients:
+            raise ValueError("clients must not be empty: a stage needs at least one engine")
+        self.clients = {c.target: c for c in clients}
+        self._in_rotation = set(self.clients)
+        # Told (replica, in_rotation) whenever a replica leaves or rejoins the rotation.
+        self.listeners: list[Callable[[str, bool], None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def connect(cls, addresses: Sequence[str]) -> EngineReplicas:
+        return cls([StageClient("engine", a, engine_pb2_grpc.EngineStub) for a in addresses])
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.clients)
+
+    @property
+    def first(self) -> StageClient:
+        return next(iter(self.clients.values()))
+
+    def in_rotation(self) -> list[str]:
+        return [name for name in self.clients if name in self._in_rotation]
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._in_rotation)
+
+    def start(self, poll_s: float = POLL_S) -> None:
+        """Follow each replica's readiness in the background (until close)."""
+        # Until the first check, nothing is known to be up.
+        for name in list(self._in_rotation):
+            self._set(name, False, "not checked yet", quiet=True)
+        self._task = asyncio.get_running_loop().create_task(self._poll(poll_s))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for client in self.clients.values():
+            await client.close()
+
+    async def call(self, name: str, msg: Any) -> Any:
+        """One replica's answer; a replica found down leaves the rotation at once."""
+        client = self.clients.get(name)
+        if client is None:
+            raise ValueError(f"engine must be one of {self.names}, got {name!r}")
+        try:
+            return await client.call(msg)
+        except StageUnavailable as exc:
+            self._set(name, False, exc.message)
+            raise
+
+    async def fan_out(self, make_msg: Callable[[str], Any], names: Sequence[str] | None = None
+                      ) -> dict[str, Any]:
+        """make_msg(replica) to each replica (those in rotation unless `names`; all of them when
+        none is, so a replica just back answers before its next health check, and the errors
+        say why): per replica, its answer or the StageError it raised."""
+        targets = list(names) if names is not None else (self.in_rotation() or self.names)
+        results = await asyncio.gather(*(self.call(n, make_msg(n)) for n in targets),
+                                       return_exceptions=True)
+        out: dict[str, Any] = {}
+        for name, result in zip(targets, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, StageError):
+                raise result
+            out[name] = result
+        return out
+
+    def _set(self, name: str, up: bool, reason: str = "", quiet: bool = False) -> None:
+        if (name in self._in_rotation) == up:
+            return
+        if up:
+            self._in_rotation.add(name)
+        else:
+            self._in_rotation.discard(name)
+        if not quiet:
+            if up:
+                logger.info("engine replica %s is back in rotation", name)
+            else:
+                logger.warning("engine replica %s is out of rotation: %s", name, reason)
+        for listener in self.listeners:
+            listener(name, up)
+
+    async def _poll(self, poll_s: float) -> None:
+        stubs = {name: health_pb2_grpc.HealthStub(c.channel) for name, c in self.clients.items()}
+        serving = health_pb2.HealthCheckResponse.SERVING
+        while True:
+            for name, stub in stubs.items():
+                ok = False
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+                    resp = await stub.Check(health_pb2.HealthCheckRequest(service=READINESS),
+                                            timeout=1.0)
+                    ok = resp.status == serving
+                self._set(name, ok, "its readiness check failed")
+            await asyncio.sleep(poll_s)

@@ -1,0 +1,74 @@
+"""What `strand serve --data-parallel-size` / `--engine-addresses` start and tell each stage,
+without starting anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cli import _replica_args, _stack_parser
+from services.launch import Stack, StackConfig
+
+
+def _stack(**fields: object) -> Stack:
+    config = StackConfig(model="m", **fields)  # type: ignore[arg-type]
+    names = ["tokenizer", *config.engine_names, "detokenizer", "gateway"]
+    return Stack(config, {name: 6000 + i for i, name in enumerate(names)})
+
+
+def _flag(command: list[str], flag: str) -> str:
+    return next(a.split("=", 1)[1] for a in command if a.startswith(f"{flag}="))
+
+
+def test_replicas_are_engine_processes_every_stage_is_told_about() -> None:
+    stack = _stack(data_parallel_size=2)
+    assert stack.stage_names == ["tokenizer", "engine-0", "engine-1", "detokenizer"]
+    both = f"127.0.0.1:{stack.ports['engine-0']},127.0.0.1:{stack.ports['engine-1']}"
+    for name in ("tokenizer", "detokenizer", "gateway"):
+        assert _flag(stack.command(name), "--engine-addr") == both
+    engine = stack.command("engine-1")
+    assert engine[1:3] == ["-m", "services.engine"]
+    assert "--kv-events" in engine  # kv-aware routing (the default) reads them
+
+
+def test_other_policies_leave_kv_events_off_and_reach_the_tokenizer() -> None:
+    stack = _stack(data_parallel_size=2, router_policy="least-load")
+    assert "--kv-events" not in stack.command("engine-0")
+    tokenizer = stack.command("tokenizer")
+    assert tokenizer[tokenizer.index("--router-policy") + 1] == "least-load"
+
+
+def test_one_engine_keeps_its_name_and_records_no_events() -> None:
+    stack = _stack()
+    assert stack.config.engine_names == ["engine"]
+    assert "--kv-events" not in stack.command("engine")
+
+
+def test_engine_addresses_start_no_engine() -> None:
+    stack = _stack(engine_addresses=["h1:50053", "h2:50053"])
+    assert stack.stage_names == ["tokenizer", "detokenizer"]
+    assert _flag(stack.command("gateway"), "--engine-addr") == "h1:50053,h2:50053"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--data-parallel-size", "0"], "--data-parallel-size must be >= 1, got 0"),
+    (["--engine-addresses", "h1"], "--engine-addresses entries must be host:port"),
+    (["--engine-addresses", "h1:1", "--data-parallel-size", "2"],
+     "--data-parallel-size must be 1 with --engine-addresses"),
+])
+def test_bad_replica_flags_are_refused_naming_the_flag(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _stack_parser("strand serve")
+    with pytest.raises(SystemExit) as exit_:
+        _replica_args(parser.parse_args(argv), parser)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_each_replica_gets_its_own_visible_gpu_when_there_is_one_per_replica() -> None:
+    stack = _stack(data_parallel_size=2)
+    env = {"CUDA_VISIBLE_DEVICES": "2,3,5"}
+    assert stack.replica_env("engine-0", env) == {"CUDA_VISIBLE_DEVICES": "2"}
+    assert stack.replica_env("engine-1", env) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert stack.replica_env("tokenizer", env) == {}
+    assert stack.replica_env("engine-1", {"CUDA_VISIBLE_DEVICES": "0"}) == {}  # shared
+    assert stack.replica_env("engine-1", {}) == {}
