@@ -132,6 +132,11 @@ def test_completed_request_is_found_in_phoenix_by_its_trace_id(sent: Sent) -> No
     assert attrs["gen_ai.usage.prompt_tokens"] == traced.num_prompt_tokens > 0
     assert attrs["gen_ai.usage.completion_tokens"] == traced.num_completion_tokens == 4
     assert attrs["gen_ai.response.finish_reasons"] == ["length"]
+    # The current GenAI conventions beside the older names above.
+    assert attrs["gen_ai.operation.name"] == "text_completion"
+    assert attrs["gen_ai.provider.name"] == "strand"
+    assert attrs["gen_ai.usage.input_tokens"] == traced.num_prompt_tokens
+    assert attrs["gen_ai.usage.output_tokens"] == 4
     assert span["status_code"] != "ERROR"
     # The other way in (docs/tracing.md): from the request id to its span and trace.
     (found,) = sent.phoenix.spans(PROJECT, name="llm_request",
