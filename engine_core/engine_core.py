@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from engine_core import engine_extras
-from engine_core.config import EngineArgs
+from engine_core.config import CacheConfig, EngineArgs, SchedulerConfig
 from engine_core.connector import kv_control
 from engine_core.core.batch_queue import BatchQueue
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -25,7 +25,7 @@ from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
-from engine_core.errors import DuplicateRequestError, QueueFullError
+from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFailedError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.sleep_mode import EngineSleepingError, SleepState
@@ -66,6 +66,8 @@ class EngineCore:
         self.kv_events: KVEventBuffer | None = None
         self.profiler = engine_extras.TorchProfiler()
         self.sleep_state = SleepState()
+        # Set when a tensor-parallel rank failed: the engine cannot step any more.
+        self.failure: str | None = None
         if args.kv_events:
             self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
                 args.block_size, args.kv_events_max_buffer)
@@ -79,9 +81,7 @@ class EngineCore:
         if args.cpu_threads is not None:
             # On the thread that will step (the pool is per process, its team per thread).
             torch.set_num_threads(args.cpu_threads)
-        runner = ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
-                             attention_backend=args.attention_backend, seed=args.seed,
-                             enforce_eager=args.enforce_eager)
+        runner = _make_runner(args, model_config, cache_config, scheduler_config)
         if args.logits_processors:
             from engine_core.model_executor.sampler import Sampler
             from engine_core.model_executor.sampling.logits_processor import (
@@ -102,6 +102,8 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """ValueError (nothing changes) for a duplicate id or a request that can never fit."""
+        if self.failure is not None:
+            raise WorkerFailedError(self.failure)
         if self.sleep_state.is_sleeping():
             raise EngineSleepingError("the engine is sleeping: call wake_up() before add_request")
         if not isinstance(request.request_id, str):
@@ -141,9 +143,29 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not flush_only:  # a step that only hands finished ids to the runner ran no batch
             self.last_scheduler_output = scheduler_output
-        runner_output = self.runner.execute_model(scheduler_output)
+        try:
+            runner_output = self.runner.execute_model(scheduler_output)
+        except WorkerFailedError as e:
+            return self._fail_all(str(e))
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return self._finish_step(outputs)
+
+    def _fail_all(self, reason: str) -> EngineCoreOutputs:
+        """A rank is gone: every request the scheduler holds ends with finish_reason "error"."""
+        self.failure = reason
+        ids = list(self.scheduler.requests)
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        logger.error("ending %d request(s) with an error: %s", len(ids), reason)
+        return self._finish_step([EngineCoreOutput(request_id=i, new_token_ids=[],
+                                                   finish_reason="error") for i in ids])
+
+    def is_healthy(self) -> bool:
+        """False once a tensor-parallel rank failed (health checks report not serving)."""
+        return self.failure is None
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (no-op with one rank)."""
+        self.runner.shutdown()
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Schedule and queue a batch; while the queue has room and work was scheduled, return
@@ -273,6 +295,27 @@ class EngineCore:
         if external is not None:
             result["connector_prefix_cache_hit_rate"] = float(external.hit_rate)
         return result
+
+
+def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: CacheConfig,
+                 scheduler_config: SchedulerConfig) -> ModelRunner:
+    if args.tensor_parallel_size == 1:
+        return ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
+                           attention_backend=args.attention_backend, seed=args.seed,
+                           enforce_eager=args.enforce_eager)
+    from engine_core.distributed.driver import TPDriverRunner, free_port
+    from engine_core.distributed.parallel_state import DistributedInit
+    from engine_core.model_executor.loader import resolve_device
+
+    device = resolve_device(args.device)
+    init = DistributedInit(
+        world_size=args.tensor_parallel_size, master_addr=args.master_addr,
+        master_port=args.master_port or free_port(args.master_addr), nnodes=args.nnodes,
+        node_rank=args.node_rank, backend="nccl" if device.type == "cuda" else "gloo",
+        timeout_s=args.distributed_timeout_s)
+    return TPDriverRunner(init, model_config, cache_config, scheduler_config,
+                          attention_backend=args.attention_backend, seed=args.seed,
+                          cpu_threads=args.cpu_threads)
 
 
 def _make_connector(args: EngineArgs, runner: ModelRunner, num_blocks: int) -> object | None:

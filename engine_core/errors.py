@@ -10,3 +10,8 @@ class DuplicateRequestError(ValueError):
 class QueueFullError(RuntimeError):
     """The engine's waiting queue is at max_waiting_requests: try again later (services answer
     RESOURCE_EXHAUSTED)."""
+
+
+class WorkerFailedError(RuntimeError):
+    """A tensor-parallel rank died or stopped answering: the engine cannot step any more (its
+    requests end with finish_reason "error"; the message names the rank)."""

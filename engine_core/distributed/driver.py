@@ -1,0 +1,149 @@
+"""Rank 0 of a tensor-parallel engine: the engine process's own model runner, which hands every
+call to the worker ranks first (one broadcast) and then runs its own shard of it.
+
+The scheduler stays one, in this process: the workers receive each step's SchedulerOutput, so the
+block tables are identical on all ranks; each rank's paged cache holds its own KV heads. Only
+rank 0 samples; the tokens it sampled travel with the next step's broadcast.
+
+A rank that dies or stops answering turns the call into WorkerFailedError naming it (the
+engine then ends its requests with finish_reason "error"), never a hang: every collective of a
+step runs under the group's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import TypeVar
+
+from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.core.runner_output import ModelRunnerOutput
+from engine_core.core.sched_output import SchedulerOutput
+from engine_core.distributed import commands
+from engine_core.distributed.commands import Command, WorkerSpec, broadcast_command
+from engine_core.distributed.parallel_state import (
+    CollectiveError,
+    DistributedInit,
+    destroy_tp_group,
+    init_tp_group,
+)
+from engine_core.distributed.worker import agree_num_blocks, spawn_workers
+from engine_core.errors import WorkerFailedError
+from engine_core.model_executor.model_config import ModelConfig
+from engine_core.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+JOIN_TIMEOUT_S = 10.0
+
+
+def free_port(host: str) -> int:
+    """An ephemeral port for the group's store on a single node (the OS picks an unused one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class TPDriverRunner(ModelRunner):
+    def __init__(self, init: DistributedInit, model_config: ModelConfig,
+                 cache_config: CacheConfig, scheduler_config: SchedulerConfig,
+                 attention_backend: str | None = None, seed: int = 0,
+                 cpu_threads: int | None = None) -> None:
+        if init.node_rank != 0:
+            raise ValueError(f"node_rank must be 0 on the engine's node, got {init.node_rank}")
+        self.failure: str | None = None
+        self._sampled: dict[str, int] = {}
+        # This node's other ranks; the other nodes' come from `strand worker`.
+        self.procs: list[BaseProcess] = spawn_workers(init, list(init.node_ranks())[1:])
+        try:
+            tp = init_tp_group(init, 0)
+        except CollectiveError:
+            self._stop_procs()
+            raise
+        self._tp = tp
+        spec = WorkerSpec(model_config, cache_config, scheduler_config,
+                          "cuda" if init.backend == "nccl" else "cpu", attention_backend, seed,
+                          cpu_threads)
+        self._call(Command(commands.INIT, spec=spec))
+        try:
+            super().__init__(model_config, cache_config, scheduler_config,
+                             device="cuda:0" if init.backend == "nccl" else "cpu",
+                             attention_backend=attention_backend, seed=seed, tp=tp)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ---- the calls every rank makes --------------------------------------------------------
+
+    def determine_num_blocks(self) -> int:
+        self._call(Command(commands.NUM_BLOCKS))
+        return self._guard(lambda: agree_num_blocks(self._tp, super(
+            TPDriverRunner, self).determine_num_blocks()))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self._call(Command(commands.INIT_KV, num_blocks=num_blocks))
+        self._guard(lambda: super(TPDriverRunner, self).initialize_kv_cache(num_blocks))
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._call(Command(commands.EXECUTE, scheduler_output=scheduler_output,
+                           sampled=self._sampled))
+        out = self._guard(lambda: super(TPDriverRunner, self).execute_model(scheduler_output))
+        self._sampled = {req_id: tokens[-1] for req_id, tokens
+                         in zip(out.req_ids, out.sampled_token_ids, strict=True) if tokens}
+        return out
+
+    def take_comm_time(self) -> float:
+        """Seconds this rank spent in the layers' collectives since the last call."""
+        return self._tp.take_comm_time()
+
+    def shutdown(self) -> None:
+        """Tell the workers to exit, wait for them (then end them), leave the group."""
+        if self.failure is None:
+            try:
+                self._call(Command(commands.SHUTDOWN))
+            except WorkerFailedError:
+                pass
+        self._stop_procs()
+        self.failure = self.failure or "the engine was shut down"
+        destroy_tp_group()
+
+    # ---- failure ---------------------------------------------------------------------------
+
+    def _call(self, command: Command) -> None:
+        self._check_alive()
+        self._guard(lambda: broadcast_command(self._tp, command))
+
+    def _guard(self, call: Callable[[], T]) -> T:
+        if self.failure is not None:
+            raise WorkerFailedError(self.failure)
+        try:
+            return call()
+        except CollectiveError as e:
+            self._fail(str(e))
+            raise AssertionError("unreachable") from e
+
+    def _check_alive(self) -> None:
+        if self.failure is not None:
+            raise WorkerFailedError(self.failure)
+        dead = [p for p in self.procs if not p.is_alive()]
+        if dead:
+            self._fail("no collective attempted")
+
+    def _fail(self, detail: str) -> None:
+        dead = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(self.procs)
+                if not p.is_alive()]
+        who = ", ".join(dead) if dead else "a rank stopped answering"
+        self.failure = (f"tensor-parallel worker failure: {who}; {detail}")
+        logger.error("%s", self.failure)
+        self._stop_procs()
+        destroy_tp_group()
+        raise WorkerFailedError(self.failure)
+
+    def _stop_procs(self) -> None:
+        for proc in self.procs:
+            proc.join(timeout=JOIN_TIMEOUT_S if self.failure is None else 0.5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=JOIN_TIMEOUT_S)
