@@ -1,10 +1,14 @@
 """What rank 0 sends the worker ranks: one pickled Command per call, by a torch.distributed
-broadcast over the gloo command group (broadcast_object_list), never a transport of our own."""
+broadcast over the gloo command group (as broadcast_object_list does), never a transport of our
+own. Only rank 0 ever reads the pickles' source: the workers trust it as they trust its model."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
+from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from engine_core.config import CacheConfig, SchedulerConfig
@@ -43,16 +47,41 @@ class Command:
     sampled: dict[str, int] = field(default_factory=dict)
 
 
-def broadcast_command(tp: TPGroup, command: Command | None) -> Command:
-    """Rank 0 passes the command; every other rank passes None and gets it back."""
-    box: list[object] = [command]
+def broadcast_command(tp: TPGroup, command: Command | None,
+                      timeout_s: float | None = None) -> Command:
+    """Rank 0 passes the command; every other rank passes None and gets it back.
+
+    broadcast_object_list's own steps (a pickled byte tensor after its length), done here so
+    that rank 0 waits at most the group's timeout: a broadcast root blocks until every receiver
+    has taken the data, and a hung worker must not hang the engine. Workers wait as long as the
+    engine stays idle (the command group's long timeout). timeout_s: rank 0's wait, when not
+    the group's timeout."""
+    wait_s = timeout_s if timeout_s is not None else tp.timeout_s
+    timeout = timedelta(seconds=wait_s) if tp.is_driver else None
     try:
-        dist.broadcast_object_list(box, src=0, group=tp.command_group)
+        payload = pickle.dumps(command) if tp.is_driver else b""
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        _broadcast(size, tp, timeout)
+        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if tp.is_driver
+                else torch.empty(int(size.item()), dtype=torch.uint8))
+        _broadcast(data, tp, timeout)
     except RuntimeError as e:
         raise CollectiveError(f"rank {tp.rank}: command broadcast over {tp.world_size} ranks "
-                              f"failed: {e}") from e
-    received = box[0]
+                              f"failed (timeout {wait_s:g}s): {e}") from e
+    if tp.is_driver:
+        assert command is not None
+        return command
+    received = pickle.loads(data.numpy().tobytes())
     if not isinstance(received, Command):
         raise CollectiveError(f"rank {tp.rank}: expected a Command from rank 0, got "
                               f"{type(received).__name__}")
     return received
+
+
+def _broadcast(tensor: torch.Tensor, tp: TPGroup, timeout: timedelta | None) -> None:
+    work = dist.broadcast(tensor, src=0, group=tp.command_group, async_op=True)
+    assert work is not None
+    if timeout is None:
+        work.wait()
+    else:
+        work.wait(timeout=timeout)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import TypeVar
@@ -37,6 +38,8 @@ from engine_core.model_executor.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 JOIN_TIMEOUT_S = 10.0
+DEATH_REPORT_S = 2.0
+LOAD_TIMEOUT_S = 1800.0  # a worker loading its shard or profiling memory
 
 
 def free_port(host: str) -> int:
@@ -113,7 +116,11 @@ class TPDriverRunner(ModelRunner):
 
     def _call(self, command: Command) -> None:
         self._check_alive()
-        self._guard(lambda: broadcast_command(self._tp, command))
+        # A step's workers are ready within the step's timeout; before the first one they may
+        # still be loading their shard (minutes for a large model), which is not a hang.
+        wait_s = None if command.kind == commands.EXECUTE else max(self._tp.timeout_s,
+                                                                   LOAD_TIMEOUT_S)
+        self._guard(lambda: broadcast_command(self._tp, command, wait_s))
 
     def _guard(self, call: Callable[[], T]) -> T:
         if self.failure is not None:
@@ -129,12 +136,17 @@ class TPDriverRunner(ModelRunner):
             raise WorkerFailedError(self.failure)
         dead = [p for p in self.procs if not p.is_alive()]
         if dead:
-            self._fail("no collective attempted")
+            self._fail("found dead before the step was sent")
 
     def _fail(self, detail: str) -> None:
+        # A killed worker breaks the collective at once, but its exit may take a moment to be
+        # reported (fork-server children are not ours to wait on): give it that moment.
+        deadline = time.monotonic() + DEATH_REPORT_S
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
         dead = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(self.procs)
                 if not p.is_alive()]
-        who = ", ".join(dead) if dead else "a rank stopped answering"
+        who = ", ".join(dead) if dead else "no local rank exited: a rank stopped answering"
         self.failure = (f"tensor-parallel worker failure: {who}; {detail}")
         logger.error("%s", self.failure)
         self._stop_procs()
@@ -145,5 +157,6 @@ class TPDriverRunner(ModelRunner):
         for proc in self.procs:
             proc.join(timeout=JOIN_TIMEOUT_S if self.failure is None else 0.5)
             if proc.is_alive():
-                proc.terminate()
+                # SIGKILL: a stopped or hung worker does not act on SIGTERM.
+                proc.kill()
                 proc.join(timeout=JOIN_TIMEOUT_S)

@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,11 @@ def init_tp_group(init: DistributedInit, rank: int) -> TPGroup:
     except (RuntimeError, ValueError) as e:
         if dist.is_initialized():
             dist.destroy_process_group()
+        else:
+            # A failed init leaves torch's group counter at 1, and group names (hence store
+            # keys) derive from it: the next engine of this process would wait on keys its fresh
+            # workers never write. destroy_process_group resets it, but only after a success.
+            c10d._world.group_count = 0
         raise CollectiveError(f"rank {rank}: init_process_group at {url} with "
                               f"{init.world_size} ranks did not complete within "
                               f"{init.timeout_s:g}s: {e}") from e
