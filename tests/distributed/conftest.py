@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +29,23 @@ def tp_engine(model_dir: Path, tp: int, **overrides: Any) -> Iterator[LLMEngine]
         yield engine
     finally:
         engine.shutdown()
+
+
+@contextmanager
+def worker_node(tp: int, master_port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """`strand worker` as node 1 of 2 on loopback: the ranks of the second half."""
+    cmd = [sys.executable, "-m", "services.cli", "worker", "--tensor-parallel-size", str(tp),
+           "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+           "--master-port", str(master_port), "--distributed-timeout-s", "60"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        yield proc
+    finally:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass

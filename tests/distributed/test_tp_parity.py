@@ -1,6 +1,8 @@
 """TP=2 (two ranks, gloo on 127.0.0.1, one thread each) gives TP=1's greedy tokens, and its
 logprobs within float tolerance (the row-parallel sums are added in another order), on every
-tiny dense architecture, with chunked prefill, preemption and a prefix hit in the same run."""
+tiny dense architecture, with chunked prefill, preemption and a prefix hit in the same run.
+The Llama case runs as two "nodes" on loopback: the engine (rank 0, --nnodes 2) and
+`strand worker --node-rank 1` (rank 1)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from typing import Any
 
 import pytest
 
+from engine_core.distributed.driver import free_port
 from tests.conftest import build_tiny_model
-from tests.distributed.conftest import SCENARIO_ARGS, run_scenario, tp_engine
+from tests.distributed.conftest import SCENARIO_ARGS, run_scenario, tp_engine, worker_node
 
+TWO_NODES = "llama_gqa_two_nodes"
 ARCHS: dict[str, dict[str, Any]] = {
-    "llama_gqa": {"arch": "llama", "num_heads": 4, "num_kv_heads": 2},  # 1 KV head per rank
+    TWO_NODES: {"arch": "llama", "num_heads": 4, "num_kv_heads": 2},  # 1 KV head per rank
     # One KV head for two ranks: replicated, as vLLM does when num_kv_heads < N.
     "mistral_kv_replicated": {"arch": "mistral", "num_heads": 4, "num_kv_heads": 1},
     "qwen2_qkv_bias": {"arch": "qwen2", "num_heads": 4, "num_kv_heads": 2,
@@ -28,7 +32,15 @@ def test_tp2_greedy_tokens_and_logprobs_equal_tp1(arch: str, tmp_path: Path,
     results = {}
     for tp in (1, 2):
         # The shared tiny tokenizer (512 ids): the scenario feeds token ids only.
-        with tp_engine(model_dir, tp, tokenizer=str(tiny_model_dir), **SCENARIO_ARGS) as engine:
+        args: dict[str, Any] = {"tokenizer": str(tiny_model_dir), **SCENARIO_ARGS}
+        if tp == 2 and arch == TWO_NODES:
+            port = free_port("127.0.0.1")
+            with worker_node(tp, port) as node:
+                with tp_engine(model_dir, tp, nnodes=2, master_port=port, **args) as engine:
+                    results[tp] = run_scenario(engine, engine.engine_core.vocab_size)
+            assert node.returncode == 0, "the worker node should exit cleanly on shutdown"
+            continue
+        with tp_engine(model_dir, tp, **args) as engine:
             results[tp] = run_scenario(engine, engine.engine_core.vocab_size)
     single, sharded = results[1], results[2]
     assert single.num_preemptions > 0 and sharded.num_preemptions > 0, "pool too large"
