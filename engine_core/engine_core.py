@@ -256,11 +256,18 @@ class EngineCore:
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
                        ) -> list[Any]:
-        """One result per worker; timeout is accepted for vLLM's API (calls are in process)."""
+        """One result per worker (per tensor-parallel rank, in rank order); timeout is accepted
+        for vLLM's API (the collectives' own timeout applies)."""
+        collective = getattr(self.runner, "collective_rpc", None)
+        if collective is not None:  # tensor parallel: the other ranks are other processes
+            return list(collective(method, args, kwargs))
         return engine_extras.collective_rpc(self.workers(), method, args, kwargs)
 
     def sleep(self, level: int = 1) -> None:
         """Free device memory: level 1 offloads weights, level 2 drops them; both drop KV."""
+        if self.args.tensor_parallel_size > 1:
+            raise ValueError("sleep needs tensor_parallel_size 1 (the worker ranks' memory is "
+                             f"not released yet), got {self.args.tensor_parallel_size}")
         if self.has_unfinished_requests():
             raise ValueError("sleep needs an idle engine: "
                              f"{self.get_num_unfinished_requests()} requests are unfinished")

@@ -1,12 +1,13 @@
 """What rank 0 sends the worker ranks: one pickled Command per call, by a torch.distributed
 broadcast over the gloo command group (as broadcast_object_list does), never a transport of our
-own. Only rank 0 ever reads the pickles' source: the workers trust it as they trust its model."""
+own. Workers unpickle only what rank 0 of their own engine sent (as vLLM's workers do)."""
 
 from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ NUM_BLOCKS = "num_blocks"  # determine_num_blocks, then an all-reduce MIN over r
 INIT_KV = "init_kv"  # initialize_kv_cache(num_blocks)
 EXECUTE = "execute"  # apply `sampled`, then execute_model(scheduler_output)
 SHUTDOWN = "shutdown"
+RPC = "rpc"  # collective_rpc: `rpc` on every rank's runner, results gathered on rank 0
 
 
 @dataclass(slots=True)
@@ -45,6 +47,8 @@ class Command:
     # EXECUTE: the tokens rank 0 sampled in the previous step (req_id -> token), which the
     # workers append before running this one (their copies of the requests stay rank 0's).
     sampled: dict[str, int] = field(default_factory=dict)
+    # RPC: (method name or picklable callable taking the runner first, args, kwargs).
+    rpc: tuple[object, tuple[Any, ...], dict[str, Any]] | None = None
 
 
 def broadcast_command(tp: TPGroup, command: Command | None,
@@ -85,3 +89,28 @@ def _broadcast(tensor: torch.Tensor, tp: TPGroup, timeout: timedelta | None) -> 
         work.wait()
     else:
         work.wait(timeout=timeout)
+
+
+def run_rpc(runner: object, rpc: tuple[object, tuple[Any, ...], dict[str, Any]]
+            ) -> tuple[bool, object]:
+    """(True, result) or (False, "ErrorType: message"): a failing call must not end a worker."""
+    from engine_core.engine_extras import collective_rpc
+
+    method, args, kwargs = rpc
+    if not (isinstance(method, str) or callable(method)):
+        return False, f"TypeError: method must be a name or a callable, got {method!r}"
+    try:
+        return True, collective_rpc([runner], method, args, kwargs)[0]
+    except Exception as e:  # noqa: BLE001 (reported to rank 0, which raises it)
+        return False, f"{type(e).__name__}: {e}"
+
+
+def gather_rpc_results(tp: TPGroup, mine: tuple[bool, object]) -> list[tuple[bool, object]]:
+    """Every rank's run_rpc result, in rank order, on rank 0 ([] elsewhere)."""
+    out: list[object] | None = [None] * tp.world_size if tp.is_driver else None
+    try:
+        dist.gather_object(mine, out, dst=0, group=tp.command_group)
+    except RuntimeError as e:
+        raise CollectiveError(f"rank {tp.rank}: gathering collective_rpc results failed: {e}"
+                              ) from e
+    return [r for r in out if isinstance(r, tuple)] if out is not None else []

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from engine_core.config import CacheConfig, SchedulerConfig
 from engine_core.core.runner_output import ModelRunnerOutput
@@ -96,6 +96,19 @@ class TPDriverRunner(ModelRunner):
         self._sampled = {req_id: tokens[-1] for req_id, tokens
                          in zip(out.req_ids, out.sampled_token_ids, strict=True) if tokens}
         return out
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple[Any, ...] = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """`method` on every rank's runner (a name, or a picklable callable taking the runner
+        first), one result per rank in rank order; ValueError naming the ranks that failed."""
+        rpc = (method, args, kwargs or {})
+        self._call(Command(commands.RPC, rpc=rpc))
+        mine = commands.run_rpc(self, rpc)
+        results = self._guard(lambda: commands.gather_rpc_results(self._tp, mine))
+        failed = [f"rank {rank}: {value}" for rank, (ok, value) in enumerate(results) if not ok]
+        if failed:
+            raise ValueError("collective_rpc failed on " + "; ".join(failed))
+        return [value for _, value in results]
 
     def take_comm_time(self) -> float:
         """Seconds this rank spent in the layers' collectives since the last call."""

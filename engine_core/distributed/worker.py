@@ -64,6 +64,8 @@ def _serve_one(runner: ModelRunner, tp: TPGroup, command: Command) -> bool:
         agree_num_blocks(tp, runner.determine_num_blocks())
     elif command.kind == commands.INIT_KV:
         runner.initialize_kv_cache(command.num_blocks)
+    elif command.kind == commands.RPC and command.rpc is not None:
+        commands.gather_rpc_results(tp, commands.run_rpc(runner, command.rpc))
     elif command.kind == commands.SHUTDOWN:
         return False
     else:
