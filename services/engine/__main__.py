@@ -45,7 +45,9 @@ def _main(argv: list[str] | None) -> None:
             task.cancel()
         servicer.close()
 
-    asyncio.run(run_server("engine", options, register, on_stop=on_stop, on_started=on_started))
+    # Not ready once a tensor-parallel rank failed: the engine can no longer step.
+    asyncio.run(run_server("engine", options, register, on_stop=on_stop, on_started=on_started,
+                           ready=servicer.core.is_healthy))
 
 
 if __name__ == "__main__":
