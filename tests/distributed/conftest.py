@@ -57,7 +57,8 @@ class ScenarioResult:
 
 
 def run_scenario(engine: LLMEngine, vocab_size: int) -> ScenarioResult:
-    """Chunked prefill (16-token budget), preemption (a 14-block pool of 8-token blocks) and a
+    """Chunked prefill (16-token budget), preemption (a 14-block pool of 8-token blocks, and
+    reset_prefix_cache(reset_running_requests=True) mid-run), prompt logprobs over chunks, and a
     prefix hit (a prompt sharing 32 tokens with one whose blocks are cached by then)."""
     rng = random.Random(5)
     prompts = [[rng.randrange(3, vocab_size) for _ in range(n)] for n in (40, 9, 27, 38)]
@@ -71,8 +72,13 @@ def run_scenario(engine: LLMEngine, vocab_size: int) -> ScenarioResult:
                 finished[out.request_id] = out
 
     for i in range(3):
-        engine.add_request(str(i), {"prompt_token_ids": prompts[i]}, params)
-    for _ in range(5):
+        engine.add_request(str(i), {"prompt_token_ids": prompts[i]},
+                           SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1,
+                                          prompt_logprobs=1) if i == 2 else params)
+    for _ in range(2):
+        step()
+    assert engine.reset_prefix_cache(reset_running_requests=True)
+    for _ in range(7):
         step()
     engine.add_request("3", {"prompt_token_ids": prompts[3]}, params)
     for _ in range(200):
@@ -89,6 +95,9 @@ def run_scenario(engine: LLMEngine, vocab_size: int) -> ScenarioResult:
         logprobs[req_id] = [step_lp[t].logprob
                             for t, step_lp in zip(completion.token_ids, completion.logprobs,
                                                   strict=True)]
+        if out.prompt_logprobs is not None:  # position 0 has none
+            logprobs[req_id] += [lp[t].logprob for t, lp in zip(
+                out.prompt_token_ids or [], out.prompt_logprobs, strict=True) if lp is not None]
     return ScenarioResult(tokens, logprobs, stats.num_preemptions,
                           stats.prefix_cache_stats.hits)
 

@@ -13,7 +13,13 @@ import pytest
 
 from engine_core.distributed.driver import free_port
 from tests.conftest import build_tiny_model
-from tests.distributed.conftest import SCENARIO_ARGS, run_scenario, tp_engine, worker_node
+from tests.distributed.conftest import (
+    MAX_TOKENS,
+    SCENARIO_ARGS,
+    run_scenario,
+    tp_engine,
+    worker_node,
+)
 
 TWO_NODES = "llama_gqa_two_nodes"
 ARCHS: dict[str, dict[str, Any]] = {
@@ -47,5 +53,6 @@ def test_tp2_greedy_tokens_and_logprobs_equal_tp1(arch: str, tmp_path: Path,
     assert single.prefix_hits >= 32 and sharded.prefix_hits >= 32, "no prefix hit"
     assert sorted(sharded.tokens) == ["0", "1", "2", "3"]
     assert sharded.tokens == single.tokens
+    assert len(single.logprobs["2"]) == MAX_TOKENS + 26, "prompt logprobs of request 2 missing"
     for req_id, values in single.logprobs.items():
         assert sharded.logprobs[req_id] == pytest.approx(values, abs=1e-4), req_id
