@@ -311,14 +311,32 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
                            attention_backend=args.attention_backend, seed=args.seed,
                            enforce_eager=args.enforce_eager)
     from engine_core.distributed.driver import TPDriverRunner, free_port
-    from engine_core.distributed.parallel_state import DistributedInit
+    from engine_core.distributed.parallel_state import (
+        DistributedInit,
+        torchrun_init,
+        torchrun_rank,
+    )
     from engine_core.model_executor.loader import resolve_device
 
     device = resolve_device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    rank = torchrun_rank()
+    if rank is not None:
+        init = torchrun_init(args.tensor_parallel_size, backend, args.distributed_timeout_s)
+        if rank != 0:
+            # torchrun runs one script on every rank: past rank 0, this process is a worker.
+            # It serves rank 0 until the engine shuts down, then exits (as a worker would).
+            from engine_core.distributed.worker import run_worker
+
+            run_worker(init, rank)
+            raise SystemExit(0)
+        return TPDriverRunner(init, model_config, cache_config, scheduler_config,
+                              attention_backend=args.attention_backend, seed=args.seed,
+                              cpu_threads=args.cpu_threads)
     init = DistributedInit(
         world_size=args.tensor_parallel_size, master_addr=args.master_addr,
         master_port=args.master_port or free_port(args.master_addr), nnodes=args.nnodes,
-        node_rank=args.node_rank, backend="nccl" if device.type == "cuda" else "gloo",
+        node_rank=args.node_rank, backend=backend,
         timeout_s=args.distributed_timeout_s)
     return TPDriverRunner(init, model_config, cache_config, scheduler_config,
                           attention_backend=args.attention_backend, seed=args.seed,

@@ -58,8 +58,10 @@ class TPDriverRunner(ModelRunner):
             raise ValueError(f"node_rank must be 0 on the engine's node, got {init.node_rank}")
         self.failure: str | None = None
         self._sampled: dict[str, int] = {}
-        # This node's other ranks; the other nodes' come from `strand worker`.
-        self.procs: list[BaseProcess] = spawn_workers(init, list(init.node_ranks())[1:])
+        # This node's other ranks (the other nodes' come from `strand worker`); under torchrun
+        # every rank already has its process.
+        self.procs: list[BaseProcess] = ([] if init.torchrun
+                                         else spawn_workers(init, list(init.node_ranks())[1:]))
         try:
             tp = init_tp_group(init, 0)
         except CollectiveError:

@@ -10,6 +10,7 @@ worker waits there for as long as the engine is idle.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class DistributedInit:
     node_rank: int = 0
     backend: str = "gloo"  # "gloo" (CPU) | "nccl" (CUDA)
     timeout_s: float = 60.0  # init_process_group and every collective of a step
+    # Launched by torchrun: every rank is its own process already (none is spawned), and the
+    # group meets at torchrun's store (init_method env://) instead of one rank 0 hosts.
+    torchrun: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -118,7 +122,7 @@ def init_tp_group(init: DistributedInit, rank: int) -> TPGroup:
         raise RuntimeError("torch.distributed is already initialized in this process: one "
                            "tensor-parallel engine per process (shut the other one down first)")
     timeout = timedelta(seconds=init.timeout_s)
-    url = f"tcp://{init.master_addr}:{init.master_port}"
+    url = "env://" if init.torchrun else f"tcp://{init.master_addr}:{init.master_port}"
     try:
         dist.init_process_group(init.backend, init_method=url, rank=rank,
                                 world_size=init.world_size, timeout=timeout)
@@ -138,6 +142,31 @@ def init_tp_group(init: DistributedInit, rank: int) -> TPGroup:
     return TPGroup(rank=rank, world_size=init.world_size,
                    local_rank=rank - init.node_rank * init.ranks_per_node,
                    timeout_s=init.timeout_s, command_group=command_group)
+
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT")
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun (torch.distributed.run) started it, else None."""
+    if not all(v in os.environ for v in TORCHRUN_VARS):
+        return None
+    return int(os.environ["RANK"])
+
+
+def torchrun_init(tensor_parallel_size: int, backend: str, timeout_s: float) -> DistributedInit:
+    """torchrun's environment as a DistributedInit; ValueError when its world is not the
+    engine's tensor_parallel_size."""
+    env = os.environ
+    world, per_node = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+    if world != tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size ({tensor_parallel_size}) must equal torchrun's "
+                         f"WORLD_SIZE ({world}): one torchrun process per rank")
+    return DistributedInit(world_size=world, master_addr=env["MASTER_ADDR"],
+                           master_port=int(env["MASTER_PORT"]), nnodes=world // per_node,
+                           node_rank=int(env["GROUP_RANK"]), backend=backend,
+                           timeout_s=timeout_s, torchrun=True)
 
 
 def destroy_tp_group() -> None:
