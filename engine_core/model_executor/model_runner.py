@@ -42,6 +42,7 @@ from engine_core.model_executor.kv_cache_sizing import (
 from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.loader import load_model, resolve_device
 from engine_core.model_executor.model_config import ModelConfig
+from engine_core.model_executor.runner_helpers import check_schedule, spread_logprobs
 from engine_core.model_executor.sampler import Sampler, SamplerOutput
 from engine_core.model_executor.sampling.logprobs import compute_prompt_logprobs
 from engine_core.model_executor.sampling_metadata import (
@@ -236,7 +237,7 @@ class ModelRunner:
             for i, token in zip(inputs.sample_reqs.tolist(), tokens, strict=True):
                 sampled_lists[i] = [token]
                 self._append_token(self.requests[inputs.req_ids[i]], token)
-            logprobs = _spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
+            logprobs = spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
         prompt_logprobs = self._prompt_logprobs(inputs, logits[num_sampled:])
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
@@ -337,7 +338,7 @@ class ModelRunner:
         known = np.fromiter((s.num_tokens for s in states), np.int64, n)
         seq_lens = computed + query_lens
         batch = self.input_batch
-        _check_schedule(req_ids, seq_lens, known, batch.num_blocks[rows] * self.block_size)
+        check_schedule(req_ids, seq_lens, known, batch.num_blocks[rows] * self.block_size)
 
         ends = np.cumsum(query_lens)
         req_of_token = np.repeat(np.arange(n), query_lens)
@@ -407,32 +408,3 @@ class ModelRunner:
             state.prompt_logprobs_done = first + count
             offset += count
         return result
-
-
-def _check_schedule(req_ids: list[str], seq_lens: np.ndarray, known: np.ndarray,
-                    capacity: np.ndarray) -> None:
-    over = np.nonzero(seq_lens > known)[0]
-    if over.size:
-        i = int(over[0])
-        raise ValueError(f"request {req_ids[i]!r}: num_computed_tokens + num_scheduled_tokens "
-                         f"({int(seq_lens[i])}) must be <= its known tokens ({int(known[i])})")
-    short = np.nonzero(seq_lens > capacity)[0]
-    if short.size:
-        i = int(short[0])
-        raise ValueError(f"request {req_ids[i]!r}: {int(seq_lens[i])} tokens need more KV "
-                         f"blocks than its block table holds ({int(capacity[i])} slots)")
-
-
-def _spread_logprobs(lists: LogprobsLists | None, sample_reqs: np.ndarray,
-                     num_reqs: int) -> LogprobsLists | None:
-    """Sampler rows (sampled requests only) -> rows aligned with req_ids; [] where not sampled."""
-    if lists is None:
-        return None
-    ids: list[list[int]] = [[] for _ in range(num_reqs)]
-    values: list[list[float]] = [[] for _ in range(num_reqs)]
-    ranks = [0] * num_reqs
-    for j, i in enumerate(sample_reqs.tolist()):
-        ids[i] = lists.logprob_token_ids[j]
-        values[i] = lists.logprobs[j]
-        ranks[i] = lists.sampled_token_ranks[j]
-    return LogprobsLists(ids, values, ranks)
