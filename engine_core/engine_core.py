@@ -90,8 +90,12 @@ class EngineCore:
 
             runner.sampler = Sampler(build_logits_processors(args.logits_processors, args,
                                                              runner.device))
-        num_blocks = runner.determine_num_blocks()
-        runner.initialize_kv_cache(num_blocks)
+        try:
+            num_blocks = runner.determine_num_blocks()
+            runner.initialize_kv_cache(num_blocks)
+        except BaseException:
+            runner.shutdown()  # tensor-parallel workers must not outlive a failed start
+            raise
         connector = _make_connector(args, runner, num_blocks)
         scheduler = Scheduler(scheduler_config, cache_config, num_blocks, connector=connector)
         return cls(args, model_config, runner, scheduler)

@@ -71,3 +71,13 @@ def test_a_stopped_worker_times_out_the_step_instead_of_hanging(tiny_model_dir: 
         start = time.monotonic()
         _assert_ended_with_error(engine, "timeout 4s")
         assert time.monotonic() - start < 30
+
+
+def test_a_failed_start_leaves_no_group_behind(tiny_model_dir: Path) -> None:
+    import torch.distributed as dist
+
+    # Every rank refuses the KV budget; the engine raises it and leaves the process clean.
+    with pytest.raises(ValueError, match="kv_cache_memory"):
+        with tp_engine(tiny_model_dir, 2, kv_cache_memory=1024):
+            pass
+    assert not dist.is_initialized()
