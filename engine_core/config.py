@@ -122,10 +122,11 @@ class EngineArgs:
         if self.distributed_timeout_s <= 0:
             raise ValueError(f"distributed_timeout_s must be > 0, got "
                              f"{self.distributed_timeout_s}")
-        if tp > 1 and self.kv_connector:
-            # The connector would move rank 0's KV heads only.
-            raise ValueError(f"kv_connector must be unset with tensor_parallel_size > 1 "
-                             f"(got {self.kv_connector!r}): not supported yet")
+        if tp > 1 and self.kv_connector not in (None, "", "offload", "OffloadConnector",
+                                                "OffloadingConnector"):
+            # Only the offload tier repeats its copies on the worker ranks.
+            raise ValueError(f"kv_connector must be offload (or unset) with "
+                             f"tensor_parallel_size > 1, got {self.kv_connector!r}")
         if tp > 1 and self.max_concurrent_batches > 1:
             raise ValueError("max_concurrent_batches must be 1 with tensor_parallel_size > 1, "
                              f"got {self.max_concurrent_batches}")

@@ -22,6 +22,7 @@ NUM_BLOCKS = "num_blocks"  # determine_num_blocks, then an all-reduce MIN over r
 INIT_KV = "init_kv"  # initialize_kv_cache(num_blocks)
 EXECUTE = "execute"  # apply `sampled`, then execute_model(scheduler_output)
 SHUTDOWN = "shutdown"
+OFFLOAD = "offload"  # keep a CPU tier of num_slots blocks of this rank's heads
 RPC = "rpc"  # collective_rpc: `rpc` on every rank's runner, results gathered on rank 0
 
 
@@ -42,11 +43,14 @@ class WorkerSpec:
 class Command:
     kind: str
     spec: WorkerSpec | None = None  # INIT
-    num_blocks: int = 0  # INIT_KV
+    num_blocks: int = 0  # INIT_KV; OFFLOAD: the tier's slots
     scheduler_output: SchedulerOutput | None = None  # EXECUTE
     # EXECUTE: the tokens rank 0 sampled in the previous step (req_id -> token), which the
     # workers append before running this one (their copies of the requests stay rank 0's).
     sampled: dict[str, int] = field(default_factory=dict)
+    # EXECUTE: the offload tier's saves since the last step, (block ids, slots) each: the
+    # workers copy the same blocks of their heads before this step writes any block.
+    kv_saves: list[tuple[list[int], list[int]]] = field(default_factory=list)
     # RPC: (method name or picklable callable taking the runner first, args, kwargs).
     rpc: tuple[object, tuple[Any, ...], dict[str, Any]] | None = None
 

@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
 from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.distributed import commands
@@ -58,6 +59,7 @@ class TPDriverRunner(ModelRunner):
             raise ValueError(f"node_rank must be 0 on the engine's node, got {init.node_rank}")
         self.failure: str | None = None
         self._sampled: dict[str, int] = {}
+        self._tier: CPUBlockTier | None = None  # the offload connector's, when configured
         # This node's other ranks (the other nodes' come from `strand worker`); under torchrun
         # every rank already has its process.
         self.procs: list[BaseProcess] = ([] if init.torchrun
@@ -91,9 +93,19 @@ class TPDriverRunner(ModelRunner):
         self._call(Command(commands.INIT_KV, num_blocks=num_blocks))
         self._guard(lambda: super(TPDriverRunner, self).initialize_kv_cache(num_blocks))
 
+    def attach_offload_tier(self, tier: CPUBlockTier) -> None:
+        """The offload connector's tier (rank 0's heads): the workers get one of as many slots
+        for theirs, and repeat each of its copies."""
+        self._call(Command(commands.OFFLOAD, num_blocks=tier.num_slots))
+        tier.journal = []
+        self._tier = tier
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        saves: list[tuple[list[int], list[int]]] = []
+        if self._tier is not None and self._tier.journal:
+            saves, self._tier.journal = self._tier.journal, []
         self._call(Command(commands.EXECUTE, scheduler_output=scheduler_output,
-                           sampled=self._sampled))
+                           sampled=self._sampled, kv_saves=saves))
         out = self._guard(lambda: super(TPDriverRunner, self).execute_model(scheduler_output))
         self._sampled = {req_id: tokens[-1] for req_id, tokens
                          in zip(out.req_ids, out.sampled_token_ids, strict=True) if tokens}

@@ -17,6 +17,8 @@ from multiprocessing.process import BaseProcess
 import torch
 import torch.distributed as dist
 
+from engine_core.connector.cpu_tier import CPUBlockTier
+from engine_core.connector.offload import OffloadMetadata
 from engine_core.distributed import commands
 from engine_core.distributed.commands import Command, broadcast_command
 from engine_core.distributed.parallel_state import (
@@ -59,7 +61,13 @@ def _serve_one(runner: ModelRunner, tp: TPGroup, command: Command) -> bool:
     """Run one command; False when it was shutdown."""
     if command.kind == commands.EXECUTE and command.scheduler_output is not None:
         runner.apply_sampled(command.sampled)
+        _repeat_offload(runner, command)
         runner.execute_model(command.scheduler_output)
+    elif command.kind == commands.OFFLOAD:
+        c = runner.kv_config
+        runner.offload_tier = CPUBlockTier(command.num_blocks, c.num_layers, runner.block_size,
+                                           c.num_kv_heads, c.head_dim, c.dtype,
+                                           pin_memory=runner.device.type == "cuda")
     elif command.kind == commands.NUM_BLOCKS:
         agree_num_blocks(tp, runner.determine_num_blocks())
     elif command.kind == commands.INIT_KV:
@@ -71,6 +79,18 @@ def _serve_one(runner: ModelRunner, tp: TPGroup, command: Command) -> bool:
     else:
         raise RuntimeError(f"rank {tp.rank}: unknown command {command.kind!r}")
     return True
+
+
+def _repeat_offload(runner: ModelRunner, command: Command) -> None:
+    """Rank 0's tier copies, on this rank's heads: its saves, then the step's loads."""
+    tier = runner.offload_tier
+    if tier is None:
+        return
+    for block_ids, slots in command.kv_saves:
+        tier.copy_out(block_ids, slots, runner.kv_caches)
+    meta = command.scheduler_output.kv_connector_metadata if command.scheduler_output else None
+    if isinstance(meta, OffloadMetadata) and meta.slots:
+        tier.copy_in(meta.slots, meta.block_ids, runner.kv_caches)
 
 
 def agree_num_blocks(tp: TPGroup, num_blocks: int) -> int:

@@ -21,6 +21,7 @@ import torch
 
 from engine_core.config import CacheConfig, SchedulerConfig
 from engine_core.connector.base import KVConnectorBase
+from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.distributed.layers import local_config, shard_layout
@@ -117,6 +118,8 @@ class ModelRunner:
         self._suspended: dict[str, tuple[torch.Generator | None, int]] = {}
         # Worker side of the KV connector, attached by connector.factory when one is configured.
         self.kv_connector: KVConnectorBase | None = None
+        # A tensor-parallel worker rank's share of the offload tier (rank 0's connector decides).
+        self.offload_tier: CPUBlockTier | None = None
         self.enforce_eager = enforce_eager
         self._graph_capturer = graph_capturer
         self.decode_graphs: DecodeGraphRunner | None = None  # captured by initialize_kv_cache
