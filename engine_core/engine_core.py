@@ -324,6 +324,10 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
 
     device = resolve_device(args.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    per_node = args.tensor_parallel_size // args.nnodes
+    if device.type == "cuda" and per_node > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size / nnodes ({per_node}) must be <= the GPUs on "
+                         f"this node ({torch.cuda.device_count()}): one GPU per rank")
     rank = torchrun_rank()
     if rank is not None:
         init = torchrun_init(args.tensor_parallel_size, backend, args.distributed_timeout_s)
