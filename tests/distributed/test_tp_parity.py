@@ -28,6 +28,7 @@ ARCHS: dict[str, dict[str, Any]] = {
     "mistral_kv_replicated": {"arch": "mistral", "num_heads": 4, "num_kv_heads": 1},
     "qwen2_qkv_bias": {"arch": "qwen2", "num_heads": 4, "num_kv_heads": 2,
                        "vocab_size": 509},  # a vocabulary N does not divide: padded shard
+    "qwen3_qk_norm": {"arch": "qwen3", "num_heads": 4, "num_kv_heads": 2},  # per-head norms
 }
 
 
