@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 def run_worker(init: DistributedInit, rank: int) -> None:
     """The body of one worker process; returns when rank 0 says shutdown."""
+    # The services' log-level variable (services/common/errors.py), as in the engine process.
     logging.basicConfig(level=os.environ.get("STRAND_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
     tp = init_tp_group(init, rank)
