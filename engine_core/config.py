@@ -53,6 +53,12 @@ class EngineArgs:
     enforce_eager: bool = False
     cpu_threads: int | None = None  # None: torch's default, one per core
     tensor_parallel_size: int = 1
+    # Where the ranks meet (torchrun's names). master_port 0: a free port, one node only.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    distributed_timeout_s: float = 60.0  # joining the group, and every collective of a step
     kv_connector: str | None = None
     kv_connector_config: dict[str, Any] = field(default_factory=dict)
     kv_offload_bytes: int = 0
@@ -102,10 +108,33 @@ class EngineArgs:
         if self.structured_outputs_cache_size < 1:
             raise ValueError("structured_outputs_cache_size must be >= 1, got "
                              f"{self.structured_outputs_cache_size}")
-        if self.tensor_parallel_size != 1:
-            # Refused rather than ignored: a user asking for 2 GPUs must not silently get 1.
-            raise ValueError("tensor_parallel_size must be 1: tensor parallelism is not "
-                             f"implemented yet, got {self.tensor_parallel_size}")
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        if tp < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+        if self.nnodes < 1 or tp % self.nnodes:
+            raise ValueError(f"nnodes must be >= 1 and divide tensor_parallel_size ({tp}), "
+                             f"got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if not 0 <= self.master_port < 65536:
+            raise ValueError(f"master_port must be in [0, 65535], got {self.master_port}")
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError("master_port must be set (1..65535) when nnodes > 1: every node "
+                             "must be told the same port")
+        if self.distributed_timeout_s <= 0:
+            raise ValueError(f"distributed_timeout_s must be > 0, got "
+                             f"{self.distributed_timeout_s}")
+        if tp > 1 and self.kv_connector not in (None, "", "offload", "OffloadConnector",
+                                                "OffloadingConnector"):
+            # Only the offload tier repeats its copies on the worker ranks.
+            raise ValueError(f"kv_connector must be offload (or unset) with "
+                             f"tensor_parallel_size > 1, got {self.kv_connector!r}")
+        if tp > 1 and self.max_concurrent_batches > 1:
+            raise ValueError("max_concurrent_batches must be 1 with tensor_parallel_size > 1, "
+                             f"got {self.max_concurrent_batches}")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -188,7 +217,14 @@ _HELP = {
                      "batch sizes 1, 2, 4, 8, ... up to max_num_seqs, padded to the next size",
     "cpu_threads": "threads for CPU compute: torch's intra-op pool, which the C++ kernels "
                    "share (default: one per core)",
-    "tensor_parallel_size": "must be 1 (tensor parallelism is not implemented yet)",
+    "tensor_parallel_size": "ranks the model is split over (one process each, on torch."
+                            "distributed: gloo on CPU, NCCL on CUDA)",
+    "nnodes": "nodes the ranks span (torchrun's --nnodes); the others run `strand worker`",
+    "node_rank": "this node's index (0: the engine's node)",
+    "master_addr": "address of rank 0's rendezvous store (torchrun's --master-addr)",
+    "master_port": "port of the rendezvous store (0: a free one, single node only)",
+    "distributed_timeout_s": "seconds to wait for all ranks to join, and for each collective "
+                             "of a step, before failing with an error naming the rank",
     "kv_connector": "KV connector: offload (CPU tier) or multi",
     "kv_offload_bytes": "bytes of the offload connector's CPU tier",
     "logits_processors": "custom logits processors, each 'package.module:Class' (vLLM v1's "

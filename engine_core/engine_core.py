@@ -16,7 +16,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from engine_core import engine_extras
-from engine_core.config import EngineArgs
+from engine_core.config import CacheConfig, EngineArgs, SchedulerConfig
 from engine_core.core import kv_control
 from engine_core.core.batch_queue import BatchQueue
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -26,7 +26,7 @@ from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
-from engine_core.errors import DuplicateRequestError, QueueFullError
+from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFailedError
 from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
@@ -74,6 +74,8 @@ class EngineCore:
         self.kv_events: KVEventBuffer | None = None
         self.profiler = engine_extras.TorchProfiler()
         self.sleep_state = SleepState()
+        # Set when a tensor-parallel rank failed: the engine cannot step any more.
+        self.failure: str | None = None
         if args.kv_events:
             self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
                 args.block_size, args.kv_events_max_buffer)
@@ -93,9 +95,7 @@ class EngineCore:
         if args.cpu_threads is not None:
             # On the thread that will step (the pool is per process, its team per thread).
             torch.set_num_threads(args.cpu_threads)
-        runner = ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
-                             attention_backend=args.attention_backend, seed=args.seed,
-                             enforce_eager=args.enforce_eager)
+        runner = _make_runner(args, model_config, cache_config, scheduler_config)
         if args.logits_processors:
             from engine_core.model_executor.sampler import Sampler
             from engine_core.model_executor.sampling.logits_processor import (
@@ -104,8 +104,12 @@ class EngineCore:
 
             runner.sampler = Sampler(build_logits_processors(args.logits_processors, args,
                                                              runner.device))
-        num_blocks = runner.determine_num_blocks()
-        runner.initialize_kv_cache(num_blocks)
+        try:
+            num_blocks = runner.determine_num_blocks()
+            runner.initialize_kv_cache(num_blocks)
+        except BaseException:
+            runner.shutdown()  # tensor-parallel workers must not outlive a failed start
+            raise
         connector = _make_connector(args, runner, num_blocks)
         scheduler = Scheduler(scheduler_config, cache_config, num_blocks, connector=connector)
         return cls(args, model_config, runner, scheduler)
@@ -116,6 +120,8 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """ValueError (nothing changes) for a duplicate id or a request that can never fit."""
+        if self.failure is not None:
+            raise WorkerFailedError(self.failure)
         if self.sleep_state.is_sleeping():
             raise EngineSleepingError("the engine is sleeping: call wake_up() before add_request")
         if not isinstance(request.request_id, str):
@@ -181,9 +187,29 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not flush_only:  # a step that only hands finished ids to the runner ran no batch
             self.last_scheduler_output = scheduler_output
-        runner_output = self.runner.execute_model(scheduler_output)
+        try:
+            runner_output = self.runner.execute_model(scheduler_output)
+        except WorkerFailedError as e:
+            return self._fail_all(str(e))
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return self._finish_step(outputs, None if flush_only else scheduler_output)
+
+    def _fail_all(self, reason: str) -> EngineCoreOutputs:
+        """A rank is gone: every request the scheduler holds ends with finish_reason "error"."""
+        self.failure = reason
+        ids = list(self.scheduler.requests)
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        logger.error("ending %d request(s) with an error: %s", len(ids), reason)
+        return self._finish_step([EngineCoreOutput(request_id=i, new_token_ids=[],
+                                                   finish_reason="error") for i in ids], None)
+
+    def is_healthy(self) -> bool:
+        """False once a tensor-parallel rank failed (health checks report not serving)."""
+        return self.failure is None
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (no-op with one rank)."""
+        self.runner.shutdown()
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Schedule and queue a batch; while the queue has room and work was scheduled, return
@@ -291,11 +317,18 @@ class EngineCore:
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
                        ) -> list[Any]:
-        """One result per worker; timeout is accepted for vLLM's API (calls are in process)."""
+        """One result per worker (per tensor-parallel rank, in rank order); timeout is accepted
+        for vLLM's API (the collectives' own timeout applies)."""
+        collective = getattr(self.runner, "collective_rpc", None)
+        if collective is not None:  # tensor parallel: the other ranks are other processes
+            return list(collective(method, args, kwargs))
         return engine_extras.collective_rpc(self.workers(), method, args, kwargs)
 
     def sleep(self, level: int = 1) -> None:
         """Free device memory: level 1 offloads weights, level 2 drops them; both drop KV."""
+        if self.args.tensor_parallel_size > 1:
+            raise ValueError("sleep needs tensor_parallel_size 1 (the worker ranks' memory is "
+                             f"not released yet), got {self.args.tensor_parallel_size}")
         if self.has_unfinished_requests():
             raise ValueError("sleep needs an idle engine: "
                              f"{self.get_num_unfinished_requests()} requests are unfinished")
@@ -330,6 +363,49 @@ class EngineCore:
         if external is not None:
             result["connector_prefix_cache_hit_rate"] = float(external.hit_rate)
         return result
+
+
+def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: CacheConfig,
+                 scheduler_config: SchedulerConfig) -> ModelRunner:
+    if args.tensor_parallel_size == 1:
+        return ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
+                           attention_backend=args.attention_backend, seed=args.seed,
+                           enforce_eager=args.enforce_eager)
+    from engine_core.distributed.driver import TPDriverRunner, free_port
+    from engine_core.distributed.parallel_state import (
+        DistributedInit,
+        torchrun_init,
+        torchrun_rank,
+    )
+    from engine_core.model_executor.loader import resolve_device
+
+    device = resolve_device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    per_node = args.tensor_parallel_size // args.nnodes
+    if device.type == "cuda" and per_node > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size / nnodes ({per_node}) must be <= the GPUs on "
+                         f"this node ({torch.cuda.device_count()}): one GPU per rank")
+    rank = torchrun_rank()
+    if rank is not None:
+        init = torchrun_init(args.tensor_parallel_size, backend, args.distributed_timeout_s)
+        if rank != 0:
+            # torchrun runs one script on every rank: past rank 0, this process is a worker.
+            # It serves rank 0 until the engine shuts down, then exits (as a worker would).
+            from engine_core.distributed.worker import run_worker
+
+            run_worker(init, rank)
+            raise SystemExit(0)
+        return TPDriverRunner(init, model_config, cache_config, scheduler_config,
+                              attention_backend=args.attention_backend, seed=args.seed,
+                              cpu_threads=args.cpu_threads)
+    init = DistributedInit(
+        world_size=args.tensor_parallel_size, master_addr=args.master_addr,
+        master_port=args.master_port or free_port(args.master_addr), nnodes=args.nnodes,
+        node_rank=args.node_rank, backend=backend,
+        timeout_s=args.distributed_timeout_s)
+    return TPDriverRunner(init, model_config, cache_config, scheduler_config,
+                          attention_backend=args.attention_backend, seed=args.seed,
+                          cpu_threads=args.cpu_threads)
 
 
 def _make_connector(args: EngineArgs, runner: ModelRunner, num_blocks: int) -> object | None:

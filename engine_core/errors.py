@@ -15,3 +15,8 @@ class QueueFullError(RuntimeError):
 class EngineSleepingError(RuntimeError):
     """add_request while the engine sleeps: wake_up() first (services answer
     FAILED_PRECONDITION)."""
+
+
+class WorkerFailedError(RuntimeError):
+    """A tensor-parallel rank died or stopped answering: the engine cannot step any more (its
+    requests end with finish_reason "error"; the message names the rank)."""

@@ -75,6 +75,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         core_outputs = self.engine_core.step()
+        if self.engine_core.failure is not None:
+            # A tensor-parallel rank failed: the core ended every request; say why.
+            return self.output_processor.finish_with_error(
+                [o.request_id for o in core_outputs.outputs], self.engine_core.failure)
         result = self.output_processor.process_outputs(core_outputs.outputs,
                                                         core_outputs.timestamp)
         if result.reqs_to_abort:
@@ -92,6 +96,14 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
+
+    def is_healthy(self) -> bool:
+        """False once a tensor-parallel rank failed."""
+        return self.engine_core.is_healthy()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (no-op with one rank)."""
+        self.engine_core.shutdown()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()

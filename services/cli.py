@@ -5,6 +5,8 @@
     strand demo                         # real SmolLM2 (pulled once), stack, step-by-step example
     strand pull smollm2                 # fetch a model by short name; prints its path
     strand engine --model DIR --port 50053   # one service alone (compose runs these)
+    strand worker --tensor-parallel-size 4 --nnodes 2 --node-rank 1 --master-addr H --master-port P
+                                        # a non-head node's tensor-parallel ranks
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _NOT_FORWARDED = {"model", "otlp_traces_endpoint"}
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ["serve", "demo", "pull", "make-tiny-model", *_SERVICE_MAINS]
+    commands = ["serve", "demo", "pull", "make-tiny-model", "worker", *_SERVICE_MAINS]
     if "--debug" in argv:
         # Inherited by the services serve starts: their tracebacks and DEBUG logs show too.
         argv = [a for a in argv if a != "--debug"]
@@ -68,6 +70,10 @@ def _run(command: str, rest: list[str]) -> None:
         demo(rest)
     elif command == "pull":
         pull_cmd(rest)
+    elif command == "worker":
+        from services.worker_cli import main as worker_main
+
+        worker_main(rest)
     else:
         make_tiny_model_cmd(rest)
 

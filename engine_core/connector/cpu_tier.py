@@ -30,6 +30,9 @@ class CPUBlockTier:
         self._readers: dict[int, int] = {}
         # Slots dropped from the map while a load still reads them: freed when it is done.
         self._orphans: set[int] = set()
+        # Tensor parallelism: each save as (block ids, slots), for the worker ranks to repeat
+        # on their own heads (None: not recorded).
+        self.journal: list[tuple[list[int], list[int]]] | None = None
 
     def __len__(self) -> int:
         return len(self._slot_of)
@@ -70,11 +73,18 @@ class CPUBlockTier:
             ids.append(block_id)
             slots.append(slot)
         if ids:
-            index = torch.tensor(ids, dtype=torch.int64, device=kv_caches[0].device)
-            # [num_layers, 2, n, block_size, num_kv_heads, head_dim] -> n first
-            data = torch.stack([kv.index_select(1, index) for kv in kv_caches])
-            self.buffer[torch.tensor(slots)] = data.permute(2, 0, 1, 3, 4, 5).cpu()
+            self.copy_out(ids, slots, kv_caches)
+            if self.journal is not None:
+                self.journal.append((ids, slots))
         return len(ids)
+
+    def copy_out(self, block_ids: Sequence[int], slots: Sequence[int],
+                 kv_caches: list[torch.Tensor]) -> None:
+        """Paged cache blocks -> tier slots (no bookkeeping: what a worker rank repeats)."""
+        index = torch.tensor(list(block_ids), dtype=torch.int64, device=kv_caches[0].device)
+        # [num_layers, 2, n, block_size, num_kv_heads, head_dim] -> n first
+        data = torch.stack([kv.index_select(1, index) for kv in kv_caches])
+        self.buffer[torch.tensor(list(slots))] = data.permute(2, 0, 1, 3, 4, 5).cpu()
 
     def _take_slot(self) -> int | None:
         if self._free_slots:
@@ -101,13 +111,18 @@ class CPUBlockTier:
              kv_caches: list[torch.Tensor]) -> None:
         """Copy slots into the paged caches at block_ids, then release the slots."""
         if slots:
-            device = kv_caches[0].device
-            # [n, num_layers, 2, block_size, num_kv_heads, head_dim]
-            data = self.buffer[torch.tensor(list(slots))].to(device, non_blocking=True)
-            index = torch.tensor(list(block_ids), dtype=torch.int64, device=device)
-            for layer, kv in enumerate(kv_caches):
-                kv.index_copy_(1, index, data[:, layer].transpose(0, 1))
+            self.copy_in(slots, block_ids, kv_caches)
         self.release(slots)
+
+    def copy_in(self, slots: Sequence[int], block_ids: Sequence[int],
+                kv_caches: list[torch.Tensor]) -> None:
+        """Tier slots -> paged cache blocks (no bookkeeping: what a worker rank repeats)."""
+        device = kv_caches[0].device
+        # [n, num_layers, 2, block_size, num_kv_heads, head_dim]
+        data = self.buffer[torch.tensor(list(slots))].to(device, non_blocking=True)
+        index = torch.tensor(list(block_ids), dtype=torch.int64, device=device)
+        for layer, kv in enumerate(kv_caches):
+            kv.index_copy_(1, index, data[:, layer].transpose(0, 1))
 
     def release(self, slots: Sequence[int]) -> None:
         for slot in slots:

@@ -66,7 +66,9 @@ def _build_offload(config: Mapping[str, Any], args: EngineArgs,
     if unknown:
         raise ValueError(f"kv_connector_config keys for the offload connector must be among "
                          f"{list(_OFFLOAD_KEYS)}, got {unknown}")
-    model = runner.model_config
+    # The heads this rank's cache holds (all of them without tensor parallelism); a stand-in
+    # runner without kv_config holds them all.
+    model = getattr(runner, "kv_config", runner.model_config)
     block_size = int(runner.block_size)
     element = model.dtype.itemsize
     bytes_per_block = 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * element
@@ -83,4 +85,7 @@ def _build_offload(config: Mapping[str, Any], args: EngineArgs,
     device = runner.device
     tier = CPUBlockTier(num_slots, model.num_layers, block_size, model.num_kv_heads,
                         model.head_dim, model.dtype, pin_memory=str(device).startswith("cuda"))
+    attach = getattr(runner, "attach_offload_tier", None)
+    if attach is not None:  # tensor parallel: every rank keeps a tier of its own heads
+        attach(tier)
     return OffloadConnector(tier, block_size, lambda: runner.kv_caches)

@@ -9,6 +9,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine_core.distributed.layers import ShardLayout, local_config, shard_layout, shard_model
+from engine_core.distributed.parallel_state import TPGroup
+from engine_core.distributed.shard_loading import copy_shard
 from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.models.llama import LlamaForCausalLM
@@ -32,18 +35,29 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
-    """Weights copied straight into parameters allocated on `device` in `config.dtype`."""
+def load_model(config: ModelConfig, device: torch.device,
+               tp: TPGroup | None = None) -> LlamaForCausalLM:
+    """Weights copied straight into parameters allocated on `device` in `config.dtype`.
+
+    With a tensor-parallel group of more than one rank: this rank's shard of the model, and only
+    its part of each tensor read from the checkpoint."""
     cls = model_class(config)
+    layout = None
     # Built on meta first: no time spent on a random init that the checkpoint overwrites.
-    with torch.device("meta"):
-        model = cls(config)
+    if tp is not None and tp.world_size > 1:
+        layout = shard_layout(config, tp.rank, tp.world_size)
+        with torch.device("meta"):
+            model = cls(local_config(config, layout))
+            shard_model(model, layout, tp)
+    else:
+        with torch.device("meta"):
+            model = cls(config)
     model = model.to(dtype=config.dtype).to_empty(device=device)
     model.tie_weights()
     for module in model.modules():  # Gemma 3 has two RoPE tables (global and sliding layers)
         if isinstance(module, RotaryEmbedding):
             module.build_cache(device)
-    _copy_weights(model, Path(config.model_dir))
+    _copy_weights(model, Path(config.model_dir), layout)
     return model.eval().requires_grad_(False)
 
 
@@ -71,7 +85,8 @@ def safetensors_files(model_dir: Path) -> dict[str, Path]:
     return files
 
 
-def _copy_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
+                  layout: ShardLayout | None = None) -> None:
     destinations = model.weight_destinations()
     files = safetensors_files(model_dir)
     missing = [name for name in destinations if name not in files]
@@ -91,6 +106,9 @@ def _copy_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
         with safe_open(str(path), framework="pt") as f:
             for name in names:
                 dest = destinations[name]
+                if layout is not None:
+                    copy_shard(f, name, dest, layout, path.name)
+                    continue
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != tuple(dest.shape):
                     raise ValueError(

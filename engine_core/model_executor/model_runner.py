@@ -21,8 +21,11 @@ import torch
 
 from engine_core.config import CacheConfig, SchedulerConfig
 from engine_core.connector.base import KVConnectorBase
+from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
+from engine_core.distributed.layers import local_config, shard_layout
+from engine_core.distributed.parallel_state import TPGroup
 from engine_core.model_executor.attention.backend import AttentionMetadata
 from engine_core.model_executor.attention.describe import describe_attention
 from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
@@ -40,6 +43,7 @@ from engine_core.model_executor.kv_cache_sizing import (
 from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.loader import load_model, resolve_device
 from engine_core.model_executor.model_config import ModelConfig
+from engine_core.model_executor.runner_helpers import check_schedule, spread_logprobs
 from engine_core.model_executor.sampler import Sampler, SamplerOutput
 from engine_core.model_executor.sampling.logprobs import compute_prompt_logprobs
 from engine_core.model_executor.sampling_metadata import (
@@ -77,10 +81,20 @@ class ModelRunner:
                  scheduler_config: SchedulerConfig, device: str = "auto",
                  attention_backend: str | None = None, seed: int = 0,
                  enforce_eager: bool = False,
-                 graph_capturer: GraphCapturer | None = None) -> None:
+                 graph_capturer: GraphCapturer | None = None,
+                 tp: TPGroup | None = None) -> None:
         """enforce_eager: no CUDA graphs. graph_capturer: for tests, a stand-in for
-        torch.cuda.CUDAGraph that makes the decode-graph path run on any device."""
+        torch.cuda.CUDAGraph that makes the decode-graph path run on any device. tp: this
+        rank's tensor-parallel group; the model is then its shard, and only rank 0 samples."""
         self.model_config = model_config
+        self.tp = tp
+        # What this rank's KV cache holds: its share of the KV heads under tensor parallelism.
+        self.kv_config = model_config
+        if tp is not None and tp.world_size > 1:
+            self.kv_config = local_config(model_config,
+                                          shard_layout(model_config, tp.rank, tp.world_size))
+            # A captured graph would hold the collectives too; sharded steps run eagerly.
+            enforce_eager = True
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
         self.device = resolve_device(device)
@@ -92,7 +106,7 @@ class ModelRunner:
             ensure_cpu_kernels_built()
         # Unseeded random sampling draws from the global generator: seed it for reproducibility.
         torch.manual_seed(seed)
-        self.model = load_model(model_config, self.device)
+        self.model = load_model(model_config, self.device, tp)
         if self.device.type == "cpu":
             # oneDNN's blocked weight layout, made once here instead of in every call.
             logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
@@ -108,6 +122,8 @@ class ModelRunner:
         self._suspended: dict[str, tuple[torch.Generator | None, int]] = {}
         # Worker side of the KV connector, attached by connector.factory when one is configured.
         self.kv_connector: KVConnectorBase | None = None
+        # A tensor-parallel worker rank's share of the offload tier (rank 0's connector decides).
+        self.offload_tier: CPUBlockTier | None = None
         self.enforce_eager = enforce_eager
         self._graph_capturer = graph_capturer
         self.decode_graphs: DecodeGraphRunner | None = None  # captured by initialize_kv_cache
@@ -131,11 +147,11 @@ class ModelRunner:
         elif self.device.type == "cuda":
             peak = self.profile_peak_memory()
             budget = cuda_kv_budget(self.device, self.cache_config.gpu_memory_utilization, peak)
-            num_blocks = num_blocks_for_budget(budget, self.model_config, self.block_size,
+            num_blocks = num_blocks_for_budget(budget, self.kv_config, self.block_size,
                                                "gpu_memory_utilization")
         else:
             num_blocks = num_blocks_for_budget(self.cache_config.kv_cache_memory,
-                                               self.model_config, self.block_size,
+                                               self.kv_config, self.block_size,
                                                "kv_cache_memory")
         log_capacity(num_blocks, self.block_size, self.scheduler_config.max_model_len)
         return num_blocks
@@ -143,7 +159,7 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self._allocate_kv_caches(num_blocks)
         logger.info("allocated %.1f MiB of KV cache",
-                    num_blocks * bytes_per_block(self.model_config, self.block_size) / 2**20)
+                    num_blocks * bytes_per_block(self.kv_config, self.block_size) / 2**20)
         # Graphs hold the cache tensors' addresses: a new cache needs new graphs.
         self.decode_graphs = None
         capturer = choose_capturer(self.device, self.enforce_eager, self.attn_backend,
@@ -158,7 +174,7 @@ class ModelRunner:
             self.decode_graphs = graphs
 
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
-        c = self.model_config
+        c = self.kv_config
         shape = (2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         return [torch.zeros(shape, dtype=c.dtype, device=self.device)
                 for _ in range(c.num_layers)]
@@ -197,6 +213,9 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
+    def shutdown(self) -> None:
+        """Nothing to stop in one process (the tensor-parallel driver stops its workers)."""
+
     # ---- one step -----------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -212,6 +231,10 @@ class ModelRunner:
             raise RuntimeError("initialize_kv_cache() must be called before execute_model()")
         inputs = self.prepare_inputs(scheduler_output)
         logits = self.compute_logits(inputs)  # [num_sampled + num_prompt_rows, vocab]
+        if not self.is_driver:
+            # Rank 0 samples; its tokens reach this rank with the next step (apply_sampled).
+            self._advance_prompt_logprobs(inputs)
+            return ModelRunnerOutput.empty()
         num_sampled = len(inputs.sample_reqs)
         sampled_lists: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs = None
@@ -224,7 +247,7 @@ class ModelRunner:
                 self._append_token(state, token)
                 if state.grammar is not None:
                     self.grammars.accept(state.req_id, state.grammar, token)
-            logprobs = _spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
+            logprobs = spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
         prompt_logprobs = self._prompt_logprobs(inputs, logits[num_sampled:])
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
@@ -243,6 +266,23 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                                 inputs.metadata, self.attn_backend)  # [num_tokens, hidden]
         return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    @property
+    def is_driver(self) -> bool:
+        """The rank that samples (the only one without tensor parallelism)."""
+        return self.tp is None or self.tp.is_driver
+
+    def apply_sampled(self, tokens: dict[str, int]) -> None:
+        """A worker rank: append the tokens rank 0 sampled last step, before this step runs."""
+        for req_id, token in tokens.items():
+            state = self.requests.get(req_id)
+            if state is not None:
+                self._append_token(state, token)
+
+    def _advance_prompt_logprobs(self, inputs: StepInputs) -> None:
+        """A worker rank keeps rank 0's prompt-logprob progress, so both pick the same rows."""
+        for i, (first, count) in inputs.prompt_spans.items():
+            self.requests[inputs.req_ids[i]].prompt_logprobs_done = first + count
 
     def update_states(self, so: SchedulerOutput) -> None:
         """Apply the scheduler's decisions to the runner's copies of the requests."""
@@ -308,7 +348,7 @@ class ModelRunner:
         known = np.fromiter((s.num_tokens for s in states), np.int64, n)
         seq_lens = computed + query_lens
         batch = self.input_batch
-        _check_schedule(req_ids, seq_lens, known, batch.num_blocks[rows] * self.block_size)
+        check_schedule(req_ids, seq_lens, known, batch.num_blocks[rows] * self.block_size)
 
         ends = np.cumsum(query_lens)
         req_of_token = np.repeat(np.arange(n), query_lens)
@@ -383,32 +423,3 @@ class ModelRunner:
             state.prompt_logprobs_done = first + count
             offset += count
         return result
-
-
-def _check_schedule(req_ids: list[str], seq_lens: np.ndarray, known: np.ndarray,
-                    capacity: np.ndarray) -> None:
-    over = np.nonzero(seq_lens > known)[0]
-    if over.size:
-        i = int(over[0])
-        raise ValueError(f"request {req_ids[i]!r}: num_computed_tokens + num_scheduled_tokens "
-                         f"({int(seq_lens[i])}) must be <= its known tokens ({int(known[i])})")
-    short = np.nonzero(seq_lens > capacity)[0]
-    if short.size:
-        i = int(short[0])
-        raise ValueError(f"request {req_ids[i]!r}: {int(seq_lens[i])} tokens need more KV "
-                         f"blocks than its block table holds ({int(capacity[i])} slots)")
-
-
-def _spread_logprobs(lists: LogprobsLists | None, sample_reqs: np.ndarray,
-                     num_reqs: int) -> LogprobsLists | None:
-    """Sampler rows (sampled requests only) -> rows aligned with req_ids; [] where not sampled."""
-    if lists is None:
-        return None
-    ids: list[list[int]] = [[] for _ in range(num_reqs)]
-    values: list[list[float]] = [[] for _ in range(num_reqs)]
-    ranks = [0] * num_reqs
-    for j, i in enumerate(sample_reqs.tolist()):
-        ids[i] = lists.logprob_token_ids[j]
-        values[i] = lists.logprobs[j]
-        ranks[i] = lists.sampled_token_ranks[j]
-    return LogprobsLists(ids, values, ranks)

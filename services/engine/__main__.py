@@ -45,8 +45,9 @@ def _main(argv: list[str] | None) -> None:
             task.cancel()
         servicer.close()
 
+    # Not ready once a tensor-parallel rank failed: the engine can no longer step.
     asyncio.run(run_server("engine", options, register, on_stop=on_stop, on_started=on_started,
-                           metrics=servicer.core.metrics_registry))
+                           ready=servicer.core.is_healthy, metrics=servicer.core.metrics_registry))
 
 
 if __name__ == "__main__":

@@ -215,4 +215,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return msg, self.core.has_unfinished_requests()
 
     def close(self) -> None:
+        # On the core's thread, after any step in flight: tensor-parallel workers get their
+        # shutdown in order with the steps they were sent (no-op with one rank).
+        self._executor.submit(self.core.shutdown)
         self._executor.shutdown(wait=False)

@@ -12,6 +12,7 @@ import pytest
 from engine_core import EngineArgs
 from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.engine_core import EngineCore
+from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.sampling_params import SamplingParams
 
 PROMPT_TOKENS = [5, 17, 42, 99, 7, 3, 250, 11, 64, 8, 31, 77]  # 12 tokens, as vLLM's prompt
@@ -169,8 +170,28 @@ def test_engine_core_concurrent_batches_refused_with_a_connector(tiny_model_dir:
             kv_connector="offload", kv_offload_bytes=1 << 20))
 
 
-def test_engine_core_tp() -> None:
-    pytest.skip("missing feature: tensor parallelism (tensor_parallel_size must be 1)")
+def _rank_and_cache_shape(worker: ModelRunner) -> tuple[int, int, int]:
+    """Module level: with tensor parallelism the callable is pickled to the worker ranks."""
+    assert worker.tp is not None
+    return worker.tp.rank, worker.kv_caches[0].shape[1], worker.kv_caches[0].shape[3]
+
+
+def test_engine_core_tp(tiny_model_dir: Path) -> None:
+    """vLLM's: the engine initializes a worker per rank; collective_rpc reaches each of them."""
+    core = EngineCore.from_engine_args(EngineArgs(
+        model=str(tiny_model_dir), dtype="float32", device="cpu", num_gpu_blocks_override=16,
+        max_model_len=128, tensor_parallel_size=2, cpu_threads=1))
+    try:
+        # Rank order; each rank's cache has the pool's 16 blocks and 1 of the 2 KV heads.
+        assert core.collective_rpc(_rank_and_cache_shape) == [(0, 16, 1), (1, 16, 1)]
+        with pytest.raises(ValueError, match="rank 0: .*rank 1: "):
+            core.collective_rpc("no_such_method")
+        # A failed call ends no worker: the engine still steps.
+        core.add_request(make_request("tp", max_tokens=3))
+        _drain(core)
+        assert core.is_healthy()
+    finally:
+        core.shutdown()
 
 
 def test_engine_core_invalid_request_id_type(engine_core: EngineCore) -> None:

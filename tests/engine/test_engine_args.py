@@ -27,7 +27,12 @@ def test_cli_flags_round_trip_into_engine_args() -> None:
     ("device", {"device": "tpu"}),
     ("gpu_memory_utilization", {"gpu_memory_utilization": 1.5}),
     ("max_num_seqs", {"max_num_seqs": 0}),
-    ("tensor_parallel_size", {"tensor_parallel_size": 2}),
+    ("tensor_parallel_size", {"tensor_parallel_size": 0}),
+    ("nnodes", {"tensor_parallel_size": 2, "nnodes": 3}),
+    ("node_rank", {"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 2, "master_port": 1}),
+    ("master_port", {"tensor_parallel_size": 2, "nnodes": 2}),
+    ("distributed_timeout_s", {"distributed_timeout_s": 0}),
+    ("kv_connector", {"tensor_parallel_size": 2, "kv_connector": "multi"}),
     ("cpu_threads", {"cpu_threads": 0}),
 ])
 def test_bad_engine_args_raise_naming_the_field(field: str, kwargs: dict) -> None:

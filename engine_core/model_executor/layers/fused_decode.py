@@ -77,6 +77,8 @@ def _gather(model: LlamaForCausalLM) -> list[LayerArgs] | None:
                                                                  layer.post_attention_layernorm)
         if not all(lin.small_m and lin.weight.dtype == dtype for lin in (qkv, o, gate_up, down)):
             return None
+        if type(o) is not Linear or type(down) is not Linear:
+            return None  # tensor-parallel layers: their all-reduce is not in the C++ call
         if gate_up.bias is not None or down.bias is not None:
             return None
         if any(n.weight.dtype != dtype or n.weight.dim() != 1 for n in (norm1, norm2)):

@@ -1,0 +1,1 @@
+"""Tensor parallelism on torch.distributed: docs/tensor_parallel.md."""
