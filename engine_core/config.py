@@ -26,6 +26,14 @@ class SchedulerConfig:
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole budget
     policy: str = "fcfs"  # "fcfs" | "priority"
+    max_loras: int | None = None  # distinct LoRA adapters per step; None: LoRA off
+
+
+@dataclass(slots=True)
+class LoRAConfig:
+    max_loras: int = 1  # adapters in one batch (device slots)
+    max_lora_rank: int = 16  # largest adapter rank accepted (slots are sized for it)
+    max_cpu_loras: int = 1  # adapters kept loaded (LRU beyond it, pinned ones excepted)
 
 
 @dataclass(slots=True)
@@ -68,6 +76,11 @@ class EngineArgs:
     # KV cache events (BlockStored/BlockRemoved/AllBlocksCleared) for a prefix-aware router.
     kv_events: bool = False
     kv_events_max_buffer: int = 10_000
+    # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 1 != 0:
@@ -97,6 +110,13 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras must be >= max_loras ({self.max_loras}), got "
+                             f"{self.max_cpu_loras}")
         if self.tensor_parallel_size != 1:
             # Refused rather than ignored: a user asking for 2 GPUs must not silently get 1.
             raise ValueError("tensor_parallel_size must be 1: tensor parallelism is not "
@@ -138,6 +158,13 @@ class EngineArgs:
             kv_cache_memory=self.kv_cache_memory,
         )
 
+    def lora_config(self) -> LoRAConfig | None:
+        """None unless enable_lora."""
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                          max_cpu_loras=self.max_cpu_loras or self.max_loras)
+
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         """max_model_len defaults to the model's; the token budget to at least max_model_len."""
         max_len = self.max_model_len or model_max_len
@@ -152,6 +179,7 @@ class EngineArgs:
             max_model_len=max_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
+            max_loras=self.max_loras if self.enable_lora else None,
         )
 
 
@@ -194,6 +222,12 @@ _HELP = {
                        "and the last); 1: every step",
     "max_logprobs": "most logprobs / prompt_logprobs a request may ask for (-1: no limit)",
     "log_stats": "log running/waiting, KV usage, prefix hit rate and tokens/s periodically",
+    "enable_lora": "serve LoRA adapters (PEFT directories) per request; CUDA graphs and the CPU "
+                   "fused decode step are off for batches with an adapter",
+    "max_loras": "most distinct LoRA adapters in one batch",
+    "max_lora_rank": "largest LoRA rank accepted",
+    "max_cpu_loras": "most LoRA adapters kept loaded (default: max_loras); least recently used "
+                     "unpinned ones are unloaded beyond it",
     "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",
 }
 

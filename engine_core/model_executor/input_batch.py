@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine_core.lora.request import LoRARequest
 from engine_core.sampling_params import SamplingParams
 
 
@@ -27,6 +28,7 @@ class CachedRequestState:
     row: int  # row in InputBatch
     # Prompt positions whose prompt logprob row was already sent (survives preemption).
     prompt_logprobs_done: int = 0
+    lora_request: LoRARequest | None = None
 
     @property
     def num_tokens(self) -> int:

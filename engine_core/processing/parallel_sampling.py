@@ -44,6 +44,7 @@ class ParentRequest:
                         arrival_time=request.arrival_time,
                         priority=request.priority,
                         cache_salt=request.cache_salt,
+                        lora_request=request.lora_request,
                     )
                 )
         self.children = {
