@@ -11,7 +11,7 @@ from engine_core.engine_core import EngineCore
 from engine_core.stats_logger import StatsLogger, prompt_tokens_of
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import types_pb2 as pb
-from services.common.convert import core_request_from_pb
+from services.common.convert import core_request_from_pb, lora_request_from_pb
 from services.common.convert_kv_events import kv_event_batch_to_pb
 
 
@@ -41,6 +41,8 @@ class CoreCalls:
             found = core.lookup_kv_cache(list(msg.lookup_kv_cache.token_ids))
             return epb.EngineResponse(seq=seq, lookup=epb.KvCacheLookup(
                 num_cached_tokens=found))
+        if kind == "lora":
+            return epb.EngineResponse(seq=seq, lora=self.lora(msg.lora))
         if kind == "get_loads":
             return epb.EngineResponse(seq=seq, load=self.load())
         if kind == "take_kv_events":
@@ -63,7 +65,7 @@ class CoreCalls:
                                             num_bytes=t.num_bytes) for t in tiers)
         elif kind != "query":
             raise ValueError(f"kind must be add, step, abort, reset_prefix_cache, query, "
-                             f"clear_kv_cache, lookup_kv_cache, get_loads or take_kv_events, got {kind!r}")
+                             f"clear_kv_cache, lookup_kv_cache, get_loads, take_kv_events or lora, got {kind!r}")
         state.num_unfinished_requests = core.get_num_unfinished_requests()
         return epb.EngineResponse(seq=seq, state=state)
 
@@ -79,6 +81,21 @@ class CoreCalls:
             self.core.abort_requests(added)
             raise
         span.set_attribute("gen_ai.request.ids", added)
+
+    def lora(self, call: epb.EngineLoraCall) -> epb.EngineLoraResult:
+        """One of EngineCore's LoRA calls (ValueError, INVALID_ARGUMENT, for a bad one)."""
+        core, which = self.core, call.WhichOneof("call")
+        if which == "add":
+            success = core.add_lora(lora_request_from_pb(call.add))
+        elif which == "remove":
+            success = core.remove_lora(call.remove)
+        elif which == "pin":
+            success = core.pin_lora(call.pin)
+        elif which == "list":
+            success = True
+        else:
+            raise ValueError(f"lora call must be add, remove, list or pin, got {which!r}")
+        return epb.EngineLoraResult(success=success, lora_ids=sorted(core.list_loras()))
 
     def load(self) -> pb.EngineLoad:
         scheduler = self.core.scheduler

@@ -119,7 +119,8 @@ class GatewayFlow:
 
     async def add_request(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                           arrival_time: float | None = None, priority: int = 0,
-                          queue: StreamQueue | None = None) -> None:
+                          queue: StreamQueue | None = None,
+                          lora_request: pb.LoRARequest | None = None) -> None:
         check_request_id(request_id)
         if request_id in self._live:
             raise StageError(grpc.StatusCode.ALREADY_EXISTS,
@@ -136,7 +137,8 @@ class GatewayFlow:
                            num_outputs=params.n if params.HasField("n") else 1)
         self._live[request_id] = live
         try:
-            added = await self._add(request_id, prompt, params, arrival_time, priority, span)
+            added = await self._add(request_id, prompt, params, arrival_time, priority, span,
+                                    lora_request)
         except BaseException as exc:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
@@ -156,10 +158,11 @@ class GatewayFlow:
             self._last_stream_added = time.monotonic()
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
-                   arrival_time: float | None, priority: int, span: trace.Span
-                   ) -> tpb.AddedRequest:
+                   arrival_time: float | None, priority: int, span: trace.Span,
+                   lora_request: pb.LoRARequest | None = None) -> tpb.AddedRequest:
         process = tpb.ProcessRequest(request_id=request_id, prompt=prompt, params=params,
-                                     priority=priority, origin=self.origin)
+                                     priority=priority, origin=self.origin,
+                                     lora_request=lora_request)
         if arrival_time is not None:
             process.arrival_time = arrival_time
         call = asyncio.get_running_loop().create_task(self.tokenizer.call(tpb.TokenizerRequest(
@@ -271,6 +274,13 @@ class GatewayFlow:
                     reset_connector=reset_connector),
                 trace_context=carrier_from_context()))
         return resp.state  # type: ignore[no-any-return]
+
+    async def lora(self, call: epb.EngineLoraCall) -> epb.EngineLoraResult:
+        """EngineCore.add_lora / remove_lora / list_loras / pin_lora, between steps."""
+        async with self._step_lock:
+            resp = await self.engine.call(epb.EngineRequest(lora=call,
+                                                            trace_context=carrier_from_context()))
+        return resp.lora  # type: ignore[no-any-return]
 
     async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
         """EngineCore.clear_kv_cache: (event id, number of tokens cleared)."""

@@ -20,7 +20,7 @@ from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import tokenizer_pb2_grpc
-from services.common.convert import params_from_pb, prompt_from_pb
+from services.common.convert import optional_lora_from_pb, params_from_pb, prompt_from_pb
 from services.common.convert_core import processed_to_pb
 from services.common.stage_client import StageClient
 from services.common.status import StageError, error_to_pb
@@ -96,7 +96,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         arrival = req.arrival_time if req.HasField("arrival_time") else None
         processed = await asyncio.get_running_loop().run_in_executor(
             self._executor, self.processor.process, req.request_id, prompt_from_pb(req.prompt),
-            params, arrival, req.priority)
+            params, arrival, req.priority, None, optional_lora_from_pb(req))
         # The detokenizer first: it must know the request before the engine's first output.
         detok = await self.detokenizer.call(dpb.DetokenizerRequest(
             add=dpb.DetokAddRequest(processed=processed_to_pb(processed), origin=req.origin),

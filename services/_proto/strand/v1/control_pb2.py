@@ -26,19 +26,29 @@ from services._proto.strand.v1 import gateway_pb2 as strand_dot_v1_dot_gateway__
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/control.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\"\x11\n\x0fGetLoadsRequest\"8\n\x10GetLoadsResponse\x12$\n\x05loads\x18\x01 \x03(\x0b\x32\x15.strand.v1.EngineLoad\"\x1a\n\x18SubscribeKvEventsRequest2\xf9\x03\n\x07\x43ontrol\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponse\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12\x43\n\x08GetLoads\x12\x1a.strand.v1.GetLoadsRequest\x1a\x1b.strand.v1.GetLoadsResponse\x12S\n\x11SubscribeKvEvents\x12#.strand.v1.SubscribeKvEventsRequest\x1a\x17.strand.v1.KvEventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/control.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\">\n\x0e\x41\x64\x64LoraRequest\x12,\n\x0clora_request\x18\x01 \x01(\x0b\x32\x16.strand.v1.LoRARequest\"$\n\x11RemoveLoraRequest\x12\x0f\n\x07lora_id\x18\x01 \x01(\x03\"\x12\n\x10ListLorasRequest\"!\n\x0ePinLoraRequest\x12\x0f\n\x07lora_id\x18\x01 \x01(\x03\"1\n\x0cLoraResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x10\n\x08lora_ids\x18\x02 \x03(\x03\"\x11\n\x0fGetLoadsRequest\"8\n\x10GetLoadsResponse\x12$\n\x05loads\x18\x01 \x03(\x0b\x32\x15.strand.v1.EngineLoad\"\x1a\n\x18SubscribeKvEventsRequest2\xff\x05\n\x07\x43ontrol\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponse\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12\x43\n\x08GetLoads\x12\x1a.strand.v1.GetLoadsRequest\x1a\x1b.strand.v1.GetLoadsResponse\x12S\n\x11SubscribeKvEvents\x12#.strand.v1.SubscribeKvEventsRequest\x1a\x17.strand.v1.KvEventBatch0\x01\x12=\n\x07\x41\x64\x64Lora\x12\x19.strand.v1.AddLoraRequest\x1a\x17.strand.v1.LoraResponse\x12\x43\n\nRemoveLora\x12\x1c.strand.v1.RemoveLoraRequest\x1a\x17.strand.v1.LoraResponse\x12\x41\n\tListLoras\x12\x1b.strand.v1.ListLorasRequest\x1a\x17.strand.v1.LoraResponse\x12=\n\x07PinLora\x12\x19.strand.v1.PinLoraRequest\x1a\x17.strand.v1.LoraResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strand.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETLOADSREQUEST']._serialized_start=86
-  _globals['_GETLOADSREQUEST']._serialized_end=103
-  _globals['_GETLOADSRESPONSE']._serialized_start=105
-  _globals['_GETLOADSRESPONSE']._serialized_end=161
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=163
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=189
-  _globals['_CONTROL']._serialized_start=192
-  _globals['_CONTROL']._serialized_end=697
+  _globals['_ADDLORAREQUEST']._serialized_start=86
+  _globals['_ADDLORAREQUEST']._serialized_end=148
+  _globals['_REMOVELORAREQUEST']._serialized_start=150
+  _globals['_REMOVELORAREQUEST']._serialized_end=186
+  _globals['_LISTLORASREQUEST']._serialized_start=188
+  _globals['_LISTLORASREQUEST']._serialized_end=206
+  _globals['_PINLORAREQUEST']._serialized_start=208
+  _globals['_PINLORAREQUEST']._serialized_end=241
+  _globals['_LORARESPONSE']._serialized_start=243
+  _globals['_LORARESPONSE']._serialized_end=292
+  _globals['_GETLOADSREQUEST']._serialized_start=294
+  _globals['_GETLOADSREQUEST']._serialized_end=311
+  _globals['_GETLOADSRESPONSE']._serialized_start=313
+  _globals['_GETLOADSRESPONSE']._serialized_end=369
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=371
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=397
+  _globals['_CONTROL']._serialized_start=400
+  _globals['_CONTROL']._serialized_end=1167
 # @@protoc_insertion_point(module_scope)
