@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from engine_core.lora.punica import LoRAGroup, add_lora
+from kernels._triton import runs_triton
 
 
 @dataclass(slots=True)
@@ -17,6 +18,8 @@ class LoRABatch:
     """The step's token groups, shared by every adapted layer (set once per step)."""
 
     groups: list[LoRAGroup] = field(default_factory=list)
+    # [num_tokens] int64 on the device, -1 for base-model tokens: the Triton kernel's input.
+    token_slots: torch.Tensor | None = None
 
 
 class LoRALayerSlots:
@@ -60,6 +63,12 @@ class LoRALayerSlots:
         groups = self.batch.groups
         if groups:
             mine = [g for g in groups if self.holds[g.slot]]
-            if mine:
+            slots = self.batch.token_slots
+            if mine and slots is not None and runs_triton(output):
+                # One launch pair for the whole batch (slots this layer lacks add zeros).
+                from kernels.lora import add_lora_triton
+
+                add_lora_triton(output, inputs[0], self.lora_a, self.lora_b, slots)
+            elif mine:
                 add_lora(output, inputs[0], self.lora_a, self.lora_b, mine)
         return output

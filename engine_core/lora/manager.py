@@ -142,6 +142,7 @@ class LoRAManager:
                 req_slots[i] = self._slot_for(request, in_step)
         token_slots = torch.from_numpy(req_slots[req_of_token])
         self.batch.groups = make_groups(token_slots, self.device) if in_step else []
+        self.batch.token_slots = token_slots.to(self.device) if in_step else None
         return bool(in_step)
 
     def _slot_for(self, request: LoRARequest, in_step: set[int]) -> int:

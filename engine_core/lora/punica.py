@@ -3,8 +3,8 @@
 Every token of a step carries an adapter slot (or none). Tokens are grouped by slot once per
 step (LoRAGroups); each adapted Linear then adds, per group, (x @ A[slot]^T) @ B[slot]^T to its
 output: two small products per adapter in the batch, none for base-model tokens, whose rows are
-never touched. add_lora_gathered is the per-token formulation (each row gathers its own A and B),
-kept as the reference the grouped one is tested against.
+never touched. On CUDA the layers take kernels/lora.py (Triton, per token) instead;
+kernels/lora_ref.py is the reference both are tested against.
 """
 
 from __future__ import annotations
@@ -34,16 +34,6 @@ def add_lora(
         else:
             shrunk = x.index_select(0, group.rows) @ a.t()  # [k, rank]
             out.index_add_(0, group.rows, shrunk @ b.t())
-    return out
-
-
-def add_lora_gathered(out: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor,
-                      lora_b: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
-    """The reference: token_slots [num_tokens] int64, -1 for base-model tokens."""
-    adapted = token_slots >= 0
-    slots = token_slots[adapted]
-    shrunk = torch.einsum("ti,tri->tr", x[adapted], lora_a[slots])  # [k, rank]
-    out[adapted] += torch.einsum("tr,tor->to", shrunk, lora_b[slots])
     return out
 
 
