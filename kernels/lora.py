@@ -70,12 +70,14 @@ def _expand_kernel(
     o_bound = tl.where(slot >= 0, out_features, 0)
     b_base = b_ptr + tl.maximum(slot, 0) * out_features * width
     offs_o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
-    offs_w = tl.arange(0, BLOCK_W)
-    h = tl.load(h_ptr + token * width + offs_w, mask=offs_w < width, other=0.0)
-    mask = (offs_o[:, None] < o_bound) & (offs_w[None, :] < width)
-    b = tl.load(b_base + offs_o[:, None] * width + offs_w[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    delta = tl.sum(b * h[None, :], axis=1)
+    delta = tl.zeros((BLOCK_O,), dtype=tl.float32)
+    for w0 in range(0, width, BLOCK_W):  # width = slices x max_lora_rank: loop, not one tile
+        offs_w = w0 + tl.arange(0, BLOCK_W)
+        h = tl.load(h_ptr + token * width + offs_w, mask=offs_w < width, other=0.0)
+        mask = (offs_o[:, None] < o_bound) & (offs_w[None, :] < width)
+        b = tl.load(b_base + offs_o[:, None] * width + offs_w[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        delta += tl.sum(b * h[None, :], axis=1)
     row = out_ptr + token * stride_out + offs_o
     keep = offs_o < o_bound
     y = tl.load(row, mask=keep, other=0.0).to(tl.float32)
@@ -111,5 +113,5 @@ def add_lora_triton(
         BLOCK_W=block_w, BLOCK_K=BLOCK_K)
     _expand_kernel[(num_tokens, -(-out_features // BLOCK_O))](
         out, shrunk, lora_b, token_slots, out_features, width, out.stride(0),
-        BLOCK_O=BLOCK_O, BLOCK_W=next_power_of_2(width))
+        BLOCK_O=BLOCK_O, BLOCK_W=block_w)
     return out

@@ -15,6 +15,7 @@ CASES = [  # (token slots, in_features, out_features, width)
     ([1, 1, 1], 100, 70, 24),  # sizes off the block multiples
     ([-1, -1], 32, 64, 8),  # nothing adapted
     ([2], 160, 130, 48),  # one decode token, width of 3 slices x rank 16
+    ([0, -1, 1], 64, 40, 192),  # 3 slices x rank 64: the expand loops over the width
 ]
 
 
