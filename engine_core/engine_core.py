@@ -120,9 +120,21 @@ class EngineCore:
         if bound is not None and len(self.scheduler.waiting) >= bound:
             raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
                                  f"waiting (max_waiting_requests); retry later")
+        newly_loaded: int | None = None
         if request.lora_request is not None:
             # Loaded (and checked against the model) now: a bad adapter fails here, not in a step.
-            self._lora_manager("lora_request").add_lora(request.lora_request)
+            manager = self._lora_manager("lora_request")
+            if request.lora_request.lora_int_id not in manager.list_loras():
+                newly_loaded = request.lora_request.lora_int_id
+            manager.add_lora(request.lora_request)
+        try:
+            self._enqueue(request)
+        except ValueError:
+            if newly_loaded is not None:  # a refused request leaves no adapter behind
+                self._lora_manager("lora_request").remove_lora(newly_loaded)
+            raise
+
+    def _enqueue(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),

@@ -80,22 +80,29 @@ class LoRAManager:
         if request.lora_int_id in self.loaded:
             self.loaded.move_to_end(request.lora_int_id)
             return True
-        if len(self.loaded) >= self.config.max_cpu_loras and not self._evictable():
+        if len(self.loaded) >= self.config.max_cpu_loras and not self._evictable(set()):
             raise ValueError(f"max_cpu_loras ({self.config.max_cpu_loras}) adapters are loaded "
                              "and all pinned: remove_lora one first")
+        self._load(request, keep=set())
+        return True
+
+    def _load(self, request: LoRARequest, keep: set[int]) -> None:
+        """Read the adapter and make room for it, never unloading one in `keep` (the step's
+        own adapters: their slots are already filled). With nothing else to unload (pinned
+        adapters fill max_cpu_loras) the step's adapter is loaded past the bound anyway: a
+        step never fails for want of room."""
         adapter = load_peft_adapter(request.lora_path, request.lora_int_id, request.lora_name,
                                     self.config.max_lora_rank, self.shapes, self.num_layers,
                                     self.dtype)
         for layer, module in adapter.weights:
             if (layer, TARGET_MODULES[module][0]) not in self.layers:
                 raise ValueError(f"layer {layer} has no {module} to adapt (a MoE layer)")
-        while len(self.loaded) >= self.config.max_cpu_loras:
-            self._unload(self._evictable()[0])
+        while len(self.loaded) >= self.config.max_cpu_loras and self._evictable(keep):
+            self._unload(self._evictable(keep)[0])
         self.loaded[request.lora_int_id] = adapter
         logger.info("loaded LoRA adapter %r (id %d, rank %d, %d modules) from %s",
                     request.lora_name, request.lora_int_id, adapter.rank, len(adapter.weights),
                     request.lora_path)
-        return True
 
     def remove_lora(self, lora_id: int) -> bool:
         if lora_id not in self.loaded:
@@ -114,8 +121,9 @@ class LoRAManager:
     def list_loras(self) -> set[int]:
         return set(self.loaded)
 
-    def _evictable(self) -> list[int]:
-        return [i for i in self.loaded if i not in self.pinned]
+    def _evictable(self, keep: set[int]) -> list[int]:
+        """Unpinned loaded adapters outside keep, least recently used first."""
+        return [i for i in self.loaded if i not in self.pinned and i not in keep]
 
     def _unload(self, lora_id: int) -> None:
         del self.loaded[lora_id]
@@ -150,8 +158,9 @@ class LoRAManager:
         if lora_id in self.slot_ids:
             slot = self.slot_ids.index(lora_id)
         else:
-            # Unloaded since it was added (LRU or remove_lora): its directory is read again.
-            self.add_lora(request)
+            if lora_id not in self.loaded:
+                # Unloaded since it was added (LRU or remove_lora): its directory is read again.
+                self._load(request, keep=in_step)
             slot = next(s for s in self.slot_order
                         if self.slot_ids[s] is None or self.slot_ids[s] not in in_step)
             self._fill(slot, self.loaded[lora_id])

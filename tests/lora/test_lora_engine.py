@@ -88,3 +88,20 @@ def test_add_list_pin_remove_follow_vllm(adapters: dict[str, Path],
     # A request whose adapter was removed reloads it from its directory.
     got = generate(lora_engine, {"again": lora("qv", 13, adapters)})
     assert 13 in lora_engine.list_loras() and len(got["again"]) == 10
+
+
+def test_pinned_adapters_never_starve_a_step_of_its_own(tiny_model_dir: Path,
+                                                        adapters: dict[str, Path],
+                                                        lora_engine: LLMEngine) -> None:
+    """max_cpu_loras=2 with one pinned: adding b unloads a, which the step then reloads past
+    the bound rather than unloading b, already in its slot (its tokens would run bare)."""
+    from tests.lora.conftest import make_lora_engine
+
+    a, b = lora("all", 1, adapters), lora("qv", 2, adapters)
+    lora_engine.reset_prefix_cache()
+    alone = {"a": generate(lora_engine, {"a": a})["a"], "b": generate(lora_engine, {"b": b})["b"]}
+    engine = make_lora_engine(tiny_model_dir, max_loras=2, max_cpu_loras=2)
+    engine.add_lora(lora("all", 9, adapters))
+    engine.pin_lora(9)
+    assert generate(engine, {"a": a, "b": b}) == alone
+    assert engine.list_loras() == {9, 1, 2}

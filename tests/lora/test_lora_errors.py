@@ -95,3 +95,11 @@ def test_engine_args_bounds() -> None:
         EngineArgs(max_loras=0)
     with pytest.raises(ValueError, match="max_cpu_loras must be >= max_loras"):
         EngineArgs(max_loras=2, max_cpu_loras=1)
+
+
+def test_request_the_scheduler_refuses_leaves_no_adapter_loaded(
+        tiny_model_dir: Path, adapters: dict[str, Path]) -> None:
+    engine = make_lora_engine(tiny_model_dir, num_gpu_blocks_override=4)  # 3 blocks of 4 tokens
+    with pytest.raises(ValueError, match="KV cache blocks"):
+        add(engine, LoRARequest("all", 1, str(adapters["all"])))
+    assert_unchanged(engine, set())
