@@ -39,27 +39,32 @@ def test_rank_above_max_lora_rank_is_refused(tiny_model_dir: Path,
     with pytest.raises(ValueError, match=r"r \(8\) must be <= max_lora_rank \(4\)"):
         add(engine, LoRARequest("all", 1, str(adapters["all"])))
     assert_unchanged(engine, set())
+    engine.add_lora(LoRARequest("qv", 2, str(adapters["qv"])))  # rank 4: at the bound
+    assert engine.list_loras() == {2}
 
 
 @pytest.mark.parametrize(("change", "match"), [
+    ({"r": 16}, r"r \(16\) must be <= max_lora_rank \(8\)"),
     ({"use_dora": True}, "use_dora"),
     ({"bias": "all"}, "bias"),
     ({"peft_type": "IA3"}, "peft_type"),
     ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
 ])
-def test_unsupported_adapter_configs_are_refused(tiny_model_dir: Path, adapters: dict[str, Path],
-                                                 tmp_path: Path, change: dict[str, object],
-                                                 match: str) -> None:
+def test_unsupported_adapter_configs_are_refused(adapters: dict[str, Path], tmp_path: Path,
+                                                 lora_engine: LLMEngine,
+                                                 change: dict[str, object], match: str) -> None:
     adapter = Path(shutil.copytree(adapters["qv"], tmp_path / "bad"))
     write_config(adapter, **change)
-    engine = make_lora_engine(tiny_model_dir)
+    before = lora_engine.list_loras()
     with pytest.raises(ValueError, match=match):
-        engine.add_lora(LoRARequest("bad", 1, str(adapter)))
-    assert_unchanged(engine, set())
+        lora_engine.add_lora(LoRARequest("bad", 31, str(adapter)))
+    assert_unchanged(lora_engine, before)
 
 
-def test_missing_directory_and_unknown_ids(tiny_model_dir: Path, tmp_path: Path) -> None:
-    engine = make_lora_engine(tiny_model_dir)
+def test_missing_directory_and_unknown_ids(tmp_path: Path, lora_engine: LLMEngine) -> None:
+    engine = lora_engine
+    for lora_id in list(engine.list_loras()):
+        engine.remove_lora(lora_id)
     with pytest.raises(ValueError, match="adapter_config.json"):
         add(engine, LoRARequest("none", 1, str(tmp_path / "missing")))
     assert_unchanged(engine, set())
