@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine_core import LLMEngine, LoRARequest
 from tests.lora.conftest import GREEDY, PROMPT, generate, hf_merged_greedy
 
@@ -105,3 +107,29 @@ def test_pinned_adapters_never_starve_a_step_of_its_own(tiny_model_dir: Path,
     engine.pin_lora(9)
     assert generate(engine, {"a": a, "b": b}) == alone
     assert engine.list_loras() == {9, 1, 2}
+
+
+def test_fused_decode_stands_aside_only_for_batches_with_an_adapter(
+        adapters: dict[str, Path], lora_engine: LLMEngine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU fused decode step reads base weights only: an adapter's batch must not take it,
+    while base-model batches keep it with LoRA enabled."""
+    from engine_core.model_executor.layers import fused_decode
+    from kernels._cpu_build import KERNELS
+
+    if KERNELS.module() is None:
+        pytest.skip("the CPU kernels are not built here: no fused decode step to check")
+    calls: list[bool] = []
+    real = fused_decode.forward
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append(True)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused_decode, "forward", spy)
+    lora_engine.reset_prefix_cache()
+    generate(lora_engine, {"base": None})
+    assert calls  # decode steps of the base model: fused
+    calls.clear()
+    generate(lora_engine, {"adapted": lora("all", 1, adapters)})
+    assert not calls
