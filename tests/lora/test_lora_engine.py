@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine_core import LLMEngine, LoRARequest
-from tests.lora.conftest import GREEDY, PROMPT, generate, hf_merged_greedy
+from tests.engine.conftest import run_to_completion
+from tests.lora.conftest import GREEDY, PROMPT, generate, hf_merged_greedy, make_lora_engine
 
 
 def lora(name: str, lora_id: int, adapters: dict[str, Path]) -> LoRARequest:
@@ -40,8 +41,6 @@ def test_mixed_batch_equals_each_request_alone(adapters: dict[str, Path],
 
 def test_batch_holds_at_most_max_loras_adapters(tiny_model_dir: Path,
                                                 adapters: dict[str, Path]) -> None:
-    from tests.lora.conftest import make_lora_engine
-
     engine = make_lora_engine(tiny_model_dir, max_loras=1, max_cpu_loras=2)
     jobs = {"a1": lora("all", 1, adapters), "a2": lora("qv", 2, adapters), "base": None}
     for request_id, req in jobs.items():
@@ -49,16 +48,12 @@ def test_batch_holds_at_most_max_loras_adapters(tiny_model_dir: Path,
     engine.step()
     running = {r.request_id for r in engine.engine_core.scheduler.running}
     assert running == {"a1", "base"}  # a2 waits for a1's adapter to leave the batch
-    from tests.engine.conftest import run_to_completion
-
     done = run_to_completion(engine)
     assert set(done) == {"a1", "a2", "base"}
 
 
 def test_prefix_cache_is_never_shared_across_adapters(adapters: dict[str, Path],
                                                       lora_engine: LLMEngine) -> None:
-    from tests.engine.conftest import run_to_completion
-
     lora_engine.reset_prefix_cache()
 
     def cached(request_id: str, req: LoRARequest | None) -> int:
@@ -97,8 +92,6 @@ def test_pinned_adapters_never_starve_a_step_of_its_own(tiny_model_dir: Path,
                                                         lora_engine: LLMEngine) -> None:
     """max_cpu_loras=2 with one pinned: adding b unloads a, which the step then reloads past
     the bound rather than unloading b, already in its slot (its tokens would run bare)."""
-    from tests.lora.conftest import make_lora_engine
-
     a, b = lora("all", 1, adapters), lora("qv", 2, adapters)
     lora_engine.reset_prefix_cache()
     alone = {"a": generate(lora_engine, {"a": a})["a"], "b": generate(lora_engine, {"b": b})["b"]}
