@@ -28,6 +28,7 @@ class ParentRequest:
         self.output_kind = params.output_kind
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.num_cached_tokens = 0
+        self.lora_request = request.lora_request
         self.child_requests: list[EngineCoreRequest] = []
         if params.n == 1:
             self.child_requests.append(request)
@@ -116,4 +117,5 @@ class ParentRequest:
             num_cached_tokens=self.num_cached_tokens,
             metrics=dataclasses.replace(self.metrics),  # a snapshot: later steps update ours
             error=error,
+            lora_request=self.lora_request,
         )

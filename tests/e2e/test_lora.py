@@ -68,6 +68,7 @@ def test_adapters_over_grpc_match_the_engine_in_process(
     # Generate (a stream of its own) carries the adapter too.
     streamed = list(lora_client.generate({"prompt_token_ids": PROMPT}, GREEDY, lora_request=b))
     assert list(streamed[-1].outputs[0].token_ids) == want["rb"]
+    assert streamed[-1].lora_request == b  # RequestOutput names its adapter over gRPC too
 
 
 def test_control_rpcs_add_list_pin_remove(adapter_dirs: dict[str, Path],

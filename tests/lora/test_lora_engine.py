@@ -39,6 +39,16 @@ def test_mixed_batch_equals_each_request_alone(adapters: dict[str, Path],
     assert mixed == {**alone, "a1-again": alone["a1"]}
 
 
+def test_request_output_names_its_adapter(adapters: dict[str, Path],
+                                         lora_engine: LLMEngine) -> None:
+    a = lora("all", 1, adapters)
+    for request_id, req in (("with", a), ("without", None)):
+        lora_engine.add_request(request_id, {"prompt_token_ids": PROMPT}, GREEDY,
+                                lora_request=req)
+    done = run_to_completion(lora_engine)
+    assert done["with"].lora_request == a and done["without"].lora_request is None
+
+
 def test_batch_holds_at_most_max_loras_adapters(tiny_model_dir: Path,
                                                 adapters: dict[str, Path]) -> None:
     engine = make_lora_engine(tiny_model_dir, max_loras=1, max_cpu_loras=2)
