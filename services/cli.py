@@ -94,6 +94,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--openai-port", type=int, default=None,
                         help="also serve an OpenAI-compatible HTTP API (/v1/completions, "
                              "/v1/chat/completions, /v1/models) on this port of --host")
+    parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH",
+                        help="with --openai-port: LoRA adapters served by model name "
+                             "(needs --enable-lora)")
     return parser
 
 
@@ -141,6 +144,13 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
     from services.launch import StackConfig, launch_stack
 
     gateway_args = ["--auto-step"] if args.auto_step else []
+    if args.lora_modules:  # a bad spec fails here, before any stage starts
+        from services.openai.lora_modules import parse_lora_modules
+
+        if args.openai_port is None:
+            raise ValueError("--lora-modules needs --openai-port (they are the OpenAI front's "
+                             "model names)")
+        parse_lora_modules(args.lora_modules)
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
     _build_cpu_kernels(args.device)
@@ -148,7 +158,9 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
                          gateway_args=gateway_args, host=args.host, gateway_port=args.port,
                          otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
-                         openai_port=args.openai_port)
+                         openai_port=args.openai_port,
+                         openai_args=(["--lora-modules", *args.lora_modules]
+                                      if args.lora_modules else []))
     return launch_stack(config)
 
 

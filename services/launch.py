@@ -136,6 +136,7 @@ class StackConfig:
     tls_cert: str | None = None  # the gateway's certificate and key (PEM files): TLS to clients
     tls_key: str | None = None
     openai_port: int | None = None  # the OpenAI-compatible front's port (0: a free one); None: none
+    openai_args: list[str] = field(default_factory=list)  # more flags for it (--lora-modules)
 
 
 @dataclass(slots=True)
@@ -280,4 +281,4 @@ def _openai_args(stack: Stack) -> list[str]:
         args += ["--api-key", cfg.gateway_args[cfg.gateway_args.index("--api-key") + 1]]
     if cfg.tls_cert:
         args += ["--gateway-tls-cert", cfg.tls_cert]
-    return args
+    return args + cfg.openai_args

@@ -25,6 +25,9 @@ def _main(argv: list[str] | None) -> None:
                         help="the gateway's certificate (PEM), when it serves TLS")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the gateway's model)")
+    parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH",
+                        help="LoRA adapters served by model name (the engine needs "
+                             "--enable-lora); /v1/models lists them")
     # Accepted as every service accepts it (strand serve passes it to all); unused here yet.
     parser.add_argument("--otlp-traces-endpoint", default=None)
     args = parser.parse_args(argv)
@@ -32,11 +35,13 @@ def _main(argv: list[str] | None) -> None:
     import uvicorn
 
     from services.openai.app import FrontConfig, create_app
+    from services.openai.lora_modules import parse_lora_modules
 
     roots = Path(args.gateway_tls_cert).read_bytes() if args.gateway_tls_cert else None
     app = create_app(FrontConfig(gateway=args.gateway_addr, api_key=args.api_key,
                                  root_certificates=roots,
-                                 served_model_name=args.served_model_name))
+                                 served_model_name=args.served_model_name,
+                                 lora_modules=parse_lora_modules(args.lora_modules)))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=5)
 

@@ -14,8 +14,9 @@ from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import control_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
 from services.client import EngineClient, RequestError
-from services.launch import Stack
-from tests.e2e.conftest import start_stack
+from services.launch import Stack, StackConfig, launch_stack
+from tests.e2e.conftest import ENGINE_FLAGS
+from tests.engine.conftest import run_to_completion
 from tests.lora.conftest import GREEDY, PROMPT, generate, make_lora_engine, make_peft_adapter
 
 LORA_FLAGS = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
@@ -32,10 +33,13 @@ def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-def lora_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[Stack]:
-    with start_stack(tiny_model_dir, tmp_path_factory.mktemp("lora-logs"),
-                     engine_args=LORA_FLAGS) as s:
+def lora_stack(tiny_model_dir: Path, adapter_dirs: dict[str, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Manual stepping, with the OpenAI front serving adapter "a" as model "sql"."""
+    config = StackConfig(model=str(tiny_model_dir), engine_args=[*ENGINE_FLAGS, *LORA_FLAGS],
+                         log_dir=tmp_path_factory.mktemp("lora-logs"), openai_port=0,
+                         openai_args=["--lora-modules", f"sql={adapter_dirs['a']}"])
+    with launch_stack(config, timeout=120) as s:
         yield s
 
 
@@ -111,3 +115,28 @@ def test_lora_without_enable_lora_is_invalid_argument(client: EngineClient,
     with pytest.raises(RequestError, match="enable_lora"):
         client.add_request("no-lora", {"prompt_token_ids": PROMPT}, GREEDY,
                            lora_request=LoRARequest("a", 1, str(adapter_dirs["a"])))
+
+
+def test_openai_front_serves_a_lora_module_by_model_name(
+        tiny_model_dir: Path, adapter_dirs: dict[str, Path], lora_stack: Stack) -> None:
+    openai = pytest.importorskip("openai")
+    sql = LoRARequest("sql", 1, str(adapter_dirs["a"]))  # --lora-modules gives ids from 1
+    engine = make_lora_engine(tiny_model_dir)
+    for request_id, lora in (("sql", sql), ("base", None)):
+        engine.add_request(request_id, {"prompt_token_ids": PROMPT}, GREEDY, lora_request=lora)
+    want = {rid: out.outputs[0].text for rid, out in run_to_completion(engine).items()}
+    assert want["sql"] != want["base"]
+    base_url = f"http://{lora_stack.address('openai')}/v1"
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60) as api:
+        models = {m.id: m for m in api.models.list().data}
+        assert set(models) == {lora_stack.config.model, "sql"}
+        for model, name in ((lora_stack.config.model, "base"), ("sql", "sql")):
+            # The front steps nobody's stream; a Generate stream steps itself after a second.
+            done = api.completions.create(model=model, prompt=PROMPT, max_tokens=10,
+                                          temperature=0.0, extra_body={"ignore_eos": True})
+            assert done.model == model
+            assert done.usage is not None and done.usage.completion_tokens == 10
+            assert done.choices[0].text == want[name]
+        with pytest.raises(openai.NotFoundError):
+            api.completions.create(model="no-such-adapter", prompt="x", max_tokens=1)
+
