@@ -19,6 +19,7 @@ def test_lora_benchmark_reports_each_configuration(
     out = tmp_path / "lora.json"
     main([*model_flags(tiny_model_dir), "--batch-size", "3", "--prompt-len", "6",
           "--output-len", "4", "--num-adapters", "2", "--rank", "4", "--num-threads", "1",
+          "--repeats", "2",
           "--adapter-dir", str(tmp_path / "adapters"), "--output-json", str(out)])
     rows = json.loads(out.read_text())["results"]
     assert [r["config"] for r in rows] == ["LoRA off", "base, LoRA on", "1 adapter",
@@ -33,7 +34,7 @@ def test_adapters_change_the_tokens(tiny_model_dir: Path, tmp_path: Path) -> Non
     add_model_args(parser)
     args = parser.parse_args(model_flags(tiny_model_dir))
     for name, value in (("batch_size", 2), ("prompt_len", 5), ("output_len", 3),
-                        ("num_adapters", 2), ("rank", 4), ("num_threads", 1),
+                        ("num_adapters", 2), ("rank", 4), ("num_threads", 1), ("repeats", 1),
                         ("adapter_dir", str(tmp_path / "adapters"))):
         setattr(args, name, value)
     outputs = {r["config"]: r["outputs"] for r in run(args)["results"]}
