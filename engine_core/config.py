@@ -114,6 +114,11 @@ class EngineArgs:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.enable_lora and self.max_concurrent_batches > 1:
+            # add_lora / remove_lora on the engine thread would change adapter slots under a
+            # batch the worker thread is computing.
+            raise ValueError("max_concurrent_batches must be 1 with enable_lora, got "
+                             f"{self.max_concurrent_batches}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras must be >= max_loras ({self.max_loras}), got "
                              f"{self.max_cpu_loras}")

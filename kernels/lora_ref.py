@@ -1,5 +1,5 @@
 """Pure-torch batched LoRA, per token (punica's bgmv): each row gathers its own adapter's A and
-B. The reference for kernels/lora.py and for the grouped torch path (engine_core/lora/punica.py).
+B. The reference for kernels/lora.py and for the segmented torch path (engine_core/lora/punica.py).
 """
 
 from __future__ import annotations

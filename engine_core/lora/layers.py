@@ -3,21 +3,21 @@ Linear's output by a forward hook for the tokens of the step that use them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from engine_core.lora.punica import LoRAGroup, add_lora
+from engine_core.lora.punica import LoRASegments, add_lora
 from kernels._triton import runs_triton
 
 
 @dataclass(slots=True)
 class LoRABatch:
-    """The step's token groups, shared by every adapted layer (set once per step)."""
+    """The step's adapted tokens, shared by every adapted layer (set once per step)."""
 
-    groups: list[LoRAGroup] = field(default_factory=list)
+    segments: LoRASegments | None = None  # None: no token of the step has an adapter
     # [num_tokens] int64 on the device, -1 for base-model tokens: the Triton kernel's input.
     token_slots: torch.Tensor | None = None
 
@@ -60,15 +60,15 @@ class LoRALayerSlots:
 
     def _add_lora(self, module: nn.Module, inputs: tuple[Any, ...],
                   output: torch.Tensor) -> torch.Tensor:
-        groups = self.batch.groups
-        if groups:
-            mine = [g for g in groups if self.holds[g.slot]]
-            slots = self.batch.token_slots
-            if mine and slots is not None and runs_triton(output):
-                # One launch pair for the whole batch (slots this layer lacks add zeros).
-                from kernels.lora import add_lora_triton
+        segs = self.batch.segments
+        if segs is None or not any(self.holds[slot] for slot in segs.slots):
+            return output
+        slots = self.batch.token_slots
+        if slots is not None and runs_triton(output):
+            # One launch pair for the whole batch (slots this layer lacks add zeros).
+            from kernels.lora import add_lora_triton
 
-                add_lora_triton(output, inputs[0], self.lora_a, self.lora_b, slots)
-            elif mine:
-                add_lora(output, inputs[0], self.lora_a, self.lora_b, mine)
+            add_lora_triton(output, inputs[0], self.lora_a, self.lora_b, slots)
+        else:
+            add_lora(output, inputs[0], self.lora_a, self.lora_b, segs, self.holds)
         return output

@@ -20,7 +20,7 @@ from torch import nn
 from engine_core.config import LoRAConfig
 from engine_core.lora.layers import LoRABatch, LoRALayerSlots
 from engine_core.lora.peft_adapter import TARGET_MODULES, LoRAAdapter, load_peft_adapter
-from engine_core.lora.punica import make_groups
+from engine_core.lora.punica import make_segments
 from engine_core.lora.request import LoRARequest
 from engine_core.model_executor.models.llama import LlamaMLP
 
@@ -149,7 +149,7 @@ class LoRAManager:
             if request is not None:
                 req_slots[i] = self._slot_for(request, in_step)
         token_slots = torch.from_numpy(req_slots[req_of_token])
-        self.batch.groups = make_groups(token_slots, self.device) if in_step else []
+        self.batch.segments = make_segments(token_slots, self.device) if in_step else None
         self.batch.token_slots = token_slots.to(self.device) if in_step else None
         return bool(in_step)
 

@@ -1,6 +1,6 @@
 """LoRALayerSlots on a fused Linear: slices land on their own output columns, base-model rows
 stay untouched, and the CUDA path (Triton, run here by the interpreter) adds what the CPU path
-(grouped GEMMs) adds."""
+(segmented GEMMs) adds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 
 import engine_core.lora.layers as layers
 from engine_core.lora.layers import LoRABatch, LoRALayerSlots
-from engine_core.lora.punica import make_groups
+from engine_core.lora.punica import make_segments
 
 
 def _layer(batch: LoRABatch) -> tuple[nn.Linear, LoRALayerSlots]:
@@ -23,7 +23,7 @@ def _layer(batch: LoRABatch) -> tuple[nn.Linear, LoRALayerSlots]:
 
 def _set_batch(batch: LoRABatch, token_slots: list[int]) -> None:
     slots = torch.tensor(token_slots, dtype=torch.int64)
-    batch.groups = make_groups(slots, torch.device("cpu"))
+    batch.segments = make_segments(slots, torch.device("cpu"))
     batch.token_slots = slots
 
 
@@ -43,7 +43,7 @@ def test_slices_hit_their_own_columns_and_base_rows_stay() -> None:
     assert torch.equal(linear(x), base)
 
 
-def test_triton_path_adds_what_the_grouped_path_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_triton_path_adds_what_the_segmented_path_adds(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
     batch = LoRABatch()
     linear, target = _layer(batch)
@@ -52,8 +52,8 @@ def test_triton_path_adds_what_the_grouped_path_adds(monkeypatch: pytest.MonkeyP
             target.set(slot, index, torch.randn(4, 16), torch.randn(size, 4))
     x = torch.randn(5, 16)
     _set_batch(batch, [0, 1, -1, 1, 0])
-    grouped = linear(x)
+    segmented = linear(x)
     monkeypatch.setattr(layers, "runs_triton", lambda t: True)
     per_token = linear(x)
-    torch.testing.assert_close(per_token, grouped, rtol=1e-4, atol=1e-4)
-    assert torch.equal(per_token[2], grouped[2])
+    torch.testing.assert_close(per_token, segmented, rtol=1e-4, atol=1e-4)
+    assert torch.equal(per_token[2], segmented[2])

@@ -100,6 +100,8 @@ def test_engine_args_bounds() -> None:
         EngineArgs(max_loras=0)
     with pytest.raises(ValueError, match="max_cpu_loras must be >= max_loras"):
         EngineArgs(max_loras=2, max_cpu_loras=1)
+    with pytest.raises(ValueError, match="max_concurrent_batches must be 1 with enable_lora"):
+        EngineArgs(enable_lora=True, max_concurrent_batches=2)
 
 
 def test_request_the_scheduler_refuses_leaves_no_adapter_loaded(
