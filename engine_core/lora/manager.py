@@ -138,8 +138,9 @@ class LoRAManager:
 
     def set_batch(self, lora_requests: Sequence[LoRARequest | None],
                   req_of_token: np.ndarray) -> bool:
-        """Slots for the step's adapters and every token's group; True when any token has an
-        adapter. lora_requests: one per request of the step, req_of_token [num_tokens]."""
+        """Slots for the step's adapters and its adapted tokens sorted by slot; True when any
+        token has an adapter. lora_requests: one per request of the step, req_of_token
+        [num_tokens]."""
         req_slots = np.full(len(lora_requests), -1, dtype=np.int64)
         in_step = {r.lora_int_id for r in lora_requests if r is not None}
         if len(in_step) > len(self.slot_ids):
