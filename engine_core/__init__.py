@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from engine_core.config import EngineArgs
+from engine_core.lora.request import LoRARequest
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
@@ -18,6 +19,7 @@ __all__ = [
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",
+    "LoRARequest",
     "Logprob",
     "RequestOutput",
     "RequestOutputKind",

@@ -26,6 +26,14 @@ class SchedulerConfig:
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole budget
     policy: str = "fcfs"  # "fcfs" | "priority"
+    max_loras: int | None = None  # distinct LoRA adapters per step; None: LoRA off
+
+
+@dataclass(slots=True)
+class LoRAConfig:
+    max_loras: int = 1  # adapters in one batch (device slots)
+    max_lora_rank: int = 16  # largest adapter rank accepted (slots are sized for it)
+    max_cpu_loras: int = 1  # adapters kept loaded (LRU beyond it, pinned ones excepted)
 
 
 @dataclass(slots=True)
@@ -76,6 +84,11 @@ class EngineArgs:
     kv_events_max_buffer: int = 10_000
     # Compiled grammars kept for structured outputs (one per distinct schema/regex/...).
     structured_outputs_cache_size: int = 256
+    # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 1 != 0:
@@ -108,6 +121,22 @@ class EngineArgs:
         if self.structured_outputs_cache_size < 1:
             raise ValueError("structured_outputs_cache_size must be >= 1, got "
                              f"{self.structured_outputs_cache_size}")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.enable_lora and self.max_concurrent_batches > 1:
+            # add_lora / remove_lora on the engine thread would change adapter slots under a
+            # batch the worker thread is computing.
+            raise ValueError("max_concurrent_batches must be 1 with enable_lora, got "
+                             f"{self.max_concurrent_batches}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras must be >= max_loras ({self.max_loras}), got "
+                             f"{self.max_cpu_loras}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            # The adapters' A/B matrices are not sharded with the layers yet.
+            raise ValueError("tensor_parallel_size must be 1 with enable_lora, got "
+                             f"{self.tensor_parallel_size}")
         self._check_parallel()
 
     def _check_parallel(self) -> None:
@@ -172,6 +201,13 @@ class EngineArgs:
             kv_cache_memory=self.kv_cache_memory,
         )
 
+    def lora_config(self) -> LoRAConfig | None:
+        """None unless enable_lora."""
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                          max_cpu_loras=self.max_cpu_loras or self.max_loras)
+
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         """max_model_len defaults to the model's; the token budget to at least max_model_len."""
         max_len = self.max_model_len or model_max_len
@@ -186,6 +222,7 @@ class EngineArgs:
             max_model_len=max_len,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
+            max_loras=self.max_loras if self.enable_lora else None,
         )
 
 
@@ -236,6 +273,12 @@ _HELP = {
                        "and the last); 1: every step",
     "max_logprobs": "most logprobs / prompt_logprobs a request may ask for (-1: no limit)",
     "log_stats": "log running/waiting, KV usage, prefix hit rate and tokens/s periodically",
+    "enable_lora": "serve LoRA adapters (PEFT directories) per request; CUDA graphs and the CPU "
+                   "fused decode step are off for batches with an adapter",
+    "max_loras": "most distinct LoRA adapters in one batch",
+    "max_lora_rank": "largest LoRA rank accepted",
+    "max_cpu_loras": "most LoRA adapters kept loaded (default: max_loras); least recently used "
+                     "unpinned ones are unloaded beyond it",
     "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",
 }
 

@@ -27,6 +27,8 @@ from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFailedError
+from engine_core.lora.manager import LoRAManager
+from engine_core.lora.request import LoRARequest
 from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
@@ -143,6 +145,21 @@ class EngineCore:
         if bound is not None and len(self.scheduler.waiting) >= bound:
             raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
                                  f"waiting (max_waiting_requests); retry later")
+        newly_loaded: int | None = None
+        if request.lora_request is not None:
+            # Loaded (and checked against the model) now: a bad adapter fails here, not in a step.
+            manager = self._lora_manager("lora_request")
+            if request.lora_request.lora_int_id not in manager.list_loras():
+                newly_loaded = request.lora_request.lora_int_id
+            manager.add_lora(request.lora_request)
+        try:
+            self._enqueue(request)
+        except ValueError:
+            if newly_loaded is not None:  # a refused request leaves no adapter behind
+                self._lora_manager("lora_request").remove_lora(newly_loaded)
+            raise
+
+    def _enqueue(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
@@ -151,6 +168,7 @@ class EngineCore:
             arrival_time=request.arrival_time,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            lora_request=request.lora_request,
         ))
 
     def grammar_cache(self) -> GrammarCache:
@@ -307,6 +325,27 @@ class EngineCore:
             raise ValueError(f"token_ids must be ints in [0, {self.vocab_size}), got {bad[:8]}")
         return kv_control.lookup_locations(self.scheduler, token_ids)
 
+    def _lora_manager(self, what: str) -> LoRAManager:
+        manager = self.runner.lora_manager
+        if manager is None:
+            raise ValueError(f"{what} needs enable_lora=True (--enable-lora)")
+        return manager
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a PEFT adapter ahead of its requests; ValueError for one that cannot apply."""
+        return self._lora_manager("add_lora").add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload it; False when it was not loaded. Requests still using it reload it."""
+        return self._lora_manager("remove_lora").remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora_manager("list_loras").list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Never unload it to make room (max_cpu_loras); ValueError when it is not loaded."""
+        return self._lora_manager("pin_lora").pin_lora(lora_id)
+
     def workers(self) -> list[object]:
         """The model workers collective_rpc reaches (one runner today; TP adds more)."""
         return [self.runner]
@@ -370,7 +409,7 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
     if args.tensor_parallel_size == 1:
         return ModelRunner(model_config, cache_config, scheduler_config, device=args.device,
                            attention_backend=args.attention_backend, seed=args.seed,
-                           enforce_eager=args.enforce_eager)
+                           enforce_eager=args.enforce_eager, lora_config=args.lora_config())
     from engine_core.distributed.driver import TPDriverRunner, free_port
     from engine_core.distributed.parallel_state import (
         DistributedInit,

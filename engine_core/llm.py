@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from engine_core.config import EngineArgs
 from engine_core.llm_engine import LLMEngine, PromptType
+from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 
@@ -23,17 +24,28 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """All prompts in, one finished RequestOutput per prompt out, in the prompts' order."""
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
+        """All prompts in, one finished RequestOutput per prompt out, in the prompts' order.
+        lora_request: one adapter for every prompt, or one (or None) per prompt."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params_list = _broadcast(sampling_params, len(prompts))
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras: list[LoRARequest | None] = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"lora_request must be one per prompt ({len(prompts)}), got "
+                                 f"{len(loras)}")
         ids: list[str] = []
-        for prompt, params in zip(prompts, params_list, strict=True):
+        for prompt, params, lora in zip(prompts, params_list, loras, strict=True):
             request_id = f"offline-{self._counter}"
             self._counter += 1
             self.engine.add_request(request_id, prompt,
-                                    params.clone(output_kind=RequestOutputKind.FINAL_ONLY))
+                                    params.clone(output_kind=RequestOutputKind.FINAL_ONLY),
+                                    lora_request=lora)
             ids.append(request_id)
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm,

@@ -11,6 +11,7 @@ import torch
 from engine_core.config import EngineArgs
 from engine_core.engine_core import EngineCore
 from engine_core.errors import DuplicateRequestError
+from engine_core.lora.request import LoRARequest
 from engine_core.metrics import Metric, snapshot
 from engine_core.metrics.request_metrics import RequestStatsRecorder
 from engine_core.outputs import RequestOutput
@@ -52,14 +53,18 @@ class LLMEngine:
         return self.tokenizer
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
-        """ValueError naming the field for bad input; the engine is then unchanged."""
+                    arrival_time: float | None = None, lora_request: LoRARequest | None = None,
+                    priority: int = 0) -> None:
+        """ValueError naming the field for bad input; the engine is then unchanged.
+
+        lora_request: the adapter the request runs with (needs enable_lora); None: base model.
+        """
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         if self.output_processor.has_request(request_id):
             raise DuplicateRequestError(f"request_id {request_id!r} is already in use")
         processed = self.input_processor.process(request_id, prompt, params, arrival_time,
-                                                 priority)
+                                                 priority, lora_request=lora_request)
         children = self.output_processor.add_request(processed)
         added: list[str] = []
         try:
@@ -119,6 +124,19 @@ class LLMEngine:
     def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
         """Per location ("device", "cpu"): how many leading tokens of token_ids are cached."""
         return self.engine_core.lookup_kv_cache(token_ids)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a PEFT adapter directory ahead of its requests (vLLM's add_lora)."""
+        return self.engine_core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.engine_core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine_core.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.engine_core.pin_lora(lora_id)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         return self.engine_core.get_supported_tasks()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine_core.lora.request import LoRARequest
+
 
 @dataclass(slots=True)
 class Logprob:
@@ -60,3 +62,4 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None  # set with finish_reason "error": why the request ended
     extra: dict[str, object] = field(default_factory=dict)
+    lora_request: LoRARequest | None = None  # the adapter it ran with (vLLM's field)

@@ -118,6 +118,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
                         help="how the tokenizer picks a replica: kv-aware (cached prefix "
                              "against load; the default with several engines, and the started "
                              "engines then record --kv-events), least-load or round-robin")
+    parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH",
+                        help="with --openai-port: LoRA adapters served by model name "
+                             "(needs --enable-lora)")
     return parser
 
 
@@ -184,6 +187,13 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
     from services.launch import StackConfig, launch_stack
 
     gateway_args = ["--auto-step"] if args.auto_step else []
+    if args.lora_modules:  # a bad spec fails here, before any stage starts
+        from services.openai.lora_modules import parse_lora_modules
+
+        if args.openai_port is None:
+            raise ValueError("--lora-modules needs --openai-port (they are the OpenAI front's "
+                             "model names)")
+        parse_lora_modules(args.lora_modules)
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
     data_parallel_size, engine_addresses = _replica_args(args, parser)
@@ -194,7 +204,9 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
                          openai_port=args.openai_port, metrics_port=args.metrics_port or None,
                          data_parallel_size=data_parallel_size,
-                         engine_addresses=engine_addresses, router_policy=args.router_policy)
+                         engine_addresses=engine_addresses, router_policy=args.router_policy,
+                         openai_args=(["--lora-modules", *args.lora_modules]
+                                      if args.lora_modules else []))
     return launch_stack(config)
 
 

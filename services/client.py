@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import control_pb2 as cpb
@@ -24,6 +25,7 @@ from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import (
     PromptType,
+    lora_request_to_pb,
     params_to_pb,
     prompt_to_pb,
     request_output_from_pb,
@@ -85,10 +87,12 @@ class EngineClient:
 
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    priority: int = 0) -> None:
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         msg = gpb.AddRequestRequest(request_id=request_id, prompt=prompt_to_pb(prompt),
                                     params=params_to_pb(params or SamplingParams()),
                                     priority=priority)
+        if lora_request is not None:
+            msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
         if arrival_time is not None:
             msg.arrival_time = arrival_time
         self._call(self._stub.AddRequest, msg)
@@ -151,6 +155,20 @@ class EngineClient:
         resp = self._call(self._control.GetSupportedTasks, cpb.GetSupportedTasksRequest())
         return tuple(resp.tasks)
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        msg = cpb.AddLoraRequest(lora_request=lora_request_to_pb(lora_request))
+        return bool(self._call(self._control.AddLora, msg).success)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return bool(self._call(self._control.RemoveLora,
+                               cpb.RemoveLoraRequest(lora_id=lora_id)).success)
+
+    def list_loras(self) -> set[int]:
+        return set(self._call(self._control.ListLoras, cpb.ListLorasRequest()).lora_ids)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return bool(self._call(self._control.PinLora, cpb.PinLoraRequest(lora_id=lora_id)).success)
+
     # -- beyond LLMEngine ---------------------------------------------------------------------
 
     def get_loads(self) -> list[dict[str, Any]]:
@@ -170,13 +188,16 @@ class EngineClient:
                 "versions": dict(info.versions)}
 
     def generate(self, prompt: PromptType, params: SamplingParams | None = None,
-                 request_id: str | None = None) -> Generator[RequestOutput, None, None]:
+                 request_id: str | None = None, lora_request: LoRARequest | None = None
+                 ) -> Generator[RequestOutput, None, None]:
         """Yield the request's RequestOutputs until it finishes. Closing the iterator early
         cancels the call, which aborts the request. In manual mode this steps the engine."""
         if self._auto_step is None:
             self.get_server_info()
         msg = gpb.GenerateRequest(request_id=request_id or "", prompt=prompt_to_pb(prompt),
                                   params=params_to_pb(params or SamplingParams()))
+        if lora_request is not None:
+            msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
         call = self._stub.Generate(msg, metadata=self._metadata())
         try:
             if self._auto_step:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 
@@ -16,7 +17,8 @@ RESET_AT_STEP = 10
 
 class EngineLike(Protocol):
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None: ...
+                    arrival_time: float | None = None, lora_request: LoRARequest | None = None,
+                    priority: int = 0) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
     def reset_prefix_cache(self, reset_running_requests: bool = False,

@@ -166,6 +166,7 @@ class StackConfig:
     def routes_kv_aware(self) -> bool:
         num_engines = len(self.engine_addresses) or self.data_parallel_size
         return num_engines > 1 and self.router_policy in (None, "kv-aware")
+    openai_args: list[str] = field(default_factory=list)  # more flags for it (--lora-modules)
 
 
 @dataclass(slots=True)
@@ -364,4 +365,4 @@ def _openai_args(stack: Stack) -> list[str]:
         args += ["--api-key", cfg.gateway_args[cfg.gateway_args.index("--api-key") + 1]]
     if cfg.tls_cert:
         args += ["--gateway-tls-cert", cfg.tls_cert]
-    return args
+    return args + cfg.openai_args

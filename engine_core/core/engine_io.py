@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine_core.core.runner_output import LogprobsLists
+from engine_core.lora.request import LoRARequest
 from engine_core.sampling_params import SamplingParams
 
 
@@ -21,6 +22,7 @@ class EngineCoreRequest:
     arrival_time: float = field(default_factory=time.time)
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
 
 
 @dataclass(slots=True)

@@ -58,13 +58,19 @@ def hash_block_tokens(hash_fn: HashFn, parent_hash: BlockHash, token_ids: Sequen
 
 
 def block_extra_keys(request: Request, block_index: int) -> tuple[object, ...] | None:
-    """Keys beyond token ids that change a block's KV: the tenant salt (LoRA id later).
+    """Keys beyond token ids that change a block's KV: the tenant salt and the LoRA adapter id
+    (an adapter changes every layer's K and V, so its blocks are never another's).
 
-    Only the first block carries the salt: every later hash chains on it.
+    Only the first block carries them: every later hash chains on it.
     """
-    if block_index == 0 and request.cache_salt is not None:
-        return ("salt", request.cache_salt)
-    return None
+    if block_index != 0:
+        return None
+    keys: tuple[object, ...] = ()
+    if request.cache_salt is not None:
+        keys = ("salt", request.cache_salt)
+    if request.lora_request is not None:
+        keys += ("lora", request.lora_request.lora_int_id)
+    return keys or None
 
 
 def update_block_hashes(request: Request, block_size: int, hash_fn: HashFn) -> None:

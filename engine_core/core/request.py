@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine_core.lora.request import LoRARequest
 from engine_core.sampling_params import SamplingParams
 
 
@@ -45,6 +46,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     priority: int = 0
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None
     max_tokens: int = 16  # resolved by the core: params.max_tokens or what max_model_len leaves
 
     status: RequestStatus = RequestStatus.WAITING

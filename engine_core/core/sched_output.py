@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine_core.lora.request import LoRARequest
 from engine_core.sampling_params import SamplingParams
 
 
@@ -22,6 +23,7 @@ class NewRequestData:
     num_computed_tokens: int  # tokens whose KV is already in the cache (prefix hits included)
     # The request's EOS (min_tokens bans it); None: the runner falls back to the model's.
     eos_token_id: int | None = None
+    lora_request: LoRARequest | None = None  # the adapter its tokens run through
 
 
 @dataclass(slots=True)

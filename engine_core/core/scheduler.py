@@ -213,6 +213,7 @@ class Scheduler:
             block_ids=kv.get_block_ids(request.request_id),
             num_computed_tokens=request.num_computed_tokens,
             eos_token_id=request.eos_token_id,
+            lora_request=request.lora_request,
         ) for request in scheduled_new]
         running = plan.scheduled_running
         cached = CachedRequestData(
@@ -244,8 +245,16 @@ class Scheduler:
         max_num_seqs = self.scheduler_config.max_num_seqs
         waiting = self.waiting
         now = time.time()
+        max_loras = self.scheduler_config.max_loras
+        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request}
+        skipped: list[Request] = []  # adapter-bound: they wait, later requests may go ahead
         while waiting and budget > 0 and len(self.running) < max_num_seqs:
             request = waiting.peek()
+            lora = request.lora_request
+            if lora is not None and max_loras is not None and lora.lora_int_id not in loras \
+                    and len(loras) >= max_loras:
+                skipped.append(waiting.pop())  # a batch holds at most max_loras adapters
+                continue
             hits, num_hit_tokens = kv.get_computed_blocks(request)
             num_external = self._get_num_external_tokens(request, num_hit_tokens)
             num_loaded = num_external or 0
@@ -274,6 +283,10 @@ class Scheduler:
             scheduled_new.append(request)
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+            if lora is not None:
+                loras.add(lora.lora_int_id)
+        for request in reversed(skipped):  # back at the head, in their order
+            waiting.add_preempted(request)
 
     def _get_num_external_tokens(self, request: Request, num_hit_tokens: int) -> int | None:
         """Leading tokens after the device hit that the connector supplies; None when it was

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine_core.lora.request import LoRARequest
 from engine_core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class CachedRequestState:
     # params.structured_outputs' matcher, at the state after output_token_ids; made when the
     # request is first sampled (dropped with the state on preemption, then rebuilt).
     grammar: xg.GrammarMatcher | None = None
+    lora_request: LoRARequest | None = None
 
     @property
     def num_tokens(self) -> int:

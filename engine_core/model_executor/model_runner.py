@@ -19,13 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.config import CacheConfig, LoRAConfig, SchedulerConfig
 from engine_core.connector.base import KVConnectorBase
 from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.distributed.layers import local_config, shard_layout
 from engine_core.distributed.parallel_state import TPGroup
+from engine_core.lora.manager import LoRAManager
 from engine_core.model_executor.attention.backend import AttentionMetadata
 from engine_core.model_executor.attention.describe import describe_attention
 from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
@@ -82,10 +83,13 @@ class ModelRunner:
                  attention_backend: str | None = None, seed: int = 0,
                  enforce_eager: bool = False,
                  graph_capturer: GraphCapturer | None = None,
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None,
+                 lora_config: LoRAConfig | None = None) -> None:
         """enforce_eager: no CUDA graphs. graph_capturer: for tests, a stand-in for
         torch.cuda.CUDAGraph that makes the decode-graph path run on any device. tp: this
-        rank's tensor-parallel group; the model is then its shard, and only rank 0 samples."""
+        rank's tensor-parallel group; the model is then its shard, and only rank 0 samples.
+        lora_config: serve LoRA adapters (and no CUDA graphs: a graph would freeze one step's
+        adapter groups)."""
         self.model_config = model_config
         self.tp = tp
         # What this rank's KV cache holds: its share of the KV heads under tensor parallelism.
@@ -110,6 +114,11 @@ class ModelRunner:
         if self.device.type == "cpu":
             # oneDNN's blocked weight layout, made once here instead of in every call.
             logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
+        self.lora_manager: LoRAManager | None = None
+        if lora_config is not None:
+            self.lora_manager = LoRAManager(self.model, lora_config, self.device,
+                                            model_config.dtype)
+            enforce_eager = True
         self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
         self.sampler = Sampler()
         # Grammar matchers of structured-output requests; the engine core gives it the
@@ -322,6 +331,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 row=row,
+                lora_request=new.lora_request,
                 # Output exists only once the whole prompt was computed.
                 prompt_logprobs_done=max(done, len(new.prompt_token_ids)
                                          if new.output_token_ids else 0),
@@ -354,6 +364,11 @@ class ModelRunner:
         req_of_token = np.repeat(np.arange(n), query_lens)
         positions = np.arange(int(ends[-1])) - (ends - query_lens)[req_of_token] + computed[
             req_of_token]
+        if self.lora_manager is not None:
+            # Each adapted Linear reads the step's token groups; the CPU fused decode step
+            # (which reads base weights only) stands aside for a batch with an adapter.
+            self.model.lora_active = self.lora_manager.set_batch(
+                [s.lora_request for s in states], req_of_token)
         token_rows = rows[req_of_token]
         input_ids = batch.token_ids[token_rows, positions]
         slots = batch.block_table[token_rows, positions // self.block_size].astype(np.int64)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_core.core.engine_io import EngineCoreRequest
+from engine_core.lora.request import LoRARequest
 from engine_core.processing.request_limits import (
     RequestLimits,
     check_params,
@@ -55,12 +56,16 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> ProcessedPrompt:
         """Validate and tokenize; ValueError naming the field. Holds no state, so none changes."""
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         if not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise ValueError("lora_request must be a LoRARequest or None, got "
+                             f"{type(lora_request).__name__}")
         params = self._validate_params(params)
         check_prompt_size(prompt, self.limits, self.max_model_len)
         text, token_ids, salt = self._tokenize(prompt)
@@ -80,6 +85,7 @@ class InputProcessor:
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
             cache_salt=cache_salt,
+            lora_request=lora_request,
         )
         return ProcessedPrompt(request=request, prompt=text)
 

@@ -28,6 +28,7 @@ class ParentRequest:
         self.output_kind = params.output_kind
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.num_cached_tokens = 0
+        self.lora_request = request.lora_request
         self.child_requests: list[EngineCoreRequest] = []
         if params.n == 1:
             self.child_requests.append(request)
@@ -44,6 +45,7 @@ class ParentRequest:
                         arrival_time=request.arrival_time,
                         priority=request.priority,
                         cache_salt=request.cache_salt,
+                        lora_request=request.lora_request,
                     )
                 )
         self.children = {
@@ -119,4 +121,5 @@ class ParentRequest:
             metrics=dataclasses.replace(self.metrics,
                                         preemption_times=list(self.metrics.preemption_times)),
             error=error,
+            lora_request=self.lora_request,
         )

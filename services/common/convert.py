@@ -12,6 +12,11 @@ from services.common.convert_core import (
     logprobs_lists_from_pb,
     logprobs_lists_to_pb,
 )
+from services.common.convert_lora import (
+    lora_request_from_pb,
+    lora_request_to_pb,
+    optional_lora_from_pb,
+)
 from services.common.convert_outputs import (
     completion_from_pb,
     completion_to_pb,
@@ -38,6 +43,9 @@ __all__ = [
     "core_outputs_to_pb",
     "core_request_from_pb",
     "core_request_to_pb",
+    "lora_request_from_pb",
+    "lora_request_to_pb",
+    "optional_lora_from_pb",
     "logprobs_lists_from_pb",
     "logprobs_lists_to_pb",
     "metrics_from_pb",

@@ -8,6 +8,7 @@ from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, Engi
 from engine_core.core.runner_output import LogprobsLists
 from engine_core.processing.input_processor import ProcessedPrompt
 from services._proto.strand.v1 import types_pb2 as pb
+from services.common.convert_lora import lora_request_to_pb, optional_lora_from_pb
 from services.common.convert_params import params_from_pb, params_to_pb
 
 
@@ -23,6 +24,8 @@ def core_request_to_pb(req: EngineCoreRequest) -> pb.EngineCoreRequest:
         msg.eos_token_id = req.eos_token_id
     if req.cache_salt is not None:
         msg.cache_salt = req.cache_salt
+    if req.lora_request is not None:
+        msg.lora_request.CopyFrom(lora_request_to_pb(req.lora_request))
     return msg
 
 
@@ -35,6 +38,7 @@ def core_request_from_pb(msg: pb.EngineCoreRequest) -> EngineCoreRequest:
         arrival_time=msg.arrival_time,
         priority=msg.priority,
         cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None,
+        lora_request=optional_lora_from_pb(msg),
     )
 
 

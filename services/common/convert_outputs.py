@@ -14,6 +14,7 @@ from engine_core.outputs import (
 )
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert_core import set_stop_reason, stop_reason_from_pb
+from services.common.convert_lora import lora_request_to_pb, optional_lora_from_pb
 
 _METRIC_TIMES = ("first_scheduled_time", "first_token_time", "last_token_time", "finished_time")
 
@@ -112,6 +113,8 @@ def request_output_to_pb(out: RequestOutput) -> pb.RequestOutput:
         msg.metrics.CopyFrom(metrics_to_pb(out.metrics))
     if out.error is not None:
         msg.error = out.error
+    if out.lora_request is not None:
+        msg.lora_request.CopyFrom(lora_request_to_pb(out.lora_request))
     return msg
 
 
@@ -130,4 +133,5 @@ def request_output_from_pb(msg: pb.RequestOutput) -> RequestOutput:
         metrics=metrics_from_pb(msg.metrics) if msg.HasField("metrics") else None,
         error=msg.error if msg.HasField("error") else None,
         extra=json.loads(msg.extra_json) if msg.extra_json else {},
+        lora_request=optional_lora_from_pb(msg),
     )

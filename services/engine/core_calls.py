@@ -12,7 +12,7 @@ from engine_core.engine_core import EngineCore
 from engine_core.stats_logger import StatsLogger, prompt_tokens_of
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import types_pb2 as pb
-from services.common.convert import core_request_from_pb
+from services.common.convert import core_request_from_pb, lora_request_from_pb
 from services.common.convert_kv_events import kv_event_batch_to_pb
 
 
@@ -97,6 +97,9 @@ class CoreCalls:
             state.profile_path = self.core.stop_profile()
         return self._state(msg.seq, state)
 
+    def _on_lora(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        return epb.EngineResponse(seq=msg.seq, lora=self.lora(msg.lora))
+
     def _state(self, seq: int, state: epb.EngineState) -> epb.EngineResponse:
         state.num_unfinished_requests = self.core.get_num_unfinished_requests()
         state.is_sleeping = self.core.is_sleeping()
@@ -115,6 +118,21 @@ class CoreCalls:
             self.core.abort_requests(added)
             raise
         span.set_attribute("gen_ai.request.ids", added)
+
+    def lora(self, call: epb.EngineLoraCall) -> epb.EngineLoraResult:
+        """One of EngineCore's LoRA calls (ValueError, INVALID_ARGUMENT, for a bad one)."""
+        core, which = self.core, call.WhichOneof("call")
+        if which == "add":
+            success = core.add_lora(lora_request_from_pb(call.add))
+        elif which == "remove":
+            success = core.remove_lora(call.remove)
+        elif which == "pin":
+            success = core.pin_lora(call.pin)
+        elif which == "list":
+            success = True
+        else:
+            raise ValueError(f"lora call must be add, remove, list or pin, got {which!r}")
+        return epb.EngineLoraResult(success=success, lora_ids=sorted(core.list_loras()))
 
     def load(self) -> pb.EngineLoad:
         scheduler = self.core.scheduler
@@ -165,6 +183,7 @@ _HANDLERS: dict[str, Callable[[CoreCalls, epb.EngineRequest, Any], epb.EngineRes
     "lookup_kv_cache": CoreCalls._on_lookup_kv_cache,
     "get_loads": CoreCalls._on_get_loads,
     "take_kv_events": CoreCalls._on_take_kv_events,
+    "lora": CoreCalls._on_lora,
     "sleep": CoreCalls._on_sleep,
     "wake_up": CoreCalls._on_wake_up,
     "profile": CoreCalls._on_profile,

@@ -151,7 +151,8 @@ class GatewayFlow:
 
     async def add_request(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                           arrival_time: float | None = None, priority: int = 0,
-                          queue: StreamQueue | None = None) -> None:
+                          queue: StreamQueue | None = None,
+                          lora_request: pb.LoRARequest | None = None) -> None:
         try:
             check_request_id(request_id)
             if request_id in self._live:
@@ -173,7 +174,8 @@ class GatewayFlow:
                            metrics=self.metrics)
         self._live[request_id] = live
         try:
-            added = await self._add(request_id, prompt, params, arrival_time, priority, span)
+            added = await self._add(request_id, prompt, params, arrival_time, priority, span,
+                                    lora_request)
         except BaseException as exc:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
@@ -195,10 +197,11 @@ class GatewayFlow:
             self._last_stream_added = time.monotonic()
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
-                   arrival_time: float | None, priority: int, span: trace.Span
-                   ) -> tpb.AddedRequest:
+                   arrival_time: float | None, priority: int, span: trace.Span,
+                   lora_request: pb.LoRARequest | None = None) -> tpb.AddedRequest:
         process = tpb.ProcessRequest(request_id=request_id, prompt=prompt, params=params,
-                                     priority=priority, origin=self.origin)
+                                     priority=priority, origin=self.origin,
+                                     lora_request=lora_request)
         if arrival_time is not None:
             process.arrival_time = arrival_time
         call = asyncio.get_running_loop().create_task(self.tokenizer.call(tpb.TokenizerRequest(
@@ -341,6 +344,22 @@ class GatewayFlow:
                     reset_connector=reset_connector),
                 trace_context=carrier))
         return reset_report(results)
+
+    async def lora(self, call: epb.EngineLoraCall) -> epb.EngineLoraResult:
+        """EngineCore.add_lora / remove_lora / list_loras / pin_lora on every replica, between
+        steps (a request may be routed to any of them): success where every replica succeeded,
+        and the adapters loaded on all of them."""
+        carrier = carrier_from_context()
+        async with self._step_lock:
+            results = await self.engines.fan_out(
+                lambda _: epb.EngineRequest(lora=call, trace_context=carrier))
+        for result in results.values():
+            if isinstance(result, StageError):
+                raise result
+        answers = [r.lora for r in results.values()]
+        loaded = set(answers[0].lora_ids).intersection(*(a.lora_ids for a in answers[1:]))
+        return epb.EngineLoraResult(success=all(a.success for a in answers),
+                                    lora_ids=sorted(loaded))
 
     async def engine_call(self, **kind: Any) -> epb.EngineState:
         """One engine-wide call (sleep, wake_up, profile, query) between steps, on every

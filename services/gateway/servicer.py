@@ -13,6 +13,7 @@ from typing import TypeVar
 import grpc
 
 from services._proto.strand.v1 import control_pb2 as cpb
+from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import gateway_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
@@ -25,7 +26,8 @@ from services.gateway.replica_reports import replica_infos
 
 T = TypeVar("T")
 _CONTROL_METHODS = frozenset({"ResetPrefixCache", "ClearKvCache", "LookupKvCache",
-                              "GetServerInfo", "GetLoads", "SubscribeKvEvents"}
+                              "GetServerInfo", "GetLoads", "SubscribeKvEvents",
+                              "AddLora", "RemoveLora", "ListLoras", "PinLora"}
                              ) | ENGINE_CONTROL_METHODS
 
 
@@ -51,7 +53,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
         async def body() -> gpb.AddRequestResponse:
             arrival = request.arrival_time if request.HasField("arrival_time") else None
             await self.flow.add_request(request.request_id, request.prompt, request.params,
-                                        arrival, request.priority)
+                                        arrival, request.priority,
+                                        lora_request=_lora_of(request))
             return gpb.AddRequestResponse()
         return await self._traced("AddRequest", context, body)
 
@@ -133,6 +136,34 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             code, message = status_of(exc)
             await context.abort(code, message)
 
+    # -- LoRA adapters (issue 22 item 2): each RPC is one EngineCore call ------------------------
+
+    async def _lora(self, name: str, call: epb.EngineLoraCall,
+                    context: grpc.aio.ServicerContext) -> cpb.LoraResponse:
+        async def body() -> cpb.LoraResponse:
+            result = await self.flow.lora(call)
+            return cpb.LoraResponse(success=result.success, lora_ids=result.lora_ids)
+        return await self._traced(name, context, body)
+
+    async def AddLora(self, request: cpb.AddLoraRequest,
+                      context: grpc.aio.ServicerContext) -> cpb.LoraResponse:
+        return await self._lora("AddLora", epb.EngineLoraCall(add=request.lora_request),
+                                context)
+
+    async def RemoveLora(self, request: cpb.RemoveLoraRequest,
+                         context: grpc.aio.ServicerContext) -> cpb.LoraResponse:
+        return await self._lora("RemoveLora", epb.EngineLoraCall(remove=request.lora_id),
+                                context)
+
+    async def ListLoras(self, request: cpb.ListLorasRequest,
+                        context: grpc.aio.ServicerContext) -> cpb.LoraResponse:
+        return await self._lora("ListLoras", epb.EngineLoraCall(list=epb.EngineLoraCall.List()),
+                                context)
+
+    async def PinLora(self, request: cpb.PinLoraRequest,
+                      context: grpc.aio.ServicerContext) -> cpb.LoraResponse:
+        return await self._lora("PinLora", epb.EngineLoraCall(pin=request.lora_id), context)
+
     async def Generate(self, request: gpb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RequestOutput]:
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
@@ -140,7 +171,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
 
         async def add() -> None:
             await self.flow.add_request(request_id, request.prompt, request.params,
-                                        None, request.priority, queue=queue)
+                                        None, request.priority, queue=queue,
+                                        lora_request=_lora_of(request))
         await self._traced("Generate", context, add)
         # Tells the client the request is in (and its id), so it may Step in manual mode.
         await context.send_initial_metadata((("strand-request-id", request_id),))
@@ -177,3 +209,7 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
+
+
+def _lora_of(request: gpb.AddRequestRequest | gpb.GenerateRequest) -> pb.LoRARequest | None:
+    return request.lora_request if request.HasField("lora_request") else None

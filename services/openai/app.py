@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry.trace import Span
 
+from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
@@ -33,6 +34,8 @@ class FrontConfig:
     api_key: str | None = None  # required of HTTP clients and passed on to the gateway
     root_certificates: bytes | None = None  # the gateway's TLS roots, when it serves TLS
     served_model_name: str | None = None  # None: the model the gateway reports
+    # --lora-modules: model name -> the adapter a request naming it runs with.
+    lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
 
 
 class Front:
@@ -62,13 +65,16 @@ class Front:
         assert self._model is not None
         return self._model
 
-    async def check_model(self, requested: str | None) -> str:
+    async def check_model(self, requested: str | None) -> tuple[str, LoRARequest | None]:
+        """(the model name answered with, the adapter when the name is a LoRA module)."""
         served = await self.model_name()
+        if requested is not None and requested in self.config.lora_modules:
+            return requested, self.config.lora_modules[requested]
         # The gateway reports the model path normalised ("./models/tiny" -> "models/tiny"):
         # either spelling of the path names it.
         if requested is not None and os.path.normpath(requested) != os.path.normpath(served):
             raise model_not_found(requested)
-        return served
+        return served, None
 
 
 def create_app(config: FrontConfig) -> FastAPI:
@@ -111,25 +117,32 @@ def create_app(config: FrontConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         info = await front.info()
+        base = await front.model_name()
+        created = int(time.time())
+        adapters = [{"id": name, "object": "model", "created": created, "owned_by": "strand",
+                     "root": lora.lora_path, "parent": base,
+                     "max_model_len": info["max_model_len"]}
+                    for name, lora in config.lora_modules.items()]
         return {"object": "list", "data": [{
-            "id": await front.model_name(), "object": "model", "created": int(time.time()),
+            "id": base, "object": "model", "created": created,
             "owned_by": "strand", "root": info["model"],
-            "max_model_len": info["max_model_len"]}]}
+            "max_model_len": info["max_model_len"]}, *adapters]}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        model = await front.check_model(req.model)
+        model, lora = await front.check_model(req.model)
         shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}")
         params = convert.completion_params(req)
-        return await _serve(front, req, shaper, convert.completion_prompts(req), params, request)
+        return await _serve(front, req, shaper, convert.completion_prompts(req), params, lora,
+                            request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        model = await front.check_model(req.model)
+        model, lora = await front.check_model(req.model)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}")
         params = convert.chat_params(req)
-        return await _serve(front, req, shaper, [convert.chat_prompt(req)], params, request)
+        return await _serve(front, req, shaper, [convert.chat_prompt(req)], params, lora, request)
 
     return app
 
@@ -140,11 +153,11 @@ def _ping(front: Front) -> None:
 
 
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
-                 params: SamplingParams, request: Request) -> Response:
+                 params: SamplingParams, lora: LoRARequest | None, request: Request) -> Response:
     span = start_request_span(request, "chat" if shaper.chat else "text_completion",
                               shaper.model)
     try:
-        response = await _respond(front, req, shaper, prompts, params, request, span)
+        response = await _respond(front, req, shaper, prompts, params, lora, request, span)
     except BaseException as exc:
         end_request_span(span, from_exception(exc).status if isinstance(exc, Exception) else 499,
                          exc)
@@ -155,8 +168,9 @@ async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[Pro
 
 
 async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
-                   params: SamplingParams, request: Request, span: Span) -> Response:
-    jobs = [Job(f"{shaper.id}-{i}", p, params) for i, p in enumerate(prompts)]
+                   params: SamplingParams, lora: LoRARequest | None, request: Request,
+                   span: Span) -> Response:
+    jobs = [Job(f"{shaper.id}-{i}", p, params, lora) for i, p in enumerate(prompts)]
     stream = OutputStream(front.connect, jobs, span)
     if not req.stream:
         work = asyncio.ensure_future(final_outputs(stream, len(jobs)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Span
 
+from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
@@ -28,6 +29,7 @@ class Job:
     request_id: str
     prompt: PromptType
     params: SamplingParams
+    lora_request: LoRARequest | None = None  # the model name was a --lora-modules adapter
 
 
 # (job index, output), or (job index, None) when that job's stream ended.
@@ -55,7 +57,8 @@ class OutputStream:
 
         try:
             with self._connect() as client:
-                for output in client.generate(job.prompt, job.params, job.request_id):
+                for output in client.generate(job.prompt, job.params, job.request_id,
+                                              lora_request=job.lora_request):
                     if self._stop.is_set():
                         break  # closing generate() cancels the call
                     put(output)

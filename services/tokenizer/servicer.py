@@ -23,7 +23,7 @@ from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import tokenizer_pb2_grpc
-from services.common.convert import params_from_pb, prompt_from_pb
+from services.common.convert import optional_lora_from_pb, params_from_pb, prompt_from_pb
 from services.common.convert_core import processed_to_pb
 from services.common.engine_replicas import EngineReplicas
 from services.common.stage_client import StageClient
@@ -111,7 +111,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         arrival = req.arrival_time if req.HasField("arrival_time") else None
         processed = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._process, req.request_id, prompt_from_pb(req.prompt),
-            params, arrival, req.priority)
+            params, arrival, req.priority, None, optional_lora_from_pb(req))
         request = processed.request
         engine = self.router.route(request.prompt_token_ids, request.cache_salt)
         try:

@@ -16,6 +16,7 @@ from engine_core.core.kv_cache_utils import (
     update_block_hashes,
 )
 from engine_core.core.request import Request
+from engine_core.lora.request import LoRARequest
 from tests.core.conftest import make_request
 
 BS = 16
@@ -181,6 +182,27 @@ def test_cache_key_salting() -> None:
     assert kv.get_computed_blocks(_req("3", COMMON + [3], cache_salt="salt1"))[1] == 3 * BS
 
 
+def test_lora_prefix_caching() -> None:
+    """vLLM's: the adapter keys the hash, so the same tokens under another adapter (or none)
+    never hit; with a salt too, both must match."""
+    def lora_req(req_id: str, lora_id: int | None, salt: str | None = None) -> Request:
+        request = make_request(req_id, COMMON + [3], max_tokens=17, cache_salt=salt)
+        if lora_id is not None:
+            request.lora_request = LoRARequest(f"lora{lora_id}", lora_id, "/adapters/x")
+        update_block_hashes(request, BS, SHA256)
+        return request
+
+    kv = KVCacheManager(11, BS)
+    _alloc(kv, lora_req("0", 1))
+    assert kv.get_computed_blocks(lora_req("1", None))[1] == 0
+    assert kv.get_computed_blocks(lora_req("2", 2))[1] == 0
+    assert kv.get_computed_blocks(lora_req("3", 1))[1] == 3 * BS
+    assert kv.get_computed_blocks(lora_req("4", 1, salt="s"))[1] == 0
+    _alloc(kv, lora_req("5", 2, salt="s"))
+    assert kv.get_computed_blocks(lora_req("6", 2, salt="s"))[1] == 3 * BS
+    assert kv.get_computed_blocks(lora_req("7", 1, salt="s"))[1] == 0
+
+
 def test_prefill_not_enough_free_blocks_with_computed_blocks() -> None:
     kv = KVCacheManager(11, BS)
     req0 = _req("0", COMMON[:2 * BS] + [9])
@@ -297,7 +319,6 @@ def test_block_lookup_cache_multi_blocks_per_key() -> None:
 @pytest.mark.parametrize("name", [
     "test_prefill_hybrid_model", "test_cache_blocks_multi_group", "test_mm_prefix_caching",
     "test_kv_cache_events", "test_eagle_enabled_removes_last_block", "test_allocate_with_lookahead",
-    "test_lora_prefix_caching",
 ])
 def test_missing_features(name: str) -> None:
     missing = {
@@ -307,6 +328,5 @@ def test_missing_features(name: str) -> None:
         "test_kv_cache_events": "KV cache events from the KVCacheManager (BlockStored/Removed)",
         "test_eagle_enabled_removes_last_block": "speculative decoding (EAGLE)",
         "test_allocate_with_lookahead": "speculative decoding lookahead slots",
-        "test_lora_prefix_caching": "LoRA adapters",
     }
     pytest.skip(f"missing feature: {missing[name]}")

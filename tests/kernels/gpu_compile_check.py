@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from kernels import kv_write, paged_attention, rms_norm, rotary
+from kernels import kv_write, lora, paged_attention, rms_norm, rotary
 from kernels._triton import LazyKernel
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -66,6 +66,14 @@ def variants() -> dict[str, tuple[Any, ...]]:
                 {**{n: f"*{dt}" for n in ("q_out_ptr", "k_out_ptr", "q_ptr", "k_ptr")},
                  "positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
                 dict(IS_NEOX=neox, HEADS_PAD=32, HALF_PAD=64, TAIL_PAD=tail))
+        table[f"lora_shrink-{dt}"] = (
+            lora._shrink_kernel,
+            {"h_ptr": "*fp32", "x_ptr": f"*{dt}", "a_ptr": f"*{dt}", "slots_ptr": "*i64"},
+            dict(BLOCK_W=64, BLOCK_K=64))
+        table[f"lora_expand-{dt}"] = (
+            lora._expand_kernel,
+            {"out_ptr": f"*{dt}", "h_ptr": "*fp32", "b_ptr": f"*{dt}", "slots_ptr": "*i64"},
+            dict(BLOCK_O=64, BLOCK_W=64))
     return table
 
 

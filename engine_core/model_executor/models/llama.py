@@ -142,6 +142,9 @@ class LlamaForCausalLM(nn.Module):
     Qwen3 (q/k norms) and Qwen3-MoE (SparseMoeBlock MLPs) too: config.arch switches them on,
     and weight_destinations names their tensors."""
 
+    # Set per step by the LoRA manager: some token of this step runs through an adapter.
+    lora_active: bool = False
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -160,8 +163,8 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
-        if type(self) is LlamaForCausalLM and fused_decode.applies(self, input_ids, kv_caches,
-                                                                   metadata, backend):
+        if type(self) is LlamaForCausalLM and not self.lora_active and fused_decode.applies(
+                self, input_ids, kv_caches, metadata, backend):
             # A decode step of a few requests: each layer as one C++ call (same kernels).
             return fused_decode.forward(self, input_ids, positions, kv_caches, metadata)
         hidden = self.model.embed_tokens(input_ids)

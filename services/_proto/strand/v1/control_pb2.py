@@ -26,7 +26,7 @@ from services._proto.strand.v1 import gateway_pb2 as strand_dot_v1_dot_gateway__
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/control.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\",\n\x0cSleepRequest\x12\x12\n\x05level\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x08\n\x06_level\"$\n\rSleepResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x1d\n\rWakeUpRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"%\n\x0eWakeUpResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x13\n\x11IsSleepingRequest\")\n\x12IsSleepingResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x15\n\x13StartProfileRequest\"\x16\n\x14StartProfileResponse\"\x14\n\x12StopProfileRequest\")\n\x13StopProfileResponse\x12\x12\n\ntrace_path\x18\x01 \x01(\t\"\x1a\n\x18GetSupportedTasksRequest\"*\n\x19GetSupportedTasksResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\"\x11\n\x0fGetLoadsRequest\"8\n\x10GetLoadsResponse\x12$\n\x05loads\x18\x01 \x03(\x0b\x32\x15.strand.v1.EngineLoad\"\x1a\n\x18SubscribeKvEventsRequest2\xbe\x07\n\x07\x43ontrol\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponse\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12\x43\n\x08GetLoads\x12\x1a.strand.v1.GetLoadsRequest\x1a\x1b.strand.v1.GetLoadsResponse\x12S\n\x11SubscribeKvEvents\x12#.strand.v1.SubscribeKvEventsRequest\x1a\x17.strand.v1.KvEventBatch0\x01\x12:\n\x05Sleep\x12\x17.strand.v1.SleepRequest\x1a\x18.strand.v1.SleepResponse\x12=\n\x06WakeUp\x12\x18.strand.v1.WakeUpRequest\x1a\x19.strand.v1.WakeUpResponse\x12I\n\nIsSleeping\x12\x1c.strand.v1.IsSleepingRequest\x1a\x1d.strand.v1.IsSleepingResponse\x12O\n\x0cStartProfile\x12\x1e.strand.v1.StartProfileRequest\x1a\x1f.strand.v1.StartProfileResponse\x12L\n\x0bStopProfile\x12\x1d.strand.v1.StopProfileRequest\x1a\x1e.strand.v1.StopProfileResponse\x12^\n\x11GetSupportedTasks\x12#.strand.v1.GetSupportedTasksRequest\x1a$.strand.v1.GetSupportedTasksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/control.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\",\n\x0cSleepRequest\x12\x12\n\x05level\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x08\n\x06_level\"$\n\rSleepResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x1d\n\rWakeUpRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"%\n\x0eWakeUpResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x13\n\x11IsSleepingRequest\")\n\x12IsSleepingResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x15\n\x13StartProfileRequest\"\x16\n\x14StartProfileResponse\"\x14\n\x12StopProfileRequest\")\n\x13StopProfileResponse\x12\x12\n\ntrace_path\x18\x01 \x01(\t\"\x1a\n\x18GetSupportedTasksRequest\"*\n\x19GetSupportedTasksResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\">\n\x0e\x41\x64\x64LoraRequest\x12,\n\x0clora_request\x18\x01 \x01(\x0b\x32\x16.strand.v1.LoRARequest\"$\n\x11RemoveLoraRequest\x12\x0f\n\x07lora_id\x18\x01 \x01(\x03\"\x12\n\x10ListLorasRequest\"!\n\x0ePinLoraRequest\x12\x0f\n\x07lora_id\x18\x01 \x01(\x03\"1\n\x0cLoraResponse\x12\x0f\n\x07success\x18\x01 \x01(\x08\x12\x10\n\x08lora_ids\x18\x02 \x03(\x03\"\x11\n\x0fGetLoadsRequest\"8\n\x10GetLoadsResponse\x12$\n\x05loads\x18\x01 \x03(\x0b\x32\x15.strand.v1.EngineLoad\"\x1a\n\x18SubscribeKvEventsRequest2\xc4\t\n\x07\x43ontrol\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponse\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12\x43\n\x08GetLoads\x12\x1a.strand.v1.GetLoadsRequest\x1a\x1b.strand.v1.GetLoadsResponse\x12S\n\x11SubscribeKvEvents\x12#.strand.v1.SubscribeKvEventsRequest\x1a\x17.strand.v1.KvEventBatch0\x01\x12:\n\x05Sleep\x12\x17.strand.v1.SleepRequest\x1a\x18.strand.v1.SleepResponse\x12=\n\x06WakeUp\x12\x18.strand.v1.WakeUpRequest\x1a\x19.strand.v1.WakeUpResponse\x12I\n\nIsSleeping\x12\x1c.strand.v1.IsSleepingRequest\x1a\x1d.strand.v1.IsSleepingResponse\x12O\n\x0cStartProfile\x12\x1e.strand.v1.StartProfileRequest\x1a\x1f.strand.v1.StartProfileResponse\x12L\n\x0bStopProfile\x12\x1d.strand.v1.StopProfileRequest\x1a\x1e.strand.v1.StopProfileResponse\x12^\n\x11GetSupportedTasks\x12#.strand.v1.GetSupportedTasksRequest\x1a$.strand.v1.GetSupportedTasksResponse\x12=\n\x07\x41\x64\x64Lora\x12\x19.strand.v1.AddLoraRequest\x1a\x17.strand.v1.LoraResponse\x12\x43\n\nRemoveLora\x12\x1c.strand.v1.RemoveLoraRequest\x1a\x17.strand.v1.LoraResponse\x12\x41\n\tListLoras\x12\x1b.strand.v1.ListLorasRequest\x1a\x17.strand.v1.LoraResponse\x12=\n\x07PinLora\x12\x19.strand.v1.PinLoraRequest\x1a\x17.strand.v1.LoraResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,12 +57,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSUPPORTEDTASKSREQUEST']._serialized_end=442
   _globals['_GETSUPPORTEDTASKSRESPONSE']._serialized_start=444
   _globals['_GETSUPPORTEDTASKSRESPONSE']._serialized_end=486
-  _globals['_GETLOADSREQUEST']._serialized_start=488
-  _globals['_GETLOADSREQUEST']._serialized_end=505
-  _globals['_GETLOADSRESPONSE']._serialized_start=507
-  _globals['_GETLOADSRESPONSE']._serialized_end=563
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=565
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=591
-  _globals['_CONTROL']._serialized_start=594
-  _globals['_CONTROL']._serialized_end=1552
+  _globals['_ADDLORAREQUEST']._serialized_start=488
+  _globals['_ADDLORAREQUEST']._serialized_end=550
+  _globals['_REMOVELORAREQUEST']._serialized_start=552
+  _globals['_REMOVELORAREQUEST']._serialized_end=588
+  _globals['_LISTLORASREQUEST']._serialized_start=590
+  _globals['_LISTLORASREQUEST']._serialized_end=608
+  _globals['_PINLORAREQUEST']._serialized_start=610
+  _globals['_PINLORAREQUEST']._serialized_end=643
+  _globals['_LORARESPONSE']._serialized_start=645
+  _globals['_LORARESPONSE']._serialized_end=694
+  _globals['_GETLOADSREQUEST']._serialized_start=696
+  _globals['_GETLOADSREQUEST']._serialized_end=713
+  _globals['_GETLOADSRESPONSE']._serialized_start=715
+  _globals['_GETLOADSRESPONSE']._serialized_end=771
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=773
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=799
+  _globals['_CONTROL']._serialized_start=802
+  _globals['_CONTROL']._serialized_end=2022
 # @@protoc_insertion_point(module_scope)

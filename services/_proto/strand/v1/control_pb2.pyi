@@ -70,6 +70,36 @@ class GetSupportedTasksResponse(_message.Message):
     tasks: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, tasks: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class AddLoraRequest(_message.Message):
+    __slots__ = ("lora_request",)
+    LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    lora_request: _types_pb2.LoRARequest
+    def __init__(self, lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ...) -> None: ...
+
+class RemoveLoraRequest(_message.Message):
+    __slots__ = ("lora_id",)
+    LORA_ID_FIELD_NUMBER: _ClassVar[int]
+    lora_id: int
+    def __init__(self, lora_id: _Optional[int] = ...) -> None: ...
+
+class ListLorasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PinLoraRequest(_message.Message):
+    __slots__ = ("lora_id",)
+    LORA_ID_FIELD_NUMBER: _ClassVar[int]
+    lora_id: int
+    def __init__(self, lora_id: _Optional[int] = ...) -> None: ...
+
+class LoraResponse(_message.Message):
+    __slots__ = ("success", "lora_ids")
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    LORA_IDS_FIELD_NUMBER: _ClassVar[int]
+    success: bool
+    lora_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, success: _Optional[bool] = ..., lora_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class GetLoadsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -96,6 +96,26 @@ class ControlStub:
                 request_serializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksResponse.FromString,
                 _registered_method=True)
+        self.AddLora = channel.unary_unary(
+                '/strand.v1.Control/AddLora',
+                request_serializer=strand_dot_v1_dot_control__pb2.AddLoraRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+                _registered_method=True)
+        self.RemoveLora = channel.unary_unary(
+                '/strand.v1.Control/RemoveLora',
+                request_serializer=strand_dot_v1_dot_control__pb2.RemoveLoraRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+                _registered_method=True)
+        self.ListLoras = channel.unary_unary(
+                '/strand.v1.Control/ListLoras',
+                request_serializer=strand_dot_v1_dot_control__pb2.ListLorasRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+                _registered_method=True)
+        self.PinLora = channel.unary_unary(
+                '/strand.v1.Control/PinLora',
+                request_serializer=strand_dot_v1_dot_control__pb2.PinLoraRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -186,6 +206,34 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddLora(self, request, context):
+        """LoRA adapters (issue 22 item 2), vLLM's LLMEngine.add_lora / remove_lora / list_loras /
+        pin_lora. A bad adapter (rank above max_lora_rank, unsupported modules, no enable_lora)
+        is INVALID_ARGUMENT; remove of one not loaded answers success=false; pin of one not loaded
+        is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveLora(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLoras(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PinLora(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -248,6 +296,26 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.GetSupportedTasks,
                     request_deserializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksRequest.FromString,
                     response_serializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksResponse.SerializeToString,
+            ),
+            'AddLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddLora,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.AddLoraRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.LoraResponse.SerializeToString,
+            ),
+            'RemoveLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveLora,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.RemoveLoraRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.LoraResponse.SerializeToString,
+            ),
+            'ListLoras': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLoras,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.ListLorasRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.LoraResponse.SerializeToString,
+            ),
+            'PinLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinLora,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.PinLoraRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.LoraResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -574,6 +642,114 @@ class Control:
             '/strand.v1.Control/GetSupportedTasks',
             strand_dot_v1_dot_control__pb2.GetSupportedTasksRequest.SerializeToString,
             strand_dot_v1_dot_control__pb2.GetSupportedTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/AddLora',
+            strand_dot_v1_dot_control__pb2.AddLoraRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/RemoveLora',
+            strand_dot_v1_dot_control__pb2.RemoveLoraRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLoras(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/ListLoras',
+            strand_dot_v1_dot_control__pb2.ListLorasRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/PinLora',
+            strand_dot_v1_dot_control__pb2.PinLoraRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.LoraResponse.FromString,
             options,
             channel_credentials,
             insecure,

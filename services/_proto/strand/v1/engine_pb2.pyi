@@ -80,7 +80,7 @@ class EngineProfile(_message.Message):
     def __init__(self, start: _Optional[bool] = ...) -> None: ...
 
 class EngineRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache", "get_loads", "take_kv_events", "sleep", "wake_up", "profile")
+    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache", "get_loads", "take_kv_events", "sleep", "wake_up", "profile", "lora")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class EngineRequest(_message.Message):
     SLEEP_FIELD_NUMBER: _ClassVar[int]
     WAKE_UP_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     add: EngineAddRequests
@@ -116,7 +117,31 @@ class EngineRequest(_message.Message):
     sleep: EngineSleep
     wake_up: EngineWakeUp
     profile: EngineProfile
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ..., get_loads: _Optional[_Union[EngineGetLoads, _Mapping]] = ..., take_kv_events: _Optional[_Union[EngineTakeKvEvents, _Mapping]] = ..., sleep: _Optional[_Union[EngineSleep, _Mapping]] = ..., wake_up: _Optional[_Union[EngineWakeUp, _Mapping]] = ..., profile: _Optional[_Union[EngineProfile, _Mapping]] = ...) -> None: ...
+    lora: EngineLoraCall
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ..., get_loads: _Optional[_Union[EngineGetLoads, _Mapping]] = ..., take_kv_events: _Optional[_Union[EngineTakeKvEvents, _Mapping]] = ..., sleep: _Optional[_Union[EngineSleep, _Mapping]] = ..., wake_up: _Optional[_Union[EngineWakeUp, _Mapping]] = ..., profile: _Optional[_Union[EngineProfile, _Mapping]] = ..., lora: _Optional[_Union[EngineLoraCall, _Mapping]] = ...) -> None: ...
+
+class EngineLoraCall(_message.Message):
+    __slots__ = ("add", "remove", "list", "pin")
+    class List(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    LIST_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    add: _types_pb2.LoRARequest
+    remove: int
+    list: EngineLoraCall.List
+    pin: int
+    def __init__(self, add: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ..., remove: _Optional[int] = ..., list: _Optional[_Union[EngineLoraCall.List, _Mapping]] = ..., pin: _Optional[int] = ...) -> None: ...
+
+class EngineLoraResult(_message.Message):
+    __slots__ = ("success", "lora_ids")
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    LORA_IDS_FIELD_NUMBER: _ClassVar[int]
+    success: bool
+    lora_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, success: _Optional[bool] = ..., lora_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineState(_message.Message):
     __slots__ = ("num_unfinished_requests", "reset_ok", "tiers", "is_sleeping", "supported_tasks", "profile_path")
@@ -156,7 +181,7 @@ class KvCacheLookup(_message.Message):
     def __init__(self, num_cached_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class EngineResponse(_message.Message):
-    __slots__ = ("seq", "state", "error", "cleared", "lookup", "load", "kv_events_batches")
+    __slots__ = ("seq", "state", "error", "cleared", "lookup", "load", "kv_events_batches", "lora")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +189,7 @@ class EngineResponse(_message.Message):
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     KV_EVENTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     state: EngineState
     error: _types_pb2.StageError
@@ -171,7 +197,8 @@ class EngineResponse(_message.Message):
     lookup: KvCacheLookup
     load: _types_pb2.EngineLoad
     kv_events_batches: KvEventBatches
-    def __init__(self, seq: _Optional[int] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ..., cleared: _Optional[_Union[KvCacheCleared, _Mapping]] = ..., lookup: _Optional[_Union[KvCacheLookup, _Mapping]] = ..., load: _Optional[_Union[_types_pb2.EngineLoad, _Mapping]] = ..., kv_events_batches: _Optional[_Union[KvEventBatches, _Mapping]] = ...) -> None: ...
+    lora: EngineLoraResult
+    def __init__(self, seq: _Optional[int] = ..., state: _Optional[_Union[EngineState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ..., cleared: _Optional[_Union[KvCacheCleared, _Mapping]] = ..., lookup: _Optional[_Union[KvCacheLookup, _Mapping]] = ..., load: _Optional[_Union[_types_pb2.EngineLoad, _Mapping]] = ..., kv_events_batches: _Optional[_Union[KvEventBatches, _Mapping]] = ..., lora: _Optional[_Union[EngineLoraResult, _Mapping]] = ...) -> None: ...
 
 class EngineOutputsRequest(_message.Message):
     __slots__ = ()

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProcessRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin")
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin", "lora_request")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _types_pb2.Prompt
     params: _types_pb2.SamplingParams
     arrival_time: float
     priority: int
     origin: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ...) -> None: ...
+    lora_request: _types_pb2.LoRARequest
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ...) -> None: ...
 
 class TokenizerRequest(_message.Message):
     __slots__ = ("seq", "trace_context", "process")
