@@ -26,6 +26,11 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
 // linear_small.cpp
 void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
 
+// gguf_linear.cpp
+void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
+                       c10::optional<at::Tensor> bias);
+void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype);
+
 // decode_layer.cpp
 std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor> residual,
                                      at::Tensor input_norm, at::Tensor qkv_w,
