@@ -24,7 +24,7 @@ from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
-from engine_core.default_model import resolve_model_dir
+from engine_core.default_model import gguf_file, resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
@@ -74,6 +74,12 @@ class EngineCore:
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
         model_dir = resolve_model_dir(args.model)
         model_config = load_model_config(model_dir, args.dtype)
+        if args.quantization == "gguf":
+            source = gguf_file(args.model)
+            if source is None:
+                raise ValueError(f"quantization='gguf' needs a .gguf model file, got model="
+                                 f"{args.model!r}")
+            model_config.quantization, model_config.gguf_file = "gguf", source
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         cache_config = args.cache_config()
         if args.cpu_threads is not None:

@@ -41,7 +41,7 @@ std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor
                                      at::Tensor slots, at::Tensor block_table,
                                      at::Tensor seq_lens, int64_t num_heads,
                                      int64_t num_kv_heads, int64_t head_dim, double eps,
-                                     double scale);
+                                     double scale, std::vector<int64_t> qtypes);
 
 // elementwise.cpp
 void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);
