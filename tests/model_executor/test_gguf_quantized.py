@@ -160,3 +160,19 @@ def test_gguf_quantization_needs_a_gguf_file(tmp_path: Path) -> None:
     model_dir = build_tiny_model(tmp_path / "hf")
     with pytest.raises(ValueError, match="quantization='gguf' needs a .gguf model file"):
         LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), quantization="gguf"))
+
+
+def test_sleep_level_2_reloads_the_packed_weights(files: dict[str, Path]) -> None:
+    before, engine = _run(files["Q4_1"], "gguf")
+    engine.sleep(level=2)
+    engine.wake_up()
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        engine.add_request(f"again-{i}", {"prompt_token_ids": prompt}, params)
+    after: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                after[out.request_id] = list(out.outputs[0].token_ids)
+    assert [after[f"again-{i}"] for i in range(3)] == [tokens for tokens, _ in before]
+    assert sum(isinstance(m, GGUFLinear) for m in _model(engine).modules()) == 2 * 4 + 1
