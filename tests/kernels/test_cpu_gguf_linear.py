@@ -114,3 +114,23 @@ def test_small_rows_refuse_more_than_four() -> None:
     packed = random_packed(4, 64, Q8_0, seed=0)
     with pytest.raises(ValueError, match="1 <= M <= 4"):
         cpu_gguf_linear.gguf_linear_small(torch.randn(5, 64), packed, Q8_0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_rows_split_across_threads_give_the_one_thread_result(qtype: int) -> None:
+    # 2 threads split the 1003 rows into row groups (the last one partial): each row's sum is
+    # made by one thread in the same order, so the results are equal bit for bit.
+    g = torch.Generator().manual_seed(qtype)
+    packed = random_packed(1003, 256, qtype, seed=9)
+    x = torch.randn(3, 256, generator=g)
+    one = cpu_gguf_linear.gguf_linear_small(x, packed, qtype)
+    one_dense = cpu_gguf_linear.gguf_dequantize(packed, qtype, 256)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = cpu_gguf_linear.gguf_linear_small(x, packed, qtype)
+        two_dense = cpu_gguf_linear.gguf_dequantize(packed, qtype, 256)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.equal(one_dense, two_dense)
