@@ -88,13 +88,24 @@ def test_bfloat16_rows_are_summed_in_float32(qtype: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_many_rows_go_through_the_dequantized_weight(qtype: int) -> None:
+@pytest.mark.parametrize("m", [3, 9, 16, 17, 40])
+def test_any_number_of_rows_matches_the_reference(qtype: int, m: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Up to 16 rows: the packed kernel, 4 rows at a time; more: the unpacked weight.
+    calls: list[int] = []
+    real = cpu_gguf_linear.gguf_dequantize
+    monkeypatch.setattr(cpu_gguf_linear, "gguf_dequantize",
+                        lambda *a: calls.append(1) or real(*a))
     g = torch.Generator().manual_seed(11)
     packed = random_packed(40, 64, qtype, seed=qtype + 3)
-    x = torch.randn(9, 64, generator=g)
+    x, bias = torch.randn(m, 64, generator=g), torch.randn(40, generator=g)
     with torch.inference_mode():
-        got = cpu_gguf_linear.gguf_linear(x, packed, qtype, 64)
-    torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype), atol=1e-4, rtol=1e-4)
+        got = cpu_gguf_linear.gguf_linear(x, packed, qtype, 64, bias)
+    assert got.shape == (m, 40)
+    torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4,
+                               rtol=1e-4)
+    if KERNELS.module() is not None:
+        assert bool(calls) == (m > cpu_gguf_linear.CHUNKED_M)
 
 
 def test_bad_packed_weights_name_what_is_wrong() -> None:

@@ -20,8 +20,9 @@ from engine_core.model_executor.layers.linear import Linear  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
 from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 
-# Prompts past 4 tokens prefill through the dequantized weight; 3 requests then decode through
-# the packed blocks (the fused C++ layer), 5 through the layer-by-layer path.
+# 3 requests prefill 11 tokens in one step (the packed kernel, 4 rows at a time) and decode
+# through the fused C++ layer; 5 prefill 18 tokens (past 16: the unpacked weight) and decode
+# layer by layer.
 PROMPTS = [[5, 9, 13, 200, 7, 8, 30], [100, 101, 102], [42], [17, 18, 19, 20, 21], [3, 3]]
 
 
