@@ -58,12 +58,14 @@ def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(dst) + ".part", arch)
     for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
             continue
         vtype = f.types[0]
         sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, f.contents(), vtype, sub_type=sub)
     qtype = getattr(gguf.GGMLQuantizationType, kind)
+    # What llama.cpp's tools label the file with ("Q8_0"), no longer the source's type.
+    writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{kind}"))
     low = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
     for t in reader.tensors:
         if t.tensor_type in low:

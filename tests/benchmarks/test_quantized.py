@@ -31,6 +31,7 @@ def test_requantize_turns_4_bit_tensors_into_q8_0_and_keeps_the_rest(
     types = {t.name: t.tensor_type.name for t in dst.tensors}
     assert types["blk.0.attn_q.weight"] == "Q8_0" and types["output_norm.weight"] == "F32"
     assert dst.fields["llama.block_count"].contents() == src.fields["llama.block_count"].contents()
+    assert dst.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_Q8_0)
     assert (dst.fields["tokenizer.ggml.tokens"].contents()
             == src.fields["tokenizer.ggml.tokens"].contents())
 
