@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+QUANTIZATIONS = (None, "gguf")
+
 
 @dataclass(slots=True)
 class CacheConfig:
@@ -41,6 +43,9 @@ class EngineArgs:
     model: str | None = None  # a local HF directory; None builds a tiny model (demo only)
     tokenizer: str | None = None  # defaults to model
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    # None: weights in dtype. "gguf" (vLLM's name): a .gguf model's Q8_0/Q4_0/Q4_1 linear
+    # weights stay in their blocks and are read packed (the rest as with None).
+    quantization: str | None = None
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     block_size: int = 16
@@ -99,6 +104,9 @@ class EngineArgs:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
             raise ValueError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got "
+                             f"{self.quantization!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -231,6 +239,8 @@ _HELP = {
              "omitted: a tiny random Llama built locally",
     "tokenizer": "tokenizer directory (default: the model's)",
     "dtype": "auto (the checkpoint's), float32, bfloat16 or float16",
+    "quantization": "gguf: keep a .gguf model's Q8_0/Q4_0/Q4_1 linear weights packed and read "
+                    "them so (fewer bytes per decode step); default: dequantize to --dtype",
     "device": "auto (cuda when available), cpu or cuda",
     "block_size": "tokens per KV cache block",
     "enable_prefix_caching": "reuse cached KV blocks of shared prompt prefixes",

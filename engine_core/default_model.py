@@ -9,10 +9,20 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 
-
 def default_model_dir() -> Path:
     root = Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand"))
     return root / "tiny-llama"
+
+
+def gguf_file(model: str | None) -> str | None:
+    """The .gguf file a --model names (a path or a short name such as `smollm2`), else None."""
+    if not model:
+        return None
+    from engine_core.model_hub import SHORT_NAMES, pull
+
+    if model in SHORT_NAMES and not Path(model).exists():
+        model = str(pull(model))
+    return model if model.lower().endswith(".gguf") else None
 
 
 def resolve_model_dir(model: str | None) -> str:

@@ -25,7 +25,7 @@ from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
-from engine_core.default_model import resolve_model_dir
+from engine_core.default_model import gguf_file, resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFailedError
 from engine_core.lora.manager import LoRAManager
 from engine_core.lora.request import LoRARequest
@@ -92,6 +92,12 @@ class EngineCore:
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
         model_dir = resolve_model_dir(args.model)
         model_config = load_model_config(model_dir, args.dtype)
+        if args.quantization == "gguf":
+            source = gguf_file(args.model)
+            if source is None:
+                raise ValueError(f"quantization='gguf' needs a .gguf model file, got model="
+                                 f"{args.model!r}")
+            model_config.quantization, model_config.gguf_file = "gguf", source
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         cache_config = args.cache_config()
         if args.cpu_threads is not None:

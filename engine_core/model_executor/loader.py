@@ -58,6 +58,12 @@ def load_model(config: ModelConfig, device: torch.device,
         if isinstance(module, RotaryEmbedding):
             module.build_cache(device)
     _copy_weights(model, Path(config.model_dir), layout)
+    if config.quantization == "gguf":
+        from engine_core.model_executor.gguf.quantized import keep_quantized
+
+        if config.gguf_file is None:
+            raise ValueError("quantization='gguf' needs the GGUF file the model was loaded from")
+        keep_quantized(model, config.gguf_file)
     return model.eval().requires_grad_(False)
 
 

@@ -54,6 +54,9 @@ class ModelConfig:
     model_dir: str
     # Fields of the families past Llama (arch_config.py); the defaults are Llama's.
     arch: ArchOptions = field(default_factory=ArchOptions)
+    # EngineArgs.quantization: "gguf" keeps gguf_file's Q8_0/Q4_0/Q4_1 linear weights packed.
+    quantization: str | None = None
+    gguf_file: str | None = None  # the .gguf model_dir was converted from (with quantization)
 
     @property
     def first_eos_token_id(self) -> int | None:

@@ -11,6 +11,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "varlen causal prefill attention over the paged cache, float32 or bfloat16");
   m.def("linear_small", &linear_small, "x @ w.T (+ bias) for 1 to 4 rows of x, float32 or bfloat16",
         py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("gguf_linear_small", &gguf_linear_small,
+        "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
+        py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),
+        py::arg("bias") = py::none());
+  m.def("gguf_dequantize", &gguf_dequantize, "GGUF Q8_0 / Q4_0 / Q4_1 blocks to float32 rows");
   m.def("decode_layer", &decode_layer,
         "one Llama-family decoder layer for a decode step of 1 to 4 rows");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");

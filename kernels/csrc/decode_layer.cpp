@@ -8,6 +8,18 @@
 // and the ~11 Python-level calls of the layer (module dispatch, argument checks, tensor
 // bookkeeping) took ~0.6 ms more; here they are C++ calls. The caller checks once per step what
 // the Python wrappers check per call (engine_core/model_executor/layers/fused_decode.py).
+// qtypes: per projection (qkv, o, gate_up, down), 0 for a dense weight, else the GGML type of a
+// weight packed in GGUF blocks (gguf_linear.cpp).
+namespace {
+void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
+             const c10::optional<at::Tensor>& b, int64_t qtype) {
+  if (qtype == 0)
+    linear_small(out, x, w, b);
+  else
+    gguf_linear_small(out, x, w, qtype, b);
+}
+}  // namespace
+
 std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor> residual,
                                      at::Tensor input_norm, at::Tensor qkv_w,
                                      c10::optional<at::Tensor> qkv_b, at::Tensor o_w,
@@ -17,7 +29,8 @@ std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor
                                      at::Tensor slots, at::Tensor block_table,
                                      at::Tensor seq_lens, int64_t num_heads,
                                      int64_t num_kv_heads, int64_t head_dim, double eps,
-                                     double scale) {
+                                     double scale, std::vector<int64_t> qtypes) {
+  TORCH_CHECK(qtypes.size() == 4, "decode_layer takes 4 qtypes (qkv, o, gate_up, down)");
   const int64_t M = hidden.size(0), H = hidden.size(1);
   const int64_t Q = num_heads * head_dim, KV = num_kv_heads * head_dim;
   const int64_t I = gate_up_w.size(0) / 2;
@@ -31,7 +44,7 @@ std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor
     rms_norm(normed, hidden, input_norm, eps);
   }
   at::Tensor qkv = at::empty({M, Q + 2 * KV}, opts);
-  linear_small(qkv, normed, qkv_w, qkv_b);
+  project(qkv, normed, qkv_w, qkv_b, qtypes[0]);
   // Views of qkv's rows: [M, heads, head_dim], token stride Q + 2 KV.
   at::Tensor q = qkv.narrow(1, 0, Q).view({M, num_heads, head_dim});
   at::Tensor k = qkv.narrow(1, Q, KV).view({M, num_kv_heads, head_dim});
@@ -43,14 +56,14 @@ std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor
   decode_attention(attn, q.contiguous(), kv_cache.select(0, 0), kv_cache.select(0, 1),
                    block_table, seq_lens, scale);
   at::Tensor o = at::empty({M, H}, opts);
-  linear_small(o, attn.view({M, Q}), o_w, o_b);
+  project(o, attn.view({M, Q}), o_w, o_b, qtypes[1]);
   at::Tensor normed2 = at::empty({M, H}, opts), res2 = at::empty({M, H}, opts);
   add_rms_norm(normed2, res2, o, res, post_norm, eps);
   at::Tensor gate_up = at::empty({M, 2 * I}, opts);
-  linear_small(gate_up, normed2, gate_up_w, c10::nullopt);
+  project(gate_up, normed2, gate_up_w, c10::nullopt, qtypes[2]);
   at::Tensor act = at::empty({M, I}, opts);
   silu_and_mul(act, gate_up);
   at::Tensor out = at::empty({M, H}, opts);
-  linear_small(out, act, down_w, c10::nullopt);
+  project(out, act, down_w, c10::nullopt, qtypes[3]);
   return {out, res2};
 }

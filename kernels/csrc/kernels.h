@@ -26,6 +26,11 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
 // linear_small.cpp
 void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
 
+// gguf_linear.cpp
+void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
+                       c10::optional<at::Tensor> bias);
+void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype);
+
 // decode_layer.cpp
 std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor> residual,
                                      at::Tensor input_norm, at::Tensor qkv_w,
@@ -36,7 +41,7 @@ std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor
                                      at::Tensor slots, at::Tensor block_table,
                                      at::Tensor seq_lens, int64_t num_heads,
                                      int64_t num_kv_heads, int64_t head_dim, double eps,
-                                     double scale);
+                                     double scale, std::vector<int64_t> qtypes);
 
 // elementwise.cpp
 void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);

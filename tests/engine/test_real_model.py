@@ -55,3 +55,23 @@ def test_smollm2_is_a_short_name_for_the_pulled_file(smollm2_gguf: Path) -> None
     directory = Path(resolve_model_dir("smollm2"))
     assert (directory / "config.json").is_file() and (directory / "tokenizer.json").is_file()
     assert smollm2_gguf.stem in directory.name
+
+
+def _greedy(model: str, quantization: str | None) -> list[list[int]]:
+    engine = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="float32",
+                                                   quantization=quantization))
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, params)
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    return [done[str(i)] for i in range(len(PROMPTS))]
+
+
+def test_packed_q4_1_weights_give_the_dequantized_tokens(smollm2_gguf: Path) -> None:
+    # quantization="gguf": the Q4_1 layers (and the Q8_0 embedding as the tied lm_head) read in
+    # their blocks; the same weights' values, summed in another order.
+    assert _greedy(str(smollm2_gguf), "gguf") == _greedy(str(smollm2_gguf), None)

@@ -17,12 +17,7 @@ from engine_core.model_executor.gguf import gguf_to_hf_dir  # noqa: E402
 from engine_core.model_executor.gguf.config import hf_config  # noqa: E402
 from engine_core.model_executor.gguf.tensors import hf_name, unpermute  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
-
-
-def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """What llama.cpp's convert_hf_to_gguf.py does to Llama's q and k rows."""
-    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+from tests.model_executor.gguf_writer import llama_cpp_permute, write_gguf  # noqa: E402
 
 
 def test_unpermute_inverts_llama_cpps_permutation() -> None:
@@ -46,65 +41,13 @@ def test_metadata_errors_name_the_key() -> None:
         hf_config({"general.architecture": "llama"}, set(), 10)
 
 
-def _write_gguf(model_dir: Path, out: Path, quantized: str) -> None:
-    import json
-
-    from safetensors.torch import load_file
-
-    config = json.loads((model_dir / "config.json").read_text())
-    tok = json.loads((model_dir / "tokenizer.json").read_text())
-    w = gguf.GGUFWriter(str(out), "llama")
-    w.add_block_count(config["num_hidden_layers"])
-    w.add_context_length(config["max_position_embeddings"])
-    w.add_embedding_length(config["hidden_size"])
-    w.add_feed_forward_length(config["intermediate_size"])
-    w.add_head_count(config["num_attention_heads"])
-    w.add_head_count_kv(config["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    w.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([t for t, _ in vocab])
-    w.add_token_types([1] * len(vocab))
-    merges = tok["model"]["merges"]
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    w.add_eos_token_id(config.get("eos_token_id") or 0)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
-             "output_norm.weight", "lm_head.weight": "output.weight"}
-    layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-    qtype = getattr(gguf.GGMLQuantizationType, quantized)
-    for name, t in load_file(str(model_dir / "model.safetensors")).items():
-        a = t.float().numpy()
-        if name.startswith("model.layers."):
-            i, rest = name[len("model.layers."):].split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            if module == "self_attn.q_proj":
-                a = llama_cpp_permute(a, config["num_attention_heads"])
-            elif module == "self_attn.k_proj":
-                a = llama_cpp_permute(a, config["num_key_value_heads"])
-            gname = f"blk.{i}.{layer[module]}.{kind}"
-        else:
-            gname = names[name]
-        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gname, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.mark.parametrize("quantized", ["F32", "Q8_0"])
 def test_a_gguf_file_loads_as_the_model_it_was_made_from(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantized: str) -> None:
     monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
     path = tmp_path / f"tiny-{quantized}.gguf"
-    _write_gguf(model_dir, path, quantized)
+    write_gguf(model_dir, path, quantized)
     converted = gguf_to_hf_dir(path)
     assert resolve_model_dir(str(path)) == str(converted)  # cached: the same directory
     from safetensors.torch import load_file

@@ -18,6 +18,7 @@ from torch import nn
 
 from engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
 from engine_core.model_executor.attention.torch_ref import TorchAttentionBackend, check_block_table
+from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rms_norm import RMSNorm
 from kernels._cpu_build import KERNELS
@@ -71,25 +72,43 @@ def _gather(model: LlamaForCausalLM) -> list[LayerArgs] | None:
     for module in model.model.layers:
         layer = cast("LlamaDecoderLayer", module)
         attn, mlp = layer.self_attn, layer.mlp
-        qkv, o, gate_up, down = (cast(Linear, lin) for lin in (
-            attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        projections = [_projection(lin, dtype) for lin in (
+            attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None),
+            getattr(mlp, "down_proj", None))]
         norm1, norm2 = cast(RMSNorm, layer.input_layernorm), cast(RMSNorm,
                                                                  layer.post_attention_layernorm)
-        if not all(lin.small_m and lin.weight.dtype == dtype for lin in (qkv, o, gate_up, down)):
+        if any(p is None for p in projections):
             return None
-        if type(o) is not Linear or type(down) is not Linear:
+        if (type(attn.o_proj) not in (Linear, GGUFLinear)
+                or type(getattr(mlp, "down_proj", None)) not in (Linear, GGUFLinear)):
             return None  # tensor-parallel layers: their all-reduce is not in the C++ call
-        if gate_up.bias is not None or down.bias is not None:
+        (qkv_w, qkv_b, qkv_q), (o_w, o_b, o_q), (gate_up_w, gate_up_b, gate_up_q), (
+            down_w, down_b, down_q) = cast(list[tuple[torch.Tensor, torch.Tensor | None, int]],
+                                           projections)
+        if gate_up_b is not None or down_b is not None:
             return None
         if any(n.weight.dtype != dtype or n.weight.dim() != 1 for n in (norm1, norm2)):
             return None
         if norm1.eps != norm2.eps:
             return None  # the C++ takes one eps per layer (HF Llama's norms share it)
-        out.append((norm1.weight.contiguous(), qkv.weight, qkv.bias, o.weight, o.bias,
-                    norm2.weight.contiguous(), gate_up.weight, down.weight,
+        out.append((norm1.weight.contiguous(), qkv_w, qkv_b, o_w, o_b,
+                    norm2.weight.contiguous(), gate_up_w, down_w,
                     attn.num_heads, attn.num_kv_heads, attn.head_dim, float(norm1.eps),
-                    float(attn.scale)))
+                    float(attn.scale), [qkv_q, o_q, gate_up_q, down_q]))
     return out
+
+
+def _projection(lin: object,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """(weight, bias, GGML type or 0 for a dense weight) as decode_layer takes a projection;
+    None where the few-row kernels do not take it."""
+    if isinstance(lin, GGUFLinear):
+        if lin.packed.device.type != "cpu" or (lin.bias is not None and lin.bias.dtype != dtype):
+            return None
+        return lin.packed, lin.bias, lin.qtype
+    if isinstance(lin, Linear) and lin.small_m and lin.weight.dtype == dtype:
+        return lin.weight, lin.bias, 0
+    return None
 
 
 def _check_step(positions: torch.Tensor, slots: torch.Tensor, cos_sin: torch.Tensor,
@@ -123,11 +142,11 @@ def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.T
     residual: torch.Tensor | None = None
     for args, kv_cache in zip(layers, kv_caches, strict=True):
         (norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, down_w, heads, kv_heads, head_dim,
-         eps, scale) = args
+         eps, scale, qtypes) = args
         hidden, residual = module.decode_layer(
             hidden, residual, norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, down_w,
             positions, cos_sin, kv_cache, slots, block_table, seq_lens, heads, kv_heads,
-            head_dim, eps, scale)
+            head_dim, eps, scale, qtypes)
     if residual is None:
         return model.model.norm(hidden)
     return model.model.norm(hidden, residual)[0]

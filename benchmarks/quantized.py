@@ -1,0 +1,151 @@
+"""bs=1 decode of a GGUF model with its weights kept packed (EngineArgs quantization="gguf")
+against the same file dequantized to float32 at load, and the weight bytes each reads per token.
+
+    python -m benchmarks.quantized [--model smollm2|FILE.gguf] [--threads N] [--repeats 3]
+        [--prompt 32] [--tokens 64] [--no-q8] [--out results.json]
+
+Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a Q8_0 embedding
+that the tied lm_head reads), and, unless --no-q8, a Q8_0 copy of the same file packed (every
+Q4_0/Q4_1 tensor re-quantized to Q8_0 by gguf's quantizer: the same model up to Q8_0's
+rounding). Each row: one request, --prompt random tokens then --tokens greedy decode steps;
+decode tok/s = (tokens - 1) / (time after the first token), median of --repeats after a warm-up.
+bytes/token is what a decode step reads of the weights: every linear layer (packed or float),
+the norms, and one embedding row (the KV cache is left out: at these lengths it is < 1%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import format_table, log, write_json
+
+
+def weight_bytes_per_token(model: Any) -> int:
+    """Bytes of weights one decode token reads: linear layers whole, the embedding one row."""
+    import torch
+
+    from engine_core.model_executor.layers.gguf_linear import GGUFLinear
+    from engine_core.model_executor.layers.linear import Linear
+    from engine_core.model_executor.layers.rms_norm import RMSNorm
+
+    total = 0
+    for module in model.modules():
+        if isinstance(module, GGUFLinear):
+            total += module.packed.nbytes + (0 if module.bias is None else module.bias.nbytes)
+        elif isinstance(module, Linear):
+            total += sum(p.nbytes for p in module.parameters(recurse=False))
+        elif isinstance(module, RMSNorm):
+            total += module.weight.nbytes
+        elif isinstance(module, torch.nn.Embedding):
+            total += module.weight[0].nbytes
+    return total
+
+
+def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
+    """A copy of src with every Q4_0/Q4_1 tensor re-quantized to `kind` (metadata kept)."""
+    import gguf
+    import numpy as np
+
+    if dst.is_file():
+        return dst
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst) + ".part", arch)
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), vtype, sub_type=sub)
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    # What llama.cpp's tools label the file with ("Q8_0"), no longer the source's type.
+    writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{kind}"))
+    low = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+    for t in reader.tensors:
+        if t.tensor_type in low:
+            dense = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            writer.add_tensor(t.name, gguf.quants.quantize(dense, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(dst) + ".part").rename(dst)
+    return dst
+
+
+def measure(model: str, quantization: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    from engine_core import EngineArgs, LLMEngine, SamplingParams
+
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=model, dtype="float32", quantization=quantization, cpu_threads=args.threads,
+        max_model_len=1024, enable_prefix_caching=False, max_num_seqs=1))
+    vocab = engine.engine_core.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    rates: list[float] = []
+    for rep in range(args.repeats + 1):  # the first is the warm-up
+        rng = random.Random(rep)
+        engine.add_request(f"r{rep}", {"prompt_token_ids": [rng.randrange(100, vocab - 1)
+                                                            for _ in range(args.prompt)]},
+                           params)
+        start, first, tokens = time.perf_counter(), None, 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens = len(out.outputs[0].token_ids)
+            first = first or time.perf_counter()
+        if rep:
+            rates.append((tokens - 1) / (time.perf_counter() - (first or start)))
+    result = {"decode_tok_s": statistics.median(rates), "runs": rates,
+              "bytes_per_token": weight_bytes_per_token(engine.engine_core.runner.model)}
+    del engine
+    gc.collect()
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="a .gguf file or a short name")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    parser.add_argument("--tokens", type=int, default=64, help="decoded tokens")
+    parser.add_argument("--no-q8", action="store_true", help="skip the Q8_0 copy")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for name in ("repeats", "prompt", "tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    from engine_core.default_model import gguf_file
+
+    source = gguf_file(args.model)
+    if source is None:
+        parser.error(f"--model must name a .gguf file, got {args.model!r}")
+    configs = [("float32 (dequantized)", source, None), ("packed (the file's types)", source,
+                                                         "gguf")]
+    if not args.no_q8:
+        q8 = requantize(Path(source), Path(source).with_suffix(".requantized-Q8_0.gguf"))
+        configs.append(("packed Q8_0 (re-quantized)", str(q8), "gguf"))
+    results: dict[str, Any] = {}
+    for label, path, quantization in configs:
+        log(f"measuring {label}: {Path(path).name}")
+        results[label] = measure(path, quantization, args)
+    base = results[configs[0][0]]
+    rows = [[label, f"{r['decode_tok_s']:.1f}", f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x",
+             f"{r['bytes_per_token'] / 1e6:.1f}",
+             f"{base['bytes_per_token'] / r['bytes_per_token']:.2f}x"]
+            for label, r in results.items()]
+    print(format_table(["weights", "bs=1 decode tok/s", "speed", "MB read/token",
+                        "fewer bytes"], rows))
+    write_json(args.out, {"benchmark": "quantized", "model": source, "threads": args.threads,
+                          "prompt": args.prompt, "tokens": args.tokens, "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""EngineArgs quantization="gguf": a GGUF file's linear weights kept in their blocks.
+
+The model is loaded as always (every tensor dequantized, engine_core/model_executor/gguf), then
+each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is replaced by a
+GGUFLinear over the file's own blocks, and its float copy is dropped. Fused layers take their
+parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
+llama.cpp's q/k row permutation is undone on the packed rows as on float ones. A tied lm_head
+reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
+types (F32, F16, K-quants) stay dequantized.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine_core.model_executor.gguf.tensors import hf_name, unpermute
+from engine_core.model_executor.layers.gguf_linear import GGUFLinear
+from engine_core.model_executor.layers.linear import Linear
+from kernels.gguf_linear_ref import NAMES
+
+logger = logging.getLogger(__name__)
+# Architectures whose GGUF q/k rows llama.cpp's converter permuted (see tensors.unpermute).
+_PERMUTED = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def _packed(tensors: list[Any], heads: list[int | None]) -> tuple[torch.Tensor, int, int] | None:
+    """(rows of all parts, GGML type, in_features), or None where the parts cannot be packed
+    together: a part missing, of a type the kernel does not read, or types that differ."""
+    if any(t is None for t in tensors):
+        return None
+    types = {int(t.tensor_type) for t in tensors}
+    if len(types) != 1 or next(iter(types)) not in NAMES:
+        return None
+    in_features = {int(t.shape[0]) for t in tensors}  # GGUF shapes are [in, out]
+    if len(in_features) != 1:
+        return None
+    parts = []
+    for t, h in zip(tensors, heads, strict=True):
+        rows = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+        parts.append(unpermute(rows, h) if h is not None else rows)
+    packed = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=0)))
+    return packed, next(iter(types)), next(iter(in_features))
+
+
+def keep_quantized(model: nn.Module, gguf_file: str) -> int:
+    """Replaces the linear layers the file holds packed; returns how many were replaced."""
+    import gguf
+
+    config = cast(Any, model).config
+    raw = {name: t for t in gguf.GGUFReader(gguf_file).tensors
+           if (name := hf_name(t.name)) is not None}
+    permute = config.architecture in _PERMUTED
+    qk_heads = ([config.num_heads, config.num_kv_heads, None] if permute else [None] * 3)
+    # (parent module, attribute, HF tensor names, heads to unpermute by)
+    targets: list[tuple[nn.Module, str, list[str], list[int | None]]] = []
+    for i, layer in enumerate(cast(Any, model).model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        targets.append((attn, "qkv_proj", [f"{p}self_attn.{n}_proj.weight" for n in "qkv"],
+                        qk_heads))
+        targets.append((attn, "o_proj", [f"{p}self_attn.o_proj.weight"], [None]))
+        if isinstance(getattr(mlp, "gate_up_proj", None), Linear):
+            targets.append((mlp, "gate_up_proj", [f"{p}mlp.gate_proj.weight",
+                                                  f"{p}mlp.up_proj.weight"], [None, None]))
+            targets.append((mlp, "down_proj", [f"{p}mlp.down_proj.weight"], [None]))
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    targets.append((model, "lm_head", [head], [None]))
+    kinds: Counter[str] = Counter()
+    float_bytes = packed_bytes = 0
+    for parent, attr, names, heads in targets:
+        old = getattr(parent, attr)
+        got = _packed([raw.get(n) for n in names], heads)
+        if not isinstance(old, Linear) or got is None:
+            continue
+        packed, qtype, in_features = got
+        if (packed.shape[0], in_features) != tuple(old.weight.shape):
+            raise ValueError(f"GGUF tensors {names} hold [{packed.shape[0]}, {in_features}], the "
+                             f"model's {attr} is {list(old.weight.shape)}")
+        new = GGUFLinear(packed.to(old.weight.device), qtype, in_features, old.bias)
+        setattr(parent, attr, new)
+        kinds[NAMES[qtype]] += 1
+        float_bytes += old.weight.numel() * old.weight.element_size()
+        packed_bytes += packed.numel()
+    if kinds:
+        logger.info("kept %d linear weights packed (%s): %.1f MB instead of %.1f MB",
+                    sum(kinds.values()), ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())),
+                    packed_bytes / 1e6, float_bytes / 1e6)
+    else:
+        logger.info("quantization='gguf': no linear weight of %s is Q8_0, Q4_0 or Q4_1; all "
+                    "stay dequantized", gguf_file)
+    return sum(kinds.values())

@@ -1,0 +1,265 @@
+#include "kernels.h"
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#include <vector>
+
+#include "vec16.h"
+
+// Linear layers whose weights stay in GGUF's block layout (llama.cpp's Q8_0, Q4_0, Q4_1): each
+// weight row is K / 32 blocks, each block one float16 scale d (Q4_1: and a float16 offset m)
+// then 32 quants. Q8_0: w = d * q (q int8). Q4_0: w = d * (q - 8). Q4_1: w = d * q + m (q the
+// low nibbles for the block's first 16 weights, the high ones for the last 16).
+//
+// gguf_linear_small: out[M, N] = x[M, K] @ w^T for a decode step's few rows (M <= 4). As in
+// linear_small.cpp the product is a read of the weights, and here the read is 3.8x (Q8_0) or
+// 6.4x (Q4_1) smaller than float32's: the quants are widened to float32 in registers, multiplied
+// by x and summed per block, and the block's sum scaled once. The offset part of Q4_0/Q4_1
+// (8 d or m, times the block's sum of x) uses x's block sums, made once per call.
+// gguf_dequantize: the float32 weights, for products of many rows (a GEMM library then reuses
+// each weight across the rows; the unpacking is paid once per call, not once per row).
+namespace {
+using namespace strand;
+
+constexpr int64_t kBlock = 32;
+constexpr int kChunks = kBlock / kLanes;  // register-wide vectors per block: 2 (AVX-512) or 4
+// GGML's type numbers (gguf.GGMLQuantizationType), as Python passes them.
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+
+// kLanes bytes to floats. GCC lowers a vector-extension conversion from 8-bit lanes into one
+// scalar load and convert per lane (16 of each a block, 4x the time of the product itself), so
+// x86 takes the widening instructions directly; other CPUs the plain loop.
+inline vl load_i8(const uint8_t* p) {  // signed bytes
+#if defined(__AVX512F__)
+  return (vl)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+#elif defined(__AVX2__)
+  return (vl)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+#else
+  vl v;
+  for (int l = 0; l < kLanes; ++l) v[l] = static_cast<float>(static_cast<int8_t>(p[l]));
+  return v;
+#endif
+}
+
+inline void load_nibbles(const uint8_t* p, vl& lo, vl& hi) {  // kLanes bytes' low, high halves
+#if defined(__AVX512F__) || defined(__AVX2__)
+  const __m128i mask = _mm_set1_epi8(15);
+#if defined(__AVX512F__)
+  const __m128i v = _mm_loadu_si128((const __m128i*)p);
+  lo = (vl)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+  hi = (vl)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+#else
+  const __m128i v = _mm_loadl_epi64((const __m128i*)p);
+  lo = (vl)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, mask)));
+  hi = (vl)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+#endif
+#else
+  for (int l = 0; l < kLanes; ++l) {
+    lo[l] = static_cast<float>(p[l] & 15);
+    hi[l] = static_cast<float>(p[l] >> 4);
+  }
+#endif
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof(h));
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+}
+
+// One block's quants as float vectors (w[c] holds weights c*kLanes .. c*kLanes + kLanes - 1),
+// its scale d and the offset m every weight gets (w = d * q + m).
+template <int64_t Q>
+struct Block;
+
+template <>
+struct Block<kQ8_0> {
+  static constexpr int64_t kBytes = 2 + kBlock;
+  static inline void unpack(const uint8_t* b, vl* w, float& d, float& m) {
+    d = half_at(b);
+    m = 0.f;
+    for (int c = 0; c < kChunks; ++c)
+      w[c] = load_i8(b + 2 + c * kLanes);
+  }
+};
+
+// Both 4-bit types: 16 bytes of nibbles after `kHead` bytes of scale(s).
+template <int64_t kHead>
+inline void unpack_nibbles(const uint8_t* q, vl* w) {
+  for (int c = 0; c < kChunks / 2; ++c) {
+    load_nibbles(q + kHead + c * kLanes, w[c], w[kChunks / 2 + c]);
+  }
+}
+
+template <>
+struct Block<kQ4_0> {
+  static constexpr int64_t kBytes = 2 + kBlock / 2;
+  static inline void unpack(const uint8_t* b, vl* w, float& d, float& m) {
+    d = half_at(b);
+    m = -8.f * d;  // d * (q - 8) = d * q - 8 d, exactly (both products are exact in float32)
+    unpack_nibbles<2>(b, w);
+  }
+};
+
+template <>
+struct Block<kQ4_1> {
+  static constexpr int64_t kBytes = 4 + kBlock / 2;
+  static inline void unpack(const uint8_t* b, vl* w, float& d, float& m) {
+    d = half_at(b);
+    m = half_at(b + 2);
+    unpack_nibbles<4>(b, w);
+  }
+};
+
+// Weight rows whose dot products run together. Accumulators: kRows * M vectors, plus x's M *
+// kChunks: with AVX-512 (32 registers, 2 chunks) 4 rows fit; with AVX2 (16, 4 chunks) 2 do.
+constexpr int kRows = kLanes == 16 ? 4 : 2;
+
+template <int64_t Q, int M>
+void rows_task(const float* xf, const float* xsum, const uint8_t* w, float* sums, int64_t K,
+               int64_t N, int64_t n0, int64_t n1) {
+  using B = Block<Q>;
+  const int64_t nb = K / kBlock, row_bytes = nb * B::kBytes;
+  for (int64_t n = n0; n < n1; n += kRows) {
+    const int64_t nr = std::min<int64_t>(kRows, n1 - n);
+    vl acc[kRows][M];
+    float off[kRows][M];
+    for (int r = 0; r < kRows; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = vl{}, off[r][m] = 0.f;
+    const uint8_t* rows[kRows];
+    for (int r = 0; r < kRows; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int r = 0; r < kRows; ++r) {
+        vl wv[kChunks];
+        float d, mo;
+        B::unpack(rows[r] + b * B::kBytes, wv, d, mo);
+        for (int m = 0; m < M; ++m) {
+          const float* xb = xf + m * K + b * kBlock;
+          vl s = wv[0] * load_l(xb);
+          for (int c = 1; c < kChunks; ++c) s += wv[c] * load_l(xb + c * kLanes);
+          acc[r][m] += s * d;
+          if (Q != kQ8_0) off[r][m] += mo * xsum[m * nb + b];
+        }
+      }
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int m = 0; m < M; ++m) {
+        float sum = off[r][m];
+        for (int l = 0; l < kLanes; ++l) sum += acc[r][m][l];
+        sums[m * N + n + r] = sum;
+      }
+  }
+}
+
+template <int64_t Q, int M>
+void gemv(const float* xf, const uint8_t* w, float* sums, int64_t K, int64_t N) {
+  const int64_t nb = K / kBlock;
+  std::vector<float> xsum(M * nb, 0.f);  // each block's sum of x, for the offsets
+  for (int m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t j = 0; j < kBlock; ++j) xsum[m * nb + b] += xf[m * K + b * kBlock + j];
+  // Whole row groups per thread, at least 64 rows each (linear_small.cpp says why).
+  at::parallel_for(0, (N + kRows - 1) / kRows, 64 / kRows, [&](int64_t g0, int64_t g1) {
+    rows_task<Q, M>(xf, xsum.data(), w, sums, K, N, g0 * kRows, std::min(N, g1 * kRows));
+  });
+}
+
+template <int64_t Q>
+void gemv_by_m(const float* xf, const uint8_t* w, float* sums, int64_t M, int64_t K, int64_t N) {
+  switch (M) {
+    case 1: gemv<Q, 1>(xf, w, sums, K, N); break;
+    case 2: gemv<Q, 2>(xf, w, sums, K, N); break;
+    case 3: gemv<Q, 3>(xf, w, sums, K, N); break;
+    default: gemv<Q, 4>(xf, w, sums, K, N);
+  }
+}
+
+int64_t block_bytes(int64_t qtype) {
+  switch (qtype) {
+    case kQ8_0: return Block<kQ8_0>::kBytes;
+    case kQ4_0: return Block<kQ4_0>::kBytes;
+    case kQ4_1: return Block<kQ4_1>::kBytes;
+  }
+  TORCH_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
+  return 0;
+}
+
+// K, after checking the packed weight's shape against it: [N, K / 32 * block bytes] uint8.
+int64_t check_packed(const at::Tensor& packed, int64_t qtype, int64_t K) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+              "the packed weight must be a contiguous [N, row bytes] uint8 tensor");
+  TORCH_CHECK(K % kBlock == 0 && packed.size(1) == K / kBlock * block_bytes(qtype),
+              "a packed row of type ", qtype, " holding ", K, " weights takes ",
+              K / kBlock * block_bytes(qtype), " bytes (K a multiple of 32), got ",
+              packed.size(1));
+  return K;
+}
+
+template <typename T>
+void finish(T* out, const float* sums, const T* bias, int64_t M, int64_t N) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      store_scalar(out + m * N + n, sums[m * N + n] + (bias ? to_float(bias[n]) : 0.f));
+}
+
+template <typename T>
+void linear_typed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, int64_t qtype,
+                  const c10::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
+  const T* xp = static_cast<const T*>(x.data_ptr());
+  std::vector<float> xf(M * K), sums(M * N);  // x in float32 once: it is read N times
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(xp[i]);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  switch (qtype) {
+    case kQ8_0: gemv_by_m<kQ8_0>(xf.data(), w, sums.data(), M, K, N); break;
+    case kQ4_0: gemv_by_m<kQ4_0>(xf.data(), w, sums.data(), M, K, N); break;
+    default: gemv_by_m<kQ4_1>(xf.data(), w, sums.data(), M, K, N);
+  }
+  const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
+  finish<T>(static_cast<T*>(out.data_ptr()), sums.data(), b, M, N);
+}
+
+template <int64_t Q>
+void dequantize_rows(const uint8_t* w, float* out, int64_t N, int64_t K) {
+  using B = Block<Q>;
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        vl wv[kChunks];
+        float d, m;
+        B::unpack(w + (n * nb + b) * B::kBytes, wv, d, m);
+        float* o = out + n * K + b * kBlock;
+        for (int c = 0; c < kChunks; ++c) store_l(o + c * kLanes, wv[c] * d + m);
+      }
+  });
+}
+}  // namespace
+
+void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
+                       c10::optional<at::Tensor> bias) {
+  const int64_t M = x.size(0);
+  TORCH_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
+  check_packed(packed, qtype, x.size(1));
+  if (x.scalar_type() == at::kBFloat16)
+    linear_typed<bf16>(out, x, packed, qtype, bias);
+  else
+    linear_typed<float>(out, x, packed, qtype, bias);
+}
+
+void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
+  const int64_t N = out.size(0), K = check_packed(packed, qtype, out.size(1));
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && packed.size(0) == N,
+              "gguf_dequantize writes a contiguous float32 [N, K]");
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  switch (qtype) {
+    case kQ8_0: dequantize_rows<kQ8_0>(w, o, N, K); break;
+    case kQ4_0: dequantize_rows<kQ4_0>(w, o, N, K); break;
+    default: dequantize_rows<kQ4_1>(w, o, N, K);
+  }
+}

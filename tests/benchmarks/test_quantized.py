@@ -1,0 +1,58 @@
+"""benchmarks/quantized.py: the Q8_0 copy it makes, the bytes it counts, one tiny run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from benchmarks import quantized  # noqa: E402
+from tests.conftest import build_tiny_model  # noqa: E402
+from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bench-q")
+    model_dir = build_tiny_model(root / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,
+                                 intermediate_size=128)
+    path = root / "tiny-Q4_1.gguf"
+    write_gguf(model_dir, path, "Q4_1")
+    return path
+
+
+def test_requantize_turns_4_bit_tensors_into_q8_0_and_keeps_the_rest(
+        q4_file: Path, tmp_path: Path) -> None:
+    out = quantized.requantize(q4_file, tmp_path / "q8.gguf")
+    src, dst = gguf.GGUFReader(str(q4_file)), gguf.GGUFReader(str(out))
+    types = {t.name: t.tensor_type.name for t in dst.tensors}
+    assert types["blk.0.attn_q.weight"] == "Q8_0" and types["output_norm.weight"] == "F32"
+    assert dst.fields["llama.block_count"].contents() == src.fields["llama.block_count"].contents()
+    assert dst.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_Q8_0)
+    assert (dst.fields["tokenizer.ggml.tokens"].contents()
+            == src.fields["tokenizer.ggml.tokens"].contents())
+
+
+def test_one_tiny_run_counts_fewer_bytes_for_packed_weights(
+        q4_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "r.json"
+    quantized.main(["--model", str(q4_file), "--repeats", "1", "--prompt", "4", "--tokens", "3",
+                    "--out", str(out)])
+    results = json.loads(out.read_text())["results"]
+    dense, q4, q8 = (results[k]["bytes_per_token"] for k in (
+        "float32 (dequantized)", "packed (the file's types)", "packed Q8_0 (re-quantized)"))
+    # Linear weights: float32 4 bytes a weight, Q8_0 34/32, Q4_1 20/32 (norms and one embedding
+    # row stay float32 in all three).
+    config = {"hidden": 64, "inter": 128, "vocab": 512, "layers": 2, "q": 64, "kv": 32}
+    linear = config["layers"] * (64 * (config["q"] + 2 * config["kv"]) + config["q"] * 64
+                                 + 2 * 64 * config["inter"] + config["inter"] * 64) + 512 * 64
+    rest = 4 * (64 * (2 * config["layers"] + 1) + 64)
+    assert dense == 4 * linear + rest
+    assert q8 == linear * 34 // 32 + rest
+    assert q4 == linear * 20 // 32 + rest
+    assert "bs=1 decode tok/s" in capsys.readouterr().out

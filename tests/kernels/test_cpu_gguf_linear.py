@@ -1,0 +1,153 @@
+"""The GGUF-packed linear kernels (Q8_0, Q4_0, Q4_1) against the pure-torch reference, on random
+blocks; the reference against the `gguf` package's own dequantization. CI runs this file again
+under STRAND_CPU_ISA=avx2, so both the AVX-512 and the AVX2 builds are compared."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cpu_gguf_linear
+from kernels._cpu_build import KERNELS
+from kernels.gguf_linear_ref import (
+    BLOCK_BYTES,
+    NAMES,
+    Q4_1,
+    Q8_0,
+    dequantize_ref,
+    gguf_linear_ref,
+)
+
+QTYPES = sorted(NAMES)
+needs_kernels = pytest.mark.skipif(KERNELS.module() is None,
+                                   reason=f"CPU kernels unavailable: "
+                                          f"{KERNELS.unavailable_reason()}")
+
+
+def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
+    """[n, k / 32 * block bytes] random blocks: random quants, scales (and Q4_1's offsets) drawn
+    as float16 of a model's magnitude (random bytes there would be NaN or huge)."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[qtype]), generator=g,
+                           dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, 1, generator=g) * 0.05 + 1e-3).half()
+    blocks[..., :2] = d.view(torch.uint8)
+    if qtype == Q4_1:
+        m = ((torch.rand(n, k // 32, 1, generator=g) - 0.5) * 0.2).half()
+        blocks[..., 2:4] = m.view(torch.uint8)
+    return blocks.reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_reference_dequantizes_as_the_gguf_package_does(qtype: int) -> None:
+    gguf = pytest.importorskip("gguf")
+    packed = random_packed(7, 96, qtype, seed=qtype)
+    want = gguf.quants.dequantize(packed.numpy(), gguf.GGMLQuantizationType(qtype))
+    assert torch.equal(dequantize_ref(packed, qtype), torch.from_numpy(np.asarray(want)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("shape", [(3, 32), (77, 96), (130, 576)])
+def test_kernel_dequantizes_bit_for_bit(qtype: int, shape: tuple[int, int]) -> None:
+    n, k = shape
+    packed = random_packed(n, k, qtype, seed=n + k + qtype)
+    got = cpu_gguf_linear.gguf_dequantize(packed, qtype, k)
+    assert torch.equal(got, dequantize_ref(packed, qtype))
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [(1, 32), (77, 96), (258, 576)])
+def test_small_rows_match_the_reference(qtype: int, m: int, shape: tuple[int, int]) -> None:
+    n, k = shape
+    g = torch.Generator().manual_seed(m * 1000 + n + qtype)
+    packed = random_packed(n, k, qtype, seed=m + n + k)
+    x = torch.randn(m, k, generator=g)
+    bias = torch.randn(n, generator=g) if m % 2 else None
+    got = cpu_gguf_linear.gguf_linear_small(x, packed, qtype, bias)
+    want = gguf_linear_ref(x.double(), packed, qtype, bias).float()
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    # float32 sums in another order than the reference's: a few ulps of the row's magnitude.
+    scale = float(want.abs().max()) + 1.0
+    torch.testing.assert_close(got, want, atol=2e-5 * scale, rtol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_bfloat16_rows_are_summed_in_float32(qtype: int) -> None:
+    g = torch.Generator().manual_seed(qtype)
+    packed = random_packed(64, 128, qtype, seed=5)
+    x, bias = torch.randn(2, 128, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    got = cpu_gguf_linear.gguf_linear_small(x, packed, qtype, bias)
+    assert got.dtype == torch.bfloat16
+    want = gguf_linear_ref(x, packed, qtype, bias)  # same bf16 inputs, float32 product
+    torch.testing.assert_close(got.float(), want.bfloat16().float(), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", [3, 9, 16, 17, 40])
+def test_any_number_of_rows_matches_the_reference(qtype: int, m: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Up to 16 rows: the packed kernel, 4 rows at a time; more: the unpacked weight.
+    calls: list[int] = []
+    real = cpu_gguf_linear.gguf_dequantize
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_gguf_linear, "gguf_dequantize", counting)
+    g = torch.Generator().manual_seed(11)
+    packed = random_packed(40, 64, qtype, seed=qtype + 3)
+    x, bias = torch.randn(m, 64, generator=g), torch.randn(40, generator=g)
+    with torch.inference_mode():
+        got = cpu_gguf_linear.gguf_linear(x, packed, qtype, 64, bias)
+    assert got.shape == (m, 40)
+    torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4,
+                               rtol=1e-4)
+    if KERNELS.module() is not None:
+        assert bool(calls) == (m > cpu_gguf_linear.CHUNKED_M)
+
+
+def test_bad_packed_weights_name_what_is_wrong() -> None:
+    packed = random_packed(4, 64, Q8_0, seed=0)
+    with pytest.raises(ValueError, match="qtype must be one of"):
+        cpu_gguf_linear.gguf_dequantize(packed, 12, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_gguf_linear.gguf_dequantize(packed, Q8_0, 48)
+    with pytest.raises(ValueError, match="takes 68 bytes, got 34"):
+        cpu_gguf_linear.gguf_dequantize(packed[:, :34].contiguous(), Q8_0, 64)
+    with pytest.raises(ValueError, match="uint8"):
+        cpu_gguf_linear.gguf_dequantize(packed.float(), Q8_0, 64)
+
+
+@needs_kernels
+def test_small_rows_refuse_more_than_four() -> None:
+    packed = random_packed(4, 64, Q8_0, seed=0)
+    with pytest.raises(ValueError, match="1 <= M <= 4"):
+        cpu_gguf_linear.gguf_linear_small(torch.randn(5, 64), packed, Q8_0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_rows_split_across_threads_give_the_one_thread_result(qtype: int) -> None:
+    # 2 threads split the 1003 rows into row groups (the last one partial): each row's sum is
+    # made by one thread in the same order, so the results are equal bit for bit.
+    g = torch.Generator().manual_seed(qtype)
+    packed = random_packed(1003, 256, qtype, seed=9)
+    x = torch.randn(3, 256, generator=g)
+    one = cpu_gguf_linear.gguf_linear_small(x, packed, qtype)
+    one_dense = cpu_gguf_linear.gguf_dequantize(packed, qtype, 256)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = cpu_gguf_linear.gguf_linear_small(x, packed, qtype)
+        two_dense = cpu_gguf_linear.gguf_dequantize(packed, qtype, 256)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.equal(one_dense, two_dense)

@@ -1,0 +1,185 @@
+"""EngineArgs(quantization="gguf"): a GGUF file's Q8_0 / Q4_0 / Q4_1 linear weights stay packed
+and are read so, giving the outputs of the same file dequantized at load (the float path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from engine_core import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from engine_core.model_executor.gguf.quantized import _packed  # noqa: E402
+from engine_core.model_executor.layers import fused_decode  # noqa: E402
+from engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E402
+from engine_core.model_executor.layers.linear import Linear  # noqa: E402
+from tests.conftest import build_tiny_model  # noqa: E402
+from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
+
+# 3 requests prefill 11 tokens in one step (the packed kernel, 4 rows at a time) and decode
+# through the fused C++ layer; 5 prefill 18 tokens (past 16: the unpacked weight) and decode
+# layer by layer.
+PROMPTS = [[5, 9, 13, 200, 7, 8, 30], [100, 101, 102], [42], [17, 18, 19, 20, 21], [3, 3]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # The converted directories go under the test's tmp dir, not the user's cache.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STRAND_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gguf-quantized")
+    model_dir = build_tiny_model(root / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,
+                                 intermediate_size=128)
+    tied_dir = build_tiny_model(root / "tied", hidden_size=64, num_heads=4, num_kv_heads=2,
+                                intermediate_size=96, tie_word_embeddings=True)
+    out = {}
+    for qtype in ("Q8_0", "Q4_0", "Q4_1"):
+        out[qtype] = root / f"tiny-{qtype}.gguf"
+        write_gguf(model_dir, out[qtype], qtype)
+    out["tied-Q4_1"] = root / "tied-Q4_1.gguf"
+    write_gguf(tied_dir, out["tied-Q4_1"], "Q4_1", {"token_embd.weight": "Q8_0"})
+    # One layer's k in float32: its fused qkv cannot be packed, the rest can.
+    out["mixed"] = root / "mixed.gguf"
+    write_gguf(model_dir, out["mixed"], "Q8_0", {"blk.0.attn_k.weight": "F32"})
+    return out
+
+
+def _run(path: Path, quantization: str | None, num_requests: int = 3,
+         dtype: str = "float32") -> tuple[list[Any], LLMEngine]:
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=str(path), dtype=dtype, quantization=quantization, block_size=4,
+        num_gpu_blocks_override=64))
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:num_requests]):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    done: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                done[out.request_id] = (list(c.token_ids), [
+                    {t: lp.logprob for t, lp in step.items()} for step in (c.logprobs or [])])
+    return [done[k] for k in sorted(done)], engine
+
+
+def _model(engine: LLMEngine) -> torch.nn.Module:
+    return engine.engine_core.runner.model
+
+
+def _assert_same_outputs(got: list[Any], want: list[Any], tol: float) -> None:
+    """The same greedy tokens, and each step's top logprobs within tol (the packed product sums
+    in another order than the GEMM over the dequantized weight)."""
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want, strict=True):
+        assert tokens == want_tokens
+        for step, want_step in zip(logprobs, want_logprobs, strict=True):
+            for token, lp in step.items():
+                if token in want_step:
+                    assert abs(lp - want_step[token]) <= tol, (token, lp, want_step[token])
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1", "tied-Q4_1"])
+def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], name: str) -> None:
+    packed, engine = _run(files[name], "gguf")
+    dense, _ = _run(files[name], None)
+    _assert_same_outputs(packed, dense, tol=1e-4)
+    model = _model(engine)
+    layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
+    # Per layer qkv, o, gate_up, down; and the lm_head (a tied one over the embedding's blocks).
+    assert len(layers) == 2 * 4 + 1
+    assert isinstance(model.lm_head, GGUFLinear)
+    assert model.lm_head.qtype == int(getattr(gguf.GGMLQuantizationType,
+                                              "Q8_0" if name == "tied-Q4_1" else name))
+    assert not any(isinstance(m, Linear) for m in model.modules())
+
+
+def test_decode_steps_take_the_fused_layer_over_packed_blocks(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = fused_decode.forward
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(fused_decode, "forward", counting)
+    fused, _ = _run(files["Q4_1"], "gguf")
+    monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
+    plain, _ = _run(files["Q4_1"], "gguf")
+    from kernels._cpu_build import KERNELS
+
+    if KERNELS.module() is not None:
+        assert calls, "a 3-request decode step should go through the fused C++ layer"
+    assert fused == plain  # the same kernels in the same order: bit for bit
+
+
+def test_more_rows_than_the_small_kernel_takes(files: dict[str, Path]) -> None:
+    packed, _ = _run(files["Q8_0"], "gguf", num_requests=5)
+    dense, _ = _run(files["Q8_0"], None, num_requests=5)
+    _assert_same_outputs(packed, dense, tol=1e-4)
+
+
+def test_bfloat16_activations_over_packed_weights(files: dict[str, Path]) -> None:
+    packed, _ = _run(files["Q8_0"], "gguf", dtype="bfloat16")
+    dense, _ = _run(files["Q8_0"], None, dtype="bfloat16")
+    # bfloat16 rounds each layer's output (~3 significant digits); the first step's top token,
+    # before any rounding difference can feed back, is the same.
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(packed, dense, strict=True):
+        assert tokens[0] == want_tokens[0]
+        first = logprobs[0][tokens[0]]
+        assert abs(first - want_logprobs[0][tokens[0]]) <= 0.1
+
+
+def test_a_layer_whose_parts_differ_in_type_stays_dense(files: dict[str, Path]) -> None:
+    packed, engine = _run(files["mixed"], "gguf")
+    dense, _ = _run(files["mixed"], None)
+    _assert_same_outputs(packed, dense, tol=1e-4)
+    model: Any = _model(engine).model
+    layers = model.layers
+    assert isinstance(layers[0].self_attn.qkv_proj, Linear)
+    assert isinstance(layers[1].self_attn.qkv_proj, GGUFLinear)
+    assert isinstance(layers[0].self_attn.o_proj, GGUFLinear)
+
+
+def test_packing_refuses_parts_of_other_types(files: dict[str, Path]) -> None:
+    tensors = {t.name: t for t in gguf.GGUFReader(str(files["mixed"])).tensors}
+    k, v = tensors["blk.0.attn_k.weight"], tensors["blk.0.attn_v.weight"]
+    assert _packed([k], [None]) is None  # F32
+    assert _packed([v, None], [None, None]) is None  # a part missing
+    got = _packed([v, tensors["blk.1.attn_v.weight"]], [None, None])
+    assert got is not None and got[0].shape == (2 * v.shape[1], v.data.shape[1])
+
+
+def test_quantization_is_checked() -> None:
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineArgs(quantization="awq")
+
+
+def test_gguf_quantization_needs_a_gguf_file(tmp_path: Path) -> None:
+    model_dir = build_tiny_model(tmp_path / "hf")
+    with pytest.raises(ValueError, match="quantization='gguf' needs a .gguf model file"):
+        LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), quantization="gguf"))
+
+
+def test_sleep_level_2_reloads_the_packed_weights(files: dict[str, Path]) -> None:
+    before, engine = _run(files["Q4_1"], "gguf")
+    engine.sleep(level=2)
+    engine.wake_up()
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=3, ignore_eos=True)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        engine.add_request(f"again-{i}", {"prompt_token_ids": prompt}, params)
+    after: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                after[out.request_id] = list(out.outputs[0].token_ids)
+    assert [after[f"again-{i}"] for i in range(3)] == [tokens for tokens, _ in before]
+    assert sum(isinstance(m, GGUFLinear) for m in _model(engine).modules()) == 2 * 4 + 1
