@@ -1,11 +1,13 @@
 """GatewayFlow: the front door of the ring (gateway -> tokenizer -> engine -> detokenizer ->
 gateway). It owns what a front door needs and nothing of the engine's orchestration:
 
-- which requests are live (its own: outputs come back on its subscription, by its origin id);
+- which requests are live (its own: outputs come back on its subscription, by its origin id),
+  and which client each belongs to (services/gateway/clients.py: ids namespaced per client);
 - AddRequest: one message to the tokenizer, answered once the request is in the engine;
 - Step (manual mode): one message to the engine with a step id; the step's outputs reach the
-  gateway through the detokenizer tagged with that id, and Step returns exactly them. In auto
-  mode the engine steps itself and Step returns what arrived since the last Step;
+  gateway through the detokenizer tagged with that id. Every output waits in its client's
+  bounded Outbox, and a Step returns the caller's, a page at a time. In auto mode the engine
+  steps itself and Step returns what arrived since the last Step;
 - Abort: one message to the detokenizer, which drops the request and has the engine drop it;
 - the Generate streams, and cancellation.
 A lost detokenizer ends every live request with finish_reason "error" here; a lost engine does so
@@ -15,12 +17,13 @@ in the detokenizer, whose "error" outputs arrive like any other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import grpc
@@ -35,7 +38,15 @@ from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
 from services.common.tracing import carrier_from_context, tracer
-from services.gateway.kv_event_feed import KvEventFeed
+from services.gateway.clients import (
+    DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_MAX_PENDING_OUTPUTS,
+    DEFAULT_STEP_PAGE_BYTES,
+    Outbox,
+    internal_id,
+    output_bytes,
+)
+from services.gateway.control import GatewayControl
 from services.gateway.live import (
     LiveRequest,
     StreamQueue,
@@ -63,24 +74,34 @@ MAX_REQUEST_ID_CHARS = 256
 
 class GatewayFlow:
     def __init__(self, tokenizer: StageClient, engine: StageClient, detokenizer: StageClient,
-                 self_step_after: float = SELF_STEP_AFTER_S) -> None:
+                 self_step_after: float = SELF_STEP_AFTER_S,
+                 max_step_page_bytes: int = DEFAULT_STEP_PAGE_BYTES,  # --max-message-bytes
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS) -> None:
         if not self_step_after > 0:
             raise ValueError(f"self_step_after must be > 0 seconds, got {self_step_after}")
+        if max_step_page_bytes < 1024:
+            raise ValueError(f"max_step_page_bytes must be >= 1024, got {max_step_page_bytes}")
+        # The largest Step answer (the gateway's own --max-message-bytes); a caller may ask less.
+        self.max_step_page_bytes = max_step_page_bytes
+        self.max_pending_bytes = max_pending_bytes
+        self.max_pending_outputs = max_pending_outputs
         self.tokenizer = tokenizer
         self.engine = engine
         self.detokenizer = detokenizer
         # Outputs of the requests this gateway adds come back to it by this id.
         self.origin = f"gw-{uuid.uuid4().hex[:16]}"
         self.feed = OutputFeed(detokenizer, self.origin, self._on_batch, self._detokenizer_lost)
-        self.kv_feed = KvEventFeed(engine)
         self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
-        self._live: dict[str, LiveRequest] = {}
-        # Outputs owed to the next Step: auto-mode results, self-steps' and "error" endings.
-        self._pending: list[pb.RequestOutput] = []
+        self._live: dict[str, LiveRequest] = {}  # by internal id
+        # Per client, its outputs owed to its next Step (results of its own and others' steps,
+        # auto mode's, self-steps', "error" endings).
+        self._outboxes: dict[str, Outbox] = {}
         self._step_ids = itertools.count(1)
-        self._step_waiters: dict[int, asyncio.Future[tuple[list[pb.RequestOutput],
-                                                           list[str]]]] = {}
+        # A step's batch: the (client, id) of the Generate requests it streamed to.
+        self._step_waiters: dict[int, asyncio.Future[list[tuple[str, str]]]] = {}
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
+        self.control = GatewayControl(engine, self._step_lock)
         self._work = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
         self.self_step_after = self_step_after
@@ -88,6 +109,7 @@ class GatewayFlow:
         # Manual mode: when a Step call or a Generate stream last came (time.monotonic()).
         self._last_step_call = -math.inf
         self._last_stream_added = -math.inf
+        self.engine_idle = False  # the last step left the engine with nothing to compute
 
     def start(self) -> None:
         self.feed.start()
@@ -117,13 +139,22 @@ class GatewayFlow:
 
     # -- requests -------------------------------------------------------------------------------
 
-    async def add_request(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
-                          arrival_time: float | None = None, priority: int = 0,
-                          queue: StreamQueue | None = None) -> None:
-        check_request_id(request_id)
-        if request_id in self._live:
+    async def add_request(self, client: str, public_id: str, prompt: pb.Prompt,
+                          params: pb.SamplingParams, arrival_time: float | None = None,
+                          priority: int = 0, queue: StreamQueue | None = None) -> str:
+        """Add the client's request; its internal id (the stages' name for it)."""
+        check_request_id(public_id)
+        request_id = internal_id(client, public_id)
+        if request_id in self._live:  # only the caller's own ids can collide
             raise StageError(grpc.StatusCode.ALREADY_EXISTS,
-                             f"request_id {request_id!r} is already in use")
+                             f"request_id {public_id!r} is already in use")
+        box = self._outboxes.get(client)
+        if queue is None and box is not None and box.over(self.max_pending_bytes,
+                                                          self.max_pending_outputs):
+            raise StageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"{len(box)} outputs ({box.num_bytes} bytes) wait for this "
+                             f"client's Step, over the bound of {self.max_pending_outputs} "
+                             f"outputs / {self.max_pending_bytes} bytes: call Step first")
         await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
         span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
         _set_param_attributes(span, params)
@@ -133,7 +164,8 @@ class GatewayFlow:
                            cumulative=kind == RequestOutputKind.CUMULATIVE,
                            final_only=kind == RequestOutputKind.FINAL_ONLY,
                            num_prompt_tokens=0, queue=queue,
-                           num_outputs=params.n if params.HasField("n") else 1)
+                           num_outputs=params.n if params.HasField("n") else 1,
+                           client=client, public_id=public_id)
         self._live[request_id] = live
         try:
             added = await self._add(request_id, prompt, params, arrival_time, priority, span)
@@ -154,6 +186,7 @@ class GatewayFlow:
             self._spawn(self._abort_quietly(request_id))
         if queue is not None:
             self._last_stream_added = time.monotonic()
+        return request_id
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                    arrival_time: float | None, priority: int, span: trace.Span
@@ -173,56 +206,115 @@ class GatewayFlow:
             raise
         return resp.added  # type: ignore[no-any-return]
 
-    async def step(self) -> tuple[list[pb.RequestOutput], list[str]]:
-        """(outputs for the caller, ids of Generate requests whose output went to their stream)."""
-        if await self._is_auto():
-            return self._take_pending(), []
-        self._last_step_call = time.monotonic()
-        async with self._step_lock:
-            if not self._live:
-                # Nothing to compute (as EngineCore.step): report endings owed by a lost stage.
-                return self._take_pending(), []
-            try:
-                returned, streamed = await self._step_once()
-            except StageError:
-                if self._pending:  # a lost stage's "error" endings: they are this step's news
-                    return self._take_pending(), []
-                raise
-            finally:
-                self._last_step_call = time.monotonic()
-        return self._take_pending() + returned, streamed
+    async def step(self, client: str, max_response_bytes: int | None = None
+                   ) -> tuple[list[pb.RequestOutput], list[str], int]:
+        """(the caller's outputs, a page of them; ids of its Generate requests whose output went
+        to their streams; how many of its outputs still wait for its next Step)."""
+        page = self.page_bytes(max_response_bytes)
+        box = self._outbox(client)
+        streamed: list[tuple[str, str]] = []
+        # A backlog larger than one answer is paged out first: stepping on would only grow it.
+        if not await self._is_auto() and box.fits(page):
+            self._last_step_call = time.monotonic()
+            async with self._step_lock:
+                try:
+                    # Nothing to compute (as EngineCore.step): report what is owed.
+                    if self._live:
+                        streamed = await self._step_once()
+                except StageError:
+                    if not box:  # a lost stage's "error" endings: this step's news
+                        raise
+                finally:
+                    self._last_step_call = time.monotonic()
+        mine = [rid for c, rid in streamed if c == client]
+        # The answer's other fields: the streamed ids, num_pending and the message's framing.
+        head_room = 16 + sum(len(rid) + 6 for rid in mine)
+        return self._take_page(client, box, page, head_room), mine, len(box)
 
-    async def _step_once(self) -> tuple[list[pb.RequestOutput], list[str]]:
+    def page_bytes(self, max_response_bytes: int | None) -> int:
+        if max_response_bytes is None or max_response_bytes <= 0:
+            # What any stock gRPC client can read, unless the caller says it reads more.
+            return min(self.max_step_page_bytes, DEFAULT_STEP_PAGE_BYTES)
+        if max_response_bytes < 1024:
+            raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"max_response_bytes must be >= 1024, got {max_response_bytes}")
+        return min(max_response_bytes, self.max_step_page_bytes)
+
+    async def _step_once(self) -> list[tuple[str, str]]:
         step_id = next(self._step_ids)
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[list[tuple[str, str]]] = asyncio.get_running_loop().create_future()
         self._step_waiters[step_id] = waiter
+        # Requests the engine surely holds before this step (their adds were answered).
+        added = [rid for rid, live in self._live.items() if live.child_ids]
         try:
-            await self.engine.call(epb.EngineRequest(
+            resp = await self.engine.call(epb.EngineRequest(
                 step=epb.EngineStep(step_id=step_id, origin=self.origin),
                 trace_context=carrier_from_context()))
             try:
-                return await asyncio.wait_for(waiter, STEP_OUTPUTS_TIMEOUT_S)
+                streamed = await asyncio.wait_for(waiter, STEP_OUTPUTS_TIMEOUT_S)
             except TimeoutError as exc:
                 raise StageUnavailable("detokenizer", f"the outputs of step {step_id} did not "
                                        f"arrive within {STEP_OUTPUTS_TIMEOUT_S:.0f}s") from exc
         finally:
             self._step_waiters.pop(step_id, None)
+        self.engine_idle = resp.state.num_unfinished_requests == 0
+        if self.engine_idle:
+            # The step's outputs are all delivered by now, finals included: a request that is
+            # still live here was removed from the engine behind this gateway's back. Its
+            # client would wait forever (and self-steps would spin): end it.
+            lost = [rid for rid in added if rid in self._live]
+            self._deliver([error_output(rid, self._live[rid].num_outputs,
+                                        "the engine no longer holds this request")
+                           for rid in lost])
+        return streamed
 
-    def _take_pending(self) -> list[pb.RequestOutput]:
-        owed, self._pending = self._pending, []
-        return owed
+    def _outbox(self, client: str) -> Outbox:
+        box = self._outboxes.get(client)
+        if box is None:
+            box = self._outboxes[client] = Outbox()
+        return box
+
+    def _take_page(self, client: str, box: Outbox, page: int, head_room: int
+                   ) -> list[pb.RequestOutput]:
+        outputs, oversized = box.take_page(page - 16, head_room)
+        for output in oversized:
+            # It can never be sent as it is: its request ends in an explicit "error" instead,
+            # which the next Step returns.
+            reason = (f"an output of {output_bytes(output)} bytes exceeds the Step response "
+                      f"limit of {page} bytes (StepRequest.max_response_bytes, the gateway's "
+                      f"--max-message-bytes); the request was aborted")
+            self._end_with_error(client, output.request_id, reason)
+        if not box and client not in self._clients_live():
+            del self._outboxes[client]  # nothing owed and nothing running: forget the client
+        return outputs
+
+    def _clients_live(self) -> set[str]:
+        return {live.client for live in self._live.values()}
+
+    def _end_with_error(self, client: str, public_id: str, reason: str) -> None:
+        """End the client's request now with an "error" output (replacing what it still had
+        waiting), and drop it from the stages."""
+        box = self._outbox(client)
+        box.discard(public_id)
+        rid = internal_id(client, public_id)
+        live = self._live.pop(rid, None)
+        num_outputs = live.num_outputs if live is not None else 1
+        if live is not None:
+            live.end_span(None, "error")
+            self._spawn(self._abort_quietly(rid))
+        box.put(error_output(public_id, num_outputs, reason))
 
     def _on_batch(self, batch: Any) -> None:
-        returned, streamed = self._deliver(list(batch.outputs))
+        streamed = self._deliver(list(batch.outputs))
         waiter = self._step_waiters.get(batch.step_id) if batch.step_id else None
         if waiter is not None and not waiter.done():
-            waiter.set_result((returned, streamed))
-        else:
-            self._pending.extend(returned)
+            waiter.set_result(streamed)
 
-    def _deliver(self, outputs: list[pb.RequestOutput]) -> tuple[list[pb.RequestOutput], list[str]]:
-        returned: list[pb.RequestOutput] = []
-        streamed: list[str] = []
+    def _deliver(self, outputs: list[pb.RequestOutput]) -> list[tuple[str, str]]:
+        """Each output to its stream or its client's Outbox (under the client's own id);
+        the (client, id) of the streamed ones."""
+        streamed: list[tuple[str, str]] = []
+        boxed: set[str] = set()
         for output in outputs:
             live = self._live.get(output.request_id)
             if live is None:
@@ -231,14 +323,50 @@ class GatewayFlow:
             if output.finished:
                 del self._live[output.request_id]
                 live.end_span(output, finish_reason_of(output))
+            output.request_id = live.public_id
             if live.queue is not None:
                 live.queue.put_nowait(output)
-                streamed.append(output.request_id)
+                streamed.append((live.client, live.public_id))
             else:
-                returned.append(output)
-        return returned, streamed
+                self._outbox(live.client).put(output)
+                boxed.add(live.client)
+        for client in boxed:
+            if self._outboxes[client].over(self.max_pending_bytes, self.max_pending_outputs):
+                self._overflow(client)
+        return streamed
 
-    async def abort(self, request_ids: list[str]) -> None:
+    def _overflow(self, client: str) -> None:
+        """The client's Outbox passed its bound: its Step-fed requests end with "error" (their
+        outputs so far stay owed to it); nothing more accrues until it calls Step."""
+        box = self._outboxes[client]
+        reason = (f"outputs waiting for this client's Step passed the bound of "
+                  f"{self.max_pending_outputs} outputs / {self.max_pending_bytes} bytes "
+                  f"({len(box)} / {box.num_bytes}): call Step more often")
+        ended = [live for live in self._live.values()
+                 if live.client == client and live.queue is None]
+        logger.warning("client %s: %s; aborting its %d running requests", client, reason,
+                       len(ended))
+        for live in ended:
+            del self._live[live.request_id]
+            live.end_span(None, "error")
+            self._spawn(self._abort_quietly(live.request_id))
+            box.put(error_output(live.public_id, live.num_outputs, reason))
+
+    async def abort(self, client: str, public_ids: list[str]) -> None:
+        """Abort the client's requests; NOT_FOUND names the ids that are none of its running
+        requests (finished, never added, or another client's: the same answer for each)."""
+        rids = [internal_id(client, rid) for rid in public_ids]
+        unknown = [pid for pid, rid in zip(public_ids, rids, strict=True) if rid not in self._live]
+        await self.abort_internal([rid for rid in rids if rid in self._live])
+        if unknown:
+            shown = ", ".join(repr(pid[:40]) for pid in unknown[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise StageError(grpc.StatusCode.NOT_FOUND,
+                             f"no running request of this client has id {shown}{more}")
+
+    async def abort_internal(self, request_ids: list[str]) -> None:
+        if not request_ids:
+            return
         ended = [live for rid in request_ids if (live := self._live.pop(rid, None)) is not None]
         for live in ended:
             live.aborted = True
@@ -252,51 +380,17 @@ class GatewayFlow:
                 live.end_span(None, "abort")
                 if live.queue is not None:
                     # vLLM's streams end with a final output whose finish_reason is "abort".
-                    live.queue.put_nowait(abort_output(live.request_id, live.num_outputs))
+                    live.queue.put_nowait(abort_output(live.public_id, live.num_outputs))
 
-    async def get_num_unfinished_requests(self) -> int:
-        # The requests this gateway added that have not ended. The detokenizer would say the
-        # same for them (a request leaves both with its final output), but asking it costs a
-        # round trip on every iteration of a `while has_unfinished_requests(): step()` loop.
+    async def get_num_unfinished_requests(self, client: str) -> int:
+        # The caller's requests that have not ended. The detokenizer would say the same for
+        # them (a request leaves both with its final output), but asking it costs a round trip
+        # on every iteration of a `while has_unfinished_requests(): step()` loop.
+        return sum(1 for live in self._live.values() if live.client == client)
+
+    def num_live(self) -> int:
+        """Every client's unfinished requests (the soak tool compares it with the engine's)."""
         return len(self._live)
-
-    # -- engine-wide control --------------------------------------------------------------------
-
-    async def reset_prefix_cache(self, reset_running_requests: bool, reset_connector: bool
-                                 ) -> epb.EngineState:
-        async with self._step_lock:  # between steps, as in process
-            resp = await self.engine.call(epb.EngineRequest(
-                reset_prefix_cache=epb.EngineResetPrefixCache(
-                    reset_running_requests=reset_running_requests,
-                    reset_connector=reset_connector),
-                trace_context=carrier_from_context()))
-        return resp.state  # type: ignore[no-any-return]
-
-    async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:
-        """EngineCore.clear_kv_cache: (event id, number of tokens cleared)."""
-        async with self._step_lock:
-            resp = await self.engine.call(epb.EngineRequest(
-                clear_kv_cache=epb.EngineClearKvCache(instance_id=instance_id,
-                                                      location=location),
-                trace_context=carrier_from_context()))
-        return resp.cleared.event_id, int(resp.cleared.num_tokens_cleared)
-
-    async def lookup_kv_cache(self, token_ids: list[int]) -> dict[str, int]:
-        """EngineCore.lookup_kv_cache: per location, how many leading tokens are cached."""
-        resp = await self.engine.call(epb.EngineRequest(
-            lookup_kv_cache=epb.EngineLookupKvCache(token_ids=token_ids),
-            trace_context=carrier_from_context()))
-        return {k: int(v) for k, v in resp.lookup.num_cached_tokens.items()}
-
-    async def get_loads(self) -> list[pb.EngineLoad]:
-        resp = await self.engine.call(epb.EngineRequest(get_loads=epb.EngineGetLoads()))
-        return [resp.load]
-
-    async def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
-        """The engine's KV event batches as they come (polled: the engine keeps them in a
-        bounded buffer with consecutive sequence numbers, so a gap shows what was dropped)."""
-        async for batch in self.kv_feed.subscribe():
-            yield batch
 
     # -- manual mode: Generate streams nobody steps ---------------------------------------------
 
@@ -315,9 +409,13 @@ class GatewayFlow:
                     # Re-checked under the lock: a Step call may have run meanwhile.
                     if not self._has_streams() or self._self_step_wait() > 0:
                         continue
-                    returned, _ = await self._step_once()
-                # Outputs of AddRequest requests this step advanced wait for the next Step.
-                self._pending.extend(returned)
+                    self._work.clear()
+                    await self._step_once()
+                if self.engine_idle:
+                    # Nothing left to compute: stepping again at once would only spin. Wait
+                    # for an add (or another stream's turn) instead.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._work.wait(), self.self_step_after)
             except StageError as exc:
                 logger.warning("self-step for Generate streams failed: %s", exc.message)
                 await asyncio.sleep(0.2)
@@ -336,9 +434,8 @@ class GatewayFlow:
     def _detokenizer_lost(self, reason: str) -> None:
         """Every live request ends with "error" (the engine drops them itself on losing its
         subscriber); Step calls waiting for outputs fail."""
-        outputs = [error_output(rid, live.num_outputs, reason)
-                   for rid, live in self._live.items()]
-        self._pending.extend(self._deliver(outputs)[0])
+        self._deliver([error_output(rid, live.num_outputs, reason)
+                       for rid, live in self._live.items()])
         for waiter in self._step_waiters.values():
             if not waiter.done():
                 waiter.set_exception(StageError(grpc.StatusCode.UNAVAILABLE, reason))

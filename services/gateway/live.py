@@ -16,7 +16,7 @@ StreamQueue = asyncio.Queue[pb.RequestOutput | None]
 
 @dataclass(slots=True)
 class LiveRequest:
-    request_id: str
+    request_id: str  # the internal id: the owner's client tag and the client's own id
     child_ids: list[str]
     span: Span  # the llm_request span, ended when the request ends
     cumulative: bool  # output_kind CUMULATIVE: token_ids are totals, not deltas
@@ -27,6 +27,8 @@ class LiveRequest:
     aborted: bool = False  # by an Abort call (maybe while the stages were still taking it)
     num_completion_tokens: dict[int, int] = field(default_factory=dict)  # per output index
     start: float = field(default_factory=time.time)
+    client: str = ""  # the identity of the client that added it (services/gateway/clients.py)
+    public_id: str = ""  # the id its client gave: what the client sees in every output
 
     def record(self, output: pb.RequestOutput) -> None:
         for completion in output.outputs:
