@@ -18,10 +18,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from services.client import EngineClient
 from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
 from tests.conftest import build_tiny_model
-from tests.e2e.conftest import ENGINE_FLAGS
+from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished
 
 # Long enough that a request of this many tokens cannot finish while the cancel test waits.
 LONG_MAX_TOKENS = 16000
@@ -45,23 +44,19 @@ def model_name(openai_stack: Stack) -> str:
 
 
 @pytest.fixture
-def engine(openai_stack: Stack) -> Iterator[EngineClient]:
-    with EngineClient(openai_stack.gateway_address, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-def client(openai_stack: Stack, engine: EngineClient) -> Iterator[openai.OpenAI]:
+def client(openai_stack: Stack) -> Iterator[openai.OpenAI]:
     base = f"http://{openai_stack.address('openai')}/v1"
     with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60) as c:
         yield c
     # The stack is shared: no test may leave a request running for the next one.
-    assert _wait_idle(engine)
+    assert _wait_idle(openai_stack)
 
 
-def _wait_idle(engine: EngineClient, seconds: float = 30.0) -> bool:
+def _wait_idle(stack: Stack, seconds: float = 30.0) -> bool:
+    """The engine itself holds nothing (the front's requests are the front's own client's:
+    a gateway client of the test's would not see them)."""
     for _ in range(int(seconds / 0.1)):
-        if engine.get_num_unfinished_requests() == 0:
+        if engine_num_unfinished(stack) == 0:
             return True
         time.sleep(0.1)
     return False
@@ -220,7 +215,7 @@ def test_health(openai_stack: Stack) -> None:
 
 
 def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: str,
-                                             engine: EngineClient) -> None:
+                                             openai_stack: Stack) -> None:
     stream = client.chat.completions.create(model=model_name, messages=CHAT,  # type: ignore[arg-type]
                                             max_tokens=LONG_MAX_TOKENS - 64, stream=True,
                                             extra_body={"ignore_eos": True})
@@ -228,10 +223,10 @@ def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: 
     chunks = iter(stream)
     for _ in range(3):
         next(chunks)
-    assert engine.get_num_unfinished_requests() == 1
+    assert engine_num_unfinished(openai_stack) == 1
     stream.close()
     # Thousands of tokens were still to come: only an abort ends the request this soon.
-    assert _wait_idle(engine, seconds=20.0)
+    assert _wait_idle(openai_stack, seconds=20.0)
 
 
 @pytest.fixture
