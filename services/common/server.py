@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from services.common.errors import UserError
 from services.common.stage_auth import stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
+from services.common.undecodable import UndecodableInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ async def run_server(name: str, options: ServerOptions,
     `ready` (polled) says whether this stage's part of the ring is connected."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     api_key = stage_api_key(name, options.host, options.api_key)
-    interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
+    interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
+    interceptors.append(UndecodableInterceptor())
     # Only what clients send is capped by max_message_bytes: a large answer (one step of many
     # requests) must never be refused, or its outputs would be lost.
     server_options = [("grpc.max_receive_message_length", options.max_message_bytes),
