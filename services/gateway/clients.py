@@ -30,6 +30,7 @@ from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError
 
 CLIENT_METADATA = "x-strand-client"
+MAX_REQUEST_ID_CHARS = 256
 MAX_CLIENT_CHARS = 128
 # gRPC's default receive limit: a Step answer no larger than this reaches any stock client.
 DEFAULT_STEP_PAGE_BYTES = 4 * 1024**2
@@ -53,6 +54,21 @@ def client_identity(metadata: Sequence[tuple[str, str | bytes]], peer: str,
                              f"ASCII characters, got {len(label)} characters")
         return f"key/{label}" if authenticated else f"label/{label}"
     return "key" if authenticated else f"peer/{peer}"
+
+
+def check_request_id(request_id: str) -> None:
+    """Ids travel as gRPC metadata (strand-request-id) and in logs: printable ASCII only, and
+    bounded; checked before anything is added anywhere."""
+    if not request_id:
+        raise StageError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
+    shown = repr(request_id[:40]) + ("..." if len(request_id) > 40 else "")
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, got "
+                         f"{len(request_id)} ({shown})")
+    if not all(" " <= c <= "~" for c in request_id):
+        raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"request_id must be printable ASCII (0x20-0x7E), got {shown}")
 
 
 def client_tag(identity: str) -> str:

@@ -17,10 +17,8 @@ in the detokenizer, whose "error" outputs arrive like any other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import math
 import time
 import uuid
 from collections.abc import Coroutine
@@ -42,7 +40,7 @@ from services.gateway.clients import (
     DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_MAX_PENDING_OUTPUTS,
     DEFAULT_STEP_PAGE_BYTES,
-    Outbox,
+    check_request_id,
     internal_id,
     output_bytes,
 )
@@ -54,22 +52,18 @@ from services.gateway.live import (
     error_output,
     finish_reason_of,
 )
+from services.gateway.outboxes import Outboxes
 from services.gateway.output_feed import OutputFeed
+from services.gateway.self_step import SELF_STEP_AFTER_S, SelfStepper
 
 logger = logging.getLogger(__name__)
 
-# Manual mode: a Generate stream steps the engine itself (as auto mode would) once no Step call
-# has come for this long, counted from the stream's start too. A client that drives Generate
-# with Step calls (EngineClient.generate) keeps control; one that only reads the stream
-# (grpcurl) is not left waiting forever.
-SELF_STEP_AFTER_S = 1.0
 # A Step's outputs cross the detokenizer after the engine has run it; past this they are lost
 # (the detokenizer died with them) and the Step fails as UNAVAILABLE.
 STEP_OUTPUTS_TIMEOUT_S = 10.0
 # How long an AddRequest waits for this gateway's output subscription (a restarted detokenizer
 # is subscribed again within a fraction of it).
 SUBSCRIBE_WAIT_S = 1.0
-MAX_REQUEST_ID_CHARS = 256
 
 
 class GatewayFlow:
@@ -78,14 +72,9 @@ class GatewayFlow:
                  max_step_page_bytes: int = DEFAULT_STEP_PAGE_BYTES,  # --max-message-bytes
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
                  max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS) -> None:
-        if not self_step_after > 0:
-            raise ValueError(f"self_step_after must be > 0 seconds, got {self_step_after}")
-        if max_step_page_bytes < 1024:
-            raise ValueError(f"max_step_page_bytes must be >= 1024, got {max_step_page_bytes}")
-        # The largest Step answer (the gateway's own --max-message-bytes); a caller may ask less.
-        self.max_step_page_bytes = max_step_page_bytes
-        self.max_pending_bytes = max_pending_bytes
-        self.max_pending_outputs = max_pending_outputs
+        # Per client, its outputs owed to its next Step (results of its own and others' steps,
+        # auto mode's, self-steps', "error" endings).
+        self.outboxes = Outboxes(max_step_page_bytes, max_pending_bytes, max_pending_outputs)
         self.tokenizer = tokenizer
         self.engine = engine
         self.detokenizer = detokenizer
@@ -94,27 +83,22 @@ class GatewayFlow:
         self.feed = OutputFeed(detokenizer, self.origin, self._on_batch, self._detokenizer_lost)
         self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
         self._live: dict[str, LiveRequest] = {}  # by internal id
-        # Per client, its outputs owed to its next Step (results of its own and others' steps,
-        # auto mode's, self-steps', "error" endings).
-        self._outboxes: dict[str, Outbox] = {}
         self._step_ids = itertools.count(1)
         # A step's batch: the (client, id) of the Generate requests it streamed to.
         self._step_waiters: dict[int, asyncio.Future[list[tuple[str, str]]]] = {}
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self.control = GatewayControl(engine, self._step_lock)
-        self._work = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
-        self.self_step_after = self_step_after
-        self._self_step_task: asyncio.Task[None] | None = None
-        # Manual mode: when a Step call or a Generate stream last came (time.monotonic()).
-        self._last_step_call = -math.inf
-        self._last_stream_added = -math.inf
         self.engine_idle = False  # the last step left the engine with nothing to compute
+        self.self_stepper = SelfStepper(self_step_after, self._has_streams, self._is_auto,
+                                        self._step_lock, self._step_once,
+                                        lambda: self.engine_idle)
+        self._self_step_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.feed.start()
         if self._self_step_task is None:
-            self._self_step_task = asyncio.get_running_loop().create_task(self._self_step_loop())
+            self._self_step_task = asyncio.get_running_loop().create_task(self.self_stepper.run())
 
     async def close(self) -> None:
         if self._self_step_task is not None:
@@ -148,13 +132,8 @@ class GatewayFlow:
         if request_id in self._live:  # only the caller's own ids can collide
             raise StageError(grpc.StatusCode.ALREADY_EXISTS,
                              f"request_id {public_id!r} is already in use")
-        box = self._outboxes.get(client)
-        if queue is None and box is not None and box.over(self.max_pending_bytes,
-                                                          self.max_pending_outputs):
-            raise StageError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"{len(box)} outputs ({box.num_bytes} bytes) wait for this "
-                             f"client's Step, over the bound of {self.max_pending_outputs} "
-                             f"outputs / {self.max_pending_bytes} bytes: call Step first")
+        if queue is None:  # a Generate stream's outputs never wait for a Step
+            self.outboxes.check_add(client)
         await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
         span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
         _set_param_attributes(span, params)
@@ -177,7 +156,7 @@ class GatewayFlow:
             span.end()
             raise
         finally:
-            self._work.set()
+            self.self_stepper.work.set()
         live.child_ids = list(added.child_ids)
         live.num_outputs = len(added.child_ids)
         live.num_prompt_tokens = int(added.num_prompt_tokens)
@@ -185,7 +164,7 @@ class GatewayFlow:
             # Aborted while the stages were taking it: drop it from them now that it is in.
             self._spawn(self._abort_quietly(request_id))
         if queue is not None:
-            self._last_stream_added = time.monotonic()
+            self.self_stepper.last_stream_added = time.monotonic()
         return request_id
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
@@ -210,12 +189,12 @@ class GatewayFlow:
                    ) -> tuple[list[pb.RequestOutput], list[str], int]:
         """(the caller's outputs, a page of them; ids of its Generate requests whose output went
         to their streams; how many of its outputs still wait for its next Step)."""
-        page = self.page_bytes(max_response_bytes)
-        box = self._outbox(client)
+        page = self.outboxes.page_bytes(max_response_bytes)
+        box = self.outboxes.get(client)
         streamed: list[tuple[str, str]] = []
         # A backlog larger than one answer is paged out first: stepping on would only grow it.
         if not await self._is_auto() and box.fits(page):
-            self._last_step_call = time.monotonic()
+            self.self_stepper.last_step_call = time.monotonic()
             async with self._step_lock:
                 try:
                     # Nothing to compute (as EngineCore.step): report what is owed.
@@ -225,20 +204,9 @@ class GatewayFlow:
                     if not box:  # a lost stage's "error" endings: this step's news
                         raise
                 finally:
-                    self._last_step_call = time.monotonic()
+                    self.self_stepper.last_step_call = time.monotonic()
         mine = [rid for c, rid in streamed if c == client]
-        # The answer's other fields: the streamed ids, num_pending and the message's framing.
-        head_room = 16 + sum(len(rid) + 6 for rid in mine)
-        return self._take_page(client, box, page, head_room), mine, len(box)
-
-    def page_bytes(self, max_response_bytes: int | None) -> int:
-        if max_response_bytes is None or max_response_bytes <= 0:
-            # What any stock gRPC client can read, unless the caller says it reads more.
-            return min(self.max_step_page_bytes, DEFAULT_STEP_PAGE_BYTES)
-        if max_response_bytes < 1024:
-            raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"max_response_bytes must be >= 1024, got {max_response_bytes}")
-        return min(max_response_bytes, self.max_step_page_bytes)
+        return self._take_page(client, page, mine), mine, len(box)
 
     async def _step_once(self) -> list[tuple[str, str]]:
         step_id = next(self._step_ids)
@@ -268,15 +236,9 @@ class GatewayFlow:
                            for rid in lost])
         return streamed
 
-    def _outbox(self, client: str) -> Outbox:
-        box = self._outboxes.get(client)
-        if box is None:
-            box = self._outboxes[client] = Outbox()
-        return box
-
-    def _take_page(self, client: str, box: Outbox, page: int, head_room: int
+    def _take_page(self, client: str, page: int, streamed: list[str]
                    ) -> list[pb.RequestOutput]:
-        outputs, oversized = box.take_page(page - 16, head_room)
+        outputs, oversized = self.outboxes.take_page(client, page, streamed)
         for output in oversized:
             # It can never be sent as it is: its request ends in an explicit "error" instead,
             # which the next Step returns.
@@ -284,17 +246,14 @@ class GatewayFlow:
                       f"limit of {page} bytes (StepRequest.max_response_bytes, the gateway's "
                       f"--max-message-bytes); the request was aborted")
             self._end_with_error(client, output.request_id, reason)
-        if not box and client not in self._clients_live():
-            del self._outboxes[client]  # nothing owed and nothing running: forget the client
+        if not any(live.client == client for live in self._live.values()):
+            self.outboxes.forget_if_empty(client)
         return outputs
-
-    def _clients_live(self) -> set[str]:
-        return {live.client for live in self._live.values()}
 
     def _end_with_error(self, client: str, public_id: str, reason: str) -> None:
         """End the client's request now with an "error" output (replacing what it still had
         waiting), and drop it from the stages."""
-        box = self._outbox(client)
+        box = self.outboxes.get(client)
         box.discard(public_id)
         rid = internal_id(client, public_id)
         live = self._live.pop(rid, None)
@@ -328,20 +287,18 @@ class GatewayFlow:
                 live.queue.put_nowait(output)
                 streamed.append((live.client, live.public_id))
             else:
-                self._outbox(live.client).put(output)
+                self.outboxes.get(live.client).put(output)
                 boxed.add(live.client)
         for client in boxed:
-            if self._outboxes[client].over(self.max_pending_bytes, self.max_pending_outputs):
+            if self.outboxes.is_over(client):
                 self._overflow(client)
         return streamed
 
     def _overflow(self, client: str) -> None:
         """The client's Outbox passed its bound: its Step-fed requests end with "error" (their
         outputs so far stay owed to it); nothing more accrues until it calls Step."""
-        box = self._outboxes[client]
-        reason = (f"outputs waiting for this client's Step passed the bound of "
-                  f"{self.max_pending_outputs} outputs / {self.max_pending_bytes} bytes "
-                  f"({len(box)} / {box.num_bytes}): call Step more often")
+        box = self.outboxes.get(client)
+        reason = f"{self.outboxes.over_reason(client)}: call Step more often"
         ended = [live for live in self._live.values()
                  if live.client == client and live.queue is None]
         logger.warning("client %s: %s; aborting its %d running requests", client, reason,
@@ -392,42 +349,8 @@ class GatewayFlow:
         """Every client's unfinished requests (the soak tool compares it with the engine's)."""
         return len(self._live)
 
-    # -- manual mode: Generate streams nobody steps ---------------------------------------------
-
-    async def _self_step_loop(self) -> None:
-        while True:
-            try:
-                if not self._has_streams() or await self._is_auto():
-                    self._work.clear()
-                    await self._work.wait()
-                    continue
-                wait = self._self_step_wait()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue
-                async with self._step_lock:
-                    # Re-checked under the lock: a Step call may have run meanwhile.
-                    if not self._has_streams() or self._self_step_wait() > 0:
-                        continue
-                    self._work.clear()
-                    await self._step_once()
-                if self.engine_idle:
-                    # Nothing left to compute: stepping again at once would only spin. Wait
-                    # for an add (or another stream's turn) instead.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._work.wait(), self.self_step_after)
-            except StageError as exc:
-                logger.warning("self-step for Generate streams failed: %s", exc.message)
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(0)  # let waiting RPCs run between steps
-
     def _has_streams(self) -> bool:
         return any(live.queue is not None for live in self._live.values())
-
-    def _self_step_wait(self) -> float:
-        """Seconds until Generate streams may step themselves (<= 0: now)."""
-        quiet_since = max(self._last_step_call, self._last_stream_added)
-        return quiet_since + self.self_step_after - time.monotonic()
 
     # -- lost stages ----------------------------------------------------------------------------
 
@@ -459,21 +382,6 @@ class GatewayFlow:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._background.discard)
-
-
-def check_request_id(request_id: str) -> None:
-    """Ids travel as gRPC metadata (strand-request-id) and in logs: printable ASCII only, and
-    bounded; checked before anything is added anywhere."""
-    if not request_id:
-        raise StageError(grpc.StatusCode.INVALID_ARGUMENT, "request_id must not be empty")
-    shown = repr(request_id[:40]) + ("..." if len(request_id) > 40 else "")
-    if len(request_id) > MAX_REQUEST_ID_CHARS:
-        raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, got "
-                         f"{len(request_id)} ({shown})")
-    if not all(" " <= c <= "~" for c in request_id):
-        raise StageError(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"request_id must be printable ASCII (0x20-0x7E), got {shown}")
 
 
 def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:
