@@ -135,7 +135,9 @@ class GatewayFlow:
         if queue is None:  # a Generate stream's outputs never wait for a Step
             self.outboxes.check_add(client)
         await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
-        span = tracer().start_span("llm_request", attributes={"gen_ai.request.id": request_id})
+        # The id its client knows; the stages' spans name the internal one.
+        span = tracer().start_span("llm_request", attributes={
+            "gen_ai.request.id": public_id, "strand.request.internal_id": request_id})
         _set_param_attributes(span, params)
         kind = params.output_kind
         # Live before the tokenizer answers: in auto mode the first outputs may come first.
