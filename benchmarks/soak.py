@@ -45,6 +45,9 @@ class StreamResult:
     status: str = "OK"  # the call's gRPC status
     finish_reason: str | None = None  # of the final output, if one came
     latency_s: float | None = None  # start to final output
+    details: str = ""  # the status's message, when not OK
+    elapsed_s: float = 0.0  # start to the call's end
+    admitted: bool = True  # the gateway added it (false: refused or never reached a handler)
 
 
 @dataclass(slots=True)
@@ -69,6 +72,13 @@ class SoakReport:
             "completed": len(done),
             "cancelled_by_client": sum(r.cancelled for r in self.results),
             "errors_by_status": dict(statuses),
+            # One message per status: what a client was told.
+            "error_examples": {r.status: f"{r.details[:200]} (after {r.elapsed_s:.1f}s)"
+                               for r in self.results if r.status != "OK" and not r.cancelled},
+            # CANCELLED by the server before any handler ran (gRPC C-core sheds streams it
+            # cannot hand to the application fast enough; see docs/load.md).
+            "cancelled_unadmitted": sum(r.status == "CANCELLED" and not r.admitted
+                                        and not r.cancelled for r in self.results),
             "finish_error": sum(r.finish_reason == "error" for r in self.results),
             "finish_abort": sum(r.finish_reason == "abort" for r in self.results),
             "silent_losses": len(lost),
@@ -79,10 +89,12 @@ class SoakReport:
 
 
 async def _one_stream(stub: inference_pb2_grpc.InferenceStub, index: int, rng: random.Random,
-                      args: argparse.Namespace, metadata: tuple[tuple[str, str], ...]
-                      ) -> StreamResult:
+                      args: argparse.Namespace, metadata: tuple[tuple[str, str], ...],
+                      open_at: float) -> StreamResult:
     result = StreamResult(cancelled=rng.random() < args.cancel_fraction)
     cancel_after = rng.uniform(0.0, args.cancel_within)
+    if open_at > 0:
+        await asyncio.sleep(open_at)
     params = pb.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     start = time.monotonic()
     call = stub.Generate(gpb.GenerateRequest(
@@ -98,8 +110,13 @@ async def _one_stream(stub: inference_pb2_grpc.InferenceStub, index: int, rng: r
                 result.latency_s = time.monotonic() - start
     except grpc.aio.AioRpcError as exc:
         result.status = exc.code().name
+        result.details = exc.details() or ""
+        # Whether the gateway took it (its initial metadata names the request) before the end.
+        result.admitted = any(k == "strand-request-id" for k, _ in
+                              (await call.initial_metadata() or ()))
     except asyncio.CancelledError:
         result.status = "CANCELLED"
+    result.elapsed_s = time.monotonic() - start
     return result
 
 
@@ -132,6 +149,8 @@ async def soak(gateway: str, args: argparse.Namespace, pids: dict[str, int],
                engine: tuple[str, str] | None) -> SoakReport:
     """engine: (address, stage token) to ask the engine what it still holds; None: unknown."""
     rng = random.Random(args.seed)
+    # Each stream's opening time: all at once, or --open-rate streams a second.
+    opens = [i / args.open_rate if args.open_rate > 0 else 0.0 for i in range(args.streams)]
     metadata = ((CLIENT_METADATA, CLIENT_LABEL),
                 *((("authorization", f"Bearer {args.api_key}"),) if args.api_key else ()))
     num_channels = max(1, -(-args.streams // STREAMS_PER_CHANNEL))
@@ -144,7 +163,7 @@ async def soak(gateway: str, args: argparse.Namespace, pids: dict[str, int],
     start = time.monotonic()
     try:
         results = await asyncio.gather(*(
-            _one_stream(stubs[i % num_channels], i, rng, args, metadata)
+            _one_stream(stubs[i % num_channels], i, rng, args, metadata, opens[i])
             for i in range(args.streams)))
         wall = time.monotonic() - start
         log(f"all {args.streams} streams ended after {wall:.1f}s; settling")
@@ -175,10 +194,12 @@ def _print_table(summary: dict[str, Any]) -> None:
     lat = summary["latency_s"]
     errors = ", ".join(f"{k}={v}" for k, v in sorted(summary["errors_by_status"].items()))
     print(format_table(
-        ["streams", "completed", "cancelled", "errors by status", "finish error", "silent lost",
+        ["streams", "completed", "cancelled", "errors by status", "CANCELLED unadmitted",
+         "finish error", "silent lost",
          "p50 s", "p90 s", "p99 s", "leaked gw/engine", "wall s"],
         [[str(summary["streams"]), str(summary["completed"]),
-          str(summary["cancelled_by_client"]), errors or "-", str(summary["finish_error"]),
+          str(summary["cancelled_by_client"]), errors or "-",
+          str(summary["cancelled_unadmitted"]), str(summary["finish_error"]),
           str(summary["silent_losses"]), f"{lat.get('p50', 0):.2f}", f"{lat.get('p90', 0):.2f}",
           f"{lat.get('p99', 0):.2f}",
           f"{summary['leaked_gateway']}/{summary['leaked_engine']}", str(summary["wall_s"])]]))
@@ -197,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a cancelled stream is cancelled 0..this many seconds in")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=600.0, help="each stream's deadline")
+    parser.add_argument("--open-rate", type=float, default=0.0,
+                        help="streams opened per second (default: all at once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gateway", default=None,
                         help="host:port of a running gateway (default: start a stack)")
@@ -204,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine-args", default="--max-num-seqs 64 --kv-cache-memory 67108864",
                         help="EngineArgs flags for a started stack (default: %(default)s)")
     parser.add_argument("--output-json", type=Path, default=None)
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="a started stack's logs, one file per service (default: stderr)")
     add_model_args(parser)
     # The tests' tiny model (2 layers, hidden 64, vocab 512) unless told otherwise: the soak
     # loads the serving path, not the model.
@@ -221,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
 
         model = resolve_model(args)
         config = StackConfig(model=str(model), engine_args=shlex.split(args.engine_args),
-                             gateway_args=["--auto-step"])
+                             gateway_args=["--auto-step"], log_dir=args.log_dir)
         log(f"starting a stack on {model}")
         with launch_stack(config) as stack:
             pids = {name: p.pid for name, p in stack.processes.items()}
