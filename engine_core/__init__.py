@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from engine_core.config import EngineArgs
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from engine_core.structured_output.params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from engine_core.llm import LLM
@@ -21,6 +22,7 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]
 
 

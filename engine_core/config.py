@@ -68,6 +68,8 @@ class EngineArgs:
     # KV cache events (BlockStored/BlockRemoved/AllBlocksCleared) for a prefix-aware router.
     kv_events: bool = False
     kv_events_max_buffer: int = 10_000
+    # Compiled grammars kept for structured outputs (one per distinct schema/regex/...).
+    structured_outputs_cache_size: int = 256
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 1 != 0:
@@ -97,6 +99,9 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {self.max_logprobs}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
+        if self.structured_outputs_cache_size < 1:
+            raise ValueError("structured_outputs_cache_size must be >= 1, got "
+                             f"{self.structured_outputs_cache_size}")
         if self.tensor_parallel_size != 1:
             # Refused rather than ignored: a user asking for 2 GPUs must not silently get 1.
             raise ValueError("tensor_parallel_size must be 1: tensor parallelism is not "
@@ -165,6 +170,7 @@ _HELP = {
     "enable_prefix_caching": "reuse cached KV blocks of shared prompt prefixes",
     "kv_events": "record KV cache events for a prefix-aware router (take_kv_events)",
     "kv_events_max_buffer": "most KV events kept between takes (oldest dropped)",
+    "structured_outputs_cache_size": "compiled grammars kept for structured outputs (LRU)",
     "prefix_caching_hash_algo": "sha256 (default) or xxhash (fast, non-cryptographic)",
     "max_num_batched_tokens": "token budget of one step (default: max(2048, max_num_seqs))",
     "max_num_seqs": "most requests running at once",

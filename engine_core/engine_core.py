@@ -10,13 +10,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from engine_core import engine_extras
 from engine_core.config import EngineArgs
-from engine_core.connector import kv_control
+from engine_core.core import kv_control
 from engine_core.core.batch_queue import BatchQueue
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.kv_events import KVEventBatch, KVEventBuffer
@@ -26,10 +27,17 @@ from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
 from engine_core.default_model import resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError
+from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
+
+if TYPE_CHECKING:
+    import xgrammar as xg
+
+    from engine_core.structured_output.grammar import GrammarCache
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +77,12 @@ class EngineCore:
         if args.kv_events:
             self.kv_events = scheduler.kv_cache_manager.block_pool.enable_kv_events(
                 args.block_size, args.kv_events_max_buffer)
+        # This engine's Prometheus metrics (LLMEngine adds its requests' to the same registry;
+        # the engine service serves it on /metrics). Per instance: many engines in one process.
+        self.metrics_registry = CollectorRegistry()
+        self.model_name = args.model or model_config.model_dir
+        self.metrics = EngineMetrics(self.metrics_registry, self.model_name, scheduler,
+                                     scheduler.scheduler_config.max_num_batched_tokens)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
@@ -113,6 +127,12 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
         request.sampling_params.validate_against_vocab(self.vocab_size)
+        structured = request.sampling_params.structured_outputs
+        if structured is not None:
+            # Parsed now, so a bad spec is refused before it is added; compiled in the
+            # background, and the runner waits for it only at the request's first sample.
+            cache = self.grammar_cache()
+            cache.compile_async(structured, cache.parse(structured))
         bound = self.args.max_waiting_requests
         if bound is not None and len(self.scheduler.waiting) >= bound:
             raise QueueFullError(f"the engine's waiting queue is full: {bound} requests are "
@@ -126,6 +146,26 @@ class EngineCore:
             priority=request.priority,
             cache_salt=request.cache_salt,
         ))
+
+    def grammar_cache(self) -> GrammarCache:
+        """The structured-output compiler, built on first use from the engine's tokenizer."""
+        cache = self.runner.grammars.cache
+        if cache is None:
+            from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
+
+            tokenizer_dir = self.args.tokenizer or self.model_config.model_dir
+            vocab_size, first_eos = self.vocab_size, self.model_config.first_eos_token_id
+
+            def make_info() -> xg.TokenizerInfo:  # on the compile thread: ~1 s on 150k tokens
+                tokenizer = Tokenizer.from_dir(tokenizer_dir)
+                eos = tokenizer.eos_token_id
+                return tokenizer_info(tokenizer, vocab_size,
+                                      first_eos if eos is None else eos)
+
+            cache = GrammarCache(make_info,
+                                 max_entries=self.args.structured_outputs_cache_size)
+            self.runner.grammars.cache = cache
+        return cache
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
@@ -143,7 +183,7 @@ class EngineCore:
             self.last_scheduler_output = scheduler_output
         runner_output = self.runner.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return self._finish_step(outputs)
+        return self._finish_step(outputs, None if flush_only else scheduler_output)
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Schedule and queue a batch; while the queue has room and work was scheduled, return
@@ -164,11 +204,14 @@ class EngineCore:
             return EngineCoreOutputs(outputs=[])
         scheduler_output, runner_output = queue.pop_oldest()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return self._finish_step(outputs)
+        return self._finish_step(outputs, scheduler_output)
 
-    def _finish_step(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+    def _finish_step(self, outputs: list[EngineCoreOutput],
+                     scheduler_output: SchedulerOutput | None) -> EngineCoreOutputs:
+        """scheduler_output: the batch these outputs came from (None: nothing computed)."""
         self.num_steps += 1
         self.throughput.add(sum(len(o.new_token_ids) for o in outputs))
+        self.metrics.observe_step(self.scheduler.make_stats(), scheduler_output, outputs)
         finished = {o.request_id for o in outputs if o.finished}
         return EngineCoreOutputs(outputs=outputs, finished_requests=finished,
                                  timestamp=time.time())
@@ -230,6 +273,9 @@ class EngineCore:
     def workers(self) -> list[object]:
         """The model workers collective_rpc reaches (one runner today; TP adds more)."""
         return [self.runner]
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

@@ -10,3 +10,8 @@ class DuplicateRequestError(ValueError):
 class QueueFullError(RuntimeError):
     """The engine's waiting queue is at max_waiting_requests: try again later (services answer
     RESOURCE_EXHAUSTED)."""
+
+
+class EngineSleepingError(RuntimeError):
+    """add_request while the engine sleeps: wake_up() first (services answer
+    FAILED_PRECONDITION)."""

@@ -11,6 +11,8 @@ import torch
 from engine_core.config import EngineArgs
 from engine_core.engine_core import EngineCore
 from engine_core.errors import DuplicateRequestError
+from engine_core.metrics import Metric, snapshot
+from engine_core.metrics.request_metrics import RequestStatsRecorder
 from engine_core.outputs import RequestOutput
 from engine_core.processing.input_processor import InputProcessor
 from engine_core.processing.output_processor import OutputProcessor
@@ -33,7 +35,11 @@ class LLMEngine:
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
                                               logits_processor_classes=logits_processor_classes(args))
-        self.output_processor = OutputProcessor(tokenizer, stream_interval=args.stream_interval)
+        # Request metrics go to the core's registry: get_metrics() reads both from one place.
+        request_stats = RequestStatsRecorder(engine_core.metrics_registry,
+                                             engine_core.model_name, engine_core.max_model_len)
+        self.output_processor = OutputProcessor(tokenizer, stream_interval=args.stream_interval,
+                                                stats=request_stats)
         self.stats_logger = StatsLogger(args.stats_interval_s) if args.log_stats else None
 
     @classmethod
@@ -64,7 +70,7 @@ class LLMEngine:
             # All or nothing: a child the core refused (bad input, a full queue) takes its
             # siblings back out.
             self.engine_core.abort_requests(added)
-            self.output_processor.abort_requests([request_id])
+            self.output_processor.abort_requests([request_id], count_as_aborted=False)
             raise
 
     def step(self) -> list[RequestOutput]:
@@ -103,7 +109,7 @@ class LLMEngine:
         return self.engine_core.lookup_kv_cache(token_ids)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        return self.engine_core.get_supported_tasks()
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -136,6 +142,16 @@ class LLMEngine:
 
     def get_stats(self) -> dict[str, float]:
         return self.engine_core.get_stats()
+
+    def get_metrics(self) -> list[Metric]:
+        """This engine's Prometheus metrics (`strand:*`, vLLM's names) as Counter, Gauge and
+        Histogram objects (vLLM's LLMEngine.get_metrics())."""
+        return snapshot(self.engine_core.metrics_registry)
+
+    def do_log_stats(self) -> None:
+        """Log the stats line now (tokens/s since the last line); nothing without log_stats."""
+        if self.stats_logger is not None:
+            self.stats_logger.log_now(self.get_stats())
 
 
 def logits_processor_classes(args: EngineArgs) -> list[type]:

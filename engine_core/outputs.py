@@ -25,6 +25,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    preemption_times: list[float] = field(default_factory=list)  # every preemption so far
 
     @property
     def time_in_queue(self) -> float | None:

@@ -6,8 +6,10 @@ import enum
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+from engine_core.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +62,16 @@ class SamplingParams:
     extra_args: dict[str, Any] | None = None
     # Set by the InputProcessor from bad_words (needs the tokenizer); travels to the sampler.
     bad_words_token_ids: list[list[int]] | None = None
+    # Constrain the output to a JSON schema, regex, choice, grammar or any JSON object.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = _structured_from_dict(self.structured_outputs)
         if self.top_k == -1:
             self.top_k = 0
         if self.seed == -1:  # vLLM: -1 means "no seed", as None does
@@ -82,6 +88,22 @@ class SamplingParams:
             self.top_p = 1.0
             self.top_k = 0
             self.min_p = 0.0
+
+    @classmethod
+    def from_validated(cls, **values: Any) -> SamplingParams:
+        """Rebuild params that a stage upstream already validated and normalised (the tokenizer
+        stage, over the ring): carried as data, not checked a second time in the engine and the
+        detokenizer. Fields not given take their defaults."""
+        obj = cls.__new__(cls)
+        for f in fields(cls):
+            if f.name in values:
+                value = values[f.name]
+            elif f.default_factory is not MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(obj, f.name, value)
+        return obj
 
     @property
     def is_greedy(self) -> bool:
@@ -155,6 +177,11 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             _check(len(self.allowed_token_ids) > 0, "allowed_token_ids", "must not be empty",
                    self.allowed_token_ids)
+        if self.structured_outputs is not None:
+            _check(isinstance(self.structured_outputs, StructuredOutputsParams),
+                   "structured_outputs", "must be a StructuredOutputsParams",
+                   type(self.structured_outputs).__name__)
+            self.structured_outputs.validate()
         if self.n > 1:
             _check(not self.is_greedy, "n",
                    "must be 1 for greedy sampling (temperature=0): the n outputs would be identical",
@@ -177,6 +204,15 @@ class SamplingParams:
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
         values.update(changes)
         return SamplingParams(**values)
+
+
+def _structured_from_dict(values: dict[str, Any]) -> StructuredOutputsParams:
+    known = set(StructuredOutputsParams.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"structured_outputs has unknown keys {unknown}; allowed: "
+                         f"{sorted(known)}")
+    return StructuredOutputsParams(**values)
 
 
 def _check(ok: bool, name: str, bound: str, value: object) -> None:

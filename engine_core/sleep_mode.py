@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from engine_core.errors import EngineSleepingError
 from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.loader import load_model
 from engine_core.model_executor.model_runner import ModelRunner
 
 TAGS = ("weights", "kv_cache")
-
-
-class EngineSleepingError(RuntimeError):
-    """add_request while the engine sleeps: wake_up() first."""
+__all__ = ["TAGS", "EngineSleepingError", "SleepState"]
 
 
 class SleepState:

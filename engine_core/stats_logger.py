@@ -86,12 +86,18 @@ class StatsLogger:
         if not active and not self._logged_activity:
             self._last_log = now
             return None
+        self._logged_activity = active
+        return self.log_now(stats, now)
+
+    def log_now(self, stats: dict[str, float], now: float | None = None) -> str:
+        """Log (and return) the line whether or not the interval is up (do_log_stats)."""
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._last_log
         line = format_stats_line(stats, self._prompt_tokens / max(elapsed, 1e-9),
                                  self._generation_tokens / max(elapsed, 1e-9))
         logger.info("%s", line)
         self._last_log = now
         self._prompt_tokens = self._generation_tokens = 0
-        self._logged_activity = active
         return line
 
 

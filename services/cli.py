@@ -27,6 +27,7 @@ _SERVICE_MAINS = {
     "engine": "services.engine.__main__",
     "detokenizer": "services.detokenizer.__main__",
     "gateway": "services.gateway.__main__",
+    "openai": "services.openai.__main__",
 }
 # EngineArgs fields that are set by serve itself, not passed through.
 _NOT_FORWARDED = {"model", "otlp_traces_endpoint"}
@@ -94,6 +95,10 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--openai-port", type=int, default=None,
                         help="also serve an OpenAI-compatible HTTP API (/v1/completions, "
                              "/v1/chat/completions, /v1/models) on this port of --host")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus /metrics: the gateway on this port of --host, "
+                             "the tokenizer, engine and detokenizer on the next three; 0 or "
+                             "absent: off")
     return parser
 
 
@@ -148,12 +153,17 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
                          gateway_args=gateway_args, host=args.host, gateway_port=args.port,
                          otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
                          tls_cert=args.tls_cert, tls_key=args.tls_key,
-                         openai_port=args.openai_port)
+                         openai_port=args.openai_port, metrics_port=args.metrics_port or None)
     return launch_stack(config)
 
 
 def serve(argv: list[str]) -> None:
-    from services.launch import Interrupted, check_port_free, interrupt_on_signals
+    from services.launch import (
+        Interrupted,
+        check_port_free,
+        interrupt_on_signals,
+        metrics_ports,
+    )
 
     # Handlers first: a signal at any moment from here on stops every service started so far.
     with interrupt_on_signals():
@@ -168,12 +178,16 @@ def serve(argv: list[str]) -> None:
             check_port_free(args.host, args.port)
             if args.openai_port:
                 check_port_free(args.host, args.openai_port, "--openai-port")
+            for port in metrics_ports(args.host, args.metrics_port or None).values():
+                check_port_free(args.host, port, "--metrics-port")
             stack = _launch(args, parser, model)  # stops what it started if interrupted
         except Interrupted as exc:
             raise UserError(f"{exc} during start-up; every service started is stopped") from exc
         print(f"strand gateway ready at {stack.gateway_address}", flush=True)
         if "openai" in stack.ports:
             print(f"strand OpenAI API at http://{stack.address('openai')}/v1", flush=True)
+        for name, port in stack.metrics_ports.items():
+            print(f"strand {name} metrics at http://{args.host}:{port}/metrics", flush=True)
         _watch(stack)
 
 

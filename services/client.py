@@ -145,6 +145,27 @@ class EngineClient:
                           gpb.LookupKvCacheRequest(token_ids=token_ids))
         return {location: int(n) for location, n in resp.num_cached_tokens.items()}
 
+    def sleep(self, level: int = 1) -> None:
+        """LLMEngine.sleep: the engine must be idle; add_request then fails until wake_up."""
+        self._call(self._control.Sleep, cpb.SleepRequest(level=level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._call(self._control.WakeUp, cpb.WakeUpRequest(tags=tags or []))
+
+    def is_sleeping(self) -> bool:
+        return bool(self._call(self._control.IsSleeping, cpb.IsSleepingRequest()).is_sleeping)
+
+    def start_profile(self) -> None:
+        self._call(self._control.StartProfile, cpb.StartProfileRequest())
+
+    def stop_profile(self) -> str:
+        """The path of the Chrome trace written, on the engine's host."""
+        return str(self._call(self._control.StopProfile, cpb.StopProfileRequest()).trace_path)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        resp = self._call(self._control.GetSupportedTasks, cpb.GetSupportedTasksRequest())
+        return tuple(resp.tasks)
+
     # -- beyond LLMEngine ---------------------------------------------------------------------
 
     def get_loads(self) -> list[dict[str, Any]]:

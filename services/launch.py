@@ -29,6 +29,8 @@ STAGES = ("tokenizer", "engine", "detokenizer")
 # Readiness order: each stage is ready once the stages it sends to are.
 _READY_ORDER = ("engine", "detokenizer", "tokenizer")
 SERVICES = (*STAGES, "gateway")
+# --metrics-port P: the gateway serves /metrics on P, the stages on the ports after it.
+METRICS_ORDER = ("gateway", *STAGES)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -136,6 +138,9 @@ class StackConfig:
     tls_cert: str | None = None  # the gateway's certificate and key (PEM files): TLS to clients
     tls_key: str | None = None
     openai_port: int | None = None  # the OpenAI-compatible front's port (0: a free one); None: none
+    # Prometheus /metrics: None off; 0 a free port per service; P the gateway on P and the
+    # tokenizer, engine and detokenizer on P+1, P+2, P+3 (METRICS_ORDER).
+    metrics_port: int | None = None
 
 
 @dataclass(slots=True)
@@ -145,6 +150,7 @@ class Stack:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     # Every service of the stack shares it: the stages accept only callers that send it.
     stage_token: str = field(default_factory=lambda: stage_token() or new_stage_token())
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # service -> its /metrics port
 
     def address(self, name: str) -> str:
         return f"{self.config.host}:{self.ports[name]}"
@@ -159,6 +165,8 @@ class Stack:
                "--port", str(self.ports[name])]
         if cfg.otlp_traces_endpoint:
             cmd += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
+        if name in self.metrics_ports:
+            cmd += ["--metrics-port", str(self.metrics_ports[name])]
         if name == "openai":
             return cmd + _openai_args(self)
         if name == "gateway":
@@ -253,6 +261,7 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
     ports = {name: free_port(config.host) for name in STAGES}
     ports["gateway"] = config.gateway_port or free_port(config.host)
     stack = Stack(config, ports)
+    stack.metrics_ports = metrics_ports(config.host, config.metrics_port)
     try:
         for name in STAGES:
             stack.start_async(name)
@@ -270,6 +279,18 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
         stack.stop()
         raise
     return stack
+
+
+def metrics_ports(host: str, first: int | None) -> dict[str, int]:
+    """Each service's /metrics port (see StackConfig.metrics_port)."""
+    if first is None:
+        return {}
+    if first == 0:
+        return {name: free_port(host) for name in METRICS_ORDER}
+    if not 0 < first <= 65535 - len(METRICS_ORDER) + 1:
+        raise ValueError(f"metrics_port must be in [1, {65535 - len(METRICS_ORDER) + 1}] "
+                         f"(four ports from it), got {first}")
+    return {name: first + i for i, name in enumerate(METRICS_ORDER)}
 
 
 def _openai_args(stack: Stack) -> list[str]:

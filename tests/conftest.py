@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +18,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def build_tiny_model(path: Path, **overrides: object) -> Path:
+def build_tiny_model(path: Path, **overrides: Any) -> Path:
     from engine_core.model_executor.tiny_model import make_tiny_model
 
-    spec: dict[str, object] = {"arch": "llama", "num_layers": 2, "hidden_size": 64,
+    spec: dict[str, Any] = {"arch": "llama", "num_layers": 2, "hidden_size": 64,
                                "num_heads": 4, "num_kv_heads": 2, "vocab_size": 512, "seed": 0}
     spec.update(overrides)
     make_tiny_model(path, **spec)

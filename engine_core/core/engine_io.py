@@ -33,6 +33,8 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None  # stop token id that finished it
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     first_scheduled_time: float | None = None
+    # When it was preempted since its previous output (time.time()); None: never.
+    preempted_times: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -19,6 +19,8 @@ class KVCacheManager:
         # req_id -> how many of its leading blocks are registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        # The same counts never reset: Prometheus counters must only grow.
+        self.prefix_cache_totals = PrefixCacheStats()
         self.caching_metrics = CachingMetrics()
 
     @property
@@ -108,6 +110,7 @@ class KVCacheManager:
     def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
         preempted = request.num_preemptions > 0
         self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, preempted)
+        self.prefix_cache_totals.record(request.num_tokens, num_hit_tokens, preempted)
         if not preempted:
             self.caching_metrics.observe(PrefixCacheStats(1, request.num_tokens, num_hit_tokens))
 

@@ -58,6 +58,8 @@ class Request:
     # Chained hashes of the full blocks of all_token_ids, appended as blocks fill.
     block_hashes: list[bytes] = field(default_factory=list)
     first_scheduled_time: float | None = None
+    # Preemptions (time.time()) its next output reports (then emptied).
+    unreported_preemptions: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
@@ -77,6 +79,13 @@ class Request:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
+
+    def take_preemption_times(self) -> list[float] | None:
+        """The preemption times not yet reported in an output (None when there are none)."""
+        if not self.unreported_preemptions:
+            return None
+        times, self.unreported_preemptions = self.unreported_preemptions, []
+        return times
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

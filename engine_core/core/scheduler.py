@@ -18,9 +18,10 @@ from engine_core.core.kv_cache_manager import KVCacheManager
 from engine_core.core.kv_cache_utils import KVCacheBlock, get_hash_fn, update_block_hashes
 from engine_core.core.request import Request, RequestStatus
 from engine_core.core.request_queue import make_request_queue
-from engine_core.core.runner_output import LogprobsLists, ModelRunnerOutput
+from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine_core.core.stats import PrefixCacheStats, SchedulerStats
+from engine_core.core.step_plan import RunningPlan, logprobs_row
 from engine_core.core.stop import check_stop
 from engine_core.core.tier_reset import TierReset, connector_tiers
 from engine_core.errors import DuplicateRequestError
@@ -144,79 +145,83 @@ class Scheduler:
     # ---- one step: decide ----------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.scheduler_config.max_num_batched_tokens
+        """Decide this step: running requests first (preempting when blocks run out), then
+        waiting ones while budget remains; then describe the decision for the runner."""
         threshold = self.scheduler_config.long_prefill_token_threshold
-        kv = self.kv_cache_manager
-        num_scheduled: dict[str, int] = {}
-        new_blocks_of: dict[str, list[KVCacheBlock]] = {}
-        scheduled_running: list[Request] = []
-        preempted: list[Request] = []
+        plan = RunningPlan(self.scheduler_config.max_num_batched_tokens)
+        self._schedule_running(plan, threshold)
+        scheduled_new: list[Request] = []
+        # After a preemption the pool is tight: admitting would only preempt again.
+        if not plan.preempted:
+            self._schedule_waiting(plan.budget, threshold, plan.num_scheduled, scheduled_new)
+        output = self._make_output(plan, scheduled_new)
+        # vLLM v1 style: the scheduler advances num_computed_tokens when it decides (after the
+        # output above recorded where each request stood).
+        requests = self.requests
+        for req_id, n in plan.num_scheduled.items():
+            requests[req_id].num_computed_tokens += n
+        return output
 
+    def _schedule_running(self, plan: RunningPlan, threshold: int) -> None:
         running = self.running
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and plan.budget > 0:
             request = running[i]
             num_new = request.num_tokens - request.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
-            if num_new > budget:
-                num_new = budget
+            num_new = min(num_new, plan.budget)
             if num_new <= 0:
                 i += 1
                 continue
-            while True:
-                new_blocks = kv.allocate_slots(request, num_new)
-                if new_blocks is not None:
-                    break
-                victim = self._pick_victim()
-                victim_index = running.index(victim)
-                del running[victim_index]
-                if victim_index < i:  # priority: the victim may already be scheduled
-                    i -= 1
-                    if victim.request_id in num_scheduled:
-                        budget += num_scheduled.pop(victim.request_id)
-                        del new_blocks_of[victim.request_id]
-                        scheduled_running.remove(victim)
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
+            new_blocks, i = self._allocate_or_preempt(request, num_new, plan, i)
             if new_blocks is None:
                 continue  # the request preempted itself; running[i] is now the next one
-            scheduled_running.append(request)
-            num_scheduled[request.request_id] = num_new
-            new_blocks_of[request.request_id] = new_blocks
-            budget -= num_new
+            plan.scheduled_running.append(request)
+            plan.num_scheduled[request.request_id] = num_new
+            plan.new_blocks_of[request.request_id] = new_blocks
+            plan.budget -= num_new
             i += 1
 
-        scheduled_new: list[Request] = []
-        # After a preemption the pool is tight: admitting would only preempt again.
-        if not preempted:
-            self._schedule_waiting(budget, threshold, num_scheduled, scheduled_new)
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: RunningPlan, i: int
+                             ) -> tuple[list[KVCacheBlock] | None, int]:
+        """Blocks for request's next num_new tokens, preempting victims until they fit (None
+        when request itself was the victim); i, request's index, moves with removals."""
+        running = self.running
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks, i
+            victim = self._pick_victim()
+            victim_index = running.index(victim)
+            del running[victim_index]
+            if victim_index < i:  # priority: the victim may already be scheduled
+                i -= 1
+                plan.unschedule(victim)
+            self._preempt(victim)
+            plan.preempted.append(victim)
+            if victim is request:
+                return None, i
 
-        new_reqs = []
-        for request in scheduled_new:
-            new_reqs.append(NewRequestData(
-                req_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                output_token_ids=list(request.output_token_ids),
-                sampling_params=request.sampling_params,
-                block_ids=kv.get_block_ids(request.request_id),
-                num_computed_tokens=request.num_computed_tokens,
-                eos_token_id=request.eos_token_id,
-            ))
+    def _make_output(self, plan: RunningPlan, scheduled_new: list[Request]) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        new_reqs = [NewRequestData(
+            req_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=list(request.output_token_ids),
+            sampling_params=request.sampling_params,
+            block_ids=kv.get_block_ids(request.request_id),
+            num_computed_tokens=request.num_computed_tokens,
+            eos_token_id=request.eos_token_id,
+        ) for request in scheduled_new]
+        running = plan.scheduled_running
         cached = CachedRequestData(
-            req_ids=[r.request_id for r in scheduled_running],
-            new_block_ids=[[b.block_id for b in new_blocks_of[r.request_id]]
-                           for r in scheduled_running],
-            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+            req_ids=[r.request_id for r in running],
+            new_block_ids=[[b.block_id for b in plan.new_blocks_of[r.request_id]]
+                           for r in running],
+            num_computed_tokens=[r.num_computed_tokens for r in running],
         )
-        # vLLM v1 style: the scheduler advances num_computed_tokens when it decides.
-        requests = self.requests
-        for req_id, n in num_scheduled.items():
-            requests[req_id].num_computed_tokens += n
-
-        preempted_ids = {r.request_id for r in preempted}
+        preempted_ids = {r.request_id for r in plan.preempted}
         if self._preempted_outside_step:
             preempted_ids |= self._preempted_outside_step
             self._preempted_outside_step = set()
@@ -225,8 +230,8 @@ class Scheduler:
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            num_scheduled_tokens=plan.num_scheduled,
+            total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=finished,
             preempted_req_ids=preempted_ids,
             kv_connector_metadata=(self.kv_connector.build_connector_meta()
@@ -298,6 +303,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.unreported_preemptions.append(time.time())
         self.num_preemptions += 1
         self.waiting.add_preempted(request)
 
@@ -310,12 +316,8 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         index_of = runner_output.req_id_to_index
         sampled = runner_output.sampled_token_ids
-        logprobs = runner_output.logprobs
         prompt_logprobs = runner_output.prompt_logprobs_dict
         requests = self.requests
-        caching = self.hash_blocks
-        block_size = self.block_size
-        max_model_len = self.max_model_len
         preempted_status = RequestStatus.PREEMPTED
         stopped: set[Request] = set()
         stopped_preempted: list[Request] = []
@@ -331,32 +333,19 @@ class Scheduler:
             new_token_ids = sampled[index] if index is not None else []
             finished = False
             if new_token_ids:
-                output_ids = request.output_token_ids
-                all_ids = request.all_token_ids
-                for n, token_id in enumerate(new_token_ids, 1):
-                    output_ids.append(token_id)
-                    all_ids.append(token_id)
-                    if check_stop(request, max_model_len):
-                        finished = True
-                        new_token_ids = new_token_ids[:n]
-                        break
-                if caching and len(all_ids) // block_size > len(request.block_hashes):
-                    update_block_hashes(request, block_size, self.hash_fn)
+                new_token_ids, finished = self._append_tokens(request, new_token_ids)
             new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not (new_token_ids or finished or new_prompt_logprobs):
                 continue
-            new_logprobs = None
-            if (logprobs is not None and new_token_ids and index is not None
-                    and request.sampling_params.logprobs is not None):
-                new_logprobs = LogprobsLists([logprobs.logprob_token_ids[index]],
-                                             [logprobs.logprobs[index]],
-                                             [logprobs.sampled_token_ranks[index]])
+            new_logprobs = (logprobs_row(runner_output.logprobs, index)
+                            if new_token_ids and request.sampling_params.logprobs is not None
+                            else None)
             # Positional: this runs once per request per step.
             outputs.append(EngineCoreOutput(
                 req_id, new_token_ids, new_logprobs, new_prompt_logprobs,
                 request.get_finish_reason() if finished else None, request.stop_reason,
                 request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
-                request.first_scheduled_time))
+                request.first_scheduled_time, request.take_preemption_times()))
             if finished:
                 if was_preempted:
                     stopped_preempted.append(request)
@@ -368,6 +357,23 @@ class Scheduler:
         for request in stopped_preempted:
             self.waiting.remove(request)
         return outputs
+
+    def _append_tokens(self, request: Request, new_token_ids: list[int]
+                       ) -> tuple[list[int], bool]:
+        """Append sampled tokens up to the first that stops the request; (kept, finished)."""
+        output_ids = request.output_token_ids
+        all_ids = request.all_token_ids
+        finished = False
+        for n, token_id in enumerate(new_token_ids, 1):
+            output_ids.append(token_id)
+            all_ids.append(token_id)
+            if check_stop(request, self.max_model_len):
+                finished = True
+                new_token_ids = new_token_ids[:n]
+                break
+        if self.hash_blocks and len(all_ids) // self.block_size > len(request.block_hashes):
+            update_block_hashes(request, self.block_size, self.hash_fn)
+        return new_token_ids, finished
 
     # ---- cache control and stats ---------------------------------------------------------
 
@@ -411,6 +417,8 @@ class Scheduler:
             prefix_cache_stats=kv.make_prefix_cache_stats(),
             prefix_cache_recent_hit_rate=kv.caching_metrics.hit_rate,
             num_preemptions=self.num_preemptions,
+            prefix_cache_totals=kv.prefix_cache_totals.copy(),
             connector_prefix_cache_stats=(self.connector_prefix_cache_stats.copy()
                                           if self.kv_connector is not None else None),
         )
+

@@ -95,5 +95,7 @@ class SchedulerStats:
     # Hit rate of the last 1000 first admissions (vLLM's windowed metric).
     prefix_cache_recent_hit_rate: float = 0.0
     num_preemptions: int = 0  # since start
+    # prefix_cache_stats since start, never reset (what Prometheus counters are made of).
+    prefix_cache_totals: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     # Tokens a KV connector supplied on device misses; None without a connector.
     connector_prefix_cache_stats: PrefixCacheStats | None = None

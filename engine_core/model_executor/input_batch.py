@@ -7,11 +7,15 @@ slot mapping are a few numpy gathers over all requests, not a Python loop over t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from engine_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import xgrammar as xg
 
 
 @dataclass(slots=True)
@@ -27,6 +31,9 @@ class CachedRequestState:
     row: int  # row in InputBatch
     # Prompt positions whose prompt logprob row was already sent (survives preemption).
     prompt_logprobs_done: int = 0
+    # params.structured_outputs' matcher, at the state after output_token_ids; made when the
+    # request is first sampled (dropped with the state on preemption, then rebuilt).
+    grammar: xg.GrammarMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

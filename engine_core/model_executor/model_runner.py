@@ -47,6 +47,7 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
+from engine_core.structured_output.runner_grammars import RunnerGrammars
 from kernels._cpu_build import ensure_built as ensure_cpu_kernels_built
 from kernels.cpu_isa import probe as probe_cpu_isa
 
@@ -97,6 +98,9 @@ class ModelRunner:
             logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
         self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
         self.sampler = Sampler()
+        # Grammar matchers of structured-output requests; the engine core gives it the
+        # compiler (GrammarCache) built from its tokenizer.
+        self.grammars = RunnerGrammars()
         self.kv_caches: list[torch.Tensor] = []
         self.requests: dict[str, CachedRequestState] = {}
         # Preempted requests come back as new ones; their seeded generator (and how far their
@@ -216,7 +220,10 @@ class ModelRunner:
             tokens = out.sampled_token_ids.tolist()
             for i, token in zip(inputs.sample_reqs.tolist(), tokens, strict=True):
                 sampled_lists[i] = [token]
-                self._append_token(self.requests[inputs.req_ids[i]], token)
+                state = self.requests[inputs.req_ids[i]]
+                self._append_token(state, token)
+                if state.grammar is not None:
+                    self.grammars.accept(state.req_id, state.grammar, token)
             logprobs = _spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
         prompt_logprobs = self._prompt_logprobs(inputs, logits[num_sampled:])
         return ModelRunnerOutput(
@@ -352,8 +359,13 @@ class ModelRunner:
         rows = []
         for i in inputs.sample_reqs.tolist():
             s = self.requests[inputs.req_ids[i]]
+            if s.grammar is None and s.params.structured_outputs is not None:
+                # At the first sample, so the compile overlapped the prefill; a resumed
+                # (preempted) request replays its kept output through the new matcher.
+                s.grammar = self.grammars.matcher_for(s.params, s.output_token_ids,
+                                                      s.eos_token_id)
             rows.append(SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids,
-                                    s.generator, s.eos_token_id))
+                                    s.generator, s.eos_token_id, s.grammar))
         metadata = build_sampling_metadata(rows, self.model_config.vocab_size, self.device)
         return self.sampler(logits, metadata)
 

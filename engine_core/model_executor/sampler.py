@@ -1,6 +1,6 @@
 """Sampler: one token per request row from the model's logits, vectorized across the batch.
 
-Order (vLLM's): token masks (logit_bias, allowed_token_ids, min_tokens) -> penalties ->
+Order (vLLM's): the grammar bitmask (structured outputs) -> token masks (logit_bias, allowed_token_ids, min_tokens) -> penalties ->
 greedy rows take the argmax -> random rows: temperature, top_k, top_p, min_p, softmax, and the
 exponential race. Logprobs are of the raw model distribution, before any of this.
 """
@@ -66,7 +66,13 @@ class Sampler:
 
         custom = self.logits_processors
         # Masks edit in place: copy so the caller's logits stay as the model produced them.
-        logits = logits.to(torch.float32, copy=not metadata.masks.is_empty or bool(custom))
+        logits = logits.to(torch.float32, copy=not metadata.masks.is_empty or bool(custom)
+                           or metadata.grammar is not None)
+        if metadata.grammar is not None:
+            # First, as vLLM applies it before the sampler: no bias can revive a banned token.
+            from engine_core.structured_output.bitmask import apply_grammar_mask
+
+            logits = apply_grammar_mask(logits, metadata.grammar)
         logits = apply_token_masks(logits, metadata.masks)
         if custom:
             custom.update_state(metadata.rows)

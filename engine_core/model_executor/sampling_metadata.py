@@ -8,11 +8,17 @@ every stage that no row needs (an all-greedy batch with no masks is a bare argma
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engine_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import xgrammar as xg
+
+    from engine_core.structured_output.bitmask import GrammarMask
 
 
 @dataclass(slots=True)
@@ -24,6 +30,9 @@ class SamplingRow:
     output_token_ids: list[int]  # generated so far (penalties, min_tokens)
     generator: torch.Generator | None  # per-request, created once from params.seed by the runner
     eos_token_id: int | None
+    # The request's grammar matcher (params.structured_outputs), advanced by the runner on each
+    # accepted token; None: unconstrained.
+    grammar: xg.GrammarMatcher | None = None
 
 
 @dataclass(slots=True)
@@ -85,6 +94,8 @@ class SamplingMetadata:
     logprob_rows: list[int] = field(default_factory=list)
     # The rows themselves, for custom logits processors' batch updates.
     rows: list[SamplingRow] = field(default_factory=list)
+    # Allowed next tokens of the grammar-constrained rows; None when no row has a grammar.
+    grammar: GrammarMask | None = None
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -106,29 +117,11 @@ def build_sampling_metadata(
     for row in rows:
         _validate_row(row, vocab_size)
 
-    num_reqs = len(rows)
     greedy = [row.params.is_greedy for row in rows]
     all_greedy = all(greedy)
     all_random = not any(greedy)
-    random_params = [row.params for row, g in zip(rows, greedy, strict=True) if not g]
-
-    temperature = greedy_mask = top_k = top_p = min_p = None
-    max_top_k = vocab_size
-    if not all_greedy:
-        temperature = _f32([1.0 if g else row.params.temperature
-                            for row, g in zip(rows, greedy, strict=True)], device)
-        if not all_random:
-            greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
-        ks = [_effective_top_k(row.params, vocab_size) for row in rows]
-        random_ks = [k for k, g in zip(ks, greedy, strict=True) if not g and k < vocab_size]
-        if random_ks:
-            top_k = torch.tensor(ks, dtype=torch.int64, device=device)
-            # Rows with top_k off do not count: topk(max_top_k) stays small next to the vocab.
-            max_top_k = max(random_ks)
-        if any(p.top_p < 1.0 for p in random_params):
-            top_p = _f32([row.params.top_p for row in rows], device)
-        if any(p.min_p > 0.0 for p in random_params):
-            min_p = _f32([row.params.min_p for row in rows], device)
+    knobs = _RandomKnobs(vocab_size) if all_greedy else _random_knobs(rows, greedy, vocab_size,
+                                                                       device)
 
     generators = {
         i: row.generator
@@ -141,23 +134,67 @@ def build_sampling_metadata(
                            default=None)
 
     return SamplingMetadata(
-        num_reqs=num_reqs,
+        num_reqs=len(rows),
         vocab_size=vocab_size,
         all_greedy=all_greedy,
         all_random=all_random,
-        temperature=temperature,
-        greedy_mask=greedy_mask,
-        top_k=top_k,
-        max_top_k=max_top_k,
-        top_p=top_p,
-        min_p=min_p,
+        temperature=knobs.temperature,
+        greedy_mask=knobs.greedy_mask,
+        top_k=knobs.top_k,
+        max_top_k=knobs.max_top_k,
+        top_p=knobs.top_p,
+        min_p=knobs.min_p,
         generators=generators,
         penalties=_build_penalties(rows, vocab_size, device),
         masks=_build_masks(rows, vocab_size, device),
         max_num_logprobs=max_num_logprobs,
         logprob_rows=asked,
         rows=list(rows),
+        grammar=_build_grammar_mask(rows, vocab_size),
     )
+
+
+def _build_grammar_mask(rows: list[SamplingRow], vocab_size: int) -> GrammarMask | None:
+    if all(row.grammar is None for row in rows):
+        return None  # xgrammar is imported only once some request asks for a grammar
+    from engine_core.structured_output.bitmask import build_grammar_mask
+
+    return build_grammar_mask([row.grammar for row in rows],
+                              [row.eos_token_id for row in rows], vocab_size)
+
+
+@dataclass(slots=True)
+class _RandomKnobs:
+    """The sampled rows' temperature and truncations; None where no row in the batch uses one
+    (the sampler then skips that pass)."""
+
+    max_top_k: int
+    temperature: torch.Tensor | None = None
+    greedy_mask: torch.Tensor | None = None  # only in a batch mixing greedy and sampled rows
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+
+
+def _random_knobs(rows: list[SamplingRow], greedy: list[bool], vocab_size: int,
+                  device: torch.device) -> _RandomKnobs:
+    knobs = _RandomKnobs(vocab_size)
+    knobs.temperature = _f32([1.0 if g else row.params.temperature
+                              for row, g in zip(rows, greedy, strict=True)], device)
+    if any(greedy):
+        knobs.greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
+    random_params = [row.params for row, g in zip(rows, greedy, strict=True) if not g]
+    ks = [_effective_top_k(row.params, vocab_size) for row in rows]
+    random_ks = [k for k, g in zip(ks, greedy, strict=True) if not g and k < vocab_size]
+    if random_ks:
+        knobs.top_k = torch.tensor(ks, dtype=torch.int64, device=device)
+        # Rows with top_k off do not count: topk(max_top_k) stays small next to the vocab.
+        knobs.max_top_k = max(random_ks)
+    if any(p.top_p < 1.0 for p in random_params):
+        knobs.top_p = _f32([row.params.top_p for row in rows], device)
+    if any(p.min_p > 0.0 for p in random_params):
+        knobs.min_p = _f32([row.params.min_p for row in rows], device)
+    return knobs
 
 
 def _num_logprobs(value: int | None, vocab_size: int) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
 from engine_core.errors import DuplicateRequestError
+from engine_core.metrics.request_metrics import RequestStatsRecorder
 from engine_core.outputs import RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.processing.parallel_sampling import ParentRequest
@@ -28,12 +29,14 @@ class OutputProcessorResult:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, stream_interval: int = 1) -> None:
+    def __init__(self, tokenizer: Tokenizer, stream_interval: int = 1,
+                 stats: RequestStatsRecorder | None = None) -> None:
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.tokenizer = tokenizer
         # Streaming requests get an output every stream_interval tokens (vLLM's EngineArgs).
         self.stream_interval = stream_interval
+        self.stats = stats  # per-request Prometheus metrics; None records none
         self._parents: dict[str, ParentRequest] = {}
         self._parent_of_child: dict[str, ParentRequest] = {}
 
@@ -67,21 +70,44 @@ class OutputProcessor:
             # Aborted here, or already ended by a stop string: vLLM reports nothing more for it.
             if parent is None or parent.children[output.request_id].finished:
                 continue
+            previous_token_time = parent.metrics.last_token_time
             if parent.update(output, timestamp):
                 result.reqs_to_abort.append(output.request_id)
             touched[parent.request_id] = parent
+            if self.stats is not None and output.new_token_ids:
+                self._record_token_step(parent, previous_token_time)
         for parent in touched.values():
             request_output = parent.make_output()
             if request_output is not None:
                 result.request_outputs.append(request_output)
             if parent.finished:
+                self._record_finished(parent)
                 self._remove(parent)
         return result
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
+    def _record_token_step(self, parent: ParentRequest, previous: float | None) -> None:
+        assert self.stats is not None
+        current = parent.metrics.last_token_time
+        if previous is None:
+            self.stats.first_token(parent.metrics)
+        elif current is not None and current > previous:
+            # n > 1: the siblings' tokens of the same step have the same time; counted once.
+            self.stats.next_token(previous, current)
+
+    def _record_finished(self, parent: ParentRequest) -> None:
+        if self.stats is not None:
+            children = parent.children.values()
+            self.stats.finished(parent.metrics, len(parent.prompt_token_ids),
+                                [len(c.token_ids) for c in children],
+                                [c.finish_reason for c in children])
+
+    def abort_requests(self, request_ids: Iterable[str], count_as_aborted: bool = True
+                       ) -> list[str]:
         """Drop the requests (no further output); return the child ids the core must abort.
 
         A child id drops its whole parent: a parent's output needs all n of its children.
+        count_as_aborted=False: taking back a request the core refused (not an abort in the
+        metrics: it never ran).
         """
         to_abort: list[str] = []
         for request_id in request_ids:
@@ -89,6 +115,9 @@ class OutputProcessor:
             if parent is None or parent.request_id not in self._parents:
                 continue
             to_abort.extend(parent.unfinished_child_ids())
+            if self.stats is not None and count_as_aborted:
+                parent.finish_unfinished("abort", time.time())
+                self._record_finished(parent)
             self._remove(parent)
         return to_abort
 
@@ -104,6 +133,7 @@ class OutputProcessor:
             request_output = parent.make_output(error=reason)
             if request_output is not None:
                 request_outputs.append(request_output)
+            self._record_finished(parent)
             self._remove(parent)
         return request_outputs
 

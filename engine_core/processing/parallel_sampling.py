@@ -67,6 +67,8 @@ class ParentRequest:
         metrics = self.metrics
         if metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = output.first_scheduled_time
+        if output.preempted_times:
+            metrics.preemption_times.extend(output.preempted_times)
         if output.new_token_ids:
             if metrics.first_token_time is None:
                 metrics.first_token_time = timestamp
@@ -113,6 +115,8 @@ class ParentRequest:
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.num_cached_tokens,
-            metrics=dataclasses.replace(self.metrics),  # a snapshot: later steps update ours
+            # A snapshot (its own list too): later steps update ours.
+            metrics=dataclasses.replace(self.metrics,
+                                        preemption_times=list(self.metrics.preemption_times)),
             error=error,
         )

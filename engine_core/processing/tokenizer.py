@@ -50,6 +50,11 @@ class Tokenizer:
             config["chat_template"] = template_file.read_text(encoding="utf-8")
         return cls(backend, config)
 
+    @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers` object (its vocabulary and JSON spec feed the grammar engine)."""
+        return self._backend
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.add_bos_token is not None and self.bos_token_id is not None:

@@ -30,7 +30,7 @@ def core_request_from_pb(msg: pb.EngineCoreRequest) -> EngineCoreRequest:
     return EngineCoreRequest(
         request_id=msg.request_id,
         prompt_token_ids=list(msg.prompt_token_ids),
-        sampling_params=params_from_pb(msg.sampling_params),
+        sampling_params=params_from_pb(msg.sampling_params, validated=True),
         eos_token_id=msg.eos_token_id if msg.HasField("eos_token_id") else None,
         arrival_time=msg.arrival_time,
         priority=msg.priority,
@@ -76,6 +76,8 @@ def core_output_to_pb(out: EngineCoreOutput) -> pb.EngineCoreOutput:
     set_stop_reason(msg, out.stop_reason)
     if out.first_scheduled_time is not None:
         msg.first_scheduled_time = out.first_scheduled_time
+    if out.preempted_times:
+        msg.preempted_times.extend(out.preempted_times)
     return msg
 
 
@@ -92,6 +94,7 @@ def core_output_from_pb(msg: pb.EngineCoreOutput) -> EngineCoreOutput:
         num_cached_tokens=msg.num_cached_tokens,
         first_scheduled_time=(msg.first_scheduled_time
                               if msg.HasField("first_scheduled_time") else None),
+        preempted_times=list(msg.preempted_times) or None,
     )
 
 

@@ -56,12 +56,14 @@ def metrics_to_pb(metrics: RequestMetrics) -> pb.RequestMetrics:
         value = getattr(metrics, name)
         if value is not None:
             setattr(msg, name, value)
+    msg.preemption_times.extend(metrics.preemption_times)
     return msg
 
 
 def metrics_from_pb(msg: pb.RequestMetrics) -> RequestMetrics:
     times = {n: getattr(msg, n) for n in _METRIC_TIMES if msg.HasField(n)}
-    return RequestMetrics(arrival_time=msg.arrival_time, **times)
+    return RequestMetrics(arrival_time=msg.arrival_time, preemption_times=list(msg.preemption_times),
+                          **times)
 
 
 def completion_to_pb(out: CompletionOutput) -> pb.CompletionOutput:

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from engine_core.structured_output.params import StructuredOutputsParams
 from services._proto.strand.v1 import types_pb2 as pb
 
 PromptType = str | dict[str, Any]
@@ -50,11 +51,40 @@ def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
         msg.bad_words_token_ids.add().ids.extend(ids)
     if params.extra_args is not None:
         msg.extra_args_json = json.dumps(params.extra_args)
+    if params.structured_outputs is not None:
+        msg.structured_outputs.CopyFrom(structured_to_pb(params.structured_outputs))
     return msg
 
 
-def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
-    """ValueError naming the field when a value is out of bounds."""
+def structured_to_pb(so: StructuredOutputsParams) -> pb.StructuredOutputsParams:
+    msg = pb.StructuredOutputsParams(disable_any_whitespace=so.disable_any_whitespace)
+    kind = so.kind
+    if kind == "json":
+        msg.json = so.json if isinstance(so.json, str) else json.dumps(so.json)
+    elif kind == "choice":
+        msg.choice.choices.extend(so.choice or [])
+    elif kind == "json_object":
+        msg.json_object = True
+    else:
+        setattr(msg, kind, getattr(so, kind))
+    return msg
+
+
+def structured_from_pb(msg: pb.StructuredOutputsParams) -> StructuredOutputsParams:
+    """ValueError naming structured_outputs when no kind (or json_object=false) is set."""
+    kind = msg.WhichOneof("kind")
+    kwargs: dict[str, Any] = {"disable_any_whitespace": msg.disable_any_whitespace}
+    if kind == "choice":
+        kwargs["choice"] = list(msg.choice.choices)
+    elif kind is not None:
+        kwargs[kind] = getattr(msg, kind)
+    return StructuredOutputsParams(**kwargs)
+
+
+def params_from_pb(msg: pb.SamplingParams, validated: bool = False) -> SamplingParams:
+    """ValueError naming the field when a value is out of bounds. validated=True: the message
+    comes from a stage that already validated it (the tokenizer; stages authenticate each
+    other), so it is rebuilt as data without checking every bound again."""
     kwargs: dict[str, Any] = {}
     for name in _OPTIONAL_SCALARS:
         if msg.HasField(name):
@@ -81,6 +111,10 @@ def params_from_pb(msg: pb.SamplingParams) -> SamplingParams:
             kwargs["extra_args"] = json.loads(msg.extra_args_json)
         except ValueError as exc:
             raise ValueError(f"extra_args_json must be a JSON object: {exc}") from None
+    if msg.HasField("structured_outputs"):
+        kwargs["structured_outputs"] = structured_from_pb(msg.structured_outputs)
+    if validated:
+        return SamplingParams.from_validated(**kwargs)
     return SamplingParams(**kwargs)
 
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from services.common.errors import UserError
+from services.common.metrics_server import check_metrics_port, start_metrics_server
 from services.common.stage_auth import stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
 from services.common.undecodable import UndecodableInterceptor
@@ -47,6 +49,7 @@ class ServerOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     otlp_traces_endpoint: str | None = None
+    metrics_port: int | None = None  # Prometheus /metrics on this port of host; 0/None: off
 
 
 def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -59,14 +62,19 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--tls-key", default=None)
     if not any(a.dest == "otlp_traces_endpoint" for a in parser._actions):
         parser.add_argument("--otlp-traces-endpoint", default=None)
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST is "
+                             "--host); 0 or absent: off")
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("tls_cert and tls_key must be given together")
+    check_metrics_port(args.metrics_port)
     return ServerOptions(host=args.host, port=args.port, max_message_bytes=args.max_message_bytes,
                          api_key=args.api_key, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                         otlp_traces_endpoint=args.otlp_traces_endpoint)
+                         otlp_traces_endpoint=args.otlp_traces_endpoint,
+                         metrics_port=args.metrics_port)
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -122,9 +130,11 @@ async def run_server(name: str, options: ServerOptions,
                      register: Callable[[grpc.aio.Server], Sequence[str]],
                      on_stop: Callable[[], Awaitable[None]] | None = None,
                      on_started: Callable[[int], Awaitable[None]] | None = None,
-                     ready: Callable[[], bool] | None = None) -> None:
+                     ready: Callable[[], bool] | None = None,
+                     metrics: CollectorRegistry | None = None) -> None:
     """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names;
-    `ready` (polled) says whether this stage's part of the ring is connected."""
+    `ready` (polled) says whether this stage's part of the ring is connected; `metrics` is
+    served on options.metrics_port."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     api_key = stage_api_key(name, options.host, options.api_key)
     interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
@@ -162,6 +172,7 @@ async def run_server(name: str, options: ServerOptions,
         raise UserError(f"{name}: cannot listen on {address} (the port is in use, or the host "
                         f"is not a local address); choose another with --port") from exc
     await server.start()
+    metrics_server = start_metrics_server(name, options.host, options.metrics_port, metrics)
     for service in ("", LIVENESS):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     print(f"strand {name} listening on {options.host}:{port}", flush=True)
@@ -181,6 +192,8 @@ async def run_server(name: str, options: ServerOptions,
     await server.stop(grace=2.0)
     if on_stop is not None:
         await on_stop()
+    if metrics_server is not None:
+        metrics_server.stop()
     shutdown_tracing()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from engine_core.errors import DuplicateRequestError, QueueFullError
+from engine_core.errors import DuplicateRequestError, EngineSleepingError, QueueFullError
 from services._proto.strand.v1 import types_pb2 as pb
 
 
@@ -35,6 +35,9 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return exc.code, exc.message
     if isinstance(exc, QueueFullError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+    if isinstance(exc, EngineSleepingError):
+        # The request is fine; the engine is not in a state to take it until WakeUp.
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, ValueError):
         code = (grpc.StatusCode.ALREADY_EXISTS if isinstance(exc, DuplicateRequestError)
                 else grpc.StatusCode.INVALID_ARGUMENT)

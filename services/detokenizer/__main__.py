@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from prometheus_client import CollectorRegistry
 
+from engine_core.metrics.request_metrics import RequestStatsRecorder
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import detokenizer_pb2, detokenizer_pb2_grpc
 from services.common.errors import run_main, setup_logging
 from services.common.server import ServerOptions, run_server
-from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
+from services.common.stage_args import (
+    checked_engine_args,
+    make_parser,
+    parse_stage_args,
+    resolve_model_info,
+)
 from services.detokenizer.servicer import DetokenizerServicer
 
 
@@ -29,12 +36,20 @@ def _main(argv: list[str] | None) -> None:
     from engine_core.processing.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(engine_args.tokenizer or resolve_model_dir(engine_args.model))
-    processor = OutputProcessor(tokenizer, stream_interval=engine_args.stream_interval)
+    # Each request's latencies and finish reasons are recorded here, as in LLMEngine, under
+    # the model name the engine stage reports its own metrics with.
+    registry = CollectorRegistry()
+    info = resolve_model_info(engine_args)
+    stats = RequestStatsRecorder(registry, engine_args.model or info.model_dir,
+                                 info.max_model_len)
+    processor = OutputProcessor(tokenizer, stream_interval=engine_args.stream_interval,
+                                stats=stats)
 
-    asyncio.run(_serve(processor, args.engine_addr, options))
+    asyncio.run(_serve(processor, args.engine_addr, options, registry))
 
 
-async def _serve(processor: OutputProcessor, engine_addr: str, options: ServerOptions) -> None:
+async def _serve(processor: OutputProcessor, engine_addr: str, options: ServerOptions,
+                 registry: CollectorRegistry | None = None) -> None:
     # Made on the running loop: a grpc.aio channel belongs to the loop it was created on.
     servicer = DetokenizerServicer.create(processor, engine_addr)
 
@@ -49,7 +64,7 @@ async def _serve(processor: OutputProcessor, engine_addr: str, options: ServerOp
         await servicer.feed.close()
 
     await run_server("detokenizer", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=servicer.ready)
+                     ready=servicer.ready, metrics=registry)
 
 if __name__ == "__main__":
     main()

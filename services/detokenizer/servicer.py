@@ -6,7 +6,7 @@ the engine has the request, so before its first output); gateways abort on their
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -16,7 +16,7 @@ from services._proto.strand.v1 import detokenizer_pb2_grpc
 from services._proto.strand.v1 import engine_pb2 as epb
 from services.common.convert import core_request_to_pb
 from services.common.convert_core import processed_from_pb
-from services.common.status import StageError, error_to_pb
+from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import context_from_carrier, server_span
 from services.detokenizer.engine_feed import EngineFeed
 from services.detokenizer.routes import Routes
@@ -74,28 +74,35 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
                 return await self._dispatch(msg, kind)
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
+                span.set_attribute("error.type", status_of(exc)[0].name)
                 return dpb.DetokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
 
     async def _dispatch(self, msg: dpb.DetokenizerRequest, kind: str | None
                         ) -> dpb.DetokenizerResponse:
-        seq = msg.seq
-        if kind == "add":
-            return dpb.DetokenizerResponse(seq=seq, children=await self._add(msg.add))
-        if kind == "abort":
-            child_ids = self.processor.abort_requests(list(msg.abort.request_ids))
-            self.routes.forget(msg.abort.request_ids)
-            if child_ids:
-                # Answered once the engine has dropped them too: no step after the Abort call
-                # computes them (LLMEngine.abort_request's promise).
-                await self.feed.engine.call(epb.EngineRequest(
-                    abort=epb.EngineAbort(request_ids=child_ids)))
-            return dpb.DetokenizerResponse(seq=seq,
-                                           child_ids=dpb.RequestIds(request_ids=child_ids))
-        if kind == "query":
-            return dpb.DetokenizerResponse(seq=seq, state=dpb.DetokState(
-                num_unfinished_requests=self.processor.get_num_unfinished_requests(),
-                engine_subscribed=self.feed.subscribed))
-        raise ValueError(f"kind must be one of add, abort, query, got {kind!r}")
+        handler = _HANDLERS.get(kind or "")
+        if handler is None:
+            raise ValueError(f"kind must be one of {', '.join(sorted(_HANDLERS))}, got {kind!r}")
+        return await handler(self, msg)
+
+    async def _on_add(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
+        return dpb.DetokenizerResponse(seq=msg.seq, children=await self._add(msg.add))
+
+    async def _on_abort(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
+        child_ids = self.processor.abort_requests(list(msg.abort.request_ids),
+                                                  not msg.abort.never_admitted)
+        self.routes.forget(msg.abort.request_ids)
+        if child_ids:
+            # Answered once the engine has dropped them too: no step after the Abort call
+            # computes them (LLMEngine.abort_request's promise).
+            await self.feed.engine.call(epb.EngineRequest(
+                abort=epb.EngineAbort(request_ids=child_ids)))
+        return dpb.DetokenizerResponse(seq=msg.seq,
+                                       child_ids=dpb.RequestIds(request_ids=child_ids))
+
+    async def _on_query(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
+        return dpb.DetokenizerResponse(seq=msg.seq, state=dpb.DetokState(
+            num_unfinished_requests=self.processor.get_num_unfinished_requests(),
+            engine_subscribed=self.feed.subscribed))
 
     async def _add(self, add: dpb.DetokAddRequest) -> dpb.ChildRequests:
         if not add.origin:
@@ -111,3 +118,10 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         return dpb.ChildRequests(requests=[core_request_to_pb(c) for c in children])
 
 
+# Session message kinds and their handlers: a new kind is one method and one entry.
+_HANDLERS: dict[str, Callable[[DetokenizerServicer, dpb.DetokenizerRequest],
+                              Awaitable[dpb.DetokenizerResponse]]] = {
+    "add": DetokenizerServicer._on_add,
+    "abort": DetokenizerServicer._on_abort,
+    "query": DetokenizerServicer._on_query,
+}

@@ -45,7 +45,8 @@ def _main(argv: list[str] | None) -> None:
             task.cancel()
         servicer.close()
 
-    asyncio.run(run_server("engine", options, register, on_stop=on_stop, on_started=on_started))
+    asyncio.run(run_server("engine", options, register, on_stop=on_stop, on_started=on_started,
+                           metrics=servicer.core.metrics_registry))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ core methods and back to protobuf, each step's span attributes and the stats lin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engine_core.core.engine_io import EngineCoreOutputs
@@ -24,47 +25,77 @@ class CoreCalls:
 
     def handle(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         kind = msg.WhichOneof("kind")
-        resp = self._dispatch(msg, kind, span)
+        handler = _HANDLERS.get(kind or "")
+        if handler is None:
+            raise ValueError(f"kind must be one of {', '.join(sorted(_HANDLERS))} or step, "
+                             f"got {kind!r}")
+        resp = handler(self, msg, span)
         self.num_unfinished = self.core.get_num_unfinished_requests()
         return resp
 
-    def _dispatch(self, msg: epb.EngineRequest, kind: str | None, span: Any
-                  ) -> epb.EngineResponse:
-        core, seq = self.core, msg.seq
-        if kind == "clear_kv_cache":
-            req = msg.clear_kv_cache
-            event_id, num_tokens = core.clear_kv_cache(req.instance_id, req.location)
-            span.set_attribute("strand.kv.location", req.location)
-            return epb.EngineResponse(seq=seq, cleared=epb.KvCacheCleared(
-                event_id=event_id, num_tokens_cleared=num_tokens))
-        if kind == "lookup_kv_cache":
-            found = core.lookup_kv_cache(list(msg.lookup_kv_cache.token_ids))
-            return epb.EngineResponse(seq=seq, lookup=epb.KvCacheLookup(
-                num_cached_tokens=found))
-        if kind == "get_loads":
-            return epb.EngineResponse(seq=seq, load=self.load())
-        if kind == "take_kv_events":
-            # ValueError (INVALID_ARGUMENT) names --kv-events when the engine records none.
-            batch = core.take_kv_events()
-            batches = [kv_event_batch_to_pb(batch, self.name)] if batch is not None else []
-            return epb.EngineResponse(seq=seq, kv_events_batches=epb.KvEventBatches(
-                batches=batches))
+    # -- one handler per Session message kind: (self, message, span) -> response ------------
+
+    def _on_clear_kv_cache(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        req = msg.clear_kv_cache
+        event_id, num_tokens = self.core.clear_kv_cache(req.instance_id, req.location)
+        span.set_attribute("strand.kv.location", req.location)
+        return epb.EngineResponse(seq=msg.seq, cleared=epb.KvCacheCleared(
+            event_id=event_id, num_tokens_cleared=num_tokens))
+
+    def _on_lookup_kv_cache(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        found = self.core.lookup_kv_cache(list(msg.lookup_kv_cache.token_ids))
+        return epb.EngineResponse(seq=msg.seq, lookup=epb.KvCacheLookup(num_cached_tokens=found))
+
+    def _on_get_loads(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        return epb.EngineResponse(seq=msg.seq, load=self.load())
+
+    def _on_take_kv_events(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        # ValueError (INVALID_ARGUMENT) names --kv-events when the engine records none.
+        batch = self.core.take_kv_events()
+        batches = [kv_event_batch_to_pb(batch, self.name)] if batch is not None else []
+        return epb.EngineResponse(seq=msg.seq,
+                                  kv_events_batches=epb.KvEventBatches(batches=batches))
+
+    def _on_add(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        self._add(list(msg.add.requests), span)
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_abort(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        self.core.abort_requests(list(msg.abort.request_ids))
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_reset_prefix_cache(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        req = msg.reset_prefix_cache
+        tiers = self.core.reset_prefix_cache_tiers(req.reset_running_requests,
+                                                   req.reset_connector)
+        state = epb.EngineState(reset_ok=all(t.reset for t in tiers))
+        state.tiers.extend(pb.TierReset(tier=t.tier, reset=t.reset, num_blocks=t.num_blocks,
+                                        num_bytes=t.num_bytes) for t in tiers)
+        return self._state(msg.seq, state)
+
+    def _on_query(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_sleep(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        self.core.sleep(msg.sleep.level if msg.sleep.HasField("level") else 1)
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_wake_up(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        self.core.wake_up(list(msg.wake_up.tags) or None)
+        return self._state(msg.seq, epb.EngineState())
+
+    def _on_profile(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         state = epb.EngineState()
-        if kind == "add":
-            self._add(list(msg.add.requests), span)
-        elif kind == "abort":
-            core.abort_requests(list(msg.abort.request_ids))
-        elif kind == "reset_prefix_cache":
-            req = msg.reset_prefix_cache
-            tiers = core.reset_prefix_cache_tiers(req.reset_running_requests,
-                                                  req.reset_connector)
-            state.reset_ok = all(t.reset for t in tiers)
-            state.tiers.extend(pb.TierReset(tier=t.tier, reset=t.reset, num_blocks=t.num_blocks,
-                                            num_bytes=t.num_bytes) for t in tiers)
-        elif kind != "query":
-            raise ValueError(f"kind must be add, step, abort, reset_prefix_cache, query, "
-                             f"clear_kv_cache, lookup_kv_cache, get_loads or take_kv_events, got {kind!r}")
-        state.num_unfinished_requests = core.get_num_unfinished_requests()
+        if msg.profile.start:
+            self.core.start_profile()
+        else:
+            state.profile_path = self.core.stop_profile()
+        return self._state(msg.seq, state)
+
+    def _state(self, seq: int, state: epb.EngineState) -> epb.EngineResponse:
+        state.num_unfinished_requests = self.core.get_num_unfinished_requests()
+        state.is_sleeping = self.core.is_sleeping()
+        state.supported_tasks.extend(self.core.get_supported_tasks())
         return epb.EngineResponse(seq=seq, state=state)
 
     def _add(self, pb_requests: list[Any], span: Any) -> None:
@@ -112,6 +143,23 @@ class CoreCalls:
             self.stats_logger.log_if_due(self.core.get_stats())
 
 
+# The Session message kinds the core's thread answers ("step" is the servicer's: it also feeds
+# the outputs hub). A table rather than an if-chain: a new kind is one method and one entry.
+_HANDLERS: dict[str, Callable[[CoreCalls, epb.EngineRequest, Any], epb.EngineResponse]] = {
+    "add": CoreCalls._on_add,
+    "abort": CoreCalls._on_abort,
+    "reset_prefix_cache": CoreCalls._on_reset_prefix_cache,
+    "query": CoreCalls._on_query,
+    "clear_kv_cache": CoreCalls._on_clear_kv_cache,
+    "lookup_kv_cache": CoreCalls._on_lookup_kv_cache,
+    "get_loads": CoreCalls._on_get_loads,
+    "take_kv_events": CoreCalls._on_take_kv_events,
+    "sleep": CoreCalls._on_sleep,
+    "wake_up": CoreCalls._on_wake_up,
+    "profile": CoreCalls._on_profile,
+}
+
+
 def record_step(span: Any, sched: SchedulerOutput | None, num_outputs: int) -> None:
     span.set_attribute("strand.step.num_outputs", num_outputs)
     if sched is None:
@@ -124,3 +172,8 @@ def record_step(span: Any, sched: SchedulerOutput | None, num_outputs: int) -> N
     span.set_attribute("strand.step.batch_size", sched.num_reqs)
     span.set_attribute("strand.step.scheduled_tokens", sched.total_num_scheduled_tokens)
     span.set_attribute("strand.step.prefill_tokens", prefill)
+    if sched.preempted_req_ids:
+        # Where the engine knows it: the requests this step's schedule preempted (recomputed
+        # later), as an event on the step's span.
+        span.add_event("strand.preemption",
+                       {"gen_ai.request.ids": sorted(sched.preempted_req_ids)})

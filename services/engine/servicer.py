@@ -28,7 +28,7 @@ from engine_core.stats_logger import StatsLogger
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_to_pb
-from services.common.status import StageError, error_to_pb
+from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
 from services.engine.core_calls import CoreCalls
 from services.engine.outputs_hub import OutputsHub
@@ -137,6 +137,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 return resp
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
+                span.set_attribute("error.type", status_of(exc)[0].name)
                 return epb.EngineResponse(seq=msg.seq, error=error_to_pb(exc))
 
     async def _manual_step(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:

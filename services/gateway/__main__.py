@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from services._proto.strand.v1 import (
     control_pb2,
@@ -26,6 +27,7 @@ from services.common.stage_client import StageClient
 from services.common.status import StageError
 from services.gateway.clients import DEFAULT_MAX_PENDING_BYTES
 from services.gateway.flow import SELF_STEP_AFTER_S, GatewayFlow
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.servicer import GatewayServicer
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, au
     flow = GatewayFlow(tokenizer, engine, detokenizer, self_step_after=self_step_after,
                        max_step_page_bytes=options.max_message_bytes,
                        max_pending_bytes=max_pending_bytes)
+    registry = CollectorRegistry()
+    flow.metrics = GatewayMetrics(registry, lambda: flow.num_live)
     peers = PeerHealth({"tokenizer": tokenizer.channel, "engine": engine.channel,
                         "detokenizer": detokenizer.channel})
 
@@ -99,7 +103,7 @@ async def serve(tokenizer_addr: str, engine_addr: str, detokenizer_addr: str, au
         await flow.close()
 
     await run_server("gateway", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=lambda: peers.ready and flow.feed.subscribed)
+                     ready=lambda: peers.ready and flow.feed.subscribed, metrics=registry)
 
 
 async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import types_pb2 as pb
@@ -27,6 +28,13 @@ class GatewayControl:
                     reset_running_requests=reset_running_requests,
                     reset_connector=reset_connector),
                 trace_context=carrier_from_context()))
+        return resp.state  # type: ignore[no-any-return]
+
+    async def engine_call(self, **kind: Any) -> epb.EngineState:
+        """One engine-wide call (sleep, wake_up, profile, query) between steps: its state."""
+        async with self._step_lock:
+            resp = await self.engine.call(epb.EngineRequest(
+                **kind, trace_context=carrier_from_context()))
         return resp.state  # type: ignore[no-any-return]
 
     async def clear_kv_cache(self, instance_id: str, location: str) -> tuple[str, int]:

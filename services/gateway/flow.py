@@ -35,7 +35,7 @@ from services._proto.strand.v1 import types_pb2 as pb
 from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
-from services.common.tracing import carrier_from_context, tracer
+from services.common.tracing import carrier_from_context
 from services.gateway.clients import (
     DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_MAX_PENDING_OUTPUTS,
@@ -52,8 +52,10 @@ from services.gateway.live import (
     error_output,
     finish_reason_of,
 )
+from services.gateway.metrics import GatewayMetrics
 from services.gateway.outboxes import Outboxes
 from services.gateway.output_feed import OutputFeed
+from services.gateway.request_span import fail_request_span, start_request_span
 from services.gateway.self_step import SELF_STEP_AFTER_S, SelfStepper
 
 logger = logging.getLogger(__name__)
@@ -82,6 +84,8 @@ class GatewayFlow:
         self.origin = f"gw-{uuid.uuid4().hex[:16]}"
         self.feed = OutputFeed(detokenizer, self.origin, self._on_batch, self._detokenizer_lost)
         self.auto_step: bool | None = None  # the engine's mode, learned from its GetInfo
+        self.model: str | None = None  # the engine's model, learned with its mode (spans)
+        self.metrics: GatewayMetrics | None = None  # set by the gateway's main
         self._live: dict[str, LiveRequest] = {}  # by internal id
         self._step_ids = itertools.count(1)
         # A step's batch: the (client, id) of the Generate requests it streamed to.
@@ -114,6 +118,7 @@ class GatewayFlow:
         except grpc.aio.AioRpcError as exc:
             raise StageUnavailable("engine", exc.details() or exc.code().name) from exc
         self.auto_step = bool(info.auto_step)
+        self.model = info.model
         return info
 
     async def _is_auto(self) -> bool:
@@ -127,18 +132,22 @@ class GatewayFlow:
                           params: pb.SamplingParams, arrival_time: float | None = None,
                           priority: int = 0, queue: StreamQueue | None = None) -> str:
         """Add the client's request; its internal id (the stages' name for it)."""
-        check_request_id(public_id)
         request_id = internal_id(client, public_id)
-        if request_id in self._live:  # only the caller's own ids can collide
-            raise StageError(grpc.StatusCode.ALREADY_EXISTS,
-                             f"request_id {public_id!r} is already in use")
-        if queue is None:  # a Generate stream's outputs never wait for a Step
-            self.outboxes.check_add(client)
+        try:
+            check_request_id(public_id)
+            if request_id in self._live:  # only the caller's own ids can collide
+                raise StageError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"request_id {public_id!r} is already in use")
+            if queue is None:  # a Generate stream's outputs never wait for a Step
+                self.outboxes.check_add(client)
+        except StageError as exc:
+            if self.metrics is not None:
+                self.metrics.refused(exc)
+            raise
         await self.feed.wait_subscribed(SUBSCRIBE_WAIT_S)
         # The id its client knows; the stages' spans name the internal one.
-        span = tracer().start_span("llm_request", attributes={
-            "gen_ai.request.id": public_id, "strand.request.internal_id": request_id})
-        _set_param_attributes(span, params)
+        span = start_request_span(public_id, prompt, params, self.model)
+        span.set_attribute("strand.request.internal_id", request_id)
         kind = params.output_kind
         # Live before the tokenizer answers: in auto mode the first outputs may come first.
         live = LiveRequest(request_id=request_id, child_ids=[], span=span,
@@ -146,19 +155,21 @@ class GatewayFlow:
                            final_only=kind == RequestOutputKind.FINAL_ONLY,
                            num_prompt_tokens=0, queue=queue,
                            num_outputs=params.n if params.HasField("n") else 1,
-                           client=client, public_id=public_id)
+                           metrics=self.metrics, client=client, public_id=public_id)
         self._live[request_id] = live
         try:
             added = await self._add(request_id, prompt, params, arrival_time, priority, span)
         except BaseException as exc:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
-            span.record_exception(exc)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-            span.end()
+            fail_request_span(span, exc)
+            if self.metrics is not None:
+                self.metrics.refused(exc)
             raise
         finally:
             self.self_stepper.work.set()
+        if self.metrics is not None:
+            self.metrics.added()
         live.child_ids = list(added.child_ids)
         live.num_outputs = len(added.child_ids)
         live.num_prompt_tokens = int(added.num_prompt_tokens)
@@ -347,8 +358,9 @@ class GatewayFlow:
         # on every iteration of a `while has_unfinished_requests(): step()` loop.
         return sum(1 for live in self._live.values() if live.client == client)
 
+    @property
     def num_live(self) -> int:
-        """Every client's unfinished requests (the soak tool compares it with the engine's)."""
+        """Every client's unfinished requests."""
         return len(self._live)
 
     def _has_streams(self) -> bool:
@@ -386,7 +398,3 @@ class GatewayFlow:
         task.add_done_callback(self._background.discard)
 
 
-def _set_param_attributes(span: trace.Span, params: pb.SamplingParams) -> None:
-    for name in ("n", "temperature", "top_p", "max_tokens"):
-        if params.HasField(name):
-            span.set_attribute(f"gen_ai.request.{name}", getattr(params, name))

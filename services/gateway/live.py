@@ -6,9 +6,15 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
 from services._proto.strand.v1 import types_pb2 as pb
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.request_span import (
+    add_first_token_event,
+    add_preemption_events,
+    end_request_span,
+)
 
 # A Generate stream receives RequestOutputs, then None when the request ends without one.
 StreamQueue = asyncio.Queue[pb.RequestOutput | None]
@@ -26,9 +32,13 @@ class LiveRequest:
     num_outputs: int = 1  # n: the completions of its RequestOutputs
     aborted: bool = False  # by an Abort call (maybe while the stages were still taking it)
     num_completion_tokens: dict[int, int] = field(default_factory=dict)  # per output index
+    finish_reasons: dict[int, str] = field(default_factory=dict)  # per output index, as they end
     start: float = field(default_factory=time.time)
     client: str = ""  # the identity of the client that added it (services/gateway/clients.py)
     public_id: str = ""  # the id its client gave: what the client sees in every output
+    metrics: GatewayMetrics | None = None
+    has_tokens: bool = False  # an output with tokens has arrived
+    num_preemptions: int = 0  # the engine's preemptions of it, as outputs reported them
 
     def record(self, output: pb.RequestOutput) -> None:
         for completion in output.outputs:
@@ -38,29 +48,27 @@ class LiveRequest:
             else:
                 self.num_completion_tokens[completion.index] = (
                     self.num_completion_tokens.get(completion.index, 0) + n)
+            if completion.HasField("finish_reason"):
+                self.finish_reasons.setdefault(completion.index, completion.finish_reason)
+        self.num_preemptions = add_preemption_events(self.span, output, self.num_preemptions)
+        if not self.has_tokens and any(c.token_ids for c in output.outputs):
+            self.has_tokens = True
+            add_first_token_event(self.span, output)
+            if self.metrics is not None:
+                self.metrics.first_output.observe(max(0.0, time.time() - self.start))
 
     def end_span(self, output: pb.RequestOutput | None, finish_reason: str) -> None:
-        """gen_ai.* attributes from the final output, then end the llm_request span."""
-        span = self.span
-        span.set_attribute("gen_ai.usage.prompt_tokens", self.num_prompt_tokens)
-        span.set_attribute("gen_ai.usage.completion_tokens",
-                           sum(self.num_completion_tokens.values()))
-        span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
-        if output is not None and output.HasField("metrics"):
-            m = output.metrics
-            end = m.finished_time if m.HasField("finished_time") else time.time()
-            span.set_attribute("gen_ai.latency.e2e", end - m.arrival_time)
-            if m.HasField("first_scheduled_time"):
-                span.set_attribute("gen_ai.latency.time_in_queue",
-                                   m.first_scheduled_time - m.arrival_time)
-            if m.HasField("first_token_time"):
-                span.set_attribute("gen_ai.latency.time_to_first_token",
-                                   m.first_token_time - m.arrival_time)
-        else:
-            span.set_attribute("gen_ai.latency.e2e", time.time() - self.start)
-        if finish_reason == "error":
-            span.set_status(Status(StatusCode.ERROR, output.error if output else "error"))
-        span.end()
+        """gen_ai.* attributes, then end the llm_request span (and count the request).
+        Completions that had not ended take finish_reason (an abort, a lost stage)."""
+        for index in range(self.num_outputs):
+            self.finish_reasons.setdefault(index, finish_reason)
+        self.span.set_attribute("strand.request.num_preemptions", self.num_preemptions)
+        end_request_span(self.span, self.request_id, self.num_prompt_tokens,
+                         sum(self.num_completion_tokens.values()), self.finish_reasons,
+                         output, self.start)
+        if self.metrics is not None:
+            reasons = [self.finish_reasons[i] for i in sorted(self.finish_reasons)]
+            self.metrics.finished(reasons, time.time() - self.start)
 
 
 def finish_reason_of(output: pb.RequestOutput) -> str:

@@ -19,15 +19,17 @@ from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError, status_of
 from services.common.tracing import context_from_metadata, server_span
 from services.gateway.clients import client_identity
+from services.gateway.engine_control import ENGINE_CONTROL_METHODS, EngineControlRpcs
 from services.gateway.flow import GatewayFlow
 from services.gateway.live import StreamQueue
 
 T = TypeVar("T")
 _CONTROL_METHODS = frozenset({"ResetPrefixCache", "ClearKvCache", "LookupKvCache",
-                              "GetServerInfo", "GetLoads", "SubscribeKvEvents"})
+                              "GetServerInfo", "GetLoads", "SubscribeKvEvents"}
+                             ) | ENGINE_CONTROL_METHODS
 
 
-class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
     def __init__(self, flow: GatewayFlow, authenticated: bool = False) -> None:
         self.flow = flow
         self.control = flow.control

@@ -25,20 +25,25 @@ def _main(argv: list[str] | None) -> None:
                         help="the gateway's certificate (PEM), when it serves TLS")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the gateway's model)")
-    # Accepted as every service accepts it (strand serve passes it to all); unused here yet.
-    parser.add_argument("--otlp-traces-endpoint", default=None)
+    parser.add_argument("--otlp-traces-endpoint", default=None,
+                        help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
     args = parser.parse_args(argv)
 
     import uvicorn
 
+    from services.common.tracing import init_tracing, shutdown_tracing
     from services.openai.app import FrontConfig, create_app
 
     roots = Path(args.gateway_tls_cert).read_bytes() if args.gateway_tls_cert else None
     app = create_app(FrontConfig(gateway=args.gateway_addr, api_key=args.api_key,
                                  root_certificates=roots,
                                  served_model_name=args.served_model_name))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    init_tracing("strand-openai", args.otlp_traces_endpoint)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import Span
 
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
@@ -23,6 +24,7 @@ from services.openai.errors import OpenAIError, bad_request, from_exception, mod
 from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
+from services.openai.tracing import end_request_span, start_request_span
 
 
 @dataclass(slots=True)
@@ -119,19 +121,19 @@ def create_app(config: FrontConfig) -> FastAPI:
             "max_model_len": info["max_model_len"]}]}
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest) -> Response:
+    async def completions(req: CompletionRequest, request: Request) -> Response:
         model = await front.check_model(req.model)
         shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}")
         params = convert.completion_params(req)
-        return await _serve(front, req, shaper, convert.completion_prompts(req), params)
+        return await _serve(front, req, shaper, convert.completion_prompts(req), params, request)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(req: ChatCompletionRequest) -> Response:
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model = await front.check_model(req.model)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}")
         params = convert.chat_params(req)
-        return await _serve(front, req, shaper, [convert.chat_prompt(req)], params)
+        return await _serve(front, req, shaper, [convert.chat_prompt(req)], params, request)
 
     return app
 
@@ -142,11 +144,29 @@ def _ping(front: Front) -> None:
 
 
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
-                 params: SamplingParams) -> Response:
+                 params: SamplingParams, request: Request) -> Response:
+    span = start_request_span(request, "chat" if shaper.chat else "text_completion",
+                              shaper.model)
+    try:
+        response = await _respond(front, req, shaper, prompts, params, request, span)
+    except BaseException as exc:
+        end_request_span(span, from_exception(exc).status if isinstance(exc, Exception) else 499,
+                         exc)
+        raise
+    if not isinstance(response, StreamingResponse):  # a stream ends its span when it ends
+        end_request_span(span, response.status_code)
+    return response
+
+
+async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
+                   params: SamplingParams, request: Request, span: Span) -> Response:
     jobs = [Job(f"{shaper.id}-{i}", p, params) for i, p in enumerate(prompts)]
-    stream = OutputStream(front.connect, jobs)
+    stream = OutputStream(front.connect, jobs, span)
     if not req.stream:
-        return JSONResponse(shaper.response(await final_outputs(stream, len(jobs))))
+        work = asyncio.ensure_future(final_outputs(stream, len(jobs)))
+        if not await _finished_before_disconnect(work, request):
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
+        return JSONResponse(shaper.response(work.result()))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     first: tuple[int, RequestOutput] | None
     try:
@@ -157,12 +177,43 @@ async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[Pro
     except BaseException:
         stream.close()
         raise
-    return StreamingResponse(_events(stream, shaper, first, include_usage),
+    return StreamingResponse(_events(stream, shaper, first, include_usage, span),
                              media_type="text/event-stream")
 
 
+# nginx's code for "the client closed the request": logged, never seen by the client.
+CLIENT_CLOSED_REQUEST = 499
+
+
+async def _finished_before_disconnect(work: asyncio.Future[Any], request: Request) -> bool:
+    """Wait for work unless the HTTP client goes away first; then cancel it (final_outputs then
+    closes its stream, which aborts the engine requests) and return False. A non-streaming
+    handler is not cancelled by the server when its client leaves, so this watches for it."""
+    watch = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if work.done():
+        return True
+    work.cancel()
+    try:
+        await work
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - its client is gone
+        pass
+    return False
+
+
+async def _until_disconnected(request: Request) -> None:
+    # The body is already read, so the next message the server has for this request is its
+    # disconnect: an event, not a poll.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, RequestOutput] | None,
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, span: Span) -> AsyncIterator[str]:
+    error: BaseException | None = None
     try:
         if first is not None:
             for event in shaper.chunks(first[0], first[1], include_usage):
@@ -173,7 +224,12 @@ async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, Reques
         if include_usage:
             yield shaper.usage_chunk()
     except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        error = exc
         yield sse(from_exception(exc).body())
+    except BaseException as exc:  # the client left: this generator was cancelled
+        error = exc
+        raise
     finally:
         stream.close()  # the client left (cancelled here) or the stream ended: abort the rest
+        end_request_span(span, 200, error)
     yield DONE

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from services.client import RequestError, ServerUnavailable
 
 # The engine's ValueErrors start with the field they refuse ("temperature must be in [0, 2]",
-# "messages[0] must be ..."): that name is OpenAI's `param`.
-_FIELD = re.compile(r"^([a-z_]+)(?:\[\d+\])?[ :]")
+# "messages[0] must be ...", "structured_outputs.json is invalid"): that name is OpenAI's `param`.
+_FIELD = re.compile(r"^([a-z_]+)(?:\.[a-z_]+)?(?:\[\d+\])?[ :]")
 
 
 class OpenAIError(Exception):
@@ -63,5 +63,9 @@ def from_exception(exc: BaseException) -> OpenAIError:
         details = str(exc.details())  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE:
             return unavailable(f"the strand gateway is unavailable: {details}")
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            # The engine sleeps (Control/Sleep): nothing wrong with the request; retry after
+            # WakeUp, as after any 503.
+            return unavailable(details)
         return OpenAIError(500, f"gateway error {code.name}: {details}", type_="server_error")
     return OpenAIError(500, f"{type(exc).__name__}: {exc}", type_="server_error")

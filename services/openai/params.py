@@ -8,6 +8,7 @@ from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services.common.convert import PromptType
 from services.openai.errors import bad_request
 from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from services.openai.structured import structured_outputs_of
 
 
 def completion_prompts(req: CompletionRequest) -> list[PromptType]:
@@ -71,6 +72,7 @@ def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> Sam
     except ValueError:
         raise bad_request("logit_bias keys must be token ids", "logit_bias") from None
     kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
+    structured = structured_outputs_of(req)
     try:
         return SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
@@ -81,6 +83,7 @@ def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> Sam
             min_tokens=req.min_tokens, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias,
-            skip_special_tokens=req.skip_special_tokens, output_kind=kind)
+            skip_special_tokens=req.skip_special_tokens, output_kind=kind,
+            structured_outputs=structured)
     except ValueError as exc:
         raise bad_request(str(exc)) from None

@@ -36,6 +36,14 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Output constraints (services/openai/structured.py): vLLM's object, its older guided_*
+    # fields, and OpenAI's response_format.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -12,10 +12,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry.trace import Span
+
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
 from services.common.convert import PromptType
+from services.openai.tracing import in_span_context
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +35,18 @@ _Item = tuple[int, RequestOutput | BaseException | None]
 
 
 class OutputStream:
-    def __init__(self, connect: Callable[[], EngineClient], jobs: list[Job]) -> None:
+    def __init__(self, connect: Callable[[], EngineClient], jobs: list[Job],
+                 span: Span | None = None) -> None:
+        """span: the HTTP request's span; the gateway calls made for it are its children."""
         self._connect = connect
+        self._span = span
         self._jobs = jobs
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._stop = threading.Event()
         self._running = set(range(len(jobs)))
         loop = asyncio.get_running_loop()
         for i, job in enumerate(jobs):
-            threading.Thread(target=self._run, args=(loop, i, job), daemon=True,
+            threading.Thread(target=self._traced(self._run), args=(loop, i, job), daemon=True,
                              name=f"openai-{job.request_id}").start()
 
     def _run(self, loop: asyncio.AbstractEventLoop, index: int, job: Job) -> None:
@@ -81,7 +87,10 @@ class OutputStream:
             return
         self._stop.set()
         ids = [self._jobs[i].request_id for i in self._running]
-        threading.Thread(target=self._abort, args=(ids,), daemon=True).start()
+        threading.Thread(target=self._traced(self._abort), args=(ids,), daemon=True).start()
+
+    def _traced(self, target: Callable[..., None]) -> Callable[..., None]:
+        return in_span_context(self._span, target) if self._span is not None else target
 
     def _abort(self, request_ids: list[str]) -> None:
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from engine_core.processing.input_processor import InputProcessor
 from services._proto.strand.v1 import (
@@ -24,6 +25,7 @@ from services.common.stage_args import (
     resolve_model_info,
 )
 from services.common.stage_client import StageClient
+from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.servicer import TokenizerServicer
 
 
@@ -60,7 +62,8 @@ async def _serve(processor: InputProcessor, detokenizer_addr: str, engine_addr: 
     detokenizer = StageClient("detokenizer", detokenizer_addr,
                               detokenizer_pb2_grpc.DetokenizerStub)
     engine = StageClient("engine", engine_addr, engine_pb2_grpc.EngineStub)
-    servicer = TokenizerServicer(processor, detokenizer, engine)
+    registry = CollectorRegistry()
+    servicer = TokenizerServicer(processor, detokenizer, engine, TokenizerMetrics(registry))
     peers = PeerHealth({"detokenizer": detokenizer.channel, "engine": engine.channel})
 
     def register(server: grpc.aio.Server) -> list[str]:
@@ -75,7 +78,7 @@ async def _serve(processor: InputProcessor, detokenizer_addr: str, engine_addr: 
         await servicer.close()
 
     await run_server("tokenizer", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=lambda: peers.ready)
+                     ready=lambda: peers.ready, metrics=registry)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 
-from engine_core.processing.input_processor import InputProcessor
+from engine_core.processing.input_processor import InputProcessor, ProcessedPrompt
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
@@ -23,16 +25,18 @@ from services._proto.strand.v1 import tokenizer_pb2_grpc
 from services.common.convert import params_from_pb, prompt_from_pb
 from services.common.convert_core import processed_to_pb
 from services.common.stage_client import StageClient
-from services.common.status import StageError, error_to_pb
+from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import context_from_carrier, server_span
+from services.tokenizer.metrics import TokenizerMetrics
 
 logger = logging.getLogger(__name__)
 
 
 class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
     def __init__(self, processor: InputProcessor, detokenizer: StageClient,
-                 engine: StageClient) -> None:
+                 engine: StageClient, metrics: TokenizerMetrics | None = None) -> None:
         self.processor = processor
+        self.metrics = metrics
         self.detokenizer = detokenizer
         self.engine = engine
         # One thread: tokenizing a long prompt must not stall the loop (health, other streams).
@@ -87,7 +91,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 added = await self._add(req, dict(msg.trace_context))
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
+                span.set_attribute("error.type", status_of(exc)[0].name)
+                if self.metrics is not None:
+                    self.metrics.refused(exc)
                 return tpb.TokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
+            if self.metrics is not None:
+                self.metrics.added()
             span.set_attribute("gen_ai.usage.prompt_tokens", added.num_prompt_tokens)
             return tpb.TokenizerResponse(seq=msg.seq, added=added)
 
@@ -95,7 +104,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         params = params_from_pb(req.params) if req.HasField("params") else None
         arrival = req.arrival_time if req.HasField("arrival_time") else None
         processed = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self.processor.process, req.request_id, prompt_from_pb(req.prompt),
+            self._executor, self._process, req.request_id, prompt_from_pb(req.prompt),
             params, arrival, req.priority)
         # The detokenizer first: it must know the request before the engine's first output.
         detok = await self.detokenizer.call(dpb.DetokenizerRequest(
@@ -113,9 +122,17 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                                 num_prompt_tokens=len(processed.request.prompt_token_ids),
                                 output_kind=int(processed.request.sampling_params.output_kind))
 
+    def _process(self, *args: Any) -> ProcessedPrompt:
+        start = time.perf_counter()
+        try:
+            return self.processor.process(*args)
+        finally:
+            if self.metrics is not None:
+                self.metrics.tokenize_time.observe(time.perf_counter() - start)
+
     async def _forget_in_detokenizer(self, request_id: str) -> None:
         try:
             await self.detokenizer.call(dpb.DetokenizerRequest(
-                abort=dpb.DetokAbort(request_ids=[request_id])))
+                abort=dpb.DetokAbort(request_ids=[request_id], never_admitted=True)))
         except StageError as exc:
             logger.warning("detokenizer cleanup of %s failed: %s", request_id, exc.message)

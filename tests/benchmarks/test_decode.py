@@ -50,8 +50,12 @@ def test_a_preset_builds_that_models_shape(tmp_path: Path,
     from engine_core.model_executor import tiny_model
 
     built: list[dict[str, object]] = []
-    monkeypatch.setattr(tiny_model, "make_tiny_model",
-                        lambda out, **kwargs: built.append(kwargs) or out)
+
+    def recording_make(out: object, **kwargs: object) -> object:
+        built.append(kwargs)
+        return out
+
+    monkeypatch.setattr(tiny_model, "make_tiny_model", recording_make)
     parser = argparse.ArgumentParser()
     add_model_args(parser)
     args = parser.parse_args(["--preset", "llama-3.2-1b", "--dtype", "bfloat16",

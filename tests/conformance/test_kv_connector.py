@@ -176,7 +176,7 @@ def test_kv_connector_handles_preemption() -> None:
 
 
 def test_lookup_kv_cache_asks_the_connector_without_prefix_caching() -> None:
-    from engine_core.connector.kv_control import lookup_locations
+    from engine_core.core.kv_control import lookup_locations
 
     scheduler = _with(RecordingConnector(matched=8), enable_prefix_caching=False)
     assert lookup_locations(scheduler, list(range(20))) == {"device": 0, "cpu": 8}

@@ -47,7 +47,7 @@ def test_resetting_running_requests_and_the_connector_copies_nothing_into_it() -
     step(scheduler, runner)
     saved: list[str] = []
     original = tier.request_finished
-    tier.request_finished = lambda r, b: (saved.append(r.request_id), original(r, b))[1]  # type: ignore[method-assign]
+    tier.request_finished = lambda r, b: (saved.append(r.request_id), original(r, b))[1]  # type: ignore[method-assign,assignment,func-returns-value]
     tiers = scheduler.reset_prefix_cache_tiers(reset_running_requests=True,
                                                reset_connector=True)
     assert saved == []  # the preempted request's blocks were not offered to the tier

@@ -32,11 +32,12 @@ ENGINE_FLAGS = ["--max-num-seqs", "64", "--kv-cache-memory", str(64 * 1024**2)]
 
 
 def start_stack(model_dir: Path, log_dir: Path, gateway_args: list[str] | None = None,
-                otlp: str | None = None, engine_args: list[str] | None = None) -> Stack:
+                otlp: str | None = None, engine_args: list[str] | None = None,
+                metrics_port: int | None = None) -> Stack:
     """A stack with ENGINE_FLAGS plus engine_args (later flags win) for every stage."""
     config = StackConfig(model=str(model_dir), engine_args=[*ENGINE_FLAGS, *(engine_args or [])],
                          gateway_args=list(gateway_args or []), log_dir=log_dir,
-                         otlp_traces_endpoint=otlp)
+                         otlp_traces_endpoint=otlp, metrics_port=metrics_port)
     return launch_stack(config, timeout=120)
 
 
@@ -44,9 +45,10 @@ def start_stack(model_dir: Path, log_dir: Path, gateway_args: list[str] | None =
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("stack-logs")
     # Generate streams never step themselves here: these tests drive every step with Step.
+    # Every service serves /metrics on a free port (tests/e2e/test_metrics.py scrapes them).
     with start_stack(tiny_model_dir, log_dir,
                      ["--max-message-bytes", str(GATEWAY_MAX_MESSAGE_BYTES),
-                      "--self-step-after", "3600"]) as s:
+                      "--self-step-after", "3600"], metrics_port=0) as s:
         yield s
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -19,6 +19,8 @@ class ReceivedSpan:
     span_id: str
     parent_span_id: str  # "" for a root span
     attributes: dict[str, object]
+    status_code: int = 0  # opentelemetry.proto Status.code: 0 unset, 1 ok, 2 error
+    events: list[str] = field(default_factory=list)  # their names, in order
 
 
 def _value(any_value: object) -> object:
@@ -51,7 +53,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                     received.append(ReceivedSpan(
                         service=service, name=span.name, trace_id=span.trace_id.hex(),
                         span_id=span.span_id.hex(), parent_span_id=span.parent_span_id.hex(),
-                        attributes={a.key: _value(a.value) for a in span.attributes}))
+                        attributes={a.key: _value(a.value) for a in span.attributes},
+                        status_code=span.status.code, events=[e.name for e in span.events]))
         with self._lock:
             self.spans.extend(received)
         return trace_service_pb2.ExportTraceServiceResponse()

@@ -16,6 +16,7 @@ from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
 from services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished, start_stack
+from tests.e2e.metrics_scrape import scrape, value
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
 
@@ -24,7 +25,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
 def small_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                 ) -> Iterator[Stack]:
     with start_stack(tiny_model_dir, tmp_path_factory.mktemp("admission-logs"),
-                     engine_args=["--max-waiting-requests", "2"]) as s:
+                     engine_args=["--max-waiting-requests", "2"], metrics_port=0) as s:
         yield s
 
 
@@ -39,6 +40,14 @@ def test_beyond_the_waiting_bound_adds_are_resource_exhausted(small_stack: Stack
         assert "max_waiting_requests" in err.value.details()
         assert client.get_num_unfinished_requests() == 2
         assert engine_num_unfinished(small_stack) == 2
+        # Refused, not aborted: the stages took it back out, and the metrics say so.
+        refused = {"outcome": "RESOURCE_EXHAUSTED"}
+        assert value(scrape(small_stack, "gateway")[1], "strand:gateway_requests_total",
+                     refused) == 1
+        assert value(scrape(small_stack, "tokenizer")[1], "strand:tokenizer_requests_total",
+                     refused) == 1
+        assert value(scrape(small_stack, "detokenizer")[1], "strand:request_success_total",
+                     {"finished_reason": "abort"}) == 0
         while client.has_unfinished_requests():
             client.step()
         client.add_request("w3", "three, later", PARAMS)  # room again once they ran

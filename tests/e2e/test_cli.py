@@ -7,11 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
-from services.launch import REPO_ROOT
+from services.common.errors import UserError
+from services.launch import REPO_ROOT, check_port_free, free_port
 from tests.e2e.conftest import ENGINE_FLAGS
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -30,12 +34,34 @@ def _alive(pid: int) -> bool:
     return "State:\tZ" not in status
 
 
+def _free_port_run(count: int) -> int:
+    """The first of `count` consecutive free ports on loopback."""
+    for _ in range(50):
+        first = free_port()
+        try:
+            for port in range(first, first + count):
+                check_port_free("127.0.0.1", port)
+        except UserError:
+            continue
+        if first + count <= 65536:
+            return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def test_serve_prints_the_gateway_and_stops_every_service_on_sigterm(tiny_model_dir: Path
                                                                      ) -> None:
+    metrics_port = _free_port_run(4)
     process = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "serve", "--model", str(tiny_model_dir),
-         "--port", "0", *ENGINE_FLAGS], stdout=subprocess.PIPE, text=True, env=ENV,
-        cwd=REPO_ROOT)
+         "--port", "0", "--metrics-port", str(metrics_port), *ENGINE_FLAGS],
+        stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO_ROOT)
     try:
         address = None
         assert process.stdout is not None
@@ -48,9 +74,16 @@ def test_serve_prints_the_gateway_and_stops_every_service_on_sigterm(tiny_model_
         children = _children(process.pid)
         assert len(children) == 4
         with EngineClient(address, timeout=60) as client:
-            outputs = list(client.generate("serve", SamplingParams(temperature=0.0,
-                                                                   max_tokens=2)))
+            outputs = list(client.generate("serve", SamplingParams(
+                temperature=0.0, max_tokens=2, ignore_eos=True)))
         assert outputs[-1].finished
+        # --metrics-port: the gateway on it, the engine two ports on (README's layout).
+        engine = _scrape(metrics_port + 2)
+        assert engine[("strand:generation_tokens_total",
+                       (("model_name", str(tiny_model_dir)),))] == 2
+        gateway = _scrape(metrics_port)
+        assert gateway[("strand:gateway_request_finished_total",
+                        (("finished_reason", "length"),))] == 1
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         assert [c for c in children if _alive(c)] == []

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +18,11 @@ import yaml
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
 from services.launch import REPO_ROOT, free_port, wait_healthy
+from services.openai.health import wait_http_healthy
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 SERVICES = ("tokenizer", "engine", "detokenizer", "gateway")
+PORTS = (50051, 50052, 50053, 50054, 8000)
 _INTERPOLATION = re.compile(r"\$\{(\w+):-([^}]*)\}")
 
 
@@ -71,7 +75,7 @@ def test_dockerfile_takes_a_base_image_argument() -> None:
 def compose_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[dict[str, int]]:
     services = _compose()["services"]
-    ports = {port: free_port() for port in (50051, 50052, 50053, 50054)}
+    ports = {port: free_port() for port in PORTS}
     log_dir = tmp_path_factory.mktemp("compose-logs")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
@@ -87,6 +91,12 @@ def compose_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             local_ports[name] = int(_localize(check[-1].split(":")[1], tiny_model_dir, ports))
         for name in SERVICES:
             wait_healthy(f"127.0.0.1:{local_ports[name]}", 120, processes[name], name)
+        # The OpenAI front once the gateway is healthy (compose's depends_on), checked over HTTP.
+        command = _local_command(services["openai"]["command"], tiny_model_dir, ports)
+        processes["openai"] = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+        local_ports["openai"] = ports[8000]
+        wait_http_healthy(f"http://127.0.0.1:{ports[8000]}/health", 60, processes["openai"])
         yield local_ports
     finally:
         for process in processes.values():
@@ -100,12 +110,23 @@ def compose_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 def test_compose_healthcheck_commands_pass(compose_stack: dict[str, int]) -> None:
     services = _compose()["services"]
-    for name in SERVICES:
+    for name in (*SERVICES, "openai"):
         check = services[name]["healthcheck"]["test"][1:]
-        address = f"127.0.0.1:{compose_stack[name]}"
-        result = subprocess.run([sys.executable, *check[1:-1], address], cwd=REPO_ROOT,
+        target = check[-1].replace(check[-1].rsplit(":", 1)[-1].split("/")[0],
+                                   str(compose_stack[name]))
+        result = subprocess.run([sys.executable, *check[1:-1], target], cwd=REPO_ROOT,
                                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=30)
         assert result.returncode == 0, name
+
+
+def test_compose_openai_front_answers_a_completion(compose_stack: dict[str, int]) -> None:
+    body = json.dumps({"prompt": [1, 42, 7], "max_tokens": 3, "temperature": 0.0,
+                       "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{compose_stack['openai']}/v1/completions",
+                                     data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        answer = json.loads(resp.read())
+    assert answer["usage"]["completion_tokens"] == 3
 
 
 def test_compose_commands_make_a_working_stack(compose_stack: dict[str, int]) -> None:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services import cli
 from services.launch import Stack
@@ -55,12 +58,14 @@ def code_blocks(paths: list[Path]) -> list[Block]:
 BLOCKS = code_blocks(DOC_FILES)
 PYTHON = [b for b in BLOCKS if b.language == "python"]
 BASH = [b for b in BLOCKS if b.language in ("bash", "sh", "shell", "console")]
+YAML = [b for b in BLOCKS if b.language == "yaml"]
 
 
 def test_the_docs_have_blocks_of_each_kind() -> None:
     # The runner itself can break (a changed fence style would make every test vacuous).
     assert len(PYTHON) >= 2 and len(BASH) >= 2
-    assert {b.language for b in BLOCKS} <= {"python", "bash", "text"}, "a new language: check it"
+    assert {b.language for b in BLOCKS} <= {"python", "bash", "text", "yaml"}, \
+        "a new language: check it"
 
 
 @pytest.fixture
@@ -124,3 +129,19 @@ def test_the_bash_check_catches_a_wrong_flag() -> None:
     with pytest.raises(AssertionError, match="strand bogus --help"):
         test_bash_block_commands_exist_with_their_flags(
             Block(REPO / "README.md", 0, "bash", "pip install x && strand bogus\n"))
+
+
+@pytest.mark.parametrize("block", YAML, ids=[b.id for b in YAML])
+def test_yaml_block_is_a_valid_prometheus_config(block: Block, tmp_path: Path) -> None:
+    """YAML blocks are Prometheus scrape configs: they parse, and promtool (Debian's prometheus
+    package) accepts them where it is installed."""
+    config = yaml.safe_load(block.code)
+    assert isinstance(config, dict) and config.get("scrape_configs"), block.id
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return
+    path = tmp_path / "prometheus.yml"
+    path.write_text(block.code)
+    result = subprocess.run([promtool, "check", "config", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, f"{block.id}: {result.stdout}{result.stderr}"

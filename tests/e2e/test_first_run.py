@@ -93,7 +93,10 @@ def test_a_signal_during_start_up_stops_every_service(tiny_model_dir: Path, sign
     process = _serve(tiny_model_dir, 0)
     try:
         children: list[int] = []
-        for _ in range(600):  # the three stages start at once, the gateway once they are up
+        # The three stages start at once, the gateway once they are up. Bounded in time, not
+        # in polls: on a loaded machine serve takes seconds to get as far as starting them.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             children = _children(process.pid)
             if len(children) >= 3 or process.poll() is not None:
                 break

@@ -8,6 +8,8 @@ and compare runs of greedy decoding with each other, never on what the text says
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import pytest
 from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
 from tests.conftest import build_tiny_model
 from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished
+from tests.e2e.otlp_receiver import OtlpReceiver
 
 # Long enough that a request of this many tokens cannot finish while the cancel test waits.
 LONG_MAX_TOKENS = 16000
@@ -28,12 +31,14 @@ CHAT = [{"role": "user", "content": "Say hello"}]
 
 
 @pytest.fixture(scope="module")
-def openai_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def openai_stack(tmp_path_factory: pytest.TempPathFactory,
+                 otlp_receiver: OtlpReceiver) -> Iterator[Stack]:
     model = build_tiny_model(tmp_path_factory.mktemp("tiny-long"),
                              max_position_embeddings=LONG_MAX_TOKENS + 64)
     config = StackConfig(model=str(model), engine_args=list(ENGINE_FLAGS),
                          gateway_args=["--auto-step"],
-                         log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0)
+                         log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0,
+                         otlp_traces_endpoint=otlp_receiver.endpoint)
     with launch_stack(config, timeout=120) as stack:
         yield stack
 
@@ -229,6 +234,49 @@ def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: 
     assert _wait_idle(openai_stack, seconds=20.0)
 
 
+def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,
+                                                            model_name: str) -> None:
+    host, port = openai_stack.address("openai").rsplit(":", 1)
+    body = json.dumps({"model": model_name, "prompt": [1, 42, 7], "stream": False,
+                       "max_tokens": LONG_MAX_TOKENS - 64, "ignore_eos": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        for _ in range(300):  # up to 30 s for the request to reach the engine
+            if engine_num_unfinished(openai_stack) == 1:
+                break
+            time.sleep(0.1)
+        assert engine_num_unfinished(openai_stack) == 1
+    # Thousands of tokens were still to come: only an abort ends the request this soon.
+    assert _wait_idle(openai_stack, seconds=20.0)
+
+
+def test_an_http_request_is_one_trace_from_its_traceparent_into_the_ring(
+        client: openai.OpenAI, model_name: str, otlp_receiver: OtlpReceiver) -> None:
+    trace_id = "5b8efff798038103d269b633813fc60c"
+    client.completions.create(model=model_name, prompt=[1, 42, 7], max_tokens=3,
+                              extra_headers={"traceparent": f"00-{trace_id}-eee19b7ec3c1b174-01"})
+    [http] = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id
+                                    and s.name == "POST /v1/completions")
+    [front] = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id
+                                     and s.name == f"text_completion {model_name}")
+    assert http.parent_span_id == "eee19b7ec3c1b174"  # the caller's span, from traceparent
+    # Under the HTTP server span (FastAPI's own telemetry puts its endpoint span between).
+    parents = {x.span_id: x.parent_span_id for x in otlp_receiver.trace(trace_id)}
+    ancestors, node = [], front.span_id
+    while node in parents:
+        node = parents[node]
+        ancestors.append(node)
+    assert front.service == "strand-openai" and http.span_id in ancestors
+    assert front.attributes["gen_ai.operation.name"] == "text_completion"
+    assert front.attributes["strand.http.status_code"] == 200
+    # The gateway's spans of the same request are in the same trace, under the front's span.
+    gateway = otlp_receiver.wait_for(lambda s: s.trace_id == trace_id
+                                     and s.service == "strand-gateway")
+    assert gateway and any(s.parent_span_id == front.span_id for s in gateway)
+
+
 @pytest.fixture
 def front_without_gateway() -> Iterator[str]:
     """A front with an API key whose gateway address has nothing listening: its base URL."""
@@ -282,3 +330,43 @@ def _get_until_listening(url: str, process: subprocess.Popen[bytes]
         except urllib.error.URLError:
             time.sleep(0.1)  # not listening yet
     raise AssertionError(f"nothing listened at {url}")
+
+
+# Structured outputs: random weights leave the constraint all the work; each one ends early.
+PAIR_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+               "required": ["ok"], "additionalProperties": False}
+
+
+def test_guided_choice_and_regex_hold_on_completions(client: openai.OpenAI,
+                                                     model_name: str) -> None:
+    resp = client.completions.create(model=model_name, prompt="Hello", max_tokens=24, n=3,
+                                     temperature=1.0, seed=5,
+                                     extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert all(c.text in ("red", "green", "blue") for c in resp.choices)
+    resp = client.completions.create(
+        model=model_name, prompt="Hello", max_tokens=24, temperature=0.0,
+        extra_body={"structured_outputs": {"regex": "[a-c]{3}-[0-9]{2}"}})
+    assert re.fullmatch("[a-c]{3}-[0-9]{2}", resp.choices[0].text)
+    assert resp.choices[0].finish_reason == "stop"
+
+
+def test_response_format_json_schema_holds_on_chat(client: openai.OpenAI,
+                                                   model_name: str) -> None:
+    # vLLM's disable_any_whitespace rides along in structured_outputs: without it the random
+    # model may spend every token on the whitespace JSON allows.
+    resp = client.chat.completions.create(  # type: ignore[call-overload]
+        model=model_name, messages=CHAT, max_tokens=48, temperature=0.0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "pair", "schema": PAIR_SCHEMA}},
+        extra_body={"structured_outputs": {"disable_any_whitespace": True}})
+    assert json.loads(resp.choices[0].message.content) in ({"ok": True}, {"ok": False})
+
+
+def test_invalid_schema_is_a_400_naming_structured_outputs(client: openai.OpenAI,
+                                                           model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=4,
+                                  extra_body={"guided_json": {"type": "object",
+                                                              "properties": 5}})
+    error = info.value.response.json()["error"]
+    assert error["param"] == "structured_outputs" and "invalid" in error["message"]

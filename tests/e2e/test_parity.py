@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine_core.config import EngineArgs
 from engine_core.llm_engine import LLMEngine
 from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
+from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services.client import EngineClient
 from services.demo import run_seed_loop
-from tests.e2e.conftest import ENGINE_FLAGS
+from services.launch import Stack
+from tests.e2e.conftest import ENGINE_FLAGS, start_stack
 
 
 def _summary(outputs: list[RequestOutput]) -> list[tuple]:
@@ -66,3 +69,80 @@ def test_n_greater_than_one_gives_n_seeded_samples(in_process: LLMEngine,
     assert results["remote"] is not None and results["local"] is not None
     assert len(results["remote"].outputs) == 2
     assert _summary([results["remote"]]) == _summary([results["local"]])
+
+
+def _steps_until_done(engine: LLMEngine | EngineClient, abort_at: dict[int, str] | None = None
+                      ) -> list[list[tuple]]:
+    """Every step's outputs, summarised; abort_at: step number -> request id to abort then."""
+    per_step = []
+    step = 0
+    while engine.has_unfinished_requests():
+        per_step.append(_summary(engine.step()))
+        step += 1
+        if abort_at and step in abort_at:
+            engine.abort_request([abort_at[step]])
+    return per_step
+
+
+def test_stop_strings_and_an_abort_mid_stream_match_step_for_step(
+        in_process: LLMEngine, client: EngineClient) -> None:
+    # A stop string taken from the model's own greedy text, so it is sure to occur mid-output.
+    probe = SamplingParams(temperature=0.0, max_tokens=12)
+    in_process.add_request("probe", "stop strings here", probe)
+    text = _steps_until_done(in_process)[-1][0][4][0][1]
+    stop = text[3:5]
+    assert len(stop) == 2, text
+    Case = tuple[str, str | dict[str, Any], SamplingParams]
+    cases: list[Case] = [
+        ("st", "stop strings here", SamplingParams(temperature=0.0, max_tokens=12, stop=[stop])),
+        ("ab", "this one is aborted", SamplingParams(temperature=0.0, max_tokens=12)),
+        ("ok", {"prompt_token_ids": [1, 50, 51, 52]},
+         SamplingParams(temperature=0.0, max_tokens=6, output_kind=RequestOutputKind.DELTA)),
+    ]
+    runs = {}
+    for name, engine in (("local", in_process), ("remote", client)):
+        for request_id, prompt, params in cases:
+            engine.add_request(request_id, prompt, params)
+        runs[name] = _steps_until_done(engine, abort_at={2: "ab"})
+    assert runs["remote"] == runs["local"]
+    finals = {o[0]: o for step in runs["local"] for o in step if o[3]}
+    assert finals["st"][4][0][3:] == ("stop", stop)
+    assert "ab" not in finals  # LLMEngine.abort_request: no output after the abort
+    assert finals["ok"][4][0][3] == "length"
+
+
+# Small enough that three requests of 40 prompt + 24 new tokens cannot all stay resident.
+PREEMPT_FLAGS = ["--block-size", "16", "--num-gpu-blocks-override", "9",
+                 "--max-num-batched-tokens", "32"]
+
+
+@pytest.fixture(scope="module")
+def preempting_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[Stack]:
+    with start_stack(tiny_model_dir, tmp_path_factory.mktemp("preempt-logs"),
+                     ["--self-step-after", "3600"], engine_args=PREEMPT_FLAGS) as s:
+        yield s
+
+
+def test_preemption_under_kv_pressure_matches_step_for_step(
+        tiny_model_dir: Path, preempting_stack: Stack) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    local = LLMEngine.from_engine_args(EngineArgs(
+        model=str(tiny_model_dir), max_num_seqs=int(ENGINE_FLAGS[1]), block_size=16,
+        num_gpu_blocks_override=9, max_num_batched_tokens=32))
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    prompts = [{"prompt_token_ids": [1 + i, *range(100 + 40 * i, 139 + 40 * i)]}
+               for i in range(3)]
+    runs = {}
+    with EngineClient(preempting_stack.gateway_address, timeout=60) as remote:
+        for name, engine in (("local", local), ("remote", remote)):
+            for i, prompt in enumerate(prompts):
+                engine.add_request(f"p{i}", prompt, params)
+            runs[name] = _steps_until_done(engine)
+    assert local.engine_core.scheduler.make_stats().num_preemptions > 0
+    assert runs["remote"] == runs["local"]
+    finished = [o for step in runs["local"] for o in step if o[3]]
+    assert sorted(o[0] for o in finished) == ["p0", "p1", "p2"]
+    assert all(len(o[4][0][2]) == 24 for o in finished)

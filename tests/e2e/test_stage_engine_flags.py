@@ -28,7 +28,8 @@ def test_max_logprobs_is_the_engines_over_grpc_too(flagged_stack: Stack) -> None
     with EngineClient(flagged_stack.gateway_address) as client:
         outs = list(client.generate("hello", SamplingParams(max_tokens=2, logprobs=25,
                                                              temperature=0.0)))
-        assert len(outs[-1].outputs[0].logprobs[0]) >= 25
+        logprobs = outs[-1].outputs[0].logprobs
+        assert logprobs is not None and len(logprobs[0]) >= 25
         with pytest.raises(ValueError, match="31.*30|30.*31"):
             list(client.generate("hello", SamplingParams(max_tokens=2, logprobs=31)))
 

@@ -51,6 +51,11 @@ def test_llm_request_span_has_gen_ai_attributes(auto_client: EngineClient,
     attrs = _llm_request_span(otlp_receiver, "traced-2").attributes
     assert attrs["gen_ai.usage.prompt_tokens"] == 4
     assert attrs["gen_ai.usage.completion_tokens"] == 4
+    assert attrs["gen_ai.usage.input_tokens"] == 4  # the current GenAI conventions' names
+    assert attrs["gen_ai.usage.output_tokens"] == 4
+    assert attrs["gen_ai.operation.name"] == "text_completion"
+    assert attrs["gen_ai.provider.name"] == "strand"
+    assert "error.type" not in attrs
     assert attrs["gen_ai.request.max_tokens"] == 4
     assert attrs["gen_ai.response.finish_reasons"] == ["length"]
     for name in ("gen_ai.latency.time_in_queue", "gen_ai.latency.time_to_first_token",
@@ -72,3 +77,19 @@ def test_engine_step_span_reports_the_batch(auto_client: EngineClient,
     assert attrs["strand.step.batch_size"] == 1
     assert attrs["strand.step.scheduled_tokens"] == 5
     assert steps[0].service == "strand-engine"
+
+
+def test_aborted_request_span_has_error_status_and_first_token_event(
+        auto_client: EngineClient, otlp_receiver: OtlpReceiver) -> None:
+    auto_client.add_request("traced-abort", {"prompt_token_ids": [1, 30, 31]},
+                            SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True))
+    deadline = time.monotonic() + 30
+    while not any(o.request_id == "traced-abort" for o in auto_client.step()):
+        assert time.monotonic() < deadline, "no output for traced-abort"
+        time.sleep(0.05)
+    auto_client.abort_request("traced-abort")
+    span = _llm_request_span(otlp_receiver, "traced-abort")
+    assert span.status_code == 2  # ERROR
+    assert span.attributes["error.type"] == "CANCELLED"
+    assert span.attributes["gen_ai.response.finish_reasons"] == ["abort"]
+    assert "gen_ai.first_token" in span.events

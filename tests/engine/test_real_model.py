@@ -4,6 +4,7 @@ the same file with gguf_file= (which dequantizes it the same way), plain and cha
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from engine_core import EngineArgs, LLMEngine, SamplingParams
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-PROMPTS: list[object] = ["The capital of France is", "def fibonacci(n):",
+PROMPTS: list[str | dict[str, Any]] = ["The capital of France is", "def fibonacci(n):",
                          {"messages": [{"role": "user", "content": "What is 2+2?"}]}]
 
 

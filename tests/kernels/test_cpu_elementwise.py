@@ -150,8 +150,11 @@ def test_bfloat16_rms_norm_gives_torchs_rounding(tokens: int, hidden: int) -> No
     g = torch.Generator().manual_seed(tokens + hidden)
     x, residual = (torch.randn(tokens, hidden, generator=g).bfloat16() for _ in range(2))
     weight = (1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16()
-    _within_one_bf16_step(cpu_elementwise.rms_norm(x, weight, 1e-6),
-                          rms_norm_ref(x, weight, 1e-6))
+    expected = rms_norm_ref(x, weight, 1e-6)
+    assert isinstance(expected, torch.Tensor)  # no residual: one tensor back
+    got = cpu_elementwise.rms_norm(x, weight, 1e-6)
+    assert isinstance(got, torch.Tensor)
+    _within_one_bf16_step(got, expected)
     out, new_residual = cpu_elementwise.rms_norm(x, weight, 1e-6, residual)
     ref_out, ref_residual = rms_norm_ref(x, weight, 1e-6, residual)
     assert torch.equal(new_residual, ref_residual)  # one bfloat16 add: exact

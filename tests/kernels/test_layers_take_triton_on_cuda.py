@@ -3,6 +3,8 @@ interpreter, on CPU tensors) give what their torch path gives."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -40,7 +42,7 @@ def test_rms_norm_layer_on_triton(monkeypatch: pytest.MonkeyPatch, dtype: torch.
         out = layer(x)
         summed_out, summed = layer(x, residual)
     assert launched == ["triton_rms_norm", "triton_rms_norm"]
-    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
+    tol: dict[str, Any] = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
     torch.testing.assert_close(out, rms_norm_ref(x, layer.weight, 1e-6), **tol)
     ref_out, ref_summed = rms_norm_ref(x, layer.weight, 1e-6, residual)
     torch.testing.assert_close(summed, ref_summed, **tol)
@@ -62,6 +64,6 @@ def test_rotary_layer_on_triton(monkeypatch: pytest.MonkeyPatch, dtype: torch.dt
     with torch.inference_mode():
         got_q, got_k = rotary(positions, q.clone(), k.clone())
     assert launched == ["apply_rotary"]
-    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
+    tol: dict[str, Any] = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-3, "rtol": 2e-3}
     torch.testing.assert_close(got_q, ref_q, **tol)
     torch.testing.assert_close(got_k, ref_k, **tol)

@@ -152,7 +152,8 @@ class UnusedBackend(AttentionBackend):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, sliding_window: int | None = None,
+                logit_softcap: float | None = None) -> torch.Tensor:
         raise AssertionError("RecordingModel never attends")
 
 

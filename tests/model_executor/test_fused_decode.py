@@ -4,6 +4,7 @@ the same tokens and the same logprobs, bit for bit, as the layer-by-layer path."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,11 +26,15 @@ PROMPTS = [[5, 9, 13, 200, 7], [3, 3, 3], [100, 101, 102, 103, 104, 105, 106, 10
 
 def _generate(model_dir: Path, dtype: str, num_requests: int,
               fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], int]:
-    calls = []
+    calls: list[int] = []
     real_forward = fused_decode.forward
+
+    def counting_forward(*args: Any) -> Any:
+        calls.append(1)
+        return real_forward(*args)
+
     if fused:
-        monkeypatch.setattr(fused_decode, "forward",
-                            lambda *a: calls.append(1) or real_forward(*a))
+        monkeypatch.setattr(fused_decode, "forward", counting_forward)
     else:
         monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), dtype=dtype,

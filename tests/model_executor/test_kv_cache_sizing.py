@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from engine_core.model_executor.model_config import load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 
 
-def _runner(model_dir: Path, dtype: str = "float32", **cache: object) -> ModelRunner:
+def _runner(model_dir: Path, dtype: str = "float32", **cache: Any) -> ModelRunner:
     return ModelRunner(load_model_config(str(model_dir), dtype), CacheConfig(**cache),
                        SchedulerConfig(max_model_len=256, max_num_seqs=4), device="cpu")
 
@@ -79,10 +80,10 @@ def test_profile_run_builds_a_full_budget_dummy_step(llama_dir: Path,
     seen: list[int] = []
     forward = runner.model.forward
 
-    def counting_forward(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+    def counting_forward(input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
         seen.append(input_ids.shape[0])
         return forward(input_ids, *args)
 
-    runner.model.forward = counting_forward  # type: ignore[method-assign]
+    runner.model.forward = counting_forward  # type: ignore[method-assign,assignment]
     assert runner.profile_peak_memory() == 12345
     assert seen == [100]

@@ -4,6 +4,7 @@ nothing reads them; a few rows go to the few-row kernel, which reads the dense w
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,8 +44,10 @@ def test_every_linear_is_packed_and_a_shared_weight_kept(tmp_path: Path, tied: b
         assert pack_linear_weights(model) == len(linears)
         # The embedding still reads the table a tied lm_head shares; the rest are released.
         assert model.model.embed_tokens.weight.device.type == "cpu"
-        assert (model.lm_head.weight.device.type == "cpu") == (tied or model.lm_head.small_m)
-        down = model.model.layers[0].mlp.down_proj
+        lm_head: Any = model.lm_head
+        assert (lm_head.weight.device.type == "cpu") == (tied or lm_head.small_m)
+        layer0: Any = model.model.layers[0]
+        down = layer0.mlp.down_proj
         assert (down.weight.device.type == "meta") == (not down.small_m)
         torch.testing.assert_close(model.compute_logits(model.model.embed_tokens(ids)),
                                    logits_before, rtol=1e-6, atol=1e-6)
@@ -65,8 +68,12 @@ def test_a_few_rows_read_the_dense_weight_and_more_take_onednn(
         assert layer.small_m and layer.weight.device.type == "cpu"
         small_calls: list[int] = []
         real = linear_layer.linear_small
-        monkeypatch.setattr(linear_layer, "linear_small",
-                            lambda x, w, b: small_calls.append(x.shape[0]) or real(x, w, b))
+
+        def counting_small(x: torch.Tensor, w: torch.Tensor, b: Any) -> torch.Tensor:
+            small_calls.append(x.shape[0])
+            return real(x, w, b)
+
+        monkeypatch.setattr(linear_layer, "linear_small", counting_small)
         got = layer(x)
     assert small_calls == ([rows] if 0 < rows <= cpu_linear.SMALL_M else [])
     tol = 1e-5 if dtype == torch.float32 else 3e-2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def test_fused_projections_hold_the_checkpoint_tensors(tmp_path: Path) -> None:
     model_dir = build_model_dir(tmp_path, arch="qwen2")
     tensors = load_file(str(model_dir / "model.safetensors"))
     model = load_model(load_model_config(str(model_dir)), CPU)
-    attn = model.model.layers[1].self_attn
+    attn: Any = model.model.layers[1].self_attn
     expected = torch.cat([tensors[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
     assert torch.equal(attn.qkv_proj.weight, expected)
     assert torch.equal(attn.qkv_proj.bias[-attn.kv_size:],

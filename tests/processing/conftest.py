@@ -69,7 +69,7 @@ def stream_text(
     processor: OutputProcessor, request_id: str, token_ids: list[int], finish: str = "length"
 ) -> list[str]:
     """Feed one token per step, the last one finishing; return each step's first-output text."""
-    texts = []
+    texts: list[str] = []
     for i, token_id in enumerate(token_ids):
         last = i == len(token_ids) - 1
         result = processor.process_outputs(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ ALPHABET = list("kalomine ,.!\n") + ["é", "中", "龍", "😀", "𝄞", "ß", "
 
 
 def stream(
-    tokenizer: Tokenizer, ids: list[int], prompt_ids: list[int] | None = None, **params: object
+    tokenizer: Tokenizer, ids: list[int], prompt_ids: list[int] | None = None, **params: Any
 ) -> list[str]:
     detok = IncrementalDetokenizer(tokenizer, prompt_ids or [], SamplingParams(**params))
     pieces = []

@@ -15,3 +15,22 @@ def test_processing_modules_import_without_torch_or_grpc() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_structured_output_request_is_processed_without_torch(tmp_path) -> None:
+    # The tokenizer stage checks a constraint's shape only; compiling it (xgrammar, which imports
+    # torch) is the engine's job.
+    code = (
+        "import sys\n"
+        "from engine_core.processing.tiny_tokenizer import write_tiny_tokenizer\n"
+        "from engine_core.processing.tokenizer import Tokenizer\n"
+        "from engine_core.processing.input_processor import InputProcessor\n"
+        "from engine_core.sampling_params import SamplingParams\n"
+        f"write_tiny_tokenizer({str(tmp_path)!r}, 300)\n"
+        f"tok = Tokenizer.from_dir({str(tmp_path)!r})\n"
+        "params = SamplingParams(structured_outputs={'json': {'type': 'object'}})\n"
+        "InputProcessor(tok, 64, 300).process('r', 'hi', params)\n"
+        "print(sorted(m for m in ('torch', 'grpc', 'xgrammar') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

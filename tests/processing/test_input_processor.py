@@ -51,6 +51,7 @@ def test_chat_prompt_is_rendered_and_has_a_single_bos(
     assert processed.prompt == "<s><|user|>\nhi<|end|>\n<|assistant|>\n"
     ids = processed.request.prompt_token_ids
     assert ids == tokenizer.encode(processed.prompt, add_special_tokens=False)
+    assert tokenizer.bos_token_id is not None
     assert ids.count(tokenizer.bos_token_id) == 1
 
 
@@ -128,7 +129,7 @@ def test_logprobs_above_the_engine_max_logprobs_are_refused(
 ) -> None:
     processor = InputProcessor(tokenizer, MAX_MODEL_LEN, TINY_VOCAB_SIZE, max_logprobs=5)
     with pytest.raises(ValueError, match=rf"{field} must be <= max_logprobs \(5\)"):
-        processor.process("r", "mi", SamplingParams(**{field: value}))
+        processor.process("r", "mi", SamplingParams(**{field: value}))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

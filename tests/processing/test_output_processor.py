@@ -134,6 +134,7 @@ def test_delta_chunks_concatenate_to_the_cumulative_result(
             for out in outs:
                 for c in out.outputs:
                     text, toks, num_lp = got[c.index]
+                    assert c.logprobs is not None
                     if kind == RequestOutputKind.DELTA:
                         got[c.index] = (text + c.text, toks + c.token_ids, num_lp + len(c.logprobs))
                     else:
@@ -204,6 +205,7 @@ def test_sample_logprobs_become_dicts_and_sum_into_cumulative(
     result = output_processor.process_outputs([step("r", a, b, new_logprobs=rows)])
     completion = result.request_outputs[0].outputs[0]
     assert completion.cumulative_logprob == pytest.approx(-2.1)
+    assert completion.logprobs is not None
     first, second = completion.logprobs
     assert {t: (lp.logprob, lp.rank) for t, lp in first.items()} == {a: (-0.1, 1), b: (-2.5, 2)}
     assert {t: lp.rank for t, lp in second.items()} == {b: 2, a: 1}
@@ -228,9 +230,10 @@ def test_prompt_logprobs_assemble_across_chunks_with_none_first(
         [step("r", new_prompt_logprobs=chunk1)]).request_outputs == []
     result = output_processor.process_outputs([step("r", 7, new_prompt_logprobs=chunk2)])
     prompt_logprobs = result.request_outputs[0].prompt_logprobs
-    assert prompt_logprobs[0] is None
-    assert [next(iter(p.items()))[0] for p in prompt_logprobs[1:]] == [10, 11, 12]
-    assert [p[t].rank for p, t in zip(prompt_logprobs[1:], [10, 11, 12], strict=True)] == [3, 4, 5]
+    assert prompt_logprobs is not None and prompt_logprobs[0] is None
+    rows = [p for p in prompt_logprobs[1:] if p is not None]
+    assert [next(iter(p.items()))[0] for p in rows] == [10, 11, 12]
+    assert [p[t].rank for p, t in zip(rows, [10, 11, 12], strict=True)] == [3, 4, 5]
 
 
 def test_metrics_follow_arrival_scheduling_tokens_and_finish(
@@ -245,6 +248,7 @@ def test_metrics_follow_arrival_scheduling_tokens_and_finish(
     )
     out = result.request_outputs[0]
     metrics = out.metrics
+    assert metrics is not None
     assert (metrics.arrival_time, metrics.first_scheduled_time) == (100.0, 101.0)
     assert (metrics.first_token_time, metrics.last_token_time) == (102.0, 103.0)
     assert metrics.finished_time == 103.0
@@ -259,7 +263,7 @@ def test_returned_outputs_are_not_changed_by_later_steps(
     first = output_processor.process_outputs([step("r", 5)], 1.0).request_outputs[0]
     output_processor.process_outputs([step("r", 6)], 2.0)
     assert first.outputs[0].token_ids == [5]
-    assert first.metrics.last_token_time == 1.0
+    assert first.metrics is not None and first.metrics.last_token_time == 1.0
 
 
 @pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY])

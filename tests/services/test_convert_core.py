@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs
+from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from engine_core.core.runner_output import LogprobsLists
+from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import (
     core_outputs_from_pb,
     core_outputs_to_pb,
+    core_request_from_pb,
+    core_request_to_pb,
     logprobs_lists_from_pb,
     logprobs_lists_to_pb,
+    params_from_pb,
 )
 
 # Rows of different widths: a sampled row with top-2, and prompt rows with and without top-k.
@@ -51,3 +55,30 @@ def test_engine_core_outputs_round_trip() -> None:
     back = core_outputs_from_pb(pb.EngineCoreOutputs.FromString(
         core_outputs_to_pb(outputs).SerializeToString()))
     assert back == outputs
+
+
+def _request_with(params: SamplingParams) -> EngineCoreRequest:
+    return EngineCoreRequest(request_id="r", prompt_token_ids=[1, 2, 3], sampling_params=params,
+                             eos_token_id=2, arrival_time=1.0)
+
+
+def test_engine_requests_carry_params_as_data_without_validating_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    params = SamplingParams(n=1, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=["x"],
+                            max_tokens=9, logit_bias={4: 1.5})
+    msg = core_request_to_pb(_request_with(params))
+
+    def refuse(self: SamplingParams) -> None:
+        raise AssertionError("validated a second time downstream of the tokenizer")
+
+    monkeypatch.setattr(SamplingParams, "validate", refuse)
+    back = core_request_from_pb(pb.EngineCoreRequest.FromString(msg.SerializeToString()))
+    assert back.sampling_params == params
+
+
+def test_the_tokenizer_side_conversion_still_validates() -> None:
+    msg = core_request_to_pb(_request_with(SamplingParams(top_p=0.5)))
+    msg.sampling_params.top_p = 1.5
+    with pytest.raises(ValueError, match="top_p must be in"):
+        params_from_pb(msg.sampling_params)

@@ -53,7 +53,8 @@ def test_engine_core_outputs_round_trip_with_logprobs_and_stop_reasons() -> None
         outputs=[
             EngineCoreOutput("a", [5], new_logprobs=lists, new_prompt_logprobs=prompt_lists,
                              num_cached_tokens=16, first_scheduled_time=12.5),
-            EngineCoreOutput("b", [2], finish_reason="stop", stop_reason=2),
+            EngineCoreOutput("b", [2], finish_reason="stop", stop_reason=2,
+                             preempted_times=[12.25, 12.75]),
             EngineCoreOutput("c", [], finish_reason="abort", stop_reason="END"),
         ],
         finished_requests={"b", "c"}, timestamp=99.0,
@@ -81,7 +82,8 @@ def test_request_output_round_trips_every_field() -> None:
         prompt_logprobs=[None, {2: Logprob(-4.0, 9, "x")}],
         num_cached_tokens=16,
         metrics=RequestMetrics(arrival_time=10.0, first_scheduled_time=10.5,
-                               first_token_time=11.0, last_token_time=12.0, finished_time=12.0),
+                               first_token_time=11.0, last_token_time=12.0, finished_time=12.0,
+                               preemption_times=[11.5]),
         error=None, extra={"note": "kept", "count": 3})
     assert request_output_from_pb(request_output_to_pb(out)) == out
 

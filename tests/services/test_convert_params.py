@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from engine_core.structured_output.params import StructuredOutputsParams
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import params_from_pb, params_to_pb, prompt_from_pb, prompt_to_pb
 
@@ -18,6 +19,29 @@ def test_every_sampling_param_round_trips() -> None:
         allowed_token_ids=[3, 7, 11], skip_special_tokens=False,
         spaces_between_special_tokens=False, output_kind=RequestOutputKind.DELTA)
     assert params_from_pb(params_to_pb(params)) == params
+
+
+@pytest.mark.parametrize("so", [
+    StructuredOutputsParams(json='{"type": "object"}', disable_any_whitespace=True),
+    StructuredOutputsParams(regex=r"\d+"),
+    StructuredOutputsParams(choice=["a", 'b"c']),
+    StructuredOutputsParams(grammar='root ::= "x"'),
+    StructuredOutputsParams(json_object=True),
+])
+def test_structured_outputs_round_trip(so: StructuredOutputsParams) -> None:
+    assert params_from_pb(params_to_pb(SamplingParams(structured_outputs=so))) == \
+        SamplingParams(structured_outputs=so)
+
+
+def test_structured_outputs_dict_schema_travels_as_json_text() -> None:
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": "string"}))
+    assert params_to_pb(params).structured_outputs.json == '{"type": "string"}'
+
+
+def test_structured_outputs_without_a_kind_is_refused() -> None:
+    msg = pb.SamplingParams(structured_outputs=pb.StructuredOutputsParams(json_object=False))
+    with pytest.raises(ValueError, match="structured_outputs must set exactly one"):
+        params_from_pb(msg)
 
 
 def test_default_sampling_params_round_trip() -> None:

@@ -37,7 +37,7 @@ class Clock:
 
 def _supervisor() -> tuple[Supervisor, FakeStack, Clock, list[str]]:
     stack = FakeStack({"engine": FakeProcess(), "tokenizer": FakeProcess()})
-    clock, lines = Clock(), []
+    clock, lines = Clock(), list[str]()
     supervisor = Supervisor(stack, log=lines.append, clock=clock)  # type: ignore[arg-type]
     supervisor.tick()
     return supervisor, stack, clock, lines

@@ -26,19 +26,43 @@ from services._proto.strand.v1 import gateway_pb2 as strand_dot_v1_dot_gateway__
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/control.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\"\x11\n\x0fGetLoadsRequest\"8\n\x10GetLoadsResponse\x12$\n\x05loads\x18\x01 \x03(\x0b\x32\x15.strand.v1.EngineLoad\"\x1a\n\x18SubscribeKvEventsRequest2\xf9\x03\n\x07\x43ontrol\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponse\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12\x43\n\x08GetLoads\x12\x1a.strand.v1.GetLoadsRequest\x1a\x1b.strand.v1.GetLoadsResponse\x12S\n\x11SubscribeKvEvents\x12#.strand.v1.SubscribeKvEventsRequest\x1a\x17.strand.v1.KvEventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17strand/v1/control.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\",\n\x0cSleepRequest\x12\x12\n\x05level\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x08\n\x06_level\"$\n\rSleepResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x1d\n\rWakeUpRequest\x12\x0c\n\x04tags\x18\x01 \x03(\t\"%\n\x0eWakeUpResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x13\n\x11IsSleepingRequest\")\n\x12IsSleepingResponse\x12\x13\n\x0bis_sleeping\x18\x01 \x01(\x08\"\x15\n\x13StartProfileRequest\"\x16\n\x14StartProfileResponse\"\x14\n\x12StopProfileRequest\")\n\x13StopProfileResponse\x12\x12\n\ntrace_path\x18\x01 \x01(\t\"\x1a\n\x18GetSupportedTasksRequest\"*\n\x19GetSupportedTasksResponse\x12\r\n\x05tasks\x18\x01 \x03(\t\"\x11\n\x0fGetLoadsRequest\"8\n\x10GetLoadsResponse\x12$\n\x05loads\x18\x01 \x03(\x0b\x32\x15.strand.v1.EngineLoad\"\x1a\n\x18SubscribeKvEventsRequest2\xbe\x07\n\x07\x43ontrol\x12[\n\x10ResetPrefixCache\x12\".strand.v1.ResetPrefixCacheRequest\x1a#.strand.v1.ResetPrefixCacheResponse\x12O\n\x0c\x43learKvCache\x12\x1e.strand.v1.ClearKvCacheRequest\x1a\x1f.strand.v1.ClearKvCacheResponse\x12R\n\rLookupKvCache\x12\x1f.strand.v1.LookupKvCacheRequest\x1a .strand.v1.LookupKvCacheResponse\x12R\n\rGetServerInfo\x12\x1f.strand.v1.GetServerInfoRequest\x1a .strand.v1.GetServerInfoResponse\x12\x43\n\x08GetLoads\x12\x1a.strand.v1.GetLoadsRequest\x1a\x1b.strand.v1.GetLoadsResponse\x12S\n\x11SubscribeKvEvents\x12#.strand.v1.SubscribeKvEventsRequest\x1a\x17.strand.v1.KvEventBatch0\x01\x12:\n\x05Sleep\x12\x17.strand.v1.SleepRequest\x1a\x18.strand.v1.SleepResponse\x12=\n\x06WakeUp\x12\x18.strand.v1.WakeUpRequest\x1a\x19.strand.v1.WakeUpResponse\x12I\n\nIsSleeping\x12\x1c.strand.v1.IsSleepingRequest\x1a\x1d.strand.v1.IsSleepingResponse\x12O\n\x0cStartProfile\x12\x1e.strand.v1.StartProfileRequest\x1a\x1f.strand.v1.StartProfileResponse\x12L\n\x0bStopProfile\x12\x1d.strand.v1.StopProfileRequest\x1a\x1e.strand.v1.StopProfileResponse\x12^\n\x11GetSupportedTasks\x12#.strand.v1.GetSupportedTasksRequest\x1a$.strand.v1.GetSupportedTasksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strand.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETLOADSREQUEST']._serialized_start=86
-  _globals['_GETLOADSREQUEST']._serialized_end=103
-  _globals['_GETLOADSRESPONSE']._serialized_start=105
-  _globals['_GETLOADSRESPONSE']._serialized_end=161
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=163
-  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=189
-  _globals['_CONTROL']._serialized_start=192
-  _globals['_CONTROL']._serialized_end=697
+  _globals['_SLEEPREQUEST']._serialized_start=86
+  _globals['_SLEEPREQUEST']._serialized_end=130
+  _globals['_SLEEPRESPONSE']._serialized_start=132
+  _globals['_SLEEPRESPONSE']._serialized_end=168
+  _globals['_WAKEUPREQUEST']._serialized_start=170
+  _globals['_WAKEUPREQUEST']._serialized_end=199
+  _globals['_WAKEUPRESPONSE']._serialized_start=201
+  _globals['_WAKEUPRESPONSE']._serialized_end=238
+  _globals['_ISSLEEPINGREQUEST']._serialized_start=240
+  _globals['_ISSLEEPINGREQUEST']._serialized_end=259
+  _globals['_ISSLEEPINGRESPONSE']._serialized_start=261
+  _globals['_ISSLEEPINGRESPONSE']._serialized_end=302
+  _globals['_STARTPROFILEREQUEST']._serialized_start=304
+  _globals['_STARTPROFILEREQUEST']._serialized_end=325
+  _globals['_STARTPROFILERESPONSE']._serialized_start=327
+  _globals['_STARTPROFILERESPONSE']._serialized_end=349
+  _globals['_STOPPROFILEREQUEST']._serialized_start=351
+  _globals['_STOPPROFILEREQUEST']._serialized_end=371
+  _globals['_STOPPROFILERESPONSE']._serialized_start=373
+  _globals['_STOPPROFILERESPONSE']._serialized_end=414
+  _globals['_GETSUPPORTEDTASKSREQUEST']._serialized_start=416
+  _globals['_GETSUPPORTEDTASKSREQUEST']._serialized_end=442
+  _globals['_GETSUPPORTEDTASKSRESPONSE']._serialized_start=444
+  _globals['_GETSUPPORTEDTASKSRESPONSE']._serialized_end=486
+  _globals['_GETLOADSREQUEST']._serialized_start=488
+  _globals['_GETLOADSREQUEST']._serialized_end=505
+  _globals['_GETLOADSRESPONSE']._serialized_start=507
+  _globals['_GETLOADSRESPONSE']._serialized_end=563
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_start=565
+  _globals['_SUBSCRIBEKVEVENTSREQUEST']._serialized_end=591
+  _globals['_CONTROL']._serialized_start=594
+  _globals['_CONTROL']._serialized_end=1552
 # @@protoc_insertion_point(module_scope)

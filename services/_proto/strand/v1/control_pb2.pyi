@@ -8,6 +8,68 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SleepRequest(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class SleepResponse(_message.Message):
+    __slots__ = ("is_sleeping",)
+    IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    is_sleeping: bool
+    def __init__(self, is_sleeping: _Optional[bool] = ...) -> None: ...
+
+class WakeUpRequest(_message.Message):
+    __slots__ = ("tags",)
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WakeUpResponse(_message.Message):
+    __slots__ = ("is_sleeping",)
+    IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    is_sleeping: bool
+    def __init__(self, is_sleeping: _Optional[bool] = ...) -> None: ...
+
+class IsSleepingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class IsSleepingResponse(_message.Message):
+    __slots__ = ("is_sleeping",)
+    IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    is_sleeping: bool
+    def __init__(self, is_sleeping: _Optional[bool] = ...) -> None: ...
+
+class StartProfileRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StartProfileResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StopProfileRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StopProfileResponse(_message.Message):
+    __slots__ = ("trace_path",)
+    TRACE_PATH_FIELD_NUMBER: _ClassVar[int]
+    trace_path: str
+    def __init__(self, trace_path: _Optional[str] = ...) -> None: ...
+
+class GetSupportedTasksRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetSupportedTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tasks: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class GetLoadsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

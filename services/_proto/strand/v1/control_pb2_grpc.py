@@ -66,6 +66,36 @@ class ControlStub:
                 request_serializer=strand_dot_v1_dot_control__pb2.SubscribeKvEventsRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_types__pb2.KvEventBatch.FromString,
                 _registered_method=True)
+        self.Sleep = channel.unary_unary(
+                '/strand.v1.Control/Sleep',
+                request_serializer=strand_dot_v1_dot_control__pb2.SleepRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.SleepResponse.FromString,
+                _registered_method=True)
+        self.WakeUp = channel.unary_unary(
+                '/strand.v1.Control/WakeUp',
+                request_serializer=strand_dot_v1_dot_control__pb2.WakeUpRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.WakeUpResponse.FromString,
+                _registered_method=True)
+        self.IsSleeping = channel.unary_unary(
+                '/strand.v1.Control/IsSleeping',
+                request_serializer=strand_dot_v1_dot_control__pb2.IsSleepingRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.IsSleepingResponse.FromString,
+                _registered_method=True)
+        self.StartProfile = channel.unary_unary(
+                '/strand.v1.Control/StartProfile',
+                request_serializer=strand_dot_v1_dot_control__pb2.StartProfileRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.StartProfileResponse.FromString,
+                _registered_method=True)
+        self.StopProfile = channel.unary_unary(
+                '/strand.v1.Control/StopProfile',
+                request_serializer=strand_dot_v1_dot_control__pb2.StopProfileRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.StopProfileResponse.FromString,
+                _registered_method=True)
+        self.GetSupportedTasks = channel.unary_unary(
+                '/strand.v1.Control/GetSupportedTasks',
+                request_serializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -113,6 +143,49 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sleep(self, request, context):
+        """LLMEngine.sleep(level): level 1 offloads the weights and drops the KV cache, level 2 drops
+        both; the engine must be idle (INVALID_ARGUMENT otherwise). While it sleeps, new requests
+        fail with FAILED_PRECONDITION until WakeUp.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WakeUp(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IsSleeping(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartProfile(self, request, context):
+        """torch.profiler around what the engine runs; StopProfile names the Chrome trace written
+        (under the engine's STRAND_TORCH_PROFILER_DIR; INVALID_ARGUMENT when unset).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopProfile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSupportedTasks(self, request, context):
+        """No CollectiveRpc: LLMEngine.collective_rpc runs any method (or pickled callable) on the
+        model workers, which over the network would be remote code execution. It stays in process.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +218,36 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.SubscribeKvEvents,
                     request_deserializer=strand_dot_v1_dot_control__pb2.SubscribeKvEventsRequest.FromString,
                     response_serializer=strand_dot_v1_dot_types__pb2.KvEventBatch.SerializeToString,
+            ),
+            'Sleep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sleep,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.SleepRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.SleepResponse.SerializeToString,
+            ),
+            'WakeUp': grpc.unary_unary_rpc_method_handler(
+                    servicer.WakeUp,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.WakeUpRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.WakeUpResponse.SerializeToString,
+            ),
+            'IsSleeping': grpc.unary_unary_rpc_method_handler(
+                    servicer.IsSleeping,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.IsSleepingRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.IsSleepingResponse.SerializeToString,
+            ),
+            'StartProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartProfile,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.StartProfileRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.StartProfileResponse.SerializeToString,
+            ),
+            'StopProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopProfile,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.StopProfileRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.StopProfileResponse.SerializeToString,
+            ),
+            'GetSupportedTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSupportedTasks,
+                    request_deserializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_control__pb2.GetSupportedTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +412,168 @@ class Control:
             '/strand.v1.Control/SubscribeKvEvents',
             strand_dot_v1_dot_control__pb2.SubscribeKvEventsRequest.SerializeToString,
             strand_dot_v1_dot_types__pb2.KvEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sleep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/Sleep',
+            strand_dot_v1_dot_control__pb2.SleepRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.SleepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WakeUp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/WakeUp',
+            strand_dot_v1_dot_control__pb2.WakeUpRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.WakeUpResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IsSleeping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/IsSleeping',
+            strand_dot_v1_dot_control__pb2.IsSleepingRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.IsSleepingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/StartProfile',
+            strand_dot_v1_dot_control__pb2.StartProfileRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.StartProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/StopProfile',
+            strand_dot_v1_dot_control__pb2.StopProfileRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.StopProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSupportedTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Control/GetSupportedTasks',
+            strand_dot_v1_dot_control__pb2.GetSupportedTasksRequest.SerializeToString,
+            strand_dot_v1_dot_control__pb2.GetSupportedTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,10 +16,12 @@ class DetokAddRequest(_message.Message):
     def __init__(self, processed: _Optional[_Union[_types_pb2.ProcessedPrompt, _Mapping]] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class DetokAbort(_message.Message):
-    __slots__ = ("request_ids",)
+    __slots__ = ("request_ids", "never_admitted")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEVER_ADMITTED_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    never_admitted: bool
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., never_admitted: _Optional[bool] = ...) -> None: ...
 
 class DetokQuery(_message.Message):
     __slots__ = ()

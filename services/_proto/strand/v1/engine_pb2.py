@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16strand/v1/engine.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"C\n\x11\x45ngineAddRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.strand.v1.EngineCoreRequest\"3\n\nEngineStep\x12\x0f\n\x07step_id\x18\x02 \x01(\x04\x12\x0e\n\x06origin\x18\x03 \x01(\tJ\x04\x08\x01\x10\x02\"\"\n\x0b\x45ngineAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"Q\n\x16\x45ngineResetPrefixCache\x12\x1e\n\x16reset_running_requests\x18\x01 \x01(\x08\x12\x17\n\x0freset_connector\x18\x02 \x01(\x08\"\r\n\x0b\x45ngineQuery\";\n\x12\x45ngineClearKvCache\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"(\n\x13\x45ngineLookupKvCache\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"\x10\n\x0e\x45ngineGetLoads\"\x14\n\x12\x45ngineTakeKvEvents\"\xe0\x04\n\rEngineRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x41\n\rtrace_context\x18\x0f \x03(\x0b\x32*.strand.v1.EngineRequest.TraceContextEntry\x12+\n\x03\x61\x64\x64\x18\x02 \x01(\x0b\x32\x1c.strand.v1.EngineAddRequestsH\x00\x12%\n\x04step\x18\x03 \x01(\x0b\x32\x15.strand.v1.EngineStepH\x00\x12\'\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x16.strand.v1.EngineAbortH\x00\x12?\n\x12reset_prefix_cache\x18\x05 \x01(\x0b\x32!.strand.v1.EngineResetPrefixCacheH\x00\x12\'\n\x05query\x18\x06 \x01(\x0b\x32\x16.strand.v1.EngineQueryH\x00\x12\x37\n\x0e\x63lear_kv_cache\x18\x07 \x01(\x0b\x32\x1d.strand.v1.EngineClearKvCacheH\x00\x12\x39\n\x0flookup_kv_cache\x18\x08 \x01(\x0b\x32\x1e.strand.v1.EngineLookupKvCacheH\x00\x12.\n\tget_loads\x18\t \x01(\x0b\x32\x19.strand.v1.EngineGetLoadsH\x00\x12\x37\n\x0etake_kv_events\x18\n \x01(\x0b\x32\x1d.strand.v1.EngineTakeKvEventsH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"e\n\x0b\x45ngineState\x12\x1f\n\x17num_unfinished_requests\x18\x01 \x01(\x03\x12\x10\n\x08reset_ok\x18\x02 \x01(\x08\x12#\n\x05tiers\x18\x03 \x03(\x0b\x32\x14.strand.v1.TierReset\">\n\x0eKvCacheCleared\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x02 \x01(\x03\"\x91\x01\n\rKvCacheLookup\x12H\n\x11num_cached_tokens\x18\x01 \x03(\x0b\x32-.strand.v1.KvCacheLookup.NumCachedTokensEntry\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb5\x02\n\x0e\x45ngineResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x05state\x18\x03 \x01(\x0b\x32\x16.strand.v1.EngineStateH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x12,\n\x07\x63leared\x18\x05 \x01(\x0b\x32\x19.strand.v1.KvCacheClearedH\x00\x12*\n\x06lookup\x18\x06 \x01(\x0b\x32\x18.strand.v1.KvCacheLookupH\x00\x12%\n\x04load\x18\x07 \x01(\x0b\x32\x15.strand.v1.EngineLoadH\x00\x12\x36\n\x11kv_events_batches\x18\x08 \x01(\x0b\x32\x19.strand.v1.KvEventBatchesH\x00\x42\x06\n\x04kindJ\x04\x08\x02\x10\x03\"\x16\n\x14\x45ngineOutputsRequest\"\xf3\x01\n\x11\x45ngineStepOutputs\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12-\n\x07outputs\x18\x03 \x01(\x0b\x32\x1c.strand.v1.EngineCoreOutputs\x12\x12\n\nsubscribed\x18\x04 \x01(\x08\x12\x45\n\rtrace_context\x18\x0f \x03(\x0b\x32..strand.v1.EngineStepOutputs.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x0eKvEventBatches\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.strand.v1.KvEventBatch\"\x13\n\x11\x45ngineInfoRequest\"\x81\x01\n\nEngineInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x12\n\nnum_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x12\x11\n\tauto_step\x18\x06 \x01(\x08\x32\xd8\x01\n\x06\x45ngine\x12\x42\n\x07Session\x12\x18.strand.v1.EngineRequest\x1a\x19.strand.v1.EngineResponse(\x01\x30\x01\x12J\n\x07Outputs\x12\x1f.strand.v1.EngineOutputsRequest\x1a\x1c.strand.v1.EngineStepOutputs0\x01\x12>\n\x07GetInfo\x12\x1c.strand.v1.EngineInfoRequest\x1a\x15.strand.v1.EngineInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16strand/v1/engine.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"C\n\x11\x45ngineAddRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.strand.v1.EngineCoreRequest\"3\n\nEngineStep\x12\x0f\n\x07step_id\x18\x02 \x01(\x04\x12\x0e\n\x06origin\x18\x03 \x01(\tJ\x04\x08\x01\x10\x02\"\"\n\x0b\x45ngineAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"Q\n\x16\x45ngineResetPrefixCache\x12\x1e\n\x16reset_running_requests\x18\x01 \x01(\x08\x12\x17\n\x0freset_connector\x18\x02 \x01(\x08\"\r\n\x0b\x45ngineQuery\";\n\x12\x45ngineClearKvCache\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"(\n\x13\x45ngineLookupKvCache\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\"\x10\n\x0e\x45ngineGetLoads\"\x14\n\x12\x45ngineTakeKvEvents\"+\n\x0b\x45ngineSleep\x12\x12\n\x05level\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x08\n\x06_level\"\x1c\n\x0c\x45ngineWakeUp\x12\x0c\n\x04tags\x18\x01 \x03(\t\"\x1e\n\rEngineProfile\x12\r\n\x05start\x18\x01 \x01(\x08\"\xe2\x05\n\rEngineRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x41\n\rtrace_context\x18\x0f \x03(\x0b\x32*.strand.v1.EngineRequest.TraceContextEntry\x12+\n\x03\x61\x64\x64\x18\x02 \x01(\x0b\x32\x1c.strand.v1.EngineAddRequestsH\x00\x12%\n\x04step\x18\x03 \x01(\x0b\x32\x15.strand.v1.EngineStepH\x00\x12\'\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x16.strand.v1.EngineAbortH\x00\x12?\n\x12reset_prefix_cache\x18\x05 \x01(\x0b\x32!.strand.v1.EngineResetPrefixCacheH\x00\x12\'\n\x05query\x18\x06 \x01(\x0b\x32\x16.strand.v1.EngineQueryH\x00\x12\x37\n\x0e\x63lear_kv_cache\x18\x07 \x01(\x0b\x32\x1d.strand.v1.EngineClearKvCacheH\x00\x12\x39\n\x0flookup_kv_cache\x18\x08 \x01(\x0b\x32\x1e.strand.v1.EngineLookupKvCacheH\x00\x12.\n\tget_loads\x18\t \x01(\x0b\x32\x19.strand.v1.EngineGetLoadsH\x00\x12\x37\n\x0etake_kv_events\x18\n \x01(\x0b\x32\x1d.strand.v1.EngineTakeKvEventsH\x00\x12\'\n\x05sleep\x18\x0b \x01(\x0b\x32\x16.strand.v1.EngineSleepH\x00\x12*\n\x07wake_up\x18\x0c \x01(\x0b\x32\x17.strand.v1.EngineWakeUpH\x00\x12+\n\x07profile\x18\r \x01(\x0b\x32\x18.strand.v1.EngineProfileH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"\xa9\x01\n\x0b\x45ngineState\x12\x1f\n\x17num_unfinished_requests\x18\x01 \x01(\x03\x12\x10\n\x08reset_ok\x18\x02 \x01(\x08\x12#\n\x05tiers\x18\x03 \x03(\x0b\x32\x14.strand.v1.TierReset\x12\x13\n\x0bis_sleeping\x18\x04 \x01(\x08\x12\x17\n\x0fsupported_tasks\x18\x05 \x03(\t\x12\x14\n\x0cprofile_path\x18\x06 \x01(\t\">\n\x0eKvCacheCleared\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x1a\n\x12num_tokens_cleared\x18\x02 \x01(\x03\"\x91\x01\n\rKvCacheLookup\x12H\n\x11num_cached_tokens\x18\x01 \x03(\x0b\x32-.strand.v1.KvCacheLookup.NumCachedTokensEntry\x1a\x36\n\x14NumCachedTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xb5\x02\n\x0e\x45ngineResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x05state\x18\x03 \x01(\x0b\x32\x16.strand.v1.EngineStateH\x00\x12&\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x12,\n\x07\x63leared\x18\x05 \x01(\x0b\x32\x19.strand.v1.KvCacheClearedH\x00\x12*\n\x06lookup\x18\x06 \x01(\x0b\x32\x18.strand.v1.KvCacheLookupH\x00\x12%\n\x04load\x18\x07 \x01(\x0b\x32\x15.strand.v1.EngineLoadH\x00\x12\x36\n\x11kv_events_batches\x18\x08 \x01(\x0b\x32\x19.strand.v1.KvEventBatchesH\x00\x42\x06\n\x04kindJ\x04\x08\x02\x10\x03\"\x16\n\x14\x45ngineOutputsRequest\"\xf3\x01\n\x11\x45ngineStepOutputs\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12-\n\x07outputs\x18\x03 \x01(\x0b\x32\x1c.strand.v1.EngineCoreOutputs\x12\x12\n\nsubscribed\x18\x04 \x01(\x08\x12\x45\n\rtrace_context\x18\x0f \x03(\x0b\x32..strand.v1.EngineStepOutputs.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x0eKvEventBatches\x12(\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x17.strand.v1.KvEventBatch\"\x13\n\x11\x45ngineInfoRequest\"\x81\x01\n\nEngineInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x12\n\nnum_blocks\x18\x04 \x01(\x03\x12\x12\n\nvocab_size\x18\x05 \x01(\x03\x12\x11\n\tauto_step\x18\x06 \x01(\x08\x32\xd8\x01\n\x06\x45ngine\x12\x42\n\x07Session\x12\x18.strand.v1.EngineRequest\x1a\x19.strand.v1.EngineResponse(\x01\x30\x01\x12J\n\x07Outputs\x12\x1f.strand.v1.EngineOutputsRequest\x1a\x1c.strand.v1.EngineStepOutputs0\x01\x12>\n\x07GetInfo\x12\x1c.strand.v1.EngineInfoRequest\x1a\x15.strand.v1.EngineInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,32 +56,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENGINEGETLOADS']._serialized_end=435
   _globals['_ENGINETAKEKVEVENTS']._serialized_start=437
   _globals['_ENGINETAKEKVEVENTS']._serialized_end=457
-  _globals['_ENGINEREQUEST']._serialized_start=460
-  _globals['_ENGINEREQUEST']._serialized_end=1068
-  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_start=1009
-  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_end=1060
-  _globals['_ENGINESTATE']._serialized_start=1070
-  _globals['_ENGINESTATE']._serialized_end=1171
-  _globals['_KVCACHECLEARED']._serialized_start=1173
-  _globals['_KVCACHECLEARED']._serialized_end=1235
-  _globals['_KVCACHELOOKUP']._serialized_start=1238
-  _globals['_KVCACHELOOKUP']._serialized_end=1383
-  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_start=1329
-  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_end=1383
-  _globals['_ENGINERESPONSE']._serialized_start=1386
-  _globals['_ENGINERESPONSE']._serialized_end=1695
-  _globals['_ENGINEOUTPUTSREQUEST']._serialized_start=1697
-  _globals['_ENGINEOUTPUTSREQUEST']._serialized_end=1719
-  _globals['_ENGINESTEPOUTPUTS']._serialized_start=1722
-  _globals['_ENGINESTEPOUTPUTS']._serialized_end=1965
-  _globals['_ENGINESTEPOUTPUTS_TRACECONTEXTENTRY']._serialized_start=1009
-  _globals['_ENGINESTEPOUTPUTS_TRACECONTEXTENTRY']._serialized_end=1060
-  _globals['_KVEVENTBATCHES']._serialized_start=1967
-  _globals['_KVEVENTBATCHES']._serialized_end=2025
-  _globals['_ENGINEINFOREQUEST']._serialized_start=2027
-  _globals['_ENGINEINFOREQUEST']._serialized_end=2046
-  _globals['_ENGINEINFO']._serialized_start=2049
-  _globals['_ENGINEINFO']._serialized_end=2178
-  _globals['_ENGINE']._serialized_start=2181
-  _globals['_ENGINE']._serialized_end=2397
+  _globals['_ENGINESLEEP']._serialized_start=459
+  _globals['_ENGINESLEEP']._serialized_end=502
+  _globals['_ENGINEWAKEUP']._serialized_start=504
+  _globals['_ENGINEWAKEUP']._serialized_end=532
+  _globals['_ENGINEPROFILE']._serialized_start=534
+  _globals['_ENGINEPROFILE']._serialized_end=564
+  _globals['_ENGINEREQUEST']._serialized_start=567
+  _globals['_ENGINEREQUEST']._serialized_end=1305
+  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_start=1246
+  _globals['_ENGINEREQUEST_TRACECONTEXTENTRY']._serialized_end=1297
+  _globals['_ENGINESTATE']._serialized_start=1308
+  _globals['_ENGINESTATE']._serialized_end=1477
+  _globals['_KVCACHECLEARED']._serialized_start=1479
+  _globals['_KVCACHECLEARED']._serialized_end=1541
+  _globals['_KVCACHELOOKUP']._serialized_start=1544
+  _globals['_KVCACHELOOKUP']._serialized_end=1689
+  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_start=1635
+  _globals['_KVCACHELOOKUP_NUMCACHEDTOKENSENTRY']._serialized_end=1689
+  _globals['_ENGINERESPONSE']._serialized_start=1692
+  _globals['_ENGINERESPONSE']._serialized_end=2001
+  _globals['_ENGINEOUTPUTSREQUEST']._serialized_start=2003
+  _globals['_ENGINEOUTPUTSREQUEST']._serialized_end=2025
+  _globals['_ENGINESTEPOUTPUTS']._serialized_start=2028
+  _globals['_ENGINESTEPOUTPUTS']._serialized_end=2271
+  _globals['_ENGINESTEPOUTPUTS_TRACECONTEXTENTRY']._serialized_start=1246
+  _globals['_ENGINESTEPOUTPUTS_TRACECONTEXTENTRY']._serialized_end=1297
+  _globals['_KVEVENTBATCHES']._serialized_start=2273
+  _globals['_KVEVENTBATCHES']._serialized_end=2331
+  _globals['_ENGINEINFOREQUEST']._serialized_start=2333
+  _globals['_ENGINEINFOREQUEST']._serialized_end=2352
+  _globals['_ENGINEINFO']._serialized_start=2355
+  _globals['_ENGINEINFO']._serialized_end=2484
+  _globals['_ENGINE']._serialized_start=2487
+  _globals['_ENGINE']._serialized_end=2703
 # @@protoc_insertion_point(module_scope)

@@ -61,8 +61,26 @@ class EngineTakeKvEvents(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class EngineSleep(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class EngineWakeUp(_message.Message):
+    __slots__ = ("tags",)
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EngineProfile(_message.Message):
+    __slots__ = ("start",)
+    START_FIELD_NUMBER: _ClassVar[int]
+    start: bool
+    def __init__(self, start: _Optional[bool] = ...) -> None: ...
+
 class EngineRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache", "get_loads", "take_kv_events")
+    __slots__ = ("seq", "trace_context", "add", "step", "abort", "reset_prefix_cache", "query", "clear_kv_cache", "lookup_kv_cache", "get_loads", "take_kv_events", "sleep", "wake_up", "profile")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +99,9 @@ class EngineRequest(_message.Message):
     LOOKUP_KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     GET_LOADS_FIELD_NUMBER: _ClassVar[int]
     TAKE_KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_FIELD_NUMBER: _ClassVar[int]
+    WAKE_UP_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     add: EngineAddRequests
@@ -92,17 +113,26 @@ class EngineRequest(_message.Message):
     lookup_kv_cache: EngineLookupKvCache
     get_loads: EngineGetLoads
     take_kv_events: EngineTakeKvEvents
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ..., get_loads: _Optional[_Union[EngineGetLoads, _Mapping]] = ..., take_kv_events: _Optional[_Union[EngineTakeKvEvents, _Mapping]] = ...) -> None: ...
+    sleep: EngineSleep
+    wake_up: EngineWakeUp
+    profile: EngineProfile
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[EngineAddRequests, _Mapping]] = ..., step: _Optional[_Union[EngineStep, _Mapping]] = ..., abort: _Optional[_Union[EngineAbort, _Mapping]] = ..., reset_prefix_cache: _Optional[_Union[EngineResetPrefixCache, _Mapping]] = ..., query: _Optional[_Union[EngineQuery, _Mapping]] = ..., clear_kv_cache: _Optional[_Union[EngineClearKvCache, _Mapping]] = ..., lookup_kv_cache: _Optional[_Union[EngineLookupKvCache, _Mapping]] = ..., get_loads: _Optional[_Union[EngineGetLoads, _Mapping]] = ..., take_kv_events: _Optional[_Union[EngineTakeKvEvents, _Mapping]] = ..., sleep: _Optional[_Union[EngineSleep, _Mapping]] = ..., wake_up: _Optional[_Union[EngineWakeUp, _Mapping]] = ..., profile: _Optional[_Union[EngineProfile, _Mapping]] = ...) -> None: ...
 
 class EngineState(_message.Message):
-    __slots__ = ("num_unfinished_requests", "reset_ok", "tiers")
+    __slots__ = ("num_unfinished_requests", "reset_ok", "tiers", "is_sleeping", "supported_tasks", "profile_path")
     NUM_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RESET_OK_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_PATH_FIELD_NUMBER: _ClassVar[int]
     num_unfinished_requests: int
     reset_ok: bool
     tiers: _containers.RepeatedCompositeFieldContainer[_types_pb2.TierReset]
-    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ...) -> None: ...
+    is_sleeping: bool
+    supported_tasks: _containers.RepeatedScalarFieldContainer[str]
+    profile_path: str
+    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ..., is_sleeping: _Optional[bool] = ..., supported_tasks: _Optional[_Iterable[str]] = ..., profile_path: _Optional[str] = ...) -> None: ...
 
 class KvCacheCleared(_message.Message):
     __slots__ = ("event_id", "num_tokens_cleared")

@@ -17,7 +17,7 @@ DELTA: RequestOutputKind
 FINAL_ONLY: RequestOutputKind
 
 class SamplingParams(_message.Message):
-    __slots__ = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "max_tokens", "max_tokens_unlimited", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "skip_special_tokens", "spaces_between_special_tokens", "output_kind", "bad_words", "bad_words_token_ids", "detokenize", "truncate_prompt_tokens", "extra_args_json")
+    __slots__ = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "max_tokens", "max_tokens_unlimited", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "allowed_token_ids", "skip_special_tokens", "spaces_between_special_tokens", "output_kind", "bad_words", "bad_words_token_ids", "detokenize", "truncate_prompt_tokens", "extra_args_json", "structured_outputs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class SamplingParams(_message.Message):
     DETOKENIZE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXTRA_ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     n: int
     temperature: float
     top_p: float
@@ -81,7 +82,30 @@ class SamplingParams(_message.Message):
     detokenize: bool
     truncate_prompt_tokens: int
     extra_args_json: str
-    def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_tokens_unlimited: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., output_kind: _Optional[_Union[RequestOutputKind, str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., bad_words_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., detokenize: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., extra_args_json: _Optional[str] = ...) -> None: ...
+    structured_outputs: StructuredOutputsParams
+    def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_tokens_unlimited: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., output_kind: _Optional[_Union[RequestOutputKind, str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., bad_words_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., detokenize: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., extra_args_json: _Optional[str] = ..., structured_outputs: _Optional[_Union[StructuredOutputsParams, _Mapping]] = ...) -> None: ...
+
+class StructuredOutputsParams(_message.Message):
+    __slots__ = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    regex: str
+    choice: Choices
+    grammar: str
+    json_object: bool
+    disable_any_whitespace: bool
+    def __init__(self, json: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., grammar: _Optional[str] = ..., json_object: _Optional[bool] = ..., disable_any_whitespace: _Optional[bool] = ...) -> None: ...
+
+class Choices(_message.Message):
+    __slots__ = ("choices",)
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -146,7 +170,7 @@ class LogprobsLists(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., row_lengths: _Optional[_Iterable[int]] = ..., sampled_token_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineCoreOutput(_message.Message):
-    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time")
+    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time", "preempted_times")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +180,7 @@ class EngineCoreOutput(_message.Message):
     STOP_STR_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_TIMES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     new_logprobs: LogprobsLists
@@ -165,7 +190,8 @@ class EngineCoreOutput(_message.Message):
     stop_str: str
     num_cached_tokens: int
     first_scheduled_time: float
-    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., first_scheduled_time: _Optional[float] = ...) -> None: ...
+    preempted_times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("values",)
@@ -225,18 +251,20 @@ class PositionLogprobs(_message.Message):
     def __init__(self, positions: _Optional[_Iterable[_Union[LogprobPosition, _Mapping]]] = ...) -> None: ...
 
 class RequestMetrics(_message.Message):
-    __slots__ = ("arrival_time", "first_scheduled_time", "first_token_time", "last_token_time", "finished_time")
+    __slots__ = ("arrival_time", "first_scheduled_time", "first_token_time", "last_token_time", "finished_time", "preemption_times")
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_TOKEN_TIME_FIELD_NUMBER: _ClassVar[int]
     FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_TIMES_FIELD_NUMBER: _ClassVar[int]
     arrival_time: float
     first_scheduled_time: float
     first_token_time: float
     last_token_time: float
     finished_time: float
-    def __init__(self, arrival_time: _Optional[float] = ..., first_scheduled_time: _Optional[float] = ..., first_token_time: _Optional[float] = ..., last_token_time: _Optional[float] = ..., finished_time: _Optional[float] = ...) -> None: ...
+    preemption_times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, arrival_time: _Optional[float] = ..., first_scheduled_time: _Optional[float] = ..., first_token_time: _Optional[float] = ..., last_token_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., preemption_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CompletionOutput(_message.Message):
     __slots__ = ("index", "text", "token_ids", "cumulative_logprob", "logprobs", "finish_reason", "stop_token_id", "stop_str")

@@ -1,4 +1,5 @@
-"""KV cache control on a scheduler: clear one location, look up how much of a prompt is cached.
+"""KV cache control, owned by the core beside the scheduler and its connector: clear one location,
+look up how much of a prompt is cached.
 
 Locations: "device" (the paged pool's prefix cache) and "cpu" (the offload tier, when a connector
 provides one). The controller RPCs (Clear / Lookup on the gateway) are thin wrappers over these.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.connector import kv_control
+from engine_core.core import kv_control
 from tests.core.conftest import FakeRunner, make_request, make_scheduler, run_to_completion, step
 
 SHARED = list(range(200, 212))  # three blocks of 4

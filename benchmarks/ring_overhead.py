@@ -1,0 +1,185 @@
+"""What the services cost over in-process: TTFT added at low load, and CPU seconds per stage.
+
+Two measurements on the same model, engine flags and thread count, in one run:
+
+1. TTFT at low load: one request at a time (nothing else in flight), `--num-ttft` times. In
+   process: `LLMEngine.add_request` then `step()` until the first output token. Over the ring:
+   a `Generate` stream on an auto-stepping stack, until its first output with a token. The
+   difference of the medians is what the tokenizer -> engine -> detokenizer -> gateway hops add.
+2. CPU seconds per 1000 output tokens for each process of the stack (user + system time from
+   /proc, read before and after), under the benchmark's workload sent as concurrent Generate
+   streams: where the services spend the machine's cores besides the engine.
+
+    python -m benchmarks.ring_overhead --num-prompts 32 --output-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    add_model_args,
+    format_table,
+    load_config,
+    log,
+    resolve_model,
+    set_threads,
+    write_json,
+)
+from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
+from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
+from engine_core.sampling_params import RequestOutputKind, SamplingParams
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (fields 14 and 15 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                          output_kind=RequestOutputKind.DELTA)
+
+
+def ttft_in_process(engine: Any, prompt: list[int], n: int) -> list[float]:
+    times = []
+    for i in range(n):
+        start = time.perf_counter()
+        engine.add_request(f"ttft-{i}", {"prompt_token_ids": prompt}, _params(2))
+        first = None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if first is None and out.outputs and out.outputs[0].token_ids:
+                    first = time.perf_counter() - start
+        assert first is not None, "no token came back"
+        times.append(first)
+    return times
+
+
+def ttft_over_ring(client: Any, prompt: list[int], n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        first = None
+        for out in client.generate({"prompt_token_ids": prompt}, _params(2)):
+            if first is None and out.outputs and out.outputs[0].token_ids:
+                first = time.perf_counter() - start
+        assert first is not None, "no token came back"
+        times.append(first)
+    return times
+
+
+def stream_workload(client: Any, requests: list[SampleRequest]) -> int:
+    """Every request as its own concurrent Generate stream; the output tokens received."""
+    def one(request: SampleRequest) -> int:
+        count = 0
+        for out in client.generate({"prompt_token_ids": request.prompt_token_ids},
+                                   _params(request.output_len)):
+            count += sum(len(c.token_ids) for c in out.outputs)
+        return count
+
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        return sum(pool.map(one, requests))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(parser)
+    add_dataset_args(parser)
+    parser.add_argument("--num-ttft", type=int, default=20,
+                        help="sequential single requests timed for TTFT, each side")
+    parser.add_argument("--ttft-prompt-len", type=int, default=32)
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--output-json", type=Path, default=None)
+    return parser
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from engine_core.config import EngineArgs
+    from engine_core.llm_engine import LLMEngine
+    from services.client import EngineClient
+    from services.launch import StackConfig, launch_stack
+
+    threads = set_threads(args.num_threads)
+    model_dir = resolve_model(args)
+    config = load_config(model_dir)
+    requests = dataset_from_args(args, config["vocab_size"])
+    kv_memory = kv_cache_bytes(config, requests, 4)
+    settings = StrandSettings(dtype=args.dtype, device="cpu", max_num_seqs=256,
+                              max_num_batched_tokens=2048, enable_prefix_caching=False,
+                              kv_cache_memory=kv_memory)
+    prompt = [1 + (7 * i) % (config["vocab_size"] - 2) for i in range(args.ttft_prompt_len)]
+    data: dict[str, Any] = {"benchmark": "ring_overhead", "model": str(model_dir),
+                            "num_threads": threads, "num_prompts": len(requests),
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    log("in process: TTFT of single requests")
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=str(model_dir), dtype=args.dtype, max_num_seqs=256, max_num_batched_tokens=2048,
+        enable_prefix_caching=False, kv_cache_memory=kv_memory))
+    ttft_in_process(engine, prompt, 3)  # warm-up: first steps allocate and pick kernels
+    local = ttft_in_process(engine, prompt, args.num_ttft)
+    del engine
+
+    log("starting an auto-stepping stack")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    stack = launch_stack(StackConfig(model=str(model_dir), engine_args=settings.engine_flags(),
+                                     gateway_args=["--auto-step"],
+                                     log_dir=Path("/tmp/strand-bench-logs")))
+    try:
+        with EngineClient(stack.gateway_address, timeout=None) as client:
+            ttft_over_ring(client, prompt, 3)
+            log("over the ring: TTFT of single requests")
+            remote = ttft_over_ring(client, prompt, args.num_ttft)
+            pids = {name: proc.pid for name, proc in stack.processes.items()}
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            log(f"over the ring: {len(requests)} concurrent Generate streams")
+            start = time.perf_counter()
+            tokens = stream_workload(client, requests)
+            duration = time.perf_counter() - start
+            after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    finally:
+        stack.stop()
+    data["ttft_ms"] = {"in_process_p50": 1e3 * statistics.median(local),
+                       "ring_p50": 1e3 * statistics.median(remote),
+                       "added_p50": 1e3 * (statistics.median(remote) - statistics.median(local))}
+    data["workload"] = {"output_tokens": tokens, "duration_s": duration,
+                        "output_tok_per_s": tokens / duration}
+    data["cpu_s_per_1000_tokens"] = {name: 1000 * (after[name] - before[name]) / max(tokens, 1)
+                                     for name in pids}
+    return data
+
+
+def summary_table(data: dict[str, Any]) -> str:
+    ttft = data["ttft_ms"]
+    lines = [format_table(["TTFT p50 ms", "in process", "ring", "added"],
+                          [["", f"{ttft['in_process_p50']:.2f}", f"{ttft['ring_p50']:.2f}",
+                            f"{ttft['added_p50']:.2f}"]])]
+    cpu = data["cpu_s_per_1000_tokens"]
+    lines.append(format_table(["process", "CPU s / 1000 output tokens"],
+                              [[name, f"{value:.3f}"] for name, value in cpu.items()]))
+    work = data["workload"]
+    lines.append(f"{work['output_tokens']} output tokens in {work['duration_s']:.1f}s "
+                 f"({work['output_tok_per_s']:.1f} tok/s), {data['num_threads']} threads")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    data = run(args)
+    write_json(args.output_json, data)
+    print(summary_table(data))
+
+
+if __name__ == "__main__":
+    main()

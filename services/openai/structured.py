@@ -1,0 +1,65 @@
+"""The OpenAI front's output constraints -> StructuredOutputsParams, as vLLM reads them:
+vLLM's `structured_outputs` object, its older `guided_json` / `guided_regex` / `guided_choice` /
+`guided_grammar` fields, and OpenAI's `response_format` ({"type": "json_object"} or
+{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}})."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_core.structured_output.params import KINDS, StructuredOutputsParams
+from services.openai.errors import bad_request
+from services.openai.protocol import _Sampling
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+
+
+def structured_outputs_of(req: _Sampling) -> StructuredOutputsParams | None:
+    """None when the request has no constraint; a 400 naming the field when it is malformed."""
+    fields: dict[str, Any] = {}
+    source = "structured_outputs"
+    if req.structured_outputs is not None:
+        fields = dict(req.structured_outputs)
+    else:
+        for name, kind in _GUIDED.items():
+            value = getattr(req, name)
+            if value is not None:
+                fields[kind] = value
+                source = name
+    if req.response_format is not None:
+        had_kind = any(k in KINDS for k in fields)
+        _merge_response_format(fields, req.response_format)
+        if not had_kind:
+            # vLLM merges response_format into structured_outputs (which may carry options
+            # such as disable_any_whitespace); the kind is then response_format's.
+            source = "response_format"
+    if not fields:
+        return None
+    known = set(StructuredOutputsParams.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise bad_request(f"structured_outputs has unknown keys {unknown}; allowed: "
+                          f"{sorted(known)}", "structured_outputs")
+    try:
+        return StructuredOutputsParams(**fields)
+    except ValueError as exc:
+        raise bad_request(str(exc), source) from None
+
+
+def _merge_response_format(fields: dict[str, Any], fmt: dict[str, Any]) -> None:
+    kind = fmt.get("type")
+    if kind == "text":
+        return  # OpenAI's default: free text
+    if kind == "json_object":
+        fields["json_object"] = True
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON schema object",
+                              "response_format")
+        fields["json"] = schema
+    else:
+        raise bad_request("response_format.type must be 'text', 'json_object' or "
+                          f"'json_schema', got {kind!r}", "response_format")
