@@ -55,6 +55,7 @@ from services.gateway.live import (
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.outboxes import Outboxes
 from services.gateway.output_feed import OutputFeed
+from services.gateway.reconcile import LOST_REASON, RECONCILE_S, Reconciler
 from services.gateway.request_span import fail_request_span, start_request_span
 from services.gateway.self_step import SELF_STEP_AFTER_S, SelfStepper
 
@@ -73,7 +74,8 @@ class GatewayFlow:
                  self_step_after: float = SELF_STEP_AFTER_S,
                  max_step_page_bytes: int = DEFAULT_STEP_PAGE_BYTES,  # --max-message-bytes
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS) -> None:
+                 max_pending_outputs: int = DEFAULT_MAX_PENDING_OUTPUTS,
+                 reconcile_every: float = RECONCILE_S) -> None:
         # Per client, its outputs owed to its next Step (results of its own and others' steps,
         # auto mode's, self-steps', "error" endings).
         self.outboxes = Outboxes(max_step_page_bytes, max_pending_bytes, max_pending_outputs)
@@ -98,15 +100,21 @@ class GatewayFlow:
                                         self._step_lock, self._step_once,
                                         lambda: self.engine_idle)
         self._self_step_task: asyncio.Task[None] | None = None
+        self.reconciler = Reconciler(engine, lambda: list(self._live.values()), self._end_lost,
+                                     reconcile_every)
+        self._reconcile_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.feed.start()
+        loop = asyncio.get_running_loop()
         if self._self_step_task is None:
-            self._self_step_task = asyncio.get_running_loop().create_task(self.self_stepper.run())
+            self._self_step_task = loop.create_task(self.self_stepper.run())
+            self._reconcile_task = loop.create_task(self.reconciler.run())
 
     async def close(self) -> None:
-        if self._self_step_task is not None:
-            self._self_step_task.cancel()
+        for task in (self._self_step_task, self._reconcile_task):
+            if task is not None:
+                task.cancel()
         await self.feed.close()
         for client in (self.tokenizer, self.engine, self.detokenizer):
             await client.close()
@@ -243,10 +251,7 @@ class GatewayFlow:
             # The step's outputs are all delivered by now, finals included: a request that is
             # still live here was removed from the engine behind this gateway's back. Its
             # client would wait forever (and self-steps would spin): end it.
-            lost = [rid for rid in added if rid in self._live]
-            self._deliver([error_output(rid, self._live[rid].num_outputs,
-                                        "the engine no longer holds this request")
-                           for rid in lost])
+            self._end_lost([rid for rid in added if rid in self._live])
         return streamed
 
     def _take_page(self, client: str, page: int, streamed: list[str]
@@ -275,6 +280,14 @@ class GatewayFlow:
             live.end_span(None, "error")
             self._spawn(self._abort_quietly(rid))
         box.put(error_output(public_id, num_outputs, reason))
+
+    def _end_lost(self, request_ids: list[str]) -> None:
+        """End requests the engine lost with "error"; the detokenizer forgets them too."""
+        lost = [rid for rid in request_ids if rid in self._live]
+        self._deliver([error_output(rid, self._live[rid].num_outputs, LOST_REASON)
+                       for rid in lost])
+        for rid in lost:
+            self._spawn(self._abort_quietly(rid))
 
     def _on_batch(self, batch: Any) -> None:
         streamed = self._deliver(list(batch.outputs))

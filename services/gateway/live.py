@@ -39,8 +39,10 @@ class LiveRequest:
     metrics: GatewayMetrics | None = None
     has_tokens: bool = False  # an output with tokens has arrived
     num_preemptions: int = 0  # the engine's preemptions of it, as outputs reported them
+    last_output_at: float = field(default_factory=time.monotonic)  # added, or its last output
 
     def record(self, output: pb.RequestOutput) -> None:
+        self.last_output_at = time.monotonic()
         for completion in output.outputs:
             n = len(completion.token_ids)
             if self.cumulative:

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
+from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError
 from services.gateway.clients import CLIENT_METADATA, client_identity, internal_id, output_bytes
@@ -185,3 +186,46 @@ def test_client_identity_follows_the_label_the_key_or_the_connection() -> None:
         client_identity([(CLIENT_METADATA, "x" * 200)], "p", False)
     assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert CLIENT_METADATA in bad.value.message and "128" in bad.value.message
+
+
+class QueryEngine(StepEngine):
+    """Auto mode's engine: it answers queries, holding only the ids in `held`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[str] = set()
+
+    async def answer(self, msg: Any) -> Any:
+        if msg.WhichOneof("kind") == "query":
+            return epb.EngineResponse(state=epb.EngineState(missing_request_ids=[
+                r for r in msg.query.request_ids if r not in self.held]))
+        return await super().answer(msg)
+
+
+def test_a_request_removed_from_the_engine_in_auto_mode_ends_with_an_error() -> None:
+    async def run() -> tuple[pb.RequestOutput | None, int]:
+        tokenizer = SlowTokenizer()
+        tokenizer.release.set()
+        engine = QueryEngine()
+        flow = GatewayFlow(tokenizer, engine, FakeStage("detokenizer"),  # type: ignore[arg-type]
+                           reconcile_every=0.05)
+        flow.auto_step = True
+
+        async def subscribed(timeout: float) -> None:
+            return None
+        flow.feed.wait_subscribed = subscribed  # type: ignore[method-assign]
+        gone: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
+        kept: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
+        await flow.add_request("c", "gone", PROMPT, PARAMS, queue=gone)
+        await flow.add_request("c", "kept", PROMPT, PARAMS, queue=kept)
+        engine.held = {internal_id("c", "kept")}  # "gone" was aborted past the gateway
+        task = asyncio.get_running_loop().create_task(flow.reconciler.run())
+        last = await asyncio.wait_for(gone.get(), 5)
+        await asyncio.sleep(0.3)  # more rounds: the held request is left alone
+        task.cancel()
+        return last, await flow.get_num_unfinished_requests("c")
+
+    last, running = asyncio.run(run())
+    assert last is not None and last.finished and last.request_id == "gone"
+    assert last.outputs[0].finish_reason == "error" and "no longer holds" in last.error
+    assert running == 1
