@@ -29,10 +29,13 @@ def two_stubs(stack: Stack) -> Iterator[tuple[inference_pb2_grpc.InferenceStub,
 
 
 def _add(stub: inference_pb2_grpc.InferenceStub, request_id: str, max_tokens: int = 3,
-         **params: int) -> None:
+         prompt_logprobs: int | None = None) -> None:
+    params = pb.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    if prompt_logprobs is not None:
+        params.prompt_logprobs = prompt_logprobs
     stub.AddRequest(gpb.AddRequestRequest(
-        request_id=request_id, prompt=pb.Prompt(text="isolation test prompt"),
-        params=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens, **params)), timeout=30)
+        request_id=request_id, prompt=pb.Prompt(text="isolation test prompt"), params=params),
+        timeout=30)
 
 
 def _run_to_end(stub: inference_pb2_grpc.InferenceStub, max_response_bytes: int | None = None
