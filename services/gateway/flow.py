@@ -89,6 +89,7 @@ class GatewayFlow:
         self.model: str | None = None  # the engine's model, learned with its mode (spans)
         self.metrics: GatewayMetrics | None = None  # set by the gateway's main
         self._live: dict[str, LiveRequest] = {}  # by internal id
+        self._aborting: dict[str, str] = {}  # internal id -> client, while its abort runs
         self._step_ids = itertools.count(1)
         # A step's batch: the (client, id) of the Generate requests it streamed to.
         self._step_waiters: dict[int, asyncio.Future[list[tuple[str, str]]]] = {}
@@ -353,6 +354,8 @@ class GatewayFlow:
         ended = [live for rid in request_ids if (live := self._live.pop(rid, None)) is not None]
         for live in ended:
             live.aborted = True
+            # Still unfinished for its client until the stages have dropped it.
+            self._aborting[live.request_id] = live.client
         try:
             # The detokenizer drops them and has the engine drop them before it answers.
             await self.detokenizer.call(dpb.DetokenizerRequest(
@@ -360,6 +363,7 @@ class GatewayFlow:
                 trace_context=carrier_from_context()))
         finally:
             for live in ended:
+                self._aborting.pop(live.request_id, None)
                 live.end_span(None, "abort")
                 if live.queue is not None:
                     # vLLM's streams end with a final output whose finish_reason is "abort".
@@ -369,7 +373,8 @@ class GatewayFlow:
         # The caller's requests that have not ended. The detokenizer would say the same for
         # them (a request leaves both with its final output), but asking it costs a round trip
         # on every iteration of a `while has_unfinished_requests(): step()` loop.
-        return sum(1 for live in self._live.values() if live.client == client)
+        return (sum(1 for live in self._live.values() if live.client == client)
+                + sum(1 for owner in self._aborting.values() if owner == client))
 
     @property
     def num_live(self) -> int:
