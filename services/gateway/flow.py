@@ -21,7 +21,6 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
 from typing import Any
 
 import grpc
@@ -36,6 +35,7 @@ from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
 from services.common.tracing import carrier_from_context
+from services.gateway.background_aborts import BackgroundAborts
 from services.gateway.clients import (
     DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_MAX_PENDING_OUTPUTS,
@@ -95,7 +95,7 @@ class GatewayFlow:
         self._step_waiters: dict[int, asyncio.Future[list[tuple[str, str]]]] = {}
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self.control = GatewayControl(engine, self._step_lock)
-        self._background: set[asyncio.Task[Any]] = set()
+        self.aborts = BackgroundAborts(detokenizer)
         self.engine_idle = False  # the last step left the engine with nothing to compute
         self.self_stepper = SelfStepper(self_step_after, self._has_streams, self._is_auto,
                                         self._step_lock, self._step_once,
@@ -184,7 +184,7 @@ class GatewayFlow:
         live.num_prompt_tokens = int(added.num_prompt_tokens)
         if live.aborted:
             # Aborted while the stages were taking it: drop it from them now that it is in.
-            self._spawn(self._abort_quietly(request_id))
+            self.aborts.abort(request_id)
         if queue is not None:
             self.self_stepper.last_stream_added = time.monotonic()
         return request_id
@@ -203,7 +203,8 @@ class GatewayFlow:
         except asyncio.CancelledError:
             # The caller gave up (a deadline, a cancelled call) while the stages were taking
             # the request: once they have, it must not run on unseen, holding KV blocks.
-            self._spawn(self._abort_when_added(call, request_id))
+            self.aborts.abort_when_added(call, request_id,
+                                          lambda rid: self._live.pop(rid, None))
             raise
         return resp.added  # type: ignore[no-any-return]
 
@@ -279,7 +280,7 @@ class GatewayFlow:
         num_outputs = live.num_outputs if live is not None else 1
         if live is not None:
             live.end_span(None, "error")
-            self._spawn(self._abort_quietly(rid))
+            self.aborts.abort(rid)
         box.put(error_output(public_id, num_outputs, reason))
 
     def _end_lost(self, request_ids: list[str]) -> None:
@@ -288,7 +289,7 @@ class GatewayFlow:
         self._deliver([error_output(rid, self._live[rid].num_outputs, LOST_REASON)
                        for rid in lost])
         for rid in lost:
-            self._spawn(self._abort_quietly(rid))
+            self.aborts.abort(rid)
 
     def _on_batch(self, batch: Any) -> None:
         streamed = self._deliver(list(batch.outputs))
@@ -333,7 +334,7 @@ class GatewayFlow:
         for live in ended:
             del self._live[live.request_id]
             live.end_span(None, "error")
-            self._spawn(self._abort_quietly(live.request_id))
+            self.aborts.abort(live.request_id)
             box.put(error_output(live.public_id, live.num_outputs, reason))
 
     async def abort(self, client: str, public_ids: list[str]) -> None:
@@ -394,25 +395,3 @@ class GatewayFlow:
         for waiter in self._step_waiters.values():
             if not waiter.done():
                 waiter.set_exception(StageError(grpc.StatusCode.UNAVAILABLE, reason))
-
-    async def _abort_when_added(self, call: asyncio.Task[Any], request_id: str) -> None:
-        try:
-            await call
-        except StageError:
-            return  # it never got in
-        self._live.pop(request_id, None)
-        await self._abort_quietly(request_id)
-
-    async def _abort_quietly(self, request_id: str) -> None:
-        try:
-            await self.detokenizer.call(dpb.DetokenizerRequest(
-                abort=dpb.DetokAbort(request_ids=[request_id])))
-        except StageError as exc:
-            logger.warning("abort of %s failed: %s", request_id, exc.message)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._background.discard)
-
-
