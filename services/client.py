@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import uuid
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from services.common.convert import (
     request_output_from_pb,
 )
 from services.common.tracing import metadata_from_context
+from services.gateway.clients import CLIENT_METADATA
 
 _MAX_MESSAGE_BYTES = 256 * 1024**2
 _USER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS)
@@ -66,7 +68,12 @@ class ServerUnavailable(ConnectionError, grpc.RpcError):
 
 class EngineClient:
     def __init__(self, target: str, api_key: str | None = None,
-                 root_certificates: bytes | None = None, timeout: float | None = 300.0) -> None:
+                 root_certificates: bytes | None = None, timeout: float | None = 300.0,
+                 client_id: str | None = None) -> None:
+        """client_id: this client's identity at the gateway (metadata x-strand-client; requests
+        belong to the client that added them). Default: one of its own, so two EngineClients
+        never see each other's outputs; clients that must share requests (a front that aborts
+        on a fresh connection) pass the same value."""
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
         if root_certificates is not None:
@@ -78,6 +85,7 @@ class EngineClient:
         self._control = control_pb2_grpc.ControlStub(self._channel)
         self._target = target
         self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
+        self._auth.append((CLIENT_METADATA, client_id or f"client-{uuid.uuid4().hex}"))
         self._timeout = timeout
         self._auto_step: bool | None = None
         # Outputs a manual-mode generate() stepped past: the next step() returns them first.
@@ -102,8 +110,15 @@ class EngineClient:
         return owed + self._step_pb()[0]
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """As LLMEngine: ids that are not running (finished already) are ignored. The gateway
+        answers NOT_FOUND for those, after aborting the others."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        self._call(self._stub.Abort, gpb.AbortRequest(request_ids=ids))
+        try:
+            self._stub.Abort(gpb.AbortRequest(request_ids=ids), metadata=self._metadata(),
+                             timeout=self._timeout)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
+                raise _translate(exc, self._target) from exc
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._call(self._stub.HasUnfinishedRequests,
@@ -254,7 +269,8 @@ class EngineClient:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _step_pb(self) -> tuple[list[RequestOutput], list[str]]:
-        resp = self._call(self._stub.Step, gpb.StepRequest())
+        # Paged by the gateway to what this client reads; the rest comes with the next step().
+        resp = self._call(self._stub.Step, gpb.StepRequest(max_response_bytes=_MAX_MESSAGE_BYTES))
         return ([request_output_from_pb(o) for o in resp.outputs],
                 list(resp.streamed_request_ids))
 

@@ -18,6 +18,7 @@ from services.common.errors import UserError
 from services.common.metrics_server import check_metrics_port, start_metrics_server
 from services.common.stage_auth import stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
+from services.common.undecodable import UndecodableInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,13 @@ _OPEN_METHODS = ("/grpc.health.v1.", "/grpc.reflection.")
 LIVENESS = "liveness"
 READINESS = "readiness"
 _READINESS_POLL_S = 0.2
+# Liveness between stages: a stage's client pings each stage it talks to every KEEPALIVE_TIME_MS
+# and drops the connection when a ping goes unanswered for KEEPALIVE_TIMEOUT_MS. A frozen stage
+# (SIGSTOP, a hung host) answers none, so its calls and subscriptions fail as UNAVAILABLE within
+# about 5 s instead of waiting forever on a connection that is open but dead. (Pings are
+# answered by gRPC's own I/O threads, not the stage's Python: a busy stage still answers.)
+KEEPALIVE_TIME_MS = 2000
+KEEPALIVE_TIMEOUT_MS = 3000
 
 
 @dataclass(slots=True)
@@ -72,6 +80,15 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes)]
+
+
+def keepalive_channel_options() -> list[tuple[str, int]]:
+    """A stage client's pings (see KEEPALIVE_TIME_MS), also while no call is open."""
+    return [("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS)]
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -120,7 +137,8 @@ async def run_server(name: str, options: ServerOptions,
     served on options.metrics_port."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     api_key = stage_api_key(name, options.host, options.api_key)
-    interceptors = [ApiKeyInterceptor(api_key)] if api_key else []
+    interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
+    interceptors.append(UndecodableInterceptor())
     # Only what clients send is capped by max_message_bytes: a large answer (one step of many
     # requests) must never be refused, or its outputs would be lost.
     server_options = [("grpc.max_receive_message_length", options.max_message_bytes),
@@ -128,7 +146,13 @@ async def run_server(name: str, options: ServerOptions,
                        max(options.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES)),
                       # gRPC sets SO_REUSEPORT by default: a second stack would then bind the
                       # same port silently and the kernel would share connections between them.
-                      ("grpc.so_reuseport", 0)]
+                      ("grpc.so_reuseport", 0),
+                      # Accept the stage clients' liveness pings (gRPC's default would answer
+                      # pings this frequent with GOAWAY "too_many_pings").
+                      ("grpc.keepalive_permit_without_calls", 1),
+                      ("grpc.http2.min_recv_ping_interval_without_data_ms",
+                       KEEPALIVE_TIME_MS // 2),
+                      ("grpc.http2.max_ping_strikes", 0)]
     server = grpc.aio.server(interceptors=interceptors, options=server_options)
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()

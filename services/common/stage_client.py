@@ -1,7 +1,9 @@
 """One long-lived bidirectional stream to a stage, with answers matched to calls by `seq`.
 
-When the stream breaks (the stage died), every pending call fails with UNAVAILABLE naming the
-stage, `on_lost` is told, and the next call opens a fresh stream (the stage may be back by then).
+When the stream breaks (the stage died, or froze: the channel's keepalive pings go unanswered),
+every pending call fails with UNAVAILABLE naming the stage, `on_lost` is told, and the next call
+opens a fresh stream (the stage may be back by then). A call that gets no answer within its
+deadline fails with DEADLINE_EXCEEDED naming the stage.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any
 
 import grpc
 
-from services.common.server import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from services.common.server import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    channel_options,
+    keepalive_channel_options,
+)
 from services.common.stage_auth import stage_metadata
 from services.common.status import StageError, StageUnavailable, error_from_pb
 
@@ -24,18 +30,23 @@ logger = logging.getLogger(__name__)
 _RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                       ("grpc.min_reconnect_backoff_ms", 100),
                       ("grpc.max_reconnect_backoff_ms", 1000)]
+# No stage call may wait forever: past this the caller gets DEADLINE_EXCEEDED (generous: one
+# manual step of a large batch on a slow CPU takes tens of seconds).
+CALL_TIMEOUT_S = 120.0
 
 
 class StageClient:
     def __init__(self, stage: str, target: str, stub_factory: Callable[[grpc.aio.Channel], Any],
                  on_lost: Callable[[StageUnavailable], Awaitable[None]] | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 connect_timeout: float = 1.0) -> None:
+                 connect_timeout: float = 1.0, call_timeout: float = CALL_TIMEOUT_S) -> None:
         self.stage = stage
         self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
         self.target = target
         self.channel = grpc.aio.insecure_channel(
-            target, options=[*channel_options(max_message_bytes), *_RECONNECT_OPTIONS])
+            target, options=[*channel_options(max_message_bytes), *_RECONNECT_OPTIONS,
+                             *keepalive_channel_options()])
         self.stub = stub_factory(self.channel)
         self.on_lost = on_lost
         self._call: Any = None
@@ -64,7 +75,13 @@ class StageClient:
         except BaseException:
             self._pending.pop(seq, None)
             raise
-        resp = await future
+        try:
+            resp = await asyncio.wait_for(future, self.call_timeout)
+        except TimeoutError as exc:
+            self._pending.pop(seq, None)
+            raise StageError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"{self.stage} stage did not answer within "
+                             f"{self.call_timeout:.0f}s") from exc
         if resp.HasField("error"):
             raise error_from_pb(resp.error)
         return resp

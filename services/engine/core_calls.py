@@ -79,7 +79,9 @@ class CoreCalls:
         return self._state(msg.seq, state)
 
     def _on_query(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
-        return self._state(msg.seq, epb.EngineState())
+        held = self.core.scheduler.requests
+        return self._state(msg.seq, epb.EngineState(missing_request_ids=[
+            r for r in msg.query.request_ids if r not in held]))
 
     def _on_sleep(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         self.core.sleep(msg.sleep.level if msg.sleep.HasField("level") else 1)

@@ -25,6 +25,7 @@ from services.common.server import ServerOptions, run_server
 from services.common.stage_args import make_parser, parse_stage_args
 from services.common.stage_client import StageClient
 from services.common.status import StageError
+from services.gateway.clients import DEFAULT_MAX_PENDING_BYTES
 from services.gateway.flow import SELF_STEP_AFTER_S, GatewayFlow
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.servicer import GatewayServicer
@@ -51,32 +52,46 @@ def _main(argv: list[str] | None) -> None:
                         help="without --auto-step: Generate streams step the engine themselves "
                              "once no Step call has come for this many seconds "
                              "(default: %(default)s)")
+    parser.add_argument("--max-pending-step-bytes", type=int, default=DEFAULT_MAX_PENDING_BYTES,
+                        help="per client, the outputs that may wait for its next Step; beyond "
+                             "it the client's AddRequest requests end with finish_reason "
+                             "\"error\" and its adds get RESOURCE_EXHAUSTED until it calls Step "
+                             "(default: %(default)s)")
     parser.set_defaults(max_message_bytes=64 * 1024**2)
     args, options = parse_stage_args(parser, argv)
     if not args.self_step_after > 0:
         parser.error(f"--self-step-after must be > 0 seconds, got {args.self_step_after}")
+    if args.max_pending_step_bytes < 1024:
+        parser.error(f"--max-pending-step-bytes must be >= 1024, got "
+                     f"{args.max_pending_step_bytes}")
+    if options.max_message_bytes < 1024:
+        parser.error(f"--max-message-bytes must be >= 1024, got {options.max_message_bytes}")
     try:
         engine_addrs = parse_engine_addresses(args.engine_addr)
     except ValueError as exc:
         parser.error(str(exc))
     asyncio.run(serve(args.tokenizer_addr, engine_addrs, args.detokenizer_addr,
-                      args.auto_step, options, args.self_step_after))
+                      args.auto_step, options, args.self_step_after,
+                      args.max_pending_step_bytes))
 
 
 async def serve(tokenizer_addr: str, engine_addrs: list[str], detokenizer_addr: str,
                 auto_step: bool, options: ServerOptions,
-                self_step_after: float = SELF_STEP_AFTER_S) -> None:
+                self_step_after: float = SELF_STEP_AFTER_S,
+                max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
     tokenizer = StageClient("tokenizer", tokenizer_addr, tokenizer_pb2_grpc.TokenizerStub)
     engines = EngineReplicas.connect(engine_addrs)
     detokenizer = StageClient("detokenizer", detokenizer_addr,
                               detokenizer_pb2_grpc.DetokenizerStub)
-    flow = GatewayFlow(tokenizer, engines, detokenizer, self_step_after=self_step_after)
+    flow = GatewayFlow(tokenizer, engines, detokenizer, self_step_after=self_step_after,
+                       max_step_page_bytes=options.max_message_bytes,
+                       max_pending_bytes=max_pending_bytes)
     registry = CollectorRegistry()
     flow.metrics = GatewayMetrics(registry, lambda: flow.num_live)
     peers = PeerHealth({"tokenizer": tokenizer.channel, "detokenizer": detokenizer.channel})
 
     def register(server: grpc.aio.Server) -> list[str]:
-        servicer = GatewayServicer(flow)
+        servicer = GatewayServicer(flow, authenticated=options.api_key is not None)
         inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
         control_pb2_grpc.add_ControlServicer_to_server(servicer, server)
         gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)

@@ -29,35 +29,35 @@ class EngineControlRpcs:
         async def body() -> cpb.SleepResponse:
             sleep = epb.EngineSleep(level=request.level) if request.HasField("level") \
                 else epb.EngineSleep()
-            state = await self.flow.engine_call(sleep=sleep)
+            state = await self.flow.control.engine_call(sleep=sleep)
             return cpb.SleepResponse(is_sleeping=state.is_sleeping)
         return await self._traced("Sleep", context, body)
 
     async def WakeUp(self, request: cpb.WakeUpRequest,
                      context: grpc.aio.ServicerContext) -> cpb.WakeUpResponse:
         async def body() -> cpb.WakeUpResponse:
-            state = await self.flow.engine_call(wake_up=epb.EngineWakeUp(tags=request.tags))
+            state = await self.flow.control.engine_call(wake_up=epb.EngineWakeUp(tags=request.tags))
             return cpb.WakeUpResponse(is_sleeping=state.is_sleeping)
         return await self._traced("WakeUp", context, body)
 
     async def IsSleeping(self, request: cpb.IsSleepingRequest,
                          context: grpc.aio.ServicerContext) -> cpb.IsSleepingResponse:
         async def body() -> cpb.IsSleepingResponse:
-            state = await self.flow.engine_call(query=epb.EngineQuery())
+            state = await self.flow.control.engine_call(query=epb.EngineQuery())
             return cpb.IsSleepingResponse(is_sleeping=state.is_sleeping)
         return await self._traced("IsSleeping", context, body)
 
     async def StartProfile(self, request: cpb.StartProfileRequest,
                            context: grpc.aio.ServicerContext) -> cpb.StartProfileResponse:
         async def body() -> cpb.StartProfileResponse:
-            await self.flow.engine_call(profile=epb.EngineProfile(start=True))
+            await self.flow.control.engine_call(profile=epb.EngineProfile(start=True))
             return cpb.StartProfileResponse()
         return await self._traced("StartProfile", context, body)
 
     async def StopProfile(self, request: cpb.StopProfileRequest,
                           context: grpc.aio.ServicerContext) -> cpb.StopProfileResponse:
         async def body() -> cpb.StopProfileResponse:
-            state = await self.flow.engine_call(profile=epb.EngineProfile(start=False))
+            state = await self.flow.control.engine_call(profile=epb.EngineProfile(start=False))
             return cpb.StopProfileResponse(trace_path=state.profile_path)
         return await self._traced("StopProfile", context, body)
 
@@ -65,6 +65,6 @@ class EngineControlRpcs:
                                 context: grpc.aio.ServicerContext
                                 ) -> cpb.GetSupportedTasksResponse:
         async def body() -> cpb.GetSupportedTasksResponse:
-            state = await self.flow.engine_call(query=epb.EngineQuery())
+            state = await self.flow.control.engine_call(query=epb.EngineQuery())
             return cpb.GetSupportedTasksResponse(tasks=state.supported_tasks)
         return await self._traced("GetSupportedTasks", context, body)

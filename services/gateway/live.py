@@ -22,7 +22,7 @@ StreamQueue = asyncio.Queue[pb.RequestOutput | None]
 
 @dataclass(slots=True)
 class LiveRequest:
-    request_id: str
+    request_id: str  # the internal id: the owner's client tag and the client's own id
     child_ids: list[str]
     span: Span  # the llm_request span, ended when the request ends
     cumulative: bool  # output_kind CUMULATIVE: token_ids are totals, not deltas
@@ -34,11 +34,15 @@ class LiveRequest:
     num_completion_tokens: dict[int, int] = field(default_factory=dict)  # per output index
     finish_reasons: dict[int, str] = field(default_factory=dict)  # per output index, as they end
     start: float = field(default_factory=time.time)
+    client: str = ""  # the identity of the client that added it (services/gateway/clients.py)
+    public_id: str = ""  # the id its client gave: what the client sees in every output
     metrics: GatewayMetrics | None = None
     has_tokens: bool = False  # an output with tokens has arrived
     num_preemptions: int = 0  # the engine's preemptions of it, as outputs reported them
+    last_output_at: float = field(default_factory=time.monotonic)  # added, or its last output
 
     def record(self, output: pb.RequestOutput) -> None:
+        self.last_output_at = time.monotonic()
         for completion in output.outputs:
             n = len(completion.token_ids)
             if self.cumulative:

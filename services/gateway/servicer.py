@@ -19,6 +19,7 @@ from services._proto.strand.v1 import gateway_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError, status_of
 from services.common.tracing import context_from_metadata, server_span
+from services.gateway.clients import client_identity
 from services.gateway.engine_control import ENGINE_CONTROL_METHODS, EngineControlRpcs
 from services.gateway.flow import GatewayFlow
 from services.gateway.live import StreamQueue
@@ -32,8 +33,15 @@ _CONTROL_METHODS = frozenset({"ResetPrefixCache", "ClearKvCache", "LookupKvCache
 
 
 class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, flow: GatewayFlow) -> None:
+    def __init__(self, flow: GatewayFlow, authenticated: bool = False) -> None:
         self.flow = flow
+        self.control = flow.control
+        self.authenticated = authenticated  # an api key is required (identities follow it)
+
+    def client(self, context: grpc.aio.ServicerContext) -> str:
+        """Who is calling: requests belong to the client that added them."""
+        return client_identity(context.invocation_metadata() or (), context.peer(),
+                               self.authenticated)
 
     async def _traced(self, name: str, context: grpc.aio.ServicerContext,
                       body: Callable[[], Awaitable[T]]) -> T:
@@ -52,23 +60,26 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                          context: grpc.aio.ServicerContext) -> gpb.AddRequestResponse:
         async def body() -> gpb.AddRequestResponse:
             arrival = request.arrival_time if request.HasField("arrival_time") else None
-            await self.flow.add_request(request.request_id, request.prompt, request.params,
-                                        arrival, request.priority,
-                                        lora_request=_lora_of(request))
+            await self.flow.add_request(self.client(context), request.request_id,
+                                        request.prompt, request.params, arrival,
+                                        request.priority, lora_request=_lora_of(request))
             return gpb.AddRequestResponse()
         return await self._traced("AddRequest", context, body)
 
     async def Step(self, request: gpb.StepRequest,
                    context: grpc.aio.ServicerContext) -> gpb.StepResponse:
         async def body() -> gpb.StepResponse:
-            outputs, streamed = await self.flow.step()
-            return gpb.StepResponse(outputs=outputs, streamed_request_ids=streamed)
+            limit = (request.max_response_bytes if request.HasField("max_response_bytes")
+                     else None)
+            outputs, streamed, num_pending = await self.flow.step(self.client(context), limit)
+            return gpb.StepResponse(outputs=outputs, streamed_request_ids=streamed,
+                                    num_pending=num_pending)
         return await self._traced("Step", context, body)
 
     async def Abort(self, request: gpb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> gpb.AbortResponse:
         async def body() -> gpb.AbortResponse:
-            await self.flow.abort(list(request.request_ids))
+            await self.flow.abort(self.client(context), list(request.request_ids))
             return gpb.AbortResponse()
         return await self._traced("Abort", context, body)
 
@@ -76,7 +87,7 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                context: grpc.aio.ServicerContext
                                ) -> gpb.ResetPrefixCacheResponse:
         async def body() -> gpb.ResetPrefixCacheResponse:
-            return await self.flow.reset_prefix_cache(request.reset_running_requests,
+            return await self.control.reset_prefix_cache(request.reset_running_requests,
                                                       request.reset_connector)
         return await self._traced("ResetPrefixCache", context, body)
 
@@ -84,7 +95,7 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                     context: grpc.aio.ServicerContext
                                     ) -> gpb.HasUnfinishedRequestsResponse:
         async def body() -> gpb.HasUnfinishedRequestsResponse:
-            num = await self.flow.get_num_unfinished_requests()
+            num = await self.flow.get_num_unfinished_requests(self.client(context))
             return gpb.HasUnfinishedRequestsResponse(value=num > 0)
         return await self._traced("HasUnfinishedRequests", context, body)
 
@@ -92,20 +103,20 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                        context: grpc.aio.ServicerContext
                                        ) -> gpb.GetNumUnfinishedRequestsResponse:
         async def body() -> gpb.GetNumUnfinishedRequestsResponse:
-            num = await self.flow.get_num_unfinished_requests()
+            num = await self.flow.get_num_unfinished_requests(self.client(context))
             return gpb.GetNumUnfinishedRequestsResponse(value=num)
         return await self._traced("GetNumUnfinishedRequests", context, body)
 
     async def ClearKvCache(self, request: gpb.ClearKvCacheRequest,
                            context: grpc.aio.ServicerContext) -> gpb.ClearKvCacheResponse:
         async def body() -> gpb.ClearKvCacheResponse:
-            return await self.flow.clear_kv_cache(request.instance_id, request.location)
+            return await self.control.clear_kv_cache(request.instance_id, request.location)
         return await self._traced("ClearKvCache", context, body)
 
     async def LookupKvCache(self, request: gpb.LookupKvCacheRequest,
                             context: grpc.aio.ServicerContext) -> gpb.LookupKvCacheResponse:
         async def body() -> gpb.LookupKvCacheResponse:
-            return await self.flow.lookup_kv_cache(list(request.token_ids))
+            return await self.control.lookup_kv_cache(list(request.token_ids))
         return await self._traced("LookupKvCache", context, body)
 
     async def GetServerInfo(self, request: gpb.GetServerInfoRequest,
@@ -123,14 +134,14 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
     async def GetLoads(self, request: cpb.GetLoadsRequest,
                        context: grpc.aio.ServicerContext) -> cpb.GetLoadsResponse:
         async def body() -> cpb.GetLoadsResponse:
-            return cpb.GetLoadsResponse(loads=await self.flow.get_loads())
+            return cpb.GetLoadsResponse(loads=await self.control.get_loads())
         return await self._traced("GetLoads", context, body)
 
     async def SubscribeKvEvents(self, request: cpb.SubscribeKvEventsRequest,
                                 context: grpc.aio.ServicerContext
                                 ) -> AsyncIterator[pb.KvEventBatch]:
         try:
-            async for batch in self.flow.kv_events():
+            async for batch in self.control.kv_events():
                 yield batch
         except StageError as exc:
             code, message = status_of(exc)
@@ -141,7 +152,7 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
     async def _lora(self, name: str, call: epb.EngineLoraCall,
                     context: grpc.aio.ServicerContext) -> cpb.LoraResponse:
         async def body() -> cpb.LoraResponse:
-            result = await self.flow.lora(call)
+            result = await self.control.lora(call)
             return cpb.LoraResponse(success=result.success, lora_ids=result.lora_ids)
         return await self._traced(name, context, body)
 
@@ -169,11 +180,12 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
         queue: StreamQueue = asyncio.Queue()
 
-        async def add() -> None:
-            await self.flow.add_request(request_id, request.prompt, request.params,
-                                        None, request.priority, queue=queue,
-                                        lora_request=_lora_of(request))
-        await self._traced("Generate", context, add)
+        async def add() -> str:
+            return await self.flow.add_request(self.client(context), request_id,
+                                               request.prompt, request.params, None,
+                                               request.priority, queue=queue,
+                                               lora_request=_lora_of(request))
+        internal = await self._traced("Generate", context, add)
         # Tells the client the request is in (and its id), so it may Step in manual mode.
         await context.send_initial_metadata((("strand-request-id", request_id),))
         finished = False
@@ -190,11 +202,11 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
         finally:
             if not finished:
                 # The client went away (cancelled, deadline): the request must not run on.
-                asyncio.get_running_loop().create_task(self._abort_quietly(request_id))
+                asyncio.get_running_loop().create_task(self._abort_quietly(internal))
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:
-            await self.flow.abort([request_id])
+            await self.flow.abort_internal([request_id])
         except StageError:
             pass  # the stage that would hold it is gone, and with it the request
 

@@ -43,12 +43,16 @@ class Front:
         self.config = config
         self._model: str | None = config.served_model_name
         self._info: dict[str, Any] | None = None
+        self._client_id = f"openai-front-{uuid.uuid4().hex}"
 
     def connect(self) -> EngineClient:
         # One client (one channel) per engine request: EngineClient keeps per-caller state
         # (manual mode's owed outputs), so threads do not share one.
+        # One identity for the whole front: its Abort, sent on a fresh connection, must reach
+        # the requests its other connections added (requests belong to their client).
         return EngineClient(self.config.gateway, api_key=self.config.api_key,
-                            root_certificates=self.config.root_certificates, timeout=30)
+                            root_certificates=self.config.root_certificates, timeout=30,
+                            client_id=self._client_id)
 
     async def info(self) -> dict[str, Any]:
         if self._info is None:

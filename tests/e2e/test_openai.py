@@ -20,10 +20,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from services.client import EngineClient
 from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
 from tests.conftest import build_tiny_model
-from tests.e2e.conftest import ENGINE_FLAGS
+from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished
 from tests.e2e.otlp_receiver import OtlpReceiver
 
 # Long enough that a request of this many tokens cannot finish while the cancel test waits.
@@ -50,23 +49,19 @@ def model_name(openai_stack: Stack) -> str:
 
 
 @pytest.fixture
-def engine(openai_stack: Stack) -> Iterator[EngineClient]:
-    with EngineClient(openai_stack.gateway_address, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-def client(openai_stack: Stack, engine: EngineClient) -> Iterator[openai.OpenAI]:
+def client(openai_stack: Stack) -> Iterator[openai.OpenAI]:
     base = f"http://{openai_stack.address('openai')}/v1"
     with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60) as c:
         yield c
     # The stack is shared: no test may leave a request running for the next one.
-    assert _wait_idle(engine)
+    assert _wait_idle(openai_stack)
 
 
-def _wait_idle(engine: EngineClient, seconds: float = 30.0) -> bool:
+def _wait_idle(stack: Stack, seconds: float = 30.0) -> bool:
+    """The engine itself holds nothing (the front's requests are the front's own client's:
+    a gateway client of the test's would not see them)."""
     for _ in range(int(seconds / 0.1)):
-        if engine.get_num_unfinished_requests() == 0:
+        if engine_num_unfinished(stack) == 0:
             return True
         time.sleep(0.1)
     return False
@@ -225,7 +220,7 @@ def test_health(openai_stack: Stack) -> None:
 
 
 def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: str,
-                                             engine: EngineClient) -> None:
+                                             openai_stack: Stack) -> None:
     stream = client.chat.completions.create(model=model_name, messages=CHAT,  # type: ignore[arg-type]
                                             max_tokens=LONG_MAX_TOKENS - 64, stream=True,
                                             extra_body={"ignore_eos": True})
@@ -233,15 +228,14 @@ def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: 
     chunks = iter(stream)
     for _ in range(3):
         next(chunks)
-    assert engine.get_num_unfinished_requests() == 1
+    assert engine_num_unfinished(openai_stack) == 1
     stream.close()
     # Thousands of tokens were still to come: only an abort ends the request this soon.
-    assert _wait_idle(engine, seconds=20.0)
+    assert _wait_idle(openai_stack, seconds=20.0)
 
 
 def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,
-                                                            model_name: str,
-                                                            engine: EngineClient) -> None:
+                                                            model_name: str) -> None:
     host, port = openai_stack.address("openai").rsplit(":", 1)
     body = json.dumps({"model": model_name, "prompt": [1, 42, 7], "stream": False,
                        "max_tokens": LONG_MAX_TOKENS - 64, "ignore_eos": True}).encode()
@@ -250,12 +244,12 @@ def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,
                      b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         for _ in range(300):  # up to 30 s for the request to reach the engine
-            if engine.get_num_unfinished_requests() == 1:
+            if engine_num_unfinished(openai_stack) == 1:
                 break
             time.sleep(0.1)
-        assert engine.get_num_unfinished_requests() == 1
+        assert engine_num_unfinished(openai_stack) == 1
     # Thousands of tokens were still to come: only an abort ends the request this soon.
-    assert _wait_idle(engine, seconds=20.0)
+    assert _wait_idle(openai_stack, seconds=20.0)
 
 
 def test_an_http_request_is_one_trace_from_its_traceparent_into_the_ring(

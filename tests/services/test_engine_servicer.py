@@ -87,6 +87,17 @@ def test_lookup_and_clear_answer_in_their_own_kinds(servicer: EngineServicer) ->
     assert cleared.cleared.num_tokens_cleared == 32
 
 
+def test_a_query_names_the_asked_ids_the_engine_does_not_hold(servicer: EngineServicer) -> None:
+    _add(servicer, "held", [1, 2, 3], max_tokens=5)
+    _add(servicer, "aborted", [1, 2, 3], max_tokens=5)
+    servicer.calls.handle(epb.EngineRequest(seq=2, abort=epb.EngineAbort(
+        request_ids=["aborted"])), RecordingSpan())
+    resp = servicer.calls.handle(epb.EngineRequest(seq=3, query=epb.EngineQuery(
+        request_ids=["held", "aborted", "never"])), RecordingSpan())
+    assert list(resp.state.missing_request_ids) == ["aborted", "never"]
+    assert resp.state.num_unfinished_requests == 1
+
+
 def test_get_loads_counts_running_waiting_and_blocks(servicer: EngineServicer) -> None:
     _add(servicer, "a", list(range(100, 140)), max_tokens=5)
     _add(servicer, "b", [1, 2, 3], max_tokens=5)

@@ -14,6 +14,7 @@ from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.detokenizer.routes import Routes
+from services.gateway.clients import internal_id
 from services.gateway.flow import GatewayFlow
 
 
@@ -54,14 +55,18 @@ class StepEngine(FakeStage):
         super().__init__("engine")
         self.flow: GatewayFlow | None = None
         self.step_outputs: list[list[pb.RequestOutput]] = []
+        self.num_unfinished = 1  # what the engine reports holding after each step
+        self.num_steps = 0
 
     async def answer(self, msg: Any) -> Any:
         assert self.flow is not None
         if msg.WhichOneof("kind") == "step":
-            outputs = self.step_outputs.pop(0)
+            self.num_steps += 1
+            outputs = self.step_outputs.pop(0) if self.step_outputs else []
             # Another gateway-less output first (untagged), then this step's batch.
             self.flow._on_batch(dpb.OutputBatch(step_id=msg.step.step_id, outputs=outputs))
-        return epb.EngineResponse(state=epb.EngineState())
+        return epb.EngineResponse(state=epb.EngineState(
+            num_unfinished_requests=self.num_unfinished))
 
 
 def _output(request_id: str, token: int, finished: bool = False) -> pb.RequestOutput:
@@ -89,13 +94,14 @@ def test_step_returns_its_own_step_outputs_and_owes_the_rest_to_the_next() -> No
         flow = _flow(tokenizer, engine, FakeStage("detokenizer"))
         engine.flow = flow
         for rid in ("a", "b"):
-            await flow.add_request(rid, pb.Prompt(text="x"), pb.SamplingParams())
+            await flow.add_request("me", rid, pb.Prompt(text="x"), pb.SamplingParams())
         # A self-step of this gateway (untagged) reported b's first token meanwhile.
-        flow._on_batch(dpb.OutputBatch(step_id=0, outputs=[_output("b", 5)]))
-        engine.step_outputs = [[_output("a", 1), _output("b", 2, finished=True)],
-                               [_output("a", 3, finished=True)]]
-        first, _ = await flow.step()
-        second, _ = await flow.step()
+        flow._on_batch(dpb.OutputBatch(step_id=0, outputs=[_output(internal_id("me", "b"), 5)]))
+        a, b = internal_id("me", "a"), internal_id("me", "b")
+        engine.step_outputs = [[_output(a, 1), _output(b, 2, finished=True)],
+                               [_output(a, 3, finished=True)]]
+        first, _, _ = await flow.step("me")
+        second, _, _ = await flow.step("me")
         return ([f"{o.request_id}{o.outputs[0].token_ids[0]}" for o in first],
                 [f"{o.request_id}{o.outputs[0].token_ids[0]}" for o in second])
 
@@ -110,7 +116,7 @@ def test_an_add_cancelled_while_the_stages_take_it_is_aborted_once_it_is_in() ->
         detokenizer = FakeStage("detokenizer")
         flow = _flow(tokenizer, FakeStage("engine"), detokenizer)
         add = asyncio.get_running_loop().create_task(
-            flow.add_request("c", pb.Prompt(text="x"), pb.SamplingParams()))
+            flow.add_request("me", "c", pb.Prompt(text="x"), pb.SamplingParams()))
         await asyncio.sleep(0.01)
         add.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -119,11 +125,11 @@ def test_an_add_cancelled_while_the_stages_take_it_is_aborted_once_it_is_in() ->
         tokenizer.release.set()
         for _ in range(20):
             await asyncio.sleep(0.01)
-        assert await flow.get_num_unfinished_requests() == 0
+        assert await flow.get_num_unfinished_requests("me") == 0
         return detokenizer.sent
 
     sent = asyncio.run(run())
-    assert [list(m.abort.request_ids) for m in sent] == [["c"]]
+    assert [list(m.abort.request_ids) for m in sent] == [[internal_id("me", "c")]]
 
 
 def test_an_aborted_stream_ends_with_a_final_abort_output() -> None:
@@ -132,8 +138,9 @@ def test_an_aborted_stream_ends_with_a_final_abort_output() -> None:
         tokenizer.release.set()
         flow = _flow(tokenizer, FakeStage("engine"), FakeStage("detokenizer"))
         queue: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
-        await flow.add_request("s", pb.Prompt(text="x"), pb.SamplingParams(n=1), queue=queue)
-        await flow.abort(["s"])
+        await flow.add_request("me", "s", pb.Prompt(text="x"), pb.SamplingParams(n=1),
+                               queue=queue)
+        await flow.abort("me", ["s"])
         return queue.get_nowait()
 
     last = asyncio.run(run())

@@ -36,8 +36,10 @@ class EngineResetPrefixCache(_message.Message):
     def __init__(self, reset_running_requests: _Optional[bool] = ..., reset_connector: _Optional[bool] = ...) -> None: ...
 
 class EngineQuery(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EngineClearKvCache(_message.Message):
     __slots__ = ("instance_id", "location")
@@ -144,20 +146,22 @@ class EngineLoraResult(_message.Message):
     def __init__(self, success: _Optional[bool] = ..., lora_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineState(_message.Message):
-    __slots__ = ("num_unfinished_requests", "reset_ok", "tiers", "is_sleeping", "supported_tasks", "profile_path")
+    __slots__ = ("num_unfinished_requests", "reset_ok", "tiers", "is_sleeping", "supported_tasks", "profile_path", "missing_request_ids")
     NUM_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RESET_OK_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
     SUPPORTED_TASKS_FIELD_NUMBER: _ClassVar[int]
     PROFILE_PATH_FIELD_NUMBER: _ClassVar[int]
+    MISSING_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     num_unfinished_requests: int
     reset_ok: bool
     tiers: _containers.RepeatedCompositeFieldContainer[_types_pb2.TierReset]
     is_sleeping: bool
     supported_tasks: _containers.RepeatedScalarFieldContainer[str]
     profile_path: str
-    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ..., is_sleeping: _Optional[bool] = ..., supported_tasks: _Optional[_Iterable[str]] = ..., profile_path: _Optional[str] = ...) -> None: ...
+    missing_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, num_unfinished_requests: _Optional[int] = ..., reset_ok: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[_types_pb2.TierReset, _Mapping]]] = ..., is_sleeping: _Optional[bool] = ..., supported_tasks: _Optional[_Iterable[str]] = ..., profile_path: _Optional[str] = ..., missing_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KvCacheCleared(_message.Message):
     __slots__ = ("event_id", "num_tokens_cleared")

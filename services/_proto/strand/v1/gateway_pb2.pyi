@@ -28,16 +28,20 @@ class AddRequestResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("max_response_bytes",)
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_response_bytes: int
+    def __init__(self, max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("outputs", "streamed_request_ids")
+    __slots__ = ("outputs", "streamed_request_ids", "num_pending")
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STREAMED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PENDING_FIELD_NUMBER: _ClassVar[int]
     outputs: _containers.RepeatedCompositeFieldContainer[_types_pb2.RequestOutput]
     streamed_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, outputs: _Optional[_Iterable[_Union[_types_pb2.RequestOutput, _Mapping]]] = ..., streamed_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    num_pending: int
+    def __init__(self, outputs: _Optional[_Iterable[_Union[_types_pb2.RequestOutput, _Mapping]]] = ..., streamed_request_ids: _Optional[_Iterable[str]] = ..., num_pending: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_ids",)
