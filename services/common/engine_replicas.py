@@ -49,6 +49,7 @@ class EngineReplicas:
             raise ValueError("clients must not be empty: a stage needs at least one engine")
         self.clients = {c.target: c for c in clients}
         self._in_rotation = set(self.clients)
+        self._ever_up: set[str] = set()  # seen ready at least once: a later return is news
         # Told (replica, in_rotation) whenever a replica leaves or rejoins the rotation.
         self.listeners: list[Callable[[str, bool], None]] = []
         self._task: asyncio.Task[None] | None = None
@@ -119,10 +120,14 @@ class EngineReplicas:
         else:
             self._in_rotation.discard(name)
         if not quiet:
-            if up:
+            if up and name not in self._ever_up:
+                logger.debug("engine replica %s is in rotation", name)  # the first check
+            elif up:
                 logger.info("engine replica %s is back in rotation", name)
             else:
                 logger.warning("engine replica %s is out of rotation: %s", name, reason)
+        if up:
+            self._ever_up.add(name)
         for listener in self.listeners:
             listener(name, up)
 
