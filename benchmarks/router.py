@@ -138,42 +138,59 @@ def run_policy(policy: str, args: argparse.Namespace, model_dir: Path) -> Policy
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_args(parser: argparse.ArgumentParser, *, num_sessions: int, num_turns: int,
+                      system_len: int, num_blocks: int) -> None:
+    """The multi-turn chat workload's flags, shared with benchmarks/router_ring.py."""
     add_model_args(parser)
-    parser.add_argument("--num-sessions", type=int, default=16)
-    parser.add_argument("--num-turns", type=int, default=4)
+    parser.add_argument("--num-sessions", type=int, default=num_sessions)
+    parser.add_argument("--num-turns", type=int, default=num_turns)
     parser.add_argument("--num-system-prompts", type=int, default=2)
-    parser.add_argument("--system-len", type=int, default=128)
+    parser.add_argument("--system-len", type=int, default=system_len)
     parser.add_argument("--user-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-blocks", type=int, default=96,
+    parser.add_argument("--num-blocks", type=int, default=num_blocks,
                         help="KV blocks per replica: small, so placement decides what stays")
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--max-steps", type=int, default=100_000)
-    parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    for name in ("num_sessions", "num_turns", "num_system_prompts", "output_len", "block_size"):
+
+
+def checked_policies(args: argparse.Namespace, positive: tuple[str, ...]) -> list[str]:
+    """The --policies asked for; ValueError naming a count below 1 or an unknown policy."""
+    for name in positive:
         if getattr(args, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"policies must be among {POLICIES}, got {unknown}")
+    return policies
+
+
+def print_policies(summaries: list[dict[str, Any]], count_key: str, count_header: str) -> None:
+    rows = [[s["policy"], f"{s['prefix_hit_rate']:.3f}", f"{s['ttft_p50_ms']:.1f}",
+             f"{s['ttft_p99_ms']:.1f}", f"{s['output_tokens_per_s']:.1f}",
+             str(s[count_key])] for s in summaries]
+    print(format_table(["policy", "hit rate", "TTFT p50 ms", "TTFT p99 ms", "out tok/s",
+                        count_header], rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_args(parser, num_sessions=16, num_turns=4, system_len=128, num_blocks=96)
+    parser.add_argument("--max-steps", type=int, default=100_000)
+    parser.add_argument("--num-threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    policies = checked_policies(args, ("num_sessions", "num_turns", "num_system_prompts",
+                                       "output_len", "block_size"))
     threads = set_threads(args.num_threads)
     model_dir = resolve_model(args)
     summaries = []
     for policy in policies:
         log(f"policy {policy}")
         summaries.append(run_policy(policy, args, model_dir).summary())
-    rows = [[s["policy"], f"{s['prefix_hit_rate']:.3f}", f"{s['ttft_p50_ms']:.1f}",
-             f"{s['ttft_p99_ms']:.1f}", f"{s['output_tokens_per_s']:.1f}",
-             str(s["requests_per_replica"])] for s in summaries]
-    print(format_table(["policy", "hit rate", "TTFT p50 ms", "TTFT p99 ms", "out tok/s",
-                        "per replica"], rows))
+    print_policies(summaries, "requests_per_replica", "per replica")
     write_json(args.output_json, {"benchmark": "router", "threads": threads,
                                   "config": {k: v for k, v in vars(args).items()
                                              if k not in ("output_json", "model_cache_dir")},

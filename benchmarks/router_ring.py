@@ -24,15 +24,21 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.common import add_model_args, format_table, log, resolve_model, write_json
-from benchmarks.router import PolicyResult, Session, make_sessions
+from benchmarks.common import log, resolve_model, write_json
+from benchmarks.router import (
+    PolicyResult,
+    Session,
+    add_workload_args,
+    checked_policies,
+    make_sessions,
+    print_policies,
+)
 from engine_core import SamplingParams
 from engine_core.sampling_params import RequestOutputKind
 from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import control_pb2_grpc
 from services.client import EngineClient
 from services.launch import StackConfig, launch_stack
-from services.router.router import POLICIES
 
 
 def _session(address: str, session: Session, args: argparse.Namespace, vocab: int,
@@ -89,28 +95,10 @@ def run_policy(policy: str, args: argparse.Namespace, model_dir: Path, vocab: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_args(parser)
-    parser.add_argument("--num-sessions", type=int, default=8)
-    parser.add_argument("--num-turns", type=int, default=3)
-    parser.add_argument("--num-system-prompts", type=int, default=2)
-    parser.add_argument("--system-len", type=int, default=64)
-    parser.add_argument("--user-len", type=int, default=16)
-    parser.add_argument("--output-len", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--num-blocks", type=int, default=48,
-                        help="KV blocks per replica: small, so placement decides what stays")
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", type=Path, default=None)
+    add_workload_args(parser, num_sessions=8, num_turns=3, system_len=64, num_blocks=48)
     args = parser.parse_args(argv)
-    for name in ("num_sessions", "num_turns", "num_system_prompts", "output_len", "block_size",
-                 "num_blocks"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(args, name)}")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise ValueError(f"policies must be among {POLICIES}, got {unknown}")
+    policies = checked_policies(args, ("num_sessions", "num_turns", "num_system_prompts",
+                                       "output_len", "block_size", "num_blocks"))
     model_dir = resolve_model(args)
     from engine_core.model_executor.model_config import load_model_config
 
@@ -121,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_policy(policy, args, model_dir, vocab).summary()
         summary["prompt_tokens_per_replica"] = summary.pop("requests_per_replica")
         summaries.append(summary)
-    rows = [[s["policy"], f"{s['prefix_hit_rate']:.3f}", f"{s['ttft_p50_ms']:.1f}",
-             f"{s['ttft_p99_ms']:.1f}", f"{s['output_tokens_per_s']:.1f}",
-             str(s["prompt_tokens_per_replica"])] for s in summaries]
-    print(format_table(["policy", "hit rate", "TTFT p50 ms", "TTFT p99 ms", "out tok/s",
-                        "prompt tokens per replica"], rows))
+    print_policies(summaries, "prompt_tokens_per_replica", "prompt tokens per replica")
     write_json(args.output_json, {"benchmark": "router_ring",
                                   "config": {k: v for k, v in vars(args).items()
                                              if k not in ("output_json", "model_cache_dir")},
