@@ -38,6 +38,13 @@ _READINESS_POLL_S = 0.2
 # answered by gRPC's own I/O threads, not the stage's Python: a busy stage still answers.)
 KEEPALIVE_TIME_MS = 2000
 KEEPALIVE_TIMEOUT_MS = 3000
+# Calls gRPC C-core has accepted but the server's Python has not yet picked up. C-core's own
+# defaults (1000 soft, 3000 hard) drop calls beyond the soft limit at random with a bare
+# CANCELLED and no message, before any handler (so before admission control could answer
+# RESOURCE_EXHAUSTED): 4000 streams opened in one instant lost about a quarter that way. The
+# queue is bounded here well above what admission control lets in, so overload is answered by
+# the handlers; a call costs C-core a few KiB while it waits.
+DEFAULT_MAX_PENDING_CALLS = 16384
 
 
 @dataclass(slots=True)
@@ -50,6 +57,7 @@ class ServerOptions:
     tls_key: str | None = None
     otlp_traces_endpoint: str | None = None
     metrics_port: int | None = None  # Prometheus /metrics on this port of host; 0/None: off
+    max_pending_calls: int = DEFAULT_MAX_PENDING_CALLS  # accepted, not yet handled
 
 
 def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -65,21 +73,48 @@ def add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST is "
                              "--host); 0 or absent: off")
+    parser.add_argument("--max-pending-calls", type=int, default=DEFAULT_MAX_PENDING_CALLS,
+                        help="calls the transport holds before a handler takes them; beyond "
+                             "it gRPC cancels new calls (default %(default)s)")
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("tls_cert and tls_key must be given together")
     check_metrics_port(args.metrics_port)
+    if args.max_pending_calls < 1:
+        raise ValueError(f"max_pending_calls must be >= 1, got {args.max_pending_calls}")
     return ServerOptions(host=args.host, port=args.port, max_message_bytes=args.max_message_bytes,
                          api_key=args.api_key, tls_cert=args.tls_cert, tls_key=args.tls_key,
                          otlp_traces_endpoint=args.otlp_traces_endpoint,
-                         metrics_port=args.metrics_port)
+                         metrics_port=args.metrics_port,
+                         max_pending_calls=args.max_pending_calls)
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes)]
+
+
+def grpc_server_options(options: ServerOptions) -> list[tuple[str, int]]:
+    """The C-core settings every stage's server runs with."""
+    # Only what clients send is capped by max_message_bytes: a large answer (one step of many
+    # requests) must never be refused, or its outputs would be lost.
+    return [("grpc.max_receive_message_length", options.max_message_bytes),
+            ("grpc.max_send_message_length",
+             max(options.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES)),
+            # gRPC sets SO_REUSEPORT by default: a second stack would then bind the
+            # same port silently and the kernel would share connections between them.
+            ("grpc.so_reuseport", 0),
+            # Accept the stage clients' liveness pings (gRPC's default would answer
+            # pings this frequent with GOAWAY "too_many_pings").
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms",
+             KEEPALIVE_TIME_MS // 2),
+            ("grpc.http2.max_ping_strikes", 0),
+            # One limit, soft = hard: no random early drop below it.
+            ("grpc.server.max_pending_requests", options.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", options.max_pending_calls)]
 
 
 def keepalive_channel_options() -> list[tuple[str, int]]:
@@ -139,21 +174,7 @@ async def run_server(name: str, options: ServerOptions,
     api_key = stage_api_key(name, options.host, options.api_key)
     interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
     interceptors.append(UndecodableInterceptor())
-    # Only what clients send is capped by max_message_bytes: a large answer (one step of many
-    # requests) must never be refused, or its outputs would be lost.
-    server_options = [("grpc.max_receive_message_length", options.max_message_bytes),
-                      ("grpc.max_send_message_length",
-                       max(options.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES)),
-                      # gRPC sets SO_REUSEPORT by default: a second stack would then bind the
-                      # same port silently and the kernel would share connections between them.
-                      ("grpc.so_reuseport", 0),
-                      # Accept the stage clients' liveness pings (gRPC's default would answer
-                      # pings this frequent with GOAWAY "too_many_pings").
-                      ("grpc.keepalive_permit_without_calls", 1),
-                      ("grpc.http2.min_recv_ping_interval_without_data_ms",
-                       KEEPALIVE_TIME_MS // 2),
-                      ("grpc.http2.max_ping_strikes", 0)]
-    server = grpc.aio.server(interceptors=interceptors, options=server_options)
+    server = grpc.aio.server(interceptors=interceptors, options=grpc_server_options(options))
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -38,3 +38,12 @@ def test_serve_forwards_only_the_engine_flags_that_were_changed() -> None:
 def test_serve_forwards_nothing_by_default() -> None:
     parser = _stack_parser("strand serve")
     assert _engine_flags(parser.parse_args(["--model", "m"]), parser) == []
+
+
+def test_max_pending_calls_is_a_flag_with_a_lower_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = make_parser("gateway", engine_flags=False)
+    _, options = parse_stage_args(parser, ["--max-pending-calls", "64"])
+    assert options.max_pending_calls == 64
+    with pytest.raises(SystemExit):
+        parse_stage_args(make_parser("gateway", engine_flags=False), ["--max-pending-calls", "0"])
+    assert "max_pending_calls must be >= 1, got 0" in capsys.readouterr().err
