@@ -132,9 +132,10 @@ class RowParallelLinear(Linear):
 
 class RowParallelMoe(SparseMoeBlock):
     """Every expert holds its slice of the expert width: w13 is column-parallel (gate and up
-    rows of this rank), w2 row-parallel. The router is whole on every rank, so each rank runs
-    the same experts on the same tokens; the routing-weighted partial outputs summed over
-    experts are summed over ranks by one all-reduce (not one per expert)."""
+    rows of this rank), w2 row-parallel. The router is whole on every rank and its input is the
+    same bits on every rank (an all-reduce leaves all ranks one result), so each rank runs the
+    same experts on the same tokens; the routing-weighted partial outputs summed over experts
+    are summed over ranks by one all-reduce (not one per expert)."""
 
     tp: TPGroup
 
