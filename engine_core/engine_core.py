@@ -417,6 +417,7 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
                            attention_backend=args.attention_backend, seed=args.seed,
                            enforce_eager=args.enforce_eager, lora_config=args.lora_config())
     from engine_core.distributed.driver import TPDriverRunner, free_port
+    from engine_core.distributed.layers import shard_layout
     from engine_core.distributed.parallel_state import (
         DistributedInit,
         torchrun_init,
@@ -424,6 +425,9 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
     )
     from engine_core.model_executor.loader import resolve_device
 
+    # A model that cannot be split is refused here, before any rank is started (every rank
+    # would refuse it the same way while loading, and rank 0 would wait on them to exit).
+    shard_layout(model_config, 0, args.tensor_parallel_size)
     device = resolve_device(args.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     per_node = args.tensor_parallel_size // args.nnodes

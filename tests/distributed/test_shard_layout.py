@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_core.distributed.layers import shard_layout
-from engine_core.distributed.shard_loading import shard_range
+from engine_core.distributed.shard_loading import fused_ranges, shard_range
 from engine_core.model_executor.model_config import load_model_config
 from tests.conftest import build_tiny_model
 
@@ -69,3 +69,41 @@ def test_a_split_that_does_not_divide_names_the_field(config_dir: Path, heads: i
                                  intermediate_size=256 if size != 8 else 252)
     with pytest.raises(ValueError, match=field):
         shard_layout(config, 0, size)
+
+
+def test_phi3_fused_qkv_rows_are_each_ranks_q_k_and_v_heads(tmp_path: Path) -> None:
+    # 8 query heads, 2 KV heads, head_dim 8: the fused tensor is [64 q | 16 k | 16 v] rows.
+    config = load_model_config(str(build_tiny_model(
+        tmp_path, arch="phi3", num_heads=8, num_kv_heads=2, with_tokenizer=False)), "float32")
+    lay = shard_layout(config, 1, 2)
+    assert fused_ranges("model.layers.0.self_attn.qkv_proj.weight", lay) == [
+        (32, 32), (64 + 8, 8), (64 + 16 + 8, 8)]
+    # gate_up is [inter gate | inter up] rows; rank 1 holds the second half of each.
+    inter = config.intermediate_size
+    assert fused_ranges("model.layers.3.mlp.gate_up_proj.weight", lay) == [
+        (inter // 2, inter // 2), (inter + inter // 2, inter // 2)]
+    assert fused_ranges("model.layers.0.self_attn.o_proj.weight", lay) is None
+
+
+def test_each_expert_is_split_on_its_width_and_the_router_is_whole(tmp_path: Path) -> None:
+    config = load_model_config(str(build_tiny_model(
+        tmp_path, arch="qwen3_moe", with_tokenizer=False,
+        extra_config={"moe_intermediate_size": 48})), "float32")
+    lay = shard_layout(config, 1, 2)
+    assert lay.moe_intermediate_size == 24
+    p = "model.layers.0.mlp."
+    assert shard_range(p + "experts.5.gate_proj.weight", lay) == (0, 24, 24)
+    assert shard_range(p + "experts.5.up_proj.weight", lay) == (0, 24, 24)
+    assert shard_range(p + "experts.5.down_proj.weight", lay) == (1, 24, 24)
+    assert shard_range(p + "gate.weight", lay) is None
+
+
+def test_only_the_mlp_widths_some_layer_uses_must_divide(tmp_path: Path) -> None:
+    # Every layer sparse: the unused dense intermediate_size (127) does not block the split.
+    config = load_model_config(str(build_tiny_model(
+        tmp_path, arch="qwen3_moe", with_tokenizer=False, intermediate_size=127)), "float32")
+    assert shard_layout(config, 0, 2).moe_intermediate_size == 32
+    dense_layer = dataclasses.replace(config, arch=dataclasses.replace(
+        config.arch, moe_layers=(False, True)))
+    with pytest.raises(ValueError, match=r"must divide intermediate_size \(127\)"):
+        shard_layout(dense_layer, 0, 2)
