@@ -30,17 +30,10 @@ from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_to_pb
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
+from services.engine.add_burst import AddBursts
 from services.engine.core_calls import CoreCalls
 from services.engine.kv_events_hub import KvEventsHub
 from services.engine.outputs_hub import OutputsHub
-
-# Auto mode: while adds keep arriving (a burst of requests), the next step waits until they
-# pause for this long, at most MAX_ADD_HOLD_S: they then join one step together, as in a loop
-# that adds them all and then steps, instead of one request per step (each add waits for the
-# step before it on the core's one thread). Only a sustained stream of adds can delay steps, and
-# by at most MAX_ADD_HOLD_S each.
-ADD_QUIET_S = 0.002
-MAX_ADD_HOLD_S = 0.05
 
 
 def core_executor() -> ThreadPoolExecutor:
@@ -64,7 +57,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._hub: OutputsHub | None = None
         self._has_work = False  # auto mode: the core has unfinished requests
         self._work: asyncio.Event | None = None
-        self._last_add = -1.0  # time.monotonic() of the last add (auto mode batches bursts)
+        self._bursts = AddBursts()  # auto mode: a burst of adds joins one step
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, auto_step: bool = False,
@@ -147,7 +140,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     return await self._manual_step(msg, span)
                 resp = await loop.run_in_executor(self._executor, self.calls.handle, msg, span)
                 if kind == "add":
-                    self._last_add = time.monotonic()
+                    self._bursts.note_add(time.monotonic())
                     self._wake()
                 return resp
             except Exception as exc:  # answered in-stream: the session stays open
@@ -200,9 +193,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def _let_a_burst_of_adds_in(self) -> None:
         held_since = time.monotonic()
-        while (time.monotonic() - self._last_add < ADD_QUIET_S
-               and time.monotonic() - held_since < MAX_ADD_HOLD_S):
-            await asyncio.sleep(ADD_QUIET_S)
+        while self._bursts.hold(time.monotonic(), held_since):
+            await asyncio.sleep(self._bursts.quiet_s)
 
     def _auto_step_once(self) -> tuple[epb.EngineStepOutputs | None, bool]:
         """One step and its message, both on the core's thread: the event loop only queues it
