@@ -10,22 +10,16 @@ is how engine-wide calls (Step, reset, clear, lookup, loads) keep their meaning 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from services._proto.strand.v1 import engine_pb2_grpc
-from services.common.server import READINESS
+from services.common.readiness_watch import watch_readiness
 from services.common.stage_client import StageClient
 from services.common.status import StageError, StageUnavailable
 
 logger = logging.getLogger(__name__)
-
-POLL_S = 0.25
 
 
 def parse_engine_addresses(value: str, flag: str = "--engine-addr") -> list[str]:
@@ -52,7 +46,7 @@ class EngineReplicas:
         self._ever_up: set[str] = set()  # seen ready at least once: a later return is news
         # Told (replica, in_rotation) whenever a replica leaves or rejoins the rotation.
         self.listeners: list[Callable[[str, bool], None]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     def connect(cls, addresses: Sequence[str]) -> EngineReplicas:
@@ -73,16 +67,18 @@ class EngineReplicas:
     def ready(self) -> bool:
         return bool(self._in_rotation)
 
-    def start(self, poll_s: float = POLL_S) -> None:
+    def start(self) -> None:
         """Follow each replica's readiness in the background (until close)."""
         # Until the first check, nothing is known to be up.
         for name in list(self._in_rotation):
             self._set(name, False, "not checked yet", quiet=True)
-        self._task = asyncio.get_running_loop().create_task(self._poll(poll_s))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(watch_readiness(client.channel, self._setter(name)))
+                       for name, client in self.clients.items()]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
         for client in self.clients.values():
             await client.close()
 
@@ -131,15 +127,7 @@ class EngineReplicas:
         for listener in self.listeners:
             listener(name, up)
 
-    async def _poll(self, poll_s: float) -> None:
-        stubs = {name: health_pb2_grpc.HealthStub(c.channel) for name, c in self.clients.items()}
-        serving = health_pb2.HealthCheckResponse.SERVING
-        while True:
-            for name, stub in stubs.items():
-                ok = False
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-                    resp = await stub.Check(health_pb2.HealthCheckRequest(service=READINESS),
-                                            timeout=1.0)
-                    ok = resp.status == serving
-                self._set(name, ok, "its readiness check failed")
-            await asyncio.sleep(poll_s)
+    def _setter(self, name: str) -> Callable[[bool, str], None]:
+        def set_status(ready: bool, reason: str) -> None:
+            self._set(name, ready, reason)
+        return set_status

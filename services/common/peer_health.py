@@ -1,24 +1,21 @@
 """Readiness of the stages a stage depends on, from their grpc.health.v1 "readiness" status,
-polled in the background: a stage is ready when every stage it sends to is."""
+watched in the background (readiness_watch): a stage is ready when every stage it sends to is."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from collections.abc import Callable
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.server import READINESS
-
-POLL_S = 0.25
+from services.common.readiness_watch import watch_readiness
 
 
 class PeerHealth:
     def __init__(self, channels: dict[str, grpc.aio.Channel]) -> None:
-        self._stubs = {name: health_pb2_grpc.HealthStub(ch) for name, ch in channels.items()}
+        self._channels = channels
         self.status: dict[str, bool] = dict.fromkeys(channels, False)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def ready(self) -> bool:
@@ -28,20 +25,15 @@ class PeerHealth:
         return [name for name, ok in self.status.items() if not ok]
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._poll())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(watch_readiness(channel, self._setter(name)))
+                       for name, channel in self._channels.items()]
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
 
-    async def _poll(self) -> None:
-        serving = health_pb2.HealthCheckResponse.SERVING
-        while True:
-            for name, stub in self._stubs.items():
-                ok = False
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-                    resp = await stub.Check(health_pb2.HealthCheckRequest(service=READINESS),
-                                            timeout=1.0)
-                    ok = resp.status == serving
-                self.status[name] = ok
-            await asyncio.sleep(POLL_S)
+    def _setter(self, name: str) -> Callable[[bool, str], None]:
+        def set_status(ready: bool, reason: str) -> None:
+            self.status[name] = ready
+        return set_status
