@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.config import CacheConfig, LoRAConfig, SchedulerConfig
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.distributed.parallel_state import CollectiveError, TPGroup
 from engine_core.model_executor.model_config import ModelConfig
@@ -37,6 +37,7 @@ class WorkerSpec:
     attention_backend: str | None
     seed: int
     cpu_threads: int | None
+    lora_config: LoRAConfig | None = None  # enable_lora: every rank adapts its shard
 
 
 @dataclass(slots=True)

@@ -55,7 +55,7 @@ def _build_runner(spec: commands.WorkerSpec, tp: TPGroup) -> ModelRunner:
     device = f"cuda:{tp.local_rank}" if spec.device.startswith("cuda") else spec.device
     return ModelRunner(spec.model_config, spec.cache_config, spec.scheduler_config,
                        device=device, attention_backend=spec.attention_backend, seed=spec.seed,
-                       tp=tp)
+                       tp=tp, lora_config=spec.lora_config)
 
 
 def _serve_one(runner: ModelRunner, tp: TPGroup, command: Command) -> bool:
