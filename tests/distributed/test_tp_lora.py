@@ -13,7 +13,7 @@ import pytest
 from engine_core import LLMEngine, LoRARequest
 from engine_core.lora.manager import LoRAManager
 from engine_core.model_executor.model_runner import ModelRunner
-from tests.distributed.conftest import tp_engine
+from tests.distributed.conftest import LORA_ARGS, tp_engine
 from tests.lora.conftest import (
     PROMPT,
     generate,
@@ -21,9 +21,6 @@ from tests.lora.conftest import (
     make_peft_adapter,
     write_config,
 )
-
-LORA_ARGS = {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 3,
-             "block_size": 4}
 
 
 def _manager(runner: ModelRunner) -> LoRAManager:
@@ -103,3 +100,4 @@ def test_tp2_bad_adapter_is_refused_on_every_rank(adapters: dict[str, LoRAReques
     with pytest.raises(ValueError, match="lora_A must be"):
         tp2.add_lora(LoRARequest("r16", 7, str(bad)))
     assert tp2.collective_rpc(loaded_loras) == before
+
