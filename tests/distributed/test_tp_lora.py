@@ -5,6 +5,7 @@ collective_rpc)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +102,27 @@ def test_tp2_bad_adapter_is_refused_on_every_rank(adapters: dict[str, LoRAReques
         tp2.add_lora(LoRARequest("r16", 7, str(bad)))
     assert tp2.collective_rpc(loaded_loras) == before
 
+
+
+def set_worker_max_lora_rank(runner: ModelRunner, max_lora_rank: int) -> None:
+    """collective_rpc: a worker rank's own limit (rank 0 keeps the engine's)."""
+    if runner.tp is not None and not runner.tp.is_driver:
+        manager = _manager(runner)
+        manager.config = dataclasses.replace(manager.config, max_lora_rank=max_lora_rank)
+
+
+def test_tp2_adapter_a_worker_refuses_is_removed_on_every_rank(
+        adapters: dict[str, LoRARequest], tp2: LLMEngine) -> None:
+    """Rank 0 loads it, rank 1 cannot (its limit lowered to r=4 here): add_lora raises naming
+    rank 1 and no rank keeps the adapter."""
+    for lora_id in list(tp2.list_loras()):
+        tp2.remove_lora(lora_id)
+    tp2.collective_rpc(set_worker_max_lora_rank, args=(4,))
+    try:
+        with pytest.raises(ValueError, match=r"add_lora failed on rank 1: ValueError: r \(8\)"):
+            tp2.add_lora(adapters["all"])
+        assert tp2.collective_rpc(loaded_loras) == [[], []]
+        assert tp2.add_lora(adapters["qv"])  # r=4: every rank takes it
+        assert tp2.collective_rpc(loaded_loras) == [[2], [2]]
+    finally:
+        tp2.collective_rpc(set_worker_max_lora_rank, args=(LORA_ARGS["max_lora_rank"],))
