@@ -52,6 +52,9 @@ class Command:
     # EXECUTE: the offload tier's saves since the last step, (block ids, slots) each: the
     # workers copy the same blocks of their heads before this step writes any block.
     kv_saves: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    # EXECUTE: LoRA ids rank 0's add_lora found loaded since the last command (LRU order),
+    # which the workers' managers repeat first (LoRAManager.touched).
+    lora_touched: list[int] = field(default_factory=list)
     # RPC: (method name or picklable callable taking the runner first, args, kwargs).
     rpc: tuple[object, tuple[Any, ...], dict[str, Any]] | None = None
 

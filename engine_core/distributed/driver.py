@@ -108,8 +108,9 @@ class TPDriverRunner(ModelRunner):
         saves: list[tuple[list[int], list[int]]] = []
         if self._tier is not None and self._tier.journal:
             saves, self._tier.journal = self._tier.journal, []
+        touched = [] if self.lora_manager is None else self.lora_manager.take_touched()
         self._call(Command(commands.EXECUTE, scheduler_output=scheduler_output,
-                           sampled=self._sampled, kv_saves=saves))
+                           sampled=self._sampled, kv_saves=saves, lora_touched=touched))
         out = self._guard(lambda: super(TPDriverRunner, self).execute_model(scheduler_output))
         self._sampled = {req_id: tokens[-1] for req_id, tokens
                          in zip(out.req_ids, out.sampled_token_ids, strict=True) if tokens}
@@ -131,8 +132,10 @@ class TPDriverRunner(ModelRunner):
     def _mirror_lora(self, method: str, args: tuple[object, ...]) -> None:
         """The LoRA manager's add / remove / pin, done on rank 0 already, on the workers (one
         collective_rpc broadcast: the adapter directory is read by every rank, on its node)."""
-        rpc: tuple[object, tuple[Any, ...], dict[str, Any]] = (apply_mirrored, (method, args),
-                                                               {})
+        assert self.lora_manager is not None
+        touched = self.lora_manager.take_touched()
+        rpc: tuple[object, tuple[Any, ...], dict[str, Any]] = (
+            apply_mirrored, (touched, method, args), {})
         self._call(Command(commands.RPC, rpc=rpc))
         results = self._guard(lambda: commands.gather_rpc_results(self._tp, (True, None)))
         failed = _failures(results)

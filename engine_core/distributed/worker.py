@@ -62,6 +62,8 @@ def _serve_one(runner: ModelRunner, tp: TPGroup, command: Command) -> bool:
     """Run one command; False when it was shutdown."""
     if command.kind == commands.EXECUTE and command.scheduler_output is not None:
         runner.apply_sampled(command.sampled)
+        if runner.lora_manager is not None:
+            runner.lora_manager.touch(command.lora_touched)
         _repeat_offload(runner, command)
         runner.execute_model(command.scheduler_output)
     elif command.kind == commands.OFFLOAD:

@@ -54,6 +54,11 @@ class LoRAManager:
         # adapters; ValueError naming the ranks that failed. A step needs no mirror: every rank
         # gets the same SchedulerOutput and makes the same (re)loads and slot choices.
         self.mirror: Callable[[str, tuple[object, ...]], None] | None = None
+        # With a mirror: adapters add_lora found loaded (each request with an adapter adds it),
+        # moved up the LRU here but not yet on the workers. A collective per request would cost
+        # milliseconds; the workers repeat them before the next mirrored call or step instead,
+        # so every rank's LRU order, hence its choice of what to unload, stays the same.
+        self.touched: list[int] = []
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU first
         self.pinned: set[int] = set()
         self.slot_ids: list[int | None] = [None] * config.max_loras  # slot -> adapter id
@@ -91,7 +96,8 @@ class LoRAManager:
             raise ValueError(f"lora_request must be a LoRARequest, got {type(request).__name__}")
         if request.lora_int_id in self.loaded:
             self.loaded.move_to_end(request.lora_int_id)
-            self._mirror("add_lora", request)  # the LRU order, kept alike on every rank
+            if self.mirror is not None:
+                self.touched.append(request.lora_int_id)
             return True
         if len(self.loaded) >= self.config.max_cpu_loras and not self._evictable(set()):
             raise ValueError(f"max_cpu_loras ({self.config.max_cpu_loras}) adapters are loaded "
@@ -107,6 +113,17 @@ class LoRAManager:
     def _mirror(self, method: str, *args: object) -> None:
         if self.mirror is not None:
             self.mirror(method, args)
+
+    def take_touched(self) -> list[int]:
+        """The LoRA ids to touch on the workers before the call or step now sent them."""
+        touched, self.touched = self.touched, []
+        return touched
+
+    def touch(self, lora_ids: Sequence[int]) -> None:
+        """A worker rank: rank 0's add_lora of adapters it had loaded (LRU order only)."""
+        for lora_id in lora_ids:
+            if lora_id in self.loaded:
+                self.loaded.move_to_end(lora_id)
 
     def _load(self, request: LoRARequest, keep: set[int]) -> None:
         """Read the adapter and make room for it, never unloading one in `keep` (the step's
@@ -208,11 +225,14 @@ class LoRAManager:
 MIRRORED = ("add_lora", "remove_lora", "pin_lora")
 
 
-def apply_mirrored(runner: object, method: str, args: tuple[object, ...]) -> object:
-    """A worker rank's side of LoRAManager.mirror (sent as a collective_rpc callable)."""
+def apply_mirrored(runner: object, touched: list[int], method: str,
+                   args: tuple[object, ...]) -> object:
+    """A worker rank's side of LoRAManager.mirror (sent as a collective_rpc callable): rank 0's
+    touches since the last command, then its call."""
     manager = getattr(runner, "lora_manager", None)
     if not isinstance(manager, LoRAManager):
         raise ValueError("this rank has no LoRA manager: enable_lora must be set on every rank")
     if method not in MIRRORED:
         raise ValueError(f"method must be one of {MIRRORED}, got {method!r}")
+    manager.touch(touched)
     return getattr(manager, method)(*args)

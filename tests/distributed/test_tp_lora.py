@@ -15,7 +15,9 @@ from engine_core import LLMEngine, LoRARequest
 from engine_core.lora.manager import LoRAManager
 from engine_core.model_executor.model_runner import ModelRunner
 from tests.distributed.conftest import LORA_ARGS, tp_engine
+from tests.engine.conftest import run_to_completion
 from tests.lora.conftest import (
+    GREEDY,
     PROMPT,
     generate,
     hf_merged_greedy,
@@ -32,6 +34,11 @@ def _manager(runner: ModelRunner) -> LoRAManager:
 def loaded_loras(runner: ModelRunner) -> list[int]:
     """Run on every rank by collective_rpc: the adapters its own manager holds."""
     return sorted(_manager(runner).list_loras())
+
+
+def lru_order(runner: ModelRunner) -> list[int]:
+    """Run on every rank by collective_rpc: its loaded adapters, least recently used first."""
+    return list(_manager(runner).loaded)
 
 
 def pinned_loras(runner: ModelRunner) -> list[int]:
@@ -126,3 +133,26 @@ def test_tp2_adapter_a_worker_refuses_is_removed_on_every_rank(
         assert tp2.collective_rpc(loaded_loras) == [[2], [2]]
     finally:
         tp2.collective_rpc(set_worker_max_lora_rank, args=(LORA_ARGS["max_lora_rank"],))
+
+
+def test_tp2_requests_move_their_adapter_up_the_lru_on_every_rank(
+        adapters: dict[str, LoRARequest], tp2: LLMEngine) -> None:
+    """A request's adapter, already loaded, becomes the most recently used on rank 0 at once
+    (no collective per request) and on the workers before the next mirrored call or step: so
+    a fourth adapter (max_cpu_loras=3) unloads the same one everywhere."""
+    for lora_id in list(tp2.list_loras()):
+        tp2.remove_lora(lora_id)
+    path = adapters["qv"].lora_path
+    for lora_id in (1, 2, 3):
+        tp2.add_lora(LoRARequest(f"a{lora_id}", lora_id, path))
+    tp2.add_request("touch", {"prompt_token_ids": PROMPT}, GREEDY,
+                    lora_request=LoRARequest("a1", 1, path))
+    tp2.abort_request(["touch"])
+    tp2.add_lora(LoRARequest("a4", 4, path))  # unloads the least recently used: 2
+    assert tp2.collective_rpc(lru_order) == [[3, 1, 4], [3, 1, 4]]
+    tp2.add_request("touch-3", {"prompt_token_ids": PROMPT}, GREEDY,
+                    lora_request=LoRARequest("a3", 3, path))
+    tp2.abort_request(["touch-3"])
+    tp2.add_request("base", {"prompt_token_ids": PROMPT}, GREEDY)
+    run_to_completion(tp2)  # its steps carry the touch of 3 (and use no adapter)
+    assert tp2.collective_rpc(lru_order) == [[1, 4, 3], [1, 4, 3]]
