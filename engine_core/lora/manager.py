@@ -57,8 +57,9 @@ class LoRAManager:
         # With a mirror: adapters add_lora found loaded (each request with an adapter adds it),
         # moved up the LRU here but not yet on the workers. A collective per request would cost
         # milliseconds; the workers repeat them before the next mirrored call or step instead,
-        # so every rank's LRU order, hence its choice of what to unload, stays the same.
-        self.touched: list[int] = []
+        # so every rank's LRU order, hence its choice of what to unload, stays the same. Only
+        # each id's last touch matters, so it holds at most one entry per loaded adapter.
+        self.touched: OrderedDict[int, None] = OrderedDict()
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU first
         self.pinned: set[int] = set()
         self.slot_ids: list[int | None] = [None] * config.max_loras  # slot -> adapter id
@@ -97,7 +98,8 @@ class LoRAManager:
         if request.lora_int_id in self.loaded:
             self.loaded.move_to_end(request.lora_int_id)
             if self.mirror is not None:
-                self.touched.append(request.lora_int_id)
+                self.touched[request.lora_int_id] = None
+                self.touched.move_to_end(request.lora_int_id)
             return True
         if len(self.loaded) >= self.config.max_cpu_loras and not self._evictable(set()):
             raise ValueError(f"max_cpu_loras ({self.config.max_cpu_loras}) adapters are loaded "
@@ -116,7 +118,8 @@ class LoRAManager:
 
     def take_touched(self) -> list[int]:
         """The LoRA ids to touch on the workers before the call or step now sent them."""
-        touched, self.touched = self.touched, []
+        touched = list(self.touched)
+        self.touched.clear()
         return touched
 
     def touch(self, lora_ids: Sequence[int]) -> None:
