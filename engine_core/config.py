@@ -141,10 +141,6 @@ class EngineArgs:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras must be >= max_loras ({self.max_loras}), got "
                              f"{self.max_cpu_loras}")
-        if self.enable_lora and self.tensor_parallel_size > 1:
-            # The adapters' A/B matrices are not sharded with the layers yet.
-            raise ValueError("tensor_parallel_size must be 1 with enable_lora, got "
-                             f"{self.tensor_parallel_size}")
         self._check_parallel()
 
     def _check_parallel(self) -> None:

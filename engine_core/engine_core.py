@@ -446,7 +446,7 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
             raise SystemExit(0)
         return TPDriverRunner(init, model_config, cache_config, scheduler_config,
                               attention_backend=args.attention_backend, seed=args.seed,
-                              cpu_threads=args.cpu_threads)
+                              cpu_threads=args.cpu_threads, lora_config=args.lora_config())
     init = DistributedInit(
         world_size=args.tensor_parallel_size, master_addr=args.master_addr,
         master_port=args.master_port or free_port(args.master_addr), nnodes=args.nnodes,
@@ -454,7 +454,7 @@ def _make_runner(args: EngineArgs, model_config: ModelConfig, cache_config: Cach
         timeout_s=args.distributed_timeout_s)
     return TPDriverRunner(init, model_config, cache_config, scheduler_config,
                           attention_backend=args.attention_backend, seed=args.seed,
-                          cpu_threads=args.cpu_threads)
+                          cpu_threads=args.cpu_threads, lora_config=args.lora_config())
 
 
 def _make_connector(args: EngineArgs, runner: ModelRunner, num_blocks: int) -> object | None:

@@ -65,11 +65,20 @@ def block_extra_keys(request: Request, block_index: int) -> tuple[object, ...] |
     """
     if block_index != 0:
         return None
+    lora = request.lora_request
+    return first_block_extra_keys(request.cache_salt,
+                                  None if lora is None else lora.lora_int_id)
+
+
+def first_block_extra_keys(cache_salt: str | None,
+                           lora_int_id: int | None) -> tuple[object, ...] | None:
+    """The first block's extra keys from the request's salt and adapter id: one definition
+    for the engine and for whoever must reproduce its hashes (the data-parallel router)."""
     keys: tuple[object, ...] = ()
-    if request.cache_salt is not None:
-        keys = ("salt", request.cache_salt)
-    if request.lora_request is not None:
-        keys += ("lora", request.lora_request.lora_int_id)
+    if cache_salt is not None:
+        keys = ("salt", cache_salt)
+    if lora_int_id is not None:
+        keys += ("lora", lora_int_id)
     return keys or None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.config import CacheConfig, LoRAConfig, SchedulerConfig
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.distributed.parallel_state import CollectiveError, TPGroup
 from engine_core.model_executor.model_config import ModelConfig
@@ -37,6 +37,7 @@ class WorkerSpec:
     attention_backend: str | None
     seed: int
     cpu_threads: int | None
+    lora_config: LoRAConfig | None = None  # enable_lora: every rank adapts its shard
 
 
 @dataclass(slots=True)
@@ -51,6 +52,9 @@ class Command:
     # EXECUTE: the offload tier's saves since the last step, (block ids, slots) each: the
     # workers copy the same blocks of their heads before this step writes any block.
     kv_saves: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    # EXECUTE: LoRA ids rank 0's add_lora found loaded since the last command (LRU order),
+    # which the workers' managers repeat first (LoRAManager.touched).
+    lora_touched: list[int] = field(default_factory=list)
     # RPC: (method name or picklable callable taking the runner first, args, kwargs).
     rpc: tuple[object, tuple[Any, ...], dict[str, Any]] | None = None
 

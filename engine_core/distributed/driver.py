@@ -19,7 +19,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
-from engine_core.config import CacheConfig, SchedulerConfig
+from engine_core.config import CacheConfig, LoRAConfig, SchedulerConfig
 from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
@@ -33,6 +33,7 @@ from engine_core.distributed.parallel_state import (
 )
 from engine_core.distributed.worker import agree_num_blocks, spawn_workers
 from engine_core.errors import WorkerFailedError
+from engine_core.lora.manager import apply_mirrored
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.model_runner import ModelRunner
 
@@ -54,7 +55,7 @@ class TPDriverRunner(ModelRunner):
     def __init__(self, init: DistributedInit, model_config: ModelConfig,
                  cache_config: CacheConfig, scheduler_config: SchedulerConfig,
                  attention_backend: str | None = None, seed: int = 0,
-                 cpu_threads: int | None = None) -> None:
+                 cpu_threads: int | None = None, lora_config: LoRAConfig | None = None) -> None:
         if init.node_rank != 0:
             raise ValueError(f"node_rank must be 0 on the engine's node, got {init.node_rank}")
         self.failure: str | None = None
@@ -72,15 +73,18 @@ class TPDriverRunner(ModelRunner):
         self._tp = tp
         spec = WorkerSpec(model_config, cache_config, scheduler_config,
                           "cuda" if init.backend == "nccl" else "cpu", attention_backend, seed,
-                          cpu_threads)
+                          cpu_threads, lora_config)
         self._call(Command(commands.INIT, spec=spec))
         try:
             super().__init__(model_config, cache_config, scheduler_config,
                              device="cuda:0" if init.backend == "nccl" else "cpu",
-                             attention_backend=attention_backend, seed=seed, tp=tp)
+                             attention_backend=attention_backend, seed=seed, tp=tp,
+                             lora_config=lora_config)
         except BaseException:
             self.shutdown()
             raise
+        if self.lora_manager is not None:
+            self.lora_manager.mirror = self._mirror_lora
 
     # ---- the calls every rank makes --------------------------------------------------------
 
@@ -104,8 +108,9 @@ class TPDriverRunner(ModelRunner):
         saves: list[tuple[list[int], list[int]]] = []
         if self._tier is not None and self._tier.journal:
             saves, self._tier.journal = self._tier.journal, []
+        touched = [] if self.lora_manager is None else self.lora_manager.take_touched()
         self._call(Command(commands.EXECUTE, scheduler_output=scheduler_output,
-                           sampled=self._sampled, kv_saves=saves))
+                           sampled=self._sampled, kv_saves=saves, lora_touched=touched))
         out = self._guard(lambda: super(TPDriverRunner, self).execute_model(scheduler_output))
         self._sampled = {req_id: tokens[-1] for req_id, tokens
                          in zip(out.req_ids, out.sampled_token_ids, strict=True) if tokens}
@@ -119,10 +124,23 @@ class TPDriverRunner(ModelRunner):
         self._call(Command(commands.RPC, rpc=rpc))
         mine = commands.run_rpc(self, rpc)
         results = self._guard(lambda: commands.gather_rpc_results(self._tp, mine))
-        failed = [f"rank {rank}: {value}" for rank, (ok, value) in enumerate(results) if not ok]
+        failed = _failures(results)
         if failed:
-            raise ValueError("collective_rpc failed on " + "; ".join(failed))
+            raise ValueError("collective_rpc failed on " + failed)
         return [value for _, value in results]
+
+    def _mirror_lora(self, method: str, args: tuple[object, ...]) -> None:
+        """The LoRA manager's add / remove / pin, done on rank 0 already, on the workers (one
+        collective_rpc broadcast: the adapter directory is read by every rank, on its node)."""
+        assert self.lora_manager is not None
+        touched = self.lora_manager.take_touched()
+        rpc: tuple[object, tuple[Any, ...], dict[str, Any]] = (
+            apply_mirrored, (touched, method, args), {})
+        self._call(Command(commands.RPC, rpc=rpc))
+        results = self._guard(lambda: commands.gather_rpc_results(self._tp, (True, None)))
+        failed = _failures(results)
+        if failed:
+            raise ValueError(f"{method} failed on " + failed)
 
     def take_comm_time(self) -> float:
         """Seconds this rank spent in the layers' collectives since the last call."""
@@ -187,3 +205,9 @@ class TPDriverRunner(ModelRunner):
                 # SIGKILL: a stopped or hung worker does not act on SIGTERM.
                 proc.kill()
                 proc.join(timeout=JOIN_TIMEOUT_S)
+
+
+def _failures(results: list[tuple[bool, object]]) -> str:
+    """'rank k: error; ...' for the ranks whose call failed ('' when none did)."""
+    return "; ".join(f"rank {rank}: {value}" for rank, (ok, value) in enumerate(results)
+                     if not ok)

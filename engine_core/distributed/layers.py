@@ -27,6 +27,7 @@ any model whose o_proj / down_proj is not a plain Linear.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -120,14 +121,24 @@ def local_config(config: ModelConfig, layout: ShardLayout) -> ModelConfig:
                                intermediate_size=layout.intermediate_size, arch=arch)
 
 
+# (module, (input,), partial output) -> partial output: what a forward hook gets, before the sum.
+PartialHook = Callable[[nn.Module, tuple[torch.Tensor], torch.Tensor], torch.Tensor]
+
+
 class RowParallelLinear(Linear):
     """Input features split across ranks: each computes a partial product, an all-reduce sums
-    them. A bias is held by rank 0 only (zeros elsewhere, see shard_loading) so it is added once."""
+    them. A bias is held by rank 0 only (zeros elsewhere, see shard_loading) so it is added once.
+    partial_hook (LoRA's delta, itself a partial sum of this rank's inputs) is added before the
+    all-reduce, so one collective sums both."""
 
     tp: TPGroup
+    partial_hook: PartialHook | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in/N] -> [n, out]
-        return self.tp.all_reduce(super().forward(x))
+        partial = super().forward(x)
+        if self.partial_hook is not None:
+            partial = self.partial_hook(self, (x,), partial)
+        return self.tp.all_reduce(partial)
 
 
 class RowParallelMoe(SparseMoeBlock):

@@ -55,13 +55,15 @@ def _build_runner(spec: commands.WorkerSpec, tp: TPGroup) -> ModelRunner:
     device = f"cuda:{tp.local_rank}" if spec.device.startswith("cuda") else spec.device
     return ModelRunner(spec.model_config, spec.cache_config, spec.scheduler_config,
                        device=device, attention_backend=spec.attention_backend, seed=spec.seed,
-                       tp=tp)
+                       tp=tp, lora_config=spec.lora_config)
 
 
 def _serve_one(runner: ModelRunner, tp: TPGroup, command: Command) -> bool:
     """Run one command; False when it was shutdown."""
     if command.kind == commands.EXECUTE and command.scheduler_output is not None:
         runner.apply_sampled(command.sampled)
+        if runner.lora_manager is not None:
+            runner.lora_manager.touch(command.lora_touched)
         _repeat_offload(runner, command)
         runner.execute_model(command.scheduler_output)
     elif command.kind == commands.OFFLOAD:

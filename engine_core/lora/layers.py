@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine_core.distributed.layers import RowParallelLinear
 from engine_core.lora.punica import LoRASegments, add_lora
 from kernels._triton import runs_triton
 
@@ -25,7 +26,10 @@ class LoRABatch:
 class LoRALayerSlots:
     """A fused Linear (q|k|v, gate|up) takes one adapter per output slice: slice s's A rows sit
     at [s * max_rank, s * max_rank + r) and its B at those columns and the slice's output rows,
-    so one shrink and one expand cover every slice (the zero blocks add nothing)."""
+    so one shrink and one expand cover every slice (the zero blocks add nothing).
+
+    Under tensor parallelism the Linear is this rank's shard and the slots hold this rank's
+    part of each adapter (lora/sharding.py)."""
 
     def __init__(self, linear: nn.Linear, slice_sizes: list[int], batch: LoRABatch,
                  max_loras: int, max_rank: int, device: torch.device,
@@ -41,7 +45,12 @@ class LoRALayerSlots:
                                   dtype=dtype)  # [slots, out, slices * max_rank]
         self.holds = [False] * max_loras  # slot s has weights for this layer
         self.batch = batch
-        linear.register_forward_hook(self._add_lora)
+        if isinstance(linear, RowParallelLinear):
+            # Its input is this rank's slice, so the delta is a partial sum: before the
+            # all-reduce (after it, every rank's delta would be added to the sum N times).
+            linear.partial_hook = self._add_lora
+        else:
+            linear.register_forward_hook(self._add_lora)
 
     def clear(self, slot: int) -> None:
         if self.holds[slot]:

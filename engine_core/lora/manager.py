@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -22,6 +22,7 @@ from engine_core.lora.layers import LoRABatch, LoRALayerSlots
 from engine_core.lora.peft_adapter import TARGET_MODULES, LoRAAdapter, load_peft_adapter
 from engine_core.lora.punica import make_segments
 from engine_core.lora.request import LoRARequest
+from engine_core.lora.sharding import LoRAShard
 from engine_core.model_executor.models.llama import LlamaMLP
 
 if TYPE_CHECKING:
@@ -32,16 +33,33 @@ logger = logging.getLogger(__name__)
 
 class LoRAManager:
     def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, shard: LoRAShard | None = None) -> None:
+        """shard: this tensor-parallel rank's part of the model (None: the whole model); the
+        manager then keeps this rank's slices of each adapter (lora/sharding.py)."""
         self.model = model
         self.config = config
         self.device = device
         self.dtype = dtype
+        self.shard = shard
         self.batch = LoRABatch()
-        # (layer index, fused Linear path) -> its slots; shapes: HF module -> (in, out).
+        # (layer index, fused Linear path) -> its slots; shapes: HF module -> (in, out) in the
+        # full model (what a PEFT adapter is checked against).
         self.layers: dict[tuple[int, str], LoRALayerSlots] = {}
         self.shapes: dict[str, tuple[int, int]] = {}
         self._attach(config.max_loras, config.max_lora_rank)
+        if shard is not None:
+            self.shapes = shard.full_shapes(self.shapes)
+        # Rank 0 of a tensor-parallel engine sets it: repeats a successful add / remove / pin
+        # on the worker ranks (method name, args), so every rank's manager holds the same
+        # adapters; ValueError naming the ranks that failed. A step needs no mirror: every rank
+        # gets the same SchedulerOutput and makes the same (re)loads and slot choices.
+        self.mirror: Callable[[str, tuple[object, ...]], None] | None = None
+        # With a mirror: adapters add_lora found loaded (each request with an adapter adds it),
+        # moved up the LRU here but not yet on the workers. A collective per request would cost
+        # milliseconds; the workers repeat them before the next mirrored call or step instead,
+        # so every rank's LRU order, hence its choice of what to unload, stays the same. Only
+        # each id's last touch matters, so it holds at most one entry per loaded adapter.
+        self.touched: OrderedDict[int, None] = OrderedDict()
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()  # LRU first
         self.pinned: set[int] = set()
         self.slot_ids: list[int | None] = [None] * config.max_loras  # slot -> adapter id
@@ -79,12 +97,36 @@ class LoRAManager:
             raise ValueError(f"lora_request must be a LoRARequest, got {type(request).__name__}")
         if request.lora_int_id in self.loaded:
             self.loaded.move_to_end(request.lora_int_id)
+            if self.mirror is not None:
+                self.touched[request.lora_int_id] = None
+                self.touched.move_to_end(request.lora_int_id)
             return True
         if len(self.loaded) >= self.config.max_cpu_loras and not self._evictable(set()):
             raise ValueError(f"max_cpu_loras ({self.config.max_cpu_loras}) adapters are loaded "
                              "and all pinned: remove_lora one first")
         self._load(request, keep=set())
+        try:
+            self._mirror("add_lora", request)
+        except ValueError:
+            self.remove_lora(request.lora_int_id)  # on every rank: none keeps a half-added one
+            raise
         return True
+
+    def _mirror(self, method: str, *args: object) -> None:
+        if self.mirror is not None:
+            self.mirror(method, args)
+
+    def take_touched(self) -> list[int]:
+        """The LoRA ids to touch on the workers before the call or step now sent them."""
+        touched = list(self.touched)
+        self.touched.clear()
+        return touched
+
+    def touch(self, lora_ids: Sequence[int]) -> None:
+        """A worker rank: rank 0's add_lora of adapters it had loaded (LRU order only)."""
+        for lora_id in lora_ids:
+            if lora_id in self.loaded:
+                self.loaded.move_to_end(lora_id)
 
     def _load(self, request: LoRARequest, keep: set[int]) -> None:
         """Read the adapter and make room for it, never unloading one in `keep` (the step's
@@ -97,6 +139,8 @@ class LoRAManager:
         for layer, module in adapter.weights:
             if (layer, TARGET_MODULES[module][0]) not in self.layers:
                 raise ValueError(f"layer {layer} has no {module} to adapt (a MoE layer)")
+        if self.shard is not None:
+            adapter = self.shard.shard(adapter)
         while len(self.loaded) >= self.config.max_cpu_loras and self._evictable(keep):
             self._unload(self._evictable(keep)[0])
         self.loaded[request.lora_int_id] = adapter
@@ -108,6 +152,7 @@ class LoRAManager:
         if lora_id not in self.loaded:
             return False
         self._unload(lora_id)
+        self._mirror("remove_lora", lora_id)
         return True
 
     def pin_lora(self, lora_id: int) -> bool:
@@ -116,6 +161,7 @@ class LoRAManager:
             raise ValueError(f"lora_id {lora_id} is not loaded (add_lora it first); loaded: "
                              f"{sorted(self.loaded)}")
         self.pinned.add(lora_id)
+        self._mirror("pin_lora", lora_id)
         return True
 
     def list_loras(self) -> set[int]:
@@ -177,3 +223,19 @@ class LoRAManager:
             path, index = TARGET_MODULES[module]
             self.layers[(layer, path)].set(slot, index, a.to(self.device), b.to(self.device))
         self.slot_ids[slot] = adapter.lora_int_id
+
+
+MIRRORED = ("add_lora", "remove_lora", "pin_lora")
+
+
+def apply_mirrored(runner: object, touched: list[int], method: str,
+                   args: tuple[object, ...]) -> object:
+    """A worker rank's side of LoRAManager.mirror (sent as a collective_rpc callable): rank 0's
+    touches since the last command, then its call."""
+    manager = getattr(runner, "lora_manager", None)
+    if not isinstance(manager, LoRAManager):
+        raise ValueError("this rank has no LoRA manager: enable_lora must be set on every rank")
+    if method not in MIRRORED:
+        raise ValueError(f"method must be one of {MIRRORED}, got {method!r}")
+    manager.touch(touched)
+    return getattr(manager, method)(*args)

@@ -27,6 +27,7 @@ from engine_core.core.sched_output import SchedulerOutput
 from engine_core.distributed.layers import local_config, shard_layout
 from engine_core.distributed.parallel_state import TPGroup
 from engine_core.lora.manager import LoRAManager
+from engine_core.lora.sharding import LoRAShard
 from engine_core.model_executor.attention.backend import AttentionMetadata
 from engine_core.model_executor.attention.describe import describe_attention
 from engine_core.model_executor.attention.metadata_builder import build_attention_metadata
@@ -94,9 +95,10 @@ class ModelRunner:
         self.tp = tp
         # What this rank's KV cache holds: its share of the KV heads under tensor parallelism.
         self.kv_config = model_config
+        layout = None
         if tp is not None and tp.world_size > 1:
-            self.kv_config = local_config(model_config,
-                                          shard_layout(model_config, tp.rank, tp.world_size))
+            layout = shard_layout(model_config, tp.rank, tp.world_size)
+            self.kv_config = local_config(model_config, layout)
             # A captured graph would hold the collectives too; sharded steps run eagerly.
             enforce_eager = True
         self.cache_config = cache_config
@@ -116,8 +118,9 @@ class ModelRunner:
             logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
         self.lora_manager: LoRAManager | None = None
         if lora_config is not None:
-            self.lora_manager = LoRAManager(self.model, lora_config, self.device,
-                                            model_config.dtype)
+            self.lora_manager = LoRAManager(
+                self.model, lora_config, self.device, model_config.dtype,
+                None if layout is None else LoRAShard(layout, model_config))
             enforce_eager = True
         self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
         self.sampler = Sampler()

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine_core.core.kv_cache_utils import NONE_HASH, get_hash_fn, hash_block_tokens
+from engine_core.core.kv_cache_utils import (
+    NONE_HASH,
+    first_block_extra_keys,
+    get_hash_fn,
+    hash_block_tokens,
+)
 from engine_core.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 
 def prompt_block_hashes(token_ids: Sequence[int], block_size: int,
-                        hash_algo: str = "sha256", cache_salt: str | None = None) -> list[bytes]:
-    """The chained hashes of the prompt's full blocks, as the engine's prefix cache computes them."""
+                        hash_algo: str = "sha256", cache_salt: str | None = None,
+                        lora_int_id: int | None = None) -> list[bytes]:
+    """The chained hashes of the prompt's full blocks, as the engine's prefix cache computes them
+    (the salt and the LoRA adapter id key the first block there, so they do here)."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     hash_fn = get_hash_fn(hash_algo)
+    first_extra = first_block_extra_keys(cache_salt, lora_int_id)
     parent = NONE_HASH
     out: list[bytes] = []
     for i in range(len(token_ids) // block_size):
-        extra = ("salt", cache_salt) if i == 0 and cache_salt is not None else None
+        extra = first_extra if i == 0 else None
         parent = hash_block_tokens(hash_fn, parent, token_ids[i * block_size:(i + 1) * block_size],
                                    extra)
         out.append(parent)

@@ -82,8 +82,10 @@ class Router:
         if replica in self.loads:
             self.index.apply(replica, batch)
 
-    def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> str:
-        """The replica for a prompt; ValueError when no replica is healthy."""
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None,
+              lora_int_id: int | None = None) -> str:
+        """The replica for a prompt (run with adapter lora_int_id, None: the base model);
+        ValueError when no replica is healthy."""
         replicas = self.replicas()
         if not replicas:
             raise ValueError("replicas must not be empty: no healthy replica to route to")
@@ -93,7 +95,8 @@ class Router:
             choice = min(replicas,
                          key=lambda r: (self.loads[r].requests, self.loads[r].kv_usage, r))
         else:
-            hashes = prompt_block_hashes(token_ids, self.block_size, self.hash_algo, cache_salt)
+            hashes = prompt_block_hashes(token_ids, self.block_size, self.hash_algo, cache_salt,
+                                         lora_int_id)
             choice = self._kv_aware(replicas, hashes)
             self.index.blocks(choice).update(hashes)  # optimistic: events confirm or correct it
         # Counted as waiting until the next update_load replaces it with the replica's own.
@@ -101,8 +104,9 @@ class Router:
         return choice
 
     def cached_blocks(self, replica: str, token_ids: Sequence[int],
-                      cache_salt: str | None = None) -> int:
-        hashes = prompt_block_hashes(token_ids, self.block_size, self.hash_algo, cache_salt)
+                      cache_salt: str | None = None, lora_int_id: int | None = None) -> int:
+        hashes = prompt_block_hashes(token_ids, self.block_size, self.hash_algo, cache_salt,
+                                     lora_int_id)
         return self.index.prefix_match(replica, hashes)
 
     def _kv_aware(self, replicas: list[str], hashes: list[bytes]) -> str:

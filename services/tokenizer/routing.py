@@ -107,12 +107,14 @@ class ReplicaRouter:
         if self._load_task is not None:
             self._load_task.cancel()
 
-    def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> str:
-        """The replica for a prompt; UNAVAILABLE naming the engine when none is in rotation."""
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None,
+              lora_int_id: int | None = None) -> str:
+        """The replica for a prompt run with adapter lora_int_id (None: the base model);
+        UNAVAILABLE naming the engine when none is in rotation."""
         if self._single:
             return self.engines.names[0]  # its own errors say whether it is up
         try:
-            replica = self.router.route(token_ids, cache_salt)
+            replica = self.router.route(token_ids, cache_salt, lora_int_id)
         except ValueError as exc:
             raise StageUnavailable("engine", "no engine replica is in rotation") from exc
         self._in_flight[replica] = self._in_flight.get(replica, 0) + 1

@@ -113,7 +113,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             self._executor, self._process, req.request_id, prompt_from_pb(req.prompt),
             params, arrival, req.priority, None, optional_lora_from_pb(req))
         request = processed.request
-        engine = self.router.route(request.prompt_token_ids, request.cache_salt)
+        lora = request.lora_request
+        engine = self.router.route(request.prompt_token_ids, request.cache_salt,
+                                   None if lora is None else lora.lora_int_id)
         try:
             children = await self._add_on(engine, req, processed, carrier)
         finally:

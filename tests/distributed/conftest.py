@@ -16,6 +16,9 @@ from typing import Any
 from engine_core import EngineArgs, LLMEngine, RequestOutput, SamplingParams
 
 MAX_TOKENS = 8
+# LoRA on: two adapters per batch (as tests/lora's engine), 4-token blocks.
+LORA_ARGS: dict[str, Any] = {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8,
+                             "max_cpu_loras": 3, "block_size": 4}
 
 
 @contextmanager

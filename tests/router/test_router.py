@@ -6,6 +6,7 @@ import pytest
 
 from engine_core.core.kv_cache_utils import get_hash_fn, update_block_hashes
 from engine_core.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from engine_core.lora.request import LoRARequest
 from services.router import KVIndex, ReplicaLoad, Router, prompt_block_hashes
 from tests.core.conftest import make_request
 
@@ -22,6 +23,36 @@ def test_hashes_equal_the_engines() -> None:
     update_block_hashes(req, BS, get_hash_fn("sha256"))
     assert prompt_block_hashes(list(range(10)), BS, cache_salt="t1") == req.block_hashes
     assert prompt_block_hashes(list(range(10)), BS) != req.block_hashes  # the salt counts
+
+
+def test_hashes_with_an_adapter_equal_the_engines() -> None:
+    """The engine keys a request's first block by its LoRA adapter id (after the salt): the
+    router's hashes must too, or a prompt run with another adapter looks cached."""
+    req = make_request("x", list(range(10)), cache_salt="t1")
+    req.lora_request = LoRARequest("a", 7, "/adapters/a")
+    update_block_hashes(req, BS, get_hash_fn("sha256"))
+    assert prompt_block_hashes(list(range(10)), BS, cache_salt="t1",
+                               lora_int_id=7) == req.block_hashes
+    assert prompt_block_hashes(list(range(10)), BS, cache_salt="t1",
+                               lora_int_id=8) != req.block_hashes
+    assert prompt_block_hashes(list(range(10)), BS, cache_salt="t1") != req.block_hashes
+
+
+def test_same_prompt_with_another_adapter_is_no_prefix_hit() -> None:
+    router = Router(["a", "b"], BS)
+    # b cached the system prompt run with adapter 1 (the hashes its events carry).
+    req = make_request("x", SYSTEM)
+    req.lora_request = LoRARequest("one", 1, "/adapters/one")
+    update_block_hashes(req, BS, get_hash_fn("sha256"))
+    router.apply_events("b", stored(req.block_hashes, seq=0))
+    router.update_load("a", ReplicaLoad(running=1, free_blocks=90, total_blocks=100))
+    router.update_load("b", ReplicaLoad(running=2, free_blocks=80, total_blocks=100))
+    assert router.cached_blocks("b", SYSTEM, lora_int_id=1) == 8
+    assert router.cached_blocks("b", SYSTEM, lora_int_id=2) == 0
+    assert router.cached_blocks("b", SYSTEM) == 0  # the base model shares nothing either
+    # Adapter 2 on b would recompute every block: the idler a takes it; adapter 1 follows b.
+    assert router.route(SYSTEM + [1, 2], lora_int_id=2) == "a"
+    assert router.route(SYSTEM + [3, 4], lora_int_id=1) == "b"
 
 
 def test_shared_long_prefix_routes_to_the_replica_that_cached_it() -> None:
