@@ -16,6 +16,7 @@ client's TTFT here is somewhat above ring_overhead.py's.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
                             output_kind=RequestOutputKind.DELTA)
     log("starting an auto-stepping stack that exports its spans here")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the stages' threads, as in process
     stack = launch_stack(StackConfig(
         model=str(model_dir), engine_args=["--kv-cache-memory", str(64 * 1024**2)],
         gateway_args=["--auto-step"], otlp_traces_endpoint=f"http://127.0.0.1:{port}",
