@@ -17,7 +17,6 @@ in the detokenizer, whose "error" outputs arrive like any other.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 import uuid
@@ -57,15 +56,12 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.outboxes import Outboxes
 from services.gateway.output_feed import OutputFeed
 from services.gateway.reconcile import LOST_REASON, RECONCILE_S, Reconciler
-from services.gateway.replica_reports import answers
 from services.gateway.request_span import fail_request_span, start_request_span
 from services.gateway.self_step import SELF_STEP_AFTER_S, SelfStepper
+from services.gateway.step_runner import StepRunner
 
 logger = logging.getLogger(__name__)
 
-# A Step's outputs cross the detokenizer after the engine has run it; past this they are lost
-# (the detokenizer died with them) and the Step fails as UNAVAILABLE.
-STEP_OUTPUTS_TIMEOUT_S = 10.0
 # How long an AddRequest waits for this gateway's output subscription (a restarted detokenizer
 # is subscribed again within a fraction of it).
 SUBSCRIBE_WAIT_S = 1.0
@@ -94,20 +90,13 @@ class GatewayFlow:
         self.metrics: GatewayMetrics | None = None  # set by the gateway's main
         self._live: dict[str, LiveRequest] = {}  # by internal id
         self._aborting: dict[str, str] = {}  # internal id -> client, while its abort runs
-        self._step_ids = itertools.count(1)
-        # A step's batch: the (client, id) of the Generate requests it streamed to.
-        self._step_waiters: dict[int, asyncio.Future[list[tuple[str, str]]]] = {}
-        self._step_replica: dict[int, str] = {}  # step id -> the replica it stepped
-        # A replica that leaves the rotation mid-step took its step's outputs with it (its
-        # requests end with "error" through the detokenizer): that step has nothing to wait for.
-        self.engines.listeners.append(self._replica_left)
+        self.steps = StepRunner(self.engines, self.origin, self._added_ids, self._end_lost)
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self.control = GatewayControl(self.engines, self._step_lock)
         self.aborts = BackgroundAborts(detokenizer)
-        self.engine_idle = False  # the last step left the engine with nothing to compute
         self.self_stepper = SelfStepper(self_step_after, self._has_streams, self._is_auto,
-                                        self._step_lock, self._step_once,
-                                        lambda: self.engine_idle)
+                                        self._step_lock, self.steps.step_once,
+                                        lambda: self.steps.engine_idle)
         self._self_step_task: asyncio.Task[None] | None = None
         self.reconciler = Reconciler(self.engines, lambda: list(self._live.values()),
                                      self._end_lost, reconcile_every)
@@ -249,7 +238,7 @@ class GatewayFlow:
                 try:
                     # Nothing to compute (as EngineCore.step): report what is owed.
                     if self._live:
-                        streamed = await self._step_once()
+                        streamed = await self.steps.step_once()
                 except StageError:
                     if not box:  # a lost stage's "error" endings: this step's news
                         raise
@@ -257,55 +246,6 @@ class GatewayFlow:
                     self.self_stepper.last_step_call = time.monotonic()
         mine = [rid for c, rid in streamed if c == client]
         return self._take_page(client, page, mine), mine, len(box)
-
-    async def _step_once(self) -> list[tuple[str, str]]:
-        """One step of every replica in rotation (each with its own step id); the (client, id)
-        of the Generate requests their outputs streamed to. A replica that fails is out of
-        rotation: its requests end with "error" through the detokenizer, and the others' step
-        stands."""
-        names = self.engines.in_rotation() or self.engines.names  # none: try all (fan_out)
-        step_ids = {name: next(self._step_ids) for name in names}
-        loop = asyncio.get_running_loop()
-        waiters: dict[int, asyncio.Future[list[tuple[str, str]]]] = {
-            step_id: loop.create_future() for step_id in step_ids.values()}
-        self._step_waiters.update(waiters)
-        self._step_replica.update({step_id: name for name, step_id in step_ids.items()})
-        # Requests the engines surely hold before this step (their adds were answered).
-        added = [rid for rid, live in self._live.items() if live.child_ids]
-        carrier = carrier_from_context()
-        try:
-            results = answers(await self.engines.fan_out(lambda name: epb.EngineRequest(
-                step=epb.EngineStep(step_id=step_ids[name], origin=self.origin),
-                trace_context=carrier), names))
-            stepped = {step_ids[n]: r for n, r in results.items() if not isinstance(r, StageError)}
-            done, _ = await asyncio.wait([waiters[i] for i in stepped],
-                                         timeout=STEP_OUTPUTS_TIMEOUT_S)
-            streamed: list[tuple[str, str]] = []
-            for step_id in stepped:
-                if waiters[step_id] not in done:
-                    raise StageUnavailable("detokenizer", f"the outputs of step {step_id} did "
-                                           f"not arrive within {STEP_OUTPUTS_TIMEOUT_S:.0f}s")
-                streamed += waiters[step_id].result()
-        finally:
-            for step_id in waiters:
-                self._step_waiters.pop(step_id, None)
-                self._step_replica.pop(step_id, None)
-        self.engine_idle = len(stepped) == len(names) and all(
-            r.state.num_unfinished_requests == 0 for r in stepped.values())
-        if self.engine_idle:
-            # The step's outputs are all delivered by now, finals included: a request that is
-            # still live here was removed from the engine behind this gateway's back. Its
-            # client would wait forever (and self-steps would spin): end it.
-            self._end_lost([rid for rid in added if rid in self._live])
-        return streamed
-
-    def _replica_left(self, replica: str, in_rotation: bool) -> None:
-        if in_rotation:
-            return
-        for step_id, name in self._step_replica.items():
-            waiter = self._step_waiters.get(step_id)
-            if name == replica and waiter is not None and not waiter.done():
-                waiter.set_result([])
 
     def _take_page(self, client: str, page: int, streamed: list[str]
                    ) -> list[pb.RequestOutput]:
@@ -343,10 +283,7 @@ class GatewayFlow:
             self.aborts.abort(rid)
 
     def _on_batch(self, batch: Any) -> None:
-        streamed = self._deliver(list(batch.outputs))
-        waiter = self._step_waiters.get(batch.step_id) if batch.step_id else None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(streamed)
+        self.steps.on_outputs(batch.step_id, self._deliver(list(batch.outputs)))
 
     def _deliver(self, outputs: list[pb.RequestOutput]) -> list[tuple[str, str]]:
         """Each output to its stream or its client's Outbox (under the client's own id);
@@ -433,6 +370,10 @@ class GatewayFlow:
         """Every client's unfinished requests."""
         return len(self._live)
 
+    def _added_ids(self) -> list[str]:
+        """Live requests whose adds the stages have answered (the engine surely holds them)."""
+        return [rid for rid, live in self._live.items() if live.child_ids]
+
     def _has_streams(self) -> bool:
         return any(live.queue is not None for live in self._live.values())
 
@@ -443,6 +384,4 @@ class GatewayFlow:
         subscriber); Step calls waiting for outputs fail."""
         self._deliver([error_output(rid, live.num_outputs, reason)
                        for rid, live in self._live.items()])
-        for waiter in self._step_waiters.values():
-            if not waiter.done():
-                waiter.set_exception(StageError(grpc.StatusCode.UNAVAILABLE, reason))
+        self.steps.fail_all(reason)
