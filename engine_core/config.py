@@ -212,6 +212,15 @@ class EngineArgs:
         return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
                           max_cpu_loras=self.max_cpu_loras or self.max_loras)
 
+    def logits_processor_classes(self) -> list[type]:
+        """The classes named by --logits-processors (the tokenizer stage validates with them
+        too); imported only when some are named, so that stage loads no torch otherwise."""
+        if not self.logits_processors:
+            return []
+        from engine_core.model_executor.sampling.logits_processor import resolve_logits_processor
+
+        return [resolve_logits_processor(name) for name in self.logits_processors]
+
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         """max_model_len defaults to the model's; the token budget to at least max_model_len."""
         max_len = self.max_model_len or model_max_len

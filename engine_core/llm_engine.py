@@ -35,7 +35,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
-                                              logits_processor_classes=logits_processor_classes(args))
+                                              logits_processor_classes=args.logits_processor_classes())
         # Request metrics go to the core's registry: get_metrics() reads both from one place.
         request_stats = RequestStatsRecorder(engine_core.metrics_registry,
                                              engine_core.model_name, engine_core.max_model_len)
@@ -182,12 +182,3 @@ class LLMEngine:
         """Log the stats line now (tokens/s since the last line); nothing without log_stats."""
         if self.stats_logger is not None:
             self.stats_logger.log_now(self.get_stats())
-
-
-def logits_processor_classes(args: EngineArgs) -> list[type]:
-    """The classes named by --logits-processors (the tokenizer stage validates with them too)."""
-    if not args.logits_processors:
-        return []
-    from engine_core.model_executor.sampling.logits_processor import resolve_logits_processor
-
-    return [resolve_logits_processor(name) for name in args.logits_processors]

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine_core.model_executor.arch_config import (
     ArchOptions,
@@ -21,12 +19,18 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
                            "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
+if TYPE_CHECKING:
+    import torch
+
+# Accepted names -> torch's. torch is imported only to resolve one: the tokenizer and
+# detokenizer stages read this file for the model's limits (model_limits) and would otherwise
+# load torch (about 200 MB of RSS each) for nothing.
+_DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
 }
 
 
@@ -67,6 +71,18 @@ class ModelConfig:
 
 def load_model_config(model_dir: str, dtype: str = "auto") -> ModelConfig:
     """Read `model_dir/config.json`; FileNotFoundError or ValueError naming what is wrong."""
+    return model_config_from_dict(_read_config(model_dir), str(Path(model_dir)), dtype)
+
+
+def model_limits(model_dir: str) -> tuple[int, int]:
+    """(max_position_embeddings, vocab_size) from config.json, for the stages that need only
+    these; an unsupported architecture is the same one-line error as load_model_config's."""
+    raw = _read_config(model_dir)
+    _architecture(raw)
+    return int(raw.get("max_position_embeddings", 2048)), _positive_int(raw, "vocab_size")
+
+
+def _read_config(model_dir: str) -> dict[str, Any]:
     path = Path(model_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
@@ -77,7 +93,9 @@ def load_model_config(model_dir: str, dtype: str = "auto") -> ModelConfig:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path} is not valid JSON: {e}") from e
-    return model_config_from_dict(raw, str(path), dtype)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_path} must hold a JSON object")
+    return raw
 
 
 def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "auto") -> ModelConfig:
@@ -124,15 +142,17 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
 
 def resolve_dtype(requested: str, config_dtype: str | None) -> torch.dtype:
     """auto: the checkpoint's dtype (float32 when the config names none)."""
+    import torch
+
     if requested == "auto":
         name = config_dtype or "float32"
         if name not in _DTYPES:
             raise ValueError(
                 f"config.json torch_dtype must be float32, bfloat16 or float16, got {name!r}")
-        return _DTYPES[name]
+        return getattr(torch, _DTYPES[name])  # type: ignore[no-any-return]
     if requested not in _DTYPES:
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {requested!r}")
-    return _DTYPES[requested]
+    return getattr(torch, _DTYPES[requested])  # type: ignore[no-any-return]
 
 
 def _architecture(raw: dict[str, Any]) -> str:

@@ -40,12 +40,12 @@ def parse_stage_args(parser: argparse.ArgumentParser, argv: list[str] | None
 def resolve_model_info(engine_args: EngineArgs) -> ModelInfo:
     """What the tokenizer stage must know about the model without loading its weights."""
     from engine_core.default_model import resolve_model_dir
-    from engine_core.model_executor.model_config import load_model_config
+    from engine_core.model_executor.model_config import model_limits
 
     model_dir = resolve_model_dir(engine_args.model)
-    config = load_model_config(model_dir, engine_args.dtype)
-    max_len = engine_args.scheduler_config(config.max_position_embeddings).max_model_len
-    return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=config.vocab_size)
+    max_positions, vocab_size = model_limits(model_dir)
+    max_len = engine_args.scheduler_config(max_positions).max_model_len
+    return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=vocab_size)
 
 
 def checked_engine_args(args: argparse.Namespace) -> EngineArgs:

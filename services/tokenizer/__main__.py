@@ -58,13 +58,11 @@ def _main(argv: list[str] | None) -> None:
 
     info = resolve_model_info(engine_args)
     tokenizer = Tokenizer.from_dir(engine_args.tokenizer or info.model_dir)
-    from engine_core.llm_engine import logits_processor_classes
-
     # The engine's limits and processors, as LLMEngine gives its own InputProcessor.
     processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size,
                                eos_token_id=tokenizer.eos_token_id,
                                max_logprobs=engine_args.max_logprobs,
-                               logits_processor_classes=logits_processor_classes(engine_args))
+                               logits_processor_classes=engine_args.logits_processor_classes())
 
     route = RouteConfig(engine_addrs, engine_args.block_size, args.router_policy,
                         engine_args.prefix_caching_hash_algo)
