@@ -9,6 +9,11 @@ Two measurements on the same model, engine flags and thread count, in one run:
 2. CPU seconds per 1000 output tokens for each process of the stack (user + system time from
    /proc, read before and after), under the benchmark's workload sent as concurrent Generate
    streams: where the services spend the machine's cores besides the engine.
+3. Throughput over the ring against in process, as offline.py measures it (the whole workload
+   at once, FINAL_ONLY outputs: LLMEngine's add-all-then-step loop against one Generate stream
+   per request on the auto-stepping stack), alternating the two `--throughput-repeats` times:
+   this VM's speed drifts by 5-20% within minutes, so one run of each cannot tell 0.94x from
+   0.98x; the median of the per-pair ratios can.
 
     python -m benchmarks.ring_overhead --num-prompts 32 --output-len 64
 """
@@ -99,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-ttft", type=int, default=20,
                         help="sequential single requests timed for TTFT, each side")
     parser.add_argument("--ttft-prompt-len", type=int, default=32)
+    parser.add_argument("--throughput-repeats", type=int, default=3,
+                        help="in-process / ring throughput pairs, alternating (0: skip)")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--output-json", type=Path, default=None)
     return parser
@@ -129,7 +136,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         enable_prefix_caching=False, kv_cache_memory=kv_memory))
     ttft_in_process(engine, prompt, 3)  # warm-up: first steps allocate and pick kernels
     local = ttft_in_process(engine, prompt, args.num_ttft)
-    del engine
 
     log("starting an auto-stepping stack")
     os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tokens = stream_workload(client, requests)
             duration = time.perf_counter() - start
             after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            pairs = throughput_pairs(engine, client, requests, args.throughput_repeats)
     finally:
         stack.stop()
     data["ttft_ms"] = {"in_process_p50": 1e3 * statistics.median(local),
@@ -157,7 +164,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "output_tok_per_s": tokens / duration}
     data["cpu_s_per_1000_tokens"] = {name: 1000 * (after[name] - before[name]) / max(tokens, 1)
                                      for name in pids}
+    if pairs:
+        ratios = [ring / local for local, ring in pairs]
+        data["throughput"] = {"in_process_tok_s": [p[0] for p in pairs],
+                              "ring_tok_s": [p[1] for p in pairs], "ratios": ratios,
+                              "ratio_median": statistics.median(ratios)}
     return data
+
+
+def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest],
+                     repeats: int) -> list[tuple[float, float]]:
+    """(in-process, ring) output tok/s, `repeats` pairs run back to back."""
+    from benchmarks.strand_backends import run_loop, run_streams, warm_up, warm_up_streams
+
+    if repeats <= 0:
+        return []
+    warm_up(engine, requests)
+    warm_up_streams(client, requests)
+    pairs = []
+    for i in range(repeats):
+        log(f"throughput pair {i + 1}/{repeats}: in process, then over the ring")
+        local = run_loop("strand", engine, requests)
+        ring = run_streams("strand-gateway", client, requests)
+        if local.num_failed or ring.num_failed:
+            raise RuntimeError(f"failed requests: in process {local.num_failed}, "
+                               f"ring {ring.num_failed}")
+        pairs.append((local.output_tokens_per_s, ring.output_tokens_per_s))
+    return pairs
 
 
 def summary_table(data: dict[str, Any]) -> str:
@@ -168,6 +201,13 @@ def summary_table(data: dict[str, Any]) -> str:
     cpu = data["cpu_s_per_1000_tokens"]
     lines.append(format_table(["process", "CPU s / 1000 output tokens"],
                               [[name, f"{value:.3f}"] for name, value in cpu.items()]))
+    if "throughput" in data:
+        tp = data["throughput"]
+        lines.append(format_table(
+            ["pair", "in process tok/s", "ring tok/s", "ratio"],
+            [[str(i + 1), f"{a:.1f}", f"{b:.1f}", f"{r:.3f}"] for i, (a, b, r) in enumerate(
+                zip(tp["in_process_tok_s"], tp["ring_tok_s"], tp["ratios"], strict=True))]
+            + [["median", "", "", f"{tp['ratio_median']:.3f}"]]))
     work = data["workload"]
     lines.append(f"{work['output_tokens']} output tokens in {work['duration_s']:.1f}s "
                  f"({work['output_tok_per_s']:.1f} tok/s), {data['num_threads']} threads")
