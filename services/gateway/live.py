@@ -43,6 +43,10 @@ class LiveRequest:
 
     def record(self, output: pb.RequestOutput) -> None:
         self.last_output_at = time.monotonic()
+        if output.prompt_token_ids:
+            # In auto mode a short request can finish before the tokenizer's answer (which
+            # also carries the count) is back: its outputs say it first.
+            self.num_prompt_tokens = len(output.prompt_token_ids)
         for completion in output.outputs:
             n = len(completion.token_ids)
             if self.cumulative:

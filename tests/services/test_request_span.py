@@ -197,3 +197,16 @@ def test_gateway_metrics_follow_the_request(exporter: InMemorySpanExporter) -> N
     assert isinstance(e2e, Histogram) and e2e.count == 1
     live_gauge = found[("strand:gateway_num_requests_live", ())]
     assert live_gauge.value == 3  # type: ignore[attr-defined]
+
+
+def test_prompt_tokens_come_from_the_outputs_when_they_beat_the_add_answer(
+        exporter: InMemorySpanExporter) -> None:
+    # Auto mode: a short request can end before the tokenizer's answer gives the count.
+    live = live_request()
+    live.num_prompt_tokens = 0
+    out = output({0: [5, 6]}, {0: "length"})
+    out.prompt_token_ids.extend([1, 2, 3, 4])
+    live.record(out)
+    live.end_span(out, "length")
+    attrs = only_span(exporter).attributes
+    assert attrs is not None and attrs["gen_ai.usage.prompt_tokens"] == 4
