@@ -1,9 +1,12 @@
 """Linear layers over GGUF-packed weights on CPU (kernels/csrc/gguf_linear.cpp; the pure-torch
 reference is kernels/gguf_linear_ref.py).
 
-A decode step of up to SMALL_M rows reads the packed blocks directly (the quants widened to
-float32 in registers, float32 sums): the step reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer weight bytes
-than float32; up to CHUNKED_M rows take SMALL_M at a time. Products of more rows (prefill) unpack
+A decode step of up to SMALL_M rows reads the packed blocks directly, as llama.cpp does: x's rows
+rounded once per call to int8 blocks of 32 (a float scale each), integer dot products per block
+(AVX-512 VNNI, AVX2, or plain C++; kernels/csrc/gguf_dot.h), one float scaling per block. The step
+reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer weight bytes than float32; up to CHUNKED_M rows take
+SMALL_M at a time. The int8 rounding moves an output by at most
+gguf_linear_ref.int8_rounding_bound (the reference of the product is gguf_linear_int8_ref). Products of more rows (prefill) unpack
 the weight to float32 once per call and go through the GEMM library, which reuses each weight
 across the rows.
 """
