@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import _triton
 from kernels.cpu_linear import SMALL_M, linear
 from kernels.gguf_linear_ref import dequantize_ref, row_bytes
 
@@ -75,6 +76,12 @@ def gguf_linear_small(x: torch.Tensor, packed: torch.Tensor, qtype: int,
     return out
 
 
+def triton_max_m() -> int:
+    from kernels.gguf_linear_triton import MAX_M
+
+    return MAX_M
+
+
 # Rows up to which the packed kernel runs SMALL_M rows at a time instead of unpacking the weight:
 # unpacking (a write and a read of the float32 weight) costs about what 4 passes of the packed
 # kernel do. One thread, 576 x 3072, Q8_0: 8 rows 0.9 ms in 4-row passes against 2.0 ms
@@ -84,8 +91,13 @@ CHUNKED_M = 16
 
 def gguf_linear(x: torch.Tensor, packed: torch.Tensor, qtype: int, in_features: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T + bias for any number of rows, in x's dtype: [M, K] -> [M, N]."""
+    """x @ w.T + bias for any number of rows, in x's dtype: [M, K] -> [M, N]. On CUDA up to
+    gguf_linear_triton.MAX_M rows take the Triton kernel over the packed blocks."""
     rows = x.shape[0] if x.dim() == 2 else 0
+    if 0 < rows <= triton_max_m() and _triton.runs_triton(x):
+        from kernels.gguf_linear_triton import gguf_linear_triton
+
+        return gguf_linear_triton(x, packed, qtype, bias)
     if (0 < rows <= CHUNKED_M and x.dtype in _DTYPES and kernels_apply(packed)
             and (bias is None or bias.dtype == x.dtype)):
         if rows <= SMALL_M:
