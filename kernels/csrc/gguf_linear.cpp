@@ -194,6 +194,13 @@ constexpr int kRows = 4;
 constexpr int kRows = 2;
 #endif
 
+// Software prefetch kPrefetchRows weight rows ahead of the rows being read. The row group reads
+// kRows rows side by side, each only K / 32 blocks long (360 bytes for K = 576), too short for
+// the hardware prefetchers to ramp up: without it one thread read SmolLM2's 66 MB of Q4_1 layers
+// at 3.2 GB/s, with it at 9.4 (1 row, sequential, but one accumulator chain: 3.6). One prefetch a
+// cache line: every other block of the 4-bit types (18-20 bytes), every block of Q8_0 (34).
+constexpr int64_t kPrefetchRows = 8;
+
 // sum_b [d_w d_x * sum_j q_w q_x + offset_w * s_x] for rows n0..n1 of w and M rows of x.
 template <int64_t Q, int M>
 void rows_task(const QuantizedRows& x, const uint8_t* w, float* sums, int64_t K, int64_t N,
@@ -208,7 +215,10 @@ void rows_task(const QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
       for (int m = 0; m < M; ++m) acc[r][m] = gguf::fzero(), off[r][m] = 0.f;
     const uint8_t* rows[kRows];
     for (int r = 0; r < kRows; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * row_bytes;
+    const int64_t ahead = kPrefetchRows * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
+      if (kBytes > 32 || (b & 1) == 0)
+        for (int r = 0; r < kRows; ++r) __builtin_prefetch(rows[r] + b * kBytes + ahead, 0, 3);
       gguf::bytes32 xb[M];
       float xd[M];
       for (int m = 0; m < M; ++m) {
