@@ -189,3 +189,35 @@ def test_rows_split_across_threads_give_the_one_thread_result(qtype: int) -> Non
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two) and torch.equal(one_dense, two_dense)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_many_rows_unpack_a_large_weight_tile_by_tile(qtype: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 KB tiles of 64 rows x 32 weights: 150 rows take 3 tiles, the last one partial.
+    monkeypatch.setattr(cpu_gguf_linear, "TILE_BYTES", 8 << 10)
+    tiles: list[int] = []
+    real = cpu_gguf_linear.gguf_dequantize
+
+    def counting(packed: torch.Tensor, *args: Any) -> Any:
+        tiles.append(packed.shape[0])
+        return real(packed, *args)
+
+    monkeypatch.setattr(cpu_gguf_linear, "gguf_dequantize", counting)
+    g = torch.Generator().manual_seed(qtype)
+    packed = random_packed(150, 32, qtype, seed=4)
+    x, bias = torch.randn(20, 32, generator=g), torch.randn(150, generator=g)
+    with torch.inference_mode():
+        got = cpu_gguf_linear.gguf_linear(x, packed, qtype, 32, bias)
+    assert tiles == [64, 64, 22]
+    torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_dequantize_into_a_buffer_checks_its_shape() -> None:
+    packed = random_packed(4, 64, Q8_0, seed=0)
+    buffer = torch.empty(4, 64)
+    assert cpu_gguf_linear.gguf_dequantize(packed, Q8_0, 64, buffer) is buffer
+    assert torch.equal(buffer, dequantize_ref(packed, Q8_0))
+    with pytest.raises(ValueError, match=r"out must be a contiguous float32 \[4, 64\]"):
+        cpu_gguf_linear.gguf_dequantize(packed, Q8_0, 64, torch.empty(4, 32))
