@@ -8,7 +8,9 @@ Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a
 that the tied lm_head reads), and, unless --no-q8, a Q8_0 copy of the same file packed (every
 Q4_0/Q4_1 tensor re-quantized to Q8_0 by gguf's quantizer: the same model up to Q8_0's
 rounding). Each row: one request, --prompt random tokens then --tokens greedy decode steps;
-decode tok/s = (tokens - 1) / (time after the first token), median of --repeats after a warm-up.
+decode tok/s = (tokens - 1) / (time after the first token), median of --repeats after a warm-up;
+CPU ms/token the process's CPU time (all threads) over the same tokens, which waiting for a core
+on a shared machine does not inflate.
 bytes/token is what a decode step reads of the weights: every linear layer (packed or float),
 the norms, and one embedding row (the KV cache is left out: at these lengths it is < 1%).
 The bandwidth bound is the machine's copy rate (same thread count) over those bytes. With
@@ -96,19 +98,23 @@ def measure(model: str, quantization: str | None, threads: int | None,
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     rates: list[float] = []
+    cpu_ms: list[float] = []  # CPU time (all threads) per decoded token: no waiting for a core
     for rep in range(args.repeats + 1):  # the first is the warm-up
         rng = random.Random(rep)
         engine.add_request(f"r{rep}", {"prompt_token_ids": [rng.randrange(100, vocab - 1)
                                                             for _ in range(args.prompt)]},
                            params)
-        start, first, tokens = time.perf_counter(), None, 0
+        start, first, cpu_first, tokens = time.perf_counter(), None, 0.0, 0
         while engine.has_unfinished_requests():
             for out in engine.step():
                 tokens = len(out.outputs[0].token_ids)
-            first = first or time.perf_counter()
+            if first is None:
+                first, cpu_first = time.perf_counter(), time.process_time()
         if rep:
             rates.append((tokens - 1) / (time.perf_counter() - (first or start)))
+            cpu_ms.append(1e3 * (time.process_time() - cpu_first) / max(1, tokens - 1))
     result = {"decode_tok_s": statistics.median(rates), "runs": rates,
+              "cpu_ms_per_token": statistics.median(cpu_ms),
               "bytes_per_token": weight_bytes_per_token(engine.engine_core.runner.model)}
     del engine
     gc.collect()
@@ -187,13 +193,15 @@ def main(argv: list[str] | None = None) -> None:
             r["bandwidth_bytes_s"], r["bound_tok_s"] = bandwidth, bound
             llama = r.get("llama_cpp_tok_s") or []
             rows.append([str(threads or "default"), label, f"{r['decode_tok_s']:.1f}",
+                         f"{r['cpu_ms_per_token']:.1f}",
                          f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x",
                          f"{r['bytes_per_token'] / 1e6:.1f}",
                          f"{r['decode_tok_s'] / bound:.0%} of {bound:.0f}",
                          f"{statistics.median(llama):.1f}" if llama else "",
                          f"{r['decode_tok_s'] / statistics.median(llama):.2f}x" if llama else ""])
         runs[str(threads or "default")] = results
-    print(format_table(["threads", "weights", "bs=1 decode tok/s", "vs float32", "MB read/token",
+    print(format_table(["threads", "weights", "bs=1 decode tok/s", "CPU ms/token", "vs float32",
+                        "MB read/token",
                         "of the bandwidth bound", "llama.cpp tok/s", "vs llama.cpp"], rows))
     write_json(args.out, {"benchmark": "quantized", "model": source, "threads": args.threads,
                           "prompt": args.prompt, "tokens": args.tokens, "results": runs})
