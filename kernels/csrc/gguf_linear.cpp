@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -142,10 +143,19 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRows& out) {
   for (int64_t i = 0; i < M * nb; ++i) {
     const float* xb = x + i * kBlock;  // rows are K long and K % 32 == 0: block i of the flat x
     float amax = 0.f;
-    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    bool finite = true;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      amax = std::max(amax, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    int8_t* q = out.q.data() + i * kBlock;
+    if (!finite) {  // a NaN or infinity: the block's scale is NaN, so every output it meets is
+      std::memset(q, 0, kBlock);  // NaN, as the float product's would be (not a silent 0)
+      out.d[i] = out.s[i] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
     int32_t sum = 0;
-    int8_t* q = out.q.data() + i * kBlock;
     for (int64_t j = 0; j < kBlock; ++j) {
       q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
       sum += q[j];

@@ -221,3 +221,16 @@ def test_dequantize_into_a_buffer_checks_its_shape() -> None:
     assert torch.equal(buffer, dequantize_ref(packed, Q8_0))
     with pytest.raises(ValueError, match=r"out must be a contiguous float32 \[4, 64\]"):
         cpu_gguf_linear.gguf_dequantize(packed, Q8_0, 64, torch.empty(4, 32))
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_input_makes_its_row_nan_not_a_number(qtype: int, bad: float) -> None:
+    # Rounding NaN or infinity to int8 has no value; the row's outputs say so, as float would.
+    packed = random_packed(8, 64, qtype, seed=1)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    x[1, 40] = bad
+    got = cpu_gguf_linear.gguf_linear_small(x, packed, qtype)
+    assert bool(got[1].isnan().all())
+    _assert_int8_product(got[:1], x[:1], packed, qtype)
