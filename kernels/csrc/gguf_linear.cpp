@@ -183,7 +183,8 @@ template <>
 struct IntBlock<kQ4_0> {
   gguf::bytes32 w;
   float d, offset;
-  explicit IntBlock(const uint8_t* b) : w(gguf::nibbles(b + 2)), d(half_at(b)), offset(-8.f * d) {}
+  explicit IntBlock(const uint8_t* b)
+      : w(gguf::nibbles(b + 2)), d(half_at(b)), offset(-8.f * d) {}
   gguf::i32x8 dot(const gguf::bytes32& x) const { return gguf::dot_nibbles(w, x); }
 };
 
