@@ -1,16 +1,21 @@
 """bs=1 decode of a GGUF model with its weights kept packed (EngineArgs quantization="gguf")
 against the same file dequantized to float32 at load, and the weight bytes each reads per token.
 
-    python -m benchmarks.quantized [--model smollm2|FILE.gguf] [--threads N] [--repeats 3]
-        [--prompt 32] [--tokens 64] [--no-q8] [--out results.json]
+    python -m benchmarks.quantized [--model smollm2|FILE.gguf] [--threads N [N ...]]
+        [--repeats 3] [--prompt 32] [--tokens 64] [--no-q8] [--llama-cpp DIR] [--out results.json]
 
 Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a Q8_0 embedding
 that the tied lm_head reads), and, unless --no-q8, a Q8_0 copy of the same file packed (every
 Q4_0/Q4_1 tensor re-quantized to Q8_0 by gguf's quantizer: the same model up to Q8_0's
 rounding). Each row: one request, --prompt random tokens then --tokens greedy decode steps;
-decode tok/s = (tokens - 1) / (time after the first token), median of --repeats after a warm-up.
+decode tok/s = (tokens - 1) / (time after the first token), median of --repeats after a warm-up;
+CPU ms/token the process's CPU time (all threads) over the same tokens, which waiting for a core
+on a shared machine does not inflate.
 bytes/token is what a decode step reads of the weights: every linear layer (packed or float),
 the norms, and one embedding row (the KV cache is left out: at these lengths it is < 1%).
+The bandwidth bound is the machine's copy rate (same thread count) over those bytes. With
+--llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -r REPEATS, same threads) runs on the same
+packed files right after Strand's rows.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import argparse
 import gc
 import random
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import format_table, log, write_json
+from benchmarks.cpu_peers import parse_llama_bench
 
 
 def weight_bytes_per_token(model: Any) -> int:
@@ -81,47 +88,83 @@ def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
     return dst
 
 
-def measure(model: str, quantization: str | None, args: argparse.Namespace) -> dict[str, Any]:
+def measure(model: str, quantization: str | None, threads: int | None,
+            args: argparse.Namespace) -> dict[str, Any]:
     from engine_core import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=model, dtype="float32", quantization=quantization, cpu_threads=args.threads,
+        model=model, dtype="float32", quantization=quantization, cpu_threads=threads,
         max_model_len=1024, enable_prefix_caching=False, max_num_seqs=1))
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     rates: list[float] = []
+    cpu_ms: list[float] = []  # CPU time (all threads) per decoded token: no waiting for a core
     for rep in range(args.repeats + 1):  # the first is the warm-up
         rng = random.Random(rep)
         engine.add_request(f"r{rep}", {"prompt_token_ids": [rng.randrange(100, vocab - 1)
                                                             for _ in range(args.prompt)]},
                            params)
-        start, first, tokens = time.perf_counter(), None, 0
+        start, first, cpu_first, tokens = time.perf_counter(), None, 0.0, 0
         while engine.has_unfinished_requests():
             for out in engine.step():
                 tokens = len(out.outputs[0].token_ids)
-            first = first or time.perf_counter()
+            if first is None:
+                first, cpu_first = time.perf_counter(), time.process_time()
         if rep:
             rates.append((tokens - 1) / (time.perf_counter() - (first or start)))
+            cpu_ms.append(1e3 * (time.process_time() - cpu_first) / max(1, tokens - 1))
     result = {"decode_tok_s": statistics.median(rates), "runs": rates,
+              "cpu_ms_per_token": statistics.median(cpu_ms),
               "bytes_per_token": weight_bytes_per_token(engine.engine_core.runner.model)}
     del engine
     gc.collect()
     return result
 
 
+def llama_bench(bin_dir: Path, path: str, threads: int | None,
+                args: argparse.Namespace) -> list[float]:
+    """llama.cpp's bs=1 decode on the same file: llama-bench -p 0 -n TOKENS (its tok/s samples)."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", path, "-p", "0", "-n", str(args.tokens), "-r",
+           str(args.repeats), "-o", "json"] + ([] if threads is None else ["-t", str(threads)])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return parse_llama_bench(out).get("decode", [])
+
+
+def bandwidth_bound(threads: int | None) -> float:
+    """The machine's copy rate (bytes/s) with `threads` threads: what a decode step that reads
+    its weights once can reach at most."""
+    import torch
+
+    from benchmarks.roofline import measure_bandwidth
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return measure_bandwidth()
+    finally:
+        torch.set_num_threads(before)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="a .gguf file or a short name")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, nargs="+", default=None,
+                        help="thread counts, one set of rows each (default: torch's)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     parser.add_argument("--tokens", type=int, default=64, help="decoded tokens")
     parser.add_argument("--no-q8", action="store_true", help="skip the Q8_0 copy")
+    parser.add_argument("--llama-cpp", type=Path, default=None,
+                        help="directory holding llama-bench: adds llama.cpp on the same files")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     for name in ("repeats", "prompt", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
+    if args.threads is not None and min(args.threads) < 1:
+        parser.error("--threads must be >= 1")
+    if args.llama_cpp is not None and not (args.llama_cpp / "llama-bench").is_file():
+        parser.error(f"--llama-cpp must be a directory holding llama-bench, got {args.llama_cpp}")
     from engine_core.default_model import gguf_file
 
     source = gguf_file(args.model)
@@ -132,19 +175,36 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_q8:
         q8 = requantize(Path(source), Path(source).with_suffix(".requantized-Q8_0.gguf"))
         configs.append(("packed Q8_0 (re-quantized)", str(q8), "gguf"))
-    results: dict[str, Any] = {}
-    for label, path, quantization in configs:
-        log(f"measuring {label}: {Path(path).name}")
-        results[label] = measure(path, quantization, args)
-    base = results[configs[0][0]]
-    rows = [[label, f"{r['decode_tok_s']:.1f}", f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x",
-             f"{r['bytes_per_token'] / 1e6:.1f}",
-             f"{base['bytes_per_token'] / r['bytes_per_token']:.2f}x"]
-            for label, r in results.items()]
-    print(format_table(["weights", "bs=1 decode tok/s", "speed", "MB read/token",
-                        "fewer bytes"], rows))
+    runs: dict[str, Any] = {}
+    rows = []
+    for threads in args.threads or [None]:
+        results: dict[str, Any] = {}
+        for label, path, quantization in configs:
+            log(f"measuring {label}, {threads or 'default'} threads: {Path(path).name}")
+            results[label] = measure(path, quantization, threads, args)
+            if args.llama_cpp is not None and quantization is not None:
+                log(f"  llama.cpp on {Path(path).name}")
+                results[label]["llama_cpp_tok_s"] = llama_bench(args.llama_cpp, path, threads,
+                                                                args)
+        bandwidth = bandwidth_bound(threads)
+        base = results[configs[0][0]]
+        for label, r in results.items():
+            bound = bandwidth / r["bytes_per_token"]
+            r["bandwidth_bytes_s"], r["bound_tok_s"] = bandwidth, bound
+            llama = r.get("llama_cpp_tok_s") or []
+            rows.append([str(threads or "default"), label, f"{r['decode_tok_s']:.1f}",
+                         f"{r['cpu_ms_per_token']:.1f}",
+                         f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x",
+                         f"{r['bytes_per_token'] / 1e6:.1f}",
+                         f"{r['decode_tok_s'] / bound:.0%} of {bound:.0f}",
+                         f"{statistics.median(llama):.1f}" if llama else "",
+                         f"{r['decode_tok_s'] / statistics.median(llama):.2f}x" if llama else ""])
+        runs[str(threads or "default")] = results
+    print(format_table(["threads", "weights", "bs=1 decode tok/s", "CPU ms/token", "vs float32",
+                        "MB read/token",
+                        "of the bandwidth bound", "llama.cpp tok/s", "vs llama.cpp"], rows))
     write_json(args.out, {"benchmark": "quantized", "model": source, "threads": args.threads,
-                          "prompt": args.prompt, "tokens": args.tokens, "results": results})
+                          "prompt": args.prompt, "tokens": args.tokens, "results": runs})
 
 
 if __name__ == "__main__":

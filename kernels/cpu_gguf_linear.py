@@ -1,9 +1,12 @@
 """Linear layers over GGUF-packed weights on CPU (kernels/csrc/gguf_linear.cpp; the pure-torch
 reference is kernels/gguf_linear_ref.py).
 
-A decode step of up to SMALL_M rows reads the packed blocks directly (the quants widened to
-float32 in registers, float32 sums): the step reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer weight bytes
-than float32; up to CHUNKED_M rows take SMALL_M at a time. Products of more rows (prefill) unpack
+A decode step of up to SMALL_M rows reads the packed blocks directly, as llama.cpp does: x's rows
+rounded once per call to int8 blocks of 32 (a float scale each), integer dot products per block
+(AVX-512 VNNI, AVX2, or plain C++; kernels/csrc/gguf_dot.h), one float scaling per block. The step
+reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer weight bytes than float32; up to CHUNKED_M rows take
+SMALL_M at a time. The int8 rounding moves an output by at most
+gguf_linear_ref.int8_rounding_bound (the reference of the product is gguf_linear_int8_ref). Products of more rows (prefill) unpack
 the weight to float32 once per call and go through the GEMM library, which reuses each weight
 across the rows.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import _triton
 from kernels.cpu_linear import SMALL_M, linear
 from kernels.gguf_linear_ref import dequantize_ref, row_bytes
 
@@ -35,16 +39,24 @@ def _check(packed: torch.Tensor, qtype: int, in_features: int) -> None:
                          f"{packed.shape[1]}")
 
 
-def gguf_dequantize(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """[N, row bytes] uint8 -> [N, in_features] float32, by the C++ kernel where it applies."""
+def gguf_dequantize(packed: torch.Tensor, qtype: int, in_features: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, row bytes] uint8 -> [N, in_features] float32, by the C++ kernel where it applies;
+    into `out` (a contiguous float32 [N, in_features]) when given."""
     _check(packed, qtype, in_features)
+    shape = (packed.shape[0], in_features)
+    if out is not None and (out.shape != shape or out.dtype != torch.float32
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous float32 {list(shape)}, got {out.dtype} "
+                         f"{list(out.shape)}")
     if not kernels_apply(packed):
-        return dequantize_ref(packed, qtype)
+        w = dequantize_ref(packed, qtype)
+        return w if out is None else out.copy_(w)
     from kernels._cpu_build import KERNELS
 
     module = KERNELS.module()
     assert module is not None
-    out = torch.empty(packed.shape[0], in_features, dtype=torch.float32)
+    out = torch.empty(shape, dtype=torch.float32) if out is None else out
     module.gguf_dequantize(out, packed, qtype)
     return out
 
@@ -72,25 +84,61 @@ def gguf_linear_small(x: torch.Tensor, packed: torch.Tensor, qtype: int,
     return out
 
 
-# Rows up to which the packed kernel runs SMALL_M rows at a time instead of unpacking the weight:
-# unpacking (a write and a read of the float32 weight) costs about what 4 passes of the packed
-# kernel do. One thread, 576 x 3072, Q8_0: 8 rows 0.9 ms in 4-row passes against 2.0 ms
-# unpacked; 16 rows 1.6 against 2.5; 32 rows 3.7 against 2.1 (Q4_1 alike).
+def triton_max_m() -> int:
+    from kernels.gguf_linear_triton import MAX_M
+
+    return MAX_M
+
+
+# Rows up to which the packed kernel runs SMALL_M rows at a time instead of unpacking the weight.
+# One thread, 3072 x 576, int8 kernel: Q8_0 8 rows 0.41 ms in 4-row passes against 1.11 ms
+# unpacked; 16 rows 0.83 against 1.16; 32 rows 1.68 against 1.42. Q4_1: 16 rows 0.99 against
+# 1.07; 32 rows 2.03 against 1.46.
 CHUNKED_M = 16
 
 
 def gguf_linear(x: torch.Tensor, packed: torch.Tensor, qtype: int, in_features: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T + bias for any number of rows, in x's dtype: [M, K] -> [M, N]."""
+    """x @ w.T + bias for any number of rows, in x's dtype: [M, K] -> [M, N]. On CUDA up to
+    gguf_linear_triton.MAX_M rows take the Triton kernel over the packed blocks."""
     rows = x.shape[0] if x.dim() == 2 else 0
+    if 0 < rows <= triton_max_m() and _triton.runs_triton(x):
+        from kernels.gguf_linear_triton import gguf_linear_triton
+
+        return gguf_linear_triton(x, packed, qtype, bias)
     if (0 < rows <= CHUNKED_M and x.dtype in _DTYPES and kernels_apply(packed)
             and (bias is None or bias.dtype == x.dtype)):
         if rows <= SMALL_M:
             return gguf_linear_small(x, packed, qtype, bias)
         return torch.cat([gguf_linear_small(x[i:i + SMALL_M], packed, qtype, bias)
                           for i in range(0, rows, SMALL_M)])
-    w = gguf_dequantize(packed, qtype, in_features).to(x.device)
-    b = None if bias is None else bias.float()
-    if x.device.type == "cpu":
-        return linear(x.float(), w, b).to(x.dtype)
-    return torch.nn.functional.linear(x.float(), w, b).to(x.dtype)
+    if x.device.type != "cpu":
+        w = gguf_dequantize(packed, qtype, in_features).to(x.device)
+        return torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float()
+                                          ).to(x.dtype)
+    return _dequantized_tiles(x, packed, qtype, in_features, bias)
+
+
+# Float32 weight rows unpacked at a time for products of many rows: a tile of at most ~8 MB is
+# unpacked into one buffer and multiplied, then the next, so a large weight (SmolLM2's tied
+# lm_head: 113 MB in float32) is never unpacked whole. One thread, 49152 x 576 Q4_1 (loaded
+# machine): 32 rows 52 ms in tiles against 164 ms whole (the fresh 113 MB's page faults and
+# writes), 512 rows 537 against 639; weights under one tile (the layers) as before.
+TILE_BYTES = 8 << 20
+
+
+def _dequantized_tiles(x: torch.Tensor, packed: torch.Tensor, qtype: int, in_features: int,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    xf = x.float()
+    n = packed.shape[0]
+    tile = max(64, TILE_BYTES // (4 * in_features))
+    if tile >= n:
+        w = gguf_dequantize(packed, qtype, in_features)
+        return linear(xf, w, None if bias is None else bias.float()).to(x.dtype)
+    out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    buffer = torch.empty(tile, in_features, dtype=torch.float32)  # each tile's, in turn
+    for n0 in range(0, n, tile):
+        n1 = min(n, n0 + tile)
+        w = gguf_dequantize(packed[n0:n1], qtype, in_features, buffer[:n1 - n0])
+        out[:, n0:n1] = linear(xf, w, None if bias is None else bias[n0:n1].float())
+    return out.to(x.dtype)

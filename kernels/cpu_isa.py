@@ -56,17 +56,27 @@ class CpuIsa:
             return True
         return self.level == self.detected and "avx_ne_convert" in self.flags
 
+    @property
+    def vnni(self) -> bool:
+        """AVX-512 VNNI's int8 dot product (vpdpbusd) for the GGUF kernels' integer path
+        (kernels/csrc/gguf_dot.h); below the avx512 level they use AVX2's maddubs pair."""
+        return self.level == "avx512" and "avx512_vnni" in self.flags
+
     def compile_flags(self) -> list[str]:
         """-march for the C++ kernels: the level's baseline, tuned for this CPU (tuning never
-        changes which instructions run, so a cache built here is safe on any CPU of the level)."""
+        changes which instructions run, so a cache built here is safe on any CPU of the level),
+        plus VNNI where the CPU has it (the flags are part of the build's name: a CPU without it
+        builds its own)."""
         if self.detected == "native":
             return ["-mcpu=native"] if self.machine.startswith(("aarch64", "arm")) else []
-        return [_MARCH[self.level], "-mtune=native"]
+        return [_MARCH[self.level], "-mtune=native"] + (["-mavx512vnni"] if self.vnni else [])
 
     def describe(self) -> str:
         bf16 = "oneDNN" if self.onednn_bf16 else "torch (no AVX-512/AVX-NE-CONVERT)"
         cap = f" (capped by {ENV}; the CPU has {self.detected})" if self.overridden else ""
-        return f"CPU ISA {self.level}{cap}; bfloat16 linear layers: {bf16}"
+        int8 = "AVX-512 VNNI" if self.vnni else ("AVX2" if self.level in ("avx2", "avx512") else "scalar")
+        return (f"CPU ISA {self.level}{cap}; bfloat16 linear layers: {bf16}; GGUF int8 dot "
+                f"products: {int8}")
 
 
 def _cpu_flags() -> frozenset[str]:

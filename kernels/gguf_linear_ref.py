@@ -56,3 +56,37 @@ def gguf_linear_ref(x: torch.Tensor, packed: torch.Tensor, qtype: int,
     """x @ dequantize(packed).T + bias in float32: [M, K] -> [M, N]."""
     return F.linear(x.float(), dequantize_ref(packed, qtype),
                     None if bias is None else bias.float())
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of 32) -> (q [M, K] int8, d [M, K / 32] float32): each block of 32
+    as d * q, d = max|x| / 127, q = round(x / d) (ties to even), as the C++ kernel rounds the
+    activations of a few-row product (llama.cpp's Q8_0 for activations). Same float32 ops in the
+    same order as the kernel (x times 1 / d), so q is equal bit for bit."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // BLOCK, BLOCK)
+    d = blocks.abs().amax(dim=-1) / 127.0  # [M, K / 32]
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv[..., None]).to(torch.int8)
+    return q.reshape(m, k), d
+
+
+def gguf_linear_int8_ref(x: torch.Tensor, packed: torch.Tensor, qtype: int,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the few-row kernel computes, in float64: x rounded to int8 blocks
+    (quantize_rows_ref) times the dequantized weight: [M, K] -> [M, N] float64."""
+    q, d = quantize_rows_ref(x)
+    m, k = q.shape
+    xq = (q.double().reshape(m, k // BLOCK, BLOCK) * d.double()[..., None]).reshape(m, k)
+    return F.linear(xq, dequantize_ref(packed, qtype).double(),
+                    None if bias is None else bias.double())
+
+
+def int8_rounding_bound(x: torch.Tensor, packed: torch.Tensor, qtype: int) -> torch.Tensor:
+    """[M, N] bound on |int8-activation product - float product|: each value of x moves by at
+    most d / 2 of its block, so an output moves by at most sum_b (d_b / 2) * sum_j |w_bj|."""
+    _, d = quantize_rows_ref(x)
+    w = dequantize_ref(packed, qtype).double()
+    n, k = w.shape
+    w_abs = w.abs().reshape(n, k // BLOCK, BLOCK).sum(dim=-1)  # [N, K / 32]
+    return (d.double() / 2) @ w_abs.T

@@ -43,7 +43,7 @@ def test_one_tiny_run_counts_fewer_bytes_for_packed_weights(
     out = tmp_path / "r.json"
     quantized.main(["--model", str(q4_file), "--repeats", "1", "--prompt", "4", "--tokens", "3",
                     "--out", str(out)])
-    results = json.loads(out.read_text())["results"]
+    results = json.loads(out.read_text())["results"]["default"]
     dense, q4, q8 = (results[k]["bytes_per_token"] for k in (
         "float32 (dequantized)", "packed (the file's types)", "packed Q8_0 (re-quantized)"))
     # Linear weights: float32 4 bytes a weight, Q8_0 34/32, Q4_1 20/32 (norms and one embedding
@@ -56,3 +56,38 @@ def test_one_tiny_run_counts_fewer_bytes_for_packed_weights(
     assert q8 == linear * 34 // 32 + rest
     assert q4 == linear * 20 // 32 + rest
     assert "bs=1 decode tok/s" in capsys.readouterr().out
+
+
+def test_llama_cpp_runs_on_the_same_packed_files_with_each_thread_count(
+        q4_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A stand-in llama-bench that records its arguments and answers as llama-bench -o json does.
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    fake = bin_dir / "llama-bench"
+    fake.write_text("#!/bin/sh\n"
+                    f'echo "$@" >> {calls}\n'
+                    "echo '[{\"n_prompt\": 0, \"n_gen\": 3, \"avg_ts\": 50.0, "
+                    "\"samples_ts\": [49.0, 51.0]}]'\n")
+    fake.chmod(0o755)
+    out = tmp_path / "r.json"
+    quantized.main(["--model", str(q4_file), "--repeats", "1", "--prompt", "4", "--tokens", "3",
+                    "--threads", "1", "2", "--no-q8", "--llama-cpp", str(bin_dir),
+                    "--out", str(out)])
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2  # the packed file once per thread count, never the float32 row
+    assert all(f"-m {q4_file} -p 0 -n 3 -r 1" in line for line in lines)
+    assert lines[0].endswith("-t 1") and lines[1].endswith("-t 2")
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"1", "2"}
+    packed = results["1"]["packed (the file's types)"]
+    assert packed["llama_cpp_tok_s"] == [49.0, 51.0]
+    assert packed["bound_tok_s"] == packed["bandwidth_bytes_s"] / packed["bytes_per_token"]
+    assert "vs llama.cpp" in capsys.readouterr().out
+
+
+def test_llama_cpp_directory_without_llama_bench_is_refused(q4_file: Path,
+                                                            tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        quantized.main(["--model", str(q4_file), "--llama-cpp", str(tmp_path)])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine_core import EngineArgs, LLMEngine, SamplingParams
+from tests.greedy_compare import Step, assert_greedy_within_int8_rounding
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
@@ -57,21 +58,29 @@ def test_smollm2_is_a_short_name_for_the_pulled_file(smollm2_gguf: Path) -> None
     assert smollm2_gguf.stem in directory.name
 
 
-def _greedy(model: str, quantization: str | None) -> list[list[int]]:
+def _greedy(model: str, quantization: str | None) -> list[tuple[list[int], list[Step]]]:
     engine = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="float32",
                                                    quantization=quantization))
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(str(i), prompt, params)
-    done: dict[str, list[int]] = {}
+    done: dict[str, tuple[list[int], list[Step]]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
-                done[out.request_id] = list(out.outputs[0].token_ids)
+                c = out.outputs[0]
+                done[out.request_id] = (list(c.token_ids), [
+                    {t: lp.logprob for t, lp in step.items()} for step in (c.logprobs or [])])
     return [done[str(i)] for i in range(len(PROMPTS))]
 
 
 def test_packed_q4_1_weights_give_the_dequantized_tokens(smollm2_gguf: Path) -> None:
     # quantization="gguf": the Q4_1 layers (and the Q8_0 embedding as the tied lm_head) read in
-    # their blocks; the same weights' values, summed in another order.
-    assert _greedy(str(smollm2_gguf), "gguf") == _greedy(str(smollm2_gguf), None)
+    # their blocks, each layer's input rounded to int8 blocks as llama.cpp does. The greedy tokens
+    # are the dequantized model's up to a near-tie. Measured (one thread, AVX-512 VNNI and AVX2
+    # alike): "def fibonacci(n):" parts at its 14th token, where the dequantized model's top two
+    # are 0.14 nats apart; the other two match. SmolLM2's final hidden state has outliers (a
+    # block's max up to 42x its mean), so the lm_head's int8 input moves logits of ~20 by ~1%:
+    # logprobs move by up to 0.55 nats.
+    packed, dense = _greedy(str(smollm2_gguf), "gguf"), _greedy(str(smollm2_gguf), None)
+    assert assert_greedy_within_int8_rounding(packed, dense, tol=0.75) <= 1

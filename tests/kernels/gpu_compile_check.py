@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from kernels import kv_write, lora, paged_attention, rms_norm, rotary
+from kernels import gguf_linear_triton, kv_write, lora, paged_attention, rms_norm, rotary
 from kernels._triton import LazyKernel
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -74,6 +74,12 @@ def variants() -> dict[str, tuple[Any, ...]]:
             lora._expand_kernel,
             {"out_ptr": f"*{dt}", "h_ptr": "*fp32", "b_ptr": f"*{dt}", "slots_ptr": "*i64"},
             dict(BLOCK_O=64, BLOCK_W=64))
+        for qtype, name, block_bytes in ((2, "q4_0", 18), (3, "q4_1", 20), (8, "q8_0", 34)):
+            table[f"gguf_linear-{name}-{dt}"] = (
+                gguf_linear_triton._gguf_linear_kernel,
+                {"out_ptr": f"*{dt}", "x_ptr": f"*{dt}", "w_ptr": "*u8", "bias_ptr": f"*{dt}"},
+                dict(QTYPE=qtype, BLOCK_BYTES=block_bytes, HAS_BIAS=True, BLOCK_M=16,
+                     BLOCK_N=gguf_linear_triton.BLOCK_N, BLOCK_K=gguf_linear_triton.BLOCK_K))
     return table
 
 

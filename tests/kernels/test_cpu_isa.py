@@ -99,3 +99,27 @@ def test_this_machine_probes_to_a_known_level() -> None:
     isa = cpu_isa.probe()
     assert isa.level in (*cpu_isa.LEVELS, "native")
     assert isa.level in isa.describe()
+
+
+@pytest.mark.parametrize(("requested", "vnni"), [(None, True), ("avx2", False)])
+def test_vnni_is_built_in_only_at_the_avx512_level_of_a_cpu_that_has_it(
+        monkeypatch: pytest.MonkeyPatch, fresh_probe: None, requested: str | None,
+        vnni: bool) -> None:
+    if requested is None:
+        monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    else:
+        monkeypatch.setenv(cpu_isa.ENV, requested)
+    _on_cpu(monkeypatch, AVX512_FLAGS | {"avx512_vnni"})
+    isa = cpu_isa.probe()
+    assert isa.vnni is vnni
+    assert ("-mavx512vnni" in isa.compile_flags()) is vnni
+    assert ("GGUF int8 dot products: AVX-512 VNNI" in isa.describe()) is vnni
+
+
+def test_an_avx512_cpu_without_vnni_takes_the_avx2_dot_products(
+        monkeypatch: pytest.MonkeyPatch, fresh_probe: None) -> None:
+    monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    _on_cpu(monkeypatch, AVX512_FLAGS)
+    isa = cpu_isa.probe()
+    assert not isa.vnni and "-mavx512vnni" not in isa.compile_flags()
+    assert "GGUF int8 dot products: AVX2" in isa.describe()

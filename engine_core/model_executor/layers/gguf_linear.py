@@ -1,11 +1,13 @@
 """A linear layer whose weight stays in a GGUF file's blocks (Q8_0, Q4_0, Q4_1): EngineArgs
 quantization="gguf" (engine_core/model_executor/gguf/quantized.py puts them in place).
 
-A decode step of up to SMALL_M rows reads the blocks as they are (kernels/cpu_gguf_linear.py):
-the step is a read of the weights, and this is 3.8x (Q8_0) to 6.4x (Q4_1) fewer bytes than
-float32; up to 16 rows take 4 at a time. More rows unpack the weight to float32 once per call
-for the GEMM library. Off CPU (or without the C++ kernels) the weight is unpacked by the
-pure-torch reference, per call.
+A decode step of up to SMALL_M rows reads the blocks as they are (kernels/cpu_gguf_linear.py),
+its input rounded to int8 blocks for integer dot products as llama.cpp does: the step is a read
+of the weights, and this is 3.8x (Q8_0) to 6.4x (Q4_1) fewer bytes than float32; up to 16 rows
+take 4 at a time. More rows unpack the weight to float32 once per call
+for the GEMM library. On CUDA up to 64 rows take a Triton kernel over the blocks
+(kernels/gguf_linear_triton.py); elsewhere (or without the C++ kernels) the weight is unpacked by
+the pure-torch reference, per call.
 """
 
 from __future__ import annotations
