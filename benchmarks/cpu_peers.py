@@ -11,7 +11,10 @@ llama-cpp-python sdist vendors). Three workloads, as llama.cpp's own tools measu
   batch32  32 requests of 128 in, 128 out at once: output tokens / wall time (prefill included)
   prefill  one 512-token prompt: prompt tokens / time to its first token
 Each backend runs in a process of its own (Strand twice: C++ kernels on, and
-STRAND_DISABLE_CPU_KERNELS=1), medians of --repeats runs after a warm-up. The bounds: decode
+STRAND_DISABLE_CPU_KERNELS=1; --backends picks a subset), in --repeats rounds: each round runs
+every backend once, in turn, one timed run after its own warm-up, so that on a machine shared
+with other work each backend meets about the same load; the table gives medians over the rounds
+and the median of each round's ratio to llama.cpp. The bounds: decode
 reads every weight once a token (weight bytes / measured copy bandwidth), prefill does 2 FLOPs per
 weight per token (at the best GEMM rate measured here).
 """
