@@ -237,6 +237,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result = _worker(kind, args, env, 1)
             current[name] = {w: values[0] for w, values in result.items()}
         rounds.append(current)
+        # A long run on a busy machine keeps its finished rounds if it is cut short.
+        write_json(args.out, {"dtype": args.dtype, "threads": args.threads,
+                              "llama_cpp_build": build, "partial": True, "rounds": rounds})
     bound = bounds(args.hf_dir, args.dtype, args.threads)
     summary = {name: {w: _median([r[name][w] for r in rounds]) for w in WORKLOADS}
                for name in args.backends}
