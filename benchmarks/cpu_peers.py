@@ -11,7 +11,10 @@ llama-cpp-python sdist vendors). Three workloads, as llama.cpp's own tools measu
   batch32  32 requests of 128 in, 128 out at once: output tokens / wall time (prefill included)
   prefill  one 512-token prompt: prompt tokens / time to its first token
 Each backend runs in a process of its own (Strand twice: C++ kernels on, and
-STRAND_DISABLE_CPU_KERNELS=1), medians of --repeats runs after a warm-up. The bounds: decode
+STRAND_DISABLE_CPU_KERNELS=1; --backends picks a subset), in --repeats rounds: each round runs
+every backend once, in turn, one timed run after its own warm-up, so that on a machine shared
+with other work each backend meets about the same load; the table gives medians over the rounds
+and the median of each round's ratio to llama.cpp. The bounds: decode
 reads every weight once a token (weight bytes / measured copy bandwidth), prefill does 2 FLOPs per
 weight per token (at the best GEMM rate measured here).
 """
@@ -143,16 +146,17 @@ def parse_batched_bench(text: str) -> float:
     raise ValueError("no result row in llama-batched-bench's output")
 
 
-def llama_cpp(args: argparse.Namespace) -> tuple[dict[str, list[float]], str]:
+def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[float]], str]:
+    """`repeats` timed runs of each workload by llama.cpp's own tools (each warms up first)."""
     bin_dir = Path(args.llama_cpp)
     bench = subprocess.run(
         [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
-         str(PREFILL_TOKENS), "-n", str(DECODE_TOKENS), "-r", str(args.repeats), "-o", "json"],
+         str(PREFILL_TOKENS), "-n", str(DECODE_TOKENS), "-r", str(repeats), "-o", "json"],
         capture_output=True, text=True, check=True)
     results = parse_llama_bench(bench.stdout)
     build = json.loads(bench.stdout)[0].get("build_commit", "?")
     batch = []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         run = subprocess.run(
             [str(bin_dir / "llama-batched-bench"), "-m", args.gguf, "-t", str(args.threads),
              "-c", str(BATCH * (BATCH_PROMPT + BATCH_TOKENS) + 64), "-b", "2048", "-ub", "512",
@@ -186,10 +190,11 @@ def bounds(hf_dir: str, dtype: str, threads: int) -> dict[str, float]:
 
 # ---- the run ---------------------------------------------------------------------------------
 
-def _worker(kind: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, list[float]]:
+def _worker(kind: str, args: argparse.Namespace, env: dict[str, str],
+            repeats: int) -> dict[str, list[float]]:
     cmd = [sys.executable, "-m", "benchmarks.cpu_peers", "--worker", kind, "--hf-dir",
            args.hf_dir, "--dtype", args.dtype, "--threads", str(args.threads), "--repeats",
-           str(args.repeats)]
+           str(repeats)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if proc.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
@@ -197,20 +202,52 @@ def _worker(kind: str, args: argparse.Namespace, env: dict[str, str]) -> dict[st
     return result
 
 
+# name -> what runs it: llama.cpp's tools, or a worker process (kind, extra environment).
+BACKENDS: dict[str, tuple[str, dict[str, str]]] = {
+    "llama.cpp": ("llama.cpp", {}),
+    "strand": ("strand", {}),
+    "strand-torch": ("strand", {"STRAND_DISABLE_CPU_KERNELS": "1"}),
+    "hf": ("hf", {}),
+}
+
+
+def paired_ratios(rounds: list[dict[str, dict[str, float]]], name: str,
+                  peer: str = "llama.cpp") -> dict[str, list[float]]:
+    """Per workload, name's result over the peer's from the same round. On a machine shared with
+    other work the load drifts between rounds; a round's backends ran back to back under about
+    the same load, so their ratio is steadier than a ratio of medians taken minutes apart."""
+    return {w: [r[name][w] / r[peer][w] for r in rounds if name in r and peer in r]
+            for w in WORKLOADS}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    backends: dict[str, dict[str, list[float]]] = {}
-    log("llama.cpp (llama-bench, llama-batched-bench)")
-    backends["llama.cpp"], build = llama_cpp(args)
-    log("strand (C++ kernels)")
-    backends["strand"] = _worker("strand", args, {})
-    log("strand (STRAND_DISABLE_CPU_KERNELS=1)")
-    backends["strand-torch"] = _worker("strand", args, {"STRAND_DISABLE_CPU_KERNELS": "1"})
-    log("HF transformers")
-    backends["hf"] = _worker("hf", args, {})
+    """--repeats rounds; each runs every backend once (one timed run after its own warm-up),
+    in turn, so each backend sees the machine's load of that round as the others do."""
+    rounds: list[dict[str, dict[str, float]]] = []
+    build = "?"
+    load_before = os.getloadavg()[0]
+    for rnd in range(args.repeats):
+        current: dict[str, dict[str, float]] = {}
+        for name in args.backends:
+            kind, env = BACKENDS[name]
+            log(f"round {rnd + 1}/{args.repeats}: {name}")
+            if kind == "llama.cpp":
+                result, build = llama_cpp(args, 1)
+            else:
+                result = _worker(kind, args, env, 1)
+            current[name] = {w: values[0] for w, values in result.items()}
+        rounds.append(current)
+        # A long run on a busy machine keeps its finished rounds if it is cut short.
+        write_json(args.out, {"dtype": args.dtype, "threads": args.threads,
+                              "llama_cpp_build": build, "partial": True, "rounds": rounds})
     bound = bounds(args.hf_dir, args.dtype, args.threads)
-    summary = {name: {w: _median(v) for w, v in res.items()} for name, res in backends.items()}
+    summary = {name: {w: _median([r[name][w] for r in rounds]) for w in WORKLOADS}
+               for name in args.backends}
+    ratios = {name: paired_ratios(rounds, name) for name in args.backends}
     return {"dtype": args.dtype, "threads": args.threads, "llama_cpp_build": build,
-            "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary}
+            "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary,
+            "rounds": rounds, "paired_ratios": ratios,
+            "load_average": {"before": load_before, "after": os.getloadavg()[0]}}
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -219,15 +256,22 @@ def print_table(report: dict[str, Any]) -> None:
     rows = []
     for name, by_workload in res.items():
         cells = [name, report["dtype"], str(report["threads"])]
+        paired = report.get("paired_ratios", {}).get(name)
         for w in WORKLOADS:
             m = by_workload[w]
-            ratio = m["median"] / peer[w]["median"]
+            # The median of same-round ratios where the run has them (see paired_ratios).
+            ratio = (statistics.median(paired[w]) if paired and paired[w]
+                     else m["median"] / peer[w]["median"])
             cells.append(f"{m['median']:.1f} ± {m['stdev']:.1f} ({ratio:.2f}x)")
         rows.append(cells)
     print(format_table(["backend", "dtype", "threads", "decode bs=1 tok/s",
                         f"{BATCH} x ({BATCH_PROMPT} in, {BATCH_TOKENS} out) tok/s",
                         f"prefill {PREFILL_TOKENS} tok/s"], rows))
     strand = res["strand"]
+    load = report.get("load_average")
+    if load:
+        print(f"\nload average (1 min) {load['before']:.1f} before the run, {load['after']:.1f} "
+              f"after; ratios are medians of same-round ratios")
     print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}). Bounds: decode "
           f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
           f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate), prefill "
@@ -245,7 +289,10 @@ def main(argv: list[str] | None = None) -> None:
                                             "llama-batched-bench")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds; each runs every backend once after its own warm-up")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
+                        help="which to run (llama.cpp is always run: ratios are against it)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--worker", choices=["strand", "hf"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -256,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.gguf or not args.llama_cpp:
         parser.error("--gguf and --llama-cpp are needed (scripts/cpu_peers_setup.sh makes both)")
+    args.backends = ["llama.cpp", *(b for b in dict.fromkeys(args.backends) if b != "llama.cpp")]
     report = run(args)
     print_table(report)
     write_json(args.out, report)

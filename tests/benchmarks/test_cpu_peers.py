@@ -67,3 +67,14 @@ def test_the_benchmark_needs_the_llama_cpp_side(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         cpu_peers.main(["--hf-dir", "x"])
     assert "--gguf and --llama-cpp are needed" in capsys.readouterr().err
+
+
+def test_ratios_pair_each_round_with_the_peer_of_the_same_round() -> None:
+    def one(decode: float) -> dict[str, float]:
+        return {"decode": decode, "batch32": 2 * decode, "prefill": 4 * decode}
+
+    # The machine got 2x slower in round 2 for both: the paired ratio stays 1.5.
+    rounds = [{"llama.cpp": one(10.0), "strand": one(15.0)},
+              {"llama.cpp": one(5.0), "strand": one(7.5)}]
+    ratios = cpu_peers.paired_ratios(rounds, "strand")
+    assert ratios == {"decode": [1.5, 1.5], "batch32": [1.5, 1.5], "prefill": [1.5, 1.5]}

@@ -110,3 +110,30 @@ def test_a_block_table_the_kernels_would_read_past_is_refused() -> None:
     with pytest.raises(ValueError, match="block_table covers 12 tokens per request, seq_lens "
                                          "reach 13"):
         check_block_table(short, num_blocks=10)
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens"), [
+    ([19], [19]),  # one fresh prompt: the whole step
+    ([7, 1, 13, 5], [7, 30, 13, 12]),  # fresh prompts beside a decode and a chunk after context
+])
+def test_bfloat16_fresh_prefills_through_sdpa_match_the_reference(
+        query_lens: list[int], seq_lens: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Forced on: on a CPU without oneDNN bfloat16 (AVX2) the backend keeps them on the kernel.
+    from engine_core.model_executor.attention import torch_ref
+
+    calls: list[int] = []
+    real = torch_ref.fresh_prefill_attention
+
+    def spy(q: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(q.shape[0])
+        return real(q, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch_ref, "fresh_sdpa_applies", lambda dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(torch_ref, "fresh_prefill_attention", spy)
+    out, ref, *_ = _run(query_lens, seq_lens, num_heads=6, num_kv_heads=2, head_dim=16,
+                        dtype=torch.bfloat16)
+    assert calls == [q for q, s in zip(query_lens, seq_lens, strict=True) if q == s and q > 1]
+    torch.testing.assert_close(out.double(), ref, rtol=3e-2, atol=3e-2)
+    out32, ref32, *_ = _run(query_lens, seq_lens, num_heads=6, num_kv_heads=2, head_dim=16)
+    assert len(calls) == sum(q == s and q > 1 for q, s in zip(query_lens, seq_lens, strict=True))
+    torch.testing.assert_close(out32.double(), ref32, rtol=1e-5, atol=1e-5)

@@ -22,6 +22,7 @@ from engine_core.model_executor.attention.backend import AttentionBackend, Atten
 from kernels import cpu_elementwise
 from kernels.cpu_decode_attention import decode_attention
 from kernels.cpu_decode_attention import is_available as cpu_decode_kernel_available
+from kernels.cpu_isa import probe
 from kernels.cpu_prefill_attention import is_available as cpu_prefill_kernel_available
 from kernels.cpu_prefill_attention import prefill_attention
 
@@ -75,6 +76,9 @@ class _Plan:
     groups: list[_Group]
     decodes: _Decodes | None
     prefills: _Prefills | None
+    # (first row, length) of each fresh prefill (no cached context) that attends over its own
+    # new K/V with SDPA instead of the C++ kernel: bfloat16 where oneDNN has bfloat16 GEMMs.
+    fresh: list[tuple[int, int]]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -109,6 +113,9 @@ class TorchAttentionBackend(AttentionBackend):
         plan = self._plan_for(metadata, kv_cache, sliding_window, logit_softcap is not None)
         groups = plan.groups
         d = plan.decodes
+        if len(plan.fresh) == 1 and plan.fresh[0] == (0, query.shape[0]) and not groups:
+            # One fresh prompt is the whole step (a long prompt's prefill): no copy into `out`.
+            return fresh_prefill_attention(query, key, value, scale)
         if d is not None and d.is_whole_batch and n == query.shape[0]:
             # A pure decode step (the common one): the kernel's output is the whole answer.
             return decode_attention(query, kv_cache, d.block_table, d.seq_lens, scale)
@@ -117,6 +124,10 @@ class TorchAttentionBackend(AttentionBackend):
         if d is not None:
             out[d.rows] = decode_attention(query[d.rows], kv_cache, d.block_table, d.seq_lens,
                                            scale)
+        for start, length in plan.fresh:
+            out[start:start + length] = fresh_prefill_attention(
+                query[start:start + length], key[start:start + length],
+                value[start:start + length], scale)
         p = plan.prefills
         if p is not None:
             prefill_attention(out, query, kv_cache, p.block_table, p.q_starts, p.q_lens,
@@ -169,7 +180,8 @@ class TorchAttentionBackend(AttentionBackend):
             plan = build_plan(metadata,
                               decode_kernel=kernels and cpu_decode_kernel_available(),
                               prefill_kernel=kernels and cpu_prefill_kernel_available(),
-                              window=window, need_mask=softcap)
+                              window=window, need_mask=softcap,
+                              fresh_sdpa=kernels and fresh_sdpa_applies(kv_cache.dtype))
             self._plans[key] = plan
         return plan
 
@@ -226,10 +238,37 @@ def softcapped_attention(
     return torch.matmul(probs, v)
 
 
+def fresh_sdpa_applies(dtype: torch.dtype) -> bool:
+    """Whether fresh prefills in `dtype` go to SDPA over their own K/V rather than the C++
+    prefill kernel. In bfloat16, where oneDNN has bfloat16 kernels (AVX-512 BF16, AMX), SDPA's
+    products run there: a 512-token SmolLM2 layer takes 1.9 ms against the C++ kernel's 4.9
+    (which widens each element to float32 first), one thread, on the AVX-512 Xeon. In float32
+    the C++ kernel is the faster (3.5 against 6.1 ms), and without oneDNN bfloat16 (AVX2)
+    torch's bfloat16 products are slow, so both stay on the kernel."""
+    return dtype == torch.bfloat16 and probe().onednn_bf16
+
+
+def fresh_prefill_attention(
+    query: torch.Tensor,  # [q_len, num_heads, head_dim]: one request's new tokens
+    key: torch.Tensor,  # [q_len, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [q_len, num_kv_heads, head_dim]
+    scale: float,
+) -> torch.Tensor:  # [q_len, num_heads, head_dim]
+    """Causal attention of a prompt with no cached context over its own keys: those are the
+    ones just written to the cache, so SDPA reads them from the projection, not the cache."""
+    o = F.scaled_dot_product_attention(
+        query.transpose(0, 1).unsqueeze(0), key.transpose(0, 1).unsqueeze(0),
+        value.transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale,
+        enable_gqa=query.shape[1] != key.shape[1])  # [1, heads, q_len, head_dim]
+    return o[0].transpose(0, 1)
+
+
 def build_plan(md: AttentionMetadata, decode_kernel: bool = False,
                prefill_kernel: bool = False, window: int | None = None,
-               need_mask: bool = False) -> _Plan:
-    """Which requests go to which kernel; what is left is grouped for SDPA."""
+               need_mask: bool = False, fresh_sdpa: bool = False) -> _Plan:
+    """Which requests go to which kernel; what is left is grouped for SDPA. With fresh_sdpa,
+    prefills with no cached context (seq_len == query_len) are listed apart for
+    fresh_prefill_attention."""
     device = md.block_table.device
     starts = md.query_start_loc_cpu[:md.num_reqs].to(torch.int64)
     query_lens = md.query_start_loc_cpu[1:md.num_reqs + 1].to(torch.int64) - starts
@@ -238,6 +277,11 @@ def build_plan(md: AttentionMetadata, decode_kernel: bool = False,
     is_decode = query_lens == 1
     is_prefill = ~is_decode & (query_lens > 0)
     decodes = prefills = None
+    fresh: list[tuple[int, int]] = []
+    if fresh_sdpa and window is None and not need_mask:
+        is_fresh = is_prefill & (query_lens == seq_lens)
+        fresh = [(int(starts[i]), int(query_lens[i])) for i in is_fresh.nonzero().flatten()]
+        is_prefill = is_prefill & ~is_fresh
     if prefill_kernel and bool(is_prefill.any()):
         members = is_prefill.nonzero().flatten()
         prefills = _Prefills(
@@ -258,7 +302,7 @@ def build_plan(md: AttentionMetadata, decode_kernel: bool = False,
         if members.numel():
             groups.append(_build_group(md, members, starts[members], query_lens[members],
                                        seq_lens[members], device, window, need_mask))
-    return _Plan(md, groups, decodes, prefills)
+    return _Plan(md, groups, decodes, prefills, fresh)
 
 
 def _length_buckets(selected: torch.Tensor, query_lens: torch.Tensor,
