@@ -77,5 +77,6 @@ def test_the_layer_takes_the_kernel_for_few_rows_on_cuda(monkeypatch: pytest.Mon
     with torch.inference_mode():
         got = layer(x.to(DEVICE))
     assert bool(launched) == takes_triton
+    assert layer.bias is not None
     want = gguf_linear_ref(x, packed, Q4_1, layer.bias.cpu())
     torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
