@@ -165,6 +165,11 @@ class EngineArgs:
             # Only the offload tier repeats its copies on the worker ranks.
             raise ValueError(f"kv_connector must be offload (or unset) with "
                              f"tensor_parallel_size > 1, got {self.kv_connector!r}")
+        if tp > 1 and self.quantization == "gguf":
+            # The packed blocks are not split across ranks; dequantized at load, a .gguf
+            # model is split like any other.
+            raise ValueError(f"quantization gguf needs tensor_parallel_size 1, got {tp} (leave "
+                             f"quantization unset to split the dequantized weights)")
         if tp > 1 and self.max_concurrent_batches > 1:
             raise ValueError("max_concurrent_batches must be 1 with tensor_parallel_size > 1, "
                              f"got {self.max_concurrent_batches}")

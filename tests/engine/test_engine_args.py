@@ -33,6 +33,7 @@ def test_cli_flags_round_trip_into_engine_args() -> None:
     ("master_port", {"tensor_parallel_size": 2, "nnodes": 2}),
     ("distributed_timeout_s", {"distributed_timeout_s": 0}),
     ("kv_connector", {"tensor_parallel_size": 2, "kv_connector": "multi"}),
+    ("quantization", {"tensor_parallel_size": 2, "quantization": "gguf"}),
     ("cpu_threads", {"cpu_threads": 0}),
 ])
 def test_bad_engine_args_raise_naming_the_field(field: str, kwargs: dict) -> None:
