@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from services._proto.strand.v1 import engine_pb2_grpc
@@ -73,7 +74,7 @@ class EngineReplicas:
         for name in list(self._in_rotation):
             self._set(name, False, "not checked yet", quiet=True)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(watch_readiness(client.channel, self._setter(name)))
+        self._tasks = [loop.create_task(watch_readiness(client.channel, partial(self._set, name)))
                        for name, client in self.clients.items()]
 
     async def close(self) -> None:
@@ -126,8 +127,3 @@ class EngineReplicas:
             self._ever_up.add(name)
         for listener in self.listeners:
             listener(name, up)
-
-    def _setter(self, name: str) -> Callable[[bool, str], None]:
-        def set_status(ready: bool, reason: str) -> None:
-            self._set(name, ready, reason)
-        return set_status

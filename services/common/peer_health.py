@@ -4,7 +4,7 @@ watched in the background (readiness_watch): a stage is ready when every stage i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from functools import partial
 
 import grpc
 
@@ -26,14 +26,12 @@ class PeerHealth:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(watch_readiness(channel, self._setter(name)))
+        self._tasks = [loop.create_task(watch_readiness(channel, partial(self._set, name)))
                        for name, channel in self._channels.items()]
 
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
 
-    def _setter(self, name: str) -> Callable[[bool, str], None]:
-        def set_status(ready: bool, reason: str) -> None:
-            self.status[name] = ready
-        return set_status
+    def _set(self, name: str, ready: bool, reason: str) -> None:
+        self.status[name] = ready

@@ -43,7 +43,7 @@ class LiveRequest:
 
     def record(self, output: pb.RequestOutput) -> None:
         self.last_output_at = time.monotonic()
-        if output.prompt_token_ids:
+        if not self.num_prompt_tokens and output.prompt_token_ids:
             # In auto mode a short request can finish before the tokenizer's answer (which
             # also carries the count) is back: its outputs say it first.
             self.num_prompt_tokens = len(output.prompt_token_ids)
