@@ -8,6 +8,7 @@ children into one RequestOutput per parent, and drops the parent once every chil
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,9 @@ from engine_core.outputs import RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.processing.parallel_sampling import ParentRequest
 from engine_core.processing.tokenizer import Tokenizer
+
+# How many ended request ids (children) recently_ended remembers.
+ENDED_MEMORY = 65536
 
 
 @dataclass(slots=True)
@@ -39,10 +43,18 @@ class OutputProcessor:
         self.stats = stats  # per-request Prometheus metrics; None records none
         self._parents: dict[str, ParentRequest] = {}
         self._parent_of_child: dict[str, ParentRequest] = {}
+        # Child ids that ended here, newest last, so a late output of one is known for what it
+        # is (the detokenizer drops it instead of waiting for its request to arrive).
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
     def has_request(self, request_id: str) -> bool:
         """True while the id names a live request, or one of its children, here."""
         return request_id in self._parents or request_id in self._parent_of_child
+
+    def recently_ended(self, request_id: str) -> bool:
+        """True when the child id ended here (finished, aborted or failed) among the last
+        ENDED_MEMORY that did, and was not added again since."""
+        return request_id in self._ended
 
     def add_request(self, processed: ProcessedPrompt) -> list[EngineCoreRequest]:
         """Register the parent; return the child requests to send to the core."""
@@ -57,6 +69,7 @@ class OutputProcessor:
         self._parents[request_id] = parent
         for child_id in parent.children:
             self._parent_of_child[child_id] = parent
+            self._ended.pop(child_id, None)
         return list(parent.child_requests)
 
     def process_outputs(
@@ -147,3 +160,7 @@ class OutputProcessor:
         self._parents.pop(parent.request_id, None)
         for child_id in parent.children:
             self._parent_of_child.pop(child_id, None)
+            self._ended[child_id] = None
+            self._ended.move_to_end(child_id)
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)

@@ -16,6 +16,27 @@ def child_request_id(index: int, request_id: str) -> str:
     return f"{index}_{request_id}"
 
 
+def fan_out(request: EngineCoreRequest) -> list[EngineCoreRequest]:
+    """The requests the core runs for one user request: itself when n == 1, else n children
+    ("0_x", "1_x", ...), each sampling once. A pure function of the request, so the tokenizer
+    (which sends them to the engine) and the detokenizer (which gathers their outputs) agree on
+    the children without asking each other."""
+    params = request.sampling_params
+    if params.n == 1:
+        return [request]
+    # Each child gets its own seed, else the n samples would all be the same.
+    return [EngineCoreRequest(
+        request_id=child_request_id(i, request.request_id),
+        prompt_token_ids=request.prompt_token_ids,
+        sampling_params=params.clone(n=1, seed=None if params.seed is None else params.seed + i),
+        eos_token_id=request.eos_token_id,
+        arrival_time=request.arrival_time,
+        priority=request.priority,
+        cache_salt=request.cache_salt,
+        lora_request=request.lora_request,
+    ) for i in range(params.n)]
+
+
 class ParentRequest:
     def __init__(self, processed: ProcessedPrompt, tokenizer: Tokenizer,
                  stream_interval: int = 1) -> None:
@@ -29,25 +50,7 @@ class ParentRequest:
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
         self.num_cached_tokens = 0
         self.lora_request = request.lora_request
-        self.child_requests: list[EngineCoreRequest] = []
-        if params.n == 1:
-            self.child_requests.append(request)
-        else:
-            for i in range(params.n):
-                # Each child gets its own seed, else the n samples would all be the same.
-                seed = None if params.seed is None else params.seed + i
-                self.child_requests.append(
-                    EngineCoreRequest(
-                        request_id=child_request_id(i, self.request_id),
-                        prompt_token_ids=request.prompt_token_ids,
-                        sampling_params=params.clone(n=1, seed=seed),
-                        eos_token_id=request.eos_token_id,
-                        arrival_time=request.arrival_time,
-                        priority=request.priority,
-                        cache_salt=request.cache_salt,
-                        lora_request=request.lora_request,
-                    )
-                )
+        self.child_requests = fan_out(request)
         self.children = {
             child.request_id: SequenceState(
                 child.request_id, i, tokenizer, self.prompt_token_ids, child.sampling_params

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+import time
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
+from engine_core.core.engine_io import EngineCoreOutput
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
@@ -24,6 +26,7 @@ from services.common.stage_client import StageClient
 from services.common.status import StageError
 from services.common.subscriber import Subscriber
 from services.common.tracing import context_from_carrier, server_span
+from services.detokenizer.early_outputs import EarlyOutputs
 from services.detokenizer.routes import Routes
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ class EngineFeed(Subscriber):
         self.engine = self.client
         self.name = engine_addr  # the replica, as the tokenizer's router names it
         self._background: set[asyncio.Task[None]] = set()
+        self.early = EarlyOutputs()
 
     async def close(self) -> None:
         await super().close()
@@ -53,24 +57,53 @@ class EngineFeed(Subscriber):
     def on_lost(self, detail: str, was_subscribed: bool) -> None:
         if was_subscribed:
             logger.warning("engine stage is unavailable: %s", detail)
+        self.early.clear()
         self._end_all_with_error(f"engine stage is unavailable: {detail}")
 
     async def _on_step(self, msg: epb.EngineStepOutputs) -> None:
         with server_span("strand.v1.Detokenizer/process_outputs",
                          context_from_carrier(msg.trace_context)):
             outputs = core_outputs_from_pb(msg.outputs)
-            result = self.processor.process_outputs(outputs.outputs, outputs.timestamp)
+            known = self._keep_early(outputs.outputs, outputs.timestamp)
+            abort = self._process(known, outputs.timestamp, msg.step_id, msg.origin)
+        if abort is not None:
+            await abort
+
+    def _keep_early(self, outputs: list[EngineCoreOutput], timestamp: float
+                    ) -> list[EngineCoreOutput]:
+        """Outputs of requests not here yet are kept for them (early_outputs.py); those of
+        requests that ended here are late and go on to be dropped; the rest are returned."""
+        processor = self.processor
+        unknown = [o for o in outputs if not processor.has_request(o.request_id)
+                   and not processor.recently_ended(o.request_id)]
+        if not unknown:
+            return outputs
+        self.early.keep(unknown, timestamp, time.monotonic())
+        early_ids = {o.request_id for o in unknown}
+        return [o for o in outputs if o.request_id not in early_ids]
+
+    def arrived(self, child_ids: Iterable[str]) -> None:
+        """A request was added here: its outputs that came first are processed now, before any
+        later step's."""
+        for timestamp, outputs in self.early.take(child_ids, time.monotonic()):
+            self._process(outputs, timestamp)
+
+    def _process(self, outputs: list[EngineCoreOutput], timestamp: float, step_id: int = 0,
+                 step_origin: str = "") -> Coroutine[Any, Any, None] | None:
+        """RequestOutputs to their gateways; the engine abort of what stop strings ended, which a
+        Step's caller awaits (a Step returns only once they are gone, as LLMEngine.step does)
+        and auto mode sends in the background (the engine may run a step or two on;
+        process_outputs drops those tokens)."""
+        result = self.processor.process_outputs(outputs, timestamp)
+        abort = None
         if result.reqs_to_abort:
-            # Stop strings end requests here; the engine must stop computing them. A Step call
-            # returns only once they are gone (as LLMEngine.step does); in auto mode the engine
-            # may run a step or two on, and process_outputs drops those tokens.
             abort = self._abort_in_engine(list(result.reqs_to_abort))
-            if msg.step_id:
-                await abort
-            else:
+            if not step_id:
                 self._spawn(abort)
+                abort = None
         self.routes.send([request_output_to_pb(o) for o in result.request_outputs],
-                         msg.step_id, msg.origin)
+                         step_id, step_origin)
+        return abort
 
     def _end_all_with_error(self, reason: str) -> None:
         ids = self.routes.owned(engine=self.name)

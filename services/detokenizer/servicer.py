@@ -1,7 +1,8 @@
 """Detokenizer servicer: the ring's last stage. The engine's step outputs come in on a
 subscription (EngineFeed), become RequestOutputs here and go to the gateway that owns each
-request on its Outputs subscription. The tokenizer adds request state on a Session (always before
-the engine has the request, so before its first output); gateways abort on theirs.
+request on its Outputs subscription. The tokenizer adds request state on a Session (before the
+engine has the request, or, with an auto-stepping engine, at the same time: outputs that beat
+their request here wait for it, see early_outputs.py); gateways abort on theirs.
 
 With engine replicas there is one subscription per replica; each request remembers the replica
 the tokenizer's router chose, so its aborts go there and only that replica's loss ends it."""
@@ -154,6 +155,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         processed = processed_from_pb(add.processed)
         children = self.processor.add_request(processed)
         self.routes.own(processed.request.request_id, add.origin, feed.name)
+        feed.arrived(c.request_id for c in children)
         return dpb.ChildRequests(requests=[core_request_to_pb(c) for c in children])
 
 

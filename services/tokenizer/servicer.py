@@ -1,8 +1,8 @@
 """Tokenizer servicer: the ring's first stage. Each ProcessRequest from a gateway is tokenized
 (InputProcessor.process, off the event loop), routed to an engine replica (ReplicaRouter: the
-first place its token ids are known), handed to the detokenizer (which fans n > 1 out into child
-requests) and then, as those children, to that engine; the gateway's answer says the request is
-in the engine, or why it is not (with the stages left as they were).
+first place its token ids are known), and handed, as its state, to the detokenizer and, as its
+children (n > 1 fans out into n), to that engine; the gateway's answer says the request is in
+the engine, or why it is not (with the stages left as they were).
 
 Requests are handled concurrently and answered as they finish (matched by seq): one long prompt
 does not hold up the short ones behind it."""
@@ -18,17 +18,25 @@ from typing import Any
 
 import grpc
 
+from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.processing.input_processor import InputProcessor, ProcessedPrompt
+from engine_core.processing.parallel_sampling import fan_out
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import tokenizer_pb2_grpc
-from services.common.convert import optional_lora_from_pb, params_from_pb, prompt_from_pb
+from services.common.convert import (
+    core_request_to_pb,
+    optional_lora_from_pb,
+    params_from_pb,
+    prompt_from_pb,
+)
 from services.common.convert_core import processed_to_pb
 from services.common.engine_replicas import EngineReplicas
 from services.common.stage_client import StageClient
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import context_from_carrier, server_span
+from services.tokenizer.engine_modes import EngineModes
 from services.tokenizer.metrics import TokenizerMetrics
 from services.tokenizer.routing import ReplicaRouter
 
@@ -44,6 +52,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         self.detokenizer = detokenizer
         self.engines = engines
         self.router = router
+        self.modes = EngineModes(engines)
         # One thread: tokenizing a long prompt must not stall the loop (health, other streams).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -125,21 +134,40 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                                 output_kind=int(request.sampling_params.output_kind))
 
     async def _add_on(self, engine: str, req: tpb.ProcessRequest, processed: ProcessedPrompt,
-                      carrier: dict[str, str]) -> list[Any]:
-        """The request's state to the detokenizer, then its children to the chosen engine."""
-        # The detokenizer first: it must know the request before the engine's first output.
-        detok = await self.detokenizer.call(dpb.DetokenizerRequest(
+                      carrier: dict[str, str]) -> list[EngineCoreRequest]:
+        """The request's state to the detokenizer and its children to the chosen engine, all or
+        nothing: at once to an auto-stepping engine (the detokenizer keeps outputs that beat the
+        state, early_outputs.py), in turn to a manually stepped one (engine_modes.py)."""
+        children = fan_out(processed.request)
+        detok_add = dpb.DetokenizerRequest(
             add=dpb.DetokAddRequest(processed=processed_to_pb(processed), origin=req.origin,
                                     engine=engine),
-            trace_context=carrier))
-        children = list(detok.children.requests)
-        try:
-            await self.engines.call(engine, epb.EngineRequest(
-                add=epb.EngineAddRequests(requests=children), trace_context=carrier))
-        except BaseException:
-            # All or nothing: the detokenizer forgets the request the engine did not take.
+            trace_context=carrier)
+        engine_add = epb.EngineRequest(
+            add=epb.EngineAddRequests(requests=[core_request_to_pb(c) for c in children]),
+            trace_context=carrier)
+        if not await self.modes.auto_step(engine):
+            await self.detokenizer.call(detok_add)
+            try:
+                await self.engines.call(engine, engine_add)
+            except BaseException:
+                await self._forget_in_detokenizer(req.request_id)
+                raise
+            return children
+        results: tuple[Any, Any] = await asyncio.gather(
+            self.detokenizer.call(detok_add), self.engines.call(engine, engine_add),
+            return_exceptions=True)
+        detok, added = results
+        for result in (detok, added):
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancelled: only at shutdown (adds outlive their streams)
+        if isinstance(detok, Exception):
+            if not isinstance(added, Exception):
+                await self._abort_in_engine(engine, [c.request_id for c in children])
+            raise detok
+        if isinstance(added, Exception):
             await self._forget_in_detokenizer(req.request_id)
-            raise
+            raise added
         return children
 
     def _process(self, *args: Any) -> ProcessedPrompt:
@@ -149,6 +177,13 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         finally:
             if self.metrics is not None:
                 self.metrics.tokenize_time.observe(time.perf_counter() - start)
+
+    async def _abort_in_engine(self, engine: str, child_ids: list[str]) -> None:
+        try:
+            await self.engines.call(engine, epb.EngineRequest(
+                abort=epb.EngineAbort(request_ids=child_ids)))
+        except StageError as exc:
+            logger.warning("engine cleanup of %s failed: %s", child_ids, exc.message)
 
     async def _forget_in_detokenizer(self, request_id: str) -> None:
         try:

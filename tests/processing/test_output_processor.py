@@ -6,6 +6,7 @@ import pytest
 
 from engine_core.core.runner_output import LogprobsLists
 from engine_core.processing.output_processor import OutputProcessor
+from engine_core.processing.parallel_sampling import fan_out
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import RequestOutputKind
 
@@ -286,3 +287,28 @@ def test_several_steps_in_one_batch_read_as_those_steps_one_by_one(
         results.append((text, tokens, finished))
     assert results[0] == results[1]
     assert results[0][0] == "kalo 中 龍 mi " and results[0][2]
+
+
+def test_children_are_fan_out_of_the_request(
+    tokenizer: Tokenizer, output_processor: OutputProcessor
+) -> None:
+    # The tokenizer sends fan_out's children to the engine without asking this processor.
+    processed = make_processed(tokenizer, "r", n=3, seed=7)
+    children = output_processor.add_request(processed)
+    expected = fan_out(processed.request)
+    assert [(c.request_id, c.sampling_params.seed) for c in children] == [
+        (c.request_id, c.sampling_params.seed) for c in expected] == [
+        ("0_r", 7), ("1_r", 8), ("2_r", 9)]
+    assert fan_out(make_processed(tokenizer, "s").request)[0].request_id == "s"
+
+
+def test_recently_ended_names_children_that_ended_until_added_again(
+    tokenizer: Tokenizer, output_processor: OutputProcessor
+) -> None:
+    output_processor.add_request(make_processed(tokenizer, "r", n=2))
+    assert not output_processor.recently_ended("0_r")
+    output_processor.abort_requests(["r"])
+    assert output_processor.recently_ended("0_r") and output_processor.recently_ended("1_r")
+    assert not output_processor.recently_ended("r")  # a parent id is not a child here
+    output_processor.add_request(make_processed(tokenizer, "r", n=2))
+    assert not output_processor.recently_ended("0_r")

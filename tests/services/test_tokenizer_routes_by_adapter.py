@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 from engine_core import LoRARequest
@@ -40,7 +41,8 @@ def _route(tiny_model_dir: Path, lora: LoRARequest | None,
            salt: str | None) -> tuple[list[int], str | None, int | None]:
     router = RecordingRouter()
     processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
-    servicer = TokenizerServicer(processor, cast(Any, None), cast(Any, None), cast(Any, router))
+    engines = SimpleNamespace(listeners=[])  # only the mode cache's listener is registered
+    servicer = TokenizerServicer(processor, cast(Any, None), cast(Any, engines), cast(Any, router))
     process = tpb.ProcessRequest(request_id="r", prompt=pb.Prompt(
         token_ids=pb.TokenIds(ids=PROMPT), cache_salt=salt))
     if lora is not None:
