@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine_core.config import EngineArgs
-from engine_core.lora.request import LoRARequest
-from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from engine_core.structured_output.params import StructuredOutputsParams
+from engine_core.openmp_env import configure_openmp_wait
+
+# Before anything here imports torch (openmp_env.py says why).
+configure_openmp_wait()
+
+from engine_core.config import EngineArgs  # noqa: E402
+from engine_core.lora.request import LoRARequest  # noqa: E402
+from engine_core.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
+from engine_core.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from engine_core.structured_output.params import StructuredOutputsParams  # noqa: E402
 
 if TYPE_CHECKING:
     from engine_core.llm import LLM
