@@ -19,7 +19,6 @@ from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import detokenizer_pb2_grpc
 from services._proto.strand.v1 import engine_pb2 as epb
-from services.common.convert import core_request_to_pb
 from services.common.convert_core import processed_from_pb
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import context_from_carrier, server_span
@@ -125,7 +124,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         return await handler(self, msg)
 
     async def _on_add(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
-        return dpb.DetokenizerResponse(seq=msg.seq, children=await self._add(msg.add))
+        return dpb.DetokenizerResponse(seq=msg.seq, child_ids=await self._add(msg.add))
 
     async def _on_abort(self, msg: dpb.DetokenizerRequest) -> dpb.DetokenizerResponse:
         by_feed = self.abort_everywhere(list(msg.abort.request_ids),
@@ -143,7 +142,7 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
             num_unfinished_requests=self.processor.get_num_unfinished_requests(),
             engine_subscribed=self.ready()))
 
-    async def _add(self, add: dpb.DetokAddRequest) -> dpb.ChildRequests:
+    async def _add(self, add: dpb.DetokAddRequest) -> dpb.RequestIds:
         if not add.origin:
             raise ValueError("origin must not be empty")
         feed = self._feed_for(add.engine)
@@ -155,8 +154,9 @@ class DetokenizerServicer(detokenizer_pb2_grpc.DetokenizerServicer):
         processed = processed_from_pb(add.processed)
         children = self.processor.add_request(processed)
         self.routes.own(processed.request.request_id, add.origin, feed.name)
-        feed.arrived(c.request_id for c in children)
-        return dpb.ChildRequests(requests=[core_request_to_pb(c) for c in children])
+        child_ids = [c.request_id for c in children]
+        feed.arrived(child_ids)
+        return dpb.RequestIds(request_ids=child_ids)
 
 
 # Session message kinds and their handlers: a new kind is one method and one entry.

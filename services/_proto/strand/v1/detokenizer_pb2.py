@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstrand/v1/detokenizer.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"`\n\x0f\x44\x65tokAddRequest\x12-\n\tprocessed\x18\x01 \x01(\x0b\x32\x1a.strand.v1.ProcessedPrompt\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\"9\n\nDetokAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x16\n\x0enever_admitted\x18\x02 \x01(\x08\"\x0c\n\nDetokQuery\"\xad\x02\n\x12\x44\x65tokenizerRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x46\n\rtrace_context\x18\x0f \x03(\x0b\x32/.strand.v1.DetokenizerRequest.TraceContextEntry\x12)\n\x03\x61\x64\x64\x18\x02 \x01(\x0b\x32\x1a.strand.v1.DetokAddRequestH\x00\x12&\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x15.strand.v1.DetokAbortH\x00\x12&\n\x05query\x18\x06 \x01(\x0b\x32\x15.strand.v1.DetokQueryH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kindJ\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06\"?\n\rChildRequests\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.strand.v1.EngineCoreRequest\"!\n\nRequestIds\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"H\n\nDetokState\x12\x1f\n\x17num_unfinished_requests\x18\x01 \x01(\x03\x12\x19\n\x11\x65ngine_subscribed\x18\x02 \x01(\x08\"\xda\x01\n\x13\x44\x65tokenizerResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12,\n\x08\x63hildren\x18\x02 \x01(\x0b\x32\x18.strand.v1.ChildRequestsH\x00\x12*\n\tchild_ids\x18\x04 \x01(\x0b\x32\x15.strand.v1.RequestIdsH\x00\x12&\n\x05state\x18\x05 \x01(\x0b\x32\x15.strand.v1.DetokStateH\x00\x12&\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x42\x06\n\x04kindJ\x04\x08\x03\x10\x04\"%\n\x13\x44\x65tokOutputsRequest\x12\x0e\n\x06origin\x18\x01 \x01(\t\"]\n\x0bOutputBatch\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12)\n\x07outputs\x18\x02 \x03(\x0b\x32\x18.strand.v1.RequestOutput\x12\x12\n\nsubscribed\x18\x03 \x01(\x08\x32\xa0\x01\n\x0b\x44\x65tokenizer\x12L\n\x07Session\x12\x1d.strand.v1.DetokenizerRequest\x1a\x1e.strand.v1.DetokenizerResponse(\x01\x30\x01\x12\x43\n\x07Outputs\x12\x1e.strand.v1.DetokOutputsRequest\x1a\x16.strand.v1.OutputBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstrand/v1/detokenizer.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"`\n\x0f\x44\x65tokAddRequest\x12-\n\tprocessed\x18\x01 \x01(\x0b\x32\x1a.strand.v1.ProcessedPrompt\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\"9\n\nDetokAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x16\n\x0enever_admitted\x18\x02 \x01(\x08\"\x0c\n\nDetokQuery\"\xad\x02\n\x12\x44\x65tokenizerRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x46\n\rtrace_context\x18\x0f \x03(\x0b\x32/.strand.v1.DetokenizerRequest.TraceContextEntry\x12)\n\x03\x61\x64\x64\x18\x02 \x01(\x0b\x32\x1a.strand.v1.DetokAddRequestH\x00\x12&\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32\x15.strand.v1.DetokAbortH\x00\x12&\n\x05query\x18\x06 \x01(\x0b\x32\x15.strand.v1.DetokQueryH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kindJ\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06\"!\n\nRequestIds\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"H\n\nDetokState\x12\x1f\n\x17num_unfinished_requests\x18\x01 \x01(\x03\x12\x19\n\x11\x65ngine_subscribed\x18\x02 \x01(\x08\"\xb2\x01\n\x13\x44\x65tokenizerResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\tchild_ids\x18\x04 \x01(\x0b\x32\x15.strand.v1.RequestIdsH\x00\x12&\n\x05state\x18\x05 \x01(\x0b\x32\x15.strand.v1.DetokStateH\x00\x12&\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x42\x06\n\x04kindJ\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04\"%\n\x13\x44\x65tokOutputsRequest\x12\x0e\n\x06origin\x18\x01 \x01(\t\"]\n\x0bOutputBatch\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12)\n\x07outputs\x18\x02 \x03(\x0b\x32\x18.strand.v1.RequestOutput\x12\x12\n\nsubscribed\x18\x03 \x01(\x08\x32\xa0\x01\n\x0b\x44\x65tokenizer\x12L\n\x07Session\x12\x1d.strand.v1.DetokenizerRequest\x1a\x1e.strand.v1.DetokenizerResponse(\x01\x30\x01\x12\x43\n\x07Outputs\x12\x1e.strand.v1.DetokOutputsRequest\x1a\x16.strand.v1.OutputBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,18 +44,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DETOKENIZERREQUEST']._serialized_end=538
   _globals['_DETOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_start=467
   _globals['_DETOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_end=518
-  _globals['_CHILDREQUESTS']._serialized_start=540
-  _globals['_CHILDREQUESTS']._serialized_end=603
-  _globals['_REQUESTIDS']._serialized_start=605
-  _globals['_REQUESTIDS']._serialized_end=638
-  _globals['_DETOKSTATE']._serialized_start=640
-  _globals['_DETOKSTATE']._serialized_end=712
-  _globals['_DETOKENIZERRESPONSE']._serialized_start=715
-  _globals['_DETOKENIZERRESPONSE']._serialized_end=933
-  _globals['_DETOKOUTPUTSREQUEST']._serialized_start=935
-  _globals['_DETOKOUTPUTSREQUEST']._serialized_end=972
-  _globals['_OUTPUTBATCH']._serialized_start=974
-  _globals['_OUTPUTBATCH']._serialized_end=1067
-  _globals['_DETOKENIZER']._serialized_start=1070
-  _globals['_DETOKENIZER']._serialized_end=1230
+  _globals['_REQUESTIDS']._serialized_start=540
+  _globals['_REQUESTIDS']._serialized_end=573
+  _globals['_DETOKSTATE']._serialized_start=575
+  _globals['_DETOKSTATE']._serialized_end=647
+  _globals['_DETOKENIZERRESPONSE']._serialized_start=650
+  _globals['_DETOKENIZERRESPONSE']._serialized_end=828
+  _globals['_DETOKOUTPUTSREQUEST']._serialized_start=830
+  _globals['_DETOKOUTPUTSREQUEST']._serialized_end=867
+  _globals['_OUTPUTBATCH']._serialized_start=869
+  _globals['_OUTPUTBATCH']._serialized_end=962
+  _globals['_DETOKENIZER']._serialized_start=965
+  _globals['_DETOKENIZER']._serialized_end=1125
 # @@protoc_insertion_point(module_scope)

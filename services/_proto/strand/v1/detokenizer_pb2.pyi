@@ -50,12 +50,6 @@ class DetokenizerRequest(_message.Message):
     query: DetokQuery
     def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., add: _Optional[_Union[DetokAddRequest, _Mapping]] = ..., abort: _Optional[_Union[DetokAbort, _Mapping]] = ..., query: _Optional[_Union[DetokQuery, _Mapping]] = ...) -> None: ...
 
-class ChildRequests(_message.Message):
-    __slots__ = ("requests",)
-    REQUESTS_FIELD_NUMBER: _ClassVar[int]
-    requests: _containers.RepeatedCompositeFieldContainer[_types_pb2.EngineCoreRequest]
-    def __init__(self, requests: _Optional[_Iterable[_Union[_types_pb2.EngineCoreRequest, _Mapping]]] = ...) -> None: ...
-
 class RequestIds(_message.Message):
     __slots__ = ("request_ids",)
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -71,18 +65,16 @@ class DetokState(_message.Message):
     def __init__(self, num_unfinished_requests: _Optional[int] = ..., engine_subscribed: _Optional[bool] = ...) -> None: ...
 
 class DetokenizerResponse(_message.Message):
-    __slots__ = ("seq", "children", "child_ids", "state", "error")
+    __slots__ = ("seq", "child_ids", "state", "error")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    CHILDREN_FIELD_NUMBER: _ClassVar[int]
     CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    children: ChildRequests
     child_ids: RequestIds
     state: DetokState
     error: _types_pb2.StageError
-    def __init__(self, seq: _Optional[int] = ..., children: _Optional[_Union[ChildRequests, _Mapping]] = ..., child_ids: _Optional[_Union[RequestIds, _Mapping]] = ..., state: _Optional[_Union[DetokState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., child_ids: _Optional[_Union[RequestIds, _Mapping]] = ..., state: _Optional[_Union[DetokState, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
 
 class DetokOutputsRequest(_message.Message):
     __slots__ = ("origin",)
