@@ -23,6 +23,23 @@ _ANY_OBJECT = '{"type": "object"}'
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
 
 
+# xgrammar (0.2.8 and before) writes a length-bounded JSON string's characters as this class,
+# which lets raw control characters (\t, \x01, ...) in: the output is then not JSON
+# (json.loads refuses it). Unbounded strings use the right class; bounded ones get it here.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def json_schema_grammar(schema: str, any_whitespace: bool = True) -> xg.Grammar:
+    """xgrammar's grammar for a JSON schema, with no control character allowed raw in a
+    string (a JSON string must escape them)."""
+    grammar = xg.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
+    text = str(grammar)
+    if _LOOSE_STRING_CHAR not in text:
+        return grammar
+    return xg.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
+
+
 def choice_grammar(choices: list[str]) -> str:
     """EBNF for one of `choices`; JSON string escaping is also valid EBNF string escaping."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
@@ -34,7 +51,7 @@ def _to_grammar(params: StructuredOutputsParams) -> xg.Grammar:
         # json_object is vLLM's {"type": "object"}: an object, not any JSON value.
         schema = (_ANY_OBJECT if kind == "json_object" else
                   params.json if isinstance(params.json, str) else json.dumps(params.json))
-        return xg.Grammar.from_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+        return json_schema_grammar(schema, any_whitespace=not params.disable_any_whitespace)
     if kind == "regex":
         assert params.regex is not None
         return xg.Grammar.from_regex(params.regex)

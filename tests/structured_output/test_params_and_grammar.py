@@ -3,6 +3,7 @@ without an engine."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,27 @@ def test_a_failed_compile_is_not_cached(info, monkeypatch: pytest.MonkeyPatch) -
     assert len(cache) == 0
     monkeypatch.undo()
     assert cache.compile(params) is not None and len(cache) == 1 and len(calls) == 1
+
+
+@pytest.mark.parametrize("text,valid", [
+    ('{"name": "ok", "tag": "x"}', True),
+    ('{"name": "a\tb", "tag": "x"}', False),  # a raw tab: not JSON
+    ('{"name": "\x01", "tag": "x"}', False),
+    ('{"name": "ok", "tag": "\x1f"}', False),  # the unbounded string: xgrammar's own rule
+])
+def test_json_schema_strings_take_no_raw_control_characters(text: str, valid: bool) -> None:
+    # xgrammar lets raw control characters into a length-bounded string; json_schema_grammar
+    # closes that, so what the grammar accepts, json.loads reads.
+    import xgrammar as xg
+
+    from engine_core.structured_output.grammar import json_schema_grammar
+    schema = json.dumps({"type": "object", "required": ["name", "tag"], "properties": {
+        "name": {"type": "string", "maxLength": 8}, "tag": {"type": "string"}}})
+    vocab = [chr(i) for i in range(32, 127)] + ["\t", "\x01", "\x1f", "<eos>"]
+    info = xg.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1])
+    compiled = xg.GrammarCompiler(info).compile_grammar(json_schema_grammar(schema))
+    matcher = xg.GrammarMatcher(compiled)
+    accepted = matcher.accept_string(text) and matcher.accept_token(len(vocab) - 1)
+    assert accepted == valid
+    if accepted:
+        json.loads(text)
