@@ -11,6 +11,7 @@ from services._proto.strand.v1 import engine_pb2, engine_pb2_grpc
 from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
 from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
+from services.engine.add_burst import ADD_QUIET_S, MAX_ADD_HOLD_S
 from services.engine.servicer import EngineServicer
 
 
@@ -24,9 +25,17 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--auto-step", action="store_true",
                         help="step while there is work, streaming each step's outputs to the "
                              "detokenizer (without it, a gateway's Step call runs each step)")
+    parser.add_argument("--add-hold-ms", type=float, default=1e3 * ADD_QUIET_S,
+                        help="auto mode: hold the next step until adds have paused this long, "
+                             "so a burst of requests joins one step (0: step at once; "
+                             f"at most {1e3 * MAX_ADD_HOLD_S:g}; default %(default)g)")
     args, options = parse_stage_args(parser, argv)
+    if not 0 <= args.add_hold_ms <= 1e3 * MAX_ADD_HOLD_S:
+        parser.error(f"--add-hold-ms must be in [0, {1e3 * MAX_ADD_HOLD_S:g}], "
+                     f"got {args.add_hold_ms:g}")
     servicer = EngineServicer.from_engine_args(checked_engine_args(args), args.auto_step,
-                                               name=f"{args.host}:{args.port}")
+                                               name=f"{args.host}:{args.port}",
+                                               add_quiet_s=args.add_hold_ms / 1e3)
 
     def register(server: grpc.aio.Server) -> list[str]:
         engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)

@@ -30,7 +30,7 @@ from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_to_pb
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
-from services.engine.add_burst import AddBursts
+from services.engine.add_burst import ADD_QUIET_S, AddBursts
 from services.engine.core_calls import CoreCalls
 from services.engine.kv_events_hub import KvEventsHub
 from services.engine.outputs_hub import OutputsHub
@@ -45,7 +45,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, core: EngineCore, model_name: str,
                  executor: ThreadPoolExecutor | None = None,
                  stats_logger: StatsLogger | None = None, auto_step: bool = False,
-                 name: str = "engine") -> None:
+                 name: str = "engine", add_quiet_s: float = ADD_QUIET_S) -> None:
         self.core = core
         self.model_name = model_name
         self.auto_step = auto_step
@@ -57,11 +57,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._hub: OutputsHub | None = None
         self._has_work = False  # auto mode: the core has unfinished requests
         self._work: asyncio.Event | None = None
-        self._bursts = AddBursts()  # auto mode: a burst of adds joins one step
+        self._bursts = AddBursts(add_quiet_s)  # auto mode: a burst of adds joins one step
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, auto_step: bool = False,
-                         name: str = "engine") -> EngineServicer:
+                         name: str = "engine", add_quiet_s: float = ADD_QUIET_S
+                         ) -> EngineServicer:
         """Load the model on the thread that will run every step."""
         if engine_args.max_waiting_requests is None:
             # A service is bounded by default: overload is answered RESOURCE_EXHAUSTED at once
@@ -73,7 +74,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         executor = core_executor()
         core = executor.submit(EngineCore.from_engine_args, engine_args).result()
         stats = StatsLogger(engine_args.stats_interval_s) if engine_args.log_stats else None
-        return cls(core, core.model_config.model_dir, executor, stats, auto_step, name)
+        return cls(core, core.model_config.model_dir, executor, stats, auto_step, name,
+                   add_quiet_s)
 
     @property
     def hub(self) -> OutputsHub:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.engine.add_burst import AddBursts
 
 
@@ -26,3 +28,18 @@ def test_a_sustained_stream_of_adds_delays_a_step_by_at_most_max_hold() -> None:
         t += 0.001
     assert bursts.hold(10.04, held_since=10.0)
     assert not bursts.hold(10.06, held_since=10.0)
+
+
+def test_a_zero_hold_steps_at_once() -> None:
+    bursts = AddBursts(quiet_s=0.0)
+    bursts.note_add(10.0)
+    assert not bursts.hold(10.0, held_since=10.0)
+
+
+def test_the_engine_stage_names_the_flag_and_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    # parser.error before anything loads: one line naming the flag and the bound.
+    from services.engine.__main__ import _main
+    with pytest.raises(SystemExit) as exc:
+        _main(["--model", "/nonexistent", "--add-hold-ms", "-1"])
+    assert exc.value.code == 2
+    assert "--add-hold-ms must be in [0, 50], got -1" in capsys.readouterr().err
