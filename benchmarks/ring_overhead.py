@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--throughput-repeats", type=int, default=3,
                         help="in-process / ring throughput pairs, alternating (0: skip)")
     parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--add-hold-ms", type=float, default=None,
+                        help="the engine stage's --add-hold-ms (default: the stage's own)")
     parser.add_argument("--output-json", type=Path, default=None)
     return parser
 
@@ -139,7 +141,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     log("starting an auto-stepping stack")
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    hold = [] if args.add_hold_ms is None else ["--add-hold-ms", str(args.add_hold_ms)]
+    data["add_hold_ms"] = args.add_hold_ms
     stack = launch_stack(StackConfig(model=str(model_dir), engine_args=settings.engine_flags(),
+                                     engine_stage_args=hold,
                                      gateway_args=["--auto-step"],
                                      log_dir=Path("/tmp/strand-bench-logs")))
     try:

@@ -24,7 +24,7 @@ from services.common.errors import LOG_LEVEL_ENV, UserError, run_main
 from services.router.router import POLICIES
 
 if TYPE_CHECKING:
-    from services.launch import Stack
+    from services.launch import Stack, StackConfig
 
 _SERVICE_MAINS = {
     "tokenizer": "services.tokenizer.__main__",
@@ -96,6 +96,10 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
                         help="the gateway steps the engine whenever it has work (for serving "
                              "Generate streams); without it Step calls drive the engine, and a "
                              "Generate stream nobody steps steps itself after 1 s")
+    parser.add_argument("--add-hold-ms", type=float, default=None,
+                        help="with --auto-step: the engine holds a step until adds pause this "
+                             "long, so a burst joins one step (0: step at once; the engine's "
+                             "default: 2)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the gateway's private key (PEM)")
@@ -184,10 +188,20 @@ def _build_cpu_kernels(device: str) -> None:
 
 
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str) -> Stack:
-    from services.launch import StackConfig, launch_stack
+    from services.launch import launch_stack
+
+    config = stack_config(args, parser, model)  # a bad flag fails here, before any stage starts
+    _build_cpu_kernels(args.device)
+    return launch_stack(config)
+
+
+def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str
+                 ) -> StackConfig:
+    """What `strand serve` starts, from its flags (checked here)."""
+    from services.launch import StackConfig
 
     gateway_args = ["--auto-step"] if args.auto_step else []
-    if args.lora_modules:  # a bad spec fails here, before any stage starts
+    if args.lora_modules:
         from services.openai.lora_modules import parse_lora_modules
 
         if args.openai_port is None:
@@ -197,17 +211,24 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
     data_parallel_size, engine_addresses = _replica_args(args, parser)
-    _build_cpu_kernels(args.device)
-    config = StackConfig(model=model, engine_args=_engine_flags(args, parser),
-                         gateway_args=gateway_args, host=args.host, gateway_port=args.port,
-                         otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
-                         tls_cert=args.tls_cert, tls_key=args.tls_key,
-                         openai_port=args.openai_port, metrics_port=args.metrics_port or None,
-                         data_parallel_size=data_parallel_size,
-                         engine_addresses=engine_addresses, router_policy=args.router_policy,
-                         openai_args=(["--lora-modules", *args.lora_modules]
-                                      if args.lora_modules else []))
-    return launch_stack(config)
+    engine_stage_args: list[str] = []
+    if args.add_hold_ms is not None:
+        from services.engine.add_burst import MAX_ADD_HOLD_S
+
+        if not 0 <= args.add_hold_ms <= 1e3 * MAX_ADD_HOLD_S:
+            parser.error(f"--add-hold-ms must be in [0, {1e3 * MAX_ADD_HOLD_S:g}], "
+                         f"got {args.add_hold_ms:g}")
+        engine_stage_args = ["--add-hold-ms", str(args.add_hold_ms)]
+    return StackConfig(model=model, engine_args=_engine_flags(args, parser),
+                       gateway_args=gateway_args, engine_stage_args=engine_stage_args,
+                       host=args.host, gateway_port=args.port,
+                       otlp_traces_endpoint=args.otlp_traces_endpoint, log_dir=args.log_dir,
+                       tls_cert=args.tls_cert, tls_key=args.tls_key,
+                       openai_port=args.openai_port, metrics_port=args.metrics_port or None,
+                       data_parallel_size=data_parallel_size,
+                       engine_addresses=engine_addresses, router_policy=args.router_policy,
+                       openai_args=(["--lora-modules", *args.lora_modules]
+                                    if args.lora_modules else []))
 
 
 def serve(argv: list[str]) -> None:

@@ -131,6 +131,7 @@ class StackConfig:
     model: str
     engine_args: list[str] = field(default_factory=list)  # EngineArgs flags for the stages
     gateway_args: list[str] = field(default_factory=list)  # --auto-step, --api-key, ...
+    engine_stage_args: list[str] = field(default_factory=list)  # the engine's own: --add-hold-ms
     host: str = "127.0.0.1"
     gateway_port: int = 0  # 0: a free port
     otlp_traces_endpoint: str | None = None
@@ -227,6 +228,7 @@ class Stack:
             return cmd + [f"--engine-addr={self.engine_addrs}"]
         if "--auto-step" in cfg.gateway_args:
             cmd += ["--auto-step"]
+        cmd += cfg.engine_stage_args
         if cfg.routes_kv_aware and "--kv-events" not in cmd:
             cmd += ["--kv-events"]  # the router's index is fed by them
         return cmd

@@ -72,3 +72,30 @@ def test_each_replica_gets_its_own_visible_gpu_when_there_is_one_per_replica() -
     assert stack.replica_env("tokenizer", env) == {}
     assert stack.replica_env("engine-1", {"CUDA_VISIBLE_DEVICES": "0"}) == {}  # shared
     assert stack.replica_env("engine-1", {}) == {}
+
+
+def test_the_engines_own_flags_reach_every_engine_and_no_other_stage() -> None:
+    stack = _stack(data_parallel_size=2, engine_stage_args=["--add-hold-ms", "0.0"],
+                   gateway_args=["--auto-step"])
+    for name in ("engine-0", "engine-1"):
+        command = stack.command(name)
+        assert command[command.index("--add-hold-ms") + 1] == "0.0"
+    for name in ("tokenizer", "detokenizer", "gateway"):
+        assert "--add-hold-ms" not in stack.command(name)
+
+
+def test_serve_passes_add_hold_ms_to_the_engines_only_when_given() -> None:
+    from services.cli import stack_config
+    parser = _stack_parser("strand serve")
+    given = stack_config(parser.parse_args(["--model", "m", "--add-hold-ms", "0"]), parser, "m")
+    assert given.engine_stage_args == ["--add-hold-ms", "0.0"]
+    assert stack_config(parser.parse_args(["--model", "m"]), parser, "m").engine_stage_args == []
+
+
+def test_serve_refuses_a_hold_out_of_bounds_before_starting_anything(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import stack_config
+    parser = _stack_parser("strand serve")
+    with pytest.raises(SystemExit):
+        stack_config(parser.parse_args(["--model", "m", "--add-hold-ms", "51"]), parser, "m")
+    assert "--add-hold-ms must be in [0, 50], got 51" in capsys.readouterr().err
