@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "avx512_bf16.h"
 #include "vec16.h"
 
 // out[r, h] = softmax(q[r, h] . K[r, :len] * scale) @ V[r, :len], K/V read through the block table
@@ -48,6 +50,42 @@ struct Args {
   float scale;
 };
 
+#ifdef STRAND_DPBF16
+// The scores of n <= 16 bfloat16 key rows (stride RS) against one bfloat16 query head of D values
+// (a multiple of 32), through VDPBF16PS (avx512_bf16.h): two instructions a 64-value row where
+// widening both sides to float32 took eight. The products are exact; scale is applied to the
+// sums (the float path scales the query first: the same where scale is a power of two).
+template <int D>
+BF16_TARGET void scores_dp(const bf16* qh, const bf16* k, int64_t RS, int64_t n, float scale,
+                           float* dst) {
+  constexpr int C = D / 32;
+  __m512bh qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
+  v16 part[16];
+  for (int64_t i = 0; i < n; ++i) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c)
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + i * RS + 32 * c), qv[c]);
+    part[i] = (v16)acc;
+  }
+  for (int64_t i = n; i < 16; ++i) part[i] = v16{};
+  alignas(64) float tile[16];
+  store(tile, reduce16(part) * scale);
+  std::memcpy(dst, tile, n * sizeof(float));
+}
+#endif
+
+// Whether request_task's bfloat16 scores go through scores_dp: head_dim a multiple of 32 and a
+// CPU with the instruction.
+template <typename T, int DC>
+bool use_scores_dp() {
+#ifdef STRAND_DPBF16
+  if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0 && kLanes == 16)
+    return has_dpbf16();
+#endif
+  return false;
+}
+
 // DC > 0: head_dim == kLanes * DC (the chunk loops unroll and accumulators stay in registers);
 // DC == 0: any head_dim, its last D % kLanes lanes handled apart.
 // The task: request r's kv heads [g0, g1) and their query heads.
@@ -59,6 +97,7 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
   const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole v16s
   const int32_t* blocks = a.bt + r * a.MB;
   s.resize(H * L);
+  [[maybe_unused]] const bool dp = use_scores_dp<T, DC>();
   vl part[kLanes];
   // Scores: for every block, every kv head, every query head of its group, kLanes tokens a tile.
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
@@ -70,6 +109,16 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
       for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
         const T* qh = a.q + (r * H + h) * D;
+#ifdef STRAND_DPBF16
+        if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0) {
+          if (dp) {
+            for (int64_t i0 = 0; i0 < in_block; i0 += 16)
+              scores_dp<kLanes * DC>(qh, kb + i0 * RS, RS, std::min<int64_t>(16, in_block - i0),
+                                     a.scale, s.data() + h * L + t0 + i0);
+            continue;
+          }
+        }
+#endif
         vl qv[DC > 0 ? DC : kMaxChunks];
         for (int64_t c = 0; c < FC; ++c) qv[c] = load_l(qh + kLanes * c) * a.scale;
         const vl qt = rem ? load_tail_l(qh + kLanes * FC, rem) * a.scale : vl{};

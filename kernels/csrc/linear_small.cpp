@@ -6,10 +6,7 @@
 
 #include "vec16.h"
 
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
-#define STRAND_DPBF16 1
-#endif
+#include "avx512_bf16.h"
 
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a few rows of x (M <= 4): decode steps of a few
 // requests. A GEMM library is built for products that reuse each weight many times; here each
@@ -66,15 +63,8 @@ void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
 }
 
 #ifdef STRAND_DPBF16
-// bfloat16 on a CPU with AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4): VDPBF16PS multiplies
-// 32 bfloat16 pairs and adds them to 16 float32 sums in one instruction, where the portable path
-// widens each weight to float32 first (a zero-extend and a shift per 16 weights before the
-// multiply-add): that made bfloat16 decode compute-bound at about 7 GB/s of weights on one
-// Xeon core, half what the float32 path reads. Products of bfloat16 values are exact in float32;
-// the sums are float32, as in the portable path (in another order: the last bits differ).
-// Built only at the avx512 level (so never under STRAND_CPU_ISA=avx2), used only where the CPU
-// reports the instructions.
-#define BF16_TARGET __attribute__((target("avx512bf16,avx512bw,avx512vl,avx512f")))
+// bfloat16 weights through VDPBF16PS (avx512_bf16.h): widening each weight first made bfloat16
+// decode compute-bound at about 7 GB/s of weights on one Xeon core, half what float32 reads.
 
 // Weight rows a group at M rows of x: 8 at M <= 2 (one x register and 8 or 16 accumulators),
 // 4 above (16 accumulators and 4 x registers: 8 rows would take all 32 registers and spill).
@@ -142,10 +132,6 @@ void run_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K
   });
 }
 
-bool has_dpbf16() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
 #endif
 
 template <typename T>
