@@ -3,6 +3,7 @@
 // 4 us through the dispatcher, and a decode step makes some 200 of them.
 #include <torch/csrc/utils/pybind.h>
 
+#include "decode_stack.h"
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -16,8 +17,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),
         py::arg("bias") = py::none());
   m.def("gguf_dequantize", &gguf_dequantize, "GGUF Q8_0 / Q4_0 / Q4_1 blocks to float32 rows");
-  m.def("decode_layer", &decode_layer,
-        "one Llama-family decoder layer for a decode step of 1 to 4 rows");
+  py::class_<DecodeStack>(m, "DecodeStack",
+                          "a model's Llama-family decoder layers for decode steps of 1 to 4 rows")
+      .def(py::init<at::Tensor, int64_t, int64_t, int64_t, double, double>(),
+           py::arg("cos_sin"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
+      .def("add_layer", &DecodeStack::add_layer)
+      .def("forward", &DecodeStack::forward);
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
   m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32 or bfloat16");

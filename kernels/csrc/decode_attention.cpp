@@ -2,16 +2,19 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "avx512_bf16.h"
 #include "vec16.h"
 
 // out[r, h] = softmax(q[r, h] . K[r, :len] * scale) @ V[r, :len], K/V read through the block table
 // where they lie. float32 or bfloat16 (computed in float32), contiguous tensors (the Python
 // wrapper checks).
 //
-// One task per request, longest first. Its blocks are visited in order and each is finished for
-// every kv head before the next, so the cache is read as whole contiguous blocks (the hardware
+// One task per request, longest first (or, with fewer requests than threads, per request and kv
+// head). Its blocks are visited in order and each is finished for every kv head of the task
+// before the next, so the cache is read as whole contiguous blocks (the hardware
 // prefetchers follow that; a task per (request, kv head) reading 1/num_kv_heads of each row did
 // not).
 // The arithmetic is register-wide vectors (vec16.h's vl: 16 floats with AVX-512, 8 with AVX2):
@@ -47,27 +50,75 @@ struct Args {
   float scale;
 };
 
+#ifdef STRAND_DPBF16
+// The scores of n <= 16 bfloat16 key rows (stride RS) against one bfloat16 query head of D values
+// (a multiple of 32), through VDPBF16PS (avx512_bf16.h): two instructions a 64-value row where
+// widening both sides to float32 took eight. The products are exact; scale is applied to the
+// sums (the float path scales the query first: the same where scale is a power of two).
+template <int D>
+BF16_TARGET void scores_dp(const bf16* qh, const bf16* k, int64_t RS, int64_t n, float scale,
+                           float* dst) {
+  constexpr int C = D / 32;
+  __m512bh qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
+  v16 part[16];
+  for (int64_t i = 0; i < n; ++i) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c)
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + i * RS + 32 * c), qv[c]);
+    part[i] = (v16)acc;
+  }
+  for (int64_t i = n; i < 16; ++i) part[i] = v16{};
+  alignas(64) float tile[16];
+  store(tile, reduce16(part) * scale);
+  std::memcpy(dst, tile, n * sizeof(float));
+}
+#endif
+
+// Whether request_task's bfloat16 scores go through scores_dp: head_dim a multiple of 32 and a
+// CPU with the instruction.
+template <typename T, int DC>
+bool use_scores_dp() {
+#ifdef STRAND_DPBF16
+  if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0 && kLanes == 16)
+    return has_dpbf16();
+#endif
+  return false;
+}
+
 // DC > 0: head_dim == kLanes * DC (the chunk loops unroll and accumulators stay in registers);
 // DC == 0: any head_dim, its last D % kLanes lanes handled apart.
+// The task: request r's kv heads [g0, g1) and their query heads.
 template <typename T, int DC>
-void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vector<float>& inv,
-                  std::vector<float>& acc_out) {
+void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vector<float>& s,
+                  std::vector<float>& inv, std::vector<float>& acc_out) {
   const int64_t H = a.H, D = DC > 0 ? kLanes * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D;
   const int64_t len = a.lens[r], FC = DC > 0 ? DC : D / kLanes, rem = DC > 0 ? 0 : D % kLanes;
   const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole v16s
   const int32_t* blocks = a.bt + r * a.MB;
   s.resize(H * L);
+  [[maybe_unused]] const bool dp = use_scores_dp<T, DC>();
   vl part[kLanes];
   // Scores: for every block, every kv head, every query head of its group, kLanes tokens a tile.
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
     for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
       prefetch_block(a.kc, blocks, b + ahead, t0 + ahead * a.BS, len, a.BS, RS);
-    for (int64_t g = 0; g < a.KVH; ++g) {
+    for (int64_t g = g0; g < g1; ++g) {
       const T* kb = a.kc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
         const T* qh = a.q + (r * H + h) * D;
+#ifdef STRAND_DPBF16
+        if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0) {
+          if (dp) {
+            for (int64_t i0 = 0; i0 < in_block; i0 += 16)
+              scores_dp<kLanes * DC>(qh, kb + i0 * RS, RS, std::min<int64_t>(16, in_block - i0),
+                                     a.scale, s.data() + h * L + t0 + i0);
+            continue;
+          }
+        }
+#endif
         vl qv[DC > 0 ? DC : kMaxChunks];
         for (int64_t c = 0; c < FC; ++c) qv[c] = load_l(qh + kLanes * c) * a.scale;
         const vl qt = rem ? load_tail_l(qh + kLanes * FC, rem) * a.scale : vl{};
@@ -93,7 +144,7 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
   // block is on its way meanwhile.
   prefetch_block(a.vc, blocks, 0, 0, len, a.BS, RS);
   inv.resize(H);
-  for (int64_t h = 0; h < H; ++h) {
+  for (int64_t h = g0 * G; h < g1 * G; ++h) {
     float* sh = s.data() + h * L;
     std::fill(sh + len, sh + L, -std::numeric_limits<float>::infinity());
     vl mv = load_l(sh);
@@ -120,7 +171,7 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
     const int64_t in_block = std::min(a.BS, len - t0);
     for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
       prefetch_block(a.vc, blocks, b + ahead, t0 + ahead * a.BS, len, a.BS, RS);
-    for (int64_t g = 0; g < a.KVH; ++g) {
+    for (int64_t g = g0; g < g1; ++g) {
       const T* vb = a.vc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t j = 0; j < G; ++j) {
         const int64_t h = g * G + j;
@@ -139,7 +190,7 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
     t0 += in_block;
   }
   T* dst = a.o + r * H * D;
-  for (int64_t h = 0; h < H; ++h) {
+  for (int64_t h = g0 * G; h < g1 * G; ++h) {
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) store(dst + h * D + d, load(out + h * D + d) * inv[h]);
     for (; d < D; ++d) store_scalar(dst + h * D + d, out[h * D + d] * inv[h]);
@@ -147,19 +198,35 @@ void request_task(const Args<T>& a, int64_t r, std::vector<float>& s, std::vecto
 }
 
 // Longest first, to whichever thread is free: an even split of 64 requests of random lengths
-// left one thread a tenth more work than the other.
+// left one thread a tenth more work than the other. With fewer requests than threads (a decode
+// step of one request) a request's kv heads are tasks of their own, so every thread has work:
+// each head's sums are the same either way, in the same order.
 template <typename T, int DC>
 void run(const Args<T>& a, int64_t R) {
+  struct Task {
+    int64_t r, g0, g1;
+  };
   std::vector<int64_t> order(R);
   for (int64_t r = 0; r < R; ++r) order[r] = r;
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return a.lens[x] > a.lens[y]; });
-  const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), R));
+  const int64_t threads_wanted = at::get_num_threads();
+  std::vector<Task> tasks;
+  for (int64_t r : order) {
+    if (R >= threads_wanted) {
+      tasks.push_back({r, 0, a.KVH});
+    } else {
+      for (int64_t g = 0; g < a.KVH; ++g) tasks.push_back({r, g, g + 1});
+    }
+  }
+  const int64_t T_ = (int64_t)tasks.size();
+  const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(threads_wanted, T_));
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> s, inv, acc_out;  // scratch reused across the thread's requests
+    std::vector<float> s, inv, acc_out;  // scratch reused across the thread's tasks
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < R; ++i) request_task<T, DC>(a, order[i], s, inv, acc_out);
+    for (int64_t i = 0; i < T_; ++i)
+      request_task<T, DC>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out);
   }
 }
 

@@ -1,15 +1,18 @@
-#include "kernels.h"
+#include "decode_stack.h"
+
 #include <ATen/ops/empty.h>
 
-// One Llama-family decoder layer for a decode step of a few requests (1 to 4 rows, one new token
-// each), as one call: the same kernels the Python layers call one by one (RMSNorm with the
-// residual add, the few-row linear, rotary, KV write, paged decode attention, silu-and-mul), in
-// the same order on the same data. At one row a layer's weights take ~1 ms to read on 2 cores,
-// and the ~11 Python-level calls of the layer (module dispatch, argument checks, tensor
-// bookkeeping) took ~0.6 ms more; here they are C++ calls. The caller checks once per step what
-// the Python wrappers check per call (engine_core/model_executor/layers/fused_decode.py).
-// qtypes: per projection (qkv, o, gate_up, down), 0 for a dense weight, else the GGML type of a
-// weight packed in GGUF blocks (gguf_linear.cpp).
+// The decoder layers of a Llama-family model for a decode step of a few requests (1 to 4 rows,
+// one new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
+// with the residual add, the few-row linear, rotary, KV write, paged decode attention,
+// silu-and-mul), in the same order on the same data. At one row a layer's weights take ~1 ms to
+// read on 2 cores, and the ~11 Python-level calls of the layer (module dispatch, argument
+// checks, tensor bookkeeping) took ~0.6 ms more; a call per layer from Python still cost ~20 us
+// of argument conversion and ~45 us of tensor creation (intermediates, views) a layer: 2 ms of a
+// 35 ms bfloat16 step on one thread. So the layers' weights are handed over once (add_layer),
+// each step is one call, and a layer's intermediates live in buffers made once per row count.
+// The caller checks once per step what the Python wrappers check per call
+// (engine_core/model_executor/layers/fused_decode.py).
 namespace {
 void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
              const c10::optional<at::Tensor>& b, int64_t qtype) {
@@ -20,50 +23,101 @@ void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
 }
 }  // namespace
 
-std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor> residual,
-                                     at::Tensor input_norm, at::Tensor qkv_w,
-                                     c10::optional<at::Tensor> qkv_b, at::Tensor o_w,
-                                     c10::optional<at::Tensor> o_b, at::Tensor post_norm,
-                                     at::Tensor gate_up_w, at::Tensor down_w,
-                                     at::Tensor positions, at::Tensor cos_sin, at::Tensor kv_cache,
-                                     at::Tensor slots, at::Tensor block_table,
-                                     at::Tensor seq_lens, int64_t num_heads,
-                                     int64_t num_kv_heads, int64_t head_dim, double eps,
-                                     double scale, std::vector<int64_t> qtypes) {
-  TORCH_CHECK(qtypes.size() == 4, "decode_layer takes 4 qtypes (qkv, o, gate_up, down)");
-  const int64_t M = hidden.size(0), H = hidden.size(1);
-  const int64_t Q = num_heads * head_dim, KV = num_kv_heads * head_dim;
-  const int64_t I = gate_up_w.size(0) / 2;
-  const auto opts = hidden.options();
-  // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream)
-  at::Tensor normed = at::empty({M, H}, opts), res = hidden;
-  if (residual.has_value()) {
-    res = at::empty({M, H}, opts);
-    add_rms_norm(normed, res, hidden, *residual, input_norm, eps);
-  } else {
-    rms_norm(normed, hidden, input_norm, eps);
-  }
-  at::Tensor qkv = at::empty({M, Q + 2 * KV}, opts);
-  project(qkv, normed, qkv_w, qkv_b, qtypes[0]);
+DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t head_dim, double eps, double scale)
+    : cos_sin_(cos_sin), num_heads_(num_heads), num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim), eps_(eps), scale_(scale) {
+  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+              "num_heads must be a positive multiple of num_kv_heads");
+}
+
+void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
+                            c10::optional<at::Tensor> qkv_b, at::Tensor o_w,
+                            c10::optional<at::Tensor> o_b, at::Tensor post_norm,
+                            at::Tensor gate_up_w, at::Tensor down_w,
+                            std::vector<int64_t> qtypes) {
+  TORCH_CHECK(qtypes.size() == 4, "add_layer takes 4 qtypes (qkv, o, gate_up, down)");
+  // A packed GGUF gate_up weight is [rows, bytes a row]: its row count is still 2 I.
+  const int64_t H = input_norm.size(0), I = gate_up_w.size(0) / 2;
+  TORCH_CHECK(layers_.empty() || (H == hidden_ && I == intermediate_),
+              "every layer must have the first one's hidden and intermediate sizes");
+  hidden_ = H;
+  intermediate_ = I;
+  layers_.push_back({input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, qtypes});
+}
+
+DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& opts) {
+  if (by_m_.empty()) by_m_.resize(4);
+  Buffers& b = by_m_[M - 1];
+  if (b.out.defined()) return b;
+  const int64_t H = hidden_, Q = num_heads_ * head_dim_, KV = num_kv_heads_ * head_dim_;
+  const auto rows = [&](int64_t n) { return at::empty({M, n}, opts); };
+  b.normed = rows(H);
+  b.res_a = rows(H);
+  b.res_b = rows(H);
+  b.qkv = rows(Q + 2 * KV);
   // Views of qkv's rows: [M, heads, head_dim], token stride Q + 2 KV.
-  at::Tensor q = qkv.narrow(1, 0, Q).view({M, num_heads, head_dim});
-  at::Tensor k = qkv.narrow(1, Q, KV).view({M, num_kv_heads, head_dim});
-  at::Tensor v = qkv.narrow(1, Q + KV, KV).view({M, num_kv_heads, head_dim});
-  rotary_neox(q, positions, cos_sin);
-  rotary_neox(k, positions, cos_sin);
-  write_kv(kv_cache.select(0, 0), kv_cache.select(0, 1), k, v, slots);
-  at::Tensor attn = at::empty({M, num_heads, head_dim}, opts);
-  decode_attention(attn, q.contiguous(), kv_cache.select(0, 0), kv_cache.select(0, 1),
-                   block_table, seq_lens, scale);
-  at::Tensor o = at::empty({M, H}, opts);
-  project(o, attn.view({M, Q}), o_w, o_b, qtypes[1]);
-  at::Tensor normed2 = at::empty({M, H}, opts), res2 = at::empty({M, H}, opts);
-  add_rms_norm(normed2, res2, o, res, post_norm, eps);
-  at::Tensor gate_up = at::empty({M, 2 * I}, opts);
-  project(gate_up, normed2, gate_up_w, c10::nullopt, qtypes[2]);
-  at::Tensor act = at::empty({M, I}, opts);
-  silu_and_mul(act, gate_up);
-  at::Tensor out = at::empty({M, H}, opts);
-  project(out, act, down_w, c10::nullopt, qtypes[3]);
-  return {out, res2};
+  b.q = b.qkv.narrow(1, 0, Q).view({M, num_heads_, head_dim_});
+  b.k = b.qkv.narrow(1, Q, KV).view({M, num_kv_heads_, head_dim_});
+  b.v = b.qkv.narrow(1, Q + KV, KV).view({M, num_kv_heads_, head_dim_});
+  b.attn = at::empty({M, num_heads_, head_dim_}, opts);
+  b.attn_rows = b.attn.view({M, Q});
+  b.o = rows(H);
+  b.normed2 = rows(H);
+  b.gate_up = rows(2 * intermediate_);
+  b.act = rows(intermediate_);
+  b.out = rows(H);
+  return b;
+}
+
+std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor positions,
+                                             std::vector<at::Tensor> kv_caches,
+                                             at::Tensor slots, at::Tensor block_table,
+                                             at::Tensor seq_lens) {
+  const int64_t M = hidden.size(0);
+  TORCH_CHECK(M >= 1 && M <= 4, "DecodeStack takes 1 to 4 rows, got ", M);
+  TORCH_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
+              "] for a stack of at least one layer");
+  TORCH_CHECK(kv_caches.size() == layers_.size(), "one kv cache per layer: ", layers_.size(),
+              ", got ", kv_caches.size());
+  TORCH_CHECK(hidden.scalar_type() == layers_[0].input_norm.scalar_type(),
+              "hidden must be in the weights' dtype");
+  std::lock_guard<std::mutex> lock(mutex_);
+  caches_.resize(layers_.size());
+  keys_.resize(layers_.size());
+  values_.resize(layers_.size());
+  Buffers& b = buffers(M, hidden.options());
+  // The decode attention kernel indexes the query as [M, heads, head_dim] rows; at M = 1 the
+  // view of qkv is one (its token stride is never used).
+  const bool q_rows = M == 1;
+  at::Tensor q_dense = q_rows ? b.q : at::empty({M, num_heads_, head_dim_}, hidden.options());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    if (!caches_[l].is_same(kv_caches[l])) {  // a new cache (first step, or reallocated)
+      caches_[l] = kv_caches[l];
+      keys_[l] = kv_caches[l].select(0, 0);
+      values_[l] = kv_caches[l].select(0, 1);
+    }
+    // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream); the first
+    // layer has no residual yet: its input is the stream.
+    const at::Tensor& in = l == 0 ? hidden : b.out;
+    if (l == 0)
+      rms_norm(b.normed, in, L.input_norm, eps_);
+    else
+      add_rms_norm(b.normed, b.res_a, in, b.res_b, L.input_norm, eps_);
+    const at::Tensor& res = l == 0 ? hidden : b.res_a;
+    project(b.qkv, b.normed, L.qkv_w, L.qkv_b, L.qtypes[0]);
+    rotary_neox(b.q, positions, cos_sin_);
+    rotary_neox(b.k, positions, cos_sin_);
+    write_kv(keys_[l], values_[l], b.k, b.v, slots);
+    if (!q_rows) q_dense.copy_(b.q);
+    decode_attention(b.attn, q_dense, keys_[l], values_[l], block_table, seq_lens, scale_);
+    project(b.o, b.attn_rows, L.o_w, L.o_b, L.qtypes[1]);
+    add_rms_norm(b.normed2, b.res_b, b.o, res, L.post_norm, eps_);
+    project(b.gate_up, b.normed2, L.gate_up_w, c10::nullopt, L.qtypes[2]);
+    silu_and_mul(b.act, b.gate_up);
+    project(b.out, b.act, L.down_w, c10::nullopt, L.qtypes[3]);
+  }
+  // New tensors: the buffers are overwritten by the next step.
+  return {b.out.clone(), b.res_b.clone()};
 }

@@ -31,17 +31,7 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
                        c10::optional<at::Tensor> bias);
 void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype);
 
-// decode_layer.cpp
-std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor> residual,
-                                     at::Tensor input_norm, at::Tensor qkv_w,
-                                     c10::optional<at::Tensor> qkv_b, at::Tensor o_w,
-                                     c10::optional<at::Tensor> o_b, at::Tensor post_norm,
-                                     at::Tensor gate_up_w, at::Tensor down_w,
-                                     at::Tensor positions, at::Tensor cos_sin, at::Tensor kv_cache,
-                                     at::Tensor slots, at::Tensor block_table,
-                                     at::Tensor seq_lens, int64_t num_heads,
-                                     int64_t num_kv_heads, int64_t head_dim, double eps,
-                                     double scale, std::vector<int64_t> qtypes);
+// decode_layer.cpp: the DecodeStack class (decode_stack.h)
 
 // elementwise.cpp
 void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);

@@ -71,3 +71,25 @@ def test_bfloat16_is_computed_in_float32_and_rounded_once(
     ref = paged_attention_ref(query.float(), torch.nan_to_num(kv.float(), nan=0.0), starts,
                               lens, table, scale)
     torch.testing.assert_close(out.float(), ref.bfloat16().float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("seq_lens", "num_kv_heads"), [([300], 3), ([77], 1), ([5, 140], 4)])
+def test_fewer_requests_than_threads_split_by_kv_head_and_give_the_same_bits(
+        dtype: torch.dtype, seq_lens: list[int], num_kv_heads: int) -> None:
+    # With more threads than requests each (request, kv head) is a task of its own; each head's
+    # sums are the same as in one thread, in the same order.
+    query, kv, table, lens = _case(seq_lens, 3 * num_kv_heads, num_kv_heads, 64, 16, 7)
+    query, kv = query.to(dtype), kv.to(dtype)
+    one = decode_attention(query, kv, table, lens, 0.125)
+    torch.set_num_threads(4)
+    try:
+        split = decode_attention(query, kv, table, lens, 0.125)
+    finally:
+        torch.set_num_threads(1)
+    assert torch.equal(split, one)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    ref = paged_attention_ref(query.float(), torch.nan_to_num(kv.float(), nan=0.0), starts, lens,
+                              table, 0.125)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(split.float(), ref.to(dtype).float(), atol=tol, rtol=tol)

@@ -110,17 +110,20 @@ def test_bfloat16_without_onednn_bf16_goes_through_a_float32_copy(
     torch.testing.assert_close(got.float(), want, rtol=8e-3, atol=1e-2)
 
 
+@pytest.mark.parametrize("outputs", [37, 1001])
 @pytest.mark.parametrize("features", [32, 75, 600])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
-def test_linear_small_in_bfloat16_sums_every_feature(features: int, rows: int) -> None:
+def test_linear_small_in_bfloat16_sums_every_feature(features: int, rows: int,
+                                                     outputs: int) -> None:
     # Where the CPU has AVX512_BF16 the kernel takes 32 features a step and masks the rest:
-    # whole steps, a remainder, and many steps, against float32 sums of the same values.
+    # whole steps, a remainder, and many steps, against float32 sums of the same values; weight
+    # rows in groups of 8 (1-2 rows of x) or 4, a partial group last, split over the threads.
     if not cpu_linear.small_m_applies(torch.empty(4, 4)):
         pytest.skip("CPU kernels not built")
-    g = torch.Generator().manual_seed(features * 10 + rows)
+    g = torch.Generator().manual_seed(features * 10 + rows + outputs)
     x = torch.randn(rows, features, generator=g).bfloat16()
-    w = torch.randn(37, features, generator=g).bfloat16()
-    b = torch.randn(37, generator=g).bfloat16()
+    w = torch.randn(outputs, features, generator=g).bfloat16()
+    b = torch.randn(outputs, generator=g).bfloat16()
     want = torch.nn.functional.linear(x.float(), w.float(), b.float())
     got = cpu_linear.linear_small(x, w, b)
     assert got.dtype == torch.bfloat16

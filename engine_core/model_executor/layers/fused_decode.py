@@ -1,17 +1,18 @@
-"""A decode step of a few requests on CPU through each Llama-family layer as one C++ call.
+"""A decode step of a few requests on CPU through every Llama-family layer as one C++ call.
 
 At batch size 1 a decode step reads every weight once: on the 2-core AVX2-only EPYC, SmolLM2's
 30 layers take ~27 ms to read, and their ~330 Python-level calls (module dispatch, the kernel
-wrappers' checks, tensor bookkeeping) took ~20 ms more. kernels/csrc/decode_layer.cpp runs a
-layer's kernels (the same ones, in the same order, on the same data) from C++; this module decides
-when that applies and does, once per step, the checks the wrappers would do once per call. The
-outputs are the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
+wrappers' checks, tensor bookkeeping) took ~20 ms more. kernels/csrc/decode_layer.cpp runs the
+layers' kernels (the same ones, in the same order, on the same data) from C++: the weights are
+handed to a DecodeStack once per model, and a step is one call. This module decides when that
+applies and does, once per step, the checks the wrappers would do once per call. The outputs are
+the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
     from engine_core.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 _DTYPES = (torch.float32, torch.bfloat16)
-LayerArgs = tuple[object, ...]
-# model -> its layers' arguments (None: some layer cannot take the fused call), gathered once.
-_ARGS: weakref.WeakKeyDictionary[nn.Module, list[LayerArgs] | None] = weakref.WeakKeyDictionary()
+# model -> its layers in C++ (None: some layer cannot take the fused call), made once.
+_STACKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
 
 def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -42,35 +42,38 @@ def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[to
         return False
     if not (isinstance(backend, TorchAttentionBackend) and backend.use_cpu_kernel):
         return False
-    return _layer_args(model, kv_caches) is not None
+    return _stack(model, kv_caches) is not None
 
 
-def _layer_args(model: LlamaForCausalLM,
-                kv_caches: list[torch.Tensor]) -> list[LayerArgs] | None:
-    """Each layer's weights and sizes, gathered once per model; None where a layer cannot go
-    through the fused call."""
-    if model not in _ARGS:
-        _ARGS[model] = _gather(model)
-    cached = _ARGS[model]
-    if cached is None or KERNELS.module() is None:
+def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> Any:
+    """The model's DecodeStack, made once per model; None where a layer cannot go through the
+    fused call."""
+    module = KERNELS.module()
+    if module is None:
+        return None
+    if model not in _STACKS:
+        _STACKS[model] = _build(model, module)
+    stack = _STACKS[model]
+    if stack is None:
         return None
     dtype = model.model.embed_tokens.weight.dtype
     if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
            for c in kv_caches):
         return None
-    return cached
+    return stack
 
 
-def _gather(model: LlamaForCausalLM) -> list[LayerArgs] | None:
+def _build(model: LlamaForCausalLM, module: Any) -> Any:
     dtype = model.model.embed_tokens.weight.dtype
     rotary = model.model.rotary
     cos_sin = rotary.cos_sin
     if (dtype not in _DTYPES or cos_sin.dtype != torch.float32 or cos_sin.dim() != 2
             or cos_sin.shape[1] % 2 or cos_sin.shape[1] > model.config.head_dim):
         return None
-    out: list[LayerArgs] = []
-    for module in model.model.layers:
-        layer = cast("LlamaDecoderLayer", module)
+    layers: list[tuple[object, ...]] = []
+    sizes: set[tuple[int, int, int, float, float]] = set()
+    for decoder_layer in model.model.layers:
+        layer = cast("LlamaDecoderLayer", decoder_layer)
         attn, mlp = layer.self_attn, layer.mlp
         projections = [_projection(lin, dtype) for lin in (
             attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None),
@@ -91,11 +94,18 @@ def _gather(model: LlamaForCausalLM) -> list[LayerArgs] | None:
             return None
         if norm1.eps != norm2.eps:
             return None  # the C++ takes one eps per layer (HF Llama's norms share it)
-        out.append((norm1.weight.contiguous(), qkv_w, qkv_b, o_w, o_b,
-                    norm2.weight.contiguous(), gate_up_w, down_w,
-                    attn.num_heads, attn.num_kv_heads, attn.head_dim, float(norm1.eps),
-                    float(attn.scale), [qkv_q, o_q, gate_up_q, down_q]))
-    return out
+        sizes.add((attn.num_heads, attn.num_kv_heads, attn.head_dim, float(norm1.eps),
+                   float(attn.scale)))
+        layers.append((norm1.weight.contiguous(), qkv_w, qkv_b, o_w, o_b,
+                       norm2.weight.contiguous(), gate_up_w, down_w,
+                       [qkv_q, o_q, gate_up_q, down_q]))
+    if len(sizes) != 1:
+        return None  # the stack's buffers take one set of sizes for every layer
+    heads, kv_heads, head_dim, eps, scale = sizes.pop()
+    stack = module.DecodeStack(cos_sin, heads, kv_heads, head_dim, eps, scale)
+    for args in layers:
+        stack.add_layer(*args)
+    return stack
 
 
 def _projection(lin: object,
@@ -127,26 +137,15 @@ def _check_step(positions: torch.Tensor, slots: torch.Tensor, cos_sin: torch.Ten
 def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
             kv_caches: list[torch.Tensor],
             metadata: AttentionMetadata) -> torch.Tensor:  # [m, hidden] after the final norm
-    layers = _layer_args(model, kv_caches)
-    module = KERNELS.module()
-    assert layers is not None and module is not None, "call applies() first"
+    stack = _STACKS.get(model)
+    assert stack is not None, "call applies() first"
     m = input_ids.shape[0]
     positions = positions[:m].to(torch.int64).contiguous()
     slots = metadata.slot_mapping[:m].to(torch.int64).contiguous()
     block_table = metadata.block_table[:m].to(torch.int32).contiguous()
     seq_lens = metadata.seq_lens[:m].to(torch.int32).contiguous()
-    cos_sin = model.model.rotary.cos_sin
     if kv_caches:
-        _check_step(positions, slots, cos_sin, kv_caches[0], metadata)
+        _check_step(positions, slots, model.model.rotary.cos_sin, kv_caches[0], metadata)
     hidden = model.model.embed_tokens(input_ids)
-    residual: torch.Tensor | None = None
-    for args, kv_cache in zip(layers, kv_caches, strict=True):
-        (norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, down_w, heads, kv_heads, head_dim,
-         eps, scale, qtypes) = args
-        hidden, residual = module.decode_layer(
-            hidden, residual, norm1, qkv_w, qkv_b, o_w, o_b, norm2, gate_up_w, down_w,
-            positions, cos_sin, kv_cache, slots, block_table, seq_lens, heads, kv_heads,
-            head_dim, eps, scale, qtypes)
-    if residual is None:
-        return model.model.norm(hidden)
+    hidden, residual = stack.forward(hidden, positions, kv_caches, slots, block_table, seq_lens)
     return model.model.norm(hidden, residual)[0]
