@@ -15,7 +15,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),
         py::arg("bias") = py::none());
-  m.def("gguf_dequantize", &gguf_dequantize, "GGUF Q8_0 / Q4_0 / Q4_1 blocks to float32 rows");
+  m.def("gguf_dequantize", &gguf_dequantize,
+        "GGUF Q8_0 / Q4_0 / Q4_1 blocks (rows or 16-row tiles) to float32 rows");
+  m.def("gguf_tile", &gguf_tile, "GGUF rows regrouped into 16-row tiles for the decode kernel");
+  m.def("gguf_untile", &gguf_untile, "16-row tiles back to GGUF rows");
   m.def("decode_layer", &decode_layer,
         "one Llama-family decoder layer for a decode step of 1 to 4 rows");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");

@@ -33,7 +33,8 @@ std::vector<at::Tensor> decode_layer(at::Tensor hidden, c10::optional<at::Tensor
   TORCH_CHECK(qtypes.size() == 4, "decode_layer takes 4 qtypes (qkv, o, gate_up, down)");
   const int64_t M = hidden.size(0), H = hidden.size(1);
   const int64_t Q = num_heads * head_dim, KV = num_kv_heads * head_dim;
-  const int64_t I = gate_up_w.size(0) / 2;
+  // gate_up's rows: a GGUF weight regrouped into 16-row tiles is [rows / 16, ...] (gguf_tiled.cpp)
+  const int64_t I = gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
   const auto opts = hidden.options();
   // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream)
   at::Tensor normed = at::empty({M, H}, opts), res = hidden;
