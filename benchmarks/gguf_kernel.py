@@ -1,12 +1,14 @@
 """The few-row GGUF kernel alone over a model's worth of packed layers, read from memory.
 
     python -m benchmarks.gguf_kernel [--qtype Q4_1|Q8_0|Q4_0] [--rows 1] [--threads 1]
-        [--layers 30] [--hidden 576] [--intermediate 1536] [--repeats 15]
+        [--layers 30] [--hidden 576] [--intermediate 1536] [--repeats 15] [--layout tiles|rows]
 
 Each layer's four linear weights (qkv, o, gate_up, down of a Llama-shaped model; SmolLM2-135M's
 shapes by default) are random packed blocks, distinct per layer so that a pass reads them all
 from memory, as a decode step does. Prints the best pass over --repeats: milliseconds and the
-packed bytes read per second (the few-row product is a read of the weights).
+packed bytes read per second (the few-row product is a read of the weights). --layout rows
+times the GGUF rows as the file has them (kernels/csrc/gguf_linear.cpp), tiles (the default, what
+GGUFLinear keeps on CPU) the same bytes in 16-row tiles (kernels/csrc/gguf_tiled.cpp).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intermediate", type=int, default=1536)
     parser.add_argument("--kv", type=int, default=192, help="k (and v) projection width")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--layout", default="tiles", choices=["tiles", "rows"])
     args = parser.parse_args(argv)
     if not 1 <= args.rows <= SMALL_M:
         parser.error(f"--rows must be in 1..{SMALL_M}, got {args.rows}")
@@ -64,10 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     shapes = [(h + 2 * args.kv, h), (h, h), (2 * i, h), (h, i)] * args.layers
     g = torch.Generator().manual_seed(0)
     weights = [random_blocks(n, k, qtype, g) for n, k in shapes]
+    if args.layout == "tiles":  # every width is a multiple of 32, so of the tiles' 16 rows
+        weights = [cpu_gguf_linear.gguf_tile(w, qtype, k) for w, (_, k) in zip(weights, shapes,
+                                                                                strict=True)]
     xs = {k: torch.randn(args.rows, k, generator=g) for k in (h, i)}
     total = sum(w.numel() for w in weights)
-    log(f"{args.layers} layers, {total / 1e6:.0f} MB of {args.qtype}, {args.rows} row(s), "
-        f"{args.threads} thread(s)")
+    log(f"{args.layers} layers, {total / 1e6:.0f} MB of {args.qtype} ({args.layout}), "
+        f"{args.rows} row(s), {args.threads} thread(s)")
 
     def one_pass() -> None:
         for w, (_, k) in zip(weights, shapes, strict=True):
@@ -79,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         one_pass()
         best = min(best, time.perf_counter() - start)
-    print(f"{args.qtype} rows={args.rows} threads={args.threads}: {best * 1e3:.2f} ms a pass, "
+    print(f"{args.qtype} {args.layout} rows={args.rows} threads={args.threads}: "
+          f"{best * 1e3:.2f} ms a pass, "
           f"{total / best / 1e9:.1f} GB/s of packed weights")
 
 

@@ -17,7 +17,14 @@ import torch
 
 from kernels import _triton
 from kernels.cpu_linear import SMALL_M, linear
-from kernels.gguf_linear_ref import dequantize_ref, row_bytes
+from kernels.gguf_linear_ref import (
+    BLOCK,
+    BLOCK_BYTES,
+    TILE_ROWS,
+    dequantize_ref,
+    row_bytes,
+    untile_ref,
+)
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -29,28 +36,66 @@ def kernels_apply(packed: torch.Tensor) -> bool:
     return packed.device.type == "cpu" and KERNELS.module() is not None
 
 
+def out_features(packed: torch.Tensor) -> int:
+    """Weight rows of a packed weight: GGUF rows [N, row bytes] or 16-row tiles [N / 16, ...]."""
+    return packed.shape[0] * TILE_ROWS if packed.dim() == 3 else packed.shape[0]
+
+
 def _check(packed: torch.Tensor, qtype: int, in_features: int) -> None:
-    if packed.dtype != torch.uint8 or packed.dim() != 2 or not packed.is_contiguous():
-        raise ValueError(f"packed must be a contiguous 2-D uint8 tensor, got {packed.dtype} "
-                         f"{tuple(packed.shape)}")
+    if packed.dtype != torch.uint8 or packed.dim() not in (2, 3) or not packed.is_contiguous():
+        raise ValueError(f"packed must be a contiguous 2-D (rows) or 3-D (tiles) uint8 tensor, "
+                         f"got {packed.dtype} {tuple(packed.shape)}")
     want = row_bytes(qtype, in_features)
-    if packed.shape[1] != want:
+    if packed.dim() == 3:
+        tile = (in_features // BLOCK, TILE_ROWS * BLOCK_BYTES[qtype])
+        if tuple(packed.shape[1:]) != tile:
+            raise ValueError(f"tiles of {in_features}-weight rows are [tiles, {tile[0]}, "
+                             f"{tile[1]}], got {tuple(packed.shape)}")
+    elif packed.shape[1] != want:
         raise ValueError(f"a packed row of {in_features} weights takes {want} bytes, got "
                          f"{packed.shape[1]}")
 
 
+def gguf_tile(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+    """GGUF rows [N, row bytes] (N a multiple of 16) -> the same bytes as 16-row tiles
+    [N / 16, in_features / 32, 16 * block bytes], the layout the decode kernel reads 16 rows at a
+    time (kernels/csrc/gguf_tiled.cpp); by the C++ kernel where it applies, else tile_ref."""
+    _check(packed, qtype, in_features)
+    if packed.dim() != 2 or packed.shape[0] % TILE_ROWS:
+        raise ValueError(f"gguf_tile takes GGUF rows, a multiple of {TILE_ROWS} of them, got "
+                         f"{tuple(packed.shape)}")
+    if not kernels_apply(packed):
+        from kernels.gguf_linear_ref import tile_ref
+
+        return tile_ref(packed, qtype)
+    from kernels._cpu_build import KERNELS
+
+    module = KERNELS.module()
+    assert module is not None
+    tiles = torch.empty(packed.shape[0] // TILE_ROWS, in_features // BLOCK,
+                        TILE_ROWS * BLOCK_BYTES[qtype], dtype=torch.uint8)
+    module.gguf_tile(tiles, packed, qtype)
+    return tiles
+
+
+def tiles_apply(packed: torch.Tensor) -> bool:
+    """Whether a GGUF weight is worth regrouping into tiles: GGUF rows, a multiple of 16 of
+    them, on CPU with the C++ kernels (the Triton kernel on CUDA reads GGUF rows)."""
+    return packed.dim() == 2 and packed.shape[0] % TILE_ROWS == 0 and kernels_apply(packed)
+
+
 def gguf_dequantize(packed: torch.Tensor, qtype: int, in_features: int,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """[N, row bytes] uint8 -> [N, in_features] float32, by the C++ kernel where it applies;
-    into `out` (a contiguous float32 [N, in_features]) when given."""
+    """[N, row bytes] uint8 (or its 16-row tiles) -> [N, in_features] float32, by the C++
+    kernel where it applies; into `out` (a contiguous float32 [N, in_features]) when given."""
     _check(packed, qtype, in_features)
-    shape = (packed.shape[0], in_features)
+    shape = (out_features(packed), in_features)
     if out is not None and (out.shape != shape or out.dtype != torch.float32
                             or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous float32 {list(shape)}, got {out.dtype} "
                          f"{list(out.shape)}")
     if not kernels_apply(packed):
-        w = dequantize_ref(packed, qtype)
+        w = dequantize_ref(untile_ref(packed, qtype) if packed.dim() == 3 else packed, qtype)
         return w if out is None else out.copy_(w)
     from kernels._cpu_build import KERNELS
 
@@ -76,9 +121,10 @@ def gguf_linear_small(x: torch.Tensor, packed: torch.Tensor, qtype: int,
         raise ValueError(f"x must be float32 or bfloat16 and bias of x's dtype, got {x.dtype}"
                          f" and {None if bias is None else bias.dtype}")
     _check(packed, qtype, x.shape[1])
-    if bias is not None and bias.shape != (packed.shape[0],):
-        raise ValueError(f"bias must have {packed.shape[0]} values, got {tuple(bias.shape)}")
-    out = torch.empty(x.shape[0], packed.shape[0], dtype=x.dtype)
+    n = out_features(packed)
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have {n} values, got {tuple(bias.shape)}")
+    out = torch.empty(x.shape[0], n, dtype=x.dtype)
     module.gguf_linear_small(out, x.contiguous(), packed, qtype,
                              None if bias is None else bias.contiguous())
     return out
@@ -130,8 +176,9 @@ TILE_BYTES = 8 << 20
 def _dequantized_tiles(x: torch.Tensor, packed: torch.Tensor, qtype: int, in_features: int,
                        bias: torch.Tensor | None) -> torch.Tensor:
     xf = x.float()
-    n = packed.shape[0]
-    tile = max(64, TILE_BYTES // (4 * in_features))
+    n = out_features(packed)
+    # Whole 16-row tiles where the weight is tiled (a slice of it is then a slice of tiles).
+    tile = max(64, TILE_BYTES // (4 * in_features)) // TILE_ROWS * TILE_ROWS
     if tile >= n:
         w = gguf_dequantize(packed, qtype, in_features)
         return linear(xf, w, None if bias is None else bias.float()).to(x.dtype)
@@ -139,6 +186,8 @@ def _dequantized_tiles(x: torch.Tensor, packed: torch.Tensor, qtype: int, in_fea
     buffer = torch.empty(tile, in_features, dtype=torch.float32)  # each tile's, in turn
     for n0 in range(0, n, tile):
         n1 = min(n, n0 + tile)
-        w = gguf_dequantize(packed[n0:n1], qtype, in_features, buffer[:n1 - n0])
+        part = (packed[n0 // TILE_ROWS:n1 // TILE_ROWS] if packed.dim() == 3
+                else packed[n0:n1])  # n0, n1: multiples of 16 (n too, where tiled)
+        w = gguf_dequantize(part, qtype, in_features, buffer[:n1 - n0])
         out[:, n0:n1] = linear(xf, w, None if bias is None else bias[n0:n1].float())
     return out.to(x.dtype)

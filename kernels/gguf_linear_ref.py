@@ -5,6 +5,12 @@ A packed weight is [N, K / 32 * block bytes] uint8: each row its K weights as K 
 Q8_0 (34 bytes): float16 d, 32 int8 q; w = d * q. Q4_0 (18 bytes): float16 d, 16 bytes of
 nibbles; w = d * (q - 8). Q4_1 (20 bytes): float16 d, float16 m, 16 bytes of nibbles; w = d * q + m.
 A block's first 16 weights are its bytes' low nibbles, the last 16 their high nibbles.
+
+On CPU the decode kernel reads the same bytes regrouped into tiles of 16 rows
+(kernels/csrc/gguf_tiled.cpp): [N / 16, K / 32, 16 * block bytes], tile t block b holding the
+quants of rows 16t..16t+15's block b as chunks of 64 bytes (chunk c: each row's quant bytes
+4c..4c+3, row after row), then the 16 rows' float16 d, then (Q4_1) their float16 m. tile_ref and
+untile_ref state that layout.
 """
 
 from __future__ import annotations
@@ -27,6 +33,34 @@ def row_bytes(qtype: int, in_features: int) -> int:
     if in_features <= 0 or in_features % BLOCK:
         raise ValueError(f"in_features must be a positive multiple of {BLOCK}, got {in_features}")
     return in_features // BLOCK * BLOCK_BYTES[qtype]
+
+
+TILE_ROWS = 16
+_HEAD_BYTES = {Q4_0: 2, Q4_1: 4, Q8_0: 2}  # d (and Q4_1's m) before a block's quants
+
+
+def tile_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
+    """[N, row bytes] uint8 (N a multiple of 16) -> [N / 16, K / 32, 16 * block bytes]."""
+    n, head, size = packed.shape[0], _HEAD_BYTES[qtype], BLOCK_BYTES[qtype]
+    blocks = packed.reshape(n // TILE_ROWS, TILE_ROWS, -1, size)  # [T, 16, nb, bytes]
+    nb = blocks.shape[2]
+    quants = blocks[..., head:].reshape(n // TILE_ROWS, TILE_ROWS, nb, -1, 4)  # [T, 16, nb, c, 4]
+    parts = [quants.permute(0, 2, 3, 1, 4).reshape(n // TILE_ROWS, nb, -1)]
+    for h in range(0, head, 2):  # d, then m: [T, 16, nb, 2] -> [T, nb, 16 * 2]
+        parts.append(blocks[..., h:h + 2].permute(0, 2, 1, 3).reshape(n // TILE_ROWS, nb, -1))
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def untile_ref(tiles: torch.Tensor, qtype: int) -> torch.Tensor:
+    """tile_ref's inverse: [N / 16, K / 32, 16 * block bytes] -> [N, row bytes]."""
+    t, nb, _ = tiles.shape
+    head, size = _HEAD_BYTES[qtype], BLOCK_BYTES[qtype]
+    quant_bytes = TILE_ROWS * (size - head)
+    quants = tiles[..., :quant_bytes].reshape(t, nb, -1, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    heads = [tiles[..., quant_bytes + TILE_ROWS * h:quant_bytes + TILE_ROWS * (h + 2)]
+             .reshape(t, nb, TILE_ROWS, 2).permute(0, 2, 1, 3) for h in range(0, head, 2)]
+    blocks = torch.cat([*heads, quants.reshape(t, TILE_ROWS, nb, -1)], dim=-1)
+    return blocks.reshape(t * TILE_ROWS, nb * size).contiguous()
 
 
 def _half(b: torch.Tensor) -> torch.Tensor:  # [..., 2] uint8 -> [..., 1] float32

@@ -16,7 +16,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),
         py::arg("bias") = py::none());
-  m.def("gguf_dequantize", &gguf_dequantize, "GGUF Q8_0 / Q4_0 / Q4_1 blocks to float32 rows");
+  m.def("gguf_dequantize", &gguf_dequantize,
+        "GGUF Q8_0 / Q4_0 / Q4_1 blocks (rows or 16-row tiles) to float32 rows");
+  m.def("gguf_tile", &gguf_tile, "GGUF rows regrouped into 16-row tiles for the decode kernel");
+  m.def("gguf_untile", &gguf_untile, "16-row tiles back to GGUF rows");
   py::class_<DecodeStack>(m, "DecodeStack",
                           "a model's Llama-family decoder layers for decode steps of 1 to 4 rows")
       .def(py::init<at::Tensor, int64_t, int64_t, int64_t, double, double>(),

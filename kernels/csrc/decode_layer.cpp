@@ -37,8 +37,10 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
                             at::Tensor gate_up_w, at::Tensor down_w,
                             std::vector<int64_t> qtypes) {
   TORCH_CHECK(qtypes.size() == 4, "add_layer takes 4 qtypes (qkv, o, gate_up, down)");
-  // A packed GGUF gate_up weight is [rows, bytes a row]: its row count is still 2 I.
-  const int64_t H = input_norm.size(0), I = gate_up_w.size(0) / 2;
+  // A packed GGUF gate_up weight is [rows, bytes a row], or [rows / 16, ...] regrouped into
+  // 16-row tiles (gguf_tiled.cpp): its row count is still 2 I.
+  const int64_t H = input_norm.size(0);
+  const int64_t I = gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
   TORCH_CHECK(layers_.empty() || (H == hidden_ && I == intermediate_),
               "every layer must have the first one's hidden and intermediate sizes");
   hidden_ = H;

@@ -1,4 +1,5 @@
 #include "kernels.h"
+#include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #endif
 #include <vector>
 
+#include "gguf_act.h"
 #include "gguf_dot.h"
 #include "vec16.h"
 
@@ -127,43 +129,7 @@ struct Block<kQ4_1> {
 
 // ---- the few-row product: int8 activations, integer dot products per block ----
 
-// x's rows quantized once per call, per 32-value block (llama.cpp's Q8_0 / Q8_1 for
-// activations): d = max|x| / 127, q = round(x / d) (ties to even), so x ~ d * q with an error of
-// at most d / 2 per value. s = d * sum(q), for the 4-bit types' offsets.
-struct QuantizedRows {
-  std::vector<int8_t> q;  // [M, K]
-  std::vector<float> d, s;  // [M, K / 32]
-};
-
-void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRows& out) {
-  const int64_t nb = K / kBlock;
-  out.q.resize(M * K);
-  out.d.resize(M * nb);
-  out.s.resize(M * nb);
-  for (int64_t i = 0; i < M * nb; ++i) {
-    const float* xb = x + i * kBlock;  // rows are K long and K % 32 == 0: block i of the flat x
-    float amax = 0.f;
-    bool finite = true;
-    for (int64_t j = 0; j < kBlock; ++j) {
-      amax = std::max(amax, std::fabs(xb[j]));
-      finite = finite && std::isfinite(xb[j]);
-    }
-    int8_t* q = out.q.data() + i * kBlock;
-    if (!finite) {  // a NaN or infinity: the block's scale is NaN, so every output it meets is
-      std::memset(q, 0, kBlock);  // NaN, as the float product's would be (not a silent 0)
-      out.d[i] = out.s[i] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kBlock; ++j) {
-      q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
-      sum += q[j];
-    }
-    out.d[i] = d;
-    out.s[i] = d * static_cast<float>(sum);
-  }
-}
+using gguf::QuantizedRows;  // x's rows rounded once per call (gguf_act.h)
 
 // One weight block for the integer product: its quants as dot() takes them, its scale d, and
 // the offset every weight of it gets (w = d * q + offset): 0, -8 d (Q4_0) or m (Q4_1).
@@ -300,11 +266,9 @@ template <typename T>
 void linear_typed(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed, int64_t qtype,
                   const c10::optional<at::Tensor>& bias) {
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
-  const T* xp = static_cast<const T*>(x.data_ptr());
-  std::vector<float> xf(M * K), sums(M * N);
-  for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(xp[i]);
+  std::vector<float> sums(M * N);
   QuantizedRows xq;  // once per call: every weight row reads it
-  quantize_rows(xf.data(), M, K, xq);
+  gguf::quantize_input<T>(x, xq);
   const uint8_t* w = packed.data_ptr<uint8_t>();
   switch (qtype) {
     case kQ8_0: gemv_by_m<kQ8_0>(xq, w, sums.data(), M, K, N); break;
@@ -336,6 +300,7 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
                        c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0);
   TORCH_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
+  if (packed.dim() == 3) return gguf_tiled_linear_small(out, x, packed, qtype, bias);
   check_packed(packed, qtype, x.size(1));
   if (x.scalar_type() == at::kBFloat16)
     linear_typed<bf16>(out, x, packed, qtype, bias);
@@ -344,6 +309,12 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
 }
 
 void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
+  if (packed.dim() == 3) {  // 16-row tiles (gguf_tiled.cpp): back to rows first
+    at::Tensor rows = at::empty({out.size(0), out.size(1) / kBlock * block_bytes(qtype)},
+                                packed.options());
+    gguf_untile(rows, packed, qtype);
+    packed = rows;
+  }
   const int64_t N = out.size(0), K = check_packed(packed, qtype, out.size(1));
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && packed.size(0) == N,
               "gguf_dequantize writes a contiguous float32 [N, K]");

@@ -31,6 +31,13 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
                        c10::optional<at::Tensor> bias);
 void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype);
 
+// gguf_tiled.cpp: the same weights regrouped into 16-row tiles (gguf_linear_small and
+// gguf_dequantize take a 3-D tiled tensor as well as GGUF rows).
+void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype);
+void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype);
+void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
+                             c10::optional<at::Tensor> bias);
+
 // decode_layer.cpp: the DecodeStack class (decode_stack.h)
 
 // elementwise.cpp

@@ -11,10 +11,11 @@ from kernels.gguf_linear_ref import Q4_1, dequantize_ref
 
 
 @pytest.mark.skipif(KERNELS.module() is None, reason="CPU kernels unavailable")
-def test_one_tiny_pass_reports_its_rate(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("layout", ["tiles", "rows"])
+def test_one_tiny_pass_reports_its_rate(layout: str, capsys: pytest.CaptureFixture[str]) -> None:
     gguf_kernel.main(["--layers", "1", "--hidden", "64", "--intermediate", "128", "--kv", "32",
-                      "--rows", "2", "--repeats", "1"])
-    assert "Q4_1 rows=2 threads=1" in capsys.readouterr().out
+                      "--rows", "2", "--repeats", "1", "--layout", layout])
+    assert f"Q4_1 {layout} rows=2 threads=1" in capsys.readouterr().out
 
 
 def test_random_blocks_are_finite_weights_of_a_models_size() -> None:

@@ -1,0 +1,150 @@
+"""Where a one-thread bs=1 decode step's time goes: CPU time (time.thread_time, so waiting for a
+core on a shared machine is not counted) of the engine step split into its parts.
+
+    python -m benchmarks.decode_profile [--model smollm2|FILE.gguf] [--quantization gguf]
+        [--prompt 32] [--tokens 128] [--repeats 3]
+
+One request, --prompt random tokens then --tokens greedy decode steps, one thread (the C++
+kernels' OpenMP pool and torch's, so every part runs on the calling thread and thread_time
+covers it). Parts, per decode step: the 30 decoder layers (the fused C++ call per layer where it
+applies), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
+execute_model (inputs, state updates), and the engine step around it (scheduler, output
+processing, detokenizing). Medians over the decode steps of the --repeats runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from benchmarks.common import format_table, log
+
+_CLOCK = time.thread_time
+
+
+class Timers:
+    """CPU seconds per named part, appended once per step; nested parts are subtracted from
+    their parent (each part's own time)."""
+
+    def __init__(self) -> None:
+        self.step: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+        self._stack: list[list[float]] = []  # [start, time of nested parts]
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        self._stack.append([_CLOCK(), 0.0])
+        try:
+            yield
+        finally:
+            start, nested = self._stack.pop()
+            spent = _CLOCK() - start
+            self.step[name] += spent - nested
+            if self._stack:
+                self._stack[-1][1] += spent
+
+    def wrap(self, owner: Any, attr: str, name: str) -> None:
+        inner: Callable[..., Any] = getattr(owner, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.part(name):
+                return inner(*args, **kwargs)
+
+        setattr(owner, attr, timed)
+
+    def end_step(self, keep: bool) -> None:
+        if keep:
+            self.steps.append(dict(self.step))
+        self.step.clear()
+
+
+def instrument(engine: Any, timers: Timers) -> None:
+    """Timing wrappers around the parts of a decode step (instance attributes: nothing global
+    changes but the fused decode module's layer call)."""
+    from engine_core.model_executor.layers import fused_decode
+
+    runner = engine.engine_core.runner
+    model = runner.model
+    timers.wrap(runner, "execute_model", "runner (inputs, state, rest)")
+    timers.wrap(runner, "_sample", "sampler")
+    timers.wrap(model, "compute_logits", "lm_head")
+    timers.wrap(model, "forward", "embedding, final norm, step checks")
+    timers.wrap(model.model.norm, "forward", "embedding, final norm, step checks")
+    built = fused_decode.KERNELS.module()
+    if built is None:
+        raise RuntimeError("the C++ kernels are needed (python -m kernels.build)")
+    module: Any = built
+
+    class Timed:  # the module's decode_layer timed, its other functions as they are
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(module, attr)
+
+        @staticmethod
+        def decode_layer(*args: Any) -> Any:
+            with timers.part("decoder layers (fused C++)"):
+                return module.decode_layer(*args)
+
+    fused_decode.KERNELS._module = Timed()  # type: ignore[assignment]
+
+
+def profile(args: argparse.Namespace) -> dict[str, float]:
+    import torch
+
+    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from engine_core.default_model import gguf_file
+
+    torch.set_num_threads(1)
+    source = gguf_file(args.model)
+    if source is None:
+        raise ValueError(f"--model must name a .gguf file, got {args.model!r}")
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=source, dtype="float32", quantization=args.quantization, cpu_threads=1,
+        max_model_len=1024, enable_prefix_caching=False, max_num_seqs=1))
+    timers = Timers()
+    instrument(engine, timers)
+    vocab = engine.engine_core.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    for rep in range(args.repeats + 1):  # the first is the warm-up
+        rng = random.Random(rep)
+        engine.add_request(f"r{rep}", {"prompt_token_ids": [
+            rng.randrange(100, vocab - 1) for _ in range(args.prompt)]}, params)
+        first = True
+        while engine.has_unfinished_requests():
+            with timers.part("engine step (scheduler, outputs)"):
+                engine.step()
+            timers.end_step(keep=rep > 0 and not first)  # decode steps only
+            first = False
+    names = sorted({n for s in timers.steps for n in s})
+    return {n: 1e3 * statistics.median(s.get(n, 0.0) for s in timers.steps) for n in names} | {
+        "total": 1e3 * statistics.median(sum(s.values()) for s in timers.steps)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="a .gguf file or a short name")
+    parser.add_argument("--quantization", default="gguf", choices=["gguf", "none"],
+                        help="gguf: weights read packed; none: dequantized at load")
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    for name in ("prompt", "tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.quantization == "none":
+        args.quantization = None
+    log(f"profiling one-thread bs=1 decode of {args.model} ({args.quantization or 'float32'})")
+    result = profile(args)
+    total = result["total"]
+    rows = [[name, f"{ms:.2f}", f"{ms / total:.0%}"] for name, ms in result.items()]
+    print(format_table(["part of a decode step", "CPU ms (median)", "share"], rows))
+
+
+if __name__ == "__main__":
+    main()

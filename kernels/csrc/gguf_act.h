@@ -1,0 +1,74 @@
+// A decode step's activations rounded once per call to int8 blocks of 32 for the GGUF kernels'
+// integer dot products (gguf_linear.cpp over GGUF rows, gguf_tiled.cpp over 16-row tiles), as
+// llama.cpp rounds them (its Q8_0 / Q8_1 for activations).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "vec16.h"
+
+namespace strand {
+namespace gguf {
+
+// x's rows per 32-value block: d = max|x| / 127, q = round(x / d) (ties to even), so x ~ d * q
+// with an error of at most d / 2 per value. s = d * sum(q), for the 4-bit types' offsets;
+// qsum = sum(q) itself, for the exact integer correction of the tiled Q8_0 product (gguf_tiled.cpp).
+struct QuantizedRows {
+  std::vector<int8_t> q;  // [M, K]
+  std::vector<float> d, s;  // [M, K / 32]
+  std::vector<int32_t> qsum;  // [M, K / 32]
+};
+
+inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRows& out) {
+  constexpr int64_t kBlock = 32;
+  const int64_t nb = K / kBlock;
+  out.q.resize(M * K);
+  out.d.resize(M * nb);
+  out.s.resize(M * nb);
+  out.qsum.resize(M * nb);
+  for (int64_t i = 0; i < M * nb; ++i) {
+    const float* xb = x + i * kBlock;  // rows are K long and K % 32 == 0: block i of the flat x
+    float amax = 0.f;
+    bool finite = true;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      amax = std::max(amax, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    int8_t* q = out.q.data() + i * kBlock;
+    if (!finite) {  // a NaN or infinity: the block's scale is NaN, so every output it meets is
+      std::memset(q, 0, kBlock);  // NaN, as the float product's would be (not a silent 0)
+      out.d[i] = out.s[i] = std::numeric_limits<float>::quiet_NaN();
+      out.qsum[i] = 0;
+      continue;
+    }
+    const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+      sum += q[j];
+    }
+    out.d[i] = d;
+    out.s[i] = d * static_cast<float>(sum);
+    out.qsum[i] = sum;
+  }
+}
+
+// x ([M, K], float32 or bfloat16) rounded as above.
+template <typename T>
+void quantize_input(const at::Tensor& x, QuantizedRows& out) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const T* xp = static_cast<const T*>(x.data_ptr());
+  std::vector<float> xf(M * K);
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(xp[i]);
+  quantize_rows(xf.data(), M, K, out);
+}
+
+}  // namespace gguf
+}  // namespace strand

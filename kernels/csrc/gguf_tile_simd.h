@@ -1,0 +1,235 @@
+// 16-row vectors for the tiled GGUF kernel (gguf_tiled.cpp): one lane per weight row of a tile.
+// A 64-byte chunk of a tile holds 4 consecutive quants of each of its 16 rows (row r's in bytes
+// 4r..4r+3), which is what the x86 integer dot products take: AVX-512 VNNI's vpdpbusd sums each
+// 32-bit lane's 4 byte products into that lane, so one instruction multiplies 16 rows by the
+// same 4 activation values (broadcast), and the 16 rows' sums never need a horizontal add.
+//   avx512: one zmm per vector; vpdpbusd with VNNI, else vpmaddubsw + vpmaddwd (AVX-512 BW);
+//   avx2:   two ymm; vpdpbusd on 256 bits with AVX-512 VL VNNI, else vpmaddubsw + vpmaddwd;
+//   below:  plain C++ arrays of 16.
+// The products are unsigned (weights) by signed (activations) bytes. 4-bit quants are unsigned.
+// Q8_0's signed quants: with VNNI, w ^ 0x80 = w + 128 as unsigned, so each lane gets
+// sum w x + 128 sum x, and the caller subtracts kQ8Excess * sum(x) per block (exact, integers);
+// with vpmaddubsw (whose int16 pair sums would saturate at 255 * 127 * 2), |w| times x with w's
+// sign moved onto x, so the excess is 0.
+#pragma once
+
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace strand {
+namespace tile {
+
+inline int32_t load_word(const int8_t* p) {  // 4 activation bytes as one 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+#if defined(__AVX512F__)
+#if defined(__AVX512VNNI__)
+constexpr int32_t kQ8Excess = 128;
+#else
+constexpr int32_t kQ8Excess = 0;
+#endif
+struct U8 { __m512i v; };   // a 64-byte chunk of quants
+struct I32 { __m512i v; };  // 16 int32 lanes
+struct F32 { __m512 v; };   // 16 float lanes
+
+inline U8 load_chunk(const uint8_t* p) { return {_mm512_loadu_si512((const void*)p)}; }
+inline U8 low_nibbles(U8 a) { return {_mm512_and_si512(a.v, _mm512_set1_epi8(15))}; }
+inline U8 high_nibbles(U8 a) {
+  return {_mm512_and_si512(_mm512_srli_epi16(a.v, 4), _mm512_set1_epi8(15))};
+}
+inline I32 izero() { return {_mm512_setzero_si512()}; }
+inline __m512i dot_us(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+                                                 _mm512_set1_epi16(1)));
+#endif
+}
+// acc[r] += sum_j u[4r + j] * x[j] (x: 4 signed bytes as one word)
+inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {
+  return {dot_us(acc.v, u.v, _mm512_set1_epi32(x))};
+}
+// acc[r] += sum_j w[4r + j] * x[j] + kQ8Excess * sum_j x[j] (w signed)
+inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
+  const __m512i xv = _mm512_set1_epi32(x);
+#if defined(__AVX512VNNI__)
+  return {dot_us(acc.v, _mm512_xor_si512(w.v, _mm512_set1_epi8(-128)), xv)};
+#else
+  const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w.v), _mm512_setzero_si512(),
+                                          xv);
+  return {dot_us(acc.v, _mm512_abs_epi8(w.v), xs)};
+#endif
+}
+inline I32 isub(I32 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
+inline I32 iadd(I32 a, I32 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline F32 fzero() { return {_mm512_setzero_ps()}; }
+inline F32 halves(const uint8_t* p) {  // 16 float16 values
+  return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
+}
+inline F32 to_f32(I32 a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline F32 mul(F32 a, float b) { return {_mm512_mul_ps(a.v, _mm512_set1_ps(b))}; }
+inline F32 fma(F32 a, F32 b, F32 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline F32 fma(F32 a, float b, F32 c) { return {_mm512_fmadd_ps(a.v, _mm512_set1_ps(b), c.v)}; }
+inline void store(float* p, F32 a) { _mm512_storeu_ps(p, a.v); }
+
+#elif defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr int32_t kQ8Excess = 128;
+#else
+constexpr int32_t kQ8Excess = 0;
+#endif
+struct U8 { __m256i v[2]; };  // rows 0..7, rows 8..15
+struct I32 { __m256i v[2]; };
+struct F32 { __m256 v[2]; };
+
+inline U8 load_chunk(const uint8_t* p) {
+  return {{_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 32))}};
+}
+inline U8 low_nibbles(U8 a) {
+  const __m256i m = _mm256_set1_epi8(15);
+  return {{_mm256_and_si256(a.v[0], m), _mm256_and_si256(a.v[1], m)}};
+}
+inline U8 high_nibbles(U8 a) {
+  const __m256i m = _mm256_set1_epi8(15);
+  return {{_mm256_and_si256(_mm256_srli_epi16(a.v[0], 4), m),
+           _mm256_and_si256(_mm256_srli_epi16(a.v[1], 4), m)}};
+}
+inline I32 izero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                 _mm256_set1_epi16(1)));
+#endif
+}
+inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x);
+  return {{dot_us(acc.v[0], u.v[0], xv), dot_us(acc.v[1], u.v[1], xv)}};
+}
+inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x);
+  I32 out;
+  for (int h = 0; h < 2; ++h) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    out.v[h] = dot_us(acc.v[h], _mm256_xor_si256(w.v[h], _mm256_set1_epi8(-128)), xv);
+#else
+    out.v[h] = dot_us(acc.v[h], _mm256_sign_epi8(w.v[h], w.v[h]), _mm256_sign_epi8(xv, w.v[h]));
+#endif
+  }
+  return out;
+}
+inline I32 isub(I32 a, int32_t c) {
+  const __m256i cv = _mm256_set1_epi32(c);
+  return {{_mm256_sub_epi32(a.v[0], cv), _mm256_sub_epi32(a.v[1], cv)}};
+}
+inline I32 iadd(I32 a, I32 b) {
+  return {{_mm256_add_epi32(a.v[0], b.v[0]), _mm256_add_epi32(a.v[1], b.v[1])}};
+}
+inline F32 fzero() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
+inline F32 halves(const uint8_t* p) {
+  return {{_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+           _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))}};
+}
+inline F32 to_f32(I32 a) { return {{_mm256_cvtepi32_ps(a.v[0]), _mm256_cvtepi32_ps(a.v[1])}}; }
+inline F32 mul(F32 a, float b) {
+  const __m256 bv = _mm256_set1_ps(b);
+  return {{_mm256_mul_ps(a.v[0], bv), _mm256_mul_ps(a.v[1], bv)}};
+}
+inline F32 fma(F32 a, F32 b, F32 c) {
+  return {{_mm256_fmadd_ps(a.v[0], b.v[0], c.v[0]), _mm256_fmadd_ps(a.v[1], b.v[1], c.v[1])}};
+}
+inline F32 fma(F32 a, float b, F32 c) {
+  const __m256 bv = _mm256_set1_ps(b);
+  return {{_mm256_fmadd_ps(a.v[0], bv, c.v[0]), _mm256_fmadd_ps(a.v[1], bv, c.v[1])}};
+}
+inline void store(float* p, F32 a) {
+  _mm256_storeu_ps(p, a.v[0]);
+  _mm256_storeu_ps(p + 8, a.v[1]);
+}
+
+#else
+// Plain C++ (CPUs below AVX2, other architectures): the same integer sums, lane by lane.
+constexpr int32_t kQ8Excess = 0;
+struct U8 { uint8_t v[64]; };
+struct I32 { int32_t v[16]; };
+struct F32 { float v[16]; };
+
+inline U8 load_chunk(const uint8_t* p) {
+  U8 a;
+  std::memcpy(a.v, p, 64);
+  return a;
+}
+inline U8 low_nibbles(U8 a) {
+  for (auto& b : a.v) b &= 15;
+  return a;
+}
+inline U8 high_nibbles(U8 a) {
+  for (auto& b : a.v) b >>= 4;
+  return a;
+}
+inline I32 izero() { return {}; }
+inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {
+  int8_t xb[4];
+  std::memcpy(xb, &x, 4);
+  for (int r = 0; r < 16; ++r)
+    for (int j = 0; j < 4; ++j) acc.v[r] += static_cast<int32_t>(u.v[4 * r + j]) * xb[j];
+  return acc;
+}
+inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
+  int8_t xb[4];
+  std::memcpy(xb, &x, 4);
+  for (int r = 0; r < 16; ++r)
+    for (int j = 0; j < 4; ++j)
+      acc.v[r] += static_cast<int32_t>(static_cast<int8_t>(w.v[4 * r + j])) * xb[j];
+  return acc;
+}
+inline I32 isub(I32 a, int32_t c) {
+  for (auto& v : a.v) v -= c;
+  return a;
+}
+inline I32 iadd(I32 a, I32 b) {
+  for (int r = 0; r < 16; ++r) a.v[r] += b.v[r];
+  return a;
+}
+inline F32 fzero() { return {}; }
+inline F32 halves(const uint8_t* p) {
+  F32 a;
+  for (int r = 0; r < 16; ++r) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * r, 2);
+    a.v[r] = c10::detail::fp16_ieee_to_fp32_value(h);
+  }
+  return a;
+}
+inline F32 to_f32(I32 a) {
+  F32 f;
+  for (int r = 0; r < 16; ++r) f.v[r] = static_cast<float>(a.v[r]);
+  return f;
+}
+inline F32 mul(F32 a, float b) {
+  for (auto& v : a.v) v *= b;
+  return a;
+}
+inline F32 fma(F32 a, F32 b, F32 c) {
+  for (int r = 0; r < 16; ++r) c.v[r] += a.v[r] * b.v[r];
+  return c;
+}
+inline F32 fma(F32 a, float b, F32 c) {
+  for (int r = 0; r < 16; ++r) c.v[r] += a.v[r] * b;
+  return c;
+}
+inline void store(float* p, F32 a) { std::memcpy(p, a.v, sizeof(a.v)); }
+#endif
+
+}  // namespace tile
+}  // namespace strand

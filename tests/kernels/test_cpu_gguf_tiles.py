@@ -1,0 +1,185 @@
+"""GGUF weights regrouped into 16-row tiles (kernels/csrc/gguf_tiled.cpp), the layout GGUFLinear
+keeps on CPU: the regrouping against its pure-torch statement (tile_ref / untile_ref), and the
+decode kernel over tiles against the int8 reference, as the row kernel is compared
+(test_cpu_gguf_linear.py). CI runs this file again under STRAND_CPU_ISA=avx2, so the AVX-512
+(VNNI where the CPU has it) and AVX2 builds are both compared; STRAND_CPU_ISA=generic runs the
+plain C++ lanes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from engine_core.model_executor.layers.gguf_linear import GGUFLinear
+from kernels import cpu_gguf_linear
+from kernels.gguf_linear_ref import (
+    BLOCK_BYTES,
+    NAMES,
+    Q4_1,
+    Q8_0,
+    dequantize_ref,
+    gguf_linear_int8_ref,
+    gguf_linear_ref,
+    tile_ref,
+    untile_ref,
+)
+from tests.kernels.test_cpu_gguf_linear import _assert_int8_product, needs_kernels, random_packed
+
+QTYPES = sorted(NAMES)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
+    packed = random_packed(32, 96, qtype, seed=qtype)
+    tiles = tile_ref(packed, qtype)
+    size, head = BLOCK_BYTES[qtype], 4 if qtype == Q4_1 else 2
+    assert tiles.shape == (2, 3, 16 * size)
+    # tile 1, block 2, chunk 3, row 5: row 21's block 2, quant bytes 12..15
+    row, block = packed[21].reshape(3, size), tiles[1, 2]
+    assert torch.equal(block[3 * 64 + 5 * 4:3 * 64 + 5 * 4 + 4], row[2, head + 12:head + 16])
+    quant_bytes = 16 * (size - head)
+    assert torch.equal(block[quant_bytes + 10:quant_bytes + 12], row[2, :2])  # row 21's d
+    if qtype == Q4_1:  # then the 16 offsets m
+        assert torch.equal(block[quant_bytes + 42:quant_bytes + 44], row[2, 2:4])
+    assert torch.equal(untile_ref(tiles, qtype), packed)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_kernel_tiles_as_the_reference_and_back(qtype: int) -> None:
+    packed = random_packed(48, 576, qtype, seed=7)
+    tiles = cpu_gguf_linear.gguf_tile(packed, qtype, 576)
+    assert torch.equal(tiles, tile_ref(packed, qtype))
+    assert torch.equal(cpu_gguf_linear.gguf_dequantize(tiles, qtype, 576),
+                       dequantize_ref(packed, qtype))
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [(16, 32), (80, 96), (272, 576)])
+def test_small_rows_over_tiles_match_the_int8_reference(qtype: int, m: int,
+                                                        shape: tuple[int, int]) -> None:
+    n, k = shape
+    g = torch.Generator().manual_seed(m * 1000 + n + qtype)
+    packed = random_packed(n, k, qtype, seed=m + n + k)
+    x = torch.randn(m, k, generator=g) * 3
+    x[0, :32] = 0.0  # an all-zero block: scale 0
+    x[-1, -32:] = -x[-1, -32:].abs()  # a block of negatives only (Q8_0's sum-of-x correction)
+    bias = torch.randn(n, generator=g) if m % 2 else None
+    got = cpu_gguf_linear.gguf_linear_small(x, tile_ref(packed, qtype), qtype, bias)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    _assert_int8_product(got, x, packed, qtype, bias)
+
+
+@needs_kernels
+def test_extreme_q8_quants_do_not_saturate() -> None:
+    # Every quant -128 or 127 against x blocks of +-127 after rounding: the largest products
+    # (vpmaddubsw's int16 pair sums are the tight spot on AVX2) must stay exact.
+    n, k = 32, 64
+    packed = torch.zeros(n, k // 32, 34, dtype=torch.uint8)
+    packed[..., :2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    quants = torch.where(torch.arange(32) % 3 == 0, -128, 127).to(torch.int8)
+    packed[..., 2:] = quants.view(torch.uint8)
+    packed = packed.reshape(n, -1)
+    x = torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0).repeat(2, 1)
+    x[1] = -1.0
+    got = cpu_gguf_linear.gguf_linear_small(x, tile_ref(packed, Q8_0), Q8_0)
+    want = gguf_linear_int8_ref(x, packed, Q8_0)  # x's blocks round exactly to +-127
+    # A saturated pair sum would be off by thousands; float32 scaling is off by < 1e-6.
+    torch.testing.assert_close(got.double(), want, atol=0, rtol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_bfloat16_rows_over_tiles(qtype: int) -> None:
+    g = torch.Generator().manual_seed(qtype)
+    packed = random_packed(64, 128, qtype, seed=5)
+    x, bias = torch.randn(3, 128, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    got = cpu_gguf_linear.gguf_linear_small(x, tile_ref(packed, qtype), qtype, bias)
+    assert got.dtype == torch.bfloat16
+    want = gguf_linear_int8_ref(x, packed, qtype, bias)
+    torch.testing.assert_close(got.float(), want.bfloat16().float(), atol=2e-2, rtol=1e-2)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_tiles_split_across_threads_give_the_one_thread_result(qtype: int) -> None:
+    g = torch.Generator().manual_seed(qtype)
+    tiles = tile_ref(random_packed(1008, 256, qtype, seed=9), qtype)
+    x = torch.randn(2, 256, generator=g)
+    one = cpu_gguf_linear.gguf_linear_small(x, tiles, qtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = cpu_gguf_linear.gguf_linear_small(x, tiles, qtype)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_a_non_finite_input_makes_its_row_nan_over_tiles(qtype: int) -> None:
+    tiles = tile_ref(random_packed(16, 64, qtype, seed=1), qtype)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    x[1, 3] = float("nan")
+    got = cpu_gguf_linear.gguf_linear_small(x, tiles, qtype)
+    assert bool(got[1].isnan().all()) and bool(got[0].isfinite().all())
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", [2, 20])
+def test_many_rows_over_tiles_unpack_whole_tiles(qtype: int, m: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 KB float32 pieces of 64 rows x 32 weights: 160 rows take 64 + 64 + 32, each a slice of
+    # whole tiles; 2 rows take the decode kernel (with the C++ kernels) or the reference.
+    monkeypatch.setattr(cpu_gguf_linear, "TILE_BYTES", 8 << 10)
+    seen: list[int] = []
+    real = cpu_gguf_linear.gguf_dequantize
+
+    def counting(packed: torch.Tensor, *args: Any) -> Any:
+        seen.append(cpu_gguf_linear.out_features(packed))
+        return real(packed, *args)
+
+    monkeypatch.setattr(cpu_gguf_linear, "gguf_dequantize", counting)
+    g = torch.Generator().manual_seed(qtype)
+    packed = random_packed(160, 32, qtype, seed=4)
+    x, bias = torch.randn(m, 32, generator=g), torch.randn(160, generator=g)
+    with torch.inference_mode():
+        got = cpu_gguf_linear.gguf_linear(x, tile_ref(packed, qtype), qtype, 32, bias)
+    if m > cpu_gguf_linear.CHUNKED_M:
+        assert seen == [64, 64, 32]
+        torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4,
+                                   rtol=1e-4)
+    elif cpu_gguf_linear.kernels_apply(packed):
+        _assert_int8_product(got, x, packed, qtype, bias)
+
+
+def test_bad_tiles_name_what_is_wrong() -> None:
+    tiles = tile_ref(random_packed(16, 64, Q8_0, seed=0), Q8_0)
+    with pytest.raises(ValueError, match=r"tiles of 64-weight rows are \[tiles, 2, 544\]"):
+        cpu_gguf_linear.gguf_dequantize(tiles[:, :1].contiguous(), Q8_0, 64)
+    with pytest.raises(ValueError, match="a multiple of 16"):
+        cpu_gguf_linear.gguf_tile(random_packed(8, 64, Q8_0, seed=0), Q8_0, 64)
+    with pytest.raises(ValueError, match="takes GGUF rows"):
+        cpu_gguf_linear.gguf_tile(tiles, Q8_0, 64)
+
+
+@pytest.mark.parametrize("n", [48, 40])
+def test_gguf_linear_keeps_tiles_on_cpu_where_rows_come_in_sixteens(n: int) -> None:
+    packed = random_packed(n, 64, Q4_1, seed=n)
+    layer = GGUFLinear(packed, Q4_1, 64)
+    assert layer.out_features == n
+    tiled = n % 16 == 0 and cpu_gguf_linear.kernels_apply(packed)
+    assert layer.packed.dim() == (3 if tiled else 2)
+    assert layer.packed.nbytes == packed.nbytes  # the same bytes, regrouped
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        got = layer(x)
+    if cpu_gguf_linear.kernels_apply(packed):
+        _assert_int8_product(got, x, packed, Q4_1)
+    else:
+        torch.testing.assert_close(got, gguf_linear_ref(x, packed, Q4_1), atol=1e-4, rtol=1e-4)
