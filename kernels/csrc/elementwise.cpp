@@ -8,6 +8,9 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "vec16.h"
 
@@ -74,6 +77,47 @@ void norm_rows(T* out, T* new_residual, const T* x, const T* residual, const T* 
   });
 }
 
+#if defined(__AVX512F__)
+// silu(g) = g * sigmoid(g) for float32 without a division: VDIVPS (16 lanes every ~16 cycles)
+// and vexp's clamps made silu-and-mul compute-bound, 1.8x the time of a plain product over the
+// same bytes (34 against 19 ms for SmolLM2's 30 layers at 512 tokens, one thread).
+// sigmoid(g) = 1 / (1 + e^-|g|) for g >= 0 and e^-|g| / (1 + e^-|g|) below: e^-|g| is in
+// (0, 1], so nothing overflows, and 1 / (1 + e) comes from RCP14 (14 bits) and one Newton step
+// (28 bits, under float32's 24). e^-|g| is vexp's polynomial with 2^n applied by VSCALEFPS
+// (arguments under -87 give 0, as in vexp). Within 2 ulp of torch's g / (1 + e^-g) (the
+// tests' tolerance is 1e-5 relative); bfloat16 keeps the division, whose rounding it matches
+// bit for bit.
+inline v16 silu_f32(v16 g) {
+  // Explicit FMAs: the file is built without contraction (for the ops that round as torch's).
+  const auto fma = [](v16 a, v16 b, float c) {
+    return (v16)_mm512_fmadd_ps((__m512)a, (__m512)b, _mm512_set1_ps(c));
+  };
+  const v16 x = -(v16)_mm512_abs_ps((__m512)g);  // -|g| <= 0
+  const __mmask16 live = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.f), _CMP_GE_OQ);
+  const v16 xc = (v16)_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.f));
+  const v16 n = (v16)_mm512_roundscale_ps((__m512)(xc * 1.44269504088896341f),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const v16 r = (v16)_mm512_fmadd_ps(
+      (__m512)n, _mm512_set1_ps(2.12194440e-4f),
+      _mm512_fnmadd_ps((__m512)n, _mm512_set1_ps(0.693359375f), (__m512)xc));
+  v16 p = fma(r, splat(1.9875691500e-4f), 1.3981999507e-3f);
+  p = fma(p, r, 8.3334519073e-3f);
+  p = fma(p, r, 4.1665795894e-2f);
+  p = fma(p, r, 1.6666665459e-1f);
+  p = fma(p, r, 5.0000001201e-1f);
+  const v16 y = (v16)_mm512_fmadd_ps((__m512)(p * r), (__m512)r, (__m512)(r + 1.f));
+  const v16 e = (v16)_mm512_maskz_scalef_ps(live, (__m512)y, (__m512)n);
+  const v16 d = e + 1.f;  // in [1, 2]
+  const v16 inv0 = (v16)_mm512_rcp14_ps((__m512)d);
+  const v16 inv = inv0 * fma(-d, inv0, 2.f);
+  return g * (g >= 0.f ? inv : e * inv);
+}
+inline v16 silu_vec(v16 g, float*) { return silu_f32(g); }
+#else
+inline v16 silu_vec(v16 g, float*) { return g / (1.f + vexp(-g)); }
+#endif
+inline v16 silu_vec(v16 g, bf16*) { return g / (1.f + vexp(-g)); }
+
 // out[r] = silu(gate_up[r, :n]) * gate_up[r, n:], silu(g) = g / (1 + e^-g) (rounded to T, as
 // HF's activation output is, before the product).
 template <typename T>
@@ -86,7 +130,7 @@ void silu_rows(T* out, const T* gate_up, int64_t rows, int64_t n) {
       int64_t i = 0;
       for (; i + 16 <= n; i += 16) {
         const v16 gv = load(g + i);
-        store(o + i, rnd<T>(gv / (1.f + vexp(-gv))) * load(u + i));
+        store(o + i, rnd<T>(silu_vec(gv, static_cast<T*>(nullptr))) * load(u + i));
       }
       for (; i < n; ++i) {
         const float gv = to_float(g[i]);

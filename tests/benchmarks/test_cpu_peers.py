@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -78,3 +79,42 @@ def test_ratios_pair_each_round_with_the_peer_of_the_same_round() -> None:
               {"llama.cpp": one(5.0), "strand": one(7.5)}]
     ratios = cpu_peers.paired_ratios(rounds, "strand")
     assert ratios == {"decode": [1.5, 1.5], "batch32": [1.5, 1.5], "prefill": [1.5, 1.5]}
+
+
+def test_a_prefill_only_run_prints_and_bounds_prefill_alone(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    report = {"dtype": "float32", "threads": 2, "llama_cpp_build": "abc1234",
+              "workloads": ["prefill"],
+              "bounds": {"decode_tok_s": 40.0, "prefill_tok_s": 1600.0, "weight_bytes": 5.4e8,
+                         "bandwidth_bytes_per_s": 2.2e10, "gemm_flops_per_s": 3.5e11},
+              "results": {"llama.cpp": {"prefill": {"median": 750.0, "stdev": 0.0, "runs": 1}},
+                          "strand": {"prefill": {"median": 1120.0, "stdev": 0.0, "runs": 1}}}}
+    cpu_peers.print_table(report)
+    out = capsys.readouterr().out
+    assert "prefill 512 tok/s" in out and "decode bs=1" not in out
+    assert "1120.0 ± 0.0 (1.49x)" in out
+    assert "strand: prefill 70% of its bound" in out and "decode" not in out.split("strand:")[-1]
+
+
+def test_workloads_are_checked_and_kept_in_table_order() -> None:
+    with pytest.raises(SystemExit):
+        cpu_peers.main(["--hf-dir", "x", "--workloads", "nonsense"])
+    ratios = cpu_peers.paired_ratios([{"llama.cpp": {"prefill": 500.0},
+                                       "strand": {"prefill": 750.0}}], "strand",
+                                     workloads=("prefill",))
+    assert ratios == {"prefill": [1.5]}
+
+
+def test_a_worker_times_only_the_workloads_asked_after_a_warm_up() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def measure(name: str):  # type: ignore[no-untyped-def]
+        def run(seed: int) -> float:
+            calls.append((name, seed))
+            return 10.0 + seed
+        return run
+
+    args = argparse.Namespace(repeats=2, workloads=["prefill"])
+    got = cpu_peers._repeat(args, {w: measure(w) for w in cpu_peers.WORKLOADS})
+    assert got == {"prefill": [11.0, 12.0]}  # run 0 was the warm-up
+    assert calls == [("prefill", 0), ("prefill", 1), ("prefill", 2)]

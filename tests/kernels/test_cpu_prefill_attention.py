@@ -27,11 +27,13 @@ def _case(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_hea
     ([5, 40, 2], [5, 100, 2], 8, 4, 64, 16),  # fresh, after a cached prefix, tiny; GQA 2
     ([17, 33], [17, 70], 4, 4, 32, 16),  # MHA: 32 tokens a tile
     ([3, 64], [300, 64], 8, 2, 64, 32),  # GQA 4, block size 32, a short chunk late in context
-    ([9, 30], [20, 30], 6, 2, 40, 16),  # GQA 3: tiles of 30 rows, head_dim 40
-    ([7, 70], [7, 90], 64, 1, 36, 8),  # MQA with 64 heads: head chunks of 32, head_dim 36
+    ([9, 30], [20, 30], 6, 2, 40, 16),  # GQA 3: tiles of 48 (30 without AVX-512), head_dim 40
+    ([100, 37], [100, 120], 9, 3, 64, 16),  # SmolLM2's heads: 16 tokens of 3 fill a 48-row tile
+    ([23], [50], 10, 2, 64, 16),  # GQA 5: 45 of 48 rows (30 of 32)
+    ([7, 70], [7, 90], 64, 1, 36, 8),  # MQA, 64 heads: head chunks of 48 + 16 (or 2 x 32)
     ([100, 1], [100, 5], 16, 2, 128, 16),  # GQA 8, head_dim 128, a one-token request
     ([250], [700], 8, 4, 80, 16),  # long context over many chunks, 16-lane tail of head_dim
-    ([31, 16], [31, 47], 4, 2, 64, 8),  # blocks smaller than a 16-key chunk
+    ([31, 16], [31, 47], 4, 2, 64, 8),  # blocks smaller than a 32-key chunk
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_the_paged_reference(query_lens: list[int], seq_lens: list[int], num_heads: int,
