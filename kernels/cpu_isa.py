@@ -6,8 +6,9 @@ AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and raises on an AVX2-only CPU), and the log
 what was chosen.
 
 STRAND_CPU_ISA=avx2 (or `generic`) caps the level: the kernels are built for it, oneDNN is capped
-with ONEDNN_MAX_CPU_ISA and torch's own kernels with ATEN_CPU_CAPABILITY (both read once, on first
-use, so `apply_override()` runs when `kernels` is imported), and bfloat16 takes the paths an
+with ONEDNN_MAX_CPU_ISA, torch's own kernels with ATEN_CPU_CAPABILITY and MKL (torch's matmul)
+with MKL_ENABLE_INSTRUCTIONS (each read once, on first use, so `apply_override()` runs when
+`kernels` is imported), and bfloat16 takes the paths an
 AVX2-only CPU takes. CI runs the kernel and model-runner tests a second time under it, so a
 machine with AVX-512 cannot hide a path that breaks without it. A level above what the CPU has is
 an error: code built for it would die on an illegal instruction.
@@ -35,6 +36,13 @@ _MARCH = {"generic": "-march=x86-64-v2", "avx2": "-march=x86-64-v3", "avx512": "
 # What torch and oneDNN call the same caps.
 _ATEN_CAPABILITY = {"generic": "default", "avx2": "avx2", "avx512": "avx512"}
 _ONEDNN_ISA = {"generic": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE"}
+_MKL_ISA = {"generic": "SSE4_2", "avx2": "AVX2", "avx512": "AVX512"}
+
+
+def torch_isa_env(level: str) -> dict[str, str]:
+    """The variables that cap torch's CPU libraries (ATen, oneDNN, MKL) at `level`."""
+    return {"ONEDNN_MAX_CPU_ISA": _ONEDNN_ISA[level], "ATEN_CPU_CAPABILITY": _ATEN_CAPABILITY[level],
+            "MKL_ENABLE_INSTRUCTIONS": _MKL_ISA[level]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +139,7 @@ def probe() -> CpuIsa:
 
 
 def apply_override() -> None:
-    """Under STRAND_CPU_ISA, cap oneDNN and torch's own CPU kernels at the same level. They read
+    """Under STRAND_CPU_ISA, cap oneDNN, MKL and torch's own CPU kernels at the same level. They read
     these variables once, at first use, so this runs at import of `kernels`; a value set by the
     user wins."""
     if _requested() is None:
@@ -139,5 +147,5 @@ def apply_override() -> None:
     isa = probe()
     if isa.detected == "native":
         return
-    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", _ONEDNN_ISA[isa.level])
-    os.environ.setdefault("ATEN_CPU_CAPABILITY", _ATEN_CAPABILITY[isa.level])
+    for name, value in torch_isa_env(isa.level).items():
+        os.environ.setdefault(name, value)

@@ -145,6 +145,19 @@ inline vl load_l(const bf16* p) {
   const u32l wide = __builtin_convertvector(*reinterpret_cast<const u16l*>(p), u32l) << 16;
   return reinterpret_cast<const vl&>(wide);
 }
+// bf16_bits, round_bf16 and store(bf16*) on register-wide vectors: the same rounding lane by lane.
+inline u32l bf16_bits_l(vl v) {
+  const u32l u = reinterpret_cast<const u32l&>(v);
+  const u32l rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (v != v) ? u32l{} + 0x7FC0u : rounded;
+}
+inline void store_l(bf16* p, vl v) {
+  *reinterpret_cast<u16l*>(p) = __builtin_convertvector(bf16_bits_l(v), u16l);
+}
+inline vl round_bf16_l(vl v) {
+  const u32l wide = bf16_bits_l(v) << 16;
+  return reinterpret_cast<const vl&>(wide);
+}
 template <typename T>
 inline vl load_tail_l(const T* p, int64_t n) {  // the first n < kLanes values, zeros after
   alignas(64) T tmp[kLanes] = {};

@@ -47,16 +47,18 @@ def test_strand_cpu_isa_avx2_makes_an_avx512_cpu_behave_as_avx2(
     assert "capped by STRAND_CPU_ISA" in isa.describe()
 
 
-def test_the_override_caps_onednn_and_aten_without_overriding_the_user(
+def test_the_override_caps_onednn_mkl_and_aten_without_overriding_the_user(
         monkeypatch: pytest.MonkeyPatch, fresh_probe: None) -> None:
     monkeypatch.setenv(cpu_isa.ENV, "avx2")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # the user's own choice stays
     _on_cpu(monkeypatch, AVX512_FLAGS)
     cpu_isa.apply_override()
     import os
 
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert os.environ["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
     assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
 
 
