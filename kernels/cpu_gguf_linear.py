@@ -81,7 +81,8 @@ def gguf_tile(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tenso
 def tiles_apply(packed: torch.Tensor) -> bool:
     """Whether a GGUF weight is worth regrouping into tiles: GGUF rows, a multiple of 16 of
     them, on CPU with the C++ kernels (the Triton kernel on CUDA reads GGUF rows)."""
-    return packed.dim() == 2 and packed.shape[0] % TILE_ROWS == 0 and kernels_apply(packed)
+    return (packed.dim() == 2 and packed.shape[0] % TILE_ROWS == 0 and kernels_apply(packed)
+            and not _triton.runs_triton(packed))
 
 
 def gguf_dequantize(packed: torch.Tensor, qtype: int, in_features: int,
