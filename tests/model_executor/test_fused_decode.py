@@ -85,3 +85,29 @@ def test_a_bad_position_is_refused_before_any_kernel_reads_the_table() -> None:
     with pytest.raises(ValueError, match=r"positions must be in \[0, 8\)"):
         fused_decode._check_step(torch.tensor([3, 8]), torch.tensor([0, 1]), torch.zeros(8, 4),
                                  torch.zeros(2, 4, 4, 1, 4), None)  # type: ignore[arg-type]
+
+
+def test_the_stack_takes_layers_of_one_size_and_a_cache_per_layer() -> None:
+    import torch
+
+    module = KERNELS.module()
+    assert module is not None
+    stack = module.DecodeStack(torch.zeros(8, 4), 2, 1, 4, 1e-6, 0.5)
+
+    def add(hidden: int, intermediate: int) -> None:
+        stack.add_layer(torch.ones(hidden), torch.zeros(16, hidden), None,
+                        torch.zeros(hidden, 8), None, torch.ones(hidden),
+                        torch.zeros(2 * intermediate, hidden),
+                        torch.zeros(hidden, intermediate), [0, 0, 0, 0])
+
+    add(16, 32)
+    with pytest.raises(RuntimeError, match="first one's hidden and intermediate sizes"):
+        add(16, 24)
+    with pytest.raises(RuntimeError, match="one kv cache per layer: 1, got 2"):
+        stack.forward(torch.zeros(1, 16), torch.zeros(1, dtype=torch.int64),
+                      [torch.zeros(2, 1, 4, 1, 4)] * 2, torch.zeros(1, dtype=torch.int64),
+                      torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="1 to 4 rows, got 5"):
+        stack.forward(torch.zeros(5, 16), torch.zeros(5, dtype=torch.int64),
+                      [torch.zeros(2, 1, 4, 1, 4)], torch.zeros(5, dtype=torch.int64),
+                      torch.zeros(5, 1, dtype=torch.int32), torch.ones(5, dtype=torch.int32))
