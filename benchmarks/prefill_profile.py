@@ -8,8 +8,8 @@ times after a warm-up, with the parts of the Llama forward wrapped in timers: th
 the lm_head, attention (the backend's forward less the KV write inside it), the KV write,
 RMSNorm (with its fused residual add), rotary, silu-and-mul; "python and the rest" is the step
 less the parts. Times are `time.thread_time` of the thread that runs the step: with --threads 1
-every kernel runs on that thread, and its CPU time is what the step costs however loaded the
-machine is (wall time on a shared machine is not). With more threads the parts' figures are
+every kernel runs on that thread, and its CPU time is far steadier than wall time on a shared
+machine (at load 8 on 2 cores: a few % between runs, where wall time moved 20%). With more threads the parts' figures are
 the calling thread's share only; the wall time per step is printed beside them.
 Each part's figure is the median over the repeats.
 """
