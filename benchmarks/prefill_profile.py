@@ -8,8 +8,8 @@ times after a warm-up, with the parts of the Llama forward wrapped in timers: th
 the lm_head, attention (the backend's forward less the KV write inside it), the KV write,
 RMSNorm (with its fused residual add), rotary, silu-and-mul; "python and the rest" is the step
 less the parts. Times are `time.thread_time` of the thread that runs the step: with --threads 1
-every kernel runs on that thread, and its CPU time is what the step costs however loaded the
-machine is (wall time on a shared machine is not). With more threads the parts' figures are
+every kernel runs on that thread, and its CPU time is far steadier than wall time on a shared
+machine (at load 8 on 2 cores: a few % between runs, where wall time moved 20%). With more threads the parts' figures are
 the calling thread's share only; the wall time per step is printed beside them.
 Each part's figure is the median over the repeats.
 """
@@ -62,23 +62,32 @@ class PartTimer:
         return totals
 
 
-def instrument(timer: PartTimer, model: Any) -> None:
-    """Wraps the Llama forward's parts (class attributes and module globals, so every layer)."""
+@contextmanager
+def instrumented(timer: PartTimer, model: Any) -> Iterator[None]:
+    """Wraps the Llama forward's parts (class attributes and module globals, so every layer)
+    while the block runs; the originals are back afterwards."""
     from engine_core.model_executor.attention import torch_ref
     from engine_core.model_executor.layers import linear, rms_norm, rotary_embedding
     from engine_core.model_executor.models import llama
 
     lm_head = model.lm_head
-    linear.Linear.forward = timer.wrap(  # type: ignore[method-assign]
-        linear.Linear.forward, lambda self, *_: "lm_head" if self is lm_head else "linear layers")
-    rms_norm.RMSNorm.forward = timer.wrap(rms_norm.RMSNorm.forward,  # type: ignore[method-assign]
-                                          "RMSNorm")
-    rotary_embedding.RotaryEmbedding.forward = timer.wrap(  # type: ignore[method-assign]
-        rotary_embedding.RotaryEmbedding.forward, "rotary")
-    torch_ref.TorchAttentionBackend.forward = timer.wrap(  # type: ignore[method-assign]
-        torch_ref.TorchAttentionBackend.forward, "attention")
-    torch_ref.write_kv_cache = timer.wrap(torch_ref.write_kv_cache, "KV write")
-    llama.act_and_mul = timer.wrap(llama.act_and_mul, "silu-and-mul")
+    targets: list[tuple[Any, str, str | Callable[..., str]]] = [
+        (linear.Linear, "forward",
+         lambda self, *_: "lm_head" if self is lm_head else "linear layers"),
+        (rms_norm.RMSNorm, "forward", "RMSNorm"),
+        (rotary_embedding.RotaryEmbedding, "forward", "rotary"),
+        (torch_ref.TorchAttentionBackend, "forward", "attention"),
+        (torch_ref, "write_kv_cache", "KV write"),  # called inside the backend's forward
+        (llama, "act_and_mul", "silu-and-mul"),
+    ]
+    originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in targets]
+    try:
+        for owner, attr, name in targets:
+            setattr(owner, attr, timer.wrap(getattr(owner, attr), name))
+        yield
+    finally:
+        for owner, attr, original in originals:
+            setattr(owner, attr, original)
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,24 +102,24 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     core = engine.engine_core
     model = core.runner.model  # the in-process runner's model
     timer = PartTimer()
-    instrument(timer, model)
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     steps: list[dict[str, float]] = []
-    for rep in range(args.repeats + 1):  # the first is the warm-up
-        prompt = [rng.randrange(100, core.vocab_size - 1) for _ in range(args.tokens)]
-        engine.add_request(f"p{rep}", {"prompt_token_ids": prompt}, params)
-        timer.reset()
-        wall = time.perf_counter()
-        with timer.part("python and the rest"):
-            while engine.has_unfinished_requests():
-                engine.step()
-        wall = time.perf_counter() - wall
-        parts = timer.reset()
-        parts["step"] = sum(parts.values())
-        parts["wall"] = wall
-        if rep:
-            steps.append(parts)
+    with instrumented(timer, model):
+        for rep in range(args.repeats + 1):  # the first is the warm-up
+            prompt = [rng.randrange(100, core.vocab_size - 1) for _ in range(args.tokens)]
+            engine.add_request(f"p{rep}", {"prompt_token_ids": prompt}, params)
+            timer.reset()
+            wall = time.perf_counter()
+            with timer.part("python and the rest"):
+                while engine.has_unfinished_requests():
+                    engine.step()
+            wall = time.perf_counter() - wall
+            parts = timer.reset()
+            parts["step"] = sum(parts.values())
+            parts["wall"] = wall
+            if rep:
+                steps.append(parts)
     names = ["step", *PARTS, "python and the rest", "wall"]
     return {name: statistics.median(s.get(name, 0.0) for s in steps) * 1e3 for name in names}
 
