@@ -43,8 +43,10 @@ class OutputProcessor:
         self.stats = stats  # per-request Prometheus metrics; None records none
         self._parents: dict[str, ParentRequest] = {}
         self._parent_of_child: dict[str, ParentRequest] = {}
-        # Child ids that ended here, newest last, so a late output of one is known for what it
-        # is (the detokenizer drops it instead of waiting for its request to arrive).
+        # Child ids ended here while the core may still run them (aborted, stopped by a stop
+        # string, failed), newest last, so a late output of one is known for what it is (the
+        # detokenizer drops it instead of waiting for its request to arrive). A child the core
+        # itself finished sends nothing more: it is not here, and its id may be reused at once.
         self._ended: OrderedDict[str, None] = OrderedDict()
 
     def has_request(self, request_id: str) -> bool:
@@ -52,8 +54,9 @@ class OutputProcessor:
         return request_id in self._parents or request_id in self._parent_of_child
 
     def recently_ended(self, request_id: str) -> bool:
-        """True when the child id ended here (finished, aborted or failed) among the last
-        ENDED_MEMORY that did, and was not added again since."""
+        """True when the child id ended here while the core may still have run it (aborted,
+        stopped by a stop string, failed), among the last ENDED_MEMORY that did, and was not
+        added again since."""
         return request_id in self._ended
 
     def add_request(self, processed: ProcessedPrompt) -> list[EngineCoreRequest]:
@@ -95,7 +98,7 @@ class OutputProcessor:
                 result.request_outputs.append(request_output)
             if parent.finished:
                 self._record_finished(parent)
-                self._remove(parent)
+                self._remove(parent, result.reqs_to_abort)
         return result
 
     def _record_token_step(self, parent: ParentRequest, previous: float | None) -> None:
@@ -127,11 +130,12 @@ class OutputProcessor:
             parent = self._parents.get(request_id) or self._parent_of_child.get(request_id)
             if parent is None or parent.request_id not in self._parents:
                 continue
-            to_abort.extend(parent.unfinished_child_ids())
+            unfinished = parent.unfinished_child_ids()
+            to_abort.extend(unfinished)
             if self.stats is not None and count_as_aborted:
                 parent.finish_unfinished("abort", time.time())
                 self._record_finished(parent)
-            self._remove(parent)
+            self._remove(parent, unfinished)
         return to_abort
 
     def finish_with_error(self, request_ids: Iterable[str], reason: str) -> list[RequestOutput]:
@@ -147,7 +151,7 @@ class OutputProcessor:
             if request_output is not None:
                 request_outputs.append(request_output)
             self._record_finished(parent)
-            self._remove(parent)
+            self._remove(parent, list(parent.children))
         return request_outputs
 
     def get_num_unfinished_requests(self) -> int:
@@ -156,11 +160,13 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
 
-    def _remove(self, parent: ParentRequest) -> None:
+    def _remove(self, parent: ParentRequest, still_in_core: Iterable[str]) -> None:
         self._parents.pop(parent.request_id, None)
         for child_id in parent.children:
             self._parent_of_child.pop(child_id, None)
-            self._ended[child_id] = None
-            self._ended.move_to_end(child_id)
+        for child_id in still_in_core:
+            if child_id in parent.children:
+                self._ended[child_id] = None
+                self._ended.move_to_end(child_id)
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)

@@ -7,8 +7,9 @@ for a pause in adds, then computes the prefill), but the two travel on different
 so nothing orders them: an output of a request this stage has not heard of is kept here until
 the request arrives, and then processed ahead of any later step.
 
-An output of a request that ended here is not kept (it is a late one: an abort or a stop string
-raced the engine's step). What is kept is bounded in count and age; a request that never arrives
+An output of a request that ended here while the engine still ran it is not kept (it is a late
+one: an abort or a stop string raced the engine's step); a request the engine itself finished sends
+nothing more, so its id may come back at once and be kept for. What is kept is bounded in count and age; a request that never arrives
 (its add was refused here and taken back from the engine) leaves its outputs to expire.
 """
 
