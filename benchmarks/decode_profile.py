@@ -64,9 +64,9 @@ class Timers:
         self.step.clear()
 
 
-def instrument(engine: Any, timers: Timers) -> None:
-    """Timing wrappers around the parts of a decode step (instance attributes: nothing global
-    changes but the fused decode module's layer call)."""
+def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
+    """Timing wrappers around the parts of a decode step (instance attributes, and the C++
+    module the fused decode path calls); returns what puts that module back."""
     from engine_core.model_executor.layers import fused_decode
 
     runner = engine.engine_core.runner
@@ -92,37 +92,53 @@ def instrument(engine: Any, timers: Timers) -> None:
 
     fused_decode.KERNELS._module = Timed()  # type: ignore[assignment]
 
+    def restore() -> None:
+        fused_decode.KERNELS._module = built
+
+    return restore
+
 
 def profile(args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from engine_core import EngineArgs, LLMEngine
     from engine_core.default_model import gguf_file
 
-    torch.set_num_threads(1)
     source = gguf_file(args.model)
     if source is None:
         raise ValueError(f"--model must name a .gguf file, got {args.model!r}")
+    threads = torch.get_num_threads()
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=source, dtype="float32", quantization=args.quantization, cpu_threads=1,
-        max_model_len=1024, enable_prefix_caching=False, max_num_seqs=1))
+        max_model_len=args.prompt + args.tokens + 8, enable_prefix_caching=False,
+        max_num_seqs=1))
     timers = Timers()
-    instrument(engine, timers)
+    restore = instrument(engine, timers)
+    try:
+        _decode(engine, timers, args)
+    finally:
+        restore()
+        torch.set_num_threads(threads)
+    names = sorted({n for s in timers.steps for n in s})
+    return {n: 1e3 * statistics.median(s.get(n, 0.0) for s in timers.steps) for n in names} | {
+        "total": 1e3 * statistics.median(sum(s.values()) for s in timers.steps)}
+
+
+def _decode(engine: Any, timers: Timers, args: argparse.Namespace) -> None:
+    from engine_core import SamplingParams
+
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     for rep in range(args.repeats + 1):  # the first is the warm-up
         rng = random.Random(rep)
         engine.add_request(f"r{rep}", {"prompt_token_ids": [
-            rng.randrange(100, vocab - 1) for _ in range(args.prompt)]}, params)
+            rng.randrange(min(100, vocab // 2), vocab - 1) for _ in range(args.prompt)]}, params)
         first = True
         while engine.has_unfinished_requests():
             with timers.part("engine step (scheduler, outputs)"):
                 engine.step()
             timers.end_step(keep=rep > 0 and not first)  # decode steps only
             first = False
-    names = sorted({n for s in timers.steps for n in s})
-    return {n: 1e3 * statistics.median(s.get(n, 0.0) for s in timers.steps) for n in names} | {
-        "total": 1e3 * statistics.median(sum(s.values()) for s in timers.steps)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,11 +4,13 @@ reference is kernels/gguf_linear_ref.py).
 A decode step of up to SMALL_M rows reads the packed blocks directly, as llama.cpp does: x's rows
 rounded once per call to int8 blocks of 32 (a float scale each), integer dot products per block
 (AVX-512 VNNI, AVX2, or plain C++; kernels/csrc/gguf_dot.h), one float scaling per block. The step
-reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer weight bytes than float32; up to CHUNKED_M rows take
-SMALL_M at a time. The int8 rounding moves an output by at most
-gguf_linear_ref.int8_rounding_bound (the reference of the product is gguf_linear_int8_ref). Products of more rows (prefill) unpack
-the weight to float32 once per call and go through the GEMM library, which reuses each weight
-across the rows.
+reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer weight bytes than float32. GGUFLinear keeps a CPU weight
+whose rows come in sixteens regrouped into 16-row tiles (gguf_tile; kernels/csrc/gguf_tiled.cpp),
+which the kernel reads 16 rows a vector instruction; every function here takes either layout (a
+2-D packed weight is GGUF rows, a 3-D one tiles). Up to CHUNKED_M rows take SMALL_M at a time.
+The int8 rounding moves an output by at most gguf_linear_ref.int8_rounding_bound (the reference
+of the product is gguf_linear_int8_ref). Products of more rows (prefill) unpack the weight to
+float32 once per call and go through the GEMM library, which reuses each weight across the rows.
 """
 
 from __future__ import annotations

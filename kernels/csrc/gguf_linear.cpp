@@ -28,6 +28,8 @@
 // every quant to float32 in registers: its per-block conversions, not memory, bounded it
 // (3.7 GB/s read on one thread where float32 reads 11). The int8 rounding of x differs from the
 // float product by at most sum_b (d_x,b / 2) * sum_j |w_j| per output (as llama.cpp's does).
+// A weight regrouped into 16-row tiles (a 3-D tensor, gguf_tiled.cpp: what GGUFLinear keeps on
+// CPU) goes to the tiled kernel, which reads 16 rows per vector instruction.
 // gguf_dequantize: the float32 weights, for products of many rows (a GEMM library then reuses
 // each weight across the rows; the unpacking is paid once per call, not once per row).
 namespace {

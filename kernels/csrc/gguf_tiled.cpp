@@ -30,9 +30,10 @@ using namespace strand;
 constexpr int64_t kBlock = 32, kTileRows = 16;
 // A weight is one sequential stream of tiles, but each is read once per step and some are
 // small (576 x 576 Q4_1: 207 KB), so the hardware prefetcher's ramp at every weight's start
-// shows: prefetching 1 KB ahead read SmolLM2's Q4_1 layers in 5.9-6.9 ms (best of 80, three
-// loaded runs) against 6.7-11.7 without, 6.2-10.9 at 2 KB and 6.5-7.0 at 4 KB.
-constexpr int64_t kPrefetchBytes = 1024;
+// shows; software prefetch 4 tile-blocks ahead (Q4_1 1280 bytes, Q8_0 2176). On the loaded
+// machine (bimodal timings, best of many): SmolLM2's Q4_1 layers 5.9-6.9 ms at 1 KB ahead
+// against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
+constexpr int64_t kPrefetchTileBlocks = 4;
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
 
 struct Format {  // a GGUF block: head bytes (d, and Q4_1's m) then quant bytes
@@ -98,7 +99,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* p = tile + b * kTileBlock;
       for (int64_t line = 0; line < kTileBlock; line += 64)
-        __builtin_prefetch(p + kPrefetchBytes + line, 0, 3);
+        __builtin_prefetch(p + kPrefetchTileBlocks * kTileBlock + line, 0, 3);
       const int8_t* xq[M];
       for (int m = 0; m < M; ++m) xq[m] = x.q.data() + m * K + b * kBlock;
       // Two chains of integer sums per row of x (the low and high halves of a block) halve
