@@ -6,7 +6,7 @@ core on a shared machine is not counted) of the engine step split into its parts
 
 One request, --prompt random tokens then --tokens greedy decode steps, one thread (the C++
 kernels' OpenMP pool and torch's, so every part runs on the calling thread and thread_time
-covers it). Parts, per decode step: the 30 decoder layers (the fused C++ call per layer where it
+covers it). Parts, per decode step: the 30 decoder layers (the fused C++ call of all of them where it
 applies), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
 execute_model (inputs, state updates), and the engine step around it (scheduler, output
 processing, detokenizing). Medians over the decode steps of the --repeats runs after a warm-up.
@@ -81,19 +81,31 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
         raise RuntimeError("the C++ kernels are needed (python -m kernels.build)")
     module: Any = built
 
-    class Timed:  # the module's decode_layer timed, its other functions as they are
+    class TimedStack:  # a DecodeStack whose step (all the layers, one call) is timed
+        def __init__(self, stack: Any) -> None:
+            self.stack = stack
+
+        def add_layer(self, *args: Any) -> Any:
+            return self.stack.add_layer(*args)
+
+        def forward(self, *args: Any) -> Any:
+            with timers.part("decoder layers (fused C++)"):
+                return self.stack.forward(*args)
+
+    class Timed:  # the module, its DecodeStacks timed, its other functions as they are
         def __getattr__(self, attr: str) -> Any:
             return getattr(module, attr)
 
         @staticmethod
-        def decode_layer(*args: Any) -> Any:
-            with timers.part("decoder layers (fused C++)"):
-                return module.decode_layer(*args)
+        def DecodeStack(*args: Any) -> Any:  # noqa: N802 - the C++ class's name
+            return TimedStack(module.DecodeStack(*args))
 
+    fused_decode._STACKS.clear()  # stacks built before this are rebuilt, timed
     fused_decode.KERNELS._module = Timed()  # type: ignore[assignment]
 
     def restore() -> None:
         fused_decode.KERNELS._module = built
+        fused_decode._STACKS.clear()
 
     return restore
 
