@@ -98,7 +98,8 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
                              "Generate stream nobody steps steps itself after 1 s")
     parser.add_argument("--add-hold-ms", type=float, default=None,
                         help="with --auto-step: the engine holds a step until adds pause this "
-                             "long, so a burst joins one step (0: step at once; the engine's "
+                             "long, so a burst joins one step (a lone add to an idle engine "
+                             "steps at once; 0: every add does; the engine's "
                              "default: 2)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")

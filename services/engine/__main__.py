@@ -27,7 +27,8 @@ def _main(argv: list[str] | None) -> None:
                              "detokenizer (without it, a gateway's Step call runs each step)")
     parser.add_argument("--add-hold-ms", type=float, default=1e3 * ADD_QUIET_S,
                         help="auto mode: hold the next step until adds have paused this long, "
-                             "so a burst of requests joins one step (0: step at once; "
+                             "so a burst of requests joins one step (an add to an idle engine "
+                             "steps at once; 0: every add steps at once; "
                              f"at most {1e3 * MAX_ADD_HOLD_S:g}; default %(default)g)")
     args, options = parse_stage_args(parser, argv)
     if not 0 <= args.add_hold_ms <= 1e3 * MAX_ADD_HOLD_S:

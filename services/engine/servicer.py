@@ -140,9 +140,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                                      "subscribed to its outputs")
                 if kind == "step":
                     return await self._manual_step(msg, span)
+                engine_was_idle = not self._has_work
                 resp = await loop.run_in_executor(self._executor, self.calls.handle, msg, span)
                 if kind == "add":
-                    self._bursts.note_add(time.monotonic())
+                    self._bursts.note_add(time.monotonic(), engine_was_idle)
                     self._wake()
                 return resp
             except Exception as exc:  # answered in-stream: the session stays open

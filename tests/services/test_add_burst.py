@@ -1,4 +1,5 @@
-"""The auto-stepping engine holds a step until adds pause, at most MAX_ADD_HOLD_S."""
+"""The auto-stepping engine holds a step until adds pause, at most MAX_ADD_HOLD_S, unless the
+add is lone (an idle engine, no add just before it)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,26 @@ def test_the_engine_stage_names_the_flag_and_bound(capsys: pytest.CaptureFixture
         _main(["--model", "/nonexistent", "--add-hold-ms", "-1"])
     assert exc.value.code == 2
     assert "--add-hold-ms must be in [0, 50], got -1" in capsys.readouterr().err
+
+
+def test_a_lone_add_to_an_idle_engine_steps_at_once() -> None:
+    bursts = AddBursts(quiet_s=0.002)
+    bursts.note_add(10.0, engine_was_idle=True)
+    assert not bursts.hold(10.0001, held_since=10.0001)
+
+
+def test_an_add_to_a_busy_engine_is_held() -> None:
+    # The second add of a burst arrives while the first one's step runs.
+    bursts = AddBursts(quiet_s=0.002)
+    bursts.note_add(10.0, engine_was_idle=True)
+    bursts.note_add(10.02, engine_was_idle=False)
+    assert bursts.hold(10.021, held_since=10.021)
+    assert not bursts.hold(10.023, held_since=10.021)
+
+
+def test_an_add_close_behind_another_is_held_even_on_an_idle_engine() -> None:
+    # Two adds within the quiet time may be the start of a burst (e.g. two tokenizer replicas).
+    bursts = AddBursts(quiet_s=0.002)
+    bursts.note_add(10.0, engine_was_idle=True)
+    bursts.note_add(10.001, engine_was_idle=True)
+    assert bursts.hold(10.0015, held_since=10.0015)
