@@ -15,6 +15,11 @@ Two measurements on the same model, engine flags and thread count, in one run:
    this VM's speed drifts by 5-20% within minutes, so one run of each cannot tell 0.94x from
    0.98x; the median of the per-pair ratios can.
 
+With `--engine-cpus 0` the engine runs on CPU 0 in both runs (the in-process loop, and the
+engine stage) and the other stages and the client on the remaining CPUs (benchmarks/cpu_pinning.py):
+the engine's compute is held equal, so the ratio is the ring's own cost rather than the share of
+the engine's cores that the services and the client take on a small machine.
+
     python -m benchmarks.ring_overhead --num-prompts 32 --output-len 64
 """
 
@@ -37,6 +42,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
+from benchmarks.cpu_pinning import parse_cpu_list, pin_process, split_cpus
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
@@ -109,17 +115,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--add-hold-ms", type=float, default=None,
                         help="the engine stage's --add-hold-ms (default: the stage's own)")
+    parser.add_argument("--engine-cpus", default=None,
+                        help="a CPU list (e.g. 0 or 0-1): the engine on these CPUs in both runs, "
+                             "the other stages and the client on the rest (threads default to "
+                             "their count)")
     parser.add_argument("--output-json", type=Path, default=None)
     return parser
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    pinned = split_cpus(parse_cpu_list(args.engine_cpus)) if args.engine_cpus else None
+    own_cpus, own_threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        return _run(args, pinned)
+    finally:
+        if pinned is not None:  # this process (a test's, say) goes on where and as it was
+            pin_process(os.getpid(), own_cpus)
+            torch.set_num_threads(own_threads)
+
+
+def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> dict[str, Any]:
     from engine_core.config import EngineArgs
     from engine_core.llm_engine import LLMEngine
     from services.client import EngineClient
     from services.launch import StackConfig, launch_stack
 
-    threads = set_threads(args.num_threads)
+    if pinned is not None:
+        pin_process(os.getpid(), pinned[0])  # every thread, an OpenMP pool already started too
+    threads = set_threads(args.num_threads if args.num_threads or pinned is None
+                          else len(pinned[0]))
     model_dir = resolve_model(args)
     config = load_config(model_dir)
     requests = dataset_from_args(args, config["vocab_size"])
@@ -130,7 +156,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompt = [1 + (7 * i) % (config["vocab_size"] - 2) for i in range(args.ttft_prompt_len)]
     data: dict[str, Any] = {"benchmark": "ring_overhead", "model": str(model_dir),
                             "num_threads": threads, "num_prompts": len(requests),
-                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                            "engine_cpus": sorted(pinned[0]) if pinned else None}
 
     log("in process: TTFT of single requests")
     engine = LLMEngine.from_engine_args(EngineArgs(
@@ -147,19 +174,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                      engine_stage_args=hold,
                                      gateway_args=["--auto-step"],
                                      log_dir=Path("/tmp/strand-bench-logs")))
+    place = Placement(pinned, {name: proc.pid for name, proc in stack.processes.items()})
+    place.client_side()
     try:
         with EngineClient(stack.gateway_address, timeout=None) as client:
             ttft_over_ring(client, prompt, 3)
             log("over the ring: TTFT of single requests")
             remote = ttft_over_ring(client, prompt, args.num_ttft)
             pids = {name: proc.pid for name, proc in stack.processes.items()}
+            pids["client (this benchmark)"] = os.getpid()
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             log(f"over the ring: {len(requests)} concurrent Generate streams")
             start = time.perf_counter()
             tokens = stream_workload(client, requests)
             duration = time.perf_counter() - start
             after = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            pairs = throughput_pairs(engine, client, requests, args.throughput_repeats)
+            pairs = throughput_pairs(engine, client, requests, args.throughput_repeats, place)
     finally:
         stack.stop()
     data["ttft_ms"] = {"in_process_p50": 1e3 * statistics.median(local),
@@ -177,19 +207,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+class Placement:
+    """Where this process runs: on the engine's CPUs while it is the engine (in process), on the
+    others while it is the ring's client. Without pinning, nothing moves."""
+
+    def __init__(self, pinned: tuple[set[int], set[int]] | None, stages: dict[str, int]) -> None:
+        self.pinned = pinned
+        if pinned is not None:
+            for name, pid in stages.items():
+                pin_process(pid, pinned[0] if name.startswith("engine") else pinned[1])
+
+    def engine_side(self) -> None:
+        if self.pinned is not None:
+            pin_process(os.getpid(), self.pinned[0])
+
+    def client_side(self) -> None:
+        if self.pinned is not None:
+            pin_process(os.getpid(), self.pinned[1])
+
+
 def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest],
-                     repeats: int) -> list[tuple[float, float]]:
+                     repeats: int, place: Placement | None = None
+                     ) -> list[tuple[float, float]]:
     """(in-process, ring) output tok/s, `repeats` pairs run back to back."""
     from benchmarks.strand_backends import run_loop, run_streams, warm_up, warm_up_streams
 
     if repeats <= 0:
         return []
+    place = place or Placement(None, {})
+    place.engine_side()
     warm_up(engine, requests)
+    place.client_side()
     warm_up_streams(client, requests)
     pairs = []
     for i in range(repeats):
         log(f"throughput pair {i + 1}/{repeats}: in process, then over the ring")
+        place.engine_side()
         local = run_loop("strand", engine, requests)
+        place.client_side()
         ring = run_streams("strand-gateway", client, requests)
         if local.num_failed or ring.num_failed:
             raise RuntimeError(f"failed requests: in process {local.num_failed}, "
@@ -215,12 +270,20 @@ def summary_table(data: dict[str, Any]) -> str:
             + [["median", "", "", f"{tp['ratio_median']:.3f}"]]))
     work = data["workload"]
     lines.append(f"{work['output_tokens']} output tokens in {work['duration_s']:.1f}s "
-                 f"({work['output_tok_per_s']:.1f} tok/s), {data['num_threads']} threads")
+                 f"({work['output_tok_per_s']:.1f} tok/s), {data['num_threads']} threads"
+                 + (f", engine on CPUs {data['engine_cpus']}, the rest elsewhere"
+                    if data.get("engine_cpus") else ""))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.engine_cpus:
+        try:
+            split_cpus(parse_cpu_list(args.engine_cpus))
+        except ValueError as exc:
+            parser.error(str(exc).replace("engine_cpus", "--engine-cpus", 1))
     data = run(args)
     write_json(args.output_json, data)
     print(summary_table(data))

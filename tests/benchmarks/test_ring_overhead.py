@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks import ring_overhead
 from benchmarks.ring_overhead import cpu_seconds
 from tests.benchmarks.conftest import TINY_WORKLOAD, model_flags
@@ -36,9 +38,34 @@ def test_a_run_reports_ttft_cpu_and_alternating_throughput_pairs(
     data = json.loads(out.read_text())
     assert data["ttft_ms"]["ring_p50"] > 0 and data["ttft_ms"]["in_process_p50"] > 0
     assert set(data["cpu_s_per_1000_tokens"]) == {"tokenizer", "engine", "detokenizer",
-                                                  "gateway"}
+                                                  "gateway", "client (this benchmark)"}
     pairs = data["throughput"]
     assert len(pairs["ratios"]) == 2
     assert pairs["ratios"] == [b / a for a, b in zip(pairs["in_process_tok_s"],
                                                      pairs["ring_tok_s"], strict=True)]
     assert "median" in stdout.getvalue()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs 2 CPUs")
+def test_a_pinned_run_puts_the_engine_on_its_cpus_and_gives_this_process_its_own_back(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    import torch
+
+    own_cpus, own_threads = os.sched_getaffinity(0), torch.get_num_threads()
+    engine_cpu = min(own_cpus)
+    out = tmp_path / "ring.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        ring_overhead.main([*model_flags(tiny_model_dir), *TINY_WORKLOAD, "--num-ttft", "2",
+                            "--throughput-repeats", "1", "--engine-cpus", str(engine_cpu),
+                            "--output-json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["engine_cpus"] == [engine_cpu] and data["num_threads"] == 1
+    assert len(data["throughput"]["ratios"]) == 1
+    assert os.sched_getaffinity(0) == own_cpus and torch.get_num_threads() == own_threads
+
+
+def test_the_engine_cpus_flag_names_a_bad_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        ring_overhead.main(["--engine-cpus", "1-0"])
+    assert exc.value.code == 2
+    assert "--engine-cpus: range '1-0' runs backwards" in capsys.readouterr().err
