@@ -123,7 +123,10 @@ def _rates_by_library(size: int, dtype: torch.dtype, repeats: int, device: str,
     b = torch.randn(size, size).to(device=device, dtype=dtype)
     products: list[tuple[str, Callable[[], object]]] = [("torch.matmul",
                                                          lambda: torch.matmul(a, b))]
-    if device == "cpu" and cpu_linear.unavailable_reason() is None:
+    # oneDNN only where it has kernels for the dtype: elsewhere cpu_linear.linear falls back to
+    # torch's F.linear, which would be timed again under oneDNN's name (minutes of emulated
+    # bfloat16 under AVX2).
+    if device == "cpu" and cpu_linear.unavailable_reason(dtype) is None:
         products.append(("onednn", lambda: cpu_linear.linear(a, b, None)))
         packed = cpu_linear.pack_weight(b)  # the engine's own layout (layers/linear.py)
         if packed is not None:
