@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks import roofline
 from benchmarks.common import percentiles
@@ -117,3 +118,18 @@ def test_percentiles_interpolate_linearly() -> None:
 
 def test_percentiles_of_nothing_are_zero() -> None:
     assert percentiles([]) == {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+
+
+def test_a_slow_first_product_is_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past SLOW_PRODUCT_S the first call's time stands: no minutes of emulated bfloat16.
+    monkeypatch.setattr(roofline, "SLOW_PRODUCT_S", 0.0)
+    calls: list[int] = []
+    real = torch.matmul
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "matmul", counting)
+    rates = measure_gemm_by_library(32, "float32", repeats=3)
+    assert len(calls) == 1 and rates[0][1] == "torch.matmul" and rates[0][0] > 0
