@@ -125,14 +125,15 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream before it)
         # HF's `hidden = hidden + sublayer(norm(hidden))`, with each add fused into the norm
         # after it (vLLM's form): the same sums, one pass fewer over the activations.
+        # The adds' inputs are dropped after them: the kernels may store into them (in_place).
         if residual is None:
             residual, normed = hidden, self.input_layernorm(hidden)
         else:
-            normed, residual = self.input_layernorm(hidden, residual)
+            normed, residual = self.input_layernorm(hidden, residual, in_place=True)
         attn = self.self_attn(positions, normed, kv_cache, metadata, backend, rows)
         if rows is not None:
             residual = residual[rows]
-        normed, residual = self.post_attention_layernorm(attn, residual)
+        normed, residual = self.post_attention_layernorm(attn, residual, in_place=True)
         return self.mlp(normed), residual
 
 
@@ -191,7 +192,8 @@ class LlamaForCausalLM(nn.Module):
         for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             hidden, residual = layer(positions, hidden, residual, kv_cache, metadata, backend,
                                      last_rows if i == last else None)
-        out = self.model.norm(hidden) if residual is None else self.model.norm(hidden, residual)[0]
+        out = (self.model.norm(hidden) if residual is None
+               else self.model.norm(hidden, residual, in_place=True)[0])
         return out if rows is None or last_rows is not None else out[rows]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
