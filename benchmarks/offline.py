@@ -243,7 +243,8 @@ def summary_table(data: dict[str, Any]) -> str:
     bound = data["bound"]
     if bound is not None:
         machine = bound["machine"]
-        lines.append(f"machine: GEMM {machine['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s, copy "
+        library = f" ({machine['gemm_library']})" if machine.get("gemm_library") else ""
+        lines.append(f"machine: GEMM {machine['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s{library}, copy "
                      f"{machine['memory_bytes_per_s'] / 1e9:.1f} GB/s, "
                      f"{machine['num_threads']} threads; bound "
                      f"{bound['bound_total_tokens_per_s']:.0f} total tok/s "

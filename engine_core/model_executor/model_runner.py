@@ -274,10 +274,13 @@ class ModelRunner:
         if inputs.graph_size is not None and self.decode_graphs is not None:
             # Rows past the step's requests are padding; logits_indices never points there.
             hidden = self.decode_graphs.replay(inputs.graph_size)[:len(inputs.req_ids)]
+            hidden = hidden[inputs.logits_indices]
         else:
+            # The model runs its last layer past attention for these rows alone.
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
-                                inputs.metadata, self.attn_backend)  # [num_tokens, hidden]
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+                                inputs.metadata, self.attn_backend,
+                                rows=inputs.logits_indices)  # [num_logits, hidden]
+        return self.model.compute_logits(hidden)
 
     @property
     def is_driver(self) -> bool:

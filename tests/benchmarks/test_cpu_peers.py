@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
-from benchmarks import cpu_peers
+from benchmarks import cpu_peers, roofline
 
 # llama-bench -o json, trimmed to the fields read (two tests: pp512 and tg128).
 LLAMA_BENCH_JSON = json.dumps([
@@ -94,6 +95,26 @@ def test_a_prefill_only_run_prints_and_bounds_prefill_alone(
     assert "prefill 512 tok/s" in out and "decode bs=1" not in out
     assert "1120.0 ± 0.0 (1.49x)" in out
     assert "strand: prefill 70% of its bound" in out and "decode" not in out.split("strand:")[-1]
+
+
+def test_the_prefill_bound_uses_the_fastest_gemm_and_the_table_names_it(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # bfloat16 under AVX2: oneDNN's emulated bfloat16 GEMM is slower than float32 on converted
+    # weights, so the bound is the float32 rate and says so.
+    monkeypatch.setattr(roofline, "fastest_gemm", lambda size, dtype: (4e11, "onednn float32"))
+    monkeypatch.setattr(roofline, "measure_bandwidth", lambda: 2e10)
+    bound = cpu_peers.bounds(str(tiny_model_dir), "bfloat16", 1)
+    shape = roofline.ModelShape.from_config(json.loads(
+        (tiny_model_dir / "config.json").read_text()))
+    assert bound["gemm_library"] == "onednn float32"
+    assert bound["prefill_tok_s"] == pytest.approx(4e11 / (2 * shape.layer_params))
+    report = {"dtype": "bfloat16", "threads": 2, "llama_cpp_build": "abc1234",
+              "workloads": ["prefill"], "bounds": bound,
+              "results": {"llama.cpp": {"prefill": {"median": 1.0, "stdev": 0.0, "runs": 1}},
+                          "strand": {"prefill": {"median": 2.0, "stdev": 0.0, "runs": 1}}}}
+    cpu_peers.print_table(report)
+    assert "GEMM 400 GFLOP/s, onednn float32)" in capsys.readouterr().out
 
 
 def test_workloads_are_checked_and_kept_in_table_order() -> None:

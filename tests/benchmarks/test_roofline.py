@@ -1,16 +1,20 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from benchmarks import roofline
 from benchmarks.common import percentiles
 from benchmarks.datasets import SampleRequest
 from benchmarks.roofline import (
     MachineRates,
     ModelShape,
+    fastest_gemm,
     fractions,
     measure_bandwidth,
     measure_gemm,
     measure_gemm_by_library,
+    measure_machine,
     workload_bound,
 )
 from kernels import cpu_linear
@@ -71,6 +75,36 @@ def test_the_gemm_rate_is_the_fastest_library_measured() -> None:
     assert all(rate > 0 for rate, _ in rates)
 
 
+def test_a_bfloat16_bound_counts_the_float32_rate_with_the_weights_converted() -> None:
+    # On an AVX2 CPU oneDNN emulates bfloat16 at a tenth of the float32 rate; converting the
+    # weights to float32 does the same work faster, so float32 is measured too, and labelled.
+    rates = measure_gemm_by_library(64, "bfloat16", repeats=1)
+    libraries = [library for _, library in rates]
+    assert "torch.matmul" in libraries and "torch.matmul float32" in libraries
+    narrow = [name for name in libraries if "float32" not in name]
+    assert {f"{name} float32" for name in narrow} <= set(libraries)
+    assert fastest_gemm(64, "bfloat16", repeats=1)[1] in libraries
+
+
+def test_a_float32_bound_measures_float32_alone() -> None:
+    assert not any("float32" in library
+                   for _, library in measure_gemm_by_library(64, "float32", repeats=1))
+
+
+def test_the_fastest_gemm_is_the_highest_rate_and_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    measured = [(1e9, "torch.matmul"), (5e9, "onednn-packed float32"), (2e9, "onednn")]
+    monkeypatch.setattr(roofline, "measure_gemm_by_library", lambda *args, **kwargs: measured)
+    assert fastest_gemm(64, "bfloat16") == (5e9, "onednn-packed float32")
+    rates = measure_machine(64, 1024**2, "bfloat16")
+    assert (rates.gemm_flops_per_s, rates.gemm_library) == (5e9, "onednn-packed float32")
+
+
+def test_an_unknown_gemm_dtype_is_refused() -> None:
+    with pytest.raises(ValueError, match="gemm dtype must be one of"):
+        measure_gemm(64, "int8")
+
+
 def test_tiny_gemm_is_refused() -> None:
     with pytest.raises(ValueError, match="gemm size must be >= 16"):
         measure_gemm(8)
@@ -84,3 +118,18 @@ def test_percentiles_interpolate_linearly() -> None:
 
 def test_percentiles_of_nothing_are_zero() -> None:
     assert percentiles([]) == {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+
+
+def test_a_slow_first_product_is_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past SLOW_PRODUCT_S the first call's time stands: no minutes of emulated bfloat16.
+    monkeypatch.setattr(roofline, "SLOW_PRODUCT_S", 0.0)
+    calls: list[int] = []
+    real = torch.matmul
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "matmul", counting)
+    rates = measure_gemm_by_library(32, "float32", repeats=3)
+    assert len(calls) == 1 and rates[0][1] == "torch.matmul" and rates[0][0] > 0

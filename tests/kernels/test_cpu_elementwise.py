@@ -190,3 +190,26 @@ def test_write_kv_copies_bfloat16_rows() -> None:
     cpu_elementwise.write_kv(key, value, kv, torch.tensor([5, 2]))
     flat = kv.view(2, -1, 1, 16)
     assert torch.equal(flat[0, 5], key[0]) and torch.equal(flat[1, 2], value[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_in_place_stores_the_same_values_into_its_inputs(dtype: torch.dtype) -> None:
+    g = _gen(11)
+    x, residual = (torch.randn(37, 200, generator=g).to(dtype) for _ in range(2))
+    weight = (1 + 0.1 * torch.randn(200, generator=g)).to(dtype)
+    want_out, want_residual = cpu_elementwise.rms_norm(x.clone(), weight, 1e-6, residual.clone())
+    x_ptr, residual_ptr = x.data_ptr(), residual.data_ptr()
+    out, new_residual = cpu_elementwise.rms_norm(x, weight, 1e-6, residual, in_place=True)
+    assert (out.data_ptr(), new_residual.data_ptr()) == (x_ptr, residual_ptr)
+    assert torch.equal(out, want_out) and torch.equal(new_residual, want_residual)
+
+
+def test_rms_norm_in_place_leaves_a_strided_input_alone() -> None:
+    g = _gen(12)
+    wide = torch.randn(9, 96, generator=g)
+    x, residual = wide[:, :48], torch.randn(9, 48, generator=g)  # x: rows 96 apart
+    before = wide.clone()
+    out, _ = cpu_elementwise.rms_norm(x, torch.ones(48), 1e-6, residual, in_place=True)
+    assert torch.equal(wide, before) and out.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(out, rms_norm_ref(x, torch.ones(48), 1e-6, residual)[0],
+                               rtol=1e-5, atol=1e-5)

@@ -26,20 +26,25 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     @overload
-    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor, residual: None = None, *,
+                in_place: bool = False) -> torch.Tensor: ...
 
     @overload
-    def forward(self, x: torch.Tensor,
-                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, *,
+                in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
         residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+        *,
+        in_place: bool = False,  # x and residual are not needed afterwards: may be overwritten
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without residual: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without residual: norm(x). With it: (norm(x + residual), x + residual). in_place lets
+        the CPU kernel store into x and residual (kernels/cpu_elementwise.py says why)."""
         if cpu_elementwise.applies(x, self.weight) and x.dim() == 2 and x.stride(1) == 1:
-            return cpu_elementwise.rms_norm(x, self.weight, self.eps, residual)
+            return cpu_elementwise.rms_norm(x, self.weight, self.eps, residual,
+                                            in_place=in_place)
         if _triton.runs_triton(x):
             return triton_rms_norm(x, self.weight, self.eps, residual)
         return rms_norm_ref(x, self.weight, self.eps, residual)

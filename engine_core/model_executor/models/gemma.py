@@ -19,7 +19,7 @@ from engine_core.model_executor.layers.gemma_norm import GemmaRMSNorm
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
-from engine_core.model_executor.models.llama import LlamaAttention, LlamaMLP
+from engine_core.model_executor.models.llama import LlamaAttention, LlamaMLP, fewer_rows
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
           "post_feedforward_layernorm")
@@ -43,9 +43,12 @@ class GemmaDecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
+        rows: torch.Tensor | None = None,  # [n] int64: the only output rows needed, or all
+    ) -> torch.Tensor:  # [num_tokens or n, hidden]
         attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, metadata,
-                              backend)
+                              backend, rows)
+        if rows is not None:
+            hidden = hidden[rows]
         hidden = hidden + self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
         return hidden + self.post_feedforward_layernorm(mlp)
@@ -91,13 +94,20 @@ class GemmaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],  # one per layer
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
+        rows: torch.Tensor | None = None,  # [n] int64: the rows whose logits are computed
+    ) -> torch.Tensor:  # [num_tokens, hidden] (or [n, hidden]) after the final norm
+        """With `rows`, those rows alone; the last layer runs past attention for them only
+        (as LlamaForCausalLM.forward)."""
+        last_rows = rows if fewer_rows(rows, input_ids) else None
         hidden = self.model.embed_tokens(input_ids)
         # HF rounds the scale to the activation dtype first (sqrt(hidden) in bf16 is not exact).
         hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, kv_cache, metadata, backend)
-        return cast(torch.Tensor, self.model.norm(hidden))
+        last = len(self.model.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            hidden = layer(positions, hidden, kv_cache, metadata, backend,
+                           last_rows if i == last else None)
+        out = cast(torch.Tensor, self.model.norm(hidden))
+        return out if rows is None or last_rows is not None else out[rows]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         logits = self.lm_head(hidden)

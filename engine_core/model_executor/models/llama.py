@@ -24,6 +24,11 @@ from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
 
 
+def fewer_rows(rows: torch.Tensor | None, input_ids: torch.Tensor) -> bool:
+    """Whether `rows` selects fewer rows than the step has (a prefill's last rows, say)."""
+    return rows is not None and rows.shape[0] < input_ids.shape[0]
+
+
 class LlamaAttention(nn.Module):
     """Also Qwen3's and Gemma's: per-head q/k norms, the window and the softcap of `layer_idx`,
     Gemma's query_pre_attn_scalar all come from config.arch."""
@@ -61,7 +66,8 @@ class LlamaAttention(nn.Module):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:  # [num_tokens, hidden]
+        rows: torch.Tensor | None = None,  # [n] int64: the only output rows needed, or all
+    ) -> torch.Tensor:  # [num_tokens or n, hidden]
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -74,7 +80,9 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(num_tokens, self.num_kv_heads, -1)
         q, k = self.rotary(positions, q, k)
         out = backend.forward(q, k, v, kv_cache, metadata, self.scale, **self.attn_kwargs)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = out.reshape(num_tokens, self.q_size)
+        # K/V were written for every token above; the projection runs for the rows needed.
+        return self.o_proj(out if rows is None else out[rows])
 
 
 class LlamaMLP(nn.Module):
@@ -113,15 +121,19 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
+        rows: torch.Tensor | None = None,  # [n] int64: the only output rows needed, or all
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream before it)
         # HF's `hidden = hidden + sublayer(norm(hidden))`, with each add fused into the norm
         # after it (vLLM's form): the same sums, one pass fewer over the activations.
+        # The adds' inputs are dropped after them: the kernels may store into them (in_place).
         if residual is None:
             residual, normed = hidden, self.input_layernorm(hidden)
         else:
-            normed, residual = self.input_layernorm(hidden, residual)
-        attn = self.self_attn(positions, normed, kv_cache, metadata, backend)
-        normed, residual = self.post_attention_layernorm(attn, residual)
+            normed, residual = self.input_layernorm(hidden, residual, in_place=True)
+        attn = self.self_attn(positions, normed, kv_cache, metadata, backend, rows)
+        if rows is not None:
+            residual = residual[rows]
+        normed, residual = self.post_attention_layernorm(attn, residual, in_place=True)
         return self.mlp(normed), residual
 
 
@@ -162,18 +174,27 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[torch.Tensor],  # one per layer
         metadata: AttentionMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:  # [num_tokens, hidden] after the final norm
+        rows: torch.Tensor | None = None,  # [n] int64: the rows whose logits are computed
+    ) -> torch.Tensor:  # [num_tokens, hidden] (or [n, hidden]) after the final norm
+        """With `rows`, the output's rows at those indices alone. The last layer then runs its
+        attention's projection and its MLP for those rows only (llama.cpp's skip of unused
+        outputs): a prompt's other rows feed nothing but that layer's K/V, already written."""
         if type(self) is LlamaForCausalLM and not self.lora_active and fused_decode.applies(
                 self, input_ids, kv_caches, metadata, backend):
             # A decode step of a few requests: each layer as one C++ call (same kernels).
-            return fused_decode.forward(self, input_ids, positions, kv_caches, metadata)
+            hidden = fused_decode.forward(self, input_ids, positions, kv_caches, metadata)
+            return hidden if rows is None else hidden[rows]
+        # LoRA maps adapters to the step's tokens, every row: there all rows run.
+        last_rows = rows if fewer_rows(rows, input_ids) and not self.lora_active else None
         hidden = self.model.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata, backend)
-        if residual is None:  # no layers
-            return self.model.norm(hidden)
-        return self.model.norm(hidden, residual)[0]
+        last = len(self.model.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata, backend,
+                                     last_rows if i == last else None)
+        out = (self.model.norm(hidden) if residual is None
+               else self.model.norm(hidden, residual, in_place=True)[0])
+        return out if rows is None or last_rows is not None else out[rows]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return self.lm_head(hidden)
