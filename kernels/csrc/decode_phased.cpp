@@ -1,4 +1,5 @@
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,16 @@ inline std::pair<int64_t, int64_t> chunk_tiles(int64_t tiles, int64_t chunks, in
 
 int64_t tiles_of(const at::Tensor& w) { return w.size(0); }
 
+// q_dense [M, Q] = the first Q values of each qkv row: a plain copy, as an ATen op here (off the
+// calling thread) would not see the caller's inference mode and refuse its tensors.
+void copy_query(const at::Tensor& q_dense, const at::Tensor& qkv, int64_t M, int64_t Q) {
+  const int64_t size = qkv.element_size();
+  const char* src = static_cast<const char*>(qkv.data_ptr());
+  char* dst = static_cast<char*>(q_dense.data_ptr());
+  for (int64_t m = 0; m < M; ++m) std::memcpy(dst + m * Q * size, src + m * qkv.size(1) * size,
+                                              Q * size);
+}
+
 struct AttnTask {
   int64_t r, g0, g1;
 };
@@ -129,7 +140,7 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
         rotary_neox(b.q, positions, cos_sin_);
         rotary_neox(b.k, positions, cos_sin_);
         write_kv(keys_[l], values_[l], b.k, b.v, slots);
-        if (!q_rows) q_dense.copy_(b.q);
+        if (!q_rows) copy_query(q_dense, b.qkv, M, num_heads_ * head_dim_);
         break;
       case kAttn:
         decode_attention_part(b.attn, q_dense, keys_[l], values_[l], block_table, seq_lens,
