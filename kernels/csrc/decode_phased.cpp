@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "claim_chunks.h"
 #include "decode_stack.h"
 #include "gguf_tiled.h"
 
@@ -38,10 +39,6 @@ enum Kind : int64_t {
   kKinds
 };
 
-// Chunks a thread should get of a product, for balance when one thread falls behind; a chunk
-// of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1), so the claim (an atomic add) is
-// small beside it.
-constexpr int64_t kChunksPerThread = 4;
 // Spins (pause instructions, ~40-140 cycles each) before a waiting thread yields its core at
 // each check: the wait between phases is usually a chunk (microseconds), and on a machine with
 // no core to spare the thread being waited for may need this one.
@@ -65,11 +62,6 @@ void wait_done(const Counter& c, int64_t chunks) {
     else
       std::this_thread::yield();
   }
-}
-
-// Tiles [t0, t1) of chunk i of `chunks` over a weight of `tiles` tiles.
-inline std::pair<int64_t, int64_t> chunk_tiles(int64_t tiles, int64_t chunks, int64_t i) {
-  return {tiles * i / chunks, tiles * (i + 1) / chunks};
 }
 
 int64_t tiles_of(const at::Tensor& w) { return w.size(0); }
@@ -106,8 +98,9 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
       for (int64_t g = 0; g < num_kv_heads_; ++g) attn.push_back({r, g, g + 1});
   }
   const Layer& first = layers_[0];
+  // A chunk of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1).
   const auto product_chunks = [&](const at::Tensor& w) {
-    return threads == 1 ? int64_t{1} : std::min(tiles_of(w), threads * kChunksPerThread);
+    return strand::chunk_count(tiles_of(w), threads, 1);
   };
   int64_t chunks[kKinds];
   for (int64_t k = 0; k < kKinds; ++k) chunks[k] = 1;
@@ -124,8 +117,9 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
     const auto product = [&](at::Tensor& out, const QuantizedRows& x, const at::Tensor& w,
                              int64_t qtype, const c10::optional<at::Tensor>& bias) {
-      const auto [t0, t1] = chunk_tiles(tiles_of(w), chunks[kind], i);
-      strand::gguf::tiled_rows(out, x, w, qtype, bias, t0, t1);
+      const int64_t tiles = tiles_of(w), n = chunks[kind];
+      strand::gguf::tiled_rows(out, x, w, qtype, bias, strand::chunk_begin(tiles, n, i),
+                               strand::chunk_begin(tiles, n, i + 1));
     };
     switch (kind) {
       case kNormIn:

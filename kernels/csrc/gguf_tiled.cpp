@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "claim_chunks.h"
 #include "gguf_act.h"
 #include "gguf_tile_simd.h"
 #include "gguf_tiled.h"
@@ -141,8 +142,13 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
 template <int64_t Q, int M>
 void tiles_gemv(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
                 int64_t N) {
-  // At least 4 tiles (64 rows) per thread, as the row kernels (linear_small.cpp says why).
-  at::parallel_for(0, N / kTileRows, 4, [&](int64_t t0, int64_t t1) {
+  // At least 4 tiles (64 rows) a chunk, as the row kernels (linear_small.cpp says why); chunks
+  // claimed by whichever thread is free (claim_chunks.h).
+  at::internal::lazy_init_num_threads();
+  const int64_t tiles = N / kTileRows;
+  const int64_t chunks = chunk_count(tiles, at::get_num_threads(), 4);
+  claim_for(chunks, [&](int64_t i) {
+    const int64_t t0 = chunk_begin(tiles, chunks, i), t1 = chunk_begin(tiles, chunks, i + 1);
     tiles_task<Q, M>(x, w, sums + t0 * kTileRows, N, K, t0, t1);
   });
 }
