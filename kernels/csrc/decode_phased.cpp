@@ -44,7 +44,7 @@ enum Kind : int64_t {
 // no core to spare the thread being waited for may need this one.
 constexpr int kSpinsBeforeYield = 2000;
 
-struct alignas(64) Counter {  // one phase: chunks claimed, chunks done; a cache line each
+struct alignas(64) Counter {  // one phase's chunks claimed and done, on a cache line of its own
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 };
@@ -56,11 +56,13 @@ inline void pause() {
 }
 
 void wait_done(const Counter& c, int64_t chunks) {
-  for (int spins = 0; c.done.load(std::memory_order_acquire) < chunks; ++spins) {
-    if (spins < kSpinsBeforeYield)
+  for (int spins = 0; c.done.load(std::memory_order_acquire) < chunks;) {
+    if (spins < kSpinsBeforeYield) {
       pause();
-    else
+      ++spins;
+    } else {
       std::this_thread::yield();
+    }
   }
 }
 

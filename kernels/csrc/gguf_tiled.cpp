@@ -85,8 +85,8 @@ void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format
 }
 
 // sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
-// rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the offset part
-// (Q4_0: -8 d_w, Q4_1: m_w, times d_x * sum q_x).
+// rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
+// offset part (Q4_0: -8 d_w, Q4_1: m_w, times d_x * sum q_x).
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1) {
