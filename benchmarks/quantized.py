@@ -2,7 +2,8 @@
 against the same file dequantized to float32 at load, and the weight bytes each reads per token.
 
     python -m benchmarks.quantized [--model smollm2|FILE.gguf] [--threads N [N ...]]
-        [--repeats 3] [--prompt 32] [--tokens 64] [--no-q8] [--llama-cpp DIR] [--out results.json]
+        [--repeats 3] [--prompt 32] [--tokens 64] [--no-q8] [--llama-cpp DIR] [--isa native|avx2]
+        [--out results.json]
 
 Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a Q8_0 embedding
 that the tied lm_head reads), and, unless --no-q8, a Q8_0 copy of the same file packed (every
@@ -15,20 +16,25 @@ bytes/token is what a decode step reads of the weights: every linear layer (pack
 the norms, and one embedding row (the KV cache is left out: at these lengths it is < 1%).
 The bandwidth bound is the machine's copy rate (same thread count) over those bytes. With
 --llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -r REPEATS, same threads) runs on the same
-packed files right after Strand's rows.
+packed files right after Strand's rows. --isa avx2 measures an AVX2-only CPU on a wider one
+(benchmarks/isa_emulation.py: Strand's kernels, torch, oneDNN and MKL capped; --llama-cpp must
+then be a build without AVX-512, e.g. llama-cpp-src/build-avx2/bin).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
 from benchmarks.cpu_peers import parse_llama_bench
 
@@ -156,8 +162,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-q8", action="store_true", help="skip the Q8_0 copy")
     parser.add_argument("--llama-cpp", type=Path, default=None,
                         help="directory holding llama-bench: adds llama.cpp on the same files")
+    parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
+                        help="avx2: every library capped at AVX2 (benchmarks/isa_emulation.py)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    caps = isa_emulation.isa_env(args.isa)
+    if any(os.environ.get(k) != v for k, v in caps.items()):
+        # The libraries read their caps once, when they load: run again with them set.
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.quantized",
+                                   *(sys.argv[1:] if argv is None else argv)],
+                  {**os.environ, **caps})
     for name in ("repeats", "prompt", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
@@ -165,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--threads must be >= 1")
     if args.llama_cpp is not None and not (args.llama_cpp / "llama-bench").is_file():
         parser.error(f"--llama-cpp must be a directory holding llama-bench, got {args.llama_cpp}")
+    if args.llama_cpp is not None:
+        isa_emulation.check_llama_cpp(args.llama_cpp, args.isa)
     from engine_core.default_model import gguf_file
 
     source = gguf_file(args.model)
@@ -203,7 +219,11 @@ def main(argv: list[str] | None = None) -> None:
     print(format_table(["threads", "weights", "bs=1 decode tok/s", "CPU ms/token", "vs float32",
                         "MB read/token",
                         "of the bandwidth bound", "llama.cpp tok/s", "vs llama.cpp"], rows))
+    if args.isa != "native":
+        print(f"\nStrand, torch, oneDNN and MKL restricted to {args.isa} "
+              f"(benchmarks/isa_emulation.py); ran at {isa_emulation.observed()}")
     write_json(args.out, {"benchmark": "quantized", "model": source, "threads": args.threads,
+                          "isa": args.isa,
                           "prompt": args.prompt, "tokens": args.tokens, "results": runs})
 
 

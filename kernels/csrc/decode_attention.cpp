@@ -231,22 +231,51 @@ void run(const Args<T>& a, int64_t R) {
 }
 
 template <typename T, typename Torch>
-void dispatch(at::Tensor out, at::Tensor query, at::Tensor key_cache,
-              at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
-              double scale) {
-  const auto ptr = [](at::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
+Args<T> make_args(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                  const at::Tensor& value_cache, const at::Tensor& block_table,
+                  const at::Tensor& seq_lens, double scale) {
+  const auto ptr = [](const at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
   const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
                   seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
                   key_cache.size(1), key_cache.size(2), block_table.size(1), (float)scale};
   TORCH_CHECK(a.D <= kLanes * kMaxChunks, "head_dim must be at most ", kLanes * kMaxChunks);
-  const int64_t R = query.size(0);
+  return a;
+}
+
+// fn(std::integral_constant<int, DC>): the head_dim's instantiation (0: any head_dim).
+template <typename T, typename Fn>
+void by_head_dim(const Args<T>& a, Fn fn) {
   switch (a.D) {
-    case 64: run<T, 64 / kLanes>(a, R); break;
-    case 128: run<T, 128 / kLanes>(a, R); break;
-    case 32: run<T, 32 / kLanes>(a, R); break;
-    case 256: run<T, 256 / kLanes>(a, R); break;
-    default: run<T, 0>(a, R);
+    case 64: fn(std::integral_constant<int, 64 / kLanes>{}); break;
+    case 128: fn(std::integral_constant<int, 128 / kLanes>{}); break;
+    case 32: fn(std::integral_constant<int, 32 / kLanes>{}); break;
+    case 256: fn(std::integral_constant<int, 256 / kLanes>{}); break;
+    default: fn(std::integral_constant<int, 0>{});
   }
+}
+
+template <typename T, typename Torch>
+void dispatch(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+              at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
+              double scale) {
+  const Args<T> a = make_args<T, Torch>(out, query, key_cache, value_cache, block_table,
+                                        seq_lens, scale);
+  const int64_t R = query.size(0);
+  by_head_dim(a, [&](auto dc) { run<T, decltype(dc)::value>(a, R); });
+}
+
+template <typename T, typename Torch>
+void dispatch_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                   at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
+                   double scale, int64_t r, int64_t g0, int64_t g1) {
+  const Args<T> a = make_args<T, Torch>(out, query, key_cache, value_cache, block_table,
+                                        seq_lens, scale);
+  TORCH_CHECK(r >= 0 && r < query.size(0) && g0 >= 0 && g0 < g1 && g1 <= a.KVH,
+              "decode_attention_part takes a request of the query and a range of its kv heads");
+  std::vector<float> s, inv, acc_out;
+  by_head_dim(a, [&](auto dc) {
+    request_task<T, decltype(dc)::value>(a, r, g0, g1, s, inv, acc_out);
+  });
 }
 }  // namespace
 
@@ -257,4 +286,15 @@ void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
     dispatch<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
   else
     dispatch<float, float>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
+}
+
+void decode_attention_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                           at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
+                           double scale, int64_t r, int64_t g0, int64_t g1) {
+  if (query.scalar_type() == at::kBFloat16)
+    dispatch_part<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, seq_lens,
+                                      scale, r, g0, g1);
+  else
+    dispatch_part<float, float>(out, query, key_cache, value_cache, block_table, seq_lens,
+                                scale, r, g0, g1);
 }

@@ -45,6 +45,8 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
               "every layer must have the first one's hidden and intermediate sizes");
   hidden_ = H;
   intermediate_ = I;
+  const at::Tensor* weights[4] = {&qkv_w, &o_w, &gate_up_w, &down_w};
+  for (int i = 0; i < 4; ++i) all_tiled_ = all_tiled_ && qtypes[i] != 0 && weights[i]->dim() == 3;
   layers_.push_back({input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, qtypes});
 }
 
@@ -94,12 +96,18 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
   const bool q_rows = M == 1;
   at::Tensor q_dense = q_rows ? b.q : at::empty({M, num_heads_, head_dim_}, hidden.options());
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
     if (!caches_[l].is_same(kv_caches[l])) {  // a new cache (first step, or reallocated)
       caches_[l] = kv_caches[l];
       keys_[l] = kv_caches[l].select(0, 0);
       values_[l] = kv_caches[l].select(0, 1);
     }
+  }
+  if (all_tiled_) {
+    forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens);
+    return {b.out.clone(), b.res_b.clone()};
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
     // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream); the first
     // layer has no residual yet: its input is the stream.
     const at::Tensor& in = l == 0 ? hidden : b.out;

@@ -40,11 +40,16 @@ class DecodeStack {
 
  private:
   Buffers& buffers(int64_t M, const at::TensorOptions& opts);
+  // The step when every projection is GGUF tiles (decode_phased.cpp): one parallel region.
+  void forward_phased(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
+                      const at::Tensor& q_dense, const at::Tensor& slots,
+                      const at::Tensor& block_table, const at::Tensor& seq_lens);
 
   at::Tensor cos_sin_;
   int64_t num_heads_, num_kv_heads_, head_dim_, hidden_ = 0, intermediate_ = 0;
   double eps_, scale_;
   std::vector<Layer> layers_;
+  bool all_tiled_ = true;  // every layer's four weights are GGUF 16-row tiles
   std::vector<Buffers> by_m_;  // [M - 1], made on first use
   // Each layer's key and value cache views, and the tensor they were taken from.
   std::vector<at::Tensor> caches_, keys_, values_;

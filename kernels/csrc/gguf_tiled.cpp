@@ -6,8 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#include "claim_chunks.h"
 #include "gguf_act.h"
 #include "gguf_tile_simd.h"
+#include "gguf_tiled.h"
 
 // GGUF Q8_0 / Q4_0 / Q4_1 weights regrouped at load into tiles of 16 rows, so that a decode
 // step's integer dot products take 16 rows per instruction (gguf_tile_simd.h) instead of one
@@ -82,12 +84,12 @@ void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format
   });
 }
 
-// sums[m, 16 t + r] for tiles t0..t1: per block, the integer products of the 16 rows with each
-// of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the offset part
-// (Q4_0: -8 d_w, Q4_1: m_w, times d_x * sum q_x).
+// sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
+// rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
+// offset part (Q4_0: -8 d_w, Q4_1: m_w, times d_x * sum q_x).
 template <int64_t Q, int M>
-void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
-                int64_t N, int64_t t0, int64_t t1) {
+void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
+                int64_t K, int64_t t0, int64_t t1) {
   constexpr bool kQ8 = Q == kQ8_0;
   constexpr int64_t kQuant = kQ8 ? 32 : 16, kHead = Q == kQ4_1 ? 4 : 2;
   constexpr int64_t kTileBlock = kTileRows * (kQuant + kHead), kScales = kTileRows * kQuant;
@@ -133,16 +135,21 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
                                                      acc[m]);
       }
     }
-    for (int m = 0; m < M; ++m) tile::store(sums + m * N + t * kTileRows, acc[m]);
+    for (int m = 0; m < M; ++m) tile::store(sums + m * ld + (t - t0) * kTileRows, acc[m]);
   }
 }
 
 template <int64_t Q, int M>
 void tiles_gemv(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
                 int64_t N) {
-  // At least 4 tiles (64 rows) per thread, as the row kernels (linear_small.cpp says why).
-  at::parallel_for(0, N / kTileRows, 4, [&](int64_t t0, int64_t t1) {
-    tiles_task<Q, M>(x, w, sums, K, N, t0, t1);
+  // At least 4 tiles (64 rows) a chunk, as the row kernels (linear_small.cpp says why); chunks
+  // claimed by whichever thread is free (claim_chunks.h).
+  at::internal::lazy_init_num_threads();
+  const int64_t tiles = N / kTileRows;
+  const int64_t chunks = chunk_count(tiles, at::get_num_threads(), 4);
+  claim_for(chunks, [&](int64_t i) {
+    const int64_t t0 = chunk_begin(tiles, chunks, i), t1 = chunk_begin(tiles, chunks, i + 1);
+    tiles_task<Q, M>(x, w, sums + t0 * kTileRows, N, K, t0, t1);
   });
 }
 
@@ -175,6 +182,47 @@ void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles,
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n)
       store_scalar(o + m * N + n, sums[m * N + n] + (b ? to_float(b[n]) : 0.f));
+}
+
+// out[:, 16 t0 .. 16 t1) (+ bias) of tiles t0..t1, a tile at a time through a 16-lane buffer.
+template <int64_t Q, int M, typename T>
+void tiles_into(T* out, const gguf::QuantizedRows& x, const uint8_t* w, const T* bias, int64_t K,
+                int64_t N, int64_t t0, int64_t t1) {
+  float sums[M * kTileRows];
+  for (int64_t t = t0; t < t1; ++t) {
+    tiles_task<Q, M>(x, w, sums, kTileRows, K, t, t + 1);
+    for (int m = 0; m < M; ++m)
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const int64_t n = t * kTileRows + r;
+        store_scalar(out + m * N + n, sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
+      }
+  }
+}
+
+template <int64_t Q, typename T>
+void tiles_into_by_m(T* out, const gguf::QuantizedRows& x, const uint8_t* w, const T* bias,
+                     int64_t M, int64_t K, int64_t N, int64_t t0, int64_t t1) {
+  switch (M) {
+    case 1: tiles_into<Q, 1>(out, x, w, bias, K, N, t0, t1); break;
+    case 2: tiles_into<Q, 2>(out, x, w, bias, K, N, t0, t1); break;
+    case 3: tiles_into<Q, 3>(out, x, w, bias, K, N, t0, t1); break;
+    default: tiles_into<Q, 4>(out, x, w, bias, K, N, t0, t1);
+  }
+}
+
+template <typename T>
+void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::Tensor& tiles,
+                      int64_t qtype, const c10::optional<at::Tensor>& bias, int64_t t0,
+                      int64_t t1) {
+  const int64_t M = out.size(0), K = tiles.size(1) * kBlock, N = tiles.size(0) * kTileRows;
+  T* o = static_cast<T*>(out.data_ptr());
+  const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
+  const uint8_t* w = tiles.data_ptr<uint8_t>();
+  switch (qtype) {
+    case kQ8_0: tiles_into_by_m<kQ8_0>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ4_0: tiles_into_by_m<kQ4_0>(o, x, w, b, M, K, N, t0, t1); break;
+    default: tiles_into_by_m<kQ4_1>(o, x, w, b, M, K, N, t0, t1);
+  }
 }
 
 // K after checking tiles' shape: [N / 16, K / 32, 16 * block bytes] contiguous uint8.
@@ -216,3 +264,22 @@ void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int
   else
     tiled_linear<float>(out, x, tiles, qtype, bias);
 }
+
+namespace strand {
+namespace gguf {
+void tiled_rows(at::Tensor out, const QuantizedRows& x, const at::Tensor& tiles, int64_t qtype,
+                const c10::optional<at::Tensor>& bias, int64_t t0, int64_t t1) {
+  if (out.scalar_type() == at::kBFloat16)
+    tiled_rows_typed<bf16>(out, x, tiles, qtype, bias, t0, t1);
+  else
+    tiled_rows_typed<float>(out, x, tiles, qtype, bias, t0, t1);
+}
+
+void quantize_any(const at::Tensor& x, QuantizedRows& out) {
+  if (x.scalar_type() == at::kBFloat16)
+    quantize_input<bf16>(x, out);
+  else
+    quantize_input<float>(x, out);
+}
+}  // namespace gguf
+}  // namespace strand

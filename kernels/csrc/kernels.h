@@ -17,6 +17,11 @@
 void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                       at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
                       double scale);
+// Request r's kv heads g0..g1 of the same (one task of decode_attention, the same sums), on the
+// calling thread: for callers that hand a step's tasks to their threads (decode_phased.cpp).
+void decode_attention_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                           at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
+                           double scale, int64_t r, int64_t g0, int64_t g1);
 
 // prefill_attention.cpp
 void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,

@@ -118,6 +118,27 @@ def test_decode_steps_take_the_fused_layer_over_packed_blocks(
     assert fused == plain  # the same kernels in the same order: bit for bit
 
 
+@pytest.mark.parametrize(("name", "num_requests"), [("Q4_1", 1), ("Q8_0", 3)])
+def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str,
+        num_requests: int) -> None:
+    # Every projection is 16-row tiles here, so the C++ step runs as phases whose chunks any
+    # thread takes (kernels/csrc/decode_phased.cpp): 3 threads (more than the 2 kv heads of one
+    # request, and as many as 3 requests) must give the 1-thread and the layer-by-layer outputs.
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, _ = _run(files[name], "gguf", num_requests)
+        torch.set_num_threads(3)
+        three, _ = _run(files[name], "gguf", num_requests)
+        monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
+        plain, _ = _run(files[name], "gguf", num_requests)
+    finally:
+        torch.set_num_threads(threads)
+    assert three == one
+    assert three == plain
+
+
 def test_more_rows_than_the_small_kernel_takes(files: dict[str, Path]) -> None:
     packed, _ = _run(files["Q8_0"], "gguf", num_requests=5)
     dense, _ = _run(files["Q8_0"], None, num_requests=5)

@@ -1,0 +1,183 @@
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "claim_chunks.h"
+#include "decode_stack.h"
+#include "gguf_tiled.h"
+
+// A decode step over GGUF-tiled weights as one OpenMP parallel region instead of one per
+// kernel. The op-by-op step (decode_layer.cpp) enters ~5 parallel regions a layer, 150 a step:
+// each is a fork and a join at which every thread waits for the slowest, and on a shared
+// machine the slowest is often a thread waiting for a core (at 2 threads under load, perf put
+// ~50% of the step's samples in libgomp's barrier spin). Here a step is a fixed sequence of
+// phases (10 a layer: norm, qkv, rotary and KV write, attention, ..., down); a phase is a number
+// of chunks (tiles of a weight, attention tasks; 1 for the small serial parts), and any thread
+// takes the next unclaimed chunk of the current phase. A thread moves on to a phase once every
+// chunk of the one before is done (a counter), so no thread waits for another one to arrive,
+// only for work in progress: one that is descheduled costs at most the chunk it holds, and the
+// others take the rest of its share. Each chunk runs the same code on the same data as the
+// op-by-op step, so the outputs are the same bit for bit.
+namespace {
+using strand::gguf::QuantizedRows;
+
+enum Kind : int64_t {
+  kNormIn,    // (residual add +) input norm, x rounded for the qkv product
+  kQkv,       // qkv projection, tiles
+  kRotary,    // rotary on q and k, k and v into the cache
+  kAttn,      // decode attention, one task (request, kv heads) a chunk
+  kAttnQuant,  // the attention output rounded for o
+  kO,         // o projection, tiles
+  kNormPost,  // residual add + post-attention norm, rounded for gate_up
+  kGateUp,    // gate_up projection, tiles
+  kSilu,      // silu(gate) * up, rounded for down
+  kDown,      // down projection, tiles
+  kKinds
+};
+
+// Spins (pause instructions, ~40-140 cycles each) before a waiting thread yields its core at
+// each check: the wait between phases is usually a chunk (microseconds), and on a machine with
+// no core to spare the thread being waited for may need this one.
+constexpr int kSpinsBeforeYield = 2000;
+
+struct alignas(64) Counter {  // one phase's chunks claimed and done, on a cache line of its own
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+};
+
+inline void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+void wait_done(const Counter& c, int64_t chunks) {
+  for (int spins = 0; c.done.load(std::memory_order_acquire) < chunks;) {
+    if (spins < kSpinsBeforeYield) {
+      pause();
+      ++spins;
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+int64_t tiles_of(const at::Tensor& w) { return w.size(0); }
+
+// q_dense [M, Q] = the first Q values of each qkv row: a plain copy, as an ATen op here (off the
+// calling thread) would not see the caller's inference mode and refuse its tensors.
+void copy_query(const at::Tensor& q_dense, const at::Tensor& qkv, int64_t M, int64_t Q) {
+  const int64_t size = qkv.element_size();
+  const char* src = static_cast<const char*>(qkv.data_ptr());
+  char* dst = static_cast<char*>(q_dense.data_ptr());
+  for (int64_t m = 0; m < M; ++m) std::memcpy(dst + m * Q * size, src + m * qkv.size(1) * size,
+                                              Q * size);
+}
+
+struct AttnTask {
+  int64_t r, g0, g1;
+};
+}  // namespace
+
+void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
+                                 const at::Tensor& positions, const at::Tensor& q_dense,
+                                 const at::Tensor& slots, const at::Tensor& block_table,
+                                 const at::Tensor& seq_lens) {
+  at::internal::lazy_init_num_threads();
+  const int64_t M = hidden.size(0), L = static_cast<int64_t>(layers_.size());
+  const int threads = at::get_num_threads();
+  // Attention as decode_attention splits it: per request, or per request and kv head when
+  // there are fewer requests than threads.
+  std::vector<AttnTask> attn;
+  for (int64_t r = 0; r < M; ++r) {
+    if (M >= threads)
+      attn.push_back({r, 0, num_kv_heads_});
+    else
+      for (int64_t g = 0; g < num_kv_heads_; ++g) attn.push_back({r, g, g + 1});
+  }
+  const Layer& first = layers_[0];
+  // A chunk of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1).
+  const auto product_chunks = [&](const at::Tensor& w) {
+    return strand::chunk_count(tiles_of(w), threads, 1);
+  };
+  int64_t chunks[kKinds];
+  for (int64_t k = 0; k < kKinds; ++k) chunks[k] = 1;
+  chunks[kQkv] = product_chunks(first.qkv_w);
+  chunks[kAttn] = static_cast<int64_t>(attn.size());
+  chunks[kO] = product_chunks(first.o_w);
+  chunks[kGateUp] = product_chunks(first.gate_up_w);
+  chunks[kDown] = product_chunks(first.down_w);
+
+  QuantizedRows x_hidden, x_attn, x_act;  // the rounded inputs of the four products
+  const bool q_rows = M == 1;
+  const auto run = [&](int64_t l, int64_t kind, int64_t i) {
+    const Layer& W = layers_[l];
+    const at::Tensor& res = l == 0 ? hidden : b.res_a;
+    const auto product = [&](at::Tensor& out, const QuantizedRows& x, const at::Tensor& w,
+                             int64_t qtype, const c10::optional<at::Tensor>& bias) {
+      const int64_t tiles = tiles_of(w), n = chunks[kind];
+      strand::gguf::tiled_rows(out, x, w, qtype, bias, strand::chunk_begin(tiles, n, i),
+                               strand::chunk_begin(tiles, n, i + 1));
+    };
+    switch (kind) {
+      case kNormIn:
+        if (l == 0)
+          rms_norm(b.normed, hidden, W.input_norm, eps_);
+        else
+          add_rms_norm(b.normed, b.res_a, b.out, b.res_b, W.input_norm, eps_);
+        strand::gguf::quantize_any(b.normed, x_hidden);
+        break;
+      case kQkv: product(b.qkv, x_hidden, W.qkv_w, W.qtypes[0], W.qkv_b); break;
+      case kRotary:
+        rotary_neox(b.q, positions, cos_sin_);
+        rotary_neox(b.k, positions, cos_sin_);
+        write_kv(keys_[l], values_[l], b.k, b.v, slots);
+        if (!q_rows) copy_query(q_dense, b.qkv, M, num_heads_ * head_dim_);
+        break;
+      case kAttn:
+        decode_attention_part(b.attn, q_dense, keys_[l], values_[l], block_table, seq_lens,
+                              scale_, attn[i].r, attn[i].g0, attn[i].g1);
+        break;
+      case kAttnQuant: strand::gguf::quantize_any(b.attn_rows, x_attn); break;
+      case kO: product(b.o, x_attn, W.o_w, W.qtypes[1], W.o_b); break;
+      case kNormPost:
+        add_rms_norm(b.normed2, b.res_b, b.o, res, W.post_norm, eps_);
+        strand::gguf::quantize_any(b.normed2, x_hidden);
+        break;
+      case kGateUp: product(b.gate_up, x_hidden, W.gate_up_w, W.qtypes[2], c10::nullopt); break;
+      case kSilu:
+        silu_and_mul(b.act, b.gate_up);
+        strand::gguf::quantize_any(b.act, x_act);
+        break;
+      default: product(b.out, x_act, W.down_w, W.qtypes[3], c10::nullopt);
+    }
+  };
+
+  const int64_t phases = L * kKinds;
+  std::unique_ptr<Counter[]> counters(new Counter[phases]);
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  // Inside the region the kernels' own at::parallel_for calls run inline (ATen does not nest).
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    for (int64_t p = 0; p < phases; ++p) {
+      const int64_t kind = p % kKinds;
+      if (p > 0) wait_done(counters[p - 1], chunks[(p - 1) % kKinds]);
+      Counter& c = counters[p];
+      for (int64_t i; (i = c.next.fetch_add(1, std::memory_order_relaxed)) < chunks[kind];) {
+        try {
+          run(p / kKinds, kind, i);
+        } catch (...) {  // an exception may not leave the region: kept, rethrown after it
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (!error) error = std::current_exception();
+        }
+        c.done.fetch_add(1, std::memory_order_release);  // even after an error: no one hangs
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
