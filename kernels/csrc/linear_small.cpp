@@ -102,14 +102,17 @@ void pair_layout(const bf16* x, float* xp, int64_t M, int64_t K) {
 // Weight rows a group: as many independent accumulator chains as the registers hold beside x
 // (two FMAs a row and chunk, one after the other: 8 rows keep 8 chains of them in flight).
 constexpr int pair_rows(int M) { return M == 1 ? 8 : (M == 2 ? 4 : 2); }
-// Bytes ahead of each load that the kernel asks for, a load at a time. At one row of x the kernel
-// is bound by how many reads one core keeps in flight, and with ~10 instructions a cache line
-// (against the AVX512_BF16 path's 2) the out-of-order window reaches only ~3 KB ahead: the
-// hardware prefetchers stop at each 4 KB page, so it waits at every one. 16 KB ahead (past the
-// next group of rows) on the 2-core Xeon under AVX2, SmolLM2's 30 layers and lm_head at M = 1,
-// one thread: 11.1 GB/s with 4 KB of the group asked for at its start, 12.5 with this, 9.6 with
-// no prefetch; 4 KB ahead a load 11.2, 32 KB 12.0. A prefetch past the weight's end never faults.
-constexpr int64_t kPairPrefetchAhead = 16384;
+// Bytes ahead of each load of weights that the kernels ask for (this one and the AVX512_BF16 one
+// below), a load at a time. At one row of x a kernel is bound by how many reads one core keeps in
+// flight, and the hardware prefetchers stop at each 4 KB page. Asking 4 KB of a group of rows at
+// its start (as the AVX512_BF16 path first did) covers one page while the loads in flight are
+// few; here, with ~10 instructions a cache line, the out-of-order window reaches only ~3 KB
+// ahead. 16 KB ahead (past the next group of rows) on the 2-core Xeon, SmolLM2's 30 layers and
+// lm_head at M = 1, one thread, GB/s of weights: this path under AVX2 9.6 with no prefetch, 11.1
+// with the group's 4 KB, 12.5 with this (4 KB ahead a load 11.2, 32 KB 12.0); the AVX512_BF16
+// path ~9.6 -> ~11.2 (M = 2: 9.1 -> 10.4, M = 4: 8.3 -> 10.1; same rounds, load 6-7). A
+// prefetch past the weight's end never faults.
+constexpr int64_t kPrefetchAhead = 16384;
 
 template <int M>
 void rows_task_pairs(const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N,
@@ -125,7 +128,7 @@ void rows_task_pairs(const bf16* w, const bf16* bias, bf16* out, int64_t K, int6
     for (int r = 0; r < RB; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
     for (int64_t k = 0; k < KC; k += kPair) {
       for (int r = 0; r < RB; ++r) {
-        __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPairPrefetchAhead);
+        __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchAhead);
         vl even, odd;
         split_pairs(rows[r] + k, even, odd);
         for (int m = 0; m < M; ++m) {
@@ -174,12 +177,6 @@ void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
 // Weight rows a group at M rows of x: 8 at M <= 2 (one x register and 8 or 16 accumulators),
 // 4 above (16 accumulators and 4 x registers: 8 rows would take all 32 registers and spill).
 constexpr int dp_rows(int M) { return M <= 2 ? 8 : 4; }
-// Bytes ahead of the group being read that the group asks for. At one row of x the kernel is
-// bound by how many reads one core keeps in flight: the hardware prefetchers stop at each 4 KB
-// page, and asking a page ahead keeps the loads going across it (SmolLM2's 30 layers and lm_head,
-// 269 MB at M = 1 on one thread of the Xeon: 28.6 -> 27.0 ms, 9.4 -> 9.9 GB/s, with 8-row
-// groups; 2 and 8 KB ahead, or into L2 only, did no better).
-constexpr int64_t kPrefetchAhead = 4096;
 
 template <int M>
 BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out,
@@ -191,13 +188,8 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
   const auto load_tail = [tail](const bf16* p) {
     return (__m512bh)_mm512_maskz_loadu_epi16(tail, p);  // zeros past K: they add nothing
   };
-  const char* end = reinterpret_cast<const char*>(w + n1 * K);  // this task's last byte + 1
   for (int64_t n = n0; n < n1; n += RB) {
     const int64_t nr = std::min<int64_t>(RB, n1 - n);
-    // The group's rows are contiguous: ask for the same span kPrefetchAhead further on.
-    const char* ahead = reinterpret_cast<const char*>(w + n * K) + kPrefetchAhead;
-    const char* ahead_end = std::min(end, ahead + nr * K * (int64_t)sizeof(bf16));
-    for (const char* p = ahead; p < ahead_end; p += 64) _mm_prefetch(p, _MM_HINT_T0);
     __m512 acc[RB][M];
     for (int r = 0; r < RB; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
@@ -207,6 +199,7 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
       __m512bh xv[M];
       for (int m = 0; m < M; ++m) xv[m] = load(x + m * K + k);
       for (int r = 0; r < RB; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchAhead, _MM_HINT_T0);
         const __m512bh wv = load(rows[r] + k);
         for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
       }
