@@ -13,7 +13,9 @@
 // weight is used M times, so the product is a read of the weights and nothing else. This streams
 // each weight row once, contiguous per thread (the hardware prefetchers see one run), and
 // serves all M rows of x from it. float32 or bfloat16 weights (bf16: half the bytes to read),
-// x in the weight's dtype, computed in float32 and rounded once per output.
+// x in the weight's dtype, computed in float32 and rounded once per output. bfloat16 goes through
+// VDPBF16PS where the CPU has AVX512_BF16 (run_dp), else through 32-bit pairs (run_pairs); float32
+// through run.
 namespace {
 using namespace strand;
 
@@ -253,12 +255,13 @@ void by_m(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, i
       case 3: run_pairs<3>(x, w, bias, out, K, N); return;
       default: run_pairs<4>(x, w, bias, out, K, N); return;
     }
-  }
-  switch (M) {
-    case 1: run<T, 1>(x, w, bias, out, K, N); break;
-    case 2: run<T, 2>(x, w, bias, out, K, N); break;
-    case 3: run<T, 3>(x, w, bias, out, K, N); break;
-    default: run<T, 4>(x, w, bias, out, K, N);
+  } else {  // float32
+    switch (M) {
+      case 1: run<T, 1>(x, w, bias, out, K, N); break;
+      case 2: run<T, 2>(x, w, bias, out, K, N); break;
+      case 3: run<T, 3>(x, w, bias, out, K, N); break;
+      default: run<T, 4>(x, w, bias, out, K, N);
+    }
   }
 }
 }  // namespace
