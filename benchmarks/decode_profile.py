@@ -2,7 +2,7 @@
 core on a shared machine is not counted) of the engine step split into its parts.
 
     python -m benchmarks.decode_profile [--model smollm2|FILE.gguf] [--quantization gguf]
-        [--prompt 32] [--tokens 128] [--repeats 3]
+        [--dtype float32|bfloat16] [--isa native|avx2] [--prompt 32] [--tokens 128] [--repeats 3]
 
 One request, --prompt random tokens then --tokens greedy decode steps, one thread (the C++
 kernels' OpenMP pool and torch's, so every part runs on the calling thread and thread_time
@@ -10,11 +10,14 @@ covers it). Parts, per decode step: the 30 decoder layers (the fused C++ call of
 applies), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
 execute_model (inputs, state updates), and the engine step around it (scheduler, output
 processing, detokenizing). Medians over the decode steps of the --repeats runs after a warm-up.
+--dtype is the engine dtype of dequantized weights (--quantization none); --isa avx2 profiles an
+AVX2-only CPU on a wider one (benchmarks/isa_emulation.py: set before torch is imported).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -125,7 +128,7 @@ def profile(args: argparse.Namespace) -> dict[str, float]:
     threads = torch.get_num_threads()
     _CLOCK = time.thread_time if args.threads == 1 else time.perf_counter
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=source, dtype="float32", quantization=args.quantization, cpu_threads=args.threads,
+        model=source, dtype=args.dtype, quantization=args.quantization, cpu_threads=args.threads,
         max_model_len=args.prompt + args.tokens + 8, enable_prefix_caching=False,
         max_num_seqs=1))
     timers = Timers()
@@ -162,6 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2", help="a .gguf file or a short name")
     parser.add_argument("--quantization", default="gguf", choices=["gguf", "none"],
                         help="gguf: weights read packed; none: dequantized at load")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the engine dtype (of the dequantized weights with --quantization none)")
+    parser.add_argument("--isa", default="native", choices=["native", "avx2"],
+                        help="avx2: capped as an AVX2-only CPU (benchmarks/isa_emulation.py)")
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -173,8 +180,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name} must be >= 1")
     if args.quantization == "none":
         args.quantization = None
+    # Read once by torch, oneDNN and MKL at first use: set before anything imports them.
+    from benchmarks.isa_emulation import isa_env
+
+    os.environ.update(isa_env(args.isa))
     log(f"profiling {args.threads}-thread bs=1 decode of {args.model} "
-        f"({args.quantization or 'float32'})")
+        f"({args.quantization or args.dtype}, ISA {args.isa})")
     result = profile(args)
     total = result["total"]
     rows = [[name, f"{ms:.2f}", f"{ms / total:.0%}"] for name, ms in result.items()]

@@ -3,8 +3,12 @@
 // portable path widens each bfloat16 value to float32 first (a zero-extend and a shift per 16
 // values before the multiply-add). Products of bfloat16 values are exact in float32; the sums
 // are float32, as in the portable path (in another order: the last bits differ). Built only at
-// the avx512 level (so never under STRAND_CPU_ISA=avx2), used only where the CPU reports it.
+// the avx512 level (so never under STRAND_CPU_ISA=avx2), used only where the CPU reports it and
+// STRAND_DISABLE_AVX512_BF16 is unset: with it set, an AVX-512 CPU takes the path AVX-512 CPUs
+// without AVX512_BF16 take (Skylake-X, Ice Lake), for tests and A/B measurements.
 #pragma once
+
+#include <cstdlib>
 
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -13,7 +17,8 @@
 
 namespace strand {
 inline bool has_dpbf16() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  static const bool yes =
+      __builtin_cpu_supports("avx512bf16") && std::getenv("STRAND_DISABLE_AVX512_BF16") == nullptr;
   return yes;
 }
 }  // namespace strand

@@ -13,7 +13,9 @@
 // weight is used M times, so the product is a read of the weights and nothing else. This streams
 // each weight row once, contiguous per thread (the hardware prefetchers see one run), and
 // serves all M rows of x from it. float32 or bfloat16 weights (bf16: half the bytes to read),
-// x in the weight's dtype, computed in float32 and rounded once per output.
+// x in the weight's dtype, computed in float32 and rounded once per output. bfloat16 goes through
+// VDPBF16PS where the CPU has AVX512_BF16 (run_dp), else through 32-bit pairs (run_pairs); float32
+// through run.
 namespace {
 using namespace strand;
 
@@ -50,6 +52,114 @@ void rows_task(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t
   }
 }
 
+// The lanes of v summed by halving (log2 kLanes shuffle-adds): the rows of a group reduce
+// side by side, where a lane-by-lane sum is a chain of kLanes dependent adds per row.
+inline float hsum(vl v) {
+#if defined(__AVX512F__)
+  const auto h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  const vl h8 = v;
+#endif
+  const auto h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) +
+                  __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  const auto h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
+  return h2[0] + h2[1];
+}
+
+// ---- bfloat16 weights where the CPU has no AVX512_BF16 (AVX2-only CPUs, older AVX-512) ----
+// Widening 8 bfloat16 values to float32 the direct way (zero-extend each 16 bits, shift) costs
+// shuffles: GCC at -march=x86-64-v3 split each into two vpmovzxwd, a vpsrldq and a vinserti128,
+// four port-5 uops per 8 weights, and bfloat16 decode ran at 7.7 GB/s on one core (float32:
+// 14). Read as 32-bit words instead, 2 kLanes weights a load: the word's low half is the even
+// weight, so `word << 16` is it in float32, and `word & 0xFFFF0000` is the odd one. Two integer
+// ops and no shuffle per 2 kLanes weights; x is laid out to match (evens then odds per chunk,
+// `pair_layout`), once per call.
+constexpr int kPair = 2 * kLanes;  // bfloat16 weights one load takes
+typedef uint32_t u32lu __attribute__((vector_size(4 * kLanes), aligned(2)));
+
+inline void split_pairs(const bf16* p, vl& even, vl& odd) {
+  const u32l u = *reinterpret_cast<const u32lu*>(p);
+  const u32l e = u << 16, o = u & 0xFFFF0000u;
+  even = reinterpret_cast<const vl&>(e);
+  odd = reinterpret_cast<const vl&>(o);
+}
+
+// x [M, K] in float32, each whole chunk of kPair values as its kLanes even values then its kLanes
+// odd ones; the last K % kPair values as they are.
+void pair_layout(const bf16* x, float* xp, int64_t M, int64_t K) {
+  const int64_t KC = K / kPair * kPair;
+  for (int64_t m = 0; m < M; ++m) {
+    const bf16* src = x + m * K;
+    float* dst = xp + m * K;
+    for (int64_t k = 0; k < KC; k += kPair)
+      for (int l = 0; l < kLanes; ++l) {
+        dst[k + l] = to_float(src[k + 2 * l]);
+        dst[k + kLanes + l] = to_float(src[k + 2 * l + 1]);
+      }
+    for (int64_t k = KC; k < K; ++k) dst[k] = to_float(src[k]);
+  }
+}
+
+// Weight rows a group: as many independent accumulator chains as the registers hold beside x
+// (two FMAs a row and chunk, one after the other: 8 rows keep 8 chains of them in flight).
+constexpr int pair_rows(int M) { return M == 1 ? 8 : (M == 2 ? 4 : 2); }
+// Bytes ahead of each load of weights that the kernels ask for (this one and the AVX512_BF16 one
+// below), a load at a time. At one row of x a kernel is bound by how many reads one core keeps in
+// flight, and the hardware prefetchers stop at each 4 KB page. Asking 4 KB of a group of rows at
+// its start (as the AVX512_BF16 path first did) covers one page while the loads in flight are
+// few; here, with ~10 instructions a cache line, the out-of-order window reaches only ~3 KB
+// ahead. 16 KB ahead (past the next group of rows) on the 2-core Xeon, SmolLM2's 30 layers and
+// lm_head at M = 1, one thread, GB/s of weights: this path under AVX2 9.6 with no prefetch, 11.1
+// with the group's 4 KB, 12.5 with this (4 KB ahead a load 11.2, 32 KB 12.0); the AVX512_BF16
+// path ~9.6 -> ~11.2 (M = 2: 9.1 -> 10.4, M = 4: 8.3 -> 10.1; same rounds, load 6-7). A
+// prefetch past the weight's end never faults.
+constexpr int64_t kPrefetchAhead = 16384;
+
+template <int M>
+void rows_task_pairs(const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N,
+                     int64_t n0, int64_t n1, const float* xp) {
+  constexpr int RB = pair_rows(M);
+  const int64_t KC = K / kPair * kPair;
+  for (int64_t n = n0; n < n1; n += RB) {
+    const int64_t nr = std::min<int64_t>(RB, n1 - n);
+    vl acc[RB][M];
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = vl{};
+    const bf16* rows[RB];
+    for (int r = 0; r < RB; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
+    for (int64_t k = 0; k < KC; k += kPair) {
+      for (int r = 0; r < RB; ++r) {
+        __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchAhead);
+        vl even, odd;
+        split_pairs(rows[r] + k, even, odd);
+        for (int m = 0; m < M; ++m) {
+          acc[r][m] += even * load_l(xp + m * K + k);
+          acc[r][m] += odd * load_l(xp + m * K + k + kLanes);
+        }
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      for (int m = 0; m < M; ++m) {
+        float sum = hsum(acc[r][m]);
+        for (int64_t k = KC; k < K; ++k) sum += to_float(rows[r][k]) * xp[m * K + k];
+        if (bias != nullptr) sum += to_float(bias[n + r]);
+        store_scalar(out + m * N + n + r, sum);
+      }
+    }
+  }
+}
+
+template <int M>
+void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
+  constexpr int RB = pair_rows(M);
+  std::vector<float> xp(M * K);
+  pair_layout(x, xp.data(), M, K);
+  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
+    rows_task_pairs<M>(w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB), xp.data());
+  });
+}
+
 template <typename T, int M>
 void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
   // x in float32 once (it is read N times); a few KB.
@@ -69,12 +179,6 @@ void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
 // Weight rows a group at M rows of x: 8 at M <= 2 (one x register and 8 or 16 accumulators),
 // 4 above (16 accumulators and 4 x registers: 8 rows would take all 32 registers and spill).
 constexpr int dp_rows(int M) { return M <= 2 ? 8 : 4; }
-// Bytes ahead of the group being read that the group asks for. At one row of x the kernel is
-// bound by how many reads one core keeps in flight: the hardware prefetchers stop at each 4 KB
-// page, and asking a page ahead keeps the loads going across it (SmolLM2's 30 layers and lm_head,
-// 269 MB at M = 1 on one thread of the Xeon: 28.6 -> 27.0 ms, 9.4 -> 9.9 GB/s, with 8-row
-// groups; 2 and 8 KB ahead, or into L2 only, did no better).
-constexpr int64_t kPrefetchAhead = 4096;
 
 template <int M>
 BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out,
@@ -86,13 +190,8 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
   const auto load_tail = [tail](const bf16* p) {
     return (__m512bh)_mm512_maskz_loadu_epi16(tail, p);  // zeros past K: they add nothing
   };
-  const char* end = reinterpret_cast<const char*>(w + n1 * K);  // this task's last byte + 1
   for (int64_t n = n0; n < n1; n += RB) {
     const int64_t nr = std::min<int64_t>(RB, n1 - n);
-    // The group's rows are contiguous: ask for the same span kPrefetchAhead further on.
-    const char* ahead = reinterpret_cast<const char*>(w + n * K) + kPrefetchAhead;
-    const char* ahead_end = std::min(end, ahead + nr * K * (int64_t)sizeof(bf16));
-    for (const char* p = ahead; p < ahead_end; p += 64) _mm_prefetch(p, _MM_HINT_T0);
     __m512 acc[RB][M];
     for (int r = 0; r < RB; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
@@ -102,6 +201,7 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
       __m512bh xv[M];
       for (int m = 0; m < M; ++m) xv[m] = load(x + m * K + k);
       for (int r = 0; r < RB; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchAhead, _MM_HINT_T0);
         const __m512bh wv = load(rows[r] + k);
         for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
       }
@@ -148,11 +248,20 @@ void by_m(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, i
     }
   }
 #endif
-  switch (M) {
-    case 1: run<T, 1>(x, w, bias, out, K, N); break;
-    case 2: run<T, 2>(x, w, bias, out, K, N); break;
-    case 3: run<T, 3>(x, w, bias, out, K, N); break;
-    default: run<T, 4>(x, w, bias, out, K, N);
+  if constexpr (std::is_same_v<T, bf16>) {
+    switch (M) {
+      case 1: run_pairs<1>(x, w, bias, out, K, N); return;
+      case 2: run_pairs<2>(x, w, bias, out, K, N); return;
+      case 3: run_pairs<3>(x, w, bias, out, K, N); return;
+      default: run_pairs<4>(x, w, bias, out, K, N); return;
+    }
+  } else {  // float32
+    switch (M) {
+      case 1: run<T, 1>(x, w, bias, out, K, N); break;
+      case 2: run<T, 2>(x, w, bias, out, K, N); break;
+      case 3: run<T, 3>(x, w, bias, out, K, N); break;
+      default: run<T, 4>(x, w, bias, out, K, N);
+    }
   }
 }
 }  // namespace

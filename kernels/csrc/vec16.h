@@ -88,11 +88,10 @@ inline v16 round_bf16(v16 v) {
   return reinterpret_cast<const v16&>(wide);
 }
 inline void store_scalar(float* p, float x) { *p = x; }
-inline void store_scalar(bf16* p, float x) {
-  v16 v = splat(x);
-  alignas(64) bf16 tmp[16];
-  store(tmp, v);
-  *p = tmp[0];
+inline void store_scalar(bf16* p, float x) {  // bf16_bits on one value, without vectors
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  p->bits = x != x ? 0x7FC0u : (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 // e^x lane by lane (Cephes expf: 2^n * p(r), |r| <= ln2/2, about 1 ulp). Below -87 it gives 0

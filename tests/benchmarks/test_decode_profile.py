@@ -44,7 +44,8 @@ def test_a_tiny_packed_model_is_profiled_by_part(tmp_path: Path,
     write_gguf(model_dir, path, "Q4_1")
     threads, module = torch.get_num_threads(), KERNELS.module()
     result = decode_profile.profile(argparse.Namespace(
-        model=str(path), quantization="gguf", prompt=4, tokens=5, repeats=1))
+        model=str(path), quantization="gguf", prompt=4, tokens=5, repeats=1, dtype="float32",
+        threads=1))
     assert torch.get_num_threads() == threads and KERNELS.module() is module  # put back
     parts = {"decoder layers (fused C++)", "lm_head", "sampler", "engine step (scheduler, outputs)"}
     assert parts <= set(result) and all(result[p] > 0 for p in parts)
