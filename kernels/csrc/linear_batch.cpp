@@ -26,11 +26,15 @@ using namespace strand;
 // (16 ymm with AVX2: 2 x 6 = 12 + 2 + 1; 32 zmm with AVX-512: 4 x 6 = 24 + 4 + 1). With AVX2,
 // 2 x 6 beat 3 x 4 (which reads x from L2 a third more often): SmolLM2 M = 32, one thread, cold
 // weights, 105-112 against 118-125 ms.
+// Long rows (SmolLM2's down_proj, K = 1536: 6 rows are 37 KB) take 3 x 4 tiles under AVX2, so
+// that the group stays in L1 beside the x rows passing through (M = 32, one thread, cold weights:
+// 0.96-1.04 -> 0.81-0.84 ms a layer).
 #if defined(__AVX512F__)
-constexpr int kNR = 6, kMR = 4;
+constexpr int kNR = 6, kMR = 4, kNRLong = 6, kMRLong = 4;
 #else
-constexpr int kNR = 6, kMR = 2;
+constexpr int kNR = 6, kMR = 2, kNRLong = 4, kMRLong = 3;
 #endif
+constexpr int64_t kLongRow = 16 * 1024 / (6 * 4);  // K above which a 6-row group passes 16 KB
 
 // The bytes of the next weight group asked for at each tile's start, a slice per tile, so that the
 // group arrives in L2 while this one is computed: the hardware prefetchers alone left the M = 32
@@ -50,7 +54,7 @@ inline void store_out(bf16* p, float v) {  // rounded to nearest, ties to even (
 // MR rows of xf (float32, rows of stride KP, zero past K) against kNR rows of wf (stride ws):
 // out[m * N + r] = xf[m] . wf[r] (+ bias[r]) for r < nr. KV: K rounded down to whole vectors;
 // the K - KV tail is summed in scalar.
-template <typename T, int MR>
+template <typename T, int MR, int kNR>
 inline void tile(const float* xf, int64_t KP, const float* wf, int64_t ws, int64_t K, int64_t KV,
                  int nr, const T* bias, T* out, int64_t N) {
   constexpr int A = MR * kNR;
@@ -79,7 +83,7 @@ inline void tile(const float* xf, int64_t KP, const float* wf, int64_t ws, int64
 
 // Every row of x against the weight rows [n, n + nr) (nr <= kNR), read from wf.
 // next, next_bytes: the weight bytes to prefetch meanwhile (the next group's).
-template <typename T>
+template <typename T, int kMR, int kNR>
 void group(const float* xf, int64_t M, int64_t KP, const float* wf, int64_t ws, int64_t K,
            int nr, const T* bias, T* out, int64_t N, const char* next, int64_t next_bytes) {
   const int64_t KV = K / kLanes * kLanes;
@@ -88,17 +92,17 @@ void group(const float* xf, int64_t M, int64_t KP, const float* wf, int64_t ws, 
   int64_t m = 0;
   for (int64_t t = 0; m + kMR <= M; m += kMR, ++t) {
     prefetch(next + t * slice, std::min(slice, next_bytes - t * slice));
-    tile<T, kMR>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N);
+    tile<T, kMR, kNR>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N);
   }
   switch (M - m) {  // the last rows: a narrower tile
-    case 3: tile<T, 3>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N); break;
-    case 2: tile<T, 2>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N); break;
-    case 1: tile<T, 1>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N); break;
+    case 3: tile<T, 3, kNR>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N); break;
+    case 2: tile<T, 2, kNR>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N); break;
+    case 1: tile<T, 1, kNR>(xf + m * KP, KP, wf, ws, K, KV, nr, bias, out + m * N, N); break;
     default: break;
   }
 }
 
-template <typename T>
+template <typename T, int kMR, int kNR>
 void run(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, int64_t N) {
   // x in float32 once, rows padded to whole vectors with zeros (it is read N / kNR times).
   const int64_t KP = (K + kLanes - 1) / kLanes * kLanes;
@@ -126,14 +130,14 @@ void run(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, in
           for (; k < K; ++k) dst[k] = to_float(row[k]);
         }
         // Rows past nr keep what they held: their sums are computed and never stored.
-        group<T>(xf.data(), M, KP, wbuf.data(), KP, K, nr, b, out + n, N, next, next_bytes);
+        group<T, kMR, kNR>(xf.data(), M, KP, wbuf.data(), KP, K, nr, b, out + n, N, next, next_bytes);
       } else {
         if (nr == kNR) {
-          group<T>(xf.data(), M, KP, w + n * K, K, K, nr, b, out + n, N, next, next_bytes);
+          group<T, kMR, kNR>(xf.data(), M, KP, w + n * K, K, K, nr, b, out + n, N, next, next_bytes);
         } else {  // the last, partial group: from a zero-padded copy (reads stay in bounds)
           std::vector<float> last(kNR * KP, 0.f);
           for (int r = 0; r < nr; ++r) std::memcpy(last.data() + r * KP, w + (n + r) * K, K * 4);
-          group<T>(xf.data(), M, KP, last.data(), KP, K, nr, b, out + n, N, next, next_bytes);
+          group<T, kMR, kNR>(xf.data(), M, KP, last.data(), KP, K, nr, b, out + n, N, next, next_bytes);
         }
       }
     }
@@ -149,10 +153,19 @@ void linear_batch(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   if (x.scalar_type() == at::kBFloat16) {
     const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
-    run<bf16>(static_cast<const bf16*>(x.data_ptr()), static_cast<const bf16*>(weight.data_ptr()),
-              b, static_cast<bf16*>(out.data_ptr()), M, K, N);
+    const auto* xp = static_cast<const bf16*>(x.data_ptr());
+    const auto* wp = static_cast<const bf16*>(weight.data_ptr());
+    auto* op = static_cast<bf16*>(out.data_ptr());
+    if (K > kLongRow) run<bf16, kMRLong, kNRLong>(xp, wp, b, op, M, K, N);
+    else run<bf16, kMR, kNR>(xp, wp, b, op, M, K, N);
   } else {
     const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    run<float>(x.data_ptr<float>(), weight.data_ptr<float>(), b, out.data_ptr<float>(), M, K, N);
+    if (K > kLongRow) {
+      run<float, kMRLong, kNRLong>(x.data_ptr<float>(), weight.data_ptr<float>(), b,
+                                   out.data_ptr<float>(), M, K, N);
+    } else {
+      run<float, kMR, kNR>(x.data_ptr<float>(), weight.data_ptr<float>(), b, out.data_ptr<float>(),
+                           M, K, N);
+    }
   }
 }
