@@ -25,7 +25,8 @@ def _want(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Ten
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [5, 6, 7, 8, 13, 32, 64])
-@pytest.mark.parametrize(("outputs", "features"), [(37, 75), (48, 64), (7, 600), (1001, 24)])
+@pytest.mark.parametrize(("outputs", "features"), [(37, 75), (48, 64), (7, 600), (1001, 24),
+                                                  (19, 777)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_batch_matches_float64_sums(dtype: torch.dtype, rows: int, outputs: int,
                                            features: int, bias: bool) -> None:
