@@ -44,9 +44,9 @@ def chosen() -> bool:
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear_batch` takes this product: SMALL_M < rows <= BATCH_M, CPU, a dense
     weight in x's dtype, on a CPU where the kernel is chosen."""
-    return (x.dim() == 2 and SMALL_M < x.shape[0] <= BATCH_M and x.device.type == "cpu"
-            and x.dtype in _DTYPES and weight.dtype == x.dtype and weight.dim() == 2
-            and weight.device.type == "cpu" and weight.is_contiguous() and chosen())
+    return (chosen() and x.dim() == 2 and SMALL_M < x.shape[0] <= BATCH_M  # chosen(): cached
+            and x.device.type == "cpu" and x.dtype in _DTYPES and weight.dtype == x.dtype
+            and weight.dim() == 2 and weight.device.type == "cpu" and weight.is_contiguous())
 
 
 def linear_batch(x: torch.Tensor, weight: torch.Tensor,
