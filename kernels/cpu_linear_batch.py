@@ -4,10 +4,10 @@ dense weight (kernels/csrc/linear_batch.cpp).
 A decode step of 32 requests uses each weight 32 times: compute-bound, but with the weights
 coming from memory once per step, which oneDNN's AVX2 kernels, blocked for large products, do not
 overlap with the arithmetic. SmolLM2-135M's 30 layers and lm_head at M = 32, one thread of the
-Xeon capped at AVX2, the weights cold as in a real step (benchmarks/linear_batch.py): float32
-111-124 ms against oneDNN's 135-153 ms (same round); bfloat16 reads its own weights (half the
-bytes) instead of oneDNN's float32 copy: 90-122 against 101-163 ms. With AVX-512, oneDNN's own
-kernels are faster (float32: 95 against 109 ms) and bfloat16 has native oneDNN kernels, so this
+Xeon capped at AVX2, the weights cold as in a real step (benchmarks/linear_batch.py, load 2.5):
+float32 118 ms against oneDNN's 142; bfloat16 reads its own weights (half the bytes) instead of
+oneDNN's float32 copy: 114 against 153 ms. With AVX-512, oneDNN's own kernels are faster
+(float32: 95 against 109 ms) and bfloat16 has native oneDNN kernels, so this
 path is taken at the avx2 level only (kernels/cpu_isa.py; the generic level has too few
 registers for its tiles).
 """
@@ -22,7 +22,8 @@ import torch
 from kernels.cpu_isa import probe
 from kernels.cpu_linear import SMALL_M
 
-# Rows up to which the kernel runs: above, oneDNN's blocking pays (at M = 64 the two were even).
+# Rows up to which the kernel runs (at M = 64 it still led oneDNN, 204 against 231 ms on the
+# shapes above); far above, in prefill, oneDNN's blocking pays.
 BATCH_M = 64
 _DTYPES = (torch.float32, torch.bfloat16)
 
