@@ -12,6 +12,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "varlen causal prefill attention over the paged cache, float32 or bfloat16");
   m.def("linear_small", &linear_small, "x @ w.T (+ bias) for 1 to 4 rows of x, float32 or bfloat16",
         py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("linear_batch", &linear_batch,
+        "x @ w.T (+ bias) on the dense weight for a decode batch of rows, float32 or bfloat16",
+        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("gguf_linear_small", &gguf_linear_small,
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),

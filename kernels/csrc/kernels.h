@@ -31,6 +31,9 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
 // linear_small.cpp
 void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
 
+// linear_batch.cpp
+void linear_batch(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
+
 // gguf_linear.cpp
 void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
                        c10::optional<at::Tensor> bias);

@@ -1,5 +1,6 @@
 """nn.Linear whose CPU forward goes through oneDNN, or Strand's own kernel for a few rows
-(kernels/cpu_linear.py explains both).
+(kernels/cpu_linear.py explains both), or on an AVX2-only CPU for a decode batch of up to
+BATCH_M rows (kernels/cpu_linear_batch.py).
 
 After loading, `pack_linear_weights` gives each layer oneDNN's blocked copy of its weight, made
 once instead of on every call. The dense weight stays where the few-row kernel reads it (decode
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import cpu_linear_batch
 from kernels.cpu_linear import (
     SMALL_M,
     linear,
@@ -32,6 +34,8 @@ class Linear(nn.Linear):
         if (self.small_m and x.dim() == 2 and 0 < x.shape[0] <= SMALL_M
                 and x.dtype == self.weight.dtype):
             return linear_small(x, self.weight, self.bias)
+        if self.small_m and cpu_linear_batch.applies(x, self.weight):  # a decode batch, AVX2
+            return cpu_linear_batch.linear_batch(x, self.weight, self.bias)
         if self.packed is not None:
             if self.packed.dtype != x.dtype:  # bfloat16 through a float32 copy (see pack)
                 bias = None if self.bias is None else self.bias.float()
