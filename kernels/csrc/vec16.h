@@ -113,8 +113,12 @@ inline V vexp(V x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const V y = p * r * r + r + 1.f;
-  const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n
-  const V e = y * reinterpret_cast<const V&>(bits);
+  // exp(x) for x in (88.38, 88.7] is finite but rounds n to 128, past the exponent field:
+  // scale by 2^(n-1) and then by 2 there (silu of g = -88.5 was -0 instead of torch's -3e-37).
+  const I top = n > 127.f;
+  const V n1 = top ? n - 1.f : n;
+  const I bits = (__builtin_convertvector(n1, I) + 127) << 23;  // 2^n1
+  const V e = (top ? y + y : y) * reinterpret_cast<const V&>(bits);
   return tiny ? zero : (huge ? zero + __builtin_huge_valf() : e);
 }
 

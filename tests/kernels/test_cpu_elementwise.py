@@ -168,6 +168,15 @@ def test_bfloat16_silu_and_mul_gives_torchs_bits(tokens: int, n: int) -> None:
     assert torch.equal(cpu_elementwise.silu_and_mul(gate_up), F.silu(gate) * up)
 
 
+def test_bfloat16_silu_and_mul_gives_torchs_bits_for_every_bfloat16_gate() -> None:
+    # All 65536 bit patterns, NaN and inf too. exp of a gate near -88.5 is finite but once
+    # rounded its power of two past float32's exponent field (silu gave -0, torch -3e-37).
+    gate = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    gate_up = torch.cat([gate, torch.ones_like(gate)]).reshape(1, -1)
+    torch.testing.assert_close(cpu_elementwise.silu_and_mul(gate_up), F.silu(gate)[None],
+                               rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize(("head_dim", "rot_dim"), [(64, 64), (40, 40), (64, 32)])
 def test_bfloat16_rotary_gives_the_torch_paths_bits(head_dim: int, rot_dim: int) -> None:
     g = torch.Generator().manual_seed(head_dim + rot_dim)
