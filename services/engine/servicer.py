@@ -56,6 +56,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._executor = executor or core_executor()
         self._hub: OutputsHub | None = None
         self._has_work = False  # auto mode: the core has unfinished requests
+        self._wakes = 0  # adds seen, so a step can tell whether one came while it ran
         self._work: asyncio.Event | None = None
         self._bursts = AddBursts(add_quiet_s)  # auto mode: a burst of adds joins one step
 
@@ -141,11 +142,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 if kind == "step":
                     return await self._manual_step(msg, span)
                 engine_was_idle = not self._has_work
-                resp = await loop.run_in_executor(self._executor, self.calls.handle, msg, span)
+                done = loop.run_in_executor(self._executor, self.calls.handle, msg, span)
                 if kind == "add":
+                    # Noted and woken while the add runs, not after: the step of a lone add is
+                    # then queued on the core's one thread right behind the add and starts the
+                    # moment it is done, without a round trip through this loop. (An add that
+                    # fails leaves an empty step, which the core returns from at once.)
                     self._bursts.note_add(time.monotonic(), engine_was_idle)
                     self._wake()
-                return resp
+                return await done
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
                 span.set_attribute("error.type", status_of(exc)[0].name)
@@ -169,6 +174,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def _wake(self) -> None:
         self._has_work = True
+        self._wakes += 1
         if self._work is not None:
             self._work.set()
 
@@ -188,8 +194,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                         w.cancel()
                 continue
             await self._let_a_burst_of_adds_in()
-            msg, self._has_work = await loop.run_in_executor(self._executor,
-                                                             self._auto_step_once)
+            wakes = self._wakes
+            msg, more = await loop.run_in_executor(self._executor, self._auto_step_once)
+            # An add that came while the step ran is queued behind it on the core's thread
+            # (woken before it runs, see answer): the step could not count it, but it is work.
+            self._has_work = more or self._wakes != wakes
             if msg is not None:
                 await self.hub.put(msg)
             await asyncio.sleep(0)  # Session messages (adds, aborts) between steps

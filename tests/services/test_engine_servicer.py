@@ -4,6 +4,8 @@ step outputs out."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,102 @@ def test_auto_mode_steps_by_itself_and_streams_each_step(tiny_model_dir: Path) -
     assert [m.step_id for m in seen] == [0, 0, 0, 0]
     assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1, 1, 1, 1]
     servicer.close()
+
+
+class SubmitLog(ThreadPoolExecutor):
+    """One thread, as the core's, that tells which functions were submitted to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.names: list[str] = []
+        self.changed = threading.Condition()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        with self.changed:
+            self.names.append(getattr(fn, "__name__", repr(fn)))
+            self.changed.notify_all()
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_lone_adds_step_is_queued_behind_it_before_the_add_returns(
+        tiny_model_dir: Path) -> None:
+    """The add's answer need not come back through the event loop before its step starts: while
+    the add runs on the core's thread, the step is already waiting behind it."""
+    import torch
+
+    torch.set_num_threads(1)
+    executor = SubmitLog()
+    core = executor.submit(EngineCore.from_engine_args, EngineArgs(
+        model=str(tiny_model_dir), kv_cache_memory=8 * 1024**2)).result()
+    servicer = EngineServicer(core, "tiny", executor=executor, auto_step=True)
+    handle = servicer.calls.handle
+    step_queued_during_add: list[bool] = []
+
+    def add_waiting_for_its_step(msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        with executor.changed:  # bounded: the old order would time out here, and fail below
+            step_queued_during_add.append(executor.changed.wait_for(
+                lambda: "_auto_step_once" in executor.names, timeout=5.0))
+        return handle(msg, span)
+    servicer.calls.handle = add_waiting_for_its_step  # type: ignore[method-assign]
+
+    async def run() -> list[epb.EngineStepOutputs]:
+        loop_task = asyncio.get_running_loop().create_task(servicer.auto_loop())
+        seen: list[epb.EngineStepOutputs] = []
+        async for msg in servicer.Outputs(epb.EngineOutputsRequest(), None):  # type: ignore[arg-type]
+            if msg.subscribed:
+                answer = await servicer.answer(_add_msg("a", 2))
+                assert answer.WhichOneof("kind") == "state"
+                continue
+            seen.append(msg)
+            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+                break
+        loop_task.cancel()
+        return seen
+
+    try:
+        seen = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        servicer.close()
+    assert step_queued_during_add == [True]
+    assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1, 1]
+
+
+def test_an_add_that_fails_leaves_the_auto_loop_stepping_nothing(tiny_model_dir: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                  kv_cache_memory=8 * 1024**2))
+    servicer = EngineServicer(core, "tiny", auto_step=True)
+    too_long = EngineCoreRequest("x", [1] * 100_000, SamplingParams(max_tokens=1),
+                                 eos_token_id=None)
+    bad = epb.EngineRequest(seq=1, add=epb.EngineAddRequests(requests=[core_request_to_pb(
+        too_long)]))
+
+    async def run() -> tuple[epb.EngineResponse, list[epb.EngineStepOutputs]]:
+        loop_task = asyncio.get_running_loop().create_task(servicer.auto_loop())
+        seen: list[epb.EngineStepOutputs] = []
+        answer = None
+        async for msg in servicer.Outputs(epb.EngineOutputsRequest(), None):  # type: ignore[arg-type]
+            if msg.subscribed:
+                answer = await servicer.answer(bad)
+                await servicer.answer(_add_msg("ok", 1))  # a good add still runs after it
+                continue
+            seen.append(msg)
+            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+                break
+        loop_task.cancel()
+        assert answer is not None
+        return answer, seen
+
+    try:
+        # Bounded: a lost wake-up (the add's work forgotten) would leave the stream waiting.
+        answer, seen = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        servicer.close()
+    assert answer.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert [[o.request_id for o in m.outputs.outputs] for m in seen] == [["ok"]]
+    assert not core.has_unfinished_requests()
 
 
 def test_the_model_loads_on_the_thread_that_runs_every_step(

@@ -6,6 +6,7 @@ ones the detokenizer makes (parallel_sampling.fan_out)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -19,7 +20,12 @@ from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError
-from services.tokenizer.servicer import TokenizerServicer
+from services.tokenizer.servicer import (
+    INLINE_MAX_TEXT_CHARS,
+    INLINE_MAX_TOKEN_IDS,
+    TokenizerServicer,
+    processes_inline,
+)
 
 
 class FakeStage:
@@ -88,8 +94,9 @@ def test_auto_mode_sends_both_at_once_with_the_detokenizers_children(
         tiny_model_dir: Path) -> None:
     answer, log = _add(tiny_model_dir, auto=True, n=2)
     assert list(answer.added.child_ids) == ["0_r", "1_r"]
-    # Both writes go out before either answer is awaited; GetInfo only for the first add.
-    assert log[:4] == ["engine.info", "detok.add", "engine.add", "children=0_r,1_r"]
+    # Both writes go out before either answer is awaited, the engine's first (it is on the way
+    # to the first token); GetInfo only for the first add.
+    assert log[:4] == ["engine.info", "engine.add", "detok.add", "children=0_r,1_r"]
     assert log.count("engine.info") == 1
 
 
@@ -119,3 +126,54 @@ def test_both_refusing_leaves_nothing_to_take_back(tiny_model_dir: Path) -> None
     answer, log = _add(tiny_model_dir, auto=True, refuse="both")
     assert "detok refused" in answer.error.message
     assert not any(entry.endswith(".abort") for entry in log)
+
+
+def test_the_inline_bounds() -> None:
+    def ids(n: int) -> pb.Prompt:
+        return pb.Prompt(token_ids=pb.TokenIds(ids=[1] * n))
+    assert processes_inline(ids(INLINE_MAX_TOKEN_IDS))
+    assert not processes_inline(ids(INLINE_MAX_TOKEN_IDS + 1))
+    assert processes_inline(pb.Prompt(text="x" * INLINE_MAX_TEXT_CHARS))
+    assert not processes_inline(pb.Prompt(text="x" * (INLINE_MAX_TEXT_CHARS + 1)))
+    chat = pb.Prompt(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")]))
+    assert not processes_inline(chat)  # templates may be slow: always the thread
+
+
+@pytest.mark.parametrize("text_len", [40, INLINE_MAX_TEXT_CHARS + 40])
+def test_short_prompts_on_the_loop_long_ones_on_the_thread_same_tokens(
+        tiny_model_dir: Path, text_len: int) -> None:
+    """Where a prompt is processed changes nothing in the request, and refusals are the same."""
+    log: list[str] = []
+    engines = FakeEngines(FakeStage(log, "engine"), auto=True)
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 4096, 512)
+    servicer = TokenizerServicer(processor, cast(Any, FakeStage(log, "detok")),
+                                 cast(Any, engines), cast(Any, OneReplica()))
+    threads: list[str] = []
+    process_on = servicer._process
+
+    def recording(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return process_on(*args)
+    servicer._process = recording  # type: ignore[method-assign]
+    text = ("hello world " * 200)[:text_len]
+
+    def msg(request_id: str, prompt: pb.Prompt) -> tpb.TokenizerRequest:
+        return tpb.TokenizerRequest(seq=1, process=tpb.ProcessRequest(
+            request_id=request_id, origin="gw", prompt=prompt,
+            params=pb.SamplingParams(max_tokens=2)))
+
+    async def run() -> tuple[tpb.TokenizerResponse, tpb.TokenizerResponse]:
+        ok = await servicer.answer(msg("a", pb.Prompt(text=text)))
+        bad = await servicer.answer(msg("b", pb.Prompt(text=text, cache_salt="")))
+        return ok, bad
+    try:
+        ok, bad = asyncio.run(run())
+    finally:
+        servicer._executor.shutdown(wait=True)
+    expected = processor.process("a", text).request.prompt_token_ids
+    assert ok.added.num_prompt_tokens == len(expected)
+    inline = text_len <= INLINE_MAX_TEXT_CHARS
+    assert all(name == threading.main_thread().name for name in threads) == inline
+    assert all(name.startswith("tokenize") for name in threads) == (not inline)
+    assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "cache_salt" in bad.error.message
