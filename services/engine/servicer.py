@@ -35,6 +35,9 @@ from services.engine.core_calls import CoreCalls
 from services.engine.kv_events_hub import KvEventsHub
 from services.engine.outputs_hub import OutputsHub
 
+# Session messages whose core calls are queued but not yet answered (one stage's stream).
+MAX_IN_FLIGHT = 256
+
 
 def core_executor() -> ThreadPoolExecutor:
     # One thread: the core is not thread-safe, and the loop must stay free for health checks.
@@ -124,8 +127,34 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     async def Session(self, request_iterator: AsyncIterator[epb.EngineRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[epb.EngineResponse]:
-        async for msg in request_iterator:
-            yield await self.answer(msg)
+        """Each message's core call is queued on the core's thread as it arrives, not after the
+        previous answer: a burst of adds that comes while a step runs is all in before the next
+        step (read one answer at a time, each add waited for a step of its own, and a 64-stream
+        burst entered over 64 steps). Calls still run in arrival order, answers go back in it,
+        and at most MAX_IN_FLIGHT wait."""
+        answers: asyncio.Queue[asyncio.Task[epb.EngineResponse] | None] = asyncio.Queue()
+        room = asyncio.Semaphore(MAX_IN_FLIGHT)
+        reader = asyncio.get_running_loop().create_task(
+            self._read_session(request_iterator, answers, room))
+        try:
+            while (answer := await answers.get()) is not None:
+                yield await answer
+                room.release()
+        finally:
+            reader.cancel()
+
+    async def _read_session(self, request_iterator: AsyncIterator[epb.EngineRequest],
+                            answers: asyncio.Queue[asyncio.Task[epb.EngineResponse] | None],
+                            room: asyncio.Semaphore) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async for msg in request_iterator:
+                await room.acquire()
+                # Tasks start in the order they are made, and each submits its core call in its
+                # first run (answer awaits nothing before): the core sees arrival order.
+                answers.put_nowait(loop.create_task(self.answer(msg)))
+        finally:
+            answers.put_nowait(None)
 
     async def answer(self, msg: epb.EngineRequest) -> epb.EngineResponse:
         """One Session message: the core call on its thread; a step's outputs to the hub."""

@@ -273,6 +273,53 @@ def test_a_lone_adds_step_is_queued_behind_it_before_the_add_returns(
     assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1, 1]
 
 
+def test_messages_that_come_while_the_core_is_busy_are_all_queued_on_it_in_order(
+        tiny_model_dir: Path) -> None:
+    """A burst of adds that arrives during a step is in before the next step: the Session does
+    not wait for one answer before it reads the next message."""
+    import torch
+
+    torch.set_num_threads(1)
+    executor = SubmitLog()
+    core = executor.submit(EngineCore.from_engine_args, EngineArgs(
+        model=str(tiny_model_dir), kv_cache_memory=8 * 1024**2)).result()
+    servicer = EngineServicer(core, "tiny", executor=executor)
+    busy = threading.Event()
+    order: list[str] = []
+    handle = servicer.calls.handle
+
+    def recording(msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
+        kind = msg.WhichOneof("kind")
+        order.append(msg.add.requests[0].request_id if kind == "add" else kind or "")
+        return handle(msg, span)
+    servicer.calls.handle = recording  # type: ignore[method-assign]
+    messages = [_add_msg(name, 1) for name in "abc"]
+    messages.append(epb.EngineRequest(seq=9, abort=epb.EngineAbort(request_ids=["b"])))
+
+    async def run() -> tuple[list[epb.EngineResponse], int]:
+        executor.submit(busy.wait, 30.0)  # the core's thread is taken, as by a long step
+        session = asyncio.get_running_loop().create_task(_session(servicer, messages))
+        queued = 0
+        for _ in range(500):  # bounded: the old one-at-a-time reading never queues a second
+            await asyncio.sleep(0.01)
+            queued = executor.names.count("recording")
+            if queued == len(messages):
+                break
+        busy.set()
+        answers, _ = await session
+        return answers, queued
+
+    try:
+        answers, queued = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        busy.set()
+        servicer.close()
+    assert queued == len(messages)
+    assert order == ["a", "b", "c", "abort"]
+    assert [r.WhichOneof("kind") for r in answers] == ["state"] * 4
+    assert sorted(core.scheduler.requests) == ["a", "c"]
+
+
 def test_an_add_that_fails_leaves_the_auto_loop_stepping_nothing(tiny_model_dir: Path) -> None:
     import torch
 
