@@ -15,6 +15,10 @@ Two measurements on the same model, engine flags and thread count, in one run:
    this VM's speed drifts by 5-20% within minutes, so one run of each cannot tell 0.94x from
    0.98x; the median of the per-pair ratios can.
 
+4. The floor under TTFT added: one gRPC stream message between two bare processes after the
+   idle a lone request finds (benchmarks/grpc_hop.py), times the CRITICAL_PATH_HOPS messages a
+   first token crosses. What the ring adds beyond it is Strand's own code.
+
 With `--engine-cpus 0` the engine runs on CPU 0 in both runs (the in-process loop, and the
 engine stage) and the other stages and the client on the remaining CPUs (benchmarks/cpu_pinning.py):
 the engine's compute is held equal, so the ratio is the ring's own cost rather than the share of
@@ -44,10 +48,15 @@ from benchmarks.common import (
 )
 from benchmarks.cpu_pinning import parse_cpu_list, pin_process, split_cpus
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
+from benchmarks.grpc_hop import measure_hops
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Messages between processes on a first token's way: client -> gateway (the Generate call),
+# gateway -> tokenizer, tokenizer -> engine, engine -> detokenizer, detokenizer -> gateway,
+# gateway -> client.
+CRITICAL_PATH_HOPS = 6
 
 
 def cpu_seconds(pid: int) -> float:
@@ -119,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a CPU list (e.g. 0 or 0-1): the engine on these CPUs in both runs, "
                              "the other stages and the client on the rest (threads default to "
                              "their count)")
+    parser.add_argument("--hop-messages", type=int, default=300,
+                        help="messages timed for the bare gRPC hop (the floor); 0: skip")
     parser.add_argument("--output-json", type=Path, default=None)
     return parser
 
@@ -199,6 +210,11 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
                         "output_tok_per_s": tokens / duration}
     data["cpu_s_per_1000_tokens"] = {name: 1000 * (after[name] - before[name]) / max(tokens, 1)
                                      for name in pids}
+    if args.hop_messages > 0:
+        log("the floor: one bare gRPC stream message after an idle gap")
+        hops = measure_hops(args.hop_messages)
+        data["grpc_hop_ms"] = hops
+        data["ttft_ms"]["floor"] = CRITICAL_PATH_HOPS * hops["grpc_after_gap_ms"]
     if pairs:
         ratios = [ring / local for local, ring in pairs]
         data["throughput"] = {"in_process_tok_s": [p[0] for p in pairs],
@@ -255,9 +271,16 @@ def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest],
 
 def summary_table(data: dict[str, Any]) -> str:
     ttft = data["ttft_ms"]
-    lines = [format_table(["TTFT p50 ms", "in process", "ring", "added"],
+    floor = f"{ttft['floor']:.2f}" if "floor" in ttft else "-"
+    lines = [format_table(["TTFT p50 ms", "in process", "ring", "added",
+                           f"floor ({CRITICAL_PATH_HOPS} bare gRPC hops)"],
                           [["", f"{ttft['in_process_p50']:.2f}", f"{ttft['ring_p50']:.2f}",
-                            f"{ttft['added_p50']:.2f}"]])]
+                            f"{ttft['added_p50']:.2f}", floor]])]
+    if "grpc_hop_ms" in data:
+        hop = data["grpc_hop_ms"]
+        lines.append(f"one bare gRPC stream message: {hop['grpc_after_gap_ms']:.3f} ms after "
+                     f"{hop['gap_ms']:g} ms idle, {hop['grpc_busy_ms']:.3f} ms back to back; "
+                     f"a plain socket after the idle: {hop['socket_after_gap_ms']:.3f} ms")
     cpu = data["cpu_s_per_1000_tokens"]
     lines.append(format_table(["process", "CPU s / 1000 output tokens"],
                               [[name, f"{value:.3f}"] for name, value in cpu.items()]))
@@ -279,6 +302,8 @@ def summary_table(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.hop_messages < 0:
+        parser.error(f"--hop-messages must be >= 0, got {args.hop_messages}")
     if args.engine_cpus:
         try:
             split_cpus(parse_cpu_list(args.engine_cpus))

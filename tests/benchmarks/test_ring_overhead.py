@@ -34,9 +34,13 @@ def test_a_run_reports_ttft_cpu_and_alternating_throughput_pairs(
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         ring_overhead.main([*model_flags(tiny_model_dir), *TINY_WORKLOAD, "--num-ttft", "3",
-                            "--throughput-repeats", "2", "--output-json", str(out)])
+                            "--throughput-repeats", "2", "--hop-messages", "5",
+                            "--output-json", str(out)])
     data = json.loads(out.read_text())
     assert data["ttft_ms"]["ring_p50"] > 0 and data["ttft_ms"]["in_process_p50"] > 0
+    hop = data["grpc_hop_ms"]
+    assert data["ttft_ms"]["floor"] == ring_overhead.CRITICAL_PATH_HOPS * hop["grpc_after_gap_ms"]
+    assert hop["grpc_busy_ms"] > 0 and hop["socket_after_gap_ms"] > 0
     assert set(data["cpu_s_per_1000_tokens"]) == {"tokenizer", "engine", "detokenizer",
                                                   "gateway", "client (this benchmark)"}
     pairs = data["throughput"]
@@ -57,6 +61,7 @@ def test_a_pinned_run_puts_the_engine_on_its_cpus_and_gives_this_process_its_own
     with contextlib.redirect_stdout(io.StringIO()):
         ring_overhead.main([*model_flags(tiny_model_dir), *TINY_WORKLOAD, "--num-ttft", "2",
                             "--throughput-repeats", "1", "--engine-cpus", str(engine_cpu),
+                            "--hop-messages", "0",
                             "--output-json", str(out)])
     data = json.loads(out.read_text())
     assert data["engine_cpus"] == [engine_cpu] and data["num_threads"] == 1
@@ -69,3 +74,20 @@ def test_the_engine_cpus_flag_names_a_bad_list(capsys: pytest.CaptureFixture[str
         ring_overhead.main(["--engine-cpus", "1-0"])
     assert exc.value.code == 2
     assert "--engine-cpus: range '1-0' runs backwards" in capsys.readouterr().err
+
+
+def test_the_hop_floor_refuses_bad_counts_by_name() -> None:
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        ring_overhead.main(["--hop-messages", "-1"])
+    assert "--hop-messages must be >= 0" in err.getvalue()
+
+
+def test_a_bare_hop_is_timed_between_two_processes() -> None:
+    from benchmarks.grpc_hop import measure_hops
+
+    hops = measure_hops(count=5, gap_ms=1.0)
+    # Stamps of two processes on one monotonic clock: a message is seen after it is sent.
+    assert 0 < hops["grpc_busy_ms"] < 1000 and 0 < hops["grpc_after_gap_ms"] < 1000
+    assert 0 < hops["socket_after_gap_ms"] < 1000
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        measure_hops(count=0)
