@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,6 +33,7 @@ from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
 from services.engine.add_burst import ADD_QUIET_S, AddBursts
 from services.engine.core_calls import CoreCalls
+from services.engine.core_thread import CoreThread
 from services.engine.kv_events_hub import KvEventsHub
 from services.engine.outputs_hub import OutputsHub
 
@@ -57,11 +59,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.calls.after_call = self.kv_hub.drain
         # The thread that built the core (see the module docstring), or a new one.
         self._executor = executor or core_executor()
+        self.thread = CoreThread(self._executor)
         self._hub: OutputsHub | None = None
         self._has_work = False  # auto mode: the core has unfinished requests
         self._wakes = 0  # adds seen, so a step can tell whether one came while it ran
         self._work: asyncio.Event | None = None
         self._bursts = AddBursts(add_quiet_s)  # auto mode: a burst of adds joins one step
+        # Auto mode: step messages the core's thread posted / the hub took (each written by one
+        # side), and the puts on their way.
+        self._posted = 0
+        self._delivered = 0
+        self._deliveries: deque[asyncio.Task[None]] = deque()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, auto_step: bool = False,
@@ -90,16 +98,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def _subscriber_lost(self) -> None:
         # Queued behind every call already submitted: what an old detokenizer's requests were
         # is settled before a new detokenizer adds anything.
-        self._executor.submit(self.calls.abort_all)
+        self.thread.submit(self.calls.abort_all)
 
     async def log_stats_periodically(self) -> None:
         """The stats line also when no step comes (the end of a burst); runs until cancelled."""
         if self.calls.stats_logger is None:
             return
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(max(self.calls.stats_logger.interval_s, 0.5))
-            await loop.run_in_executor(self._executor, self.calls.log_stats_if_due)
+            await self.thread.run(self.calls.log_stats_if_due)
 
     async def GetInfo(self, request: epb.EngineInfoRequest,
                       context: grpc.aio.ServicerContext) -> epb.EngineInfo:
@@ -118,10 +125,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if not self.kv_hub.enabled:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "kv_events must be on (--kv-events) to subscribe to KV events")
-        loop = asyncio.get_running_loop()
 
         async def take_snapshot() -> tuple[list[bytes], int]:
-            return await loop.run_in_executor(self._executor, self.kv_hub.snapshot)
+            return await self.thread.run(self.kv_hub.snapshot)
         async for msg in self.kv_hub.stream(take_snapshot):
             yield msg
 
@@ -159,7 +165,6 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def answer(self, msg: epb.EngineRequest) -> epb.EngineResponse:
         """One Session message: the core call on its thread; a step's outputs to the hub."""
         kind = msg.WhichOneof("kind")
-        loop = asyncio.get_running_loop()
         parent = context_from_carrier(msg.trace_context)
         name = "engine_step" if kind == "step" else f"strand.v1.Engine/{kind}"
         with server_span(name, parent) as span:
@@ -171,7 +176,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 if kind == "step":
                     return await self._manual_step(msg, span)
                 engine_was_idle = not self._has_work
-                done = loop.run_in_executor(self._executor, self.calls.handle, msg, span)
+                done = self.thread.run(self.calls.handle, msg, span)
                 if kind == "add":
                     # Noted and woken while the add runs, not after: the step of a lone add is
                     # then queued on the core's one thread right behind the add and starts the
@@ -188,9 +193,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     async def _manual_step(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         if self.auto_step:
             raise ValueError("the engine steps itself (auto mode): Step messages are refused")
-        loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(
-            self._executor, lambda: core_outputs_to_pb(self.calls.step(span)))
+        outputs = await self.thread.run(lambda: core_outputs_to_pb(self.calls.step(span)))
         out = epb.EngineStepOutputs(step_id=msg.step.step_id, origin=msg.step.origin,
                                     outputs=outputs, trace_context=carrier_from_context())
         if not await self.hub.put(out):
@@ -224,18 +227,39 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 continue
             await self._let_a_burst_of_adds_in()
             wakes = self._wakes
-            msg, more = await loop.run_in_executor(self._executor, self._auto_step_once)
-            # An add that came while the step ran is queued behind it on the core's thread
-            # (woken before it runs, see answer): the step could not count it, but it is work.
+            more = await self.thread.run_step_loop(self._auto_steps, loop)
+            # An add that came while the steps ran is queued behind them on the core's thread
+            # (woken before it runs, see answer): they could not count it, but it is work.
             self._has_work = more or self._wakes != wakes
-            if msg is not None:
-                await self.hub.put(msg)
+            while self._deliveries:  # the hub took every step (a slow detokenizer holds us)
+                await self._deliveries.popleft()
             await asyncio.sleep(0)  # Session messages (adds, aborts) between steps
 
     async def _let_a_burst_of_adds_in(self) -> None:
         held_since = time.monotonic()
         while self._bursts.hold(time.monotonic(), held_since):
             await asyncio.sleep(self._bursts.quiet_s)
+
+    def _auto_steps(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Steps on the core's thread, back to back while nothing else waits for the thread, the
+        detokenizer keeps up (one step's message at most on its way to the hub) and work
+        remains; each message goes to the loop the moment its step ends (core_thread.py).
+        Whether work remains."""
+        while True:
+            msg, more = self._auto_step_once()
+            if msg is not None:
+                self._posted += 1
+                loop.call_soon_threadsafe(self._deliver, msg)
+            if not (more and self.hub.active and not self.thread.others_waiting
+                    and self._posted - self._delivered <= 1):
+                return more
+
+    def _deliver(self, msg: epb.EngineStepOutputs) -> None:
+        """On the loop: a step's message into the hub, in the order the steps ran."""
+        async def put() -> None:
+            await self.hub.put(msg)
+            self._delivered += 1
+        self._deliveries.append(asyncio.get_running_loop().create_task(put()))
 
     def _auto_step_once(self) -> tuple[epb.EngineStepOutputs | None, bool]:
         """One step and its message, both on the core's thread: the event loop only queues it
@@ -250,5 +274,5 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def close(self) -> None:
         # On the core's thread, after any step in flight: tensor-parallel workers get their
         # shutdown in order with the steps they were sent (no-op with one rank).
-        self._executor.submit(self.core.shutdown)
+        self.thread.submit(self.core.shutdown)
         self._executor.shutdown(wait=False)

@@ -247,7 +247,7 @@ def test_a_lone_adds_step_is_queued_behind_it_before_the_add_returns(
     def add_waiting_for_its_step(msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         with executor.changed:  # bounded: the old order would time out here, and fail below
             step_queued_during_add.append(executor.changed.wait_for(
-                lambda: "_auto_step_once" in executor.names, timeout=5.0))
+                lambda: "_auto_steps" in executor.names, timeout=5.0))
         return handle(msg, span)
     servicer.calls.handle = add_waiting_for_its_step  # type: ignore[method-assign]
 
@@ -302,7 +302,7 @@ def test_messages_that_come_while_the_core_is_busy_are_all_queued_on_it_in_order
         queued = 0
         for _ in range(500):  # bounded: the old one-at-a-time reading never queues a second
             await asyncio.sleep(0.01)
-            queued = executor.names.count("recording")
+            queued = executor.names.count("_begin")  # each Session call, counted
             if queued == len(messages):
                 break
         busy.set()
@@ -317,7 +317,85 @@ def test_messages_that_come_while_the_core_is_busy_are_all_queued_on_it_in_order
     assert queued == len(messages)
     assert order == ["a", "b", "c", "abort"]
     assert [r.WhichOneof("kind") for r in answers] == ["state"] * 4
-    assert sorted(core.scheduler.requests) == ["a", "c"]
+    # Each answer counts the core as its call left it: three adds, then the abort of one.
+    assert [r.state.num_unfinished_requests for r in answers] == [1, 2, 3, 2]
+
+
+def _auto_servicer(tiny_model_dir: Path) -> tuple[EngineServicer, SubmitLog, list[int]]:
+    """An auto-stepping servicer whose thread logs what it is given; the list counts steps."""
+    import torch
+
+    torch.set_num_threads(1)
+    executor = SubmitLog()
+    core = executor.submit(EngineCore.from_engine_args, EngineArgs(
+        model=str(tiny_model_dir), kv_cache_memory=8 * 1024**2)).result()
+    servicer = EngineServicer(core, "tiny", executor=executor, auto_step=True)
+    steps: list[int] = []
+    step = servicer.calls.step
+
+    def counting(span: Any) -> Any:
+        steps.append(1)
+        return step(span)
+    servicer.calls.step = counting  # type: ignore[method-assign]
+    return servicer, executor, steps
+
+
+def test_auto_steps_run_back_to_back_on_the_core_thread_while_nothing_else_waits(
+        tiny_model_dir: Path) -> None:
+    """Eight steps of one request without giving the thread back to the event loop between them
+    (each hand-back costs two thread wake-ups), every step's message still streamed in order."""
+    servicer, executor, steps = _auto_servicer(tiny_model_dir)
+
+    async def run() -> list[epb.EngineStepOutputs]:
+        loop_task = asyncio.get_running_loop().create_task(servicer.auto_loop())
+        seen: list[epb.EngineStepOutputs] = []
+        async for msg in servicer.Outputs(epb.EngineOutputsRequest(), None):  # type: ignore[arg-type]
+            if msg.subscribed:
+                await servicer.answer(_add_msg("a", 8))
+                continue
+            seen.append(msg)
+            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+                break
+        loop_task.cancel()
+        return seen
+
+    try:
+        seen = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        servicer.close()
+    assert len(seen) == len(steps) == 8
+    assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1] * 8
+    # The subscriber read each message at once, so nothing held the thread back: one or two
+    # hand-overs (the first may end while the add's answer is still on its way), never eight.
+    assert 1 <= executor.names.count("_auto_steps") <= 2
+
+
+def test_a_detokenizer_that_stops_reading_stops_the_engine_a_few_steps_ahead(
+        tiny_model_dir: Path) -> None:
+    servicer, _, steps = _auto_servicer(tiny_model_dir)
+
+    async def run() -> tuple[int, int]:
+        loop_task = asyncio.get_running_loop().create_task(servicer.auto_loop())
+        stream = servicer.Outputs(epb.EngineOutputsRequest(), None)  # type: ignore[arg-type]
+        assert (await anext(stream)).subscribed
+        await servicer.answer(_add_msg("a", 40))
+        await asyncio.sleep(1.0)  # nobody reads: the hub fills, the engine must wait
+        stalled = len(steps)
+        read = 0
+        async for msg in stream:  # reading again lets it finish
+            read += 1
+            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+                break
+        loop_task.cancel()
+        return stalled, read
+
+    try:
+        stalled, read = asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        servicer.close()
+    # Two steps in the hub's queue, one put waiting for room, one message on its way to the loop.
+    assert 2 <= stalled <= 5
+    assert read == len(steps) == 40
 
 
 def test_an_add_that_fails_leaves_the_auto_loop_stepping_nothing(tiny_model_dir: Path) -> None:
