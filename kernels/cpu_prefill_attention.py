@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernels._cpu_build import KERNELS as _EXTENSION
+from kernels.cpu_isa import probe
 
 # What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
 DTYPES = (torch.float32, torch.bfloat16)
@@ -24,6 +25,17 @@ DTYPES = (torch.float32, torch.bfloat16)
 def is_available() -> bool:
     """Builds (once, with the other CPU kernels) on the first call."""
     return _EXTENSION.module() is not None
+
+
+def amx_applies(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether prefill_attention runs `dtype` on AMX tiles (kernels/csrc/prefill_attention_amx.cpp):
+    bfloat16, head_dim a multiple of 32 up to 256, the avx512 level with AMX-BF16 (cpu_isa), and
+    Linux granting the tile state. There a 512-token SmolLM2 layer takes about a quarter of
+    SDPA's time (benchmarks/README.md, session 10)."""
+    if dtype != torch.bfloat16 or head_dim % 32 or head_dim > 256 or not probe().amx_bf16:
+        return False
+    module = _EXTENSION.module()
+    return module is not None and bool(module.prefill_attention_amx_available())
 
 
 def unavailable_reason() -> str | None:
@@ -64,8 +76,8 @@ def prefill_attention(
         query = query.contiguous()
     if out[0].stride() != (out.shape[2], 1):
         raise ValueError("out rows must be dense [num_heads, head_dim]")
-    module.prefill_attention(out, query, kv_cache[0], kv_cache[1],
-                             block_table.to(torch.int32).contiguous(),
-                             q_starts.to(torch.int32).contiguous(),
-                             q_lens.to(torch.int32).contiguous(),
-                             seq_lens.to(torch.int32).contiguous(), float(scale))
+    run = (module.prefill_attention_amx if amx_applies(query.dtype, query.shape[2])
+           else module.prefill_attention)
+    run(out, query, kv_cache[0], kv_cache[1], block_table.to(torch.int32).contiguous(),
+        q_starts.to(torch.int32).contiguous(), q_lens.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(), float(scale))
