@@ -69,6 +69,15 @@ def test_matches_the_exact_attention_of_the_bfloat16_inputs(
 
 
 @needs_amx
+def test_two_threads_split_the_tasks_and_the_packing() -> None:
+    query, kv, table, starts, lens = _case([100, 3, 60], [100, 40, 300], 9, 3, 64, 16, seed=9)
+    out = torch.full_like(query, float("nan"))
+    torch.set_num_threads(2)  # the conftest fixture sets 1 again for the next test
+    prefill_attention(out, query, kv, table, starts[:-1], starts[1:] - starts[:-1], lens, 0.125)
+    _check(out, _reference(query, kv, table, starts, lens, 0.125))
+
+
+@needs_amx
 def test_large_scores_stay_finite_and_exact() -> None:
     # Scores in the hundreds: the softmax must subtract the running maximum.
     query, kv, table, starts, lens = _case([40, 260], [300, 260], 6, 2, 64, 16, seed=5)
