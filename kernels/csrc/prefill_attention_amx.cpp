@@ -364,11 +364,12 @@ void prefill_attention_amx(at::Tensor out, at::Tensor query, at::Tensor key_cach
   std::vector<int64_t> base(R + 1, 0);
   for (int64_t r = 0; r < R; ++r) base[r + 1] = base[r] + (a.lens[r] + 31) / 32;
   const int64_t block_elems = 32 * D;  // one 32-key block of K (or V), one kv head
-  std::vector<uint16_t> kbuf(base[R] * KVH * block_elems + 32);
-  std::vector<uint16_t> vbuf(base[R] * KVH * block_elems + 32);
+  // Not zero-filled: pack_block writes every element, zeros past each context included.
+  const std::unique_ptr<uint16_t[]> kbuf(new uint16_t[base[R] * KVH * block_elems]);
+  const std::unique_ptr<uint16_t[]> vbuf(new uint16_t[base[R] * KVH * block_elems]);
   auto packed = [&](int64_t r, int64_t g) {
     const int64_t off = (base[r] * KVH + g * (base[r + 1] - base[r])) * block_elems;
-    return Packed{kbuf.data() + off, vbuf.data() + off};
+    return Packed{kbuf.get() + off, vbuf.get() + off};
   };
   std::vector<Task> tasks;
   std::vector<std::pair<int64_t, int64_t>> packs;  // (r * KVH + g, 32-key block)
