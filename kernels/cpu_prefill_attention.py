@@ -6,6 +6,9 @@ as the attention. This kernel reads each request's K/V blocks where they lie and
 causal work (a cached prefix included), in tiles of 48 rows (32 without AVX-512) spread over
 ATen's threads longest first. Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_prefill_attention.py).
 
+bfloat16 on a CPU with AMX (and at the avx512 level) runs kernels/csrc/prefill_attention_amx.cpp
+instead: the same requests and arguments, products on AMX tiles (amx_applies() says where).
+
 The C++ is kernels/csrc/prefill_attention.cpp, built once with the other CPU kernels (kernels/_cpu_build.py). Where
 that fails, or with STRAND_DISABLE_CPU_KERNELS=1, the caller keeps the pure-torch path;
 `unavailable_reason()` says why.
@@ -18,7 +21,8 @@ import torch
 from kernels._cpu_build import KERNELS as _EXTENSION
 from kernels.cpu_isa import probe
 
-# What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
+# What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end
+# (on AMX the probabilities are rounded to bfloat16 for P.V as well, as torch's flash kernel does).
 DTYPES = (torch.float32, torch.bfloat16)
 
 

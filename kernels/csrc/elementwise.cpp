@@ -159,7 +159,8 @@ const uint16_t* silu_bf16_table() {
 
 // 16 values: silu(g) from the table, times up, rounded to bfloat16 (as the formula path).
 inline void silu_mul16_table(bf16* o, const bf16* g, const bf16* u, const uint16_t* table) {
-  const __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+  const __m512i idx =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
   const __m512i s = _mm512_slli_epi32(_mm512_i32gather_epi32(idx, table, 2), 16);
   store_l(o, reinterpret_cast<const vl&>(s) * load_l(u));
 }
