@@ -70,6 +70,14 @@ class CpuIsa:
         (kernels/csrc/gguf_dot.h); below the avx512 level they use AVX2's maddubs pair."""
         return self.level == "avx512" and "avx512_vnni" in self.flags
 
+    @property
+    def amx_bf16(self) -> bool:
+        """AMX bfloat16 tiles (kernels/csrc/prefill_attention_amx.cpp), at the avx512 level only:
+        STRAND_CPU_ISA=avx2 never takes them. STRAND_DISABLE_AMX=1 turns them off (A/B runs,
+        tests of the path without them)."""
+        return (self.level == "avx512" and {"amx_bf16", "amx_tile"} <= self.flags
+                and not os.environ.get("STRAND_DISABLE_AMX"))
+
     def compile_flags(self) -> list[str]:
         """-march for the C++ kernels: the level's baseline, tuned for this CPU (tuning never
         changes which instructions run, so a cache built here is safe on any CPU of the level),
@@ -83,8 +91,9 @@ class CpuIsa:
         bf16 = "oneDNN" if self.onednn_bf16 else "torch (no AVX-512/AVX-NE-CONVERT)"
         cap = f" (capped by {ENV}; the CPU has {self.detected})" if self.overridden else ""
         int8 = "AVX-512 VNNI" if self.vnni else ("AVX2" if self.level in ("avx2", "avx512") else "scalar")
+        amx = "AMX" if self.amx_bf16 else "not AMX"
         return (f"CPU ISA {self.level}{cap}; bfloat16 linear layers: {bf16}; GGUF int8 dot "
-                f"products: {int8}")
+                f"products: {int8}; bfloat16 prefill attention: {amx}")
 
 
 def _cpu_flags() -> frozenset[str]:

@@ -6,6 +6,9 @@ as the attention. This kernel reads each request's K/V blocks where they lie and
 causal work (a cached prefix included), in tiles of 48 rows (32 without AVX-512) spread over
 ATen's threads longest first. Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_prefill_attention.py).
 
+bfloat16 on a CPU with AMX (and at the avx512 level) runs kernels/csrc/prefill_attention_amx.cpp
+instead: the same requests and arguments, products on AMX tiles (amx_applies() says where).
+
 The C++ is kernels/csrc/prefill_attention.cpp, built once with the other CPU kernels (kernels/_cpu_build.py). Where
 that fails, or with STRAND_DISABLE_CPU_KERNELS=1, the caller keeps the pure-torch path;
 `unavailable_reason()` says why.
@@ -16,14 +19,27 @@ from __future__ import annotations
 import torch
 
 from kernels._cpu_build import KERNELS as _EXTENSION
+from kernels.cpu_isa import probe
 
-# What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
+# What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end
+# (on AMX the probabilities are rounded to bfloat16 for P.V as well, as torch's flash kernel does).
 DTYPES = (torch.float32, torch.bfloat16)
 
 
 def is_available() -> bool:
     """Builds (once, with the other CPU kernels) on the first call."""
     return _EXTENSION.module() is not None
+
+
+def amx_applies(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether prefill_attention runs `dtype` on AMX tiles (kernels/csrc/prefill_attention_amx.cpp):
+    bfloat16, head_dim a multiple of 32 up to 256, the avx512 level with AMX-BF16 (cpu_isa), and
+    Linux granting the tile state. There a 512-token SmolLM2 layer takes about a quarter of
+    SDPA's time (benchmarks/README.md, session 10)."""
+    if dtype != torch.bfloat16 or head_dim % 32 or head_dim > 256 or not probe().amx_bf16:
+        return False
+    module = _EXTENSION.module()
+    return module is not None and bool(module.prefill_attention_amx_available())
 
 
 def unavailable_reason() -> str | None:
@@ -64,8 +80,8 @@ def prefill_attention(
         query = query.contiguous()
     if out[0].stride() != (out.shape[2], 1):
         raise ValueError("out rows must be dense [num_heads, head_dim]")
-    module.prefill_attention(out, query, kv_cache[0], kv_cache[1],
-                             block_table.to(torch.int32).contiguous(),
-                             q_starts.to(torch.int32).contiguous(),
-                             q_lens.to(torch.int32).contiguous(),
-                             seq_lens.to(torch.int32).contiguous(), float(scale))
+    run = (module.prefill_attention_amx if amx_applies(query.dtype, query.shape[2])
+           else module.prefill_attention)
+    run(out, query, kv_cache[0], kv_cache[1], block_table.to(torch.int32).contiguous(),
+        q_starts.to(torch.int32).contiguous(), q_lens.to(torch.int32).contiguous(),
+        seq_lens.to(torch.int32).contiguous(), float(scale))

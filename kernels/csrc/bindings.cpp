@@ -10,6 +10,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention, float32 or bfloat16");
   m.def("prefill_attention", &prefill_attention,
         "varlen causal prefill attention over the paged cache, float32 or bfloat16");
+  m.def("prefill_attention_amx", &prefill_attention_amx,
+        "the same, bfloat16 on AMX tiles (only where prefill_attention_amx_available())");
+  m.def("prefill_attention_amx_available", &prefill_attention_amx_available,
+        "whether this build, the CPU and the OS allow AMX bfloat16 tiles");
   m.def("linear_small", &linear_small, "x @ w.T (+ bias) for 1 to 4 rows of x, float32 or bfloat16",
         py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def("linear_batch", &linear_batch,

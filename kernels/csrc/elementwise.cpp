@@ -138,16 +138,52 @@ inline vl silu_vec(vl g, float*) { return g / (1.f + vexp(-g)); }
 #endif
 inline vl silu_vec(vl g, bf16*) { return g / (1.f + vexp(-g)); }
 
+#if defined(__AVX512F__)
+// silu(g) rounded to bfloat16 for every bfloat16 g, indexed by g's bits: the vector code's own
+// results (silu_vec then rnd, 65536 values, built once), so a lookup gives the same bits. A
+// 16-lane gather from the 128 KB table (L2-resident) replaces exp and the division: one
+// thread, 512 x 1536 (a SmolLM2 layer's prefill) 0.62 -> ~0.25 ms alone.
+const uint16_t* silu_bf16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(65536 + 16);  // + 16: gathers read 4 bytes at 2-byte steps
+    alignas(64) uint16_t bits[16];
+    for (uint32_t b0 = 0; b0 < 65536; b0 += 16) {
+      for (uint32_t i = 0; i < 16; ++i) bits[i] = static_cast<uint16_t>(b0 + i);
+      const vl g = load_l(reinterpret_cast<const bf16*>(bits));
+      store_l(reinterpret_cast<bf16*>(t.data() + b0), rnd<bf16>(silu_vec(g, (bf16*)nullptr)));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+// 16 values: silu(g) from the table, times up, rounded to bfloat16 (as the formula path).
+inline void silu_mul16_table(bf16* o, const bf16* g, const bf16* u, const uint16_t* table) {
+  const __m512i idx =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+  const __m512i s = _mm512_slli_epi32(_mm512_i32gather_epi32(idx, table, 2), 16);
+  store_l(o, reinterpret_cast<const vl&>(s) * load_l(u));
+}
+#endif
+
 // out[r] = silu(gate_up[r, :n]) * gate_up[r, n:], silu(g) = g / (1 + e^-g) (rounded to T, as
 // HF's activation output is, before the product).
 template <typename T>
 void silu_rows(T* out, const T* gate_up, int64_t rows, int64_t n) {
+#if defined(__AVX512F__)
+  const uint16_t* table = std::is_same_v<T, bf16> ? silu_bf16_table() : nullptr;
+#endif
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * n;
       const T* u = g + n;
       T* o = out + r * n;
       int64_t i = 0;
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, bf16>) {
+        for (; i + 16 <= n; i += 16) silu_mul16_table(o + i, g + i, u + i, table);
+      }
+#endif
       for (; i + 16 <= n; i += 16) {
         for (int p = 0; p < kParts; ++p) {
           const int64_t j = i + p * kLanes;

@@ -28,6 +28,12 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                        at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
                        at::Tensor q_lens, at::Tensor seq_lens, double scale);
 
+// prefill_attention_amx.cpp: the same for bfloat16 on AMX tiles, where the CPU and OS allow it.
+bool prefill_attention_amx_available();
+void prefill_attention_amx(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                           at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
+                           at::Tensor q_lens, at::Tensor seq_lens, double scale);
+
 // linear_small.cpp
 void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
 

@@ -128,7 +128,8 @@ def test_bfloat16_fresh_prefills_through_sdpa_match_the_reference(
         calls.append(q.shape[0])
         return real(q, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch_ref, "fresh_sdpa_applies", lambda dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(torch_ref, "fresh_sdpa_applies",
+                        lambda dtype, head_dim: dtype == torch.bfloat16)
     monkeypatch.setattr(torch_ref, "fresh_prefill_attention", spy)
     out, ref, *_ = _run(query_lens, seq_lens, num_heads=6, num_kv_heads=2, head_dim=16,
                         dtype=torch.bfloat16)

@@ -23,6 +23,7 @@ from kernels import cpu_elementwise
 from kernels.cpu_decode_attention import decode_attention
 from kernels.cpu_decode_attention import is_available as cpu_decode_kernel_available
 from kernels.cpu_isa import probe
+from kernels.cpu_prefill_attention import amx_applies as cpu_prefill_amx_applies
 from kernels.cpu_prefill_attention import is_available as cpu_prefill_kernel_available
 from kernels.cpu_prefill_attention import prefill_attention
 
@@ -181,7 +182,8 @@ class TorchAttentionBackend(AttentionBackend):
                               decode_kernel=kernels and cpu_decode_kernel_available(),
                               prefill_kernel=kernels and cpu_prefill_kernel_available(),
                               window=window, need_mask=softcap,
-                              fresh_sdpa=kernels and fresh_sdpa_applies(kv_cache.dtype))
+                              fresh_sdpa=kernels and fresh_sdpa_applies(kv_cache.dtype,
+                                                                        kv_cache.shape[4]))
             self._plans[key] = plan
         return plan
 
@@ -238,14 +240,16 @@ def softcapped_attention(
     return torch.matmul(probs, v)
 
 
-def fresh_sdpa_applies(dtype: torch.dtype) -> bool:
+def fresh_sdpa_applies(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether fresh prefills in `dtype` go to SDPA over their own K/V rather than the C++
-    prefill kernel. In bfloat16, where oneDNN has bfloat16 kernels (AVX-512 BF16, AMX), SDPA's
-    products run there: a 512-token SmolLM2 layer takes 1.9 ms against the C++ kernel's 4.9
-    (which widens each element to float32 first), one thread, on the AVX-512 Xeon. In float32
+    prefill kernel. In bfloat16 with AMX the kernel runs on AMX tiles
+    (kernels/csrc/prefill_attention_amx.cpp): a 512-token SmolLM2 layer takes ~0.95 ms against
+    SDPA's ~1.6, one thread. Without AMX but where oneDNN has bfloat16 kernels (AVX-512 BF16),
+    SDPA's products run there: 1.9 ms against the float32-widening kernel's 4.9. In float32
     the C++ kernel is the faster (3.5 against 6.1 ms), and without oneDNN bfloat16 (AVX2)
     torch's bfloat16 products are slow, so both stay on the kernel."""
-    return dtype == torch.bfloat16 and probe().onednn_bf16
+    return (dtype == torch.bfloat16 and probe().onednn_bf16
+            and not cpu_prefill_amx_applies(dtype, head_dim))
 
 
 def fresh_prefill_attention(
