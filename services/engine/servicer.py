@@ -39,6 +39,13 @@ from services.engine.outputs_hub import OutputsHub
 
 # Session messages whose core calls are queued but not yet answered (one stage's stream).
 MAX_IN_FLIGHT = 256
+# Auto mode runs the next step at once, without handing the thread back to the event loop (two
+# thread wake-ups a step), only after a step this long. The step that follows at once holds the
+# GIL in its Python parts while the loop wants it to send the last step's message: on a loaded
+# 2-core machine that delayed the message by 0.5-1 ms (benchmarks/README.md). Against a long
+# step (a large batch) that is little and the saved hand-off counts; against a short one (a lone
+# request, whose user waits on every token) the message goes first.
+BACK_TO_BACK_MIN_S = 0.02
 
 
 def core_executor() -> ThreadPoolExecutor:
@@ -50,10 +57,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, core: EngineCore, model_name: str,
                  executor: ThreadPoolExecutor | None = None,
                  stats_logger: StatsLogger | None = None, auto_step: bool = False,
-                 name: str = "engine", add_quiet_s: float = ADD_QUIET_S) -> None:
+                 name: str = "engine", add_quiet_s: float = ADD_QUIET_S,
+                 back_to_back_min_s: float = BACK_TO_BACK_MIN_S) -> None:
         self.core = core
         self.model_name = model_name
         self.auto_step = auto_step
+        self.back_to_back_min_s = back_to_back_min_s
         self.calls = CoreCalls(core, stats_logger, name)
         self.kv_hub = KvEventsHub(core, name)
         self.calls.after_call = self.kv_hub.drain
@@ -241,16 +250,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await asyncio.sleep(self._bursts.quiet_s)
 
     def _auto_steps(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Steps on the core's thread, back to back while nothing else waits for the thread, the
-        detokenizer keeps up (one step's message at most on its way to the hub) and work
-        remains; each message goes to the loop the moment its step ends (core_thread.py).
-        Whether work remains."""
+        """Steps on the core's thread, back to back while they are long (see BACK_TO_BACK_MIN_S),
+        nothing else waits for the thread, the detokenizer keeps up (one step's message at most
+        on its way to the hub) and work remains; each message goes to the loop the moment its
+        step ends (core_thread.py). Whether work remains."""
         while True:
+            started = time.perf_counter()
             msg, more = self._auto_step_once()
+            long_step = time.perf_counter() - started >= self.back_to_back_min_s
             if msg is not None:
                 self._posted += 1
                 loop.call_soon_threadsafe(self._deliver, msg)
-            if not (more and self.hub.active and not self.thread.others_waiting
+            if not (more and long_step and self.hub.active and not self.thread.others_waiting
                     and self._posted - self._delivered <= 1):
                 return more
 

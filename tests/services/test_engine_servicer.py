@@ -321,15 +321,18 @@ def test_messages_that_come_while_the_core_is_busy_are_all_queued_on_it_in_order
     assert [r.state.num_unfinished_requests for r in answers] == [1, 2, 3, 2]
 
 
-def _auto_servicer(tiny_model_dir: Path) -> tuple[EngineServicer, SubmitLog, list[int]]:
-    """An auto-stepping servicer whose thread logs what it is given; the list counts steps."""
+def _auto_servicer(tiny_model_dir: Path, back_to_back_min_s: float = 0.0
+                   ) -> tuple[EngineServicer, SubmitLog, list[int]]:
+    """An auto-stepping servicer whose thread logs what it is given; the list counts steps.
+    The tiny model's steps are short: back to back only with the threshold at 0."""
     import torch
 
     torch.set_num_threads(1)
     executor = SubmitLog()
     core = executor.submit(EngineCore.from_engine_args, EngineArgs(
         model=str(tiny_model_dir), kv_cache_memory=8 * 1024**2)).result()
-    servicer = EngineServicer(core, "tiny", executor=executor, auto_step=True)
+    servicer = EngineServicer(core, "tiny", executor=executor, auto_step=True,
+                              back_to_back_min_s=back_to_back_min_s)
     steps: list[int] = []
     step = servicer.calls.step
 
@@ -340,11 +343,13 @@ def _auto_servicer(tiny_model_dir: Path) -> tuple[EngineServicer, SubmitLog, lis
     return servicer, executor, steps
 
 
+@pytest.mark.parametrize("back_to_back_min_s", [0.0, 60.0])
 def test_auto_steps_run_back_to_back_on_the_core_thread_while_nothing_else_waits(
-        tiny_model_dir: Path) -> None:
+        tiny_model_dir: Path, back_to_back_min_s: float) -> None:
     """Eight steps of one request without giving the thread back to the event loop between them
-    (each hand-back costs two thread wake-ups), every step's message still streamed in order."""
-    servicer, executor, steps = _auto_servicer(tiny_model_dir)
+    (each hand-back costs two thread wake-ups), every step's message still streamed in order;
+    steps shorter than the threshold hand the thread back after each step instead."""
+    servicer, executor, steps = _auto_servicer(tiny_model_dir, back_to_back_min_s)
 
     async def run() -> list[epb.EngineStepOutputs]:
         loop_task = asyncio.get_running_loop().create_task(servicer.auto_loop())
@@ -365,9 +370,13 @@ def test_auto_steps_run_back_to_back_on_the_core_thread_while_nothing_else_waits
         servicer.close()
     assert len(seen) == len(steps) == 8
     assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1] * 8
-    # The subscriber read each message at once, so nothing held the thread back: one or two
-    # hand-overs (the first may end while the add's answer is still on its way), never eight.
-    assert 1 <= executor.names.count("_auto_steps") <= 2
+    hand_overs = executor.names.count("_auto_steps")
+    if back_to_back_min_s == 0.0:
+        # The subscriber read each message at once, so nothing held the thread back: one or two
+        # hand-overs (the first may end while the add's answer is still on its way), never 8.
+        assert 1 <= hand_overs <= 2
+    else:
+        assert hand_overs == 8
 
 
 def test_a_detokenizer_that_stops_reading_stops_the_engine_a_few_steps_ahead(
