@@ -81,6 +81,8 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
     timers.wrap(model, "compute_logits", "lm_head")
     timers.wrap(model, "forward", "embedding, final norm, step checks")
     timers.wrap(model.model.norm, "forward", "embedding, final norm, step checks")
+    # Where the stack holds the head, the step's Python is decode_logits, its C++ one call.
+    timers.wrap(model, "decode_logits", "embedding, final norm, step checks")
     built = fused_decode.KERNELS.module()
     if built is None:
         raise RuntimeError("the C++ kernels are needed (python -m kernels.build)")
@@ -93,9 +95,16 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
         def add_layer(self, *args: Any) -> Any:
             return self.stack.add_layer(*args)
 
+        def set_head(self, *args: Any) -> Any:
+            return self.stack.set_head(*args)
+
         def forward(self, *args: Any) -> Any:
             with timers.part("decoder layers (fused C++)"):
                 return self.stack.forward(*args)
+
+        def logits(self, *args: Any) -> Any:
+            with timers.part("decoder layers, final norm, lm_head (fused C++)"):
+                return self.stack.logits(*args)
 
     class Timed:  # the module, its DecodeStacks timed, its other functions as they are
         def __getattr__(self, attr: str) -> Any:

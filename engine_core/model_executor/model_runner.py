@@ -276,6 +276,14 @@ class ModelRunner:
             hidden = self.decode_graphs.replay(inputs.graph_size)[:len(inputs.req_ids)]
             hidden = hidden[inputs.logits_indices]
         else:
+            # A few decodes on CPU: the layers and the lm_head in one C++ call, where it applies.
+            decode_logits = getattr(self.model, "decode_logits", None)
+            if decode_logits is not None:
+                logits = decode_logits(inputs.input_ids, inputs.positions, self.kv_caches,
+                                       inputs.metadata, self.attn_backend,
+                                       rows=inputs.logits_indices)
+                if logits is not None:
+                    return logits
             # The model runs its last layer past attention for these rows alone.
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                                 inputs.metadata, self.attn_backend,

@@ -1,6 +1,7 @@
 #include "decode_stack.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 // The decoder layers of a Llama-family model for a decode step of a few requests (1 to 4 rows,
 // one new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
@@ -74,10 +75,25 @@ DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& o
   return b;
 }
 
-std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor positions,
-                                             std::vector<at::Tensor> kv_caches,
-                                             at::Tensor slots, at::Tensor block_table,
-                                             at::Tensor seq_lens) {
+void DecodeStack::set_head(at::Tensor norm, at::Tensor head_w, int64_t qtype, double eps) {
+  TORCH_CHECK(!layers_.empty() && norm.dim() == 1 && norm.size(0) == hidden_ &&
+                  norm.scalar_type() == layers_[0].input_norm.scalar_type(),
+              "the final norm must be ", hidden_, " values in the layers' dtype");
+  TORCH_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(1) == hidden_ &&
+                             head_w.scalar_type() == norm.scalar_type()),
+              "a dense lm_head must be [vocab, ", hidden_, "] in the layers' dtype");
+  // One row through the kernel checks the weight as each call of it would (its shape against
+  // hidden, a GGUF type's block size); the phased step's tiles are not checked per call.
+  const int64_t V = head_w.size(0) * (qtype != 0 && head_w.dim() == 3 ? 16 : 1);
+  project(at::empty({1, V}, norm.options()), at::zeros({1, hidden_}, norm.options()), head_w,
+          c10::nullopt, qtype);
+  head_ = {norm, head_w, qtype, eps};
+}
+
+DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tensor& positions,
+                                       const std::vector<at::Tensor>& kv_caches,
+                                       const at::Tensor& slots, const at::Tensor& block_table,
+                                       const at::Tensor& seq_lens, at::Tensor* logits) {
   const int64_t M = hidden.size(0);
   TORCH_CHECK(M >= 1 && M <= 4, "DecodeStack takes 1 to 4 rows, got ", M);
   TORCH_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
@@ -86,7 +102,6 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
               ", got ", kv_caches.size());
   TORCH_CHECK(hidden.scalar_type() == layers_[0].input_norm.scalar_type(),
               "hidden must be in the weights' dtype");
-  std::lock_guard<std::mutex> lock(mutex_);
   caches_.resize(layers_.size());
   keys_.resize(layers_.size());
   values_.resize(layers_.size());
@@ -102,10 +117,29 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
       values_[l] = kv_caches[l].select(0, 1);
     }
   }
+  const bool tiled_head = logits != nullptr && head_.qtype != 0 && head_.w.dim() == 3;
   if (all_tiled_) {
-    forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens);
-    return {b.out.clone(), b.res_b.clone()};
+    // The head joins the step's region where it is tiles too; otherwise it runs after it.
+    forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens,
+                   tiled_head ? logits : nullptr);
+    if (tiled_head) return b;
+  } else {
+    forward_layers(b, hidden, positions, q_dense, slots, block_table, seq_lens);
   }
+  if (logits != nullptr) {
+    // What a next layer's input norm would do, with the final norm's weight: b.normed and
+    // b.res_a are free once the last layer is done.
+    add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
+    project(*logits, b.normed, head_.w, c10::nullopt, head_.qtype);
+  }
+  return b;
+}
+
+void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
+                                 const at::Tensor& positions, const at::Tensor& q_dense,
+                                 const at::Tensor& slots, const at::Tensor& block_table,
+                                 const at::Tensor& seq_lens) {
+  const bool q_rows = hidden.size(0) == 1;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream); the first
@@ -128,6 +162,25 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
     silu_and_mul(b.act, b.gate_up);
     project(b.out, b.act, L.down_w, c10::nullopt, L.qtypes[3]);
   }
+}
+
+std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor positions,
+                                             std::vector<at::Tensor> kv_caches,
+                                             at::Tensor slots, at::Tensor block_table,
+                                             at::Tensor seq_lens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Buffers& b = run(hidden, positions, kv_caches, slots, block_table, seq_lens, nullptr);
   // New tensors: the buffers are overwritten by the next step.
   return {b.out.clone(), b.res_b.clone()};
+}
+
+at::Tensor DecodeStack::logits(at::Tensor hidden, at::Tensor positions,
+                               std::vector<at::Tensor> kv_caches, at::Tensor slots,
+                               at::Tensor block_table, at::Tensor seq_lens) {
+  TORCH_CHECK(head_.w.defined(), "logits() needs set_head() first");
+  const int64_t V = vocab_size();
+  at::Tensor out = at::empty({hidden.size(0), V}, hidden.options());
+  std::lock_guard<std::mutex> lock(mutex_);
+  run(hidden, positions, kv_caches, slots, block_table, seq_lens, &out);
+  return out;
 }

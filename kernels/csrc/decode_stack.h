@@ -21,6 +21,15 @@ class DecodeStack {
   std::vector<at::Tensor> forward(at::Tensor hidden, at::Tensor positions,
                                   std::vector<at::Tensor> kv_caches, at::Tensor slots,
                                   at::Tensor block_table, at::Tensor seq_lens);
+  // The model's final norm and lm_head, for logits(): head_w dense ([V, H] in the layers' dtype,
+  // qtype 0) or GGUF blocks (rows, or 16-row tiles; qtype its GGML type).
+  void set_head(at::Tensor norm, at::Tensor head_w, int64_t qtype, double eps);
+  // forward, then norm(hidden + residual) and the lm_head in the same call: the logits [M, V]
+  // in hidden's dtype, a new tensor. The same kernels on the same data as forward followed by
+  // the Python norm and lm_head, so the same bits; where every weight is GGUF tiles the head's
+  // phases join the step's one parallel region (decode_phased.cpp).
+  at::Tensor logits(at::Tensor hidden, at::Tensor positions, std::vector<at::Tensor> kv_caches,
+                    at::Tensor slots, at::Tensor block_table, at::Tensor seq_lens);
 
   struct Layer {
     at::Tensor input_norm, qkv_w;
@@ -39,16 +48,38 @@ class DecodeStack {
   };
 
  private:
+  // The lm_head's rows: a GGUF weight's first dimension counts rows, or tiles of 16 of them.
+  int64_t vocab_size() const {
+    return head_.w.size(0) * (head_.qtype != 0 && head_.w.dim() == 3 ? 16 : 1);
+  }
+  struct Head {
+    at::Tensor norm, w;
+    int64_t qtype = 0;
+    double eps = 0;
+  };
   Buffers& buffers(int64_t M, const at::TensorOptions& opts);
-  // The step when every projection is GGUF tiles (decode_phased.cpp): one parallel region.
-  void forward_phased(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
+  // Every layer of a step, into the buffers of M rows it returns (out and res_b: the last
+  // layer's output and residual); with logits, the head as well (into *logits, [M, V]). The
+  // caller holds mutex_.
+  Buffers& run(const at::Tensor& hidden, const at::Tensor& positions,
+               const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,
+               const at::Tensor& block_table, const at::Tensor& seq_lens, at::Tensor* logits);
+  // The layers kernel by kernel, each kernel its own parallel region (any weights).
+  void forward_layers(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
                       const at::Tensor& q_dense, const at::Tensor& slots,
                       const at::Tensor& block_table, const at::Tensor& seq_lens);
+  // The step when every projection is GGUF tiles (decode_phased.cpp): one parallel region; with
+  // logits (and a tiled head), the final norm and the lm_head's tiles as two more phases.
+  void forward_phased(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
+                      const at::Tensor& q_dense, const at::Tensor& slots,
+                      const at::Tensor& block_table, const at::Tensor& seq_lens,
+                      at::Tensor* logits);
 
   at::Tensor cos_sin_;
   int64_t num_heads_, num_kv_heads_, head_dim_, hidden_ = 0, intermediate_ = 0;
   double eps_, scale_;
   std::vector<Layer> layers_;
+  Head head_;  // head_.w undefined until set_head
   bool all_tiled_ = true;  // every layer's four weights are GGUF 16-row tiles
   std::vector<Buffers> by_m_;  // [M - 1], made on first use
   // Each layer's key and value cache views, and the tensor they were taken from.

@@ -20,6 +20,7 @@ from engine_core.model_executor.layers.linear import Linear  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
 from tests.greedy_compare import assert_greedy_within_int8_rounding  # noqa: E402
 from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
+from tests.model_executor.conftest import count_fused_calls  # noqa: E402
 
 # 3 requests prefill 11 tokens in one step (the packed kernel, 4 rows at a time) and decode
 # through the fused C++ layer; 5 prefill 18 tokens (past 16: the unpacked weight) and decode
@@ -100,21 +101,17 @@ def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], nam
 
 def test_decode_steps_take_the_fused_layer_over_packed_blocks(
         files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = fused_decode.forward
-
-    def counting(*args: Any) -> Any:
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(fused_decode, "forward", counting)
+    calls: list[str] = []
+    count_fused_calls(monkeypatch, calls)
     fused, _ = _run(files["Q4_1"], "gguf")
     monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
     plain, _ = _run(files["Q4_1"], "gguf")
     from kernels._cpu_build import KERNELS
 
     if KERNELS.module() is not None:
-        assert calls, "a 3-request decode step should go through the fused C++ layer"
+        # The lm_head is the file's Q4_1 blocks: the stack holds it and returns the logits.
+        assert calls and set(calls) == {"logits"}, \
+            "a 3-request decode step should go through the fused C++ step, lm_head included"
     assert fused == plain  # the same kernels in the same order: bit for bit
 
 

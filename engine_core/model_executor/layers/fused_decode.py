@@ -7,11 +7,18 @@ layers' kernels (the same ones, in the same order, on the same data) from C++: t
 handed to a DecodeStack once per model, and a step is one call. This module decides when that
 applies and does, once per step, the checks the wrappers would do once per call. The outputs are
 the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
+
+Where the model's final norm and lm_head take the same kernels (a packed GGUF lm_head, or a dense
+one on the few-row kernel), they are handed over too and `logits` returns the step's logits from
+the same call: at one thread the Python around the C++ step (the norm's and the lm_head's
+wrappers, their tensors) was ~0.3 ms of a ~9 ms packed-Q4_1 step of SmolLM2, and at two threads
+the lm_head was a parallel region of its own after the step's one.
 """
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -29,8 +36,16 @@ if TYPE_CHECKING:
     from engine_core.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 _DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(slots=True)
+class _Fused:
+    stack: Any  # the C++ DecodeStack holding every layer
+    has_head: bool  # it holds the final norm and the lm_head too: logits() applies
+
+
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
-_STACKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+_STACKS: weakref.WeakKeyDictionary[nn.Module, _Fused | None] = weakref.WeakKeyDictionary()
 
 
 def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -45,7 +60,13 @@ def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[to
     return _stack(model, kv_caches) is not None
 
 
-def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> Any:
+def has_head(model: LlamaForCausalLM) -> bool:
+    """After applies(): the stack computes the logits too (`logits`)."""
+    fused = _STACKS.get(model)
+    return fused is not None and fused.has_head
+
+
+def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> _Fused | None:
     """The model's DecodeStack, made once per model; None where a layer cannot go through the
     fused call."""
     module = KERNELS.module()
@@ -53,17 +74,17 @@ def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> Any:
         return None
     if model not in _STACKS:
         _STACKS[model] = _build(model, module)
-    stack = _STACKS[model]
-    if stack is None:
+    fused = _STACKS[model]
+    if fused is None:
         return None
     dtype = model.model.embed_tokens.weight.dtype
     if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
            for c in kv_caches):
         return None
-    return stack
+    return fused
 
 
-def _build(model: LlamaForCausalLM, module: Any) -> Any:
+def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     dtype = model.model.embed_tokens.weight.dtype
     rotary = model.model.rotary
     cos_sin = rotary.cos_sin
@@ -105,7 +126,27 @@ def _build(model: LlamaForCausalLM, module: Any) -> Any:
     stack = module.DecodeStack(cos_sin, heads, kv_heads, head_dim, eps, scale)
     for args in layers:
         stack.add_layer(*args)
-    return stack
+    head = _head(model, dtype)
+    if head is not None:
+        stack.set_head(*head)
+    return _Fused(stack, head is not None)
+
+
+def _head(model: LlamaForCausalLM,
+          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int, float] | None:
+    """(final norm weight, lm_head weight, GGML type or 0, eps) where compute_logits(norm(x))
+    takes the kernels the stack runs; None otherwise (a tensor-parallel or soft-capped head, a
+    bias, a weight the few-row kernels do not take)."""
+    norm, lm_head = model.model.norm, model.lm_head
+    if type(norm) is not RMSNorm or norm.weight.dtype != dtype or norm.weight.dim() != 1:
+        return None
+    if type(lm_head) not in (Linear, GGUFLinear) or lm_head.bias is not None:
+        return None
+    projection = _projection(lm_head, dtype)
+    if projection is None:
+        return None
+    weight, _, qtype = projection
+    return norm.weight.contiguous(), weight, qtype, float(norm.eps)
 
 
 def _projection(lin: object,
@@ -134,11 +175,10 @@ def _check_step(positions: torch.Tensor, slots: torch.Tensor, cos_sin: torch.Ten
     check_block_table(metadata, num_blocks=kv_cache.shape[1])
 
 
-def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
-            kv_caches: list[torch.Tensor],
-            metadata: AttentionMetadata) -> torch.Tensor:  # [m, hidden] after the final norm
-    stack = _STACKS.get(model)
-    assert stack is not None, "call applies() first"
+def _step_args(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+               kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> tuple[Any, ...]:
+    """The C++ step's arguments after the step's checks: (hidden, positions, kv_caches, slots,
+    block_table, seq_lens)."""
     m = input_ids.shape[0]
     positions = positions[:m].to(torch.int64).contiguous()
     slots = metadata.slot_mapping[:m].to(torch.int64).contiguous()
@@ -147,5 +187,22 @@ def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.T
     if kv_caches:
         _check_step(positions, slots, model.model.rotary.cos_sin, kv_caches[0], metadata)
     hidden = model.model.embed_tokens(input_ids)
-    hidden, residual = stack.forward(hidden, positions, kv_caches, slots, block_table, seq_lens)
+    return hidden, positions, kv_caches, slots, block_table, seq_lens
+
+
+def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+            kv_caches: list[torch.Tensor],
+            metadata: AttentionMetadata) -> torch.Tensor:  # [m, hidden] after the final norm
+    fused = _STACKS.get(model)
+    assert fused is not None, "call applies() first"
+    hidden, residual = fused.stack.forward(*_step_args(model, input_ids, positions, kv_caches,
+                                                       metadata))
     return model.model.norm(hidden, residual)[0]
+
+
+def logits(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+           kv_caches: list[torch.Tensor],
+           metadata: AttentionMetadata) -> torch.Tensor:  # [m, vocab]: compute_logits(forward)
+    fused = _STACKS.get(model)
+    assert fused is not None and fused.has_head, "call applies() and has_head() first"
+    return fused.stack.logits(*_step_args(model, input_ids, positions, kv_caches, metadata))
