@@ -1,7 +1,6 @@
 #include "decode_stack.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 // The decoder layers of a Llama-family model for a decode step of a few requests (1 to 4 rows,
 // one new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
@@ -14,15 +13,15 @@
 // each step is one call, and a layer's intermediates live in buffers made once per row count.
 // The caller checks once per step what the Python wrappers check per call
 // (engine_core/model_executor/layers/fused_decode.py).
-namespace {
-void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
+void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
              const c10::optional<at::Tensor>& b, int64_t qtype) {
   if (qtype == 0)
     linear_small(out, x, w, b);
   else
     gguf_linear_small(out, x, w, qtype, b);
 }
-}  // namespace
+
+using strand::project;
 
 DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_heads,
                          int64_t head_dim, double eps, double scale)
@@ -75,21 +74,6 @@ DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& o
   return b;
 }
 
-void DecodeStack::set_head(at::Tensor norm, at::Tensor head_w, int64_t qtype, double eps) {
-  TORCH_CHECK(!layers_.empty() && norm.dim() == 1 && norm.size(0) == hidden_ &&
-                  norm.scalar_type() == layers_[0].input_norm.scalar_type(),
-              "the final norm must be ", hidden_, " values in the layers' dtype");
-  TORCH_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(1) == hidden_ &&
-                             head_w.scalar_type() == norm.scalar_type()),
-              "a dense lm_head must be [vocab, ", hidden_, "] in the layers' dtype");
-  // One row through the kernel checks the weight as each call of it would (its shape against
-  // hidden, a GGUF type's block size); the phased step's tiles are not checked per call.
-  const int64_t V = head_w.size(0) * (qtype != 0 && head_w.dim() == 3 ? 16 : 1);
-  project(at::empty({1, V}, norm.options()), at::zeros({1, hidden_}, norm.options()), head_w,
-          c10::nullopt, qtype);
-  head_ = {norm, head_w, qtype, eps};
-}
-
 DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tensor& positions,
                                        const std::vector<at::Tensor>& kv_caches,
                                        const at::Tensor& slots, const at::Tensor& block_table,
@@ -112,6 +96,11 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
   at::Tensor q_dense = q_rows ? b.q : at::empty({M, num_heads_, head_dim_}, hidden.options());
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!caches_[l].is_same(kv_caches[l])) {  // a new cache (first step, or reallocated)
+      TORCH_CHECK(kv_caches[l].scalar_type() == hidden.scalar_type() &&
+                      kv_caches[l].is_contiguous() && kv_caches[l].device().is_cpu() &&
+                      kv_caches[l].dim() == 5,
+                  "kv caches must be contiguous [2, blocks, block_size, kv_heads, head_dim] "
+                  "CPU tensors in the layers' dtype");
       caches_[l] = kv_caches[l];
       keys_[l] = kv_caches[l].select(0, 0);
       values_[l] = kv_caches[l].select(0, 1);
@@ -172,15 +161,4 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
   Buffers& b = run(hidden, positions, kv_caches, slots, block_table, seq_lens, nullptr);
   // New tensors: the buffers are overwritten by the next step.
   return {b.out.clone(), b.res_b.clone()};
-}
-
-at::Tensor DecodeStack::logits(at::Tensor hidden, at::Tensor positions,
-                               std::vector<at::Tensor> kv_caches, at::Tensor slots,
-                               at::Tensor block_table, at::Tensor seq_lens) {
-  TORCH_CHECK(head_.w.defined(), "logits() needs set_head() first");
-  const int64_t V = vocab_size();
-  at::Tensor out = at::empty({hidden.size(0), V}, hidden.options());
-  std::lock_guard<std::mutex> lock(mutex_);
-  run(hidden, positions, kv_caches, slots, block_table, seq_lens, &out);
-  return out;
 }

@@ -41,7 +41,11 @@ _DTYPES = (torch.float32, torch.bfloat16)
 @dataclass(slots=True)
 class _Fused:
     stack: Any  # the C++ DecodeStack holding every layer
-    has_head: bool  # it holds the final norm and the lm_head too: logits() applies
+    has_head: bool  # it holds the embedding, the final norm and the lm_head too: logits()
+    # The kv cache list last checked (the runner's, replaced whole when reallocated) and whether
+    # every cache fits the stack: checked once, not 30 tensors' attributes a step.
+    checked_caches: list[torch.Tensor] | None = None
+    caches_fit: bool = False
 
 
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
@@ -77,11 +81,12 @@ def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> _Fused | N
     fused = _STACKS[model]
     if fused is None:
         return None
-    dtype = model.model.embed_tokens.weight.dtype
-    if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
-           for c in kv_caches):
-        return None
-    return fused
+    if fused.checked_caches is not kv_caches:
+        dtype = model.model.embed_tokens.weight.dtype
+        fused.caches_fit = all(c.dtype == dtype and c.is_contiguous() and c.device.type == "cpu"
+                               for c in kv_caches)
+        fused.checked_caches = kv_caches
+    return fused if fused.caches_fit else None
 
 
 def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
@@ -126,18 +131,22 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     stack = module.DecodeStack(cos_sin, heads, kv_heads, head_dim, eps, scale)
     for args in layers:
         stack.add_layer(*args)
-    head = _head(model, dtype)
-    if head is not None:
-        stack.set_head(*head)
-    return _Fused(stack, head is not None)
+    ends = _ends(model, dtype)
+    if ends is not None:
+        stack.set_ends(*ends)
+    return _Fused(stack, ends is not None)
 
 
-def _head(model: LlamaForCausalLM,
-          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, int, float] | None:
-    """(final norm weight, lm_head weight, GGML type or 0, eps) where compute_logits(norm(x))
-    takes the kernels the stack runs; None otherwise (a tensor-parallel or soft-capped head, a
-    bias, a weight the few-row kernels do not take)."""
-    norm, lm_head = model.model.norm, model.lm_head
+def _ends(model: LlamaForCausalLM, dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, float] | None:
+    """(embedding table, final norm weight, lm_head weight, GGML type or 0, eps) where the
+    embedding is a plain table and compute_logits(norm(x)) takes the kernels the stack runs;
+    None otherwise (tensor-parallel ends, a soft-capped head, a bias, a weight the few-row
+    kernels do not take)."""
+    embed, norm, lm_head = model.model.embed_tokens, model.model.norm, model.lm_head
+    if (type(embed) is not nn.Embedding or embed.max_norm is not None
+            or embed.weight.dtype != dtype or not embed.weight.is_contiguous()):
+        return None
     if type(norm) is not RMSNorm or norm.weight.dtype != dtype or norm.weight.dim() != 1:
         return None
     if type(lm_head) not in (Linear, GGUFLinear) or lm_head.bias is not None:
@@ -146,7 +155,7 @@ def _head(model: LlamaForCausalLM,
     if projection is None:
         return None
     weight, _, qtype = projection
-    return norm.weight.contiguous(), weight, qtype, float(norm.eps)
+    return embed.weight, norm.weight.contiguous(), weight, qtype, float(norm.eps)
 
 
 def _projection(lin: object,
@@ -203,6 +212,9 @@ def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.T
 def logits(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
            kv_caches: list[torch.Tensor],
            metadata: AttentionMetadata) -> torch.Tensor:  # [m, vocab]: compute_logits(forward)
+    """The step from token ids to logits as one C++ call, which checks what _check_step checks
+    (kernels/csrc/decode_ends.cpp: the Python between the kernels cost more than its calls)."""
     fused = _STACKS.get(model)
     assert fused is not None and fused.has_head, "call applies() and has_head() first"
-    return fused.stack.logits(*_step_args(model, input_ids, positions, kv_caches, metadata))
+    return fused.stack.logits(input_ids, positions, kv_caches, metadata.slot_mapping,
+                              metadata.block_table, metadata.seq_lens)
