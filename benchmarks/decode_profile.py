@@ -81,7 +81,7 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
     timers.wrap(model, "compute_logits", "lm_head")
     timers.wrap(model, "forward", "embedding, final norm, step checks")
     timers.wrap(model.model.norm, "forward", "embedding, final norm, step checks")
-    # Where the stack holds the head, the step's Python is decode_logits, its C++ one call.
+    # Where the stack holds the ends, the step's Python is decode_logits, its C++ one call.
     timers.wrap(model, "decode_logits", "embedding, final norm, step checks")
     built = fused_decode.KERNELS.module()
     if built is None:
@@ -92,18 +92,15 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
         def __init__(self, stack: Any) -> None:
             self.stack = stack
 
-        def add_layer(self, *args: Any) -> Any:
-            return self.stack.add_layer(*args)
-
-        def set_head(self, *args: Any) -> Any:
-            return self.stack.set_head(*args)
+        def __getattr__(self, attr: str) -> Any:  # add_layer, set_ends: as they are
+            return getattr(self.stack, attr)
 
         def forward(self, *args: Any) -> Any:
             with timers.part("decoder layers (fused C++)"):
                 return self.stack.forward(*args)
 
         def logits(self, *args: Any) -> Any:
-            with timers.part("decoder layers, final norm, lm_head (fused C++)"):
+            with timers.part("embedding, layers, final norm, lm_head (fused C++)"):
                 return self.stack.logits(*args)
 
     class Timed:  # the module, its DecodeStacks timed, its other functions as they are
