@@ -19,8 +19,8 @@ from engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E4
 from engine_core.model_executor.layers.linear import Linear  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
 from tests.greedy_compare import assert_greedy_within_int8_rounding  # noqa: E402
-from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 from tests.model_executor.conftest import count_fused_calls  # noqa: E402
+from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 
 # 3 requests prefill 11 tokens in one step (the packed kernel, 4 rows at a time) and decode
 # through the fused C++ layer; 5 prefill 18 tokens (past 16: the unpacked weight) and decode
