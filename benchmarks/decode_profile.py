@@ -7,7 +7,8 @@ core on a shared machine is not counted) of the engine step split into its parts
 One request, --prompt random tokens then --tokens greedy decode steps, one thread (the C++
 kernels' OpenMP pool and torch's, so every part runs on the calling thread and thread_time
 covers it). Parts, per decode step: the 30 decoder layers (the fused C++ call of all of them where it
-applies), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
+applies; where that call holds the embedding, final norm and lm_head too, one part from token ids
+to logits), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
 execute_model (inputs, state updates), and the engine step around it (scheduler, output
 processing, detokenizing). Medians over the decode steps of the --repeats runs after a warm-up.
 --dtype is the engine dtype of dequantized weights (--quantization none); --isa avx2 profiles an

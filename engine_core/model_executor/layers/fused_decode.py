@@ -8,11 +8,13 @@ handed to a DecodeStack once per model, and a step is one call. This module deci
 applies and does, once per step, the checks the wrappers would do once per call. The outputs are
 the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
 
-Where the model's final norm and lm_head take the same kernels (a packed GGUF lm_head, or a dense
-one on the few-row kernel), they are handed over too and `logits` returns the step's logits from
-the same call: at one thread the Python around the C++ step (the norm's and the lm_head's
-wrappers, their tensors) was ~0.3 ms of a ~9 ms packed-Q4_1 step of SmolLM2, and at two threads
-the lm_head was a parallel region of its own after the step's one.
+Where the embedding is a plain table and the final norm and lm_head take the same kernels (a
+packed GGUF lm_head, or a dense one on the few-row kernel), they are handed over too, and
+`logits` goes from the step's token ids to its logits in one call that also checks the step's
+indices: the Python between the C++ step and the sampler (index casts and checks, embedding,
+the final norm's and the lm_head's wrappers) was 0.45-0.7 ms of a ~10 ms one-thread step of
+SmolLM2's packed Q4_1, ~10x its cost in a tight loop (kernels/csrc/decode_ends.cpp says why),
+and at two threads the lm_head was a parallel region of its own after the step's one.
 """
 
 from __future__ import annotations
