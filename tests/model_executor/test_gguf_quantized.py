@@ -49,6 +49,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         write_gguf(model_dir, out[qtype], qtype)
     out["tied-Q4_1"] = root / "tied-Q4_1.gguf"
     write_gguf(tied_dir, out["tied-Q4_1"], "Q4_1", {"token_embd.weight": "Q8_0"})
+    # Tiled layers and a float lm_head (the tied float32 table).
+    out["tied-Q4_1-f32-head"] = root / "tied-Q4_1-f32-head.gguf"
+    write_gguf(tied_dir, out["tied-Q4_1-f32-head"], "Q4_1", {"token_embd.weight": "F32"})
     # One layer's k in float32: its fused qkv cannot be packed, the rest can.
     out["mixed"] = root / "mixed.gguf"
     write_gguf(model_dir, out["mixed"], "Q8_0", {"blk.0.attn_k.weight": "F32"})
@@ -134,6 +137,31 @@ def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
         torch.set_num_threads(threads)
     assert three == one
     assert three == plain
+
+
+@pytest.mark.parametrize("name", ["tied-Q4_1", "tied-Q4_1-f32-head"])
+def test_the_step_with_its_lm_head_gives_the_python_heads_logits_bit_for_bit(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # The stack holds the lm_head (the embedding's Q8_0 tiles: two more phases of the step's
+    # region; or the float table after the phased layers) and returns the logits: 1 and 3
+    # threads must give the tokens and logprobs of the Python norm and lm_head.
+    threads = torch.get_num_threads()
+    calls: list[str] = []
+    try:
+        with monkeypatch.context() as mp:
+            count_fused_calls(mp, calls)
+            torch.set_num_threads(3)
+            three, engine = _run(files[name], "gguf", 2)
+            torch.set_num_threads(1)
+            one, _ = _run(files[name], "gguf", 2)
+        monkeypatch.setattr(fused_decode, "has_head", lambda *a: False)
+        plain, _ = _run(files[name], "gguf", 2)
+    finally:
+        torch.set_num_threads(threads)
+    head = _model(engine).lm_head
+    assert isinstance(head, GGUFLinear if name == "tied-Q4_1" else Linear)
+    assert calls and set(calls) == {"logits"}
+    assert three == one == plain
 
 
 def test_more_rows_than_the_small_kernel_takes(files: dict[str, Path]) -> None:
