@@ -38,9 +38,9 @@ class DecodeStack {
   // layers' dtype (a new tensor). The same kernels on the same data as the embedding, forward
   // and the Python norm and lm_head, so the same bits; where every weight is GGUF tiles the
   // head's phases join the step's one parallel region (decode_phased.cpp). The step's indices
-  // are checked first (ValueError), as fused_decode._check_step does before forward: token ids, positions
-  // ([>= M] int64), slots ([>= M] int64), the block table ([>= M, cols] int32) and seq_lens
-  // ([>= M] int32), of which the first M rows are read.
+  // are checked first (ValueError), as fused_decode._check_step does before forward: token ids
+  // and positions ([>= M] int64), slots ([>= M] int64), the block table ([>= M, cols] int32)
+  // and seq_lens ([>= M] int32), of which the first M rows are read.
   at::Tensor logits(at::Tensor input_ids, at::Tensor positions, std::vector<at::Tensor> kv_caches,
                     at::Tensor slots, at::Tensor block_table, at::Tensor seq_lens);
 
