@@ -7,7 +7,8 @@ core on a shared machine is not counted) of the engine step split into its parts
 One request, --prompt random tokens then --tokens greedy decode steps, one thread (the C++
 kernels' OpenMP pool and torch's, so every part runs on the calling thread and thread_time
 covers it). Parts, per decode step: the 30 decoder layers (the fused C++ call of all of them where it
-applies), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
+applies; where that call holds the embedding, final norm and lm_head too, one part from token ids
+to logits), the embedding and final norm, the lm_head, the sampler, the rest of the runner's
 execute_model (inputs, state updates), and the engine step around it (scheduler, output
 processing, detokenizing). Medians over the decode steps of the --repeats runs after a warm-up.
 --dtype is the engine dtype of dequantized weights (--quantization none); --isa avx2 profiles an
@@ -81,6 +82,8 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
     timers.wrap(model, "compute_logits", "lm_head")
     timers.wrap(model, "forward", "embedding, final norm, step checks")
     timers.wrap(model.model.norm, "forward", "embedding, final norm, step checks")
+    # Where the stack holds the ends, the step's Python is decode_logits, its C++ one call.
+    timers.wrap(model, "decode_logits", "embedding, final norm, step checks")
     built = fused_decode.KERNELS.module()
     if built is None:
         raise RuntimeError("the C++ kernels are needed (python -m kernels.build)")
@@ -90,12 +93,16 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
         def __init__(self, stack: Any) -> None:
             self.stack = stack
 
-        def add_layer(self, *args: Any) -> Any:
-            return self.stack.add_layer(*args)
+        def __getattr__(self, attr: str) -> Any:  # add_layer, set_ends: as they are
+            return getattr(self.stack, attr)
 
         def forward(self, *args: Any) -> Any:
             with timers.part("decoder layers (fused C++)"):
                 return self.stack.forward(*args)
+
+        def logits(self, *args: Any) -> Any:
+            with timers.part("embedding, layers, final norm, lm_head (fused C++)"):
+                return self.stack.logits(*args)
 
     class Timed:  # the module, its DecodeStacks timed, its other functions as they are
         def __getattr__(self, attr: str) -> Any:

@@ -36,6 +36,8 @@ class CachedRequestState:
     # request is first sampled (dropped with the state on preemption, then rebuilt).
     grammar: xg.GrammarMatcher | None = None
     lora_request: LoRARequest | None = None
+    # Its token is the logits' argmax at every step (sampling_metadata.argmax_only).
+    argmax_only: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -46,10 +46,11 @@ from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.loader import load_model, resolve_device
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.runner_helpers import check_schedule, spread_logprobs
-from engine_core.model_executor.sampler import Sampler, SamplerOutput
+from engine_core.model_executor.sampler import Sampler, SamplerOutput, argmax_tokens
 from engine_core.model_executor.sampling.logprobs import compute_prompt_logprobs
 from engine_core.model_executor.sampling_metadata import (
     SamplingRow,
+    argmax_only,
     build_sampling_metadata,
     make_generator,
 )
@@ -276,6 +277,14 @@ class ModelRunner:
             hidden = self.decode_graphs.replay(inputs.graph_size)[:len(inputs.req_ids)]
             hidden = hidden[inputs.logits_indices]
         else:
+            # A few decodes on CPU: the layers and the lm_head in one C++ call, where it applies.
+            decode_logits = getattr(self.model, "decode_logits", None)
+            if decode_logits is not None:
+                logits = decode_logits(inputs.input_ids, inputs.positions, self.kv_caches,
+                                       inputs.metadata, self.attn_backend,
+                                       rows=inputs.logits_indices)
+                if logits is not None:
+                    return logits
             # The model runs its last layer past attention for these rows alone.
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
                                 inputs.metadata, self.attn_backend,
@@ -326,18 +335,20 @@ class ModelRunner:
                 generator = make_generator(new.sampling_params.seed, self.device)
             tokens = [*new.prompt_token_ids, *new.output_token_ids]
             row = self.input_batch.add(tokens, new.block_ids)
+            eos = (new.eos_token_id if new.eos_token_id is not None
+                   else self.model_config.first_eos_token_id)
             self.requests[new.req_id] = CachedRequestState(
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
                 output_token_ids=list(new.output_token_ids),
                 params=new.sampling_params,
                 generator=generator,
-                eos_token_id=(new.eos_token_id if new.eos_token_id is not None
-                              else self.model_config.first_eos_token_id),
+                eos_token_id=eos,
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 row=row,
                 lora_request=new.lora_request,
+                argmax_only=argmax_only(new.sampling_params, eos, self.model_config.vocab_size),
                 # Output exists only once the whole prompt was computed.
                 prompt_logprobs_done=max(done, len(new.prompt_token_ids)
                                          if new.output_token_ids else 0),
@@ -417,9 +428,12 @@ class ModelRunner:
         )
 
     def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> SamplerOutput:
+        states = [self.requests[inputs.req_ids[i]] for i in inputs.sample_reqs.tolist()]
+        if not self.sampler.logits_processors and all(s.argmax_only for s in states):
+            # What the sampler would do, without building the metadata that tells it so.
+            return SamplerOutput(argmax_tokens(logits), None)
         rows = []
-        for i in inputs.sample_reqs.tolist():
-            s = self.requests[inputs.req_ids[i]]
+        for s in states:
             if s.grammar is None and s.params.structured_outputs is not None:
                 # At the first sample, so the compile overlapped the prefill; a resumed
                 # (preempted) request replays its kept output through the new matcher.

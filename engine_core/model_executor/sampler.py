@@ -95,9 +95,7 @@ class Sampler:
     ) -> torch.Tensor:  # [num_reqs] int64
         greedy = None
         if not metadata.all_random:
-            greedy = (cpu_elementwise.argmax(logits) if logits.dtype == torch.float32
-                      and cpu_elementwise.applies(logits) and logits.stride(1) == 1
-                      else logits.argmax(dim=-1))
+            greedy = argmax_tokens(logits)
             if metadata.all_greedy:
                 return greedy
         assert metadata.temperature is not None
@@ -113,6 +111,15 @@ class Sampler:
             return sampled
         assert metadata.greedy_mask is not None
         return torch.where(metadata.greedy_mask, greedy, sampled)
+
+
+def argmax_tokens(logits: torch.Tensor) -> torch.Tensor:  # [num_reqs, vocab] -> [num_reqs]
+    """Each row's first maximum (NaN counting as the maximum), as the sampler takes a greedy
+    row's token: the runner calls it alone for a batch of argmax_only rows."""
+    logits = logits.to(torch.float32)
+    if cpu_elementwise.applies(logits) and logits.stride(1) == 1:
+        return cpu_elementwise.argmax(logits)
+    return logits.argmax(dim=-1)
 
 
 def _exponential_race(

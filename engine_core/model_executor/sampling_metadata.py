@@ -98,6 +98,21 @@ class SamplingMetadata:
     grammar: GrammarMask | None = None
 
 
+def argmax_only(params: SamplingParams, eos_token_id: int | None, vocab_size: int) -> bool:
+    """The sampler takes this request's token as the bare argmax of the logits at every step:
+    greedy, with nothing that edits the logits (penalties, bias, allowed ids, min_tokens, bad
+    words, a grammar) or asks for logprobs, and nothing build_sampling_metadata's checks would
+    refuse (a row's stop ids and eos in the vocabulary). Custom logits processors are the
+    sampler's, checked by the caller."""
+    return (params.is_greedy and params.logprobs is None and params.structured_outputs is None
+            and params.min_tokens == 0 and not params.logit_bias
+            and params.allowed_token_ids is None and not params.bad_words_token_ids
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+            and params.repetition_penalty == 1.0
+            and all(0 <= t < vocab_size for t in params.stop_token_ids)
+            and (eos_token_id is None or 0 <= eos_token_id < vocab_size))
+
+
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     """A request's own generator: its samples then do not depend on the rest of the batch."""
     if seed is None:

@@ -33,7 +33,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos_sin"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
       .def("add_layer", &DecodeStack::add_layer)
-      .def("forward", &DecodeStack::forward);
+      .def("forward", &DecodeStack::forward)
+      .def("set_ends", &DecodeStack::set_ends, py::arg("embedding"), py::arg("norm"),
+           py::arg("head_weight"), py::arg("qtype"), py::arg("eps"))
+      .def("logits", &DecodeStack::logits);
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
   m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32 or bfloat16");

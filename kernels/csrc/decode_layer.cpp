@@ -13,15 +13,15 @@
 // each step is one call, and a layer's intermediates live in buffers made once per row count.
 // The caller checks once per step what the Python wrappers check per call
 // (engine_core/model_executor/layers/fused_decode.py).
-namespace {
-void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
+void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
              const c10::optional<at::Tensor>& b, int64_t qtype) {
   if (qtype == 0)
     linear_small(out, x, w, b);
   else
     gguf_linear_small(out, x, w, qtype, b);
 }
-}  // namespace
+
+using strand::project;
 
 DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_heads,
                          int64_t head_dim, double eps, double scale)
@@ -74,10 +74,10 @@ DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& o
   return b;
 }
 
-std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor positions,
-                                             std::vector<at::Tensor> kv_caches,
-                                             at::Tensor slots, at::Tensor block_table,
-                                             at::Tensor seq_lens) {
+DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tensor& positions,
+                                       const std::vector<at::Tensor>& kv_caches,
+                                       const at::Tensor& slots, const at::Tensor& block_table,
+                                       const at::Tensor& seq_lens, at::Tensor* logits) {
   const int64_t M = hidden.size(0);
   TORCH_CHECK(M >= 1 && M <= 4, "DecodeStack takes 1 to 4 rows, got ", M);
   TORCH_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
@@ -86,7 +86,6 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
               ", got ", kv_caches.size());
   TORCH_CHECK(hidden.scalar_type() == layers_[0].input_norm.scalar_type(),
               "hidden must be in the weights' dtype");
-  std::lock_guard<std::mutex> lock(mutex_);
   caches_.resize(layers_.size());
   keys_.resize(layers_.size());
   values_.resize(layers_.size());
@@ -97,15 +96,39 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
   at::Tensor q_dense = q_rows ? b.q : at::empty({M, num_heads_, head_dim_}, hidden.options());
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!caches_[l].is_same(kv_caches[l])) {  // a new cache (first step, or reallocated)
+      TORCH_CHECK(kv_caches[l].scalar_type() == hidden.scalar_type() &&
+                      kv_caches[l].is_contiguous() && kv_caches[l].device().is_cpu() &&
+                      kv_caches[l].dim() == 5,
+                  "kv caches must be contiguous [2, blocks, block_size, kv_heads, head_dim] "
+                  "CPU tensors in the layers' dtype");
       caches_[l] = kv_caches[l];
       keys_[l] = kv_caches[l].select(0, 0);
       values_[l] = kv_caches[l].select(0, 1);
     }
   }
+  const bool tiled_head = logits != nullptr && head_.qtype != 0 && head_.w.dim() == 3;
   if (all_tiled_) {
-    forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens);
-    return {b.out.clone(), b.res_b.clone()};
+    // The head joins the step's region where it is tiles too; otherwise it runs after it.
+    forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens,
+                   tiled_head ? logits : nullptr);
+    if (tiled_head) return b;
+  } else {
+    forward_layers(b, hidden, positions, q_dense, slots, block_table, seq_lens);
   }
+  if (logits != nullptr) {
+    // What a next layer's input norm would do, with the final norm's weight: b.normed and
+    // b.res_a are free once the last layer is done.
+    add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
+    project(*logits, b.normed, head_.w, c10::nullopt, head_.qtype);
+  }
+  return b;
+}
+
+void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
+                                 const at::Tensor& positions, const at::Tensor& q_dense,
+                                 const at::Tensor& slots, const at::Tensor& block_table,
+                                 const at::Tensor& seq_lens) {
+  const bool q_rows = hidden.size(0) == 1;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream); the first
@@ -128,6 +151,14 @@ std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor posit
     silu_and_mul(b.act, b.gate_up);
     project(b.out, b.act, L.down_w, c10::nullopt, L.qtypes[3]);
   }
+}
+
+std::vector<at::Tensor> DecodeStack::forward(at::Tensor hidden, at::Tensor positions,
+                                             std::vector<at::Tensor> kv_caches,
+                                             at::Tensor slots, at::Tensor block_table,
+                                             at::Tensor seq_lens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Buffers& b = run(hidden, positions, kv_caches, slots, block_table, seq_lens, nullptr);
   // New tensors: the buffers are overwritten by the next step.
   return {b.out.clone(), b.res_b.clone()};
 }

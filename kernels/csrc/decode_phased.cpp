@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -21,7 +22,9 @@
 // chunk of the one before is done (a counter), so no thread waits for another one to arrive,
 // only for work in progress: one that is descheduled costs at most the chunk it holds, and the
 // others take the rest of its share. Each chunk runs the same code on the same data as the
-// op-by-op step, so the outputs are the same bit for bit.
+// op-by-op step, so the outputs are the same bit for bit. A step that ends in logits
+// (DecodeStack::logits) adds the final norm and the lm_head's tiles as two more phases, with
+// no parallel region (and no Python call) of their own.
 namespace {
 using strand::gguf::QuantizedRows;
 
@@ -36,7 +39,10 @@ enum Kind : int64_t {
   kGateUp,    // gate_up projection, tiles
   kSilu,      // silu(gate) * up, rounded for down
   kDown,      // down projection, tiles
-  kKinds
+  kKinds,     // the phases of a layer; then, after the last layer, with logits:
+  kHeadNorm = kKinds,  // residual add + the final norm, rounded for the lm_head
+  kHead,      // the lm_head, tiles
+  kAllKinds
 };
 
 // Spins (pause instructions, ~40-140 cycles each) before a waiting thread yields its core at
@@ -86,7 +92,7 @@ struct AttnTask {
 void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
                                  const at::Tensor& positions, const at::Tensor& q_dense,
                                  const at::Tensor& slots, const at::Tensor& block_table,
-                                 const at::Tensor& seq_lens) {
+                                 const at::Tensor& seq_lens, at::Tensor* logits) {
   at::internal::lazy_init_num_threads();
   const int64_t M = hidden.size(0), L = static_cast<int64_t>(layers_.size());
   const int threads = at::get_num_threads();
@@ -104,17 +110,20 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
   const auto product_chunks = [&](const at::Tensor& w) {
     return strand::chunk_count(tiles_of(w), threads, 1);
   };
-  int64_t chunks[kKinds];
-  for (int64_t k = 0; k < kKinds; ++k) chunks[k] = 1;
+  int64_t chunks[kAllKinds];
+  for (int64_t k = 0; k < kAllKinds; ++k) chunks[k] = 1;
   chunks[kQkv] = product_chunks(first.qkv_w);
   chunks[kAttn] = static_cast<int64_t>(attn.size());
   chunks[kO] = product_chunks(first.o_w);
   chunks[kGateUp] = product_chunks(first.gate_up_w);
   chunks[kDown] = product_chunks(first.down_w);
+  // The head as the standalone tiled product splits it (gguf_tiled.cpp: at least 4 tiles a
+  // chunk), in the same order of sums: the same logits.
+  if (logits != nullptr) chunks[kHead] = strand::chunk_count(tiles_of(head_.w), threads, 4);
 
   QuantizedRows x_hidden, x_attn, x_act;  // the rounded inputs of the four products
   const bool q_rows = M == 1;
-  const auto run = [&](int64_t l, int64_t kind, int64_t i) {
+  const auto run_chunk = [&](int64_t l, int64_t kind, int64_t i) {
     const Layer& W = layers_[l];
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
     const auto product = [&](at::Tensor& out, const QuantizedRows& x, const at::Tensor& w,
@@ -153,11 +162,20 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
         silu_and_mul(b.act, b.gate_up);
         strand::gguf::quantize_any(b.act, x_act);
         break;
-      default: product(b.out, x_act, W.down_w, W.qtypes[3], c10::nullopt);
+      case kDown: product(b.out, x_act, W.down_w, W.qtypes[3], c10::nullopt); break;
+      case kHeadNorm:  // as the op-by-op step's head (decode_layer.cpp)
+        add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
+        strand::gguf::quantize_any(b.normed, x_hidden);
+        break;
+      default: product(*logits, x_hidden, head_.w, head_.qtype, c10::nullopt);
     }
   };
 
-  const int64_t phases = L * kKinds;
+  // Phase p < L * kKinds is layer p / kKinds's kind p % kKinds; then the head's two.
+  const int64_t layer_phases = L * kKinds, phases = layer_phases + (logits ? 2 : 0);
+  const auto kind_of = [&](int64_t p) {
+    return p < layer_phases ? p % kKinds : kHeadNorm + (p - layer_phases);
+  };
   std::unique_ptr<Counter[]> counters(new Counter[phases]);
   std::exception_ptr error;
   std::mutex error_mutex;
@@ -165,12 +183,12 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     for (int64_t p = 0; p < phases; ++p) {
-      const int64_t kind = p % kKinds;
-      if (p > 0) wait_done(counters[p - 1], chunks[(p - 1) % kKinds]);
+      const int64_t kind = kind_of(p);
+      if (p > 0) wait_done(counters[p - 1], chunks[kind_of(p - 1)]);
       Counter& c = counters[p];
       for (int64_t i; (i = c.next.fetch_add(1, std::memory_order_relaxed)) < chunks[kind];) {
         try {
-          run(p / kKinds, kind, i);
+          run_chunk(std::min(p / kKinds, L - 1), kind, i);
         } catch (...) {  // an exception may not leave the region: kept, rethrown after it
           std::lock_guard<std::mutex> lock(error_mutex);
           if (!error) error = std::current_exception();

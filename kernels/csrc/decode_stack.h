@@ -6,6 +6,13 @@
 
 #include "kernels.h"
 
+namespace strand {
+// out = x @ w.T (+ b) for a few rows: w dense (qtype 0, linear_small) or GGUF blocks
+// (gguf_linear_small, rows or tiles).
+void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
+             const c10::optional<at::Tensor>& b, int64_t qtype);
+}  // namespace strand
+
 class DecodeStack {
  public:
   // The sizes every layer shares (checked as each is added) and the rotary table.
@@ -21,6 +28,21 @@ class DecodeStack {
   std::vector<at::Tensor> forward(at::Tensor hidden, at::Tensor positions,
                                   std::vector<at::Tensor> kv_caches, at::Tensor slots,
                                   at::Tensor block_table, at::Tensor seq_lens);
+  // The model's ends, for logits(): the token embedding table ([vocab, H] in the layers'
+  // dtype), the final norm, and the lm_head: head_w dense ([V, H] in the layers' dtype, qtype 0)
+  // or GGUF blocks (rows, or 16-row tiles; qtype its GGML type).
+  void set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w, int64_t qtype,
+                double eps);
+  // A whole decode step of M = input_ids.size(0) requests from their token ids: the embedding
+  // rows, forward, norm(hidden + residual) and the lm_head, returning the logits [M, V] in the
+  // layers' dtype (a new tensor). The same kernels on the same data as the embedding, forward
+  // and the Python norm and lm_head, so the same bits; where every weight is GGUF tiles the
+  // head's phases join the step's one parallel region (decode_phased.cpp). The step's indices
+  // are checked first (ValueError), as fused_decode._check_step does before forward: token ids
+  // and positions ([>= M] int64), slots ([>= M] int64), the block table ([>= M, cols] int32)
+  // and seq_lens ([>= M] int32), of which the first M rows are read.
+  at::Tensor logits(at::Tensor input_ids, at::Tensor positions, std::vector<at::Tensor> kv_caches,
+                    at::Tensor slots, at::Tensor block_table, at::Tensor seq_lens);
 
   struct Layer {
     at::Tensor input_norm, qkv_w;
@@ -39,16 +61,42 @@ class DecodeStack {
   };
 
  private:
+  // The lm_head's rows: a GGUF weight's first dimension counts rows, or tiles of 16 of them.
+  int64_t vocab_size() const {
+    return head_.w.size(0) * (head_.qtype != 0 && head_.w.dim() == 3 ? 16 : 1);
+  }
+  struct Head {
+    at::Tensor embedding, norm, w;
+    int64_t qtype = 0;
+    double eps = 0;
+  };
   Buffers& buffers(int64_t M, const at::TensorOptions& opts);
-  // The step when every projection is GGUF tiles (decode_phased.cpp): one parallel region.
-  void forward_phased(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
+  // What logits() reads unchecked, checked (decode_ends.cpp).
+  void check_step(const at::Tensor& input_ids, const at::Tensor& positions,
+                  const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,
+                  const at::Tensor& block_table, const at::Tensor& seq_lens) const;
+  // Every layer of a step, into the buffers of M rows it returns (out and res_b: the last
+  // layer's output and residual); with logits, the head as well (into *logits, [M, V]). The
+  // caller holds mutex_.
+  Buffers& run(const at::Tensor& hidden, const at::Tensor& positions,
+               const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,
+               const at::Tensor& block_table, const at::Tensor& seq_lens, at::Tensor* logits);
+  // The layers kernel by kernel, each kernel its own parallel region (any weights).
+  void forward_layers(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
                       const at::Tensor& q_dense, const at::Tensor& slots,
                       const at::Tensor& block_table, const at::Tensor& seq_lens);
+  // The step when every projection is GGUF tiles (decode_phased.cpp): one parallel region; with
+  // logits (and a tiled head), the final norm and the lm_head's tiles as two more phases.
+  void forward_phased(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
+                      const at::Tensor& q_dense, const at::Tensor& slots,
+                      const at::Tensor& block_table, const at::Tensor& seq_lens,
+                      at::Tensor* logits);
 
   at::Tensor cos_sin_;
   int64_t num_heads_, num_kv_heads_, head_dim_, hidden_ = 0, intermediate_ = 0;
   double eps_, scale_;
   std::vector<Layer> layers_;
+  Head head_;  // head_.w undefined until set_ends
   bool all_tiled_ = true;  // every layer's four weights are GGUF 16-row tiles
   std::vector<Buffers> by_m_;  // [M - 1], made on first use
   // Each layer's key and value cache views, and the tensor they were taken from.

@@ -117,19 +117,13 @@ def test_fused_decode_stands_aside_only_for_batches_with_an_adapter(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU fused decode step reads base weights only: an adapter's batch must not take it,
     while base-model batches keep it with LoRA enabled."""
-    from engine_core.model_executor.layers import fused_decode
     from kernels._cpu_build import KERNELS
+    from tests.model_executor.conftest import count_fused_calls
 
     if KERNELS.module() is None:
         pytest.skip("the CPU kernels are not built here: no fused decode step to check")
-    calls: list[bool] = []
-    real = fused_decode.forward
-
-    def spy(*args: object, **kwargs: object) -> object:
-        calls.append(True)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fused_decode, "forward", spy)
+    calls: list[str] = []
+    count_fused_calls(monkeypatch, calls)  # the stack's forward, or its logits
     lora_engine.reset_prefix_cache()
     generate(lora_engine, {"base": None})
     assert calls  # decode steps of the base model: fused

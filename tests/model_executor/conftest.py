@@ -14,6 +14,7 @@ import torch
 from engine_core.config import CacheConfig, SchedulerConfig
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine_core.model_executor.cuda_graphs import GraphCapturer
+from engine_core.model_executor.layers import fused_decode
 from engine_core.model_executor.model_config import load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING, make_tiny_model
@@ -142,3 +143,16 @@ def max_rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
 def prompt(seed: int, length: int, vocab_size: int = 512) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab_size, (length,), generator=g).tolist()
+
+
+def count_fused_calls(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    """Appends "forward" or "logits" to calls at each fused step (the stack's hidden states, or
+    its logits where it holds the lm_head)."""
+    for name in ("forward", "logits"):
+        real = getattr(fused_decode, name)
+
+        def counting(*args: Any, real: Any = real, name: str = name) -> Any:
+            calls.append(name)
+            return real(*args)
+
+        monkeypatch.setattr(fused_decode, name, counting)

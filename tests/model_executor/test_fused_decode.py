@@ -13,6 +13,7 @@ from engine_core.model_executor.layers import fused_decode
 from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING
 from kernels._cpu_build import KERNELS
 from tests.conftest import build_tiny_model
+from tests.model_executor.conftest import count_fused_calls
 
 pytestmark = pytest.mark.skipif(KERNELS.module() is None,
                                 reason=f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
@@ -25,16 +26,10 @@ PROMPTS = [[5, 9, 13, 200, 7], [3, 3, 3], [100, 101, 102, 103, 104, 105, 106, 10
 
 
 def _generate(model_dir: Path, dtype: str, num_requests: int,
-              fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], int]:
-    calls: list[int] = []
-    real_forward = fused_decode.forward
-
-    def counting_forward(*args: Any) -> Any:
-        calls.append(1)
-        return real_forward(*args)
-
+              fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], list[str]]:
+    calls: list[str] = []
     if fused:
-        monkeypatch.setattr(fused_decode, "forward", counting_forward)
+        count_fused_calls(monkeypatch, calls)
     else:
         monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), dtype=dtype,
@@ -50,7 +45,7 @@ def _generate(model_dir: Path, dtype: str, num_requests: int,
                 finished[out.request_id] = (c.token_ids, [
                     {t: lp.logprob for t, lp in step.items()} for step in (c.logprobs or [])])
     monkeypatch.undo()
-    return [finished[k] for k in sorted(finished)], len(calls)
+    return [finished[k] for k in sorted(finished)], calls
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +63,17 @@ def test_fused_decode_gives_the_layer_by_layer_outputs_bit_for_bit(
     fused, calls = _generate(model_dir, "float32", num_requests, True, monkeypatch)
     plain, _ = _generate(model_dir, "float32", num_requests, False, monkeypatch)
     assert fused == plain
-    # Up to 4 decodes a step take the fused call; 5 at once never do.
-    assert (calls > 0) == (num_requests <= 4)
+    # Up to 4 decodes a step take the fused call, the final norm and the lm_head included (a
+    # dense head on the few-row kernel); 5 at once never do.
+    assert calls == (["logits"] * len(calls) if num_requests <= 4 else [])
+    assert num_requests > 4 or calls
 
 
 def test_fused_decode_in_bfloat16(model_dirs: dict[str, Path],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     fused, calls = _generate(model_dirs["llama"], "bfloat16", 2, True, monkeypatch)
     plain, _ = _generate(model_dirs["llama"], "bfloat16", 2, False, monkeypatch)
-    assert calls > 0 and fused == plain
+    assert calls and fused == plain
 
 
 def test_a_bad_position_is_refused_before_any_kernel_reads_the_table() -> None:
@@ -111,3 +108,66 @@ def test_the_stack_takes_layers_of_one_size_and_a_cache_per_layer() -> None:
         stack.forward(torch.zeros(5, 16), torch.zeros(5, dtype=torch.int64),
                       [torch.zeros(2, 1, 4, 1, 4)], torch.zeros(5, dtype=torch.int64),
                       torch.zeros(5, 1, dtype=torch.int32), torch.ones(5, dtype=torch.int32))
+
+
+def _one_layer_stack() -> Any:
+    import torch
+
+    module = KERNELS.module()
+    assert module is not None
+    stack = module.DecodeStack(torch.zeros(8, 4), 2, 1, 4, 1e-6, 0.5)
+    stack.add_layer(torch.ones(16), torch.zeros(16, 16), None, torch.zeros(16, 8), None,
+                    torch.ones(16), torch.zeros(64, 16), torch.zeros(16, 32), [0, 0, 0, 0])
+    return stack
+
+
+def _step(ids: list[int], positions: list[int], slots: list[int], table: list[list[int]],
+          seq_lens: list[int]) -> tuple[Any, ...]:
+    """A logits() call's arguments over one layer's cache of 2 blocks of 4 slots."""
+    import torch
+
+    return (torch.tensor(ids), torch.tensor(positions), [torch.zeros(2, 2, 4, 1, 4)],
+            torch.tensor(slots), torch.tensor(table, dtype=torch.int32),
+            torch.tensor(seq_lens, dtype=torch.int32))
+
+
+def test_the_stack_gives_logits_from_token_ids_once_it_holds_the_ends() -> None:
+    import torch
+
+    stack = _one_layer_stack()
+    step = _step([3], [0], [0], [[0]], [1])
+    with pytest.raises(RuntimeError, match=r"needs set_ends\(\) first"):
+        stack.logits(*step)
+    table = torch.linspace(-2.0, 3.0, 5 * 16).view(5, 16)
+    with pytest.raises(RuntimeError, match="final norm must be 16 values"):
+        stack.set_ends(table, torch.ones(8), torch.zeros(10, 16), 0, 1e-6)
+    with pytest.raises(RuntimeError, match=r"embedding table must be a contiguous \[vocab, 16\]"):
+        stack.set_ends(table[:, :8], torch.ones(16), torch.zeros(10, 16), 0, 1e-6)
+    with pytest.raises(RuntimeError, match=r"dense lm_head must be \[vocab, 16\]"):
+        stack.set_ends(table, torch.ones(16), torch.zeros(10, 8), 0, 1e-6)
+    with pytest.raises(RuntimeError, match="Q4_1=3"):  # a GGML type the kernels do not take
+        stack.set_ends(table, torch.ones(16), torch.zeros(10, 18, dtype=torch.uint8), 12, 1e-6)
+    stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6)
+    # Zero projections: every layer adds 0 to the residual stream (token 3's embedding row),
+    # which the final norm (weight 2) scales and the lm_head's identity rows take 10 values of.
+    hidden = table[3:4]
+    want = 2.0 * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(stack.logits(*step), want[:, :10])
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    (([5], [0], [0], [[0]], [1]), r"input_ids must be in \[0, 5\) \(the vocabulary\), got 5"),
+    (([0], [8], [0], [[0]], [1]), r"positions must be in \[0, 8\) \(the rotary"),
+    (([0], [0], [8], [[0]], [1]), r"slot_mapping must be in \[0, 8\) \(the cache's slots\)"),
+    (([0], [0], [0], [[2]], [1]), r"block_table entries must be in \[0, 2\)"),
+    (([0], [0], [0], [[0]], [5]), r"seq_lens must be in \[1, 5\) \(what block_table covers"),
+    (([0], [0], [0], [[0]], [0]), r"seq_lens must be in \[1, 5\)"),
+])
+def test_the_stack_refuses_a_step_index_out_of_range_before_any_kernel_reads_it(
+        step: tuple[Any, ...], message: str) -> None:
+    import torch
+
+    stack = _one_layer_stack()
+    stack.set_ends(torch.zeros(5, 16), torch.ones(16), torch.zeros(10, 16), 0, 1e-6)
+    with pytest.raises(ValueError, match=message):
+        stack.logits(*_step(*step))

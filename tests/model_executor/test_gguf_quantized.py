@@ -19,6 +19,7 @@ from engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E4
 from engine_core.model_executor.layers.linear import Linear  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
 from tests.greedy_compare import assert_greedy_within_int8_rounding  # noqa: E402
+from tests.model_executor.conftest import count_fused_calls  # noqa: E402
 from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 
 # 3 requests prefill 11 tokens in one step (the packed kernel, 4 rows at a time) and decode
@@ -48,6 +49,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         write_gguf(model_dir, out[qtype], qtype)
     out["tied-Q4_1"] = root / "tied-Q4_1.gguf"
     write_gguf(tied_dir, out["tied-Q4_1"], "Q4_1", {"token_embd.weight": "Q8_0"})
+    # Tiled layers and a float lm_head (the tied float32 table).
+    out["tied-Q4_1-f32-head"] = root / "tied-Q4_1-f32-head.gguf"
+    write_gguf(tied_dir, out["tied-Q4_1-f32-head"], "Q4_1", {"token_embd.weight": "F32"})
     # One layer's k in float32: its fused qkv cannot be packed, the rest can.
     out["mixed"] = root / "mixed.gguf"
     write_gguf(model_dir, out["mixed"], "Q8_0", {"blk.0.attn_k.weight": "F32"})
@@ -100,21 +104,17 @@ def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], nam
 
 def test_decode_steps_take_the_fused_layer_over_packed_blocks(
         files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = fused_decode.forward
-
-    def counting(*args: Any) -> Any:
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(fused_decode, "forward", counting)
+    calls: list[str] = []
+    count_fused_calls(monkeypatch, calls)
     fused, _ = _run(files["Q4_1"], "gguf")
     monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
     plain, _ = _run(files["Q4_1"], "gguf")
     from kernels._cpu_build import KERNELS
 
     if KERNELS.module() is not None:
-        assert calls, "a 3-request decode step should go through the fused C++ layer"
+        # The lm_head is the file's Q4_1 blocks: the stack holds it and returns the logits.
+        assert calls and set(calls) == {"logits"}, \
+            "a 3-request decode step should go through the fused C++ step, lm_head included"
     assert fused == plain  # the same kernels in the same order: bit for bit
 
 
@@ -137,6 +137,31 @@ def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
         torch.set_num_threads(threads)
     assert three == one
     assert three == plain
+
+
+@pytest.mark.parametrize("name", ["tied-Q4_1", "tied-Q4_1-f32-head"])
+def test_the_step_with_its_lm_head_gives_the_python_heads_logits_bit_for_bit(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # The stack holds the lm_head (the embedding's Q8_0 tiles: two more phases of the step's
+    # region; or the float table after the phased layers) and returns the logits: 1 and 3
+    # threads must give the tokens and logprobs of the Python norm and lm_head.
+    threads = torch.get_num_threads()
+    calls: list[str] = []
+    try:
+        with monkeypatch.context() as mp:
+            count_fused_calls(mp, calls)
+            torch.set_num_threads(3)
+            three, engine = _run(files[name], "gguf", 2)
+            torch.set_num_threads(1)
+            one, _ = _run(files[name], "gguf", 2)
+        monkeypatch.setattr(fused_decode, "has_head", lambda *a: False)
+        plain, _ = _run(files[name], "gguf", 2)
+    finally:
+        torch.set_num_threads(threads)
+    head = _model(engine).lm_head
+    assert isinstance(head, GGUFLinear if name == "tied-Q4_1" else Linear)
+    assert calls and set(calls) == {"logits"}
+    assert three == one == plain
 
 
 def test_more_rows_than_the_small_kernel_takes(files: dict[str, Path]) -> None:

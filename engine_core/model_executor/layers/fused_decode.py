@@ -7,11 +7,20 @@ layers' kernels (the same ones, in the same order, on the same data) from C++: t
 handed to a DecodeStack once per model, and a step is one call. This module decides when that
 applies and does, once per step, the checks the wrappers would do once per call. The outputs are
 the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
+
+Where the embedding is a plain table and the final norm and lm_head take the same kernels (a
+packed GGUF lm_head, or a dense one on the few-row kernel), they are handed over too, and
+`logits` goes from the step's token ids to its logits in one call that also checks the step's
+indices: the Python between the C++ step and the sampler (index casts and checks, embedding,
+the final norm's and the lm_head's wrappers) was 0.45-0.7 ms of a ~10 ms one-thread step of
+SmolLM2's packed Q4_1, ~10x its cost in a tight loop (kernels/csrc/decode_ends.cpp says why),
+and at two threads the lm_head was a parallel region of its own after the step's one.
 """
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -29,8 +38,20 @@ if TYPE_CHECKING:
     from engine_core.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 _DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(slots=True)
+class _Fused:
+    stack: Any  # the C++ DecodeStack holding every layer
+    has_head: bool  # it holds the embedding, the final norm and the lm_head too: logits()
+    # The kv cache list last checked (the runner's, replaced whole when reallocated) and whether
+    # every cache fits the stack: checked once, not 30 tensors' attributes a step.
+    checked_caches: list[torch.Tensor] | None = None
+    caches_fit: bool = False
+
+
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
-_STACKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+_STACKS: weakref.WeakKeyDictionary[nn.Module, _Fused | None] = weakref.WeakKeyDictionary()
 
 
 def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
@@ -45,7 +66,13 @@ def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[to
     return _stack(model, kv_caches) is not None
 
 
-def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> Any:
+def has_head(model: LlamaForCausalLM) -> bool:
+    """After applies(): the stack computes the logits too (`logits`)."""
+    fused = _STACKS.get(model)
+    return fused is not None and fused.has_head
+
+
+def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> _Fused | None:
     """The model's DecodeStack, made once per model; None where a layer cannot go through the
     fused call."""
     module = KERNELS.module()
@@ -53,17 +80,18 @@ def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> Any:
         return None
     if model not in _STACKS:
         _STACKS[model] = _build(model, module)
-    stack = _STACKS[model]
-    if stack is None:
+    fused = _STACKS[model]
+    if fused is None:
         return None
-    dtype = model.model.embed_tokens.weight.dtype
-    if any(c.dtype != dtype or not c.is_contiguous() or c.device.type != "cpu"
-           for c in kv_caches):
-        return None
-    return stack
+    if fused.checked_caches is not kv_caches:
+        dtype = model.model.embed_tokens.weight.dtype
+        fused.caches_fit = all(c.dtype == dtype and c.is_contiguous() and c.device.type == "cpu"
+                               for c in kv_caches)
+        fused.checked_caches = kv_caches
+    return fused if fused.caches_fit else None
 
 
-def _build(model: LlamaForCausalLM, module: Any) -> Any:
+def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     dtype = model.model.embed_tokens.weight.dtype
     rotary = model.model.rotary
     cos_sin = rotary.cos_sin
@@ -105,7 +133,31 @@ def _build(model: LlamaForCausalLM, module: Any) -> Any:
     stack = module.DecodeStack(cos_sin, heads, kv_heads, head_dim, eps, scale)
     for args in layers:
         stack.add_layer(*args)
-    return stack
+    ends = _ends(model, dtype)
+    if ends is not None:
+        stack.set_ends(*ends)
+    return _Fused(stack, ends is not None)
+
+
+def _ends(model: LlamaForCausalLM, dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, float] | None:
+    """(embedding table, final norm weight, lm_head weight, GGML type or 0, eps) where the
+    embedding is a plain table and compute_logits(norm(x)) takes the kernels the stack runs;
+    None otherwise (tensor-parallel ends, a soft-capped head, a bias, a weight the few-row
+    kernels do not take)."""
+    embed, norm, lm_head = model.model.embed_tokens, model.model.norm, model.lm_head
+    if (type(embed) is not nn.Embedding or embed.max_norm is not None
+            or embed.weight.dtype != dtype or not embed.weight.is_contiguous()):
+        return None
+    if type(norm) is not RMSNorm or norm.weight.dtype != dtype or norm.weight.dim() != 1:
+        return None
+    if type(lm_head) not in (Linear, GGUFLinear) or lm_head.bias is not None:
+        return None
+    projection = _projection(lm_head, dtype)
+    if projection is None:
+        return None
+    weight, _, qtype = projection
+    return embed.weight, norm.weight.contiguous(), weight, qtype, float(norm.eps)
 
 
 def _projection(lin: object,
@@ -134,11 +186,10 @@ def _check_step(positions: torch.Tensor, slots: torch.Tensor, cos_sin: torch.Ten
     check_block_table(metadata, num_blocks=kv_cache.shape[1])
 
 
-def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
-            kv_caches: list[torch.Tensor],
-            metadata: AttentionMetadata) -> torch.Tensor:  # [m, hidden] after the final norm
-    stack = _STACKS.get(model)
-    assert stack is not None, "call applies() first"
+def _step_args(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+               kv_caches: list[torch.Tensor], metadata: AttentionMetadata) -> tuple[Any, ...]:
+    """The C++ step's arguments after the step's checks: (hidden, positions, kv_caches, slots,
+    block_table, seq_lens)."""
     m = input_ids.shape[0]
     positions = positions[:m].to(torch.int64).contiguous()
     slots = metadata.slot_mapping[:m].to(torch.int64).contiguous()
@@ -147,5 +198,25 @@ def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.T
     if kv_caches:
         _check_step(positions, slots, model.model.rotary.cos_sin, kv_caches[0], metadata)
     hidden = model.model.embed_tokens(input_ids)
-    hidden, residual = stack.forward(hidden, positions, kv_caches, slots, block_table, seq_lens)
+    return hidden, positions, kv_caches, slots, block_table, seq_lens
+
+
+def forward(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+            kv_caches: list[torch.Tensor],
+            metadata: AttentionMetadata) -> torch.Tensor:  # [m, hidden] after the final norm
+    fused = _STACKS.get(model)
+    assert fused is not None, "call applies() first"
+    hidden, residual = fused.stack.forward(*_step_args(model, input_ids, positions, kv_caches,
+                                                       metadata))
     return model.model.norm(hidden, residual)[0]
+
+
+def logits(model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+           kv_caches: list[torch.Tensor],
+           metadata: AttentionMetadata) -> torch.Tensor:  # [m, vocab]: compute_logits(forward)
+    """The step from token ids to logits as one C++ call, which checks what _check_step checks
+    (kernels/csrc/decode_ends.cpp: the Python between the kernels cost more than its calls)."""
+    fused = _STACKS.get(model)
+    assert fused is not None and fused.has_head, "call applies() and has_head() first"
+    return fused.stack.logits(input_ids, positions, kv_caches, metadata.slot_mapping,
+                              metadata.block_table, metadata.seq_lens)

@@ -199,6 +199,25 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return self.lm_head(hidden)
 
+    def decode_logits(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[torch.Tensor],  # one per layer
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+        rows: torch.Tensor | None = None,  # [n] int64: the rows whose logits are computed
+    ) -> torch.Tensor | None:  # [n, vocab], or None: use forward and compute_logits
+        """compute_logits(forward(...)) of a decode step of a few requests as one C++ call
+        (the layers, the final norm and the lm_head), where the fused step applies and holds
+        the head; None where it does not."""
+        if (type(self) is not LlamaForCausalLM or self.lora_active
+                or not fused_decode.applies(self, input_ids, kv_caches, metadata, backend)
+                or not fused_decode.has_head(self)):
+            return None
+        logits = fused_decode.logits(self, input_ids, positions, kv_caches, metadata)
+        return logits if rows is None else logits[rows]
+
     def weight_destinations(self) -> dict[str, torch.Tensor]:
         """HF tensor name -> the (view of the) parameter it is copied into."""
         c = self.config

@@ -1,0 +1,98 @@
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstring>
+
+#include "decode_stack.h"
+
+// The two ends of a decode step around the DecodeStack's layers: the token embedding rows before
+// them, the final norm and the lm_head after, so that a step is one call from its token ids to
+// its logits. Profiled on one thread (SmolLM2, packed Q4_1, bs=1), the Python between the C++
+// step and the sampler (the step's index checks, int casts, the embedding, the final norm and
+// the lm_head's wrappers: ~25 small torch calls) took 0.4-0.5 ms of a ~9.5 ms step, where the
+// same calls in a tight loop take ~0.06 ms: after the step has streamed ~96 MB of weights
+// through the caches, every Python object and torch dispatch path is a cache miss. Here the
+// checks are loops over M <= 4 rows and the embedding is M row copies.
+
+void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w,
+                           int64_t qtype, double eps) {
+  TORCH_CHECK(!layers_.empty(), "set_ends() after the layers");
+  const auto dtype = layers_[0].input_norm.scalar_type();
+  TORCH_CHECK(embedding.dim() == 2 && embedding.size(1) == hidden_ &&
+                  embedding.scalar_type() == dtype && embedding.is_contiguous(),
+              "the embedding table must be a contiguous [vocab, ", hidden_,
+              "] tensor in the layers' dtype");
+  TORCH_CHECK(norm.dim() == 1 && norm.size(0) == hidden_ && norm.scalar_type() == dtype,
+              "the final norm must be ", hidden_, " values in the layers' dtype");
+  TORCH_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(1) == hidden_ &&
+                             head_w.scalar_type() == dtype),
+              "a dense lm_head must be [vocab, ", hidden_, "] in the layers' dtype");
+  // One row through the kernel checks the weight as each call of it would (its shape against
+  // hidden, a GGUF type's block size); the phased step's tiles are not checked per call.
+  const int64_t V = head_w.size(0) * (qtype != 0 && head_w.dim() == 3 ? 16 : 1);
+  strand::project(at::empty({1, V}, norm.options()), at::zeros({1, hidden_}, norm.options()),
+                  head_w, c10::nullopt, qtype);
+  head_ = {embedding, norm, head_w, qtype, eps};
+}
+
+namespace {
+// Rows [0, M) of an index tensor of `dtype`, at least M long, contiguous.
+template <typename T>
+const T* first_rows(const at::Tensor& t, int64_t M, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.dim() >= 1 && t.size(0) >= M,
+              name, " must be a contiguous ", dtype, " tensor of at least ", M, " rows");
+  return t.data_ptr<T>();
+}
+
+template <typename T>
+void check_range(const T* v, int64_t n, int64_t lo, int64_t hi, const char* name,
+                 const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK_VALUE(v[i] >= lo && v[i] < hi, name, " must be in [", lo, ", ", hi, ") (", what,
+                      "), got ", v[i]);
+}
+}  // namespace
+
+void DecodeStack::check_step(const at::Tensor& input_ids, const at::Tensor& positions,
+                             const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,
+                             const at::Tensor& block_table, const at::Tensor& seq_lens) const {
+  const int64_t M = input_ids.size(0);
+  TORCH_CHECK(input_ids.dim() == 1 && M >= 1 && M <= 4, "DecodeStack takes 1 to 4 tokens, got ",
+              input_ids.sizes());
+  TORCH_CHECK(!kv_caches.empty() && kv_caches[0].dim() == 5,
+              "kv caches are [2, blocks, block_size, kv_heads, head_dim]");
+  const int64_t blocks = kv_caches[0].size(1), block_size = kv_caches[0].size(2);
+  check_range(first_rows<int64_t>(input_ids, M, at::kLong, "input_ids"), M, 0,
+              head_.embedding.size(0), "input_ids", "the vocabulary");
+  check_range(first_rows<int64_t>(positions, M, at::kLong, "positions"), M, 0,
+              cos_sin_.size(0), "positions", "the rotary table's rows");
+  check_range(first_rows<int64_t>(slots, M, at::kLong, "slot_mapping"), M, 0,
+              blocks * block_size, "slot_mapping", "the cache's slots");
+  TORCH_CHECK(block_table.dim() == 2, "block_table must be [requests, blocks a request]");
+  const int64_t cols = block_table.size(1);
+  check_range(first_rows<int32_t>(block_table, M, at::kInt, "block_table"), M * cols, 0, blocks,
+              "block_table entries", "the cache's blocks");
+  // A decode token's query is 1 long: seq_len >= 1, and its table covers seq_len tokens.
+  check_range(first_rows<int32_t>(seq_lens, M, at::kInt, "seq_lens"), M, 1,
+              cols * block_size + 1, "seq_lens", "what block_table covers");
+}
+
+at::Tensor DecodeStack::logits(at::Tensor input_ids, at::Tensor positions,
+                               std::vector<at::Tensor> kv_caches, at::Tensor slots,
+                               at::Tensor block_table, at::Tensor seq_lens) {
+  TORCH_CHECK(head_.w.defined(), "logits() needs set_ends() first");
+  check_step(input_ids, positions, kv_caches, slots, block_table, seq_lens);
+  const int64_t M = input_ids.size(0);
+  const auto opts = head_.embedding.options();
+  at::Tensor hidden = at::empty({M, hidden_}, opts);
+  const int64_t row_bytes = hidden_ * hidden.element_size();
+  const int64_t* ids = input_ids.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m)
+    std::memcpy(static_cast<char*>(hidden.data_ptr()) + m * row_bytes,
+                static_cast<const char*>(head_.embedding.data_ptr()) + ids[m] * row_bytes,
+                row_bytes);
+  at::Tensor out = at::empty({M, vocab_size()}, opts);
+  std::lock_guard<std::mutex> lock(mutex_);
+  run(hidden, positions, kv_caches, slots, block_table, seq_lens, &out);
+  return out;
+}
