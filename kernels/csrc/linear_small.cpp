@@ -15,42 +15,9 @@
 // serves all M rows of x from it. float32 or bfloat16 weights (bf16: half the bytes to read),
 // x in the weight's dtype, computed in float32 and rounded once per output. bfloat16 goes through
 // VDPBF16PS where the CPU has AVX512_BF16 (run_dp), else through 32-bit pairs (run_pairs); float32
-// through run.
+// through run_f32.
 namespace {
 using namespace strand;
-
-constexpr int kRowBlock = 4;  // weight rows whose dot products run together (independent chains)
-
-template <typename T, int M>
-void rows_task(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N, int64_t n0,
-               int64_t n1, const float* xf) {
-  const int64_t KV = K / kLanes * kLanes;
-  for (int64_t n = n0; n < n1; n += kRowBlock) {
-    const int64_t nr = std::min<int64_t>(kRowBlock, n1 - n);
-    vl acc[kRowBlock][M];
-    for (int r = 0; r < kRowBlock; ++r)
-      for (int m = 0; m < M; ++m) acc[r][m] = vl{};
-    const T* rows[kRowBlock];
-    for (int r = 0; r < kRowBlock; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
-    for (int64_t k = 0; k < KV; k += kLanes) {
-      vl xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = load_l(xf + m * K + k);
-      for (int r = 0; r < kRowBlock; ++r) {
-        const vl wv = load_l(rows[r] + k);
-        for (int m = 0; m < M; ++m) acc[r][m] += wv * xv[m];
-      }
-    }
-    for (int r = 0; r < nr; ++r) {
-      for (int m = 0; m < M; ++m) {
-        float sum = 0.f;
-        for (int l = 0; l < kLanes; ++l) sum += acc[r][m][l];
-        for (int64_t k = KV; k < K; ++k) sum += to_float(rows[r][k]) * xf[m * K + k];
-        if (bias != nullptr) sum += to_float(bias[n + r]);
-        store_scalar(out + m * N + n + r, sum);
-      }
-    }
-  }
-}
 
 // The lanes of v summed by halving (log2 kLanes shuffle-adds): the rows of a group reduce
 // side by side, where a lane-by-lane sum is a chain of kLanes dependent adds per row.
@@ -160,15 +127,49 @@ void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_
   });
 }
 
-template <typename T, int M>
-void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
-  // x in float32 once (it is read N times); a few KB.
-  std::vector<float> xf(M * K);
-  for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(x[i]);
-  // Whole row blocks per thread, at least 64 rows each: fewer and the threads' start costs more
+// ---- float32 weights ----
+// The same shape as the pairs kernel above: pair_rows(M) weight rows a group (8 independent
+// chains at one row of x, where 4 had been), a prefetch kPrefetchAhead past every load, and tree
+// lane sums. float32 decode reads twice bfloat16's bytes, so it is the more bound by one core's
+// reads in flight: the 4-row kernel with no prefetch read SmolLM2's weights at 12.1-12.8 GB/s of
+// one core's CPU time under AVX2 (benchmarks/dense_kernel.py).
+template <int M>
+void rows_task_f32(const float* w, const float* bias, float* out, int64_t K, int64_t N,
+                   int64_t n0, int64_t n1, const float* x) {
+  constexpr int RB = pair_rows(M);
+  const int64_t KV = K / kLanes * kLanes;
+  for (int64_t n = n0; n < n1; n += RB) {
+    const int64_t nr = std::min<int64_t>(RB, n1 - n);
+    vl acc[RB][M];
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = vl{};
+    const float* rows[RB];
+    for (int r = 0; r < RB; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
+    for (int64_t k = 0; k < KV; k += kLanes) {
+      for (int r = 0; r < RB; ++r) {
+        __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchAhead);
+        const vl wv = load_l(rows[r] + k);
+        for (int m = 0; m < M; ++m) acc[r][m] += wv * load_l(x + m * K + k);
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      for (int m = 0; m < M; ++m) {
+        float sum = hsum(acc[r][m]);
+        for (int64_t k = KV; k < K; ++k) sum += rows[r][k] * x[m * K + k];
+        if (bias != nullptr) sum += bias[n + r];
+        out[m * N + n + r] = sum;
+      }
+    }
+  }
+}
+
+template <int M>
+void run_f32(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t N) {
+  constexpr int RB = pair_rows(M);
+  // Whole row groups per thread, at least 64 rows each: fewer and the threads' start costs more
   // than their share of the read.
-  at::parallel_for(0, (N + kRowBlock - 1) / kRowBlock, 64 / kRowBlock, [&](int64_t b0, int64_t b1) {
-    rows_task<T, M>(x, w, bias, out, K, N, b0 * kRowBlock, std::min(N, b1 * kRowBlock), xf.data());
+  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
+    rows_task_f32<M>(w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB), x);
   });
 }
 
@@ -257,10 +258,10 @@ void by_m(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, i
     }
   } else {  // float32
     switch (M) {
-      case 1: run<T, 1>(x, w, bias, out, K, N); break;
-      case 2: run<T, 2>(x, w, bias, out, K, N); break;
-      case 3: run<T, 3>(x, w, bias, out, K, N); break;
-      default: run<T, 4>(x, w, bias, out, K, N);
+      case 1: run_f32<1>(x, w, bias, out, K, N); break;
+      case 2: run_f32<2>(x, w, bias, out, K, N); break;
+      case 3: run_f32<3>(x, w, bias, out, K, N); break;
+      default: run_f32<4>(x, w, bias, out, K, N);
     }
   }
 }
