@@ -7,6 +7,7 @@
 #include "vec16.h"
 
 #include "avx512_bf16.h"
+#include "linear_small.h"
 
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a few rows of x (M <= 4): decode steps of a few
 // requests. A GEMM library is built for products that reuse each weight many times; here each
@@ -279,3 +280,56 @@ void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional
     by_m<float>(x.data_ptr<float>(), weight.data_ptr<float>(), b, out.data_ptr<float>(), M, K, N);
   }
 }
+
+namespace strand {
+
+void small_prepare(const at::Tensor& x, SmallX& out) {
+  out.data = x.data_ptr();
+  out.M = x.size(0);
+  out.K = x.size(1);
+  out.bf16 = x.scalar_type() == at::kBFloat16;
+  out.laid_out.clear();
+#ifdef STRAND_DPBF16
+  if (out.bf16 && has_dpbf16()) return;  // VDPBF16PS reads x as it is
+#endif
+  if (out.bf16) {
+    out.laid_out.resize(out.M * out.K);
+    pair_layout(static_cast<const bf16*>(out.data), out.laid_out.data(), out.M, out.K);
+  }
+}
+
+namespace {
+template <int M>
+void small_rows_m(at::Tensor& out, const SmallX& x, const at::Tensor& w,
+                  const c10::optional<at::Tensor>& bias, int64_t n0, int64_t n1) {
+  const int64_t K = x.K, N = w.size(0);
+  if (!x.bf16) {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    rows_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1,
+                     static_cast<const float*>(x.data));
+    return;
+  }
+  const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
+  const bf16* wp = static_cast<const bf16*>(w.data_ptr());
+  bf16* op = static_cast<bf16*>(out.data_ptr());
+#ifdef STRAND_DPBF16
+  if (x.laid_out.empty()) {
+    rows_task_dp<M>(static_cast<const bf16*>(x.data), wp, b, op, K, N, n0, n1);
+    return;
+  }
+#endif
+  rows_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
+}
+}  // namespace
+
+void small_rows(at::Tensor& out, const SmallX& x, const at::Tensor& w,
+                const c10::optional<at::Tensor>& bias, int64_t n0, int64_t n1) {
+  switch (x.M) {
+    case 1: small_rows_m<1>(out, x, w, bias, n0, n1); break;
+    case 2: small_rows_m<2>(out, x, w, bias, n0, n1); break;
+    case 3: small_rows_m<3>(out, x, w, bias, n0, n1); break;
+    default: small_rows_m<4>(out, x, w, bias, n0, n1);
+  }
+}
+
+}  // namespace strand
