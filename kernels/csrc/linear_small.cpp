@@ -7,6 +7,7 @@
 #include "vec16.h"
 
 #include "avx512_bf16.h"
+#include "claim_chunks.h"
 #include "linear_small.h"
 
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a few rows of x (M <= 4): decode steps of a few
@@ -33,6 +34,20 @@ inline float hsum(vl v) {
                   __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
   const auto h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
   return h2[0] + h2[1];
+}
+
+// The N output columns of a call in whole groups of RB weight rows, at least 64 rows a chunk
+// (fewer and a claim costs more than its share of the read), claimed by whichever thread is free
+// (claim_chunks.h): with an even split (at::parallel_for) a call waits for the slowest thread's
+// whole share, and on a shared machine that is often a thread waiting for a core; the lm_head,
+// called on its own, is a fifth of a bfloat16 step. task(n0, n1) computes columns n0..n1.
+template <typename Task>
+void split_rows(int64_t N, int RB, const Task& task) {
+  const int64_t groups = (N + RB - 1) / RB;
+  const int64_t chunks = chunk_count(groups, at::get_num_threads(), 64 / RB);
+  claim_for(chunks, [&](int64_t i) {
+    task(chunk_begin(groups, chunks, i) * RB, std::min(N, chunk_begin(groups, chunks, i + 1) * RB));
+  });
 }
 
 // ---- bfloat16 weights where the CPU has no AVX512_BF16 (AVX2-only CPUs, older AVX-512) ----
@@ -123,8 +138,8 @@ void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_
   constexpr int RB = pair_rows(M);
   std::vector<float> xp(M * K);
   pair_layout(x, xp.data(), M, K);
-  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
-    rows_task_pairs<M>(w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB), xp.data());
+  split_rows(N, RB, [&](int64_t n0, int64_t n1) {
+    rows_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
   });
 }
 
@@ -167,10 +182,8 @@ void rows_task_f32(const float* w, const float* bias, float* out, int64_t K, int
 template <int M>
 void run_f32(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t N) {
   constexpr int RB = pair_rows(M);
-  // Whole row groups per thread, at least 64 rows each: fewer and the threads' start costs more
-  // than their share of the read.
-  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
-    rows_task_f32<M>(w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB), x);
+  split_rows(N, RB, [&](int64_t n0, int64_t n1) {
+    rows_task_f32<M>(w, bias, out, K, N, n0, n1, x);
   });
 }
 
@@ -229,8 +242,8 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
 template <int M>
 void run_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
   constexpr int RB = dp_rows(M);
-  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
-    rows_task_dp<M>(x, w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB));
+  split_rows(N, RB, [&](int64_t n0, int64_t n1) {
+    rows_task_dp<M>(x, w, bias, out, K, N, n0, n1);
   });
 }
 

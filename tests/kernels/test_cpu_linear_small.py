@@ -98,6 +98,27 @@ def test_float32_every_group_of_weight_rows_matches_torch(outputs: int, rows: in
                                rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_threads_claiming_chunks_give_the_one_thread_bits(dtype: torch.dtype, rows: int) -> None:
+    # 1000 outputs at 3 threads: 12 chunks of whole row groups that the threads claim; every
+    # output is computed once, by one thread, in the same order as at one thread.
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g).to(dtype)
+    w = torch.randn(1000, 96, generator=g).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_linear.linear_small(x, w, None)
+        torch.set_num_threads(3)
+        three = cpu_linear.linear_small(x, w, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(three, one)
+    want = F.linear(x.double(), w.double())
+    torch.testing.assert_close(three.double(), want, rtol=8e-3, atol=8e-3 * want.abs().max().item())
+
+
 _CHILD = """
 import torch, torch.nn.functional as F
 from kernels import cpu_linear
