@@ -1,7 +1,7 @@
 """Where a prefill step's CPU time goes, part by part, as CPU time of the calling thread.
 
     python -m benchmarks.prefill_profile --hf-dir DIR [--dtype float32|bfloat16] [--tokens 512]
-        [--threads 1] [--repeats 5]
+        [--threads 1] [--repeats 5] [--isa native|avx2]
 
 Runs one --tokens prompt through the engine (max_tokens=1: the step is the prefill) --repeats
 times after a warm-up, with the parts of the Llama forward wrapped in timers: the linear layers,
@@ -11,13 +11,15 @@ less the parts. Times are `time.thread_time` of the thread that runs the step: w
 every kernel runs on that thread, and its CPU time is far steadier than wall time on a shared
 machine (at load 8 on 2 cores: a few % between runs, where wall time moved 20%). With more threads the parts' figures are
 the calling thread's share only; the wall time per step is printed beside them.
-Each part's figure is the median over the repeats.
+Each part's figure is the median over the repeats. --isa avx2 profiles an AVX2-only CPU on a
+wider one (benchmarks/isa_emulation.py: set before torch is imported).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -133,12 +135,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=512, help="prompt length")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--isa", default="native", choices=["native", "avx2"],
+                        help="avx2: capped as an AVX2-only CPU (benchmarks/isa_emulation.py)")
     args = parser.parse_args(argv)
     if args.tokens < 2 or args.threads < 1 or args.repeats < 1:
         parser.error("--tokens must be >= 2, --threads and --repeats >= 1")
+    # Read once by torch, oneDNN and MKL at first use: set before anything imports them.
+    from benchmarks.isa_emulation import isa_env
+
+    os.environ.update(isa_env(args.isa))
     ms = profile(args)
     rows = [[name, f"{value:.1f}"] for name, value in ms.items()]
-    print(format_table([f"prefill {args.tokens}, {args.dtype}, {args.threads} thread(s)",
+    print(format_table([f"prefill {args.tokens}, {args.dtype}, {args.threads} thread(s), "
+                        f"ISA {args.isa}",
                         "CPU ms (median)"], rows))
 
 

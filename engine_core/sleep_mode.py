@@ -11,6 +11,7 @@ import torch
 
 from engine_core.errors import EngineSleepingError
 from engine_core.model_executor.layers.linear import pack_linear_weights
+from engine_core.model_executor.layers.weight_arena import gather_decode_weights
 from engine_core.model_executor.loader import load_model
 from engine_core.model_executor.model_runner import ModelRunner
 
@@ -74,6 +75,7 @@ class SleepState:
             runner.model = load_model(runner.model_config, runner.device)
             if runner.device.type == "cpu":
                 pack_linear_weights(runner.model)
+                gather_decode_weights(runner.model)
             return
         for name, tensor in _tensors(runner.model):
             host = self._host.pop(name, None)

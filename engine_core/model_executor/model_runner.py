@@ -43,6 +43,7 @@ from engine_core.model_executor.kv_cache_sizing import (
     num_blocks_for_budget,
 )
 from engine_core.model_executor.layers.linear import pack_linear_weights
+from engine_core.model_executor.layers.weight_arena import gather_decode_weights
 from engine_core.model_executor.loader import load_model, resolve_device
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.runner_helpers import check_schedule, spread_logprobs
@@ -117,6 +118,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             # oneDNN's blocked weight layout, made once here instead of in every call.
             logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
+            gather_decode_weights(self.model)  # on 2 MiB pages, in a decode step's read order
         self.lora_manager: LoRAManager | None = None
         if lora_config is not None:
             self.lora_manager = LoRAManager(

@@ -2,6 +2,9 @@
 
 #include <ATen/ops/empty.h>
 
+#include <cstdlib>
+#include <string>
+
 // The decoder layers of a Llama-family model for a decode step of a few requests (1 to 4 rows,
 // one new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
 // with the residual add, the few-row linear, rotary, KV write, paged decode attention,
@@ -27,6 +30,8 @@ DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_h
                          int64_t head_dim, double eps, double scale)
     : cos_sin_(cos_sin), num_heads_(num_heads), num_kv_heads_(num_kv_heads),
       head_dim_(head_dim), eps_(eps), scale_(scale) {
+  const char* phased = std::getenv("STRAND_DECODE_PHASED");
+  phased_ = phased == nullptr || std::string(phased) != "0";
   TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
               "num_heads must be a positive multiple of num_kv_heads");
 }
@@ -46,7 +51,10 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
   hidden_ = H;
   intermediate_ = I;
   const at::Tensor* weights[4] = {&qkv_w, &o_w, &gate_up_w, &down_w};
-  for (int i = 0; i < 4; ++i) all_tiled_ = all_tiled_ && qtypes[i] != 0 && weights[i]->dim() == 3;
+  for (int i = 0; i < 4; ++i) {
+    all_tiled_ = all_tiled_ && qtypes[i] != 0 && weights[i]->dim() == 3;
+    all_dense_ = all_dense_ && qtypes[i] == 0;
+  }
   layers_.push_back({input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, qtypes});
 }
 
@@ -106,9 +114,11 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
       values_[l] = kv_caches[l].select(0, 1);
     }
   }
-  const bool tiled_head = logits != nullptr && head_.qtype != 0 && head_.w.dim() == 3;
-  if (all_tiled_) {
-    // The head joins the step's region where it is tiles too; otherwise it runs after it.
+  // The head joins the step's region where it and the layers are GGUF tiles; otherwise it
+  // runs after the step.
+  const bool tiled_head =
+      all_tiled_ && logits != nullptr && head_.qtype != 0 && head_.w.dim() == 3;
+  if ((all_tiled_ || all_dense_) && phased_) {
     forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens,
                    tiled_head ? logits : nullptr);
     if (tiled_head) return b;

@@ -10,14 +10,16 @@
 #include "claim_chunks.h"
 #include "decode_stack.h"
 #include "gguf_tiled.h"
+#include "linear_small.h"
 
-// A decode step over GGUF-tiled weights as one OpenMP parallel region instead of one per
-// kernel. The op-by-op step (decode_layer.cpp) enters ~5 parallel regions a layer, 150 a step:
+// A decode step over GGUF-tiled weights, or dense float32/bfloat16 ones, as one OpenMP parallel
+// region instead of one per kernel. The op-by-op step (decode_layer.cpp) enters ~5 parallel regions a layer, 150 a step:
 // each is a fork and a join at which every thread waits for the slowest, and on a shared
 // machine the slowest is often a thread waiting for a core (at 2 threads under load, perf put
 // ~50% of the step's samples in libgomp's barrier spin). Here a step is a fixed sequence of
 // phases (10 a layer: norm, qkv, rotary and KV write, attention, ..., down); a phase is a number
-// of chunks (tiles of a weight, attention tasks; 1 for the small serial parts), and any thread
+// of chunks (tiles of a weight or groups of its rows, attention tasks; 1 for the small serial
+// parts), and any thread
 // takes the next unclaimed chunk of the current phase. A thread moves on to a phase once every
 // chunk of the one before is done (a counter), so no thread waits for another one to arrive,
 // only for work in progress: one that is descheduled costs at most the chunk it holds, and the
@@ -29,7 +31,7 @@ namespace {
 using strand::gguf::QuantizedRows;
 
 enum Kind : int64_t {
-  kNormIn,    // (residual add +) input norm, x rounded for the qkv product
+  kNormIn,    // (residual add +) input norm, x rounded (GGUF) or laid out (dense) for qkv
   kQkv,       // qkv projection, tiles
   kRotary,    // rotary on q and k, k and v into the cache
   kAttn,      // decode attention, one task (request, kv heads) a chunk
@@ -72,7 +74,11 @@ void wait_done(const Counter& c, int64_t chunks) {
   }
 }
 
-int64_t tiles_of(const at::Tensor& w) { return w.size(0); }
+// The units a product's chunks are made of: 16-row tiles of a GGUF weight, groups of
+// kSmallUnit rows of a dense one.
+int64_t units_of(const at::Tensor& w, bool dense) {
+  return dense ? (w.size(0) + strand::kSmallUnit - 1) / strand::kSmallUnit : w.size(0);
+}
 
 // q_dense [M, Q] = the first Q values of each qkv row: a plain copy, as an ATen op here (off the
 // calling thread) would not see the caller's inference mode and refuse its tensors.
@@ -106,9 +112,11 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
       for (int64_t g = 0; g < num_kv_heads_; ++g) attn.push_back({r, g, g + 1});
   }
   const Layer& first = layers_[0];
-  // A chunk of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1).
+  const bool dense = all_dense_;
+  // A chunk of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1), or 15 groups of 8
+  // dense rows (138 KB of bfloat16).
   const auto product_chunks = [&](const at::Tensor& w) {
-    return strand::chunk_count(tiles_of(w), threads, 1);
+    return strand::chunk_count(units_of(w, dense), threads, 1);
   };
   int64_t chunks[kAllKinds];
   for (int64_t k = 0; k < kAllKinds; ++k) chunks[k] = 1;
@@ -119,18 +127,30 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
   chunks[kDown] = product_chunks(first.down_w);
   // The head as the standalone tiled product splits it (gguf_tiled.cpp: at least 4 tiles a
   // chunk), in the same order of sums: the same logits.
-  if (logits != nullptr) chunks[kHead] = strand::chunk_count(tiles_of(head_.w), threads, 4);
+  if (logits != nullptr) chunks[kHead] = strand::chunk_count(units_of(head_.w, false), threads, 4);
 
-  QuantizedRows x_hidden, x_attn, x_act;  // the rounded inputs of the four products
+  QuantizedRows x_hidden, x_attn, x_act;  // the rounded inputs of the four products (GGUF)
+  strand::SmallX d_hidden, d_attn, d_act;  // or as the dense kernel reads them
+  const auto prepare = [&](const at::Tensor& x, QuantizedRows& q, strand::SmallX& d) {
+    if (dense)
+      strand::small_prepare(x, d);
+    else
+      strand::gguf::quantize_any(x, q);
+  };
   const bool q_rows = M == 1;
   const auto run_chunk = [&](int64_t l, int64_t kind, int64_t i) {
     const Layer& W = layers_[l];
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
-    const auto product = [&](at::Tensor& out, const QuantizedRows& x, const at::Tensor& w,
-                             int64_t qtype, const c10::optional<at::Tensor>& bias) {
-      const int64_t tiles = tiles_of(w), n = chunks[kind];
-      strand::gguf::tiled_rows(out, x, w, qtype, bias, strand::chunk_begin(tiles, n, i),
-                               strand::chunk_begin(tiles, n, i + 1));
+    const auto product = [&](at::Tensor& out, const QuantizedRows& x, const strand::SmallX& xd,
+                             const at::Tensor& w, int64_t qtype,
+                             const c10::optional<at::Tensor>& bias) {
+      const int64_t units = units_of(w, dense), n = chunks[kind];
+      const int64_t u0 = strand::chunk_begin(units, n, i), u1 = strand::chunk_begin(units, n, i + 1);
+      if (dense)
+        strand::small_rows(out, xd, w, bias, u0 * strand::kSmallUnit,
+                           std::min(w.size(0), u1 * strand::kSmallUnit));
+      else
+        strand::gguf::tiled_rows(out, x, w, qtype, bias, u0, u1);
     };
     switch (kind) {
       case kNormIn:
@@ -138,9 +158,9 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
           rms_norm(b.normed, hidden, W.input_norm, eps_);
         else
           add_rms_norm(b.normed, b.res_a, b.out, b.res_b, W.input_norm, eps_);
-        strand::gguf::quantize_any(b.normed, x_hidden);
+        prepare(b.normed, x_hidden, d_hidden);
         break;
-      case kQkv: product(b.qkv, x_hidden, W.qkv_w, W.qtypes[0], W.qkv_b); break;
+      case kQkv: product(b.qkv, x_hidden, d_hidden, W.qkv_w, W.qtypes[0], W.qkv_b); break;
       case kRotary:
         rotary_neox(b.q, positions, cos_sin_);
         rotary_neox(b.k, positions, cos_sin_);
@@ -151,23 +171,25 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
         decode_attention_part(b.attn, q_dense, keys_[l], values_[l], block_table, seq_lens,
                               scale_, attn[i].r, attn[i].g0, attn[i].g1);
         break;
-      case kAttnQuant: strand::gguf::quantize_any(b.attn_rows, x_attn); break;
-      case kO: product(b.o, x_attn, W.o_w, W.qtypes[1], W.o_b); break;
+      case kAttnQuant: prepare(b.attn_rows, x_attn, d_attn); break;
+      case kO: product(b.o, x_attn, d_attn, W.o_w, W.qtypes[1], W.o_b); break;
       case kNormPost:
         add_rms_norm(b.normed2, b.res_b, b.o, res, W.post_norm, eps_);
-        strand::gguf::quantize_any(b.normed2, x_hidden);
+        prepare(b.normed2, x_hidden, d_hidden);
         break;
-      case kGateUp: product(b.gate_up, x_hidden, W.gate_up_w, W.qtypes[2], c10::nullopt); break;
+      case kGateUp:
+        product(b.gate_up, x_hidden, d_hidden, W.gate_up_w, W.qtypes[2], c10::nullopt);
+        break;
       case kSilu:
         silu_and_mul(b.act, b.gate_up);
-        strand::gguf::quantize_any(b.act, x_act);
+        prepare(b.act, x_act, d_act);
         break;
-      case kDown: product(b.out, x_act, W.down_w, W.qtypes[3], c10::nullopt); break;
-      case kHeadNorm:  // as the op-by-op step's head (decode_layer.cpp)
+      case kDown: product(b.out, x_act, d_act, W.down_w, W.qtypes[3], c10::nullopt); break;
+      case kHeadNorm:  // as the op-by-op step's head (decode_layer.cpp); only with GGUF tiles
         add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
         strand::gguf::quantize_any(b.normed, x_hidden);
         break;
-      default: product(*logits, x_hidden, head_.w, head_.qtype, c10::nullopt);
+      default: product(*logits, x_hidden, d_hidden, head_.w, head_.qtype, c10::nullopt);
     }
   };
 

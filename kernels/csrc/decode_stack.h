@@ -85,8 +85,9 @@ class DecodeStack {
   void forward_layers(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
                       const at::Tensor& q_dense, const at::Tensor& slots,
                       const at::Tensor& block_table, const at::Tensor& seq_lens);
-  // The step when every projection is GGUF tiles (decode_phased.cpp): one parallel region; with
-  // logits (and a tiled head), the final norm and the lm_head's tiles as two more phases.
+  // The step when every projection is GGUF tiles, or every one dense (decode_phased.cpp): one
+  // parallel region; with logits (GGUF tiles only, and a tiled head), the final norm and the
+  // lm_head's tiles as two more phases.
   void forward_phased(Buffers& b, const at::Tensor& hidden, const at::Tensor& positions,
                       const at::Tensor& q_dense, const at::Tensor& slots,
                       const at::Tensor& block_table, const at::Tensor& seq_lens,
@@ -98,6 +99,8 @@ class DecodeStack {
   std::vector<Layer> layers_;
   Head head_;  // head_.w undefined until set_ends
   bool all_tiled_ = true;  // every layer's four weights are GGUF 16-row tiles
+  bool all_dense_ = true;  // every layer's four weights are dense (float32 or bfloat16)
+  bool phased_ = true;  // STRAND_DECODE_PHASED=0: the op-by-op step (A/B runs)
   std::vector<Buffers> by_m_;  // [M - 1], made on first use
   // Each layer's key and value cache views, and the tensor they were taken from.
   std::vector<at::Tensor> caches_, keys_, values_;

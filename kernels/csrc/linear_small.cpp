@@ -7,6 +7,8 @@
 #include "vec16.h"
 
 #include "avx512_bf16.h"
+#include "claim_chunks.h"
+#include "linear_small.h"
 
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a few rows of x (M <= 4): decode steps of a few
 // requests. A GEMM library is built for products that reuse each weight many times; here each
@@ -15,42 +17,9 @@
 // serves all M rows of x from it. float32 or bfloat16 weights (bf16: half the bytes to read),
 // x in the weight's dtype, computed in float32 and rounded once per output. bfloat16 goes through
 // VDPBF16PS where the CPU has AVX512_BF16 (run_dp), else through 32-bit pairs (run_pairs); float32
-// through run.
+// through run_f32.
 namespace {
 using namespace strand;
-
-constexpr int kRowBlock = 4;  // weight rows whose dot products run together (independent chains)
-
-template <typename T, int M>
-void rows_task(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N, int64_t n0,
-               int64_t n1, const float* xf) {
-  const int64_t KV = K / kLanes * kLanes;
-  for (int64_t n = n0; n < n1; n += kRowBlock) {
-    const int64_t nr = std::min<int64_t>(kRowBlock, n1 - n);
-    vl acc[kRowBlock][M];
-    for (int r = 0; r < kRowBlock; ++r)
-      for (int m = 0; m < M; ++m) acc[r][m] = vl{};
-    const T* rows[kRowBlock];
-    for (int r = 0; r < kRowBlock; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
-    for (int64_t k = 0; k < KV; k += kLanes) {
-      vl xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = load_l(xf + m * K + k);
-      for (int r = 0; r < kRowBlock; ++r) {
-        const vl wv = load_l(rows[r] + k);
-        for (int m = 0; m < M; ++m) acc[r][m] += wv * xv[m];
-      }
-    }
-    for (int r = 0; r < nr; ++r) {
-      for (int m = 0; m < M; ++m) {
-        float sum = 0.f;
-        for (int l = 0; l < kLanes; ++l) sum += acc[r][m][l];
-        for (int64_t k = KV; k < K; ++k) sum += to_float(rows[r][k]) * xf[m * K + k];
-        if (bias != nullptr) sum += to_float(bias[n + r]);
-        store_scalar(out + m * N + n + r, sum);
-      }
-    }
-  }
-}
 
 // The lanes of v summed by halving (log2 kLanes shuffle-adds): the rows of a group reduce
 // side by side, where a lane-by-lane sum is a chain of kLanes dependent adds per row.
@@ -65,6 +34,20 @@ inline float hsum(vl v) {
                   __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
   const auto h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
   return h2[0] + h2[1];
+}
+
+// The N output columns of a call in whole groups of RB weight rows, at least 64 rows a chunk
+// (fewer and a claim costs more than its share of the read), claimed by whichever thread is free
+// (claim_chunks.h): with an even split (at::parallel_for) a call waits for the slowest thread's
+// whole share, and on a shared machine that is often a thread waiting for a core; the lm_head,
+// called on its own, is a fifth of a bfloat16 step. task(n0, n1) computes columns n0..n1.
+template <typename Task>
+void split_rows(int64_t N, int RB, const Task& task) {
+  const int64_t groups = (N + RB - 1) / RB;
+  const int64_t chunks = chunk_count(groups, at::get_num_threads(), 64 / RB);
+  claim_for(chunks, [&](int64_t i) {
+    task(chunk_begin(groups, chunks, i) * RB, std::min(N, chunk_begin(groups, chunks, i + 1) * RB));
+  });
 }
 
 // ---- bfloat16 weights where the CPU has no AVX512_BF16 (AVX2-only CPUs, older AVX-512) ----
@@ -155,20 +138,52 @@ void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_
   constexpr int RB = pair_rows(M);
   std::vector<float> xp(M * K);
   pair_layout(x, xp.data(), M, K);
-  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
-    rows_task_pairs<M>(w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB), xp.data());
+  split_rows(N, RB, [&](int64_t n0, int64_t n1) {
+    rows_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
   });
 }
 
-template <typename T, int M>
-void run(const T* x, const T* w, const T* bias, T* out, int64_t K, int64_t N) {
-  // x in float32 once (it is read N times); a few KB.
-  std::vector<float> xf(M * K);
-  for (int64_t i = 0; i < M * K; ++i) xf[i] = to_float(x[i]);
-  // Whole row blocks per thread, at least 64 rows each: fewer and the threads' start costs more
-  // than their share of the read.
-  at::parallel_for(0, (N + kRowBlock - 1) / kRowBlock, 64 / kRowBlock, [&](int64_t b0, int64_t b1) {
-    rows_task<T, M>(x, w, bias, out, K, N, b0 * kRowBlock, std::min(N, b1 * kRowBlock), xf.data());
+// ---- float32 weights ----
+// The same shape as the pairs kernel above: pair_rows(M) weight rows a group (8 independent
+// chains at one row of x, where 4 had been), a prefetch kPrefetchAhead past every load, and tree
+// lane sums. float32 decode reads twice bfloat16's bytes, so it is the more bound by one core's
+// reads in flight: the 4-row kernel with no prefetch read SmolLM2's weights at 12.1-12.8 GB/s of
+// one core's CPU time under AVX2 (benchmarks/dense_kernel.py).
+template <int M>
+void rows_task_f32(const float* w, const float* bias, float* out, int64_t K, int64_t N,
+                   int64_t n0, int64_t n1, const float* x) {
+  constexpr int RB = pair_rows(M);
+  const int64_t KV = K / kLanes * kLanes;
+  for (int64_t n = n0; n < n1; n += RB) {
+    const int64_t nr = std::min<int64_t>(RB, n1 - n);
+    vl acc[RB][M];
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = vl{};
+    const float* rows[RB];
+    for (int r = 0; r < RB; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * K;
+    for (int64_t k = 0; k < KV; k += kLanes) {
+      for (int r = 0; r < RB; ++r) {
+        __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + k) + kPrefetchAhead);
+        const vl wv = load_l(rows[r] + k);
+        for (int m = 0; m < M; ++m) acc[r][m] += wv * load_l(x + m * K + k);
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      for (int m = 0; m < M; ++m) {
+        float sum = hsum(acc[r][m]);
+        for (int64_t k = KV; k < K; ++k) sum += rows[r][k] * x[m * K + k];
+        if (bias != nullptr) sum += bias[n + r];
+        out[m * N + n + r] = sum;
+      }
+    }
+  }
+}
+
+template <int M>
+void run_f32(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t N) {
+  constexpr int RB = pair_rows(M);
+  split_rows(N, RB, [&](int64_t n0, int64_t n1) {
+    rows_task_f32<M>(w, bias, out, K, N, n0, n1, x);
   });
 }
 
@@ -227,8 +242,8 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
 template <int M>
 void run_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
   constexpr int RB = dp_rows(M);
-  at::parallel_for(0, (N + RB - 1) / RB, 64 / RB, [&](int64_t b0, int64_t b1) {
-    rows_task_dp<M>(x, w, bias, out, K, N, b0 * RB, std::min(N, b1 * RB));
+  split_rows(N, RB, [&](int64_t n0, int64_t n1) {
+    rows_task_dp<M>(x, w, bias, out, K, N, n0, n1);
   });
 }
 
@@ -257,10 +272,10 @@ void by_m(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, i
     }
   } else {  // float32
     switch (M) {
-      case 1: run<T, 1>(x, w, bias, out, K, N); break;
-      case 2: run<T, 2>(x, w, bias, out, K, N); break;
-      case 3: run<T, 3>(x, w, bias, out, K, N); break;
-      default: run<T, 4>(x, w, bias, out, K, N);
+      case 1: run_f32<1>(x, w, bias, out, K, N); break;
+      case 2: run_f32<2>(x, w, bias, out, K, N); break;
+      case 3: run_f32<3>(x, w, bias, out, K, N); break;
+      default: run_f32<4>(x, w, bias, out, K, N);
     }
   }
 }
@@ -278,3 +293,56 @@ void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional
     by_m<float>(x.data_ptr<float>(), weight.data_ptr<float>(), b, out.data_ptr<float>(), M, K, N);
   }
 }
+
+namespace strand {
+
+void small_prepare(const at::Tensor& x, SmallX& out) {
+  out.data = x.data_ptr();
+  out.M = x.size(0);
+  out.K = x.size(1);
+  out.bf16 = x.scalar_type() == at::kBFloat16;
+  out.laid_out.clear();
+#ifdef STRAND_DPBF16
+  if (out.bf16 && has_dpbf16()) return;  // VDPBF16PS reads x as it is
+#endif
+  if (out.bf16) {
+    out.laid_out.resize(out.M * out.K);
+    pair_layout(static_cast<const bf16*>(out.data), out.laid_out.data(), out.M, out.K);
+  }
+}
+
+namespace {
+template <int M>
+void small_rows_m(at::Tensor& out, const SmallX& x, const at::Tensor& w,
+                  const c10::optional<at::Tensor>& bias, int64_t n0, int64_t n1) {
+  const int64_t K = x.K, N = w.size(0);
+  if (!x.bf16) {
+    const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+    rows_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1,
+                     static_cast<const float*>(x.data));
+    return;
+  }
+  const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
+  const bf16* wp = static_cast<const bf16*>(w.data_ptr());
+  bf16* op = static_cast<bf16*>(out.data_ptr());
+#ifdef STRAND_DPBF16
+  if (x.laid_out.empty()) {
+    rows_task_dp<M>(static_cast<const bf16*>(x.data), wp, b, op, K, N, n0, n1);
+    return;
+  }
+#endif
+  rows_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
+}
+}  // namespace
+
+void small_rows(at::Tensor& out, const SmallX& x, const at::Tensor& w,
+                const c10::optional<at::Tensor>& bias, int64_t n0, int64_t n1) {
+  switch (x.M) {
+    case 1: small_rows_m<1>(out, x, w, bias, n0, n1); break;
+    case 2: small_rows_m<2>(out, x, w, bias, n0, n1); break;
+    case 3: small_rows_m<3>(out, x, w, bias, n0, n1); break;
+    default: small_rows_m<4>(out, x, w, bias, n0, n1);
+  }
+}
+
+}  // namespace strand

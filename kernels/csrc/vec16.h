@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace strand {
 
@@ -144,10 +147,22 @@ inline v16 reduce16(const v16* a) {
 inline void store_l(float* p, vl v) { *reinterpret_cast<vlu*>(p) = v; }
 typedef uint16_t u16l __attribute__((vector_size(2 * kLanes), aligned(2)));
 typedef uint32_t u32l __attribute__((vector_size(4 * kLanes)));
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// At -march=x86-64-v3 GCC 12 turns the generic widening below into a 16-byte load, two
+// vpmovzxwd, a vpsrldq and a vinserti128: four shuffle-port uops per 8 values, where
+// vpmovzxwd from memory is one. Every bfloat16 kernel under AVX2 loads through here (norms,
+// silu-and-mul, rotary, decode attention's K/V, the decode-batch linear's weights); the bits are
+// the same.
+inline vl load_l(const bf16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (vl)_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#else
 inline vl load_l(const bf16* p) {
   const u32l wide = __builtin_convertvector(*reinterpret_cast<const u16l*>(p), u32l) << 16;
   return reinterpret_cast<const vl&>(wide);
 }
+#endif
 // bf16_bits, round_bf16 and store(bf16*) on register-wide vectors: the same rounding lane by lane.
 inline u32l bf16_bits_l(vl v) {
   const u32l u = reinterpret_cast<const u32l&>(v);

@@ -1,4 +1,5 @@
-"""The few-row linear kernel (kernels/csrc/linear_small.cpp) in bfloat16, on every path it has.
+"""The few-row linear kernel (kernels/csrc/linear_small.cpp) in bfloat16, on every path it has,
+and in float32.
 
 Without AVX512_BF16 (AVX2-only CPUs; run these under STRAND_CPU_ISA=avx2 too) the kernel reads
 the weights as 32-bit pairs and x laid out as evens then odds per chunk of 2 x register-width
@@ -71,6 +72,51 @@ def test_a_nan_weight_gives_nan_and_infinities_stay_infinite() -> None:
     w[2, 47] = float("-inf")  # in the remainder past the whole chunks at AVX-512 width
     got = cpu_linear.linear_small(x, w.bfloat16(), None).float()[0]
     assert got[0].isnan() and got[1].item() == float("inf") and got[2].item() == float("-inf")
+
+
+@pytest.mark.parametrize("features", [8, 16, 40, 577])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_float32_an_identity_weight_gives_x_back_exactly(features: int, rows: int) -> None:
+    # A row read from the wrong place, a lane summed twice or the remainder past the whole
+    # vectors dropped: one output off, exactly.
+    g = torch.Generator().manual_seed(features * 5 + rows)
+    x = torch.randn(rows, features, generator=g)
+    assert torch.equal(cpu_linear.linear_small(x, torch.eye(features), None), x)
+
+
+@pytest.mark.parametrize("outputs", [1, 3, 9, 17, 130])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_float32_every_group_of_weight_rows_matches_torch(outputs: int, rows: int) -> None:
+    # Groups of 8, 4 or 2 weight rows (by rows of x): fewer than a group, a partial group after
+    # whole ones, a bias on every output.
+    g = torch.Generator().manual_seed(outputs * 11 + rows)
+    x = torch.randn(rows, 203, generator=g)
+    w = torch.randn(outputs, 203, generator=g)
+    b = torch.randn(outputs, generator=g)
+    got = cpu_linear.linear_small(x, w, b)
+    torch.testing.assert_close(got, F.linear(x.double(), w.double(), b.double()).float(),
+                               rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_threads_claiming_chunks_give_the_one_thread_bits(dtype: torch.dtype, rows: int) -> None:
+    # 1000 outputs at 3 threads: 12 chunks of whole row groups that the threads claim; every
+    # output is computed once, by one thread, in the same order as at one thread.
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g).to(dtype)
+    w = torch.randn(1000, 96, generator=g).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_linear.linear_small(x, w, None)
+        torch.set_num_threads(3)
+        three = cpu_linear.linear_small(x, w, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(three, one)
+    want = F.linear(x.double(), w.double())
+    torch.testing.assert_close(three.double(), want, rtol=8e-3, atol=8e-3 * want.abs().max().item())
 
 
 _CHILD = """

@@ -76,6 +76,36 @@ def test_fused_decode_in_bfloat16(model_dirs: dict[str, Path],
     assert calls and fused == plain
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("num_requests", [1, 3])
+def test_the_phased_dense_step_splits_its_work_between_threads_bit_for_bit(
+        model_dirs: dict[str, Path], dtype: str, num_requests: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every projection is dense, so the C++ step runs as phases whose chunks (groups of weight
+    # rows, attention tasks) any thread takes (kernels/csrc/decode_phased.cpp): 3 threads (more
+    # than one request's kv heads, as many as 3 requests), one thread, the op-by-op C++ step
+    # (STRAND_DECODE_PHASED=0) and the layer-by-layer path must give the same bits.
+    import os
+
+    import torch
+
+    model_dir = model_dirs["llama"]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        three, calls = _generate(model_dir, dtype, num_requests, True, monkeypatch)
+        torch.set_num_threads(1)
+        one, _ = _generate(model_dir, dtype, num_requests, True, monkeypatch)
+        os.environ["STRAND_DECODE_PHASED"] = "0"  # read when a stack is made: a new engine's
+        op_by_op, _ = _generate(model_dir, dtype, num_requests, True, monkeypatch)
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.pop("STRAND_DECODE_PHASED", None)
+    plain, _ = _generate(model_dir, dtype, num_requests, False, monkeypatch)
+    assert calls > 0
+    assert three == one == op_by_op == plain
+
+
 def test_a_bad_position_is_refused_before_any_kernel_reads_the_table() -> None:
     import torch
 
