@@ -7,6 +7,12 @@ layers' kernels (the same ones, in the same order, on the same data) from C++: t
 handed to a DecodeStack once per model, and a step is one call. This module decides when that
 applies and does, once per step, the checks the wrappers would do once per call. The outputs are
 the layer-by-layer path's, bit for bit (tests/model_executor/test_fused_decode.py).
+
+Decode batches of SMALL_M < m <= BATCH_M requests take it too where the layer-by-layer path runs
+their dense projections through linear_batch (kernels/cpu_linear_batch.py: the avx2 level), the
+kernel the stack then calls: 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread step in
+the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2, session 10").
+Elsewhere oneDNN takes those rows, a kernel the stack does not call.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from engine_core.model_executor.attention.torch_ref import TorchAttentionBackend
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rms_norm import RMSNorm
+from kernels import cpu_linear_batch
 from kernels._cpu_build import KERNELS
 from kernels.cpu_linear import SMALL_M
 
@@ -31,18 +38,24 @@ if TYPE_CHECKING:
 _DTYPES = (torch.float32, torch.bfloat16)
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
 _STACKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
+# model -> whether every projection of its stack is a dense weight (linear_batch takes those;
+# the GGUF kernels of a quantized stack take up to SMALL_M rows).
+_DENSE: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
             metadata: AttentionMetadata, backend: AttentionBackend) -> bool:
-    """A pure decode step of 1..SMALL_M requests, on CPU, with every layer on the C++ kernels."""
+    """A pure decode step of 1..SMALL_M requests (or up to BATCH_M where linear_batch takes
+    the dense projections), on CPU, with every layer on the C++ kernels."""
     m = input_ids.shape[0]
-    if not (0 < m <= SMALL_M and metadata.max_query_len == 1 and metadata.num_reqs == m
-            and metadata.num_actual_tokens == m and input_ids.device.type == "cpu"):
+    batch = SMALL_M < m <= cpu_linear_batch.BATCH_M and cpu_linear_batch.chosen()
+    if not ((0 < m <= SMALL_M or batch) and metadata.max_query_len == 1
+            and metadata.num_reqs == m and metadata.num_actual_tokens == m
+            and input_ids.device.type == "cpu"):
         return False
     if not (isinstance(backend, TorchAttentionBackend) and backend.use_cpu_kernel):
         return False
-    return _stack(model, kv_caches) is not None
+    return _stack(model, kv_caches) is not None and (not batch or _DENSE.get(model, False))
 
 
 def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> Any:
@@ -101,6 +114,7 @@ def _build(model: LlamaForCausalLM, module: Any) -> Any:
                        [qkv_q, o_q, gate_up_q, down_q]))
     if len(sizes) != 1:
         return None  # the stack's buffers take one set of sizes for every layer
+    _DENSE[model] = all(q == 0 for layer_args in layers for q in cast(list[int], layer_args[-1]))
     heads, kv_heads, head_dim, eps, scale = sizes.pop()
     stack = module.DecodeStack(cos_sin, heads, kv_heads, head_dim, eps, scale)
     for args in layers:
