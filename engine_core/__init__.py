@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from engine_core.huge_pages import configure_huge_pages
 from engine_core.openmp_env import configure_openmp_wait
 
-# Before anything here imports torch (openmp_env.py says why).
+# Before anything here imports torch (openmp_env.py and huge_pages.py say why).
 configure_openmp_wait()
+configure_huge_pages()
 
 from engine_core.config import EngineArgs  # noqa: E402
 from engine_core.lora.request import LoRARequest  # noqa: E402

@@ -28,7 +28,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_tile", &gguf_tile, "GGUF rows regrouped into 16-row tiles for the decode kernel");
   m.def("gguf_untile", &gguf_untile, "16-row tiles back to GGUF rows");
   py::class_<DecodeStack>(m, "DecodeStack",
-                          "a model's Llama-family decoder layers for decode steps of 1 to 4 rows")
+                          "a model's Llama-family decoder layers for decode steps of 1 to 64 "
+                          "rows (past 4: dense weights)")
       .def(py::init<at::Tensor, int64_t, int64_t, int64_t, double, double>(),
            py::arg("cos_sin"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"))

@@ -12,7 +12,7 @@
 // the lm_head's wrappers: ~25 small torch calls) took 0.4-0.5 ms of a ~9.5 ms step, where the
 // same calls in a tight loop take ~0.06 ms: after the step has streamed ~96 MB of weights
 // through the caches, every Python object and torch dispatch path is a cache miss. Here the
-// checks are loops over M <= 4 rows and the embedding is M row copies.
+// checks are loops over M <= kMaxDecodeRows rows and the embedding is M row copies.
 
 void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w,
                            int64_t qtype, double eps) {
@@ -57,8 +57,8 @@ void DecodeStack::check_step(const at::Tensor& input_ids, const at::Tensor& posi
                              const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,
                              const at::Tensor& block_table, const at::Tensor& seq_lens) const {
   const int64_t M = input_ids.size(0);
-  TORCH_CHECK(input_ids.dim() == 1 && M >= 1 && M <= 4, "DecodeStack takes 1 to 4 tokens, got ",
-              input_ids.sizes());
+  TORCH_CHECK(input_ids.dim() == 1 && M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ",
+              kMaxDecodeRows, " tokens, got ", input_ids.sizes());
   TORCH_CHECK(!kv_caches.empty() && kv_caches[0].dim() == 5,
               "kv caches are [2, blocks, block_size, kv_heads, head_dim]");
   const int64_t blocks = kv_caches[0].size(1), block_size = kv_caches[0].size(2);

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-// The decoder layers of a Llama-family model for a decode step of a few requests (1 to 4 rows,
-// one new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
+// The decoder layers of a Llama-family model for a decode step (1 to kMaxDecodeRows rows, one
+// new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
 // with the residual add, the few-row linear, rotary, KV write, paged decode attention,
 // silu-and-mul), in the same order on the same data. At one row a layer's weights take ~1 ms to
 // read on 2 cores, and the ~11 Python-level calls of the layer (module dispatch, argument
@@ -16,12 +16,22 @@
 // each step is one call, and a layer's intermediates live in buffers made once per row count.
 // The caller checks once per step what the Python wrappers check per call
 // (engine_core/model_executor/layers/fused_decode.py).
+// A decode batch of 5 or more rows (32 requests, say) takes the same path with linear_batch for
+// its dense projections, which the caller allows only where the layer-by-layer path runs that
+// kernel too (kernels/cpu_linear_batch.py: the avx2 level): there SmolLM2's 30 layers of
+// Python calls were ~12 ms of a ~165 ms step of 32 rows on one thread, serial at any thread count.
 void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
-             const c10::optional<at::Tensor>& b, int64_t qtype) {
-  if (qtype == 0)
-    linear_small(out, x, w, b);
-  else
+                     const c10::optional<at::Tensor>& b, int64_t qtype) {
+  const int64_t M = x.size(0);
+  if (qtype == 0) {
+    if (M <= kSmallRows)
+      linear_small(out, x, w, b);
+    else
+      linear_batch(out, x, w, b);
+  } else {
+    TORCH_CHECK(M <= kSmallRows, "GGUF projections take 1 to ", kSmallRows, " rows, got ", M);
     gguf_linear_small(out, x, w, qtype, b);
+  }
 }
 
 using strand::project;
@@ -59,7 +69,7 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
 }
 
 DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& opts) {
-  if (by_m_.empty()) by_m_.resize(4);
+  if (by_m_.empty()) by_m_.resize(kMaxDecodeRows);
   Buffers& b = by_m_[M - 1];
   if (b.out.defined()) return b;
   const int64_t H = hidden_, Q = num_heads_ * head_dim_, KV = num_kv_heads_ * head_dim_;
@@ -87,7 +97,10 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
                                        const at::Tensor& slots, const at::Tensor& block_table,
                                        const at::Tensor& seq_lens, at::Tensor* logits) {
   const int64_t M = hidden.size(0);
-  TORCH_CHECK(M >= 1 && M <= 4, "DecodeStack takes 1 to 4 rows, got ", M);
+  TORCH_CHECK(M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ", kMaxDecodeRows,
+              " rows, got ", M);
+  TORCH_CHECK(M <= kSmallRows || !all_tiled_, "a stack of GGUF tiles takes 1 to ", kSmallRows,
+              " rows, got ", M);
   TORCH_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
               "] for a stack of at least one layer");
   TORCH_CHECK(kv_caches.size() == layers_.size(), "one kv cache per layer: ", layers_.size(),
@@ -118,7 +131,9 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
   // runs after the step.
   const bool tiled_head =
       all_tiled_ && logits != nullptr && head_.qtype != 0 && head_.w.dim() == 3;
-  if ((all_tiled_ || all_dense_) && phased_) {
+  // The dense phased step reads x with the few-row kernel's layout: up to kSmallRows rows;
+  // a decode batch runs its projections through linear_batch, op by op.
+  if ((all_tiled_ || (all_dense_ && M <= kSmallRows)) && phased_) {
     forward_phased(b, hidden, positions, q_dense, slots, block_table, seq_lens,
                    tiled_head ? logits : nullptr);
     if (tiled_head) return b;

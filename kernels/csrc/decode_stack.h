@@ -1,10 +1,14 @@
-// A model's decoder layers for decode steps of 1 to 4 requests, held in C++ between steps
-// (decode_layer.cpp). Only bindings.cpp and decode_layer.cpp include this.
+// A model's decoder layers for decode steps of 1 to kMaxDecodeRows requests, held in C++ between
+// steps (decode_layer.cpp). Only bindings.cpp and decode_layer.cpp include this.
 #pragma once
 
 #include <mutex>
 
 #include "kernels.h"
+
+// Rows up to which the few-row kernels run (kernels/cpu_linear.py's SMALL_M), and up to which a
+// step is taken at all (kernels/cpu_linear_batch.py's BATCH_M: linear_batch above kSmallRows).
+constexpr int64_t kSmallRows = 4, kMaxDecodeRows = 64;
 
 namespace strand {
 // out = x @ w.T (+ b) for a few rows: w dense (qtype 0, linear_small) or GGUF blocks

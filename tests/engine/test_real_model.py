@@ -17,6 +17,11 @@ pytest.importorskip("accelerate")
 
 PROMPTS: list[str | dict[str, Any]] = ["The capital of France is", "def fibonacci(n):",
                          {"messages": [{"role": "user", "content": "What is 2+2?"}]}]
+# Six for the comparison with HF: more decode rows than the few-row kernels take (SMALL_M = 4),
+# so the batch path runs too (under STRAND_CPU_ISA=avx2 the fused C++ stack with linear_batch,
+# layers/fused_decode.py).
+HF_PROMPTS: list[str | dict[str, Any]] = [*PROMPTS, "Once upon a time", "import numpy as np\n",
+                                          "The three primary colors are"]
 
 
 def test_greedy_tokens_equal_hf_on_the_real_model(smollm2_gguf: Path) -> None:
@@ -24,7 +29,7 @@ def test_greedy_tokens_equal_hf_on_the_real_model(smollm2_gguf: Path) -> None:
 
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(smollm2_gguf), dtype="float32"))
     params = SamplingParams(temperature=0.0, max_tokens=16)
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(HF_PROMPTS):
         engine.add_request(str(i), prompt, params)
     ours: dict[str, tuple[list[int], list[int]]] = {}
     while engine.has_unfinished_requests():
@@ -35,7 +40,7 @@ def test_greedy_tokens_equal_hf_on_the_real_model(smollm2_gguf: Path) -> None:
     tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
     model = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
                                                  dtype=torch.float32)
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(HF_PROMPTS):
         if isinstance(prompt, dict):
             text = tok.apply_chat_template(prompt["messages"], add_generation_prompt=True,
                                            tokenize=False)

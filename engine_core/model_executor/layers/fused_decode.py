@@ -15,6 +15,12 @@ indices: the Python between the C++ step and the sampler (index casts and checks
 the final norm's and the lm_head's wrappers) was 0.45-0.7 ms of a ~10 ms one-thread step of
 SmolLM2's packed Q4_1, ~10x its cost in a tight loop (kernels/csrc/decode_ends.cpp says why),
 and at two threads the lm_head was a parallel region of its own after the step's one.
+
+Decode batches of SMALL_M < m <= BATCH_M requests take it too where the layer-by-layer path runs
+their dense projections through linear_batch (kernels/cpu_linear_batch.py: the avx2 level), the
+kernel the stack then calls: 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread step in
+the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2, session 10").
+Elsewhere oneDNN takes those rows, a kernel the stack does not call.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from engine_core.model_executor.attention.torch_ref import TorchAttentionBackend
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rms_norm import RMSNorm
+from kernels import cpu_linear_batch
 from kernels._cpu_build import KERNELS
 from kernels.cpu_linear import SMALL_M
 
@@ -52,18 +59,24 @@ class _Fused:
 
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
 _STACKS: weakref.WeakKeyDictionary[nn.Module, _Fused | None] = weakref.WeakKeyDictionary()
+# model -> whether every projection of its stack is a dense weight (linear_batch takes those;
+# the GGUF kernels of a quantized stack take up to SMALL_M rows).
+_DENSE: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
             metadata: AttentionMetadata, backend: AttentionBackend) -> bool:
-    """A pure decode step of 1..SMALL_M requests, on CPU, with every layer on the C++ kernels."""
+    """A pure decode step of 1..SMALL_M requests (or up to BATCH_M where linear_batch takes
+    the dense projections), on CPU, with every layer on the C++ kernels."""
     m = input_ids.shape[0]
-    if not (0 < m <= SMALL_M and metadata.max_query_len == 1 and metadata.num_reqs == m
-            and metadata.num_actual_tokens == m and input_ids.device.type == "cpu"):
+    batch = SMALL_M < m <= cpu_linear_batch.BATCH_M and cpu_linear_batch.chosen()
+    if not ((0 < m <= SMALL_M or batch) and metadata.max_query_len == 1
+            and metadata.num_reqs == m and metadata.num_actual_tokens == m
+            and input_ids.device.type == "cpu"):
         return False
     if not (isinstance(backend, TorchAttentionBackend) and backend.use_cpu_kernel):
         return False
-    return _stack(model, kv_caches) is not None
+    return _stack(model, kv_caches) is not None and (not batch or _DENSE.get(model, False))
 
 
 def has_head(model: LlamaForCausalLM) -> bool:
@@ -136,6 +149,9 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     ends = _ends(model, dtype)
     if ends is not None:
         stack.set_ends(*ends)
+    # Decode batches past SMALL_M rows only where every projection, the head's too, is dense.
+    _DENSE[model] = (all(q == 0 for args in layers for q in cast(list[int], args[-1]))
+                     and (ends is None or ends[3] == 0))
     return _Fused(stack, ends is not None)
 
 
