@@ -179,8 +179,7 @@ class LlamaForCausalLM(nn.Module):
         """With `rows`, the output's rows at those indices alone. The last layer then runs its
         attention's projection and its MLP for those rows only (llama.cpp's skip of unused
         outputs): a prompt's other rows feed nothing but that layer's K/V, already written."""
-        if type(self) is LlamaForCausalLM and not self.lora_active and fused_decode.applies(
-                self, input_ids, kv_caches, metadata, backend):
+        if self._fused_step(input_ids, kv_caches, metadata, backend):
             # A decode step of a few requests: each layer as one C++ call (same kernels).
             hidden = fused_decode.forward(self, input_ids, positions, kv_caches, metadata)
             return hidden if rows is None else hidden[rows]
@@ -195,6 +194,13 @@ class LlamaForCausalLM(nn.Module):
         out = (self.model.norm(hidden) if residual is None
                else self.model.norm(hidden, residual, in_place=True)[0])
         return out if rows is None or last_rows is not None else out[rows]
+
+    def _fused_step(self, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
+                    metadata: AttentionMetadata, backend: AttentionBackend) -> bool:
+        """Whether this step goes through the C++ decode stack (plain Llama, no LoRA: the
+        subclasses and the adapters change the layers the stack would run)."""
+        return (type(self) is LlamaForCausalLM and not self.lora_active
+                and fused_decode.applies(self, input_ids, kv_caches, metadata, backend))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
         return self.lm_head(hidden)
@@ -211,9 +217,8 @@ class LlamaForCausalLM(nn.Module):
         """compute_logits(forward(...)) of a decode step of a few requests as one C++ call
         (the layers, the final norm and the lm_head), where the fused step applies and holds
         the head; None where it does not."""
-        if (type(self) is not LlamaForCausalLM or self.lora_active
-                or not fused_decode.applies(self, input_ids, kv_caches, metadata, backend)
-                or not fused_decode.has_head(self)):
+        if not (self._fused_step(input_ids, kv_caches, metadata, backend)
+                and fused_decode.has_head(self)):
             return None
         logits = fused_decode.logits(self, input_ids, positions, kv_caches, metadata)
         return logits if rows is None else logits[rows]
