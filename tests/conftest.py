@@ -17,6 +17,22 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# On a GPU an engine sizes its KV cache at gpu_memory_utilization x the card (0.9 by default):
+# the second engine alive in a test process, or in a parallel worker, would find nothing left.
+# Tests cap each in-process engine's budget; test_kv_cache_sizing checks the real formula.
+TEST_CUDA_KV_BUDGET = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def _bounded_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        return
+    from engine_core.model_executor import model_runner
+
+    real = model_runner.cuda_kv_budget
+    monkeypatch.setattr(model_runner, "cuda_kv_budget",
+                        lambda *args, **kwargs: min(real(*args, **kwargs), TEST_CUDA_KV_BUDGET))
+
 
 def build_tiny_model(path: Path, **overrides: Any) -> Path:
     from engine_core.model_executor.tiny_model import make_tiny_model

@@ -39,7 +39,7 @@ class HFGreedy:
     def __init__(self, model_dir: Path) -> None:
         transformers = pytest.importorskip("transformers")
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=torch.float32).eval()
+            str(model_dir), dtype=torch.float32, attn_implementation="eager").eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
 
     @torch.inference_mode()

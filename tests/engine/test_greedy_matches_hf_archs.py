@@ -62,7 +62,8 @@ def test_greedy_equals_hf_with_chunking_and_prefix_hits_past_the_window(
     assert stats.prefix_cache_stats.hits >= 2 * 64, "both sharers should hit the 64 tokens"
     hf = HFGreedy.__new__(HFGreedy)
     transformers = pytest.importorskip("transformers")
-    hf.model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    hf.model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), attn_implementation="eager").eval()  # see tests/model_executor/conftest
     for i, prompt in enumerate(prompts):
         assert finished[str(i)].outputs[0].token_ids == hf.generate(prompt, MAX_TOKENS), \
             f"prompt {i}"

@@ -195,7 +195,7 @@ def test_stepping_on_another_thread_than_the_load_warns_once(
     # On CPU a second thread running torch makes libgomp stop spin-waiting in every step.
     import threading
 
-    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir), device="cpu",
                                                    kv_cache_memory=8 * 1024**2))
     engine.add_request("a", {"prompt_token_ids": [1, 5, 6]},
                        SamplingParams(temperature=0.0, max_tokens=3))

@@ -1,5 +1,5 @@
-"""The model's RMSNorm and rotary layers on their Triton path (taken on CUDA; here through the
-interpreter, on CPU tensors) give what their torch path gives."""
+"""The model's RMSNorm and rotary layers on their Triton path (taken on CUDA; on a CPU through the
+interpreter) give what their torch path gives."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from kernels import _triton, cpu_elementwise
 from kernels.rms_norm_ref import rms_norm_ref
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def _layers_take(monkeypatch: pytest.MonkeyPatch, triton: bool) -> list[str]:
-    """Route the layers to Triton (or to torch) on CPU tensors; returns the kernels launched."""
+    """Route the layers to Triton (or to torch); returns the kernels launched."""
     launched: list[str] = []
     monkeypatch.setattr(cpu_elementwise, "applies", lambda *tensors: False)
     monkeypatch.setattr(_triton, "runs_triton", lambda t: triton)
@@ -35,9 +37,9 @@ def _layers_take(monkeypatch: pytest.MonkeyPatch, triton: bool) -> list[str]:
 def test_rms_norm_layer_on_triton(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
     launched = _layers_take(monkeypatch, triton=True)
     g = torch.Generator().manual_seed(0)
-    layer = RMSNorm(72, 1e-6).to(dtype)
-    layer.weight.data = (1 + 0.1 * torch.randn(72, generator=g)).to(dtype)
-    x, residual = (torch.randn(5, 72, generator=g).to(dtype) for _ in range(2))
+    layer = RMSNorm(72, 1e-6).to(DEVICE, dtype)
+    layer.weight.data = (1 + 0.1 * torch.randn(72, generator=g)).to(DEVICE, dtype)
+    x, residual = (torch.randn(5, 72, generator=g).to(DEVICE, dtype) for _ in range(2))
     with torch.inference_mode():
         out = layer(x)
         summed_out, summed = layer(x, residual)
@@ -53,9 +55,10 @@ def test_rms_norm_layer_on_triton(monkeypatch: pytest.MonkeyPatch, dtype: torch.
 def test_rotary_layer_on_triton(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(1)
     rotary = RotaryEmbedding(32, 64, 10000.0, None)
-    rotary.build_cache(torch.device("cpu"))
-    positions = torch.tensor([0, 3, 63, 7])
-    q, k = torch.randn(4, 6, 32, generator=g).to(dtype), torch.randn(4, 2, 32, generator=g).to(dtype)
+    rotary.build_cache(DEVICE)
+    positions = torch.tensor([0, 3, 63, 7], device=DEVICE)
+    q = torch.randn(4, 6, 32, generator=g).to(DEVICE, dtype)
+    k = torch.randn(4, 2, 32, generator=g).to(DEVICE, dtype)
     _layers_take(monkeypatch, triton=False)
     with torch.inference_mode():
         ref_q, ref_k = rotary(positions, q.clone(), k.clone())

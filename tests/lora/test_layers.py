@@ -12,27 +12,30 @@ import engine_core.lora.layers as layers
 from engine_core.lora.layers import LoRABatch, LoRALayerSlots
 from engine_core.lora.punica import make_segments
 
+# On a GPU the Triton path runs for real; on a CPU through the interpreter (tests/conftest.py).
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def _layer(batch: LoRABatch) -> tuple[nn.Linear, LoRALayerSlots]:
     torch.manual_seed(0)
-    linear = nn.Linear(16, 12, bias=False)  # a fused q|k|v of 8 + 2 + 2
+    linear = nn.Linear(16, 12, bias=False, device=DEVICE)  # a fused q|k|v of 8 + 2 + 2
     slots = LoRALayerSlots(linear, [8, 2, 2], batch, max_loras=2, max_rank=4,
-                           device=torch.device("cpu"), dtype=torch.float32)
+                           device=DEVICE, dtype=torch.float32)
     return linear, slots
 
 
 def _set_batch(batch: LoRABatch, token_slots: list[int]) -> None:
-    slots = torch.tensor(token_slots, dtype=torch.int64)
-    batch.segments = make_segments(slots, torch.device("cpu"))
+    slots = torch.tensor(token_slots, dtype=torch.int64, device=DEVICE)
+    batch.segments = make_segments(slots, DEVICE)
     batch.token_slots = slots
 
 
 def test_slices_hit_their_own_columns_and_base_rows_stay() -> None:
     batch = LoRABatch()
     linear, target = _layer(batch)
-    a, b = torch.randn(3, 16), torch.randn(2, 3)  # rank 3 (< max_rank 4) on the k slice
+    a, b = torch.randn(3, 16, device=DEVICE), torch.randn(2, 3, device=DEVICE)  # rank 3 (< max_rank 4) on the k slice
     target.set(1, 1, a, b)
-    x = torch.randn(3, 16)
+    x = torch.randn(3, 16, device=DEVICE)
     base = linear(x)
     _set_batch(batch, [1, -1, 0])  # slot 0 holds nothing for this layer
     out = linear(x)
@@ -49,9 +52,10 @@ def test_triton_path_adds_what_the_segmented_path_adds(monkeypatch: pytest.Monke
     linear, target = _layer(batch)
     for slot in (0, 1):
         for index, size in enumerate([8, 2, 2]):
-            target.set(slot, index, torch.randn(4, 16), torch.randn(size, 4))
-    x = torch.randn(5, 16)
+            target.set(slot, index, torch.randn(4, 16, device=DEVICE), torch.randn(size, 4, device=DEVICE))
+    x = torch.randn(5, 16, device=DEVICE)
     _set_batch(batch, [0, 1, -1, 1, 0])
+    monkeypatch.setattr(layers, "runs_triton", lambda t: False)
     segmented = linear(x)
     monkeypatch.setattr(layers, "runs_triton", lambda t: True)
     per_token = linear(x)

@@ -53,9 +53,13 @@ def llama_dir(variant_dirs: dict[str, Path]) -> Path:
 
 def make_runner(model_dir: Path, *, num_blocks: int = 64, block_size: int = 4,
                 max_model_len: int = 256, max_num_seqs: int = 8, dtype: str = "float32",
-                attention_backend: str | None = None, device: str = "cpu",
+                attention_backend: str | None = None, device: str | None = None,
                 enforce_eager: bool = False,
                 graph_capturer: GraphCapturer | None = None) -> ModelRunner:
+    if device is None:
+        # Triton runs its kernels on a GPU where there is one; on a CPU through the interpreter.
+        cuda = attention_backend == "triton" and torch.cuda.is_available()
+        device = "cuda" if cuda else "cpu"
     config = load_model_config(str(model_dir), dtype)
     runner = ModelRunner(
         config,
@@ -126,7 +130,10 @@ class LogitsSpy:
 def _hf_model(model_dir: str) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # Eager attention: HF's reference (its SDPA path drops Gemma 2's attention soft-capping in
+    # some releases; 5.17 gave 10% logit errors there, 5.24 does not).
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
 
 
 def hf_logits(model_dir: Path, token_ids: Sequence[int]) -> torch.Tensor:
@@ -137,7 +144,7 @@ def hf_logits(model_dir: Path, token_ids: Sequence[int]) -> torch.Tensor:
 
 
 def max_rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.float() - ref).abs().max() / ref.abs().max())
+    return float((ours.float().cpu() - ref).abs().max() / ref.abs().max())
 
 
 def prompt(seed: int, length: int, vocab_size: int = 512) -> list[int]:

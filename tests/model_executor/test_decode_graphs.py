@@ -217,7 +217,8 @@ def test_decode_through_graphs_gives_the_eager_forwards_tokens_and_logits(
     # max_model_len 2048: the graphs' static max_seq_len makes the Triton kernel split the
     # context in 4, while the real contexts fit in one tile: empty splits must weigh nothing.
     graph, graphs = graph_runner(llama_dir, max_model_len=max_model_len)
-    eager = make_runner(llama_dir, attention_backend="triton", max_model_len=max_model_len)
+    eager = make_runner(llama_dir, attention_backend="triton", max_model_len=max_model_len,
+                        enforce_eager=True)  # on a GPU it would capture real graphs
     assert eager.decode_graphs is None
     spies = LogitsSpy(graph), LogitsSpy(eager)
     sessions = Session(graph), Session(eager)
@@ -292,7 +293,8 @@ def test_backend_that_cannot_be_replayed_from_a_graph_runs_eagerly(llama_dir: Pa
 
 
 def test_cpu_without_an_injected_capturer_never_uses_graphs(llama_dir: Path) -> None:
-    assert make_runner(llama_dir, attention_backend="triton").decode_graphs is None
+    runner = make_runner(llama_dir, attention_backend="triton", device="cpu")
+    assert runner.decode_graphs is None
 
 
 # ---- real CUDA graphs -------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def _generate(model_dir: Path, dtype: str, num_requests: int,
     else:
         monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(model_dir), dtype=dtype,
-                                                   block_size=4, num_gpu_blocks_override=64))
+                                                   device="cpu", block_size=4, num_gpu_blocks_override=64))
     params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS[:num_requests]):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)

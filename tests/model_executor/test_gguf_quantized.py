@@ -61,8 +61,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _run(path: Path, quantization: str | None, num_requests: int = 3,
          dtype: str = "float32") -> tuple[list[Any], LLMEngine]:
     engine = LLMEngine.from_engine_args(EngineArgs(
-        model=str(path), dtype=dtype, quantization=quantization, block_size=4,
-        num_gpu_blocks_override=64))
+        model=str(path), dtype=dtype, quantization=quantization, device="cpu", block_size=4,
+        num_gpu_blocks_override=64))  # the packed CPU kernels: on the CPU on any machine
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=5, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS[:num_requests]):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)

@@ -68,6 +68,15 @@ def _ours(path: Path, out: Path) -> Tokenizer:
     return Tokenizer.from_dir(out)
 
 
+# The oracle's own reading of these files changed: transformers 5.17 (the GPU image's) drops the
+# file's add_bos flag and splits leading spaces otherwise; 5.24, this suite's reference, does not.
+_ORACLE_READS_SENTENCEPIECE_GGUF = tuple(
+    int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit()) >= (5, 24)
+
+
+@pytest.mark.skipif(not _ORACLE_READS_SENTENCEPIECE_GGUF,
+                    reason=f"transformers {transformers.__version__} < 5.24 tokenizes SentencePiece "
+                           "GGUF vocabularies otherwise (BOS, leading spaces)")
 @pytest.mark.parametrize("add_bos", [True, False, None])
 def test_sentencepiece_vocabulary_tokenizes_as_transformers_does(
         tmp_path: Path, add_bos: bool | None) -> None:

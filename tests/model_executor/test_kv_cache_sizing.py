@@ -87,3 +87,38 @@ def test_profile_run_builds_a_full_budget_dummy_step(llama_dir: Path,
     runner.model.forward = counting_forward  # type: ignore[method-assign,assignment]
     assert runner.profile_peak_memory() == 12345
     assert seen == [100]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="sizes a real CUDA device's cache")
+def test_cuda_cache_fills_the_utilization_left_after_the_profile_peak(
+        llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_core.model_executor import kv_cache_sizing, model_runner
+
+    # The suite caps every engine's budget (tests/conftest.py): this test sees the real one, and
+    # what went into it (other processes' memory moves while parallel workers run).
+    seen: dict[str, Any] = {}
+
+    def recording_budget(device: torch.device, utilization: float, peak: int) -> int:
+        free, total = torch.cuda.mem_get_info(device)
+        seen.update(total=total, peak=peak, other=total - free - torch.cuda.memory_reserved(device))
+        seen["budget"] = kv_cache_sizing.cuda_kv_budget(device, utilization, peak)
+        return int(seen["budget"])
+
+    monkeypatch.setattr(model_runner, "cuda_kv_budget", recording_budget)
+    utilization = 0.05
+    runner = ModelRunner(load_model_config(str(llama_dir)), CacheConfig(
+        block_size=16, gpu_memory_utilization=utilization),
+        SchedulerConfig(max_model_len=256, max_num_seqs=4), device="cuda")
+    num_blocks = runner.determine_num_blocks()
+    runner.initialize_kv_cache(num_blocks)
+    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    assert seen["peak"] > weights  # the profile step's activations on top of the weights
+    # The budget is utilization x card, less the peak and what others held (within the moment
+    # between the two readings), and the cache is as many whole blocks as fit in it.
+    slack = 256 * 2**20
+    assert abs(seen["budget"] - (utilization * seen["total"] - seen["peak"]
+                                 - max(seen["other"], 0))) < slack
+    block = kv_cache_sizing.bytes_per_block(runner.kv_config, 16)
+    cache_bytes = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    assert cache_bytes == num_blocks * block == (seen["budget"] // block) * block
+    assert runner.kv_caches[0].device.type == "cuda"

@@ -77,12 +77,15 @@ def test_n_samples_each_satisfy_the_constraint(engine) -> None:
 
 def test_same_spec_compiles_once(engine) -> None:
     cache = engine.engine_core.grammar_cache()
-    engine.add_request("a", "x", _params(engine, "regex", 0.0))
-    run_to_completion(engine)
-    before = cache.num_compiled
     # The same schema as a str with other key order is the same grammar.
     same = StructuredOutputsParams(json=json.dumps(dict(reversed(PERSON_SCHEMA.items()))),
                                    disable_any_whitespace=True)
+    # Both compiled here first: the engine is the module's, and other tests may not have run
+    # in this process (a parallel run hands them to other workers).
+    engine.add_request("a", "x", _params(engine, "regex", 0.0))
+    engine.add_request("b", "x", _params(engine, "json", 0.0))
+    run_to_completion(engine)
+    before = cache.num_compiled
     for i in range(3):
         engine.add_request(f"r{i}", "x", _params(engine, "regex", 1.0))
         engine.add_request(f"j{i}", "x", SamplingParams(max_tokens=MAX_TOKENS,

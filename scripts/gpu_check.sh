@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Run the CUDA half of Strand on a lent GPU machine (the device tool's `run`), one phase per
+# argument, logs under $OUT:
+#
+#   bash scripts/gpu_check.sh env deps build tests kernelbench decode:qwen2.5-0.5b
+#
+# env    the card, the driver, Python/torch/Triton versions, the compilers
+# deps   install the wheels carried in .whl/ (the machine has no network) into /tmp/site
+# tests  the in-process suites with CUDA visible (kernels, model runner, engine, LoRA, ...)
+# suite  the whole suite (services and e2e too), one process
+# build  the CPU kernels once, before parallel test workers would each ask for them
+# kernelbench     Triton paged attention vs torch SDPA
+# decode:PRESET   decode sweep of a bf16 random-weight model, CUDA graphs on, then eager
+# offline  nano-vllm's workload: strand vs HF static generate and generate_batch
+#
+# Each phase runs under its own time limit, so one that hangs cannot eat the others.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export PYTHONPATH="$PWD:/tmp/site"
+
+phase() { echo; echo "===== $1 ($(date -u +%H:%M:%S))"; }
+
+for what in "$@"; do
+  case "$what" in
+    env)
+      phase env
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+      python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__,
+torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name(0))'
+      python3 -c 'import importlib.util as u; print("flash_attn:", u.find_spec("flash_attn") is not None)'
+      g++ --version | head -1; nvcc --version | tail -1; nproc
+      lscpu | grep -E "Model name|Flags" | cut -c1-200
+      ;;
+    deps)
+      phase deps
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl 2>&1 | tail -3
+      python3 -c 'import grpc, google.protobuf, opentelemetry.sdk, gguf, xgrammar, fastapi;
+print("grpc", grpc.__version__, "protobuf", google.protobuf.__version__)'
+      ;;
+    build)
+      phase "build CPU kernels"
+      timeout 300 python3 -m kernels.build 2>&1 | tail -5
+      ;;
+    tests)
+      phase tests
+      timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider -p no:benchmark -n 8 \
+        --timeout 90 --tb=short --junitxml="$OUT/tests.xml" \
+        tests/kernels tests/model_executor tests/engine tests/lora tests/core tests/conformance \
+        tests/processing tests/structured_output tests/connector 2>&1 | tee "$OUT/tests.log" \
+        | grep -E "FAILED|ERROR|crashed|passed|failed" | tail -80
+      ;;
+    suite)
+      phase suite
+      timeout 560 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 240 \
+        --junitxml="$OUT/suite.xml" tests 2>&1 | tee "$OUT/suite.log" \
+        | grep -E "FAILED|ERROR|passed|failed" | tail -60
+      ;;
+    kernelbench)
+      phase "bench: Triton paged attention vs SDPA"
+      timeout 120 python3 -m benchmarks.kernels 2>&1 | tee "$OUT/kernels.log" | tail -30
+      ;;
+    decode:*)
+      preset=${what#decode:}
+      phase "bench: decode $preset, CUDA graphs"
+      timeout 150 python3 -m benchmarks.decode --preset "$preset" --dtype bfloat16 \
+        --batch-sizes 1,8,64,256 --output-json "$OUT/decode-$preset.json" 2>&1 \
+        | tee "$OUT/decode-$preset.log" | tail -14
+      phase "bench: decode $preset, eager"
+      timeout 100 python3 -m benchmarks.decode --preset "$preset" --dtype bfloat16 \
+        --batch-sizes 1,64 --enforce-eager --output-json "$OUT/decode-$preset-eager.json" 2>&1 \
+        | tee "$OUT/decode-$preset-eager.log" | tail -10
+      ;;
+    offline)
+      # nano-vllm's shape: 100-1024 tokens in, 100-1024 out (562 * (1 +- 0.822)).
+      phase "offline: nano-vllm workload"
+      timeout 540 python3 -m benchmarks.offline --preset qwen2.5-0.5b --dtype bfloat16 \
+        --num-prompts 256 --input-len 562 --range-ratio 0.822 --output-len 562 \
+        --output-range-ratio 0.822 --backends strand,hf-continuous,hf-static \
+        --output-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log" | tail -30
+      ;;
+    crash)
+      # A test that kills its worker: faulthandler's Python stack, then cuda-gdb's native one.
+      phase "crash: the C++ decode stack tests"
+      t=tests/model_executor/test_fused_decode.py::test_the_stack_takes_layers_of_one_size_and_a_cache_per_layer
+      timeout 60 python3 -X faulthandler -m pytest -q -p no:cacheprovider "$t" > "$OUT/crash-py.log" 2>&1
+      grep -A30 "Fatal Python" "$OUT/crash-py.log" | head -40
+      timeout 90 cuda-gdb -q -batch -ex run -ex bt -ex "info registers rip" \
+        --args python3 -m pytest -q -p no:cacheprovider "$t" 2>&1 \
+        | grep -v "^\[New Thread\|^\[Thread" > "$OUT/crash-gdb.log"
+      grep -E "^#([0-9]|1[0-9]) " "$OUT/crash-gdb.log" | cut -c1-220
+      ;;
+    failing)
+      phase "the files that failed before"
+      timeout 300 python3 -m pytest -v -p no:cacheprovider -p no:benchmark -n 8 --timeout 90 \
+        --tb=short $FAILING 2>&1 | tee "$OUT/failing.log" | grep -E "FAILED|ERROR|crashed|passed|failed" | tail -40
+      ;;
+    offline:*)
+      backend=${what#offline:}
+      phase "offline: nano-vllm workload, $backend"
+      timeout "${OFFLINE_TIMEOUT:-240}" python3 -m benchmarks.offline --preset qwen2.5-0.5b \
+        --dtype bfloat16 --num-prompts 256 --input-len 562 --range-ratio 0.822 --output-len 562 \
+        --output-range-ratio 0.822 --backends "$backend" --output-json "$OUT/offline-$backend.json" \
+        2>&1 | tee "$OUT/offline-$backend.log" | tail -12
+      ;;
+    profile:*)
+      preset=${what#profile:}
+      phase "profile: one decode step of $preset, bf16"
+      for bs in 1 64; do
+        timeout 150 python3 -m benchmarks.gpu_step_profile --preset "$preset" --dtype bfloat16 \
+          --batch-size $bs 2>&1 | grep -v "^USDT" | tee -a "$OUT/profile-$preset.log" | tail -34
+      done
+      ;;
+    *) echo "unknown phase $what"; exit 2 ;;
+  esac
+done
