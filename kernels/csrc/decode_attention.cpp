@@ -1,3 +1,4 @@
+#include "check.h"
 #include "kernels.h"
 #include <algorithm>
 #include <cmath>
@@ -238,7 +239,7 @@ Args<T> make_args(const at::Tensor& out, const at::Tensor& query, const at::Tens
   const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
                   seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
                   key_cache.size(1), key_cache.size(2), block_table.size(1), (float)scale};
-  TORCH_CHECK(a.D <= kLanes * kMaxChunks, "head_dim must be at most ", kLanes * kMaxChunks);
+  STRAND_CHECK(a.D <= kLanes * kMaxChunks, "head_dim must be at most ", kLanes * kMaxChunks);
   return a;
 }
 
@@ -270,7 +271,7 @@ void dispatch_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                    double scale, int64_t r, int64_t g0, int64_t g1) {
   const Args<T> a = make_args<T, Torch>(out, query, key_cache, value_cache, block_table,
                                         seq_lens, scale);
-  TORCH_CHECK(r >= 0 && r < query.size(0) && g0 >= 0 && g0 < g1 && g1 <= a.KVH,
+  STRAND_CHECK(r >= 0 && r < query.size(0) && g0 >= 0 && g0 < g1 && g1 <= a.KVH,
               "decode_attention_part takes a request of the query and a range of its kv heads");
   std::vector<float> s, inv, acc_out;
   by_head_dim(a, [&](auto dc) {

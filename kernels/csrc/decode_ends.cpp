@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "check.h"
 #include "decode_stack.h"
 
 // The two ends of a decode step around the DecodeStack's layers: the token embedding rows before
@@ -16,15 +17,15 @@
 
 void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w,
                            int64_t qtype, double eps) {
-  TORCH_CHECK(!layers_.empty(), "set_ends() after the layers");
+  STRAND_CHECK(!layers_.empty(), "set_ends() after the layers");
   const auto dtype = layers_[0].input_norm.scalar_type();
-  TORCH_CHECK(embedding.dim() == 2 && embedding.size(1) == hidden_ &&
+  STRAND_CHECK(embedding.dim() == 2 && embedding.size(1) == hidden_ &&
                   embedding.scalar_type() == dtype && embedding.is_contiguous(),
               "the embedding table must be a contiguous [vocab, ", hidden_,
               "] tensor in the layers' dtype");
-  TORCH_CHECK(norm.dim() == 1 && norm.size(0) == hidden_ && norm.scalar_type() == dtype,
+  STRAND_CHECK(norm.dim() == 1 && norm.size(0) == hidden_ && norm.scalar_type() == dtype,
               "the final norm must be ", hidden_, " values in the layers' dtype");
-  TORCH_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(1) == hidden_ &&
+  STRAND_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(1) == hidden_ &&
                              head_w.scalar_type() == dtype),
               "a dense lm_head must be [vocab, ", hidden_, "] in the layers' dtype");
   // One row through the kernel checks the weight as each call of it would (its shape against
@@ -39,7 +40,7 @@ namespace {
 // Rows [0, M) of an index tensor of `dtype`, at least M long, contiguous.
 template <typename T>
 const T* first_rows(const at::Tensor& t, int64_t M, at::ScalarType dtype, const char* name) {
-  TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.dim() >= 1 && t.size(0) >= M,
+  STRAND_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.dim() >= 1 && t.size(0) >= M,
               name, " must be a contiguous ", dtype, " tensor of at least ", M, " rows");
   return t.data_ptr<T>();
 }
@@ -48,7 +49,7 @@ template <typename T>
 void check_range(const T* v, int64_t n, int64_t lo, int64_t hi, const char* name,
                  const char* what) {
   for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK_VALUE(v[i] >= lo && v[i] < hi, name, " must be in [", lo, ", ", hi, ") (", what,
+    STRAND_CHECK_VALUE(v[i] >= lo && v[i] < hi, name, " must be in [", lo, ", ", hi, ") (", what,
                       "), got ", v[i]);
 }
 }  // namespace
@@ -57,9 +58,9 @@ void DecodeStack::check_step(const at::Tensor& input_ids, const at::Tensor& posi
                              const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,
                              const at::Tensor& block_table, const at::Tensor& seq_lens) const {
   const int64_t M = input_ids.size(0);
-  TORCH_CHECK(input_ids.dim() == 1 && M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ",
+  STRAND_CHECK(input_ids.dim() == 1 && M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ",
               kMaxDecodeRows, " tokens, got ", input_ids.sizes());
-  TORCH_CHECK(!kv_caches.empty() && kv_caches[0].dim() == 5,
+  STRAND_CHECK(!kv_caches.empty() && kv_caches[0].dim() == 5,
               "kv caches are [2, blocks, block_size, kv_heads, head_dim]");
   const int64_t blocks = kv_caches[0].size(1), block_size = kv_caches[0].size(2);
   check_range(first_rows<int64_t>(input_ids, M, at::kLong, "input_ids"), M, 0,
@@ -68,7 +69,7 @@ void DecodeStack::check_step(const at::Tensor& input_ids, const at::Tensor& posi
               cos_sin_.size(0), "positions", "the rotary table's rows");
   check_range(first_rows<int64_t>(slots, M, at::kLong, "slot_mapping"), M, 0,
               blocks * block_size, "slot_mapping", "the cache's slots");
-  TORCH_CHECK(block_table.dim() == 2, "block_table must be [requests, blocks a request]");
+  STRAND_CHECK(block_table.dim() == 2, "block_table must be [requests, blocks a request]");
   const int64_t cols = block_table.size(1);
   check_range(first_rows<int32_t>(block_table, M, at::kInt, "block_table"), M * cols, 0, blocks,
               "block_table entries", "the cache's blocks");
@@ -80,7 +81,7 @@ void DecodeStack::check_step(const at::Tensor& input_ids, const at::Tensor& posi
 at::Tensor DecodeStack::logits(at::Tensor input_ids, at::Tensor positions,
                                std::vector<at::Tensor> kv_caches, at::Tensor slots,
                                at::Tensor block_table, at::Tensor seq_lens) {
-  TORCH_CHECK(head_.w.defined(), "logits() needs set_ends() first");
+  STRAND_CHECK(head_.w.defined(), "logits() needs set_ends() first");
   check_step(input_ids, positions, kv_caches, slots, block_table, seq_lens);
   const int64_t M = input_ids.size(0);
   const auto opts = head_.embedding.options();

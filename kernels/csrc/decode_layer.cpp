@@ -1,3 +1,4 @@
+#include "check.h"
 #include "decode_stack.h"
 
 #include <ATen/ops/empty.h>
@@ -29,7 +30,7 @@ void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
     else
       linear_batch(out, x, w, b);
   } else {
-    TORCH_CHECK(M <= kSmallRows, "GGUF projections take 1 to ", kSmallRows, " rows, got ", M);
+    STRAND_CHECK(M <= kSmallRows, "GGUF projections take 1 to ", kSmallRows, " rows, got ", M);
     gguf_linear_small(out, x, w, qtype, b);
   }
 }
@@ -42,7 +43,7 @@ DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_h
       head_dim_(head_dim), eps_(eps), scale_(scale) {
   const char* phased = std::getenv("STRAND_DECODE_PHASED");
   phased_ = phased == nullptr || std::string(phased) != "0";
-  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+  STRAND_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
               "num_heads must be a positive multiple of num_kv_heads");
 }
 
@@ -51,12 +52,12 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
                             c10::optional<at::Tensor> o_b, at::Tensor post_norm,
                             at::Tensor gate_up_w, at::Tensor down_w,
                             std::vector<int64_t> qtypes) {
-  TORCH_CHECK(qtypes.size() == 4, "add_layer takes 4 qtypes (qkv, o, gate_up, down)");
+  STRAND_CHECK(qtypes.size() == 4, "add_layer takes 4 qtypes (qkv, o, gate_up, down)");
   // A packed GGUF gate_up weight is [rows, bytes a row], or [rows / 16, ...] regrouped into
   // 16-row tiles (gguf_tiled.cpp): its row count is still 2 I.
   const int64_t H = input_norm.size(0);
   const int64_t I = gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
-  TORCH_CHECK(layers_.empty() || (H == hidden_ && I == intermediate_),
+  STRAND_CHECK(layers_.empty() || (H == hidden_ && I == intermediate_),
               "every layer must have the first one's hidden and intermediate sizes");
   hidden_ = H;
   intermediate_ = I;
@@ -97,15 +98,15 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
                                        const at::Tensor& slots, const at::Tensor& block_table,
                                        const at::Tensor& seq_lens, at::Tensor* logits) {
   const int64_t M = hidden.size(0);
-  TORCH_CHECK(M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ", kMaxDecodeRows,
+  STRAND_CHECK(M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ", kMaxDecodeRows,
               " rows, got ", M);
-  TORCH_CHECK(M <= kSmallRows || !all_tiled_, "a stack of GGUF tiles takes 1 to ", kSmallRows,
+  STRAND_CHECK(M <= kSmallRows || !all_tiled_, "a stack of GGUF tiles takes 1 to ", kSmallRows,
               " rows, got ", M);
-  TORCH_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
+  STRAND_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
               "] for a stack of at least one layer");
-  TORCH_CHECK(kv_caches.size() == layers_.size(), "one kv cache per layer: ", layers_.size(),
+  STRAND_CHECK(kv_caches.size() == layers_.size(), "one kv cache per layer: ", layers_.size(),
               ", got ", kv_caches.size());
-  TORCH_CHECK(hidden.scalar_type() == layers_[0].input_norm.scalar_type(),
+  STRAND_CHECK(hidden.scalar_type() == layers_[0].input_norm.scalar_type(),
               "hidden must be in the weights' dtype");
   caches_.resize(layers_.size());
   keys_.resize(layers_.size());
@@ -117,7 +118,7 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
   at::Tensor q_dense = q_rows ? b.q : at::empty({M, num_heads_, head_dim_}, hidden.options());
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!caches_[l].is_same(kv_caches[l])) {  // a new cache (first step, or reallocated)
-      TORCH_CHECK(kv_caches[l].scalar_type() == hidden.scalar_type() &&
+      STRAND_CHECK(kv_caches[l].scalar_type() == hidden.scalar_type() &&
                       kv_caches[l].is_contiguous() && kv_caches[l].device().is_cpu() &&
                       kv_caches[l].dim() == 5,
                   "kv caches must be contiguous [2, blocks, block_size, kv_heads, head_dim] "

@@ -1,3 +1,4 @@
+#include "check.h"
 #include "kernels.h"
 #include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
@@ -242,15 +243,15 @@ int64_t block_bytes(int64_t qtype) {
     case kQ4_0: return Block<kQ4_0>::kBytes;
     case kQ4_1: return Block<kQ4_1>::kBytes;
   }
-  TORCH_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
+  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
   return 0;
 }
 
 // K, after checking the packed weight's shape against it: [N, K / 32 * block bytes] uint8.
 int64_t check_packed(const at::Tensor& packed, int64_t qtype, int64_t K) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+  STRAND_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
               "the packed weight must be a contiguous [N, row bytes] uint8 tensor");
-  TORCH_CHECK(K % kBlock == 0 && packed.size(1) == K / kBlock * block_bytes(qtype),
+  STRAND_CHECK(K % kBlock == 0 && packed.size(1) == K / kBlock * block_bytes(qtype),
               "a packed row of type ", qtype, " holding ", K, " weights takes ",
               K / kBlock * block_bytes(qtype), " bytes (K a multiple of 32), got ",
               packed.size(1));
@@ -301,7 +302,7 @@ void dequantize_rows(const uint8_t* w, float* out, int64_t N, int64_t K) {
 void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
                        c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0);
-  TORCH_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
+  STRAND_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
   if (packed.dim() == 3) return gguf_tiled_linear_small(out, x, packed, qtype, bias);
   check_packed(packed, qtype, x.size(1));
   if (x.scalar_type() == at::kBFloat16)
@@ -318,7 +319,7 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
     packed = rows;
   }
   const int64_t N = out.size(0), K = check_packed(packed, qtype, out.size(1));
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && packed.size(0) == N,
+  STRAND_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && packed.size(0) == N,
               "gguf_dequantize writes a contiguous float32 [N, K]");
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();

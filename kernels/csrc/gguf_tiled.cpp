@@ -1,3 +1,4 @@
+#include "check.h"
 #include "kernels.h"
 
 #include <ATen/ops/empty.h>
@@ -49,7 +50,7 @@ Format format(int64_t qtype) {
     case kQ4_0: return {2, 16};
     case kQ4_1: return {4, 16};
   }
-  TORCH_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
+  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
   return {0, 0};
 }
 
@@ -228,7 +229,7 @@ void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::T
 // K after checking tiles' shape: [N / 16, K / 32, 16 * block bytes] contiguous uint8.
 int64_t check_tiles(const at::Tensor& tiles, int64_t qtype) {
   const Format f = format(qtype);
-  TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 3 && tiles.is_contiguous() &&
+  STRAND_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 3 && tiles.is_contiguous() &&
                   tiles.size(2) == kTileRows * f.bytes(),
               "tiled GGUF weights of type ", qtype, " are a contiguous [N / 16, K / 32, ",
               kTileRows * f.bytes(), "] uint8 tensor");
@@ -239,7 +240,7 @@ int64_t check_tiles(const at::Tensor& tiles, int64_t qtype) {
 void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype) {
   const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
   const Format f = format(qtype);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+  STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
               "gguf_tile takes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
   move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, true);
@@ -248,7 +249,7 @@ void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype) {
 void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype) {
   const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
   const Format f = format(qtype);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+  STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
               "gguf_untile writes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
   move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, false);
@@ -257,7 +258,7 @@ void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype) {
 void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
                              c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0), K = check_tiles(tiles, qtype);
-  TORCH_CHECK(M >= 1 && M <= 4 && x.size(1) == K, "gguf_linear_small over tiles takes 1 to 4 rows"
+  STRAND_CHECK(M >= 1 && M <= 4 && x.size(1) == K, "gguf_linear_small over tiles takes 1 to 4 rows"
               " of ", K, " values, got [", M, ", ", x.size(1), "]");
   if (x.scalar_type() == at::kBFloat16)
     tiled_linear<bf16>(out, x, tiles, qtype, bias);

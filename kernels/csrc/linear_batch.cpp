@@ -1,3 +1,4 @@
+#include "check.h"
 #include "kernels.h"
 #include <algorithm>
 #include <cstring>
@@ -146,9 +147,9 @@ void run(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, in
 }  // namespace
 
 void linear_batch(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+  STRAND_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
               "linear_batch takes x [M, K] and weight [N, K]");
-  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && out.is_contiguous(),
+  STRAND_CHECK(x.is_contiguous() && weight.is_contiguous() && out.is_contiguous(),
               "linear_batch takes contiguous tensors");
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   if (x.scalar_type() == at::kBFloat16) {

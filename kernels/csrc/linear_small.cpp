@@ -1,3 +1,4 @@
+#include "check.h"
 #include "kernels.h"
 #include <algorithm>
 #include <cstring>
@@ -283,7 +284,7 @@ void by_m(const T* x, const T* w, const T* bias, T* out, int64_t M, int64_t K, i
 
 void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  TORCH_CHECK(M >= 1 && M <= 4, "linear_small takes 1 to 4 rows, got ", M);
+  STRAND_CHECK(M >= 1 && M <= 4, "linear_small takes 1 to 4 rows, got ", M);
   if (x.scalar_type() == at::kBFloat16) {
     const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
     by_m<bf16>(static_cast<const bf16*>(x.data_ptr()), static_cast<const bf16*>(weight.data_ptr()),

@@ -1,3 +1,4 @@
+#include "check.h"
 #include "kernels.h"
 #include <omp.h>
 #include <algorithm>
@@ -348,11 +349,11 @@ bool prefill_attention_amx_available() {
 void prefill_attention_amx(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                            at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
                            at::Tensor q_lens, at::Tensor seq_lens, double scale) {
-  TORCH_CHECK(prefill_attention_amx_available(), "AMX is not available on this CPU");
-  TORCH_CHECK(query.scalar_type() == at::kBFloat16, "prefill_attention_amx needs bfloat16");
-  TORCH_CHECK(scale > 0, "prefill_attention_amx needs scale > 0, got ", scale);
+  STRAND_CHECK(prefill_attention_amx_available(), "AMX is not available on this CPU");
+  STRAND_CHECK(query.scalar_type() == at::kBFloat16, "prefill_attention_amx needs bfloat16");
+  STRAND_CHECK(scale > 0, "prefill_attention_amx needs scale > 0, got ", scale);
   const int64_t D = query.size(2);
-  TORCH_CHECK(D % 32 == 0 && D <= 256, "prefill_attention_amx needs head_dim a multiple of 32 "
+  STRAND_CHECK(D % 32 == 0 && D <= 256, "prefill_attention_amx needs head_dim a multiple of 32 "
               "up to 256, got ", D);
   const auto ptr = [](at::Tensor t) {
     return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
@@ -418,6 +419,6 @@ bool prefill_attention_amx_available() { return false; }
 
 void prefill_attention_amx(at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                            at::Tensor, at::Tensor, double) {
-  TORCH_CHECK(false, "prefill_attention_amx is not built for this CPU level");
+  STRAND_CHECK(false, "prefill_attention_amx is not built for this CPU level");
 }
 #endif
