@@ -7,6 +7,7 @@ the same number of tokens from the same token ids.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -82,6 +83,12 @@ def _static_batch(model: Any, batch: list[SampleRequest], max_new_tokens: int) -
     return [row[width:].tolist() for row in out.cpu()]  # out: [batch, width + new]
 
 
+def _page_size_kwarg(config_cls: Any, page_size: int) -> dict[str, int]:
+    """transformers 5.24 names the KV block size `page_size`; 5.17 (a GPU image's) `block_size`."""
+    params = inspect.signature(config_cls).parameters
+    return {"page_size" if "page_size" in params else "block_size": page_size}
+
+
 def run_hf_continuous(model_dir: str, requests: list[SampleRequest], dtype: str = "float32",
                       max_batch_tokens: int = 2048, max_num_seqs: int = 256,
                       kv_cache_tokens: int | None = None, page_size: int = 16,
@@ -99,7 +106,8 @@ def run_hf_continuous(model_dir: str, requests: list[SampleRequest], dtype: str 
     max_len = max(r.prompt_len + r.output_len for r in requests)
     tokens = kv_cache_tokens or sum(r.prompt_len + r.output_len for r in requests)
     num_blocks = math.ceil(tokens / page_size) + len(requests)
-    cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks,
+    cb_config = ContinuousBatchingConfig(**_page_size_kwarg(ContinuousBatchingConfig, page_size),
+                                         num_blocks=num_blocks,
                                          max_batch_tokens=max_batch_tokens,
                                          max_requests_per_batch=max_num_seqs)
     # eos -1: never matches, so every request runs to its max_new_tokens (ignore_eos).
