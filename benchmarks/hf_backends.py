@@ -83,7 +83,7 @@ def _static_batch(model: Any, batch: list[SampleRequest], max_new_tokens: int) -
     return [row[width:].tolist() for row in out.cpu()]  # out: [batch, width + new]
 
 
-def _page_size_kwarg(config_cls: Any, page_size: int) -> dict[str, int]:
+def _page_size_kwarg(config_cls: Any, page_size: int) -> dict[str, Any]:
     """transformers 5.24 names the KV block size `page_size`; 5.17 (a GPU image's) `block_size`."""
     params = inspect.signature(config_cls).parameters
     return {"page_size" if "page_size" in params else "block_size": page_size}

@@ -103,8 +103,17 @@ print("grpc", grpc.__version__, "protobuf", google.protobuf.__version__)'
       phase "offline: nano-vllm workload, $backend"
       timeout "${OFFLINE_TIMEOUT:-240}" python3 -m benchmarks.offline --preset qwen2.5-0.5b \
         --dtype bfloat16 --num-prompts 256 --input-len 562 --range-ratio 0.822 --output-len 562 \
-        --output-range-ratio 0.822 --backends "$backend" --output-json "$OUT/offline-$backend.json" \
+        --output-range-ratio 0.822 --backends "$backend" --hf-batch-size 256 \
         2>&1 | tee "$OUT/offline-$backend.log" | tail -12
+      ;;
+    prefill:*)
+      preset=${what#prefill:}
+      phase "bench: prefill $preset, bf16, against the measured GEMM rate"
+      for shape in "1 2048" "4 2048" "16 512"; do
+        set -- $shape
+        timeout 120 python3 -m benchmarks.gpu_prefill --preset "$preset" --dtype bfloat16 \
+          --num-prompts $1 --prompt-len $2 2>&1 | tee -a "$OUT/prefill-$preset.log" | tail -3
+      done
       ;;
     profile:*)
       preset=${what#profile:}
