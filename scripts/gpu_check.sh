@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
 # Run the CUDA half of Strand on a lent GPU machine (the device tool's `run`), one phase per
-# argument, logs under $OUT:
+# argument, logs under $OUT. Session 11 ran, on one H100, in five calls such as:
 #
 #   bash scripts/gpu_check.sh env deps build tests kernelbench decode:qwen2.5-0.5b
+#   bash scripts/gpu_check.sh deps build decode:llama-3.2-1b profile:llama-3.2-1b
+#   OFFLINE_TIMEOUT=115 bash scripts/gpu_check.sh deps offline:strand offline:hf-continuous \
+#       offline:hf-static prefill:llama-3.2-1b
+#   FAILING="tests/..." bash scripts/gpu_check.sh deps build failing crash
 #
-# env    the card, the driver, Python/torch/Triton versions, the compilers
-# deps   install the wheels carried in .whl/ (the machine has no network) into /tmp/site
-# tests  the in-process suites with CUDA visible (kernels, model runner, engine, LoRA, ...)
-# suite  the whole suite (services and e2e too), one process
-# build  the CPU kernels once, before parallel test workers would each ask for them
-# kernelbench     Triton paged attention vs torch SDPA
-# decode:PRESET   decode sweep of a bf16 random-weight model, CUDA graphs on, then eager
-# offline  nano-vllm's workload: strand vs HF static generate and generate_batch
+# The machine has no network: the packages its image lacks travel as wheels in .whl/ (git-ignored,
+# named in the run's carry), made here with `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux2014_x86_64 ... -d .whl` for grpcio, protobuf, the
+# OpenTelemetry packages, gguf, fastapi/uvicorn/starlette/pydantic, xgrammar, openai and what
+# they need.
+#
+# env            the card, the driver, Python/torch/Triton versions, the compilers
+# deps           install the wheels carried in .whl/ into /tmp/site
+# build          the CPU kernels once, before parallel test workers would each ask for them
+# tests          the in-process suites with CUDA visible (kernels, model runner, engine, ...)
+# services       the services, e2e, distributed and benchmark tests, one process: each engine
+#                process they start sizes its cache at 0.9 of the card, so two cannot run at once
+# failing        the files named in $FAILING again
+# crash          a test that kills its worker, under faulthandler and cuda-gdb
+# kernelbench    Triton paged attention vs torch SDPA
+# decode:PRESET  decode sweep of a bf16 random-weight model, CUDA graphs on, then eager
+# profile:PRESET where a decode step's time goes (host parts, GPU kernel time), batch 1 and 64
+# prefill:PRESET prefill against the measured GEMM rate
+# offline:BACKEND  nano-vllm's workload shape for one backend (strand, hf-continuous, hf-static)
 #
 # Each phase runs under its own time limit, so one that hangs cannot eat the others.
 set -uo pipefail
@@ -53,11 +68,11 @@ print("grpc", grpc.__version__, "protobuf", google.protobuf.__version__)'
         tests/processing tests/structured_output tests/connector 2>&1 | tee "$OUT/tests.log" \
         | grep -E "FAILED|ERROR|crashed|passed|failed" | tail -80
       ;;
-    suite)
-      phase suite
-      timeout 560 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 240 \
-        --junitxml="$OUT/suite.xml" tests 2>&1 | tee "$OUT/suite.log" \
-        | grep -E "FAILED|ERROR|passed|failed" | tail -60
+    services)
+      phase "services, e2e, distributed, benchmarks"
+      timeout "${SERVICES_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
+        --timeout 240 tests/services tests/e2e tests/distributed tests/benchmarks 2>&1 \
+        | tee "$OUT/services.log" | grep -E "FAILED|ERROR|passed|failed" | tail -60
       ;;
     kernelbench)
       phase "bench: Triton paged attention vs SDPA"
@@ -73,14 +88,6 @@ print("grpc", grpc.__version__, "protobuf", google.protobuf.__version__)'
       timeout 100 python3 -m benchmarks.decode --preset "$preset" --dtype bfloat16 \
         --batch-sizes 1,64 --enforce-eager --output-json "$OUT/decode-$preset-eager.json" 2>&1 \
         | tee "$OUT/decode-$preset-eager.log" | tail -10
-      ;;
-    offline)
-      # nano-vllm's shape: 100-1024 tokens in, 100-1024 out (562 * (1 +- 0.822)).
-      phase "offline: nano-vllm workload"
-      timeout 540 python3 -m benchmarks.offline --preset qwen2.5-0.5b --dtype bfloat16 \
-        --num-prompts 256 --input-len 562 --range-ratio 0.822 --output-len 562 \
-        --output-range-ratio 0.822 --backends strand,hf-continuous,hf-static \
-        --output-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log" | tail -30
       ;;
     crash)
       # A test that kills its worker: faulthandler's Python stack, then cuda-gdb's native one.
