@@ -9,10 +9,7 @@
 #   FAILING="tests/..." bash scripts/gpu_check.sh deps build failing crash
 #
 # The machine has no network: the packages its image lacks travel as wheels in .whl/ (git-ignored,
-# named in the run's carry), made here with `pip download --no-deps --only-binary=:all:
-# --python-version 3.12 --platform manylinux2014_x86_64 ... -d .whl` for grpcio, protobuf, the
-# OpenTelemetry packages, gguf, fastapi/uvicorn/starlette/pydantic, xgrammar, openai and what
-# they need.
+# named in the run's carry), made here by scripts/gpu_wheels.sh.
 #
 # env            the card, the driver, Python/torch/Triton versions, the compilers
 # deps           install the wheels carried in .whl/ into /tmp/site
