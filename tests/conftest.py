@@ -27,10 +27,10 @@ TEST_CUDA_KV_BUDGET = 1 << 30
 def _bounded_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():
         return
-    from engine_core.model_executor import model_runner
+    from engine_core.model_executor import kv_cache_setup
 
-    real = model_runner.cuda_kv_budget
-    monkeypatch.setattr(model_runner, "cuda_kv_budget",
+    real = kv_cache_setup.cuda_kv_budget
+    monkeypatch.setattr(kv_cache_setup, "cuda_kv_budget",
                         lambda *args, **kwargs: min(real(*args, **kwargs), TEST_CUDA_KV_BUDGET))
 
 

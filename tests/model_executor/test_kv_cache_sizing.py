@@ -92,7 +92,7 @@ def test_profile_run_builds_a_full_budget_dummy_step(llama_dir: Path,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sizes a real CUDA device's cache")
 def test_cuda_cache_fills_the_utilization_left_after_the_profile_peak(
         llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine_core.model_executor import kv_cache_sizing, model_runner
+    from engine_core.model_executor import kv_cache_setup, kv_cache_sizing
 
     # The suite caps every engine's budget (tests/conftest.py): this test sees the real one, and
     # what went into it (other processes' memory moves while parallel workers run).
@@ -104,7 +104,7 @@ def test_cuda_cache_fills_the_utilization_left_after_the_profile_peak(
         seen["budget"] = kv_cache_sizing.cuda_kv_budget(device, utilization, peak)
         return int(seen["budget"])
 
-    monkeypatch.setattr(model_runner, "cuda_kv_budget", recording_budget)
+    monkeypatch.setattr(kv_cache_setup, "cuda_kv_budget", recording_budget)
     # A share that leaves about 2 GiB past what the card holds now (parallel workers included).
     free, total = torch.cuda.mem_get_info()
     utilization = min(1.0, (total - free + 2 * 2**30) / total)
