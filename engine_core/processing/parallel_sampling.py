@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
 from engine_core.outputs import RequestMetrics, RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
@@ -58,10 +56,12 @@ class ParentRequest:
             for i, child in enumerate(self.child_requests)
         }
         # Every child computes the same prompt logprobs; the first child's are reported.
-        self._prompt_logprobs_source = next(iter(self.children.values()))
+        self._first = next(iter(self.children.values()))
 
     @property
     def finished(self) -> bool:
+        if len(self.children) == 1:  # n=1, nearly every request: asked several times a step
+            return self._first.finished
         return all(child.finished for child in self.children.values())
 
     def unfinished_child_ids(self) -> list[str]:
@@ -97,7 +97,8 @@ class ParentRequest:
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = kind == RequestOutputKind.DELTA
-        children = sorted(self.children.values(), key=lambda c: c.index)
+        children = ([self._first] if len(self.children) == 1
+                    else sorted(self.children.values(), key=lambda c: c.index))
         if kind != RequestOutputKind.FINAL_ONLY:
             # Streaming (DELTA or CUMULATIVE): the children that produced output this step,
             # as vLLM's ParentRequest streams them; FINAL_ONLY gathers all n at the end.
@@ -105,7 +106,7 @@ class ParentRequest:
         if not children:
             return None
         outputs = [child.completion(delta) for child in children]
-        source = self._prompt_logprobs_source.logprobs
+        source = self._first.logprobs
         if delta:
             prompt_logprobs = source.take_new_prompt_logprobs()
         else:
@@ -120,9 +121,7 @@ class ParentRequest:
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.num_cached_tokens,
-            # A snapshot (its own list too): later steps update ours.
-            metrics=dataclasses.replace(self.metrics,
-                                        preemption_times=list(self.metrics.preemption_times)),
+            metrics=self.metrics.snapshot(),  # later steps update ours
             error=error,
             lora_request=self.lora_request,
         )
