@@ -312,3 +312,15 @@ def test_recently_ended_names_children_that_ended_until_added_again(
     assert not output_processor.recently_ended("r")  # a parent id is not a child here
     output_processor.add_request(make_processed(tokenizer, "r", n=2))
     assert not output_processor.recently_ended("0_r")
+
+
+def test_a_metrics_snapshot_keeps_its_values_while_the_request_goes_on() -> None:
+    from engine_core.outputs import RequestMetrics
+
+    live = RequestMetrics(arrival_time=1.0, first_scheduled_time=2.0, first_token_time=3.0,
+                          last_token_time=4.0, finished_time=None, preemption_times=[2.5])
+    kept = live.snapshot()
+    assert kept == live and kept.preemption_times is not live.preemption_times
+    live.preemption_times.append(3.5)
+    live.last_token_time = 5.0
+    assert kept.preemption_times == [2.5] and kept.last_token_time == 4.0
