@@ -17,6 +17,7 @@ Each step is skipped when its output is there; the last lines print the benchmar
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -128,9 +129,17 @@ def build_llama_cpp(root: Path, isa: str = "native") -> tuple[Path, Path]:
     return bin_dir, src_root
 
 
+def ensure_converter_deps() -> None:
+    """llama.cpp's converter imports sentencepiece for every Llama vocabulary, even a BPE one; the
+    engine itself never needs it, so it is installed here, for the benchmark only."""
+    if importlib.util.find_spec("sentencepiece") is None:
+        _run([sys.executable, "-m", "pip", "install", "-q", "sentencepiece"])
+
+
 def convert(hf_dir: Path, src_root: Path, root: Path, outtype: str) -> Path:
     out = root / f"smollm2-135m-{outtype}.gguf"
     if not out.is_file():
+        ensure_converter_deps()
         env = {**os.environ, "PYTHONPATH": str(src_root / "gguf-py")}
         _run([sys.executable, str(src_root / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype",
               outtype, "--outfile", str(out)], env=env, stdout=subprocess.DEVNULL)
