@@ -1,33 +1,39 @@
 """The floor under the ring's latency: one gRPC stream message between two Python processes.
 
-A second process runs a grpc.aio echo on a bidirectional stream (the shape of every edge of the
-ring) and stamps each message with CLOCK_MONOTONIC when its handler sees it; this process stamps
-it before the write. The difference is one hop: the sender's write, the kernel, and the
+A server process runs a grpc.aio echo on a bidirectional stream (the shape of every edge of the
+ring) and stamps each message with CLOCK_MONOTONIC when its handler sees it; a client process
+stamps it before the write. The difference is one hop: the sender's write, the kernel, and the
 receiver's gRPC threads and event loop, with no Strand code on either side. Measured two ways:
 back to back (both processes busy, their threads awake) and after an idle gap (as a lone request
 finds the stages: each waiting on its socket, gRPC's threads asleep), which is the case a low-load
 request's time to first token pays once per hop.
 
-A plain asyncio socket echo is measured beside it, after the same gap: what the kernel and one
-event loop cost, so the rest is gRPC's own thread hand-offs.
+Both processes start on the TCP path the stages take (services/grpc_tuning.py: gRPC's iomgr path,
+one thread wake-up fewer per message) and, in alternating rounds, on gRPC's default (EventEngine)
+path, since the choice is process-wide and read when grpc is first imported. A plain asyncio
+socket echo is measured beside them, after the same gap: what the kernel and one event loop cost,
+so the rest is gRPC's own thread hand-offs.
 
-    python -m benchmarks.grpc_hop --messages 300 --gap-ms 20
+    python -m benchmarks.grpc_hop --messages 300 --gap-ms 20 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
-import grpc
+from services import grpc_tuning
 
 _METHOD = "/strand.bench.Hop/Echo"
 _PAYLOAD = b"x" * 100  # about one small stage message
+_WARM = 20  # messages that warm the connection, not timed
 
 
 def _raw(data: bytes) -> bytes:
@@ -39,6 +45,8 @@ def _stamp() -> bytes:
 
 
 async def _serve_grpc(port: int) -> None:
+    import grpc
+
     async def echo(messages: Any, context: grpc.aio.ServicerContext) -> Any:
         async for _ in messages:
             yield _stamp()
@@ -70,17 +78,19 @@ async def _serve_socket(port: int) -> None:
 
 
 async def _grpc_hops(port: int, count: int, gap_s: float) -> list[float]:
+    import grpc
+
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = channel.stream_stream(_METHOD, request_serializer=_raw,
                                      response_deserializer=_raw)()
         hops = []
-        for i in range(count + 20):  # the first 20 warm the connection
+        for i in range(count + _WARM):
             if gap_s:
                 await asyncio.sleep(gap_s)
             sent = time.monotonic_ns()
             await call.write(_PAYLOAD)
             seen = int.from_bytes(await call.read(), "little")
-            if i >= 20:
+            if i >= _WARM:
                 hops.append((seen - sent) / 1e6)
         await call.done_writing()
         return hops
@@ -89,14 +99,14 @@ async def _grpc_hops(port: int, count: int, gap_s: float) -> list[float]:
 async def _socket_hops(port: int, count: int, gap_s: float) -> list[float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     hops = []
-    for i in range(count + 20):
+    for i in range(count + _WARM):
         if gap_s:
             await asyncio.sleep(gap_s)
         sent = time.monotonic_ns()
         writer.write(_PAYLOAD)
         await writer.drain()
         seen = int.from_bytes(await reader.readexactly(8), "little")
-        if i >= 20:
+        if i >= _WARM:
             hops.append((seen - sent) / 1e6)
     writer.close()
     return hops
@@ -110,34 +120,55 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _with_server(kind: str, measure: Any) -> list[float]:
+def _env(transport: str) -> dict[str, str]:
+    """The environment both processes start with (GRPC_EXPERIMENTS is read once, at grpc's first
+    import): "stages" as services/__init__.py sets it, "grpc_default" with the tuning off."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in (grpc_tuning.ENV, grpc_tuning.OPT_OUT_ENV)}
+    if transport == "stages":
+        grpc_tuning.apply(env)
+    else:
+        env[grpc_tuning.OPT_OUT_ENV] = "1"
+    return env
+
+
+def _hops(kind: str, transport: str, count: int, gap_ms: float) -> float:
+    """p50 one-way ms of `count` messages, server and client each a fresh process."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_hop", "--serve", kind,
-                               "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    me = [sys.executable, "-m", "benchmarks.grpc_hop", "--port", str(port)]
+    env = _env(transport)
+    server = subprocess.Popen([*me, "--serve", kind], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert server.stdout is not None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the {kind} echo server did not start")
-        return asyncio.run(measure(port))
+        out = subprocess.run([*me, "--client", kind, "--messages", str(count), "--gap-ms",
+                              str(gap_ms)], capture_output=True, text=True, env=env, check=True)
+        return statistics.median(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
         server.kill()
         server.wait()
 
 
-def measure_hops(count: int = 300, gap_ms: float = 20.0) -> dict[str, float]:
-    """p50 one-way milliseconds: gRPC back to back, gRPC after the gap, a socket after it."""
-    if count < 1 or gap_ms < 0:
-        raise ValueError(f"count must be >= 1 and gap_ms >= 0, got {count} and {gap_ms}")
-    gap = gap_ms / 1e3
-    return {
-        "grpc_busy_ms": statistics.median(_with_server(
-            "grpc", lambda port: _grpc_hops(port, count, 0.0))),
-        "grpc_after_gap_ms": statistics.median(_with_server(
-            "grpc", lambda port: _grpc_hops(port, count, gap))),
-        "socket_after_gap_ms": statistics.median(_with_server(
-            "socket", lambda port: _socket_hops(port, count, gap))),
-        "gap_ms": gap_ms,
-    }
+def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
+    """p50 one-way milliseconds (the median over rounds): gRPC on the stages' TCP path back to
+    back and after the gap, the same on gRPC's default path, a plain socket after the gap."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if gap_ms < 0:
+        raise ValueError(f"gap_ms must be >= 0, got {gap_ms}")
+    runs: dict[str, list[float]] = {}
+    for _ in range(rounds):  # alternating, so a busy moment meets every variant alike
+        for transport, prefix in (("stages", "grpc"), ("grpc_default", "grpc_default")):
+            runs.setdefault(f"{prefix}_busy_ms", []).append(_hops("grpc", transport, count, 0.0))
+            runs.setdefault(f"{prefix}_after_gap_ms", []).append(
+                _hops("grpc", transport, count, gap_ms))
+        runs.setdefault("socket_after_gap_ms", []).append(
+            _hops("socket", "stages", count, gap_ms))
+    return {**{name: statistics.median(values) for name, values in runs.items()},
+            "gap_ms": gap_ms, "rounds": rounds}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,7 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--gap-ms", type=float, default=20.0,
                         help="idle time before each message of the after-gap runs")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds of every variant; medians over them")
     parser.add_argument("--serve", choices=("grpc", "socket"), default=None,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=("grpc", "socket"), default=None,
                         help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -157,9 +192,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--messages must be >= 1, got {args.messages}")
     if args.gap_ms < 0:
         parser.error(f"--gap-ms must be >= 0, got {args.gap_ms}")
-    hops = measure_hops(args.messages, args.gap_ms)
-    print(f"one gRPC stream message, p50: {hops['grpc_busy_ms']:.3f} ms back to back, "
-          f"{hops['grpc_after_gap_ms']:.3f} ms after {args.gap_ms:g} ms idle; "
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.client:
+        measure = _grpc_hops if args.client == "grpc" else _socket_hops
+        print(json.dumps(asyncio.run(measure(args.port, args.messages, args.gap_ms / 1e3))))
+        return
+    hops = measure_hops(args.messages, args.gap_ms, args.rounds)
+    print(f"one gRPC stream message, p50 over {args.rounds} rounds: "
+          f"{hops['grpc_busy_ms']:.3f} ms back to back, {hops['grpc_after_gap_ms']:.3f} ms after "
+          f"{args.gap_ms:g} ms idle on the stages' TCP path; gRPC's default path: "
+          f"{hops['grpc_default_busy_ms']:.3f} and {hops['grpc_default_after_gap_ms']:.3f} ms; "
           f"a plain socket after the same idle: {hops['socket_after_gap_ms']:.3f} ms")
 
 

@@ -279,8 +279,10 @@ def summary_table(data: dict[str, Any]) -> str:
     if "grpc_hop_ms" in data:
         hop = data["grpc_hop_ms"]
         lines.append(f"one bare gRPC stream message: {hop['grpc_after_gap_ms']:.3f} ms after "
-                     f"{hop['gap_ms']:g} ms idle, {hop['grpc_busy_ms']:.3f} ms back to back; "
-                     f"a plain socket after the idle: {hop['socket_after_gap_ms']:.3f} ms")
+                     f"{hop['gap_ms']:g} ms idle, {hop['grpc_busy_ms']:.3f} ms back to back "
+                     f"(gRPC's default TCP path: {hop['grpc_default_after_gap_ms']:.3f} and "
+                     f"{hop['grpc_default_busy_ms']:.3f} ms); a plain socket after the idle: "
+                     f"{hop['socket_after_gap_ms']:.3f} ms")
     cpu = data["cpu_s_per_1000_tokens"]
     lines.append(format_table(["process", "CPU s / 1000 output tokens"],
                               [[name, f"{value:.3f}"] for name, value in cpu.items()]))
