@@ -1,6 +1,7 @@
 #include "check.h"
 #include "kernels.h"
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -134,13 +135,24 @@ void rows_task_pairs(const bf16* w, const bf16* bias, bf16* out, int64_t K, int6
   }
 }
 
+#include "linear_small_seq.h"
+
+// STRAND_SMALL_ROWS_GROUPED=1: the grouped kernels above instead of a row at a time
+// (linear_small_seq.h), for A/B runs on CPUs other than the one that chose the default.
+inline bool rows_grouped() {
+  const char* v = std::getenv("STRAND_SMALL_ROWS_GROUPED");
+  static const bool yes = v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  return yes;
+}
+
 template <int M>
 void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
   constexpr int RB = pair_rows(M);
   std::vector<float> xp(M * K);
   pair_layout(x, xp.data(), M, K);
   split_rows(N, RB, [&](int64_t n0, int64_t n1) {
-    rows_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
+    if (rows_grouped()) rows_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
+    else seq_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
   });
 }
 
@@ -184,7 +196,8 @@ template <int M>
 void run_f32(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t N) {
   constexpr int RB = pair_rows(M);
   split_rows(N, RB, [&](int64_t n0, int64_t n1) {
-    rows_task_f32<M>(w, bias, out, K, N, n0, n1, x);
+    if (rows_grouped()) rows_task_f32<M>(w, bias, out, K, N, n0, n1, x);
+    else seq_task_f32<M>(w, bias, out, K, N, n0, n1, x);
   });
 }
 
@@ -244,7 +257,8 @@ template <int M>
 void run_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
   constexpr int RB = dp_rows(M);
   split_rows(N, RB, [&](int64_t n0, int64_t n1) {
-    rows_task_dp<M>(x, w, bias, out, K, N, n0, n1);
+    if (rows_grouped()) rows_task_dp<M>(x, w, bias, out, K, N, n0, n1);
+    else seq_task_dp<M>(x, w, bias, out, K, N, n0, n1);
   });
 }
 
@@ -319,8 +333,9 @@ void small_rows_m(at::Tensor& out, const SmallX& x, const at::Tensor& w,
   const int64_t K = x.K, N = w.size(0);
   if (!x.bf16) {
     const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    rows_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1,
-                     static_cast<const float*>(x.data));
+    const float* xd = static_cast<const float*>(x.data);
+    if (rows_grouped()) rows_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1, xd);
+    else seq_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1, xd);
     return;
   }
   const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
@@ -328,11 +343,14 @@ void small_rows_m(at::Tensor& out, const SmallX& x, const at::Tensor& w,
   bf16* op = static_cast<bf16*>(out.data_ptr());
 #ifdef STRAND_DPBF16
   if (x.laid_out.empty()) {
-    rows_task_dp<M>(static_cast<const bf16*>(x.data), wp, b, op, K, N, n0, n1);
+    const bf16* xd = static_cast<const bf16*>(x.data);
+    if (rows_grouped()) rows_task_dp<M>(xd, wp, b, op, K, N, n0, n1);
+    else seq_task_dp<M>(xd, wp, b, op, K, N, n0, n1);
     return;
   }
 #endif
-  rows_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
+  if (rows_grouped()) rows_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
+  else seq_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
 }
 }  // namespace
 

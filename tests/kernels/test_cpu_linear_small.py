@@ -123,22 +123,30 @@ _CHILD = """
 import torch, torch.nn.functional as F
 from kernels import cpu_linear
 g = torch.Generator().manual_seed(5)
-for rows in (1, 2, 3, 4):
-    for features in (32, 64, 47, 576):
-        x = torch.randn(rows, features, generator=g).bfloat16()
-        assert torch.equal(cpu_linear.linear_small(x, torch.eye(features).bfloat16(), None), x)
-        w = torch.randn(37, features, generator=g).bfloat16()
-        b = torch.randn(37, generator=g).bfloat16()
-        want = F.linear(x.float(), w.float(), b.float())
-        got = cpu_linear.linear_small(x, w, b).float()
-        torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3 * want.abs().max().item())
+for dtype, tol in ((torch.bfloat16, 8e-3), (torch.float32, 1e-5)):
+    for rows in (1, 2, 3, 4):
+        for features in (32, 64, 47, 96, 130, 576):
+            x = torch.randn(rows, features, generator=g).to(dtype)
+            assert torch.equal(cpu_linear.linear_small(x, torch.eye(features).to(dtype), None), x)
+            w = torch.randn(37, features, generator=g).to(dtype)
+            b = torch.randn(37, generator=g).to(dtype)
+            want = F.linear(x.double(), w.double(), b.double())
+            got = cpu_linear.linear_small(x, w, b).double()
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
 print("ok")
 """
 
 
-def test_the_path_without_avx512_bf16_at_full_width() -> None:
-    env = {**os.environ, "STRAND_DISABLE_AVX512_BF16": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+# Each is read once by the C++ side, so each runs in a process of its own: the bfloat16 path an
+# AVX-512 CPU without AVX512_BF16 takes, at full width; the grouped row order (the A/B switch
+# against the default of a row at a time, linear_small_seq.h), with and without AVX512_BF16.
+@pytest.mark.parametrize("env", [{"STRAND_DISABLE_AVX512_BF16": "1"},
+                                 {"STRAND_SMALL_ROWS_GROUPED": "1"},
+                                 {"STRAND_SMALL_ROWS_GROUPED": "1",
+                                  "STRAND_DISABLE_AVX512_BF16": "1"}],
+                         ids=["no-avx512-bf16", "grouped", "grouped-no-avx512-bf16"])
+def test_every_path_switched_by_the_environment(env: dict[str, str]) -> None:
+    env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
