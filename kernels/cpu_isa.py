@@ -51,6 +51,7 @@ class CpuIsa:
     detected: str  # the widest level the CPU has: one of LEVELS, or "native" off x86
     level: str  # the level every path is chosen for: detected, or lower under STRAND_CPU_ISA
     flags: frozenset[str]  # the CPU's feature flags (empty where they could not be read)
+    vendor: str = ""  # /proc/cpuinfo's vendor_id: GenuineIntel, AuthenticAMD ("" if unread)
 
     @property
     def overridden(self) -> bool:
@@ -96,15 +97,25 @@ class CpuIsa:
                 f"products: {int8}; bfloat16 prefill attention: {amx}")
 
 
-def _cpu_flags() -> frozenset[str]:
+def _cpuinfo_field(names: tuple[str, ...]) -> str:
+    """The first /proc/cpuinfo line's value whose key is one of `names` ("" if none)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        key, _, value = line.partition(":")
+        if key.strip() in names:
+            return value.strip()
+    return ""
+
+
+def _cpu_flags() -> frozenset[str]:
+    return frozenset(_cpuinfo_field(("flags", "Features")).split())
+
+
+def _cpu_vendor() -> str:
+    return _cpuinfo_field(("vendor_id",))
 
 
 def _detect(machine: str, flags: frozenset[str]) -> str:
@@ -144,7 +155,8 @@ def probe() -> CpuIsa:
             raise ValueError(f"{ENV}={requested} is wider than this CPU ({detected}): code built "
                              f"for it would stop on an illegal instruction")
         level = requested
-    return CpuIsa(machine=machine, detected=detected, level=level, flags=flags)
+    return CpuIsa(machine=machine, detected=detected, level=level, flags=flags,
+                  vendor=_cpu_vendor())
 
 
 def apply_override() -> None:

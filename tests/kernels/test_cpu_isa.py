@@ -125,3 +125,12 @@ def test_an_avx512_cpu_without_vnni_takes_the_avx2_dot_products(
     isa = cpu_isa.probe()
     assert not isa.vnni and "-mavx512vnni" not in isa.compile_flags()
     assert "GGUF int8 dot products: AVX2" in isa.describe()
+
+
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_the_vendor_is_read_from_cpuinfo(monkeypatch: pytest.MonkeyPatch, fresh_probe: None,
+                                         vendor: str) -> None:
+    cpuinfo = f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx avx2\n"
+    monkeypatch.setattr(cpu_isa.Path, "read_text", lambda self, **kw: cpuinfo)
+    assert cpu_isa._cpu_vendor() == vendor
+    assert cpu_isa._cpu_flags() == frozenset({"fpu", "avx", "avx2"})

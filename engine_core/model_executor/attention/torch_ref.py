@@ -244,11 +244,15 @@ def fresh_sdpa_applies(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether fresh prefills in `dtype` go to SDPA over their own K/V rather than the C++
     prefill kernel. In bfloat16 with AMX the kernel runs on AMX tiles
     (kernels/csrc/prefill_attention_amx.cpp): a 512-token SmolLM2 layer takes ~0.95 ms against
-    SDPA's ~1.6, one thread. Without AMX but where oneDNN has bfloat16 kernels (AVX-512 BF16),
-    SDPA's products run there: 1.9 ms against the float32-widening kernel's 4.9. In float32
-    the C++ kernel is the faster (3.5 against 6.1 ms), and without oneDNN bfloat16 (AVX2)
-    torch's bfloat16 products are slow, so both stay on the kernel."""
-    return (dtype == torch.bfloat16 and probe().onednn_bf16
+    SDPA's ~1.6, one thread. On an Intel CPU without AMX but with oneDNN's bfloat16 kernels
+    (AVX-512 BF16), SDPA took 1.9 ms against the kernel's 4.9 when the kernel widened each
+    bfloat16 element at every use (it now widens a chunk's K/V rows once; not re-measured
+    there). On the AMD EPYC (Zen 4, AVX-512 BF16, no AMX) SDPA took 8.6-9.3 ms a layer against
+    the kernel's 3.7, so only Intel CPUs take SDPA. In float32 the C++ kernel is the faster (3.5
+    against 6.1 ms), and without oneDNN bfloat16 (AVX2) torch's bfloat16 products are slow, so
+    both stay on the kernel."""
+    isa = probe()
+    return (dtype == torch.bfloat16 and isa.onednn_bf16 and isa.vendor == "GenuineIntel"
             and not cpu_prefill_amx_applies(dtype, head_dim))
 
 
