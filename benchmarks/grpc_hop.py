@@ -8,9 +8,9 @@ back to back (both processes busy, their threads awake) and after an idle gap (a
 finds the stages: each waiting on its socket, gRPC's threads asleep), which is the case a low-load
 request's time to first token pays once per hop.
 
-Both processes start on the TCP path the stages take (services/grpc_tuning.py: gRPC's iomgr path,
-one thread wake-up fewer per message) and, in alternating rounds, on gRPC's default (EventEngine)
-path, since the choice is process-wide and read when grpc is first imported. A plain asyncio
+Both processes start on gRPC's default (EventEngine) TCP path, the stages' default, and, in
+alternating rounds, on its iomgr path (services/grpc_tuning.py, STRAND_GRPC_IOMGR=1: one thread
+wake-up fewer per message), since the choice is process-wide and read when grpc is imported. A plain asyncio
 socket echo is measured beside them, after the same gap: what the kernel and one event loop cost,
 so the rest is gRPC's own thread hand-offs.
 
@@ -122,13 +122,12 @@ def _free_port() -> int:
 
 def _env(transport: str) -> dict[str, str]:
     """The environment both processes start with (GRPC_EXPERIMENTS is read once, at grpc's first
-    import): "stages" as services/__init__.py sets it, "grpc_default" with the tuning off."""
+    import): "default" with no tuning, "iomgr" as STRAND_GRPC_IOMGR=1 sets it."""
     env = {k: v for k, v in os.environ.items()
-           if k not in (grpc_tuning.ENV, grpc_tuning.OPT_OUT_ENV)}
-    if transport == "stages":
+           if k not in (grpc_tuning.ENV, grpc_tuning.OPT_IN_ENV)}
+    if transport == "iomgr":
+        env[grpc_tuning.OPT_IN_ENV] = "1"
         grpc_tuning.apply(env)
-    else:
-        env[grpc_tuning.OPT_OUT_ENV] = "1"
     return env
 
 
@@ -151,8 +150,8 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float) -> float:
 
 
 def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
-    """p50 one-way milliseconds (the median over rounds): gRPC on the stages' TCP path back to
-    back and after the gap, the same on gRPC's default path, a plain socket after the gap."""
+    """p50 one-way milliseconds (the median over rounds): gRPC on its default TCP path back to
+    back and after the gap, the same on its iomgr path, a plain socket after the gap."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if rounds < 1:
@@ -161,12 +160,12 @@ def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dic
         raise ValueError(f"gap_ms must be >= 0, got {gap_ms}")
     runs: dict[str, list[float]] = {}
     for _ in range(rounds):  # alternating, so a busy moment meets every variant alike
-        for transport, prefix in (("stages", "grpc"), ("grpc_default", "grpc_default")):
+        for transport, prefix in (("default", "grpc"), ("iomgr", "grpc_iomgr")):
             runs.setdefault(f"{prefix}_busy_ms", []).append(_hops("grpc", transport, count, 0.0))
             runs.setdefault(f"{prefix}_after_gap_ms", []).append(
                 _hops("grpc", transport, count, gap_ms))
         runs.setdefault("socket_after_gap_ms", []).append(
-            _hops("socket", "stages", count, gap_ms))
+            _hops("socket", "default", count, gap_ms))
     return {**{name: statistics.median(values) for name, values in runs.items()},
             "gap_ms": gap_ms, "rounds": rounds}
 
@@ -201,9 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     hops = measure_hops(args.messages, args.gap_ms, args.rounds)
     print(f"one gRPC stream message, p50 over {args.rounds} rounds: "
           f"{hops['grpc_busy_ms']:.3f} ms back to back, {hops['grpc_after_gap_ms']:.3f} ms after "
-          f"{args.gap_ms:g} ms idle on the stages' TCP path; gRPC's default path: "
-          f"{hops['grpc_default_busy_ms']:.3f} and {hops['grpc_default_after_gap_ms']:.3f} ms; "
-          f"a plain socket after the same idle: {hops['socket_after_gap_ms']:.3f} ms")
+          f"{args.gap_ms:g} ms idle on gRPC's default TCP path; on its iomgr path "
+          f"(STRAND_GRPC_IOMGR=1): {hops['grpc_iomgr_busy_ms']:.3f} and "
+          f"{hops['grpc_iomgr_after_gap_ms']:.3f} ms; a plain socket after the same idle: "
+          f"{hops['socket_after_gap_ms']:.3f} ms")
 
 
 if __name__ == "__main__":
