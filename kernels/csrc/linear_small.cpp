@@ -145,14 +145,21 @@ inline bool rows_grouped() {
   return yes;
 }
 
+// The task each kernel runs for columns n0..n1: a row at a time, or grouped where asked.
+template <int M>
+void pairs_task(const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N, int64_t n0,
+                int64_t n1, const float* xp) {
+  if (rows_grouped()) rows_task_pairs<M>(w, bias, out, K, N, n0, n1, xp);
+  else seq_task_pairs<M>(w, bias, out, K, N, n0, n1, xp);
+}
+
 template <int M>
 void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
   constexpr int RB = pair_rows(M);
   std::vector<float> xp(M * K);
   pair_layout(x, xp.data(), M, K);
   split_rows(N, RB, [&](int64_t n0, int64_t n1) {
-    if (rows_grouped()) rows_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
-    else seq_task_pairs<M>(w, bias, out, K, N, n0, n1, xp.data());
+    pairs_task<M>(w, bias, out, K, N, n0, n1, xp.data());
   });
 }
 
@@ -193,11 +200,17 @@ void rows_task_f32(const float* w, const float* bias, float* out, int64_t K, int
 }
 
 template <int M>
+void f32_task(const float* w, const float* bias, float* out, int64_t K, int64_t N, int64_t n0,
+              int64_t n1, const float* x) {
+  if (rows_grouped()) rows_task_f32<M>(w, bias, out, K, N, n0, n1, x);
+  else seq_task_f32<M>(w, bias, out, K, N, n0, n1, x);
+}
+
+template <int M>
 void run_f32(const float* x, const float* w, const float* bias, float* out, int64_t K, int64_t N) {
   constexpr int RB = pair_rows(M);
   split_rows(N, RB, [&](int64_t n0, int64_t n1) {
-    if (rows_grouped()) rows_task_f32<M>(w, bias, out, K, N, n0, n1, x);
-    else seq_task_f32<M>(w, bias, out, K, N, n0, n1, x);
+    f32_task<M>(w, bias, out, K, N, n0, n1, x);
   });
 }
 
@@ -254,11 +267,17 @@ BF16_TARGET void rows_task_dp(const bf16* x, const bf16* w, const bf16* bias, bf
 }
 
 template <int M>
+void dp_task(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N,
+             int64_t n0, int64_t n1) {
+  if (rows_grouped()) rows_task_dp<M>(x, w, bias, out, K, N, n0, n1);
+  else seq_task_dp<M>(x, w, bias, out, K, N, n0, n1);
+}
+
+template <int M>
 void run_dp(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t K, int64_t N) {
   constexpr int RB = dp_rows(M);
   split_rows(N, RB, [&](int64_t n0, int64_t n1) {
-    if (rows_grouped()) rows_task_dp<M>(x, w, bias, out, K, N, n0, n1);
-    else seq_task_dp<M>(x, w, bias, out, K, N, n0, n1);
+    dp_task<M>(x, w, bias, out, K, N, n0, n1);
   });
 }
 
@@ -333,9 +352,8 @@ void small_rows_m(at::Tensor& out, const SmallX& x, const at::Tensor& w,
   const int64_t K = x.K, N = w.size(0);
   if (!x.bf16) {
     const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    const float* xd = static_cast<const float*>(x.data);
-    if (rows_grouped()) rows_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1, xd);
-    else seq_task_f32<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1, xd);
+    f32_task<M>(w.data_ptr<float>(), b, out.data_ptr<float>(), K, N, n0, n1,
+                static_cast<const float*>(x.data));
     return;
   }
   const bf16* b = bias.has_value() ? static_cast<const bf16*>(bias->data_ptr()) : nullptr;
@@ -343,14 +361,11 @@ void small_rows_m(at::Tensor& out, const SmallX& x, const at::Tensor& w,
   bf16* op = static_cast<bf16*>(out.data_ptr());
 #ifdef STRAND_DPBF16
   if (x.laid_out.empty()) {
-    const bf16* xd = static_cast<const bf16*>(x.data);
-    if (rows_grouped()) rows_task_dp<M>(xd, wp, b, op, K, N, n0, n1);
-    else seq_task_dp<M>(xd, wp, b, op, K, N, n0, n1);
+    dp_task<M>(static_cast<const bf16*>(x.data), wp, b, op, K, N, n0, n1);
     return;
   }
 #endif
-  if (rows_grouped()) rows_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
-  else seq_task_pairs<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
+  pairs_task<M>(wp, b, op, K, N, n0, n1, x.laid_out.data());
 }
 }  // namespace
 

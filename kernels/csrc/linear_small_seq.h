@@ -18,6 +18,14 @@
 // (M = 4 at 2 chains: 8 accumulators, AVX2's 16 registers included).
 constexpr int seq_chains(int M) { return M <= 2 ? 4 : 2; }
 
+// A row of x's U chains summed to one float (the chains, then the lanes).
+template <int U>
+inline float chains_sum(const vl (&acc)[U]) {
+  vl total = acc[0];
+  for (int u = 1; u < U; ++u) total += acc[u];
+  return hsum(total);
+}
+
 template <int M>
 void seq_task_f32(const float* w, const float* bias, float* out, int64_t K, int64_t N,
                   int64_t n0, int64_t n1, const float* x) {
@@ -25,9 +33,7 @@ void seq_task_f32(const float* w, const float* bias, float* out, int64_t K, int6
   const int64_t KU = K / (U * kLanes) * (U * kLanes), KV = K / kLanes * kLanes;
   for (int64_t n = n0; n < n1; ++n) {
     const float* row = w + n * K;
-    vl acc[M][U];
-    for (int m = 0; m < M; ++m)
-      for (int u = 0; u < U; ++u) acc[m][u] = vl{};
+    vl acc[M][U] = {};
     int64_t k = 0;
     for (; k < KU; k += U * kLanes) {
       for (int u = 0; u < U; ++u) {
@@ -40,9 +46,7 @@ void seq_task_f32(const float* w, const float* bias, float* out, int64_t K, int6
       for (int m = 0; m < M; ++m) acc[m][0] += wv * load_l(x + m * K + k);
     }
     for (int m = 0; m < M; ++m) {
-      vl total = acc[m][0];
-      for (int u = 1; u < U; ++u) total += acc[m][u];
-      float sum = hsum(total);
+      float sum = chains_sum(acc[m]);
       for (int64_t j = KV; j < K; ++j) sum += row[j] * x[m * K + j];
       if (bias != nullptr) sum += bias[n];
       out[m * N + n] = sum;
@@ -60,9 +64,7 @@ void seq_task_pairs(const bf16* w, const bf16* bias, bf16* out, int64_t K, int64
   const int64_t KU = K / (C * kPair) * (C * kPair), KC = K / kPair * kPair;
   for (int64_t n = n0; n < n1; ++n) {
     const bf16* row = w + n * K;
-    vl acc[M][U];
-    for (int m = 0; m < M; ++m)
-      for (int u = 0; u < U; ++u) acc[m][u] = vl{};
+    vl acc[M][U] = {};
     const auto chunk = [&](int64_t k, int c) {
       vl even, odd;
       split_pairs(row + k, even, odd);
@@ -76,9 +78,7 @@ void seq_task_pairs(const bf16* w, const bf16* bias, bf16* out, int64_t K, int64
       for (int c = 0; c < C; ++c) chunk(k + c * kPair, c);
     for (; k < KC; k += kPair) chunk(k, 0);
     for (int m = 0; m < M; ++m) {
-      vl total = acc[m][0];
-      for (int u = 1; u < U; ++u) total += acc[m][u];
-      float sum = hsum(total);
+      float sum = chains_sum(acc[m]);
       for (int64_t j = KC; j < K; ++j) sum += to_float(row[j]) * xp[m * K + j];
       if (bias != nullptr) sum += to_float(bias[n]);
       store_scalar(out + m * N + n, sum);

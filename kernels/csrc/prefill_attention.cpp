@@ -233,53 +233,51 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
       vrows[i] = row_of(a, t.r, t.g, j0 + std::min(i, n - 1), a.vc);
     }
     const int64_t nk = (n + kBlock - 1) / kBlock * kBlock;  // whole blocks; the rest masked
-    // bfloat16: the chunk's K and V rows widened to float32 once here, then read as float32 rows
-    // by every row of the tile. Widened in the loops below instead, each element cost a scalar
-    // load, shift and broadcast per use beside 3 multiply-adds (Zen 4, no AMX: bfloat16
-    // prefill attention 2.3x float32's time).
-    const auto chunk = [&](const auto* const* kp, const auto* const* vp) {
-      for (int64_t i = 0; i < nk; i += kBlock) scores_block(qt, kp + i, D, s + i * kRows);
-      if (j0 + nk - 1 > first_pos) {  // some key here lies past some row's position
-        for (int64_t i = 0; i < nk; ++i) {
-          const il j = il{} + (int32_t)(j0 + i);
-          for (int u = 0; u < kNV; ++u) {
-            const il p = *reinterpret_cast<const il*>(pos + u * kLanes);
-            float* su = s + i * kRows + u * kLanes;
-            store_l(su, j <= p ? load_l(su) : neg_inf);
-          }
-        }
-      }
-      vl alpha[kNV];
-      for (int u = 0; u < kNV; ++u) {
-        vl c = mx[u];
-        for (int64_t i = 0; i < nk; ++i) c = vmax(c, load_l(s + i * kRows + u * kLanes));
-        // Key 0 is every row's, so from the first chunk on each lane's maximum is finite.
-        alpha[u] = vexp_nonpos(mx[u] - c);
-        vl sum = vl{};
-        for (int64_t i = 0; i < nk; ++i) {
-          float* su = s + i * kRows + u * kLanes;
-          const vl e = vexp_nonpos(load_l(su) - c);
-          store_l(su, e);
-          sum += e;
-        }
-        l[u] = l[u] * alpha[u] + sum;
-        mx[u] = c;
-      }
-      accumulate(ot, s, vp, n, D, alpha);
-    };
-    if constexpr (std::is_same_v<T, bf16>) {
-      const float* kw[kKeys];
-      const float* vw[kKeys];
-      for (int64_t i = 0; i < nk; ++i) {  // nk <= kKeys rows, the padding ones included
+    // The chunk's K and V rows as float32 rows. bfloat16 ones are widened once here, then read
+    // by every row of the tile: widened inside the loops below, each element cost a scalar load,
+    // shift and broadcast per use beside 3 multiply-adds (Zen 4, no AMX: bfloat16 prefill
+    // attention took 2.3x float32's time).
+    const float* kw[kKeys];
+    const float* vw[kKeys];
+    for (int64_t i = 0; i < nk; ++i) {  // nk <= kKeys rows, the padding ones included
+      if constexpr (std::is_same_v<T, bf16>) {
         widen_row(krows[i], sc.kf.data() + i * D, D);
         widen_row(vrows[i], sc.vf.data() + i * D, D);
         kw[i] = sc.kf.data() + i * D;
         vw[i] = sc.vf.data() + i * D;
+      } else {
+        kw[i] = krows[i];
+        vw[i] = vrows[i];
       }
-      chunk(kw, vw);
-    } else {
-      chunk(krows, vrows);
     }
+    for (int64_t i = 0; i < nk; i += kBlock) scores_block(qt, kw + i, D, s + i * kRows);
+    if (j0 + nk - 1 > first_pos) {  // some key here lies past some row's position
+      for (int64_t i = 0; i < nk; ++i) {
+        const il j = il{} + (int32_t)(j0 + i);
+        for (int u = 0; u < kNV; ++u) {
+          const il p = *reinterpret_cast<const il*>(pos + u * kLanes);
+          float* su = s + i * kRows + u * kLanes;
+          store_l(su, j <= p ? load_l(su) : neg_inf);
+        }
+      }
+    }
+    vl alpha[kNV];
+    for (int u = 0; u < kNV; ++u) {
+      vl c = mx[u];
+      for (int64_t i = 0; i < nk; ++i) c = vmax(c, load_l(s + i * kRows + u * kLanes));
+      // Key 0 is every row's, so from the first chunk on each lane's maximum is finite.
+      alpha[u] = vexp_nonpos(mx[u] - c);
+      vl sum = vl{};
+      for (int64_t i = 0; i < nk; ++i) {
+        float* su = s + i * kRows + u * kLanes;
+        const vl e = vexp_nonpos(load_l(su) - c);
+        store_l(su, e);
+        sum += e;
+      }
+      l[u] = l[u] * alpha[u] + sum;
+      mx[u] = c;
+    }
+    accumulate(ot, s, vw, n, D, alpha);
   }
   alignas(64) float inv[kRows];
   for (int u = 0; u < kNV; ++u) store_l(inv + u * kLanes, (vl{} + 1.f) / l[u]);
