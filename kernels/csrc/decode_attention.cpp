@@ -28,18 +28,60 @@ using namespace strand;
 
 constexpr int kMaxChunks = 512 / kLanes;  // head_dim <= 512
 constexpr int64_t kAhead = 2;  // blocks prefetched ahead of the one being read (1 and 3: slower)
+constexpr int kVecRegs = kLanes == 16 ? 32 : 16;  // the register file, in vl vectors
+
+// Query heads of one kv head taken together (NG of them) share each K and V row load: the row
+// is read from L1 once for NG heads, and the NG * DC accumulators give the FMAs independent
+// chains. NG must divide the group and its accumulators, the row and the queries must fit the
+// registers (past them the compiler spills every accumulator in every iteration).
+template <int DC, int NG>
+constexpr bool fits_registers() {
+  return NG == 1 || (DC > 0 && NG * DC + DC + NG <= kVecRegs - 2);
+}
 
 // Asks for the cache rows of block `b` (tokens from t0 on, up to len) before they are needed.
 // Blocks lie anywhere in the pool, so the hardware prefetchers stop at each block's end and
 // start over at the next; asking kAhead blocks ahead keeps the loads in flight (on the standard
 // workload's decode steps: 3.27 s without, 3.05 s one block ahead, 2.92 s two).
+// The asks are spread over the work on the current block, a few lines at each row it reads:
+// all of a block's lines asked at once (192 for a float32 block of SmolLM2) stalled the core
+// once the miss buffers were full, 40% of the kernel's time on a Zen 4 EPYC. They fill L2, not
+// L1 (locality 2: prefetcht1): L1's few miss buffers held the loads in flight to a third of
+// what one core can stream, and two blocks of every kv head fit L2 with room to spare (on the
+// Zen 4, one thread, 32 requests of 192 tokens from a pool past L3: float32 1.23 -> 0.87 ms a
+// layer, bfloat16 0.80 -> 0.58).
 template <typename T>
-inline void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t t0,
-                           int64_t len, int64_t BS, int64_t RS) {
-  if (t0 >= len) return;
-  const char* p = reinterpret_cast<const char*>(cache + (int64_t)blocks[b] * BS * RS);
-  const int64_t bytes = std::min(BS, len - t0) * RS * (int64_t)sizeof(T);
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+struct Trickle {
+  const char* p = nullptr;
+  const char* end = nullptr;
+  int64_t per_step = 0;  // lines asked for at each step()
+
+  // Block b's lines, spread over `steps` calls of step().
+  void start(const T* cache, const int32_t* blocks, int64_t b, int64_t t0, int64_t len,
+             int64_t BS, int64_t RS, int64_t steps) {
+    p = end = nullptr;
+    if (t0 >= len) return;
+    p = reinterpret_cast<const char*>(cache + (int64_t)blocks[b] * BS * RS);
+    end = p + std::min(BS, len - t0) * RS * (int64_t)sizeof(T);
+    steps = std::max<int64_t>(steps, 1);
+    per_step = ((end - p) / 64 + steps) / steps;
+  }
+  void step() {
+    for (int64_t k = 0; k < per_step && p < end; ++k, p += 64) __builtin_prefetch(p, 0, 2);
+  }
+  void rest() {
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+  }
+};
+
+// All of block b's lines at once: the block after the first, needed before any trickle of it
+// could have finished.
+template <typename T>
+void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t t0, int64_t len,
+                    int64_t BS, int64_t RS) {
+  Trickle<T> all;
+  all.start(cache, blocks, b, t0, len, BS, RS, 1);
+  all.rest();
 }
 
 template <typename T>  // float or bf16: what the tensors hold
@@ -52,27 +94,35 @@ struct Args {
 };
 
 #ifdef STRAND_DPBF16
-// The scores of n <= 16 bfloat16 key rows (stride RS) against one bfloat16 query head of D values
-// (a multiple of 32), through VDPBF16PS (avx512_bf16.h): two instructions a 64-value row where
-// widening both sides to float32 took eight. The products are exact; scale is applied to the
-// sums (the float path scales the query first: the same where scale is a power of two).
-template <int D>
+// The scores of n <= 16 bfloat16 key rows (stride RS) against NG bfloat16 query heads (stride
+// D, a multiple of 32) through VDPBF16PS (avx512_bf16.h): two instructions a 64-value row and
+// head where widening both sides to float32 took eight. The products are exact; scale is
+// applied to the sums (the float path scales the query first: the same where scale is a power
+// of two). Head j's scores go to dst + j * L.
+template <int D, int NG>
 BF16_TARGET void scores_dp(const bf16* qh, const bf16* k, int64_t RS, int64_t n, float scale,
-                           float* dst) {
+                           float* dst, int64_t L, Trickle<bf16>& ahead) {
   constexpr int C = D / 32;
-  __m512bh qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qh + 32 * c);
-  v16 part[16];
+  __m512bh qv[NG][C];
+  for (int j = 0; j < NG; ++j)
+    for (int c = 0; c < C; ++c) qv[j][c] = (__m512bh)_mm512_loadu_si512(qh + j * D + 32 * c);
+  v16 part[NG][16];
   for (int64_t i = 0; i < n; ++i) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int c = 0; c < C; ++c)
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + i * RS + 32 * c), qv[c]);
-    part[i] = (v16)acc;
+    ahead.step();
+    __m512 acc[NG];
+    for (int j = 0; j < NG; ++j) acc[j] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + i * RS + 32 * c);
+      for (int j = 0; j < NG; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], kv, qv[j][c]);
+    }
+    for (int j = 0; j < NG; ++j) part[j][i] = (v16)acc[j];
   }
-  for (int64_t i = n; i < 16; ++i) part[i] = v16{};
-  alignas(64) float tile[16];
-  store(tile, reduce16(part) * scale);
-  std::memcpy(dst, tile, n * sizeof(float));
+  for (int j = 0; j < NG; ++j) {
+    for (int64_t i = n; i < 16; ++i) part[j][i] = v16{};
+    alignas(64) float tile[16];
+    store(tile, reduce16(part[j]) * scale);
+    std::memcpy(dst + j * L, tile, n * sizeof(float));
+  }
 }
 #endif
 
@@ -87,10 +137,44 @@ bool use_scores_dp() {
   return false;
 }
 
+// The scores of query heads h0 .. h0 + NG - 1 against n <= kLanes key rows from k (stride RS),
+// in float32 vectors, to s + (h0 + j) * L. FC chunks of kLanes values and rem more a row.
+template <typename T, int DC, int NG>
+void scores_vec(const T* qh, const T* k, int64_t RS, int64_t n, int64_t FC, int64_t rem,
+                int64_t D, float scale, float* dst, int64_t L, Trickle<T>& ahead) {
+  vl qv[NG][DC > 0 ? DC : kMaxChunks], qt[NG];
+  for (int j = 0; j < NG; ++j) {
+    for (int64_t c = 0; c < FC; ++c) qv[j][c] = load_l(qh + j * D + kLanes * c) * scale;
+    qt[j] = rem ? load_tail_l(qh + j * D + kLanes * FC, rem) * scale : vl{};
+  }
+  vl part[NG][kLanes];
+  for (int64_t i = 0; i < n; ++i) {
+    ahead.step();
+    const T* row = k + i * RS;
+    vl acc[NG];
+    for (int j = 0; j < NG; ++j) acc[j] = vl{};
+    for (int64_t c = 0; c < FC; ++c) {
+      const vl kv = load_l(row + kLanes * c);
+      for (int j = 0; j < NG; ++j) acc[j] += qv[j][c] * kv;
+    }
+    if (rem) {
+      const vl kv = load_tail_l(row + kLanes * FC, rem);
+      for (int j = 0; j < NG; ++j) acc[j] += qt[j] * kv;
+    }
+    for (int j = 0; j < NG; ++j) part[j][i] = acc[j];
+  }
+  for (int j = 0; j < NG; ++j) {
+    for (int64_t i = n; i < kLanes; ++i) part[j][i] = vl{};
+    alignas(64) float tile[kLanes];
+    store_l(tile, reduce_lanes(part[j]));
+    std::memcpy(dst + j * L, tile, n * sizeof(float));
+  }
+}
+
 // DC > 0: head_dim == kLanes * DC (the chunk loops unroll and accumulators stay in registers);
-// DC == 0: any head_dim, its last D % kLanes lanes handled apart.
+// DC == 0: any head_dim, its last D % kLanes lanes handled apart. NG: query heads a pass.
 // The task: request r's kv heads [g0, g1) and their query heads.
-template <typename T, int DC>
+template <typename T, int DC, int NG>
 void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vector<float>& s,
                   std::vector<float>& inv, std::vector<float>& acc_out) {
   const int64_t H = a.H, D = DC > 0 ? kLanes * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D;
@@ -99,46 +183,33 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
   const int32_t* blocks = a.bt + r * a.MB;
   s.resize(H * L);
   [[maybe_unused]] const bool dp = use_scores_dp<T, DC>();
-  vl part[kLanes];
-  // Scores: for every block, every kv head, every query head of its group, kLanes tokens a tile.
+  Trickle<T> ahead;
+  const int64_t passes = (g1 - g0) * (G / NG);  // row reads of a token, per block and phase
+  // Scores: for every block, every kv head, NG query heads of its group at a time.
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
-    for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
-      prefetch_block(a.kc, blocks, b + ahead, t0 + ahead * a.BS, len, a.BS, RS);
+    if (b == 0) prefetch_block(a.kc, blocks, 1, a.BS, len, a.BS, RS);
+    ahead.start(a.kc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block);
     for (int64_t g = g0; g < g1; ++g) {
       const T* kb = a.kc + (int64_t)blocks[b] * a.BS * RS + g * D;
-      for (int64_t j = 0; j < G; ++j) {
-        const int64_t h = g * G + j;
+      for (int64_t h = g * G; h < (g + 1) * G; h += NG) {
         const T* qh = a.q + (r * H + h) * D;
-#ifdef STRAND_DPBF16
-        if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0) {
-          if (dp) {
-            for (int64_t i0 = 0; i0 < in_block; i0 += 16)
-              scores_dp<kLanes * DC>(qh, kb + i0 * RS, RS, std::min<int64_t>(16, in_block - i0),
-                                     a.scale, s.data() + h * L + t0 + i0);
-            continue;
-          }
-        }
-#endif
-        vl qv[DC > 0 ? DC : kMaxChunks];
-        for (int64_t c = 0; c < FC; ++c) qv[c] = load_l(qh + kLanes * c) * a.scale;
-        const vl qt = rem ? load_tail_l(qh + kLanes * FC, rem) * a.scale : vl{};
         for (int64_t i0 = 0; i0 < in_block; i0 += kLanes) {
           const int64_t n = std::min<int64_t>(kLanes, in_block - i0);
-          for (int64_t i = 0; i < n; ++i) {
-            const T* k = kb + (i0 + i) * RS;
-            vl acc = vl{};
-            for (int64_t c = 0; c < FC; ++c) acc += qv[c] * load_l(k + kLanes * c);
-            if (rem) acc += qt * load_tail_l(k + kLanes * FC, rem);
-            part[i] = acc;
+          float* dst = s.data() + h * L + t0 + i0;
+#ifdef STRAND_DPBF16
+          if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0) {
+            if (dp) {
+              scores_dp<kLanes * DC, NG>(qh, kb + i0 * RS, RS, n, a.scale, dst, L, ahead);
+              continue;
+            }
           }
-          for (int64_t i = n; i < kLanes; ++i) part[i] = vl{};
-          alignas(64) float tile[kLanes];
-          store_l(tile, reduce_lanes(part));
-          std::memcpy(s.data() + h * L + t0 + i0, tile, n * sizeof(float));
+#endif
+          scores_vec<T, DC, NG>(qh, kb + i0 * RS, RS, n, FC, rem, D, a.scale, dst, L, ahead);
         }
       }
     }
+    ahead.rest();
     t0 += in_block;
   }
   // Softmax numerators in place; each head's 1 / sum scales its output at the end. The first V
@@ -165,29 +236,38 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
     for (int l = 0; l < kLanes; ++l) total += sum[l];
     inv[h] = 1.f / total;
   }
-  // Weighted sums of V rows, block by block, accumulated in float32 rows.
+  // Weighted sums of V rows, block by block, accumulated in float32 rows: each row, read once,
+  // goes into NG heads' sums.
   acc_out.assign(H * D, 0.f);
   float* out = acc_out.data();
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
-    for (int64_t ahead = b == 0 ? 1 : kAhead; ahead <= kAhead; ++ahead)
-      prefetch_block(a.vc, blocks, b + ahead, t0 + ahead * a.BS, len, a.BS, RS);
+    if (b == 0) prefetch_block(a.vc, blocks, 1, a.BS, len, a.BS, RS);
+    ahead.start(a.vc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block);
     for (int64_t g = g0; g < g1; ++g) {
       const T* vb = a.vc + (int64_t)blocks[b] * a.BS * RS + g * D;
-      for (int64_t j = 0; j < G; ++j) {
-        const int64_t h = g * G + j;
-        const float* p = s.data() + h * L + t0;
-        float* oh = out + h * D;
-        vl acc[DC > 0 ? DC : kMaxChunks];
-        for (int64_t c = 0; c < FC; ++c) acc[c] = load_l(oh + kLanes * c);
-        for (int64_t i = 0; i < in_block; ++i) {
-          const T* v = vb + i * RS;
-          for (int64_t c = 0; c < FC; ++c) acc[c] += p[i] * load_l(v + kLanes * c);
-          for (int64_t d = kLanes * FC; d < D; ++d) oh[d] += p[i] * to_float(v[d]);
+      for (int64_t h = g * G; h < (g + 1) * G; h += NG) {
+        const float* p[NG];
+        vl acc[NG][DC > 0 ? DC : kMaxChunks];
+        for (int j = 0; j < NG; ++j) {
+          p[j] = s.data() + (h + j) * L + t0;
+          for (int64_t c = 0; c < FC; ++c) acc[j][c] = load_l(out + (h + j) * D + kLanes * c);
         }
-        for (int64_t c = 0; c < FC; ++c) store_l(oh + kLanes * c, acc[c]);
+        for (int64_t i = 0; i < in_block; ++i) {
+          ahead.step();
+          const T* v = vb + i * RS;
+          for (int64_t c = 0; c < FC; ++c) {
+            const vl vv = load_l(v + kLanes * c);
+            for (int j = 0; j < NG; ++j) acc[j][c] += p[j][i] * vv;
+          }
+          for (int64_t d = kLanes * FC; d < D; ++d)
+            for (int j = 0; j < NG; ++j) out[(h + j) * D + d] += p[j][i] * to_float(v[d]);
+        }
+        for (int j = 0; j < NG; ++j)
+          for (int64_t c = 0; c < FC; ++c) store_l(out + (h + j) * D + kLanes * c, acc[j][c]);
       }
     }
+    ahead.rest();
     t0 += in_block;
   }
   T* dst = a.o + r * H * D;
@@ -202,7 +282,7 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
 // left one thread a tenth more work than the other. With fewer requests than threads (a decode
 // step of one request) a request's kv heads are tasks of their own, so every thread has work:
 // each head's sums are the same either way, in the same order.
-template <typename T, int DC>
+template <typename T, int DC, int NG>
 void run(const Args<T>& a, int64_t R) {
   struct Task {
     int64_t r, g0, g1;
@@ -227,7 +307,7 @@ void run(const Args<T>& a, int64_t R) {
     std::vector<float> s, inv, acc_out;  // scratch reused across the thread's tasks
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < T_; ++i)
-      request_task<T, DC>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out);
+      request_task<T, DC, NG>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out);
   }
 }
 
@@ -243,15 +323,28 @@ Args<T> make_args(const at::Tensor& out, const at::Tensor& query, const at::Tens
   return a;
 }
 
-// fn(std::integral_constant<int, DC>): the head_dim's instantiation (0: any head_dim).
+// fn(DC, NG), both std::integral_constant: the head_dim's instantiation (DC 0: any head_dim)
+// and the most query heads a pass that divide the group and fit the registers.
 template <typename T, typename Fn>
-void by_head_dim(const Args<T>& a, Fn fn) {
+void by_shape(const Args<T>& a, Fn fn) {
+  const int64_t G = a.H / a.KVH;
+  const auto with_dc = [&](auto dc) {
+    constexpr int DC = decltype(dc)::value;
+    using std::integral_constant;
+    if constexpr (fits_registers<DC, 4>())
+      if (G % 4 == 0) return fn(dc, integral_constant<int, 4>{});
+    if constexpr (fits_registers<DC, 3>())
+      if (G % 3 == 0) return fn(dc, integral_constant<int, 3>{});
+    if constexpr (fits_registers<DC, 2>())
+      if (G % 2 == 0) return fn(dc, integral_constant<int, 2>{});
+    fn(dc, integral_constant<int, 1>{});
+  };
   switch (a.D) {
-    case 64: fn(std::integral_constant<int, 64 / kLanes>{}); break;
-    case 128: fn(std::integral_constant<int, 128 / kLanes>{}); break;
-    case 32: fn(std::integral_constant<int, 32 / kLanes>{}); break;
-    case 256: fn(std::integral_constant<int, 256 / kLanes>{}); break;
-    default: fn(std::integral_constant<int, 0>{});
+    case 64: with_dc(std::integral_constant<int, 64 / kLanes>{}); break;
+    case 128: with_dc(std::integral_constant<int, 128 / kLanes>{}); break;
+    case 32: with_dc(std::integral_constant<int, 32 / kLanes>{}); break;
+    case 256: with_dc(std::integral_constant<int, 256 / kLanes>{}); break;
+    default: with_dc(std::integral_constant<int, 0>{});
   }
 }
 
@@ -262,7 +355,7 @@ void dispatch(at::Tensor out, at::Tensor query, at::Tensor key_cache,
   const Args<T> a = make_args<T, Torch>(out, query, key_cache, value_cache, block_table,
                                         seq_lens, scale);
   const int64_t R = query.size(0);
-  by_head_dim(a, [&](auto dc) { run<T, decltype(dc)::value>(a, R); });
+  by_shape(a, [&](auto dc, auto ng) { run<T, decltype(dc)::value, decltype(ng)::value>(a, R); });
 }
 
 template <typename T, typename Torch>
@@ -274,8 +367,8 @@ void dispatch_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
   STRAND_CHECK(r >= 0 && r < query.size(0) && g0 >= 0 && g0 < g1 && g1 <= a.KVH,
               "decode_attention_part takes a request of the query and a range of its kv heads");
   std::vector<float> s, inv, acc_out;
-  by_head_dim(a, [&](auto dc) {
-    request_task<T, decltype(dc)::value>(a, r, g0, g1, s, inv, acc_out);
+  by_shape(a, [&](auto dc, auto ng) {
+    request_task<T, decltype(dc)::value, decltype(ng)::value>(a, r, g0, g1, s, inv, acc_out);
   });
 }
 }  // namespace

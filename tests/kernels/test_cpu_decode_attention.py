@@ -57,6 +57,11 @@ def test_refuses_other_dtypes_naming_them() -> None:
     ([1, 5, 16, 17, 100], 8, 4, 64, 16),
     ([31, 1, 90], 4, 2, 72, 16),  # a tail past whole vectors: scalar bfloat16 reads and writes
     ([700, 250], 8, 4, 128, 32),
+    # Query heads taken together on each K/V row read: three (SmolLM2's heads), two of eight
+    # (head_dim 128 leaves registers for two), four of eight (head_dim 32).
+    ([150, 3, 33], 9, 3, 64, 16),
+    ([129, 3, 48], 16, 2, 128, 16),
+    ([40, 90], 8, 1, 32, 16),
 ])
 def test_bfloat16_is_computed_in_float32_and_rounded_once(
         seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
