@@ -42,6 +42,7 @@ def instrument(engine: Any, timers: Timers) -> None:
     timers.wrap(runner, "_sample", "sampler")
     timers.wrap(runner.model, "compute_logits", "lm_head")
     timers.wrap(fused_decode, "forward", "decoder layers (fused C++ call)")
+    timers.wrap(fused_decode, "logits", "decoder layers and lm_head (fused C++ call)")
     timers.wrap(runner.attn_backend, "forward", "attention (KV write included)")
     for owner, attr, name in ((Linear, "forward", "linear layers"),
                               (RMSNorm, "forward", "RMSNorm"),

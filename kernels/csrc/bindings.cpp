@@ -37,6 +37,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecodeStack::forward)
       .def("set_ends", &DecodeStack::set_ends, py::arg("embedding"), py::arg("norm"),
            py::arg("head_weight"), py::arg("qtype"), py::arg("eps"))
+      .def("set_batch_weights", &DecodeStack::set_batch_weights, py::arg("packed"),
+           py::arg("head") = py::none())
       .def("logits", &DecodeStack::logits);
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
   m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");

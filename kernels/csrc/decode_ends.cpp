@@ -33,7 +33,7 @@ void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor hea
   const int64_t V = head_w.size(0) * (qtype != 0 && head_w.dim() == 3 ? 16 : 1);
   strand::project(at::empty({1, V}, norm.options()), at::zeros({1, hidden_}, norm.options()),
                   head_w, c10::nullopt, qtype);
-  head_ = {embedding, norm, head_w, qtype, eps};
+  head_ = {embedding, norm, head_w, at::Tensor(), qtype, eps};
 }
 
 namespace {

@@ -1,6 +1,7 @@
 #include "check.h"
 #include "decode_stack.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 
 #include <cstdlib>
@@ -17,10 +18,11 @@
 // each step is one call, and a layer's intermediates live in buffers made once per row count.
 // The caller checks once per step what the Python wrappers check per call
 // (engine_core/model_executor/layers/fused_decode.py).
-// A decode batch of 5 or more rows (32 requests, say) takes the same path with linear_batch for
-// its dense projections, which the caller allows only where the layer-by-layer path runs that
-// kernel too (kernels/cpu_linear_batch.py: the avx2 level): there SmolLM2's 30 layers of
-// Python calls were ~12 ms of a ~165 ms step of 32 rows on one thread, serial at any thread count.
+// A decode batch of 5 or more rows (32 requests, say) takes the same path with the kernel the
+// layer-by-layer path runs for its dense projections: linear_batch where it is chosen
+// (kernels/cpu_linear_batch.py: the avx2 level), else oneDNN's packed weights
+// (set_batch_weights). SmolLM2's 30 layers of Python calls were ~12 ms of a ~165 ms step of 32
+// rows on one thread, serial at any thread count.
 void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                      const c10::optional<at::Tensor>& b, int64_t qtype) {
   const int64_t M = x.size(0);
@@ -36,6 +38,21 @@ void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
 }
 
 using strand::project;
+
+namespace {
+// x @ W.T (+ b) through oneDNN's packed copy of W: the op layers/linear.py calls for products
+// of many rows. It has no out= form, so the caller puts the new tensor where its buffer was.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const c10::optional<at::Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                            c10::string_view, c10::List<c10::optional<at::Scalar>>,
+                            c10::optional<c10::string_view>)>();
+  return op.call(x, packed, bias, "none", c10::List<c10::optional<at::Scalar>>(), c10::nullopt);
+}
+}  // namespace
 
 DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_heads,
                          int64_t head_dim, double eps, double scale)
@@ -79,10 +96,7 @@ DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& o
   b.res_a = rows(H);
   b.res_b = rows(H);
   b.qkv = rows(Q + 2 * KV);
-  // Views of qkv's rows: [M, heads, head_dim], token stride Q + 2 KV.
-  b.q = b.qkv.narrow(1, 0, Q).view({M, num_heads_, head_dim_});
-  b.k = b.qkv.narrow(1, Q, KV).view({M, num_kv_heads_, head_dim_});
-  b.v = b.qkv.narrow(1, Q + KV, KV).view({M, num_kv_heads_, head_dim_});
+  qkv_views(b);
   b.attn = at::empty({M, num_heads_, head_dim_}, opts);
   b.attn_rows = b.attn.view({M, Q});
   b.o = rows(H);
@@ -91,6 +105,31 @@ DecodeStack::Buffers& DecodeStack::buffers(int64_t M, const at::TensorOptions& o
   b.act = rows(intermediate_);
   b.out = rows(H);
   return b;
+}
+
+void DecodeStack::qkv_views(Buffers& b) const {
+  // [M, heads, head_dim], token stride Q + 2 KV.
+  const int64_t M = b.qkv.size(0), Q = num_heads_ * head_dim_, KV = num_kv_heads_ * head_dim_;
+  b.q = b.qkv.narrow(1, 0, Q).view({M, num_heads_, head_dim_});
+  b.k = b.qkv.narrow(1, Q, KV).view({M, num_kv_heads_, head_dim_});
+  b.v = b.qkv.narrow(1, Q + KV, KV).view({M, num_kv_heads_, head_dim_});
+}
+
+void DecodeStack::set_batch_weights(std::vector<at::Tensor> packed,
+                                    c10::optional<at::Tensor> head) {
+  STRAND_CHECK(packed.size() == 4 * layers_.size(), "set_batch_weights takes 4 weights a layer (",
+              4 * layers_.size(), "), got ", packed.size());
+  STRAND_CHECK(all_dense_, "oneDNN weights are for a stack of dense projections");
+  STRAND_CHECK(!head.has_value() || (head_.w.defined() && head_.qtype == 0),
+              "a head's oneDNN weight needs set_ends() with a dense lm_head first");
+  const auto dtype = layers_[0].input_norm.scalar_type();
+  for (const at::Tensor& w : packed)
+    STRAND_CHECK(w.defined() && w.scalar_type() == dtype, "oneDNN weights in the layers' dtype");
+  STRAND_CHECK(!head.has_value() || head->scalar_type() == dtype,
+              "oneDNN weights in the layers' dtype");
+  for (size_t l = 0; l < layers_.size(); ++l)
+    layers_[l].batch_w.assign(packed.begin() + 4 * l, packed.begin() + 4 * (l + 1));
+  head_.batch_w = head.has_value() ? *head : at::Tensor();
 }
 
 DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tensor& positions,
@@ -145,7 +184,10 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
     // What a next layer's input norm would do, with the final norm's weight: b.normed and
     // b.res_a are free once the last layer is done.
     add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
-    project(*logits, b.normed, head_.w, c10::nullopt, head_.qtype);
+    if (M > kSmallRows && head_.batch_w.defined())
+      *logits = onednn_linear(b.normed, head_.batch_w, c10::nullopt);
+    else
+      project(*logits, b.normed, head_.w, c10::nullopt, head_.qtype);
   }
   return b;
 }
@@ -154,9 +196,20 @@ void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
                                  const at::Tensor& positions, const at::Tensor& q_dense,
                                  const at::Tensor& slots, const at::Tensor& block_table,
                                  const at::Tensor& seq_lens) {
-  const bool q_rows = hidden.size(0) == 1;
+  const int64_t M = hidden.size(0);
+  const bool q_rows = M == 1;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
+    // Projection i of the layer into `out`: the few-row, batch or GGUF kernel writes the
+    // buffer; oneDNN's result takes the buffer's place.
+    const bool onednn = M > kSmallRows && !L.batch_w.empty();
+    const auto product = [&](at::Tensor& out, const at::Tensor& x, int i, const at::Tensor& w,
+                             const c10::optional<at::Tensor>& bias) {
+      if (onednn)
+        out = onednn_linear(x, L.batch_w[i], bias);
+      else
+        project(out, x, w, bias, L.qtypes[i]);
+    };
     // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream); the first
     // layer has no residual yet: its input is the stream.
     const at::Tensor& in = l == 0 ? hidden : b.out;
@@ -165,17 +218,18 @@ void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
     else
       add_rms_norm(b.normed, b.res_a, in, b.res_b, L.input_norm, eps_);
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
-    project(b.qkv, b.normed, L.qkv_w, L.qkv_b, L.qtypes[0]);
+    product(b.qkv, b.normed, 0, L.qkv_w, L.qkv_b);
+    if (onednn) qkv_views(b);
     rotary_neox(b.q, positions, cos_sin_);
     rotary_neox(b.k, positions, cos_sin_);
     write_kv(keys_[l], values_[l], b.k, b.v, slots);
     if (!q_rows) q_dense.copy_(b.q);
     decode_attention(b.attn, q_dense, keys_[l], values_[l], block_table, seq_lens, scale_);
-    project(b.o, b.attn_rows, L.o_w, L.o_b, L.qtypes[1]);
+    product(b.o, b.attn_rows, 1, L.o_w, L.o_b);
     add_rms_norm(b.normed2, b.res_b, b.o, res, L.post_norm, eps_);
-    project(b.gate_up, b.normed2, L.gate_up_w, c10::nullopt, L.qtypes[2]);
+    product(b.gate_up, b.normed2, 2, L.gate_up_w, c10::nullopt);
     silu_and_mul(b.act, b.gate_up);
-    project(b.out, b.act, L.down_w, c10::nullopt, L.qtypes[3]);
+    product(b.out, b.act, 3, L.down_w, c10::nullopt);
   }
 }
 

@@ -37,6 +37,11 @@ class DecodeStack {
   // or GGUF blocks (rows, or 16-row tiles; qtype its GGML type).
   void set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w, int64_t qtype,
                 double eps);
+  // oneDNN's packed copies of the weights (mkldnn::_linear_pointwise's, kernels/cpu_linear.py's
+  // pack_weight), 4 a layer (qkv, o, gate_up, down) and the lm_head's where set_ends() was
+  // called: a decode batch of more than kSmallRows rows then runs its products through them, as
+  // the layer-by-layer path does wherever linear_batch is not chosen.
+  void set_batch_weights(std::vector<at::Tensor> packed, c10::optional<at::Tensor> head);
   // A whole decode step of M = input_ids.size(0) requests from their token ids: the embedding
   // rows, forward, norm(hidden + residual) and the lm_head, returning the logits [M, V] in the
   // layers' dtype (a new tensor). The same kernels on the same data as the embedding, forward
@@ -55,6 +60,7 @@ class DecodeStack {
     c10::optional<at::Tensor> o_b;
     at::Tensor post_norm, gate_up_w, down_w;
     std::vector<int64_t> qtypes;
+    std::vector<at::Tensor> batch_w;  // set_batch_weights: oneDNN's copies, or empty
   };
   // Every intermediate of a layer at M rows, and views of them; made once per M and reused by
   // every layer of every step, so a layer creates no tensor (each at::empty, narrow or select
@@ -70,11 +76,13 @@ class DecodeStack {
     return head_.w.size(0) * (head_.qtype != 0 && head_.w.dim() == 3 ? 16 : 1);
   }
   struct Head {
-    at::Tensor embedding, norm, w;
+    at::Tensor embedding, norm, w, batch_w;
     int64_t qtype = 0;
     double eps = 0;
   };
   Buffers& buffers(int64_t M, const at::TensorOptions& opts);
+  // b.q, b.k and b.v as views of b.qkv's rows.
+  void qkv_views(Buffers& b) const;
   // What logits() reads unchecked, checked (decode_ends.cpp).
   void check_step(const at::Tensor& input_ids, const at::Tensor& positions,
                   const std::vector<at::Tensor>& kv_caches, const at::Tensor& slots,

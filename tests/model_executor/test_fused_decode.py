@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from engine_core import EngineArgs, LLMEngine, SamplingParams
 from engine_core.model_executor.layers import fused_decode
 from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING
-from kernels import cpu_linear_batch
+from kernels import cpu_linear, cpu_linear_batch
 from kernels._cpu_build import KERNELS
 from tests.conftest import build_tiny_model
 from tests.model_executor.conftest import count_fused_calls
@@ -24,6 +25,13 @@ VARIANTS = {"llama": {}, "qwen2": {"arch": "qwen2", "tie_word_embeddings": True}
                                  "tie_word_embeddings": True}}
 PROMPTS = [[5, 9, 13, 200, 7], [3, 3, 3], [100, 101, 102, 103, 104, 105, 106, 107, 108], [42],
            [17, 18, 19, 20], [250, 1, 250, 2], [60, 61]]
+
+
+def _batches_fused(dtype: str) -> bool:
+    """Whether decode batches past 4 requests take the fused call here: linear_batch chosen, or
+    oneDNN linear in the model's dtype (its packed weights handed to the stack)."""
+    return (cpu_linear_batch.chosen()
+            or cpu_linear.unavailable_reason(getattr(torch, dtype)) is None)
 
 
 def _generate(model_dir: Path, dtype: str, num_requests: int,
@@ -65,10 +73,10 @@ def test_fused_decode_gives_the_layer_by_layer_outputs_bit_for_bit(
     plain, _ = _generate(model_dir, "float32", num_requests, False, monkeypatch)
     assert fused == plain
     # Up to 4 decodes a step take the fused call, the final norm and the lm_head included (a
-    # dense head on the few-row kernel); more only where linear_batch takes their projections
-    # (STRAND_CPU_ISA=avx2: CI's second run), never through oneDNN.
+    # dense head on the few-row kernel); more with the kernel the layers would call for them:
+    # linear_batch (STRAND_CPU_ISA=avx2: CI's second run), else oneDNN's packed weights.
     assert set(calls) <= {"logits"}
-    assert bool(calls) == (num_requests <= 4 or cpu_linear_batch.chosen())
+    assert bool(calls) == (num_requests <= 4 or _batches_fused("float32"))
 
 
 @pytest.mark.parametrize("num_requests", [2, 7])
@@ -77,7 +85,7 @@ def test_fused_decode_in_bfloat16(model_dirs: dict[str, Path], num_requests: int
     fused, calls = _generate(model_dirs["llama"], "bfloat16", num_requests, True, monkeypatch)
     plain, _ = _generate(model_dirs["llama"], "bfloat16", num_requests, False, monkeypatch)
     assert fused == plain
-    assert bool(calls) == (num_requests <= 4 or cpu_linear_batch.chosen())
+    assert bool(calls) == (num_requests <= 4 or _batches_fused("bfloat16"))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

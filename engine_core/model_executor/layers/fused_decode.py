@@ -16,11 +16,12 @@ the final norm's and the lm_head's wrappers) was 0.45-0.7 ms of a ~10 ms one-thr
 SmolLM2's packed Q4_1, ~10x its cost in a tight loop (kernels/csrc/decode_ends.cpp says why),
 and at two threads the lm_head was a parallel region of its own after the step's one.
 
-Decode batches of SMALL_M < m <= BATCH_M requests take it too where the layer-by-layer path runs
-their dense projections through linear_batch (kernels/cpu_linear_batch.py: the avx2 level), the
-kernel the stack then calls: 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread step in
-the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2, session 10").
-Elsewhere oneDNN takes those rows, a kernel the stack does not call.
+Decode batches of SMALL_M < m <= BATCH_M requests of a model whose projections are all dense
+take it too, with the kernel the layer-by-layer path runs for those rows: linear_batch where it
+is chosen (kernels/cpu_linear_batch.py: the avx2 level), else oneDNN's packed weights, handed to
+the stack once (set_batch_weights). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
+step in the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2,
+session 10").
 """
 
 from __future__ import annotations
@@ -59,24 +60,25 @@ class _Fused:
 
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
 _STACKS: weakref.WeakKeyDictionary[nn.Module, _Fused | None] = weakref.WeakKeyDictionary()
-# model -> whether every projection of its stack is a dense weight (linear_batch takes those;
-# the GGUF kernels of a quantized stack take up to SMALL_M rows).
-_DENSE: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+# model -> whether its stack takes decode batches past SMALL_M rows: every projection (the
+# head's too) dense, and linear_batch chosen or oneDNN's packed weights handed over (the GGUF
+# kernels of a quantized stack take up to SMALL_M rows).
+_BATCH: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def applies(model: LlamaForCausalLM, input_ids: torch.Tensor, kv_caches: list[torch.Tensor],
             metadata: AttentionMetadata, backend: AttentionBackend) -> bool:
-    """A pure decode step of 1..SMALL_M requests (or up to BATCH_M where linear_batch takes
-    the dense projections), on CPU, with every layer on the C++ kernels."""
+    """A pure decode step of 1..SMALL_M requests (or up to BATCH_M of a stack that takes
+    batches), on CPU, with every layer on the C++ kernels."""
     m = input_ids.shape[0]
-    batch = SMALL_M < m <= cpu_linear_batch.BATCH_M and cpu_linear_batch.chosen()
+    batch = SMALL_M < m <= cpu_linear_batch.BATCH_M
     if not ((0 < m <= SMALL_M or batch) and metadata.max_query_len == 1
             and metadata.num_reqs == m and metadata.num_actual_tokens == m
             and input_ids.device.type == "cpu"):
         return False
     if not (isinstance(backend, TorchAttentionBackend) and backend.use_cpu_kernel):
         return False
-    return _stack(model, kv_caches) is not None and (not batch or _DENSE.get(model, False))
+    return _stack(model, kv_caches) is not None and (not batch or _BATCH.get(model, False))
 
 
 def has_head(model: LlamaForCausalLM) -> bool:
@@ -150,9 +152,35 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     if ends is not None:
         stack.set_ends(*ends)
     # Decode batches past SMALL_M rows only where every projection, the head's too, is dense.
-    _DENSE[model] = (all(q == 0 for args in layers for q in cast(list[int], args[-1]))
-                     and (ends is None or ends[3] == 0))
+    dense = (all(q == 0 for args in layers for q in cast(list[int], args[-1]))
+             and (ends is None or ends[3] == 0))
+    _BATCH[model] = dense and (cpu_linear_batch.chosen() or _hand_over_packed(model, stack,
+                                                                            ends is not None))
     return _Fused(stack, ends is not None)
+
+
+def _hand_over_packed(model: LlamaForCausalLM, stack: Any, has_ends: bool) -> bool:
+    """Gives the stack oneDNN's packed copy of every projection (and of the lm_head, where it
+    holds the ends), for decode batches past SMALL_M rows: True where every one has a copy in
+    the weights' dtype (not a float32 copy of bfloat16 weights, kept where oneDNN has no
+    bfloat16 kernels)."""
+    dtype = model.model.embed_tokens.weight.dtype
+    linears: list[object] = []
+    for decoder_layer in model.model.layers:
+        layer = cast("LlamaDecoderLayer", decoder_layer)
+        linears += [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                    layer.mlp.down_proj]
+    if has_ends:
+        linears.append(model.lm_head)
+    packed = [lin.packed if isinstance(lin, Linear) else None for lin in linears]
+    if any(p is None or p.dtype != dtype for p in packed):
+        return False
+    weights = cast(list[torch.Tensor], packed)
+    if has_ends:
+        stack.set_batch_weights(weights[:-1], weights[-1])
+    else:
+        stack.set_batch_weights(weights)
+    return True
 
 
 def _ends(model: LlamaForCausalLM, dtype: torch.dtype
