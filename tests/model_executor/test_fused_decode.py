@@ -197,6 +197,35 @@ def test_the_stack_gives_logits_from_token_ids_once_it_holds_the_ends() -> None:
     torch.testing.assert_close(stack.logits(*step), want[:, :10])
 
 
+def test_the_stack_takes_onednn_weights_for_batches_past_four_rows() -> None:
+    import torch
+
+    stack = _one_layer_stack()
+    zeros = [torch.zeros(16, 16), torch.zeros(16, 8), torch.zeros(64, 16), torch.zeros(16, 32)]
+    with pytest.raises(RuntimeError, match=r"4 weights a layer \(4\), got 3"):
+        stack.set_batch_weights(zeros[:3])
+    with pytest.raises(RuntimeError, match=r"needs set_ends\(\) with a dense lm_head first"):
+        stack.set_batch_weights(zeros, torch.eye(10, 16))
+    with pytest.raises(RuntimeError, match="in the layers' dtype"):
+        stack.set_batch_weights([w.double() for w in zeros])
+    if cpu_linear.unavailable_reason(torch.float32) is not None:
+        pytest.skip(f"oneDNN linear unavailable: {cpu_linear.unavailable_reason(torch.float32)}")
+    table = torch.linspace(-2.0, 3.0, 5 * 16).view(5, 16)
+    stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6)
+    packed = [cpu_linear.pack_weight(w) for w in zeros]
+    stack.set_batch_weights(packed, cpu_linear.pack_weight(torch.eye(10, 16)))
+    # Six requests, one slot each: zero projections leave each token's embedding row, which the
+    # final norm scales and the lm_head's identity rows (oneDNN's packed copy) take 10 values of.
+    ids = [0, 1, 2, 3, 4, 3]
+    step = (torch.tensor(ids), torch.zeros(6, dtype=torch.int64), [torch.zeros(2, 2, 4, 1, 4)],
+            torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([[0], [0], [0], [0], [1], [1]],
+                                                           dtype=torch.int32),
+            torch.ones(6, dtype=torch.int32))
+    hidden = table[ids]
+    want = 2.0 * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(stack.logits(*step), want[:, :10])
+
+
 @pytest.mark.parametrize(("step", "message"), [
     (([5], [0], [0], [[0]], [1]), r"input_ids must be in \[0, 5\) \(the vocabulary\), got 5"),
     (([0], [8], [0], [[0]], [1]), r"positions must be in \[0, 8\) \(the rotary"),
