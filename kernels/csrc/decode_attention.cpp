@@ -63,8 +63,9 @@ struct Trickle {
     if (t0 >= len) return;
     p = reinterpret_cast<const char*>(cache + (int64_t)blocks[b] * BS * RS);
     end = p + std::min(BS, len - t0) * RS * (int64_t)sizeof(T);
+    const int64_t lines = (end - p + 63) / 64;
     steps = std::max<int64_t>(steps, 1);
-    per_step = ((end - p) / 64 + steps) / steps;
+    per_step = (lines + steps - 1) / steps;
   }
   void step() {
     for (int64_t k = 0; k < per_step && p < end; ++k, p += 64) __builtin_prefetch(p, 0, 2);

@@ -52,6 +52,17 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
                             c10::optional<c10::string_view>)>();
   return op.call(x, packed, bias, "none", c10::List<c10::optional<at::Scalar>>(), c10::nullopt);
 }
+
+// out = x @ w.T (+ b), choosing as the layers' Python does: oneDNN's packed copy (when there is
+// one) for more than kSmallRows rows, its result taking the buffer's place; else project()
+// into the buffer.
+void project_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                  const at::Tensor& packed, const c10::optional<at::Tensor>& b, int64_t qtype) {
+  if (x.size(0) > kSmallRows && packed.defined())
+    out = onednn_linear(x, packed, b);
+  else
+    project(out, x, w, b, qtype);
+}
 }  // namespace
 
 DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_heads,
@@ -123,10 +134,11 @@ void DecodeStack::set_batch_weights(std::vector<at::Tensor> packed,
   STRAND_CHECK(!head.has_value() || (head_.w.defined() && head_.qtype == 0),
               "a head's oneDNN weight needs set_ends() with a dense lm_head first");
   const auto dtype = layers_[0].input_norm.scalar_type();
-  for (const at::Tensor& w : packed)
-    STRAND_CHECK(w.defined() && w.scalar_type() == dtype, "oneDNN weights in the layers' dtype");
+  for (size_t i = 0; i < packed.size(); ++i)
+    STRAND_CHECK(packed[i].defined() && packed[i].scalar_type() == dtype, "set_batch_weights: "
+                "packed[", i, "] must be in the layers' dtype (", dtype, ")");
   STRAND_CHECK(!head.has_value() || head->scalar_type() == dtype,
-              "oneDNN weights in the layers' dtype");
+              "set_batch_weights: head must be in the layers' dtype (", dtype, ")");
   for (size_t l = 0; l < layers_.size(); ++l)
     layers_[l].batch_w.assign(packed.begin() + 4 * l, packed.begin() + 4 * (l + 1));
   head_.batch_w = head.has_value() ? *head : at::Tensor();
@@ -184,10 +196,7 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
     // What a next layer's input norm would do, with the final norm's weight: b.normed and
     // b.res_a are free once the last layer is done.
     add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
-    if (M > kSmallRows && head_.batch_w.defined())
-      *logits = onednn_linear(b.normed, head_.batch_w, c10::nullopt);
-    else
-      project(*logits, b.normed, head_.w, c10::nullopt, head_.qtype);
+    project_into(*logits, b.normed, head_.w, head_.batch_w, c10::nullopt, head_.qtype);
   }
   return b;
 }
@@ -196,19 +205,14 @@ void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
                                  const at::Tensor& positions, const at::Tensor& q_dense,
                                  const at::Tensor& slots, const at::Tensor& block_table,
                                  const at::Tensor& seq_lens) {
-  const int64_t M = hidden.size(0);
-  const bool q_rows = M == 1;
+  const bool q_rows = hidden.size(0) == 1;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    // Projection i of the layer into `out`: the few-row, batch or GGUF kernel writes the
-    // buffer; oneDNN's result takes the buffer's place.
-    const bool onednn = M > kSmallRows && !L.batch_w.empty();
+    // Projection i of the layer into `out` (oneDNN's result may take the buffer's place).
     const auto product = [&](at::Tensor& out, const at::Tensor& x, int i, const at::Tensor& w,
                              const c10::optional<at::Tensor>& bias) {
-      if (onednn)
-        out = onednn_linear(x, L.batch_w[i], bias);
-      else
-        project(out, x, w, bias, L.qtypes[i]);
+      project_into(out, x, w, L.batch_w.empty() ? at::Tensor() : L.batch_w[i], bias,
+                   L.qtypes[i]);
     };
     // [M, H]: norm(hidden + residual), and hidden + residual (the residual stream); the first
     // layer has no residual yet: its input is the stream.
@@ -218,8 +222,11 @@ void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
     else
       add_rms_norm(b.normed, b.res_a, in, b.res_b, L.input_norm, eps_);
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
+    const void* qkv_buffer = b.qkv.data_ptr();
     product(b.qkv, b.normed, 0, L.qkv_w, L.qkv_b);
-    if (onednn) qkv_views(b);
+    // oneDNN gave a new tensor (allocated while the old one lived: a new address): the q, k
+    // and v views must follow it.
+    if (b.qkv.data_ptr() != qkv_buffer) qkv_views(b);
     rotary_neox(b.q, positions, cos_sin_);
     rotary_neox(b.k, positions, cos_sin_);
     write_kv(keys_[l], values_[l], b.k, b.v, slots);

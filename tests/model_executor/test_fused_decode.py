@@ -206,7 +206,7 @@ def test_the_stack_takes_onednn_weights_for_batches_past_four_rows() -> None:
         stack.set_batch_weights(zeros[:3])
     with pytest.raises(RuntimeError, match=r"needs set_ends\(\) with a dense lm_head first"):
         stack.set_batch_weights(zeros, torch.eye(10, 16))
-    with pytest.raises(RuntimeError, match="in the layers' dtype"):
+    with pytest.raises(RuntimeError, match=r"packed\[0\] must be in the layers' dtype"):
         stack.set_batch_weights([w.double() for w in zeros])
     if cpu_linear.unavailable_reason(torch.float32) is not None:
         pytest.skip(f"oneDNN linear unavailable: {cpu_linear.unavailable_reason(torch.float32)}")

@@ -114,13 +114,15 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
             or cos_sin.shape[1] % 2 or cos_sin.shape[1] > model.config.head_dim):
         return None
     layers: list[tuple[object, ...]] = []
+    linears: list[object] = []  # every layer's four projections, in the stack's order
     sizes: set[tuple[int, int, int, float, float]] = set()
     for decoder_layer in model.model.layers:
         layer = cast("LlamaDecoderLayer", decoder_layer)
         attn, mlp = layer.self_attn, layer.mlp
-        projections = [_projection(lin, dtype) for lin in (
-            attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None),
-            getattr(mlp, "down_proj", None))]
+        four = (attn.qkv_proj, attn.o_proj, getattr(mlp, "gate_up_proj", None),
+                getattr(mlp, "down_proj", None))
+        linears += four
+        projections = [_projection(lin, dtype) for lin in four]
         norm1, norm2 = cast(RMSNorm, layer.input_layernorm), cast(RMSNorm,
                                                                  layer.post_attention_layernorm)
         if any(p is None for p in projections):
@@ -154,32 +156,27 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     # Decode batches past SMALL_M rows only where every projection, the head's too, is dense.
     dense = (all(q == 0 for args in layers for q in cast(list[int], args[-1]))
              and (ends is None or ends[3] == 0))
-    _BATCH[model] = dense and (cpu_linear_batch.chosen() or _hand_over_packed(model, stack,
-                                                                            ends is not None))
+    head = model.lm_head if ends is not None else None
+    _BATCH[model] = dense and (cpu_linear_batch.chosen()
+                               or _hand_over_packed(stack, linears, head, dtype))
     return _Fused(stack, ends is not None)
 
 
-def _hand_over_packed(model: LlamaForCausalLM, stack: Any, has_ends: bool) -> bool:
+def _hand_over_packed(stack: Any, linears: list[object], head: object | None,
+                      dtype: torch.dtype) -> bool:
     """Gives the stack oneDNN's packed copy of every projection (and of the lm_head, where it
     holds the ends), for decode batches past SMALL_M rows: True where every one has a copy in
     the weights' dtype (not a float32 copy of bfloat16 weights, kept where oneDNN has no
     bfloat16 kernels)."""
-    dtype = model.model.embed_tokens.weight.dtype
-    linears: list[object] = []
-    for decoder_layer in model.model.layers:
-        layer = cast("LlamaDecoderLayer", decoder_layer)
-        linears += [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                    layer.mlp.down_proj]
-    if has_ends:
-        linears.append(model.lm_head)
-    packed = [lin.packed if isinstance(lin, Linear) else None for lin in linears]
-    if any(p is None or p.dtype != dtype for p in packed):
+    def packed(lin: object) -> torch.Tensor | None:
+        copy = lin.packed if isinstance(lin, Linear) else None
+        return copy if copy is not None and copy.dtype == dtype else None
+
+    weights = [packed(lin) for lin in linears]
+    head_weight = None if head is None else packed(head)
+    if any(w is None for w in weights) or (head is not None and head_weight is None):
         return False
-    weights = cast(list[torch.Tensor], packed)
-    if has_ends:
-        stack.set_batch_weights(weights[:-1], weights[-1])
-    else:
-        stack.set_batch_weights(weights)
+    stack.set_batch_weights(weights, head_weight)
     return True
 
 
