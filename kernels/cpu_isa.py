@@ -79,6 +79,14 @@ class CpuIsa:
         return (self.level == "avx512" and {"amx_bf16", "amx_tile"} <= self.flags
                 and not os.environ.get("STRAND_DISABLE_AMX"))
 
+    @property
+    def avx512_bf16(self) -> bool:
+        """AVX512_BF16's VDPBF16PS (Cooper Lake, Sapphire Rapids, Zen 4) at the avx512 level,
+        for the bfloat16 prefill attention without AMX. STRAND_DISABLE_AVX512_BF16 (set at
+        all) turns it off, as it does for the C++ kernels that test for it themselves."""
+        return (self.level == "avx512" and "avx512_bf16" in self.flags
+                and "STRAND_DISABLE_AVX512_BF16" not in os.environ)
+
     def compile_flags(self) -> list[str]:
         """-march for the C++ kernels: the level's baseline, tuned for this CPU (tuning never
         changes which instructions run, so a cache built here is safe on any CPU of the level),

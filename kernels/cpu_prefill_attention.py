@@ -7,7 +7,9 @@ causal work (a cached prefix included), in tiles of 48 rows (32 without AVX-512)
 ATen's threads longest first. Its reference is kernels/paged_attention_ref.py (tests/kernels/test_cpu_prefill_attention.py).
 
 bfloat16 on a CPU with AMX (and at the avx512 level) runs kernels/csrc/prefill_attention_amx.cpp
-instead: the same requests and arguments, products on AMX tiles (amx_applies() says where).
+instead: the same requests and arguments, products on AMX tiles (amx_applies() says where). Without
+AMX but with AVX512_BF16 (Zen 4, Cooper Lake) the products of the same kernel go through
+VDPBF16PS, 32 bfloat16 products an instruction (pairs_applies()).
 
 The C++ is kernels/csrc/prefill_attention.cpp, built once with the other CPU kernels (kernels/_cpu_build.py). Where
 that fails, or with STRAND_DISABLE_CPU_KERNELS=1, the caller keeps the pure-torch path;
@@ -22,7 +24,8 @@ from kernels._cpu_build import KERNELS as _EXTENSION
 from kernels.cpu_isa import probe
 
 # What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end
-# (on AMX the probabilities are rounded to bfloat16 for P.V as well, as torch's flash kernel does).
+# (on AMX and with VDPBF16PS the probabilities are rounded to bfloat16 for P.V as well, as torch's
+# flash kernel does).
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -40,6 +43,16 @@ def amx_applies(dtype: torch.dtype, head_dim: int) -> bool:
         return False
     module = _EXTENSION.module()
     return module is not None and bool(module.prefill_attention_amx_available())
+
+
+def pairs_applies(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether prefill_attention runs `dtype`'s products by VDPBF16PS: bfloat16, an even
+    head_dim, the avx512 level with AVX512_BF16 (cpu_isa) and no AMX (which is faster still).
+    SmolLM2's 512-token layer on the Zen 4, one thread: 3.8 -> 2.6 ms (benchmarks/README.md)."""
+    if dtype != torch.bfloat16 or head_dim % 2 or not probe().avx512_bf16:
+        return False
+    module = _EXTENSION.module()
+    return module is not None and bool(module.prefill_attention_pairs_available())
 
 
 def unavailable_reason() -> str | None:
@@ -80,8 +93,12 @@ def prefill_attention(
         query = query.contiguous()
     if out[0].stride() != (out.shape[2], 1):
         raise ValueError("out rows must be dense [num_heads, head_dim]")
-    run = (module.prefill_attention_amx if amx_applies(query.dtype, query.shape[2])
-           else module.prefill_attention)
+    if amx_applies(query.dtype, query.shape[2]):
+        run = module.prefill_attention_amx
+    elif pairs_applies(query.dtype, query.shape[2]):
+        run = module.prefill_attention_pairs
+    else:
+        run = module.prefill_attention
     run(out, query, kv_cache[0], kv_cache[1], block_table.to(torch.int32).contiguous(),
         q_starts.to(torch.int32).contiguous(), q_lens.to(torch.int32).contiguous(),
         seq_lens.to(torch.int32).contiguous(), float(scale))

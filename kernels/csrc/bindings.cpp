@@ -10,6 +10,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention, float32 or bfloat16");
   m.def("prefill_attention", &prefill_attention,
         "varlen causal prefill attention over the paged cache, float32 or bfloat16");
+  m.def("prefill_attention_pairs", &prefill_attention_pairs,
+        "the same for bfloat16 by VDPBF16PS (only where prefill_attention_pairs_available())");
+  m.def("prefill_attention_pairs_available", &prefill_attention_pairs_available,
+        "whether this build and the CPU have AVX512_BF16's VDPBF16PS");
   m.def("prefill_attention_amx", &prefill_attention_amx,
         "the same, bfloat16 on AMX tiles (only where prefill_attention_amx_available())");
   m.def("prefill_attention_amx_available", &prefill_attention_amx_available,

@@ -28,6 +28,13 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                        at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
                        at::Tensor q_lens, at::Tensor seq_lens, double scale);
 
+// The same for bfloat16, the products by AVX512_BF16's VDPBF16PS (P rounded to bfloat16 for
+// P.V), where the build and the CPU have it.
+bool prefill_attention_pairs_available();
+void prefill_attention_pairs(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                             at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
+                             at::Tensor q_lens, at::Tensor seq_lens, double scale);
+
 // prefill_attention_amx.cpp: the same for bfloat16 on AMX tiles, where the CPU and OS allow it.
 bool prefill_attention_amx_available();
 void prefill_attention_amx(at::Tensor out, at::Tensor query, at::Tensor key_cache,

@@ -1,6 +1,7 @@
 #include "kernels.h"
 #include <omp.h>
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -8,6 +9,7 @@
 #include <immintrin.h>
 #endif
 
+#include "avx512_bf16.h"
 #include "vec16.h"
 
 // Causal attention of each request's new tokens over its whole context, read from the paged cache
@@ -52,16 +54,15 @@ struct Tile {
 };
 
 // Row m of a tile is token t0 + m / nh, query head g * G + h0 + m % nh.
+template <typename Products>
 struct Scratch {
-  std::vector<float> qt, ot;  // [D][kRows]: q (scaled) and the output, transposed
+  std::vector<float> ot;  // [D][kRows]: the output, transposed
   std::vector<float> row;  // [D]: one output row before it is stored
-  std::vector<float> kf, vf;  // [kKeys][D]: a key chunk's bfloat16 K and V rows in float32
+  Products products;  // what the products of q, K, P and V read (Widened, Pairs)
   void resize(int64_t D) {
-    qt.resize(D * kRows);
     ot.resize(D * kRows);
     row.resize(D);
-    kf.resize(kKeys * D);
-    vf.resize(kKeys * D);
+    products.resize(D);
   }
 };
 
@@ -190,11 +191,186 @@ inline void widen_row(const bf16* src, float* dst, int64_t D) {
   for (; d < D; ++d) dst[d] = to_float(src[d]);
 }
 
+// A tile's products in float32: q scaled and transposed once, each key chunk's bfloat16 K and V
+// rows widened once (then read by every row of the tile: widened inside the loops below, each
+// element cost a scalar load, shift and broadcast per use beside 3 multiply-adds; on the Zen 4,
+// bfloat16 prefill attention took 2.3x float32's time), scores and P.V by multiply-adds.
 template <typename T>
-void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
+struct Widened {
+  std::vector<float> qt;  // [D][kRows]: q (scaled), transposed
+  std::vector<float> kf, vf;  // [kKeys][D]: a key chunk's bfloat16 K and V rows in float32
+  const float* kw[kKeys];
+  const float* vw[kKeys];
+
+  void resize(int64_t D) {
+    qt.resize(D * kRows);
+    kf.resize(kKeys * D);
+    vf.resize(kKeys * D);
+  }
+
+  void load_q(const T* const* qrows, int64_t D, float scale) {
+    float* q = qt.data();
+    const int64_t D16 = kLanes == 16 ? D / 16 * 16 : 0;  // dimensions moved in 16x16 blocks
+    for (int64_t m0 = 0; m0 < kRows; m0 += 16)
+      for (int64_t d0 = 0; d0 < D16; d0 += 16) {
+        v16 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = load(qrows[m0 + i] + d0) * scale;
+        transpose16(r);
+        for (int i = 0; i < 16; ++i) store(q + (d0 + i) * kRows + m0, r[i]);
+      }
+    for (int64_t m = 0; m < kRows; ++m)
+      for (int64_t d = D16; d < D; ++d) q[d * kRows + m] = to_float(qrows[m][d]) * scale;
+  }
+
+  void load_chunk(const T* const* krows, const T* const* vrows, int64_t nk, int64_t D) {
+    for (int64_t i = 0; i < nk; ++i) {  // nk <= kKeys rows, the padding ones included
+      if constexpr (std::is_same_v<T, bf16>) {
+        widen_row(krows[i], kf.data() + i * D, D);
+        widen_row(vrows[i], vf.data() + i * D, D);
+        kw[i] = kf.data() + i * D;
+        vw[i] = vf.data() + i * D;
+      } else {
+        kw[i] = krows[i];
+        vw[i] = vrows[i];
+      }
+    }
+  }
+
+  void scores(int64_t i, int64_t D, float* s) const { scores_block(qt.data(), kw + i, D, s); }
+
+  void accumulate(float* ot, const float* p, int64_t n, int64_t D, const vl* alpha) const {
+    ::accumulate(ot, p, vw, n, D, alpha);
+  }
+};
+
+#ifdef STRAND_DPBF16
+// A bfloat16 tile's products by VDPBF16PS (avx512_bf16.h), which multiplies pairs of bfloat16
+// values along the reduction into float32 lanes: 32 products an instruction where Widened's
+// multiply-add makes 16. The lanes stay the tile's rows; what changes is that each operand
+// holds pairs. q: (d, d+1) of each row; K: the key's own (d, d+1), one 32-bit broadcast;
+// P: (key, key+1) of each row, P rounded to bfloat16 as torch's CPU flash attention rounds it
+// for P.V; V: (key, key+1) of one dimension, so each key chunk's V rows are interleaved in
+// pairs first. The scores' sums and the softmax stay float32; scale is applied to the sums.
+// Zen 4 (no AMX), SmolLM2's 512-token layer, one thread: see benchmarks/README.md.
+constexpr int kPairs = kKeys / 2;
+
+// Lanes 2j and 2j+1 of the result: lane j of x's low and high 256 bits (rows a and b, or the
+// bfloat16 probabilities of keys 2p and 2p+1).
+BF16_TARGET inline __m512i interleave16(__m512i x) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+  return _mm512_permutexvar_epi16(order, x);
+}
+
+inline uint32_t pair_at(const bf16* p) {  // p[0] in the low 16 bits, p[1] in the high
+  uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+// acc[k] (dimensions d0 .. d0 + B of ot, rescaled by alpha) += P.V over np key pairs.
+template <int B>
+BF16_TARGET inline void accumulate_pairs(float* ot, const uint32_t* pp, const uint32_t* vp,
+                                         int64_t np, int64_t D, int64_t d0, const vl* alpha) {
+  __m512 acc[B][kNV];
+  for (int k = 0; k < B; ++k)
+    for (int u = 0; u < kNV; ++u)
+      acc[k][u] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d0 + k) * kRows + u * 16), (__m512)alpha[u]);
+  for (int64_t i = 0; i < np; ++i) {
+    __m512bh p[kNV];
+    for (int u = 0; u < kNV; ++u)
+      p[u] = (__m512bh)_mm512_loadu_si512(pp + i * kRows + u * 16);
+    for (int k = 0; k < B; ++k) {
+      const __m512bh v = (__m512bh)_mm512_set1_epi32((int)vp[i * D + d0 + k]);
+      for (int u = 0; u < kNV; ++u) acc[k][u] = _mm512_dpbf16_ps(acc[k][u], p[u], v);
+    }
+  }
+  for (int k = 0; k < B; ++k)
+    for (int u = 0; u < kNV; ++u) _mm512_storeu_ps(ot + (d0 + k) * kRows + u * 16, acc[k][u]);
+}
+
+struct Pairs {
+  std::vector<uint32_t> qp;  // [D/2][kRows]: each row's q pairs (d, d+1), unscaled
+  std::vector<uint32_t> vp;  // [kPairs][D]: a chunk's V pairs (key 2i, key 2i+1) per dimension
+  std::vector<uint32_t> pp;  // [kPairs][kRows]: the chunk's probabilities in pairs, bfloat16
+  const bf16* const* k = nullptr;  // the chunk's K rows, read where they lie
+  float scale = 1.f;
+
+  void resize(int64_t D) {
+    qp.resize(D / 2 * kRows);
+    vp.resize(kPairs * D);
+    pp.resize(kPairs * kRows);
+  }
+
+  void load_q(const bf16* const* qrows, int64_t D, float s) {
+    scale = s;
+    for (int64_t m = 0; m < kRows; ++m)
+      for (int64_t i = 0; i < D / 2; ++i) qp[i * kRows + m] = pair_at(qrows[m] + 2 * i);
+  }
+
+  BF16_TARGET void load_chunk(const bf16* const* krows, const bf16* const* vrows, int64_t nk,
+                              int64_t D) {
+    k = krows;
+    for (int64_t i = 0; i < nk / 2; ++i) {  // nk is a multiple of kBlock: whole pairs
+      const bf16 *a = vrows[2 * i], *b = vrows[2 * i + 1];
+      uint32_t* dst = vp.data() + i * D;
+      int64_t d = 0;
+      for (; d + 16 <= D; d += 16) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d));
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + d));
+        _mm512_storeu_si512(dst + d,
+                            interleave16(_mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1)));
+      }
+      for (; d < D; ++d) dst[d] = a[d].bits | (uint32_t)b[d].bits << 16;
+    }
+  }
+
+  // Scores of keys i0 .. i0 + kBlock for the tile's rows, scaled.
+  BF16_TARGET void scores(int64_t i0, int64_t D, float* s) const {
+    __m512 acc[kBlock][kNV];
+    for (int i = 0; i < kBlock; ++i)
+      for (int u = 0; u < kNV; ++u) acc[i][u] = _mm512_setzero_ps();
+    for (int64_t d2 = 0; d2 < D / 2; ++d2) {
+      __m512bh q[kNV];
+      for (int u = 0; u < kNV; ++u)
+        q[u] = (__m512bh)_mm512_loadu_si512(qp.data() + d2 * kRows + u * 16);
+      for (int i = 0; i < kBlock; ++i) {
+        const __m512bh x = (__m512bh)_mm512_set1_epi32((int)pair_at(k[i0 + i] + 2 * d2));
+        for (int u = 0; u < kNV; ++u) acc[i][u] = _mm512_dpbf16_ps(acc[i][u], q[u], x);
+      }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int i = 0; i < kBlock; ++i)
+      for (int u = 0; u < kNV; ++u)
+        _mm512_storeu_ps(s + i * kRows + u * 16, _mm512_mul_ps(acc[i][u], sc));
+  }
+
+  // ot = ot * alpha + P.V over the chunk's first n keys; p holds their float32 probabilities
+  // (past n: zeros, the masked padding keys).
+  BF16_TARGET void accumulate(float* ot, const float* p, int64_t n, int64_t D,
+                              const vl* alpha) {
+    const int64_t np = (n + 1) / 2;
+    for (int64_t i = 0; i < np; ++i)
+      for (int u = 0; u < kNV; ++u) {
+        const __m512 a = _mm512_loadu_ps(p + 2 * i * kRows + u * 16);
+        const __m512 b = _mm512_loadu_ps(p + (2 * i + 1) * kRows + u * 16);
+        _mm512_storeu_si512(pp.data() + i * kRows + u * 16,
+                            interleave16((__m512i)_mm512_cvtne2ps_pbh(b, a)));
+      }
+    int64_t d0 = 0;
+    for (; d0 + kBlock <= D; d0 += kBlock)
+      accumulate_pairs<kBlock>(ot, pp.data(), vp.data(), np, D, d0, alpha);
+    for (; d0 < D; ++d0) accumulate_pairs<1>(ot, pp.data(), vp.data(), np, D, d0, alpha);
+  }
+};
+#endif
+
+template <typename T, typename Products>
+void tile_task(const Args<T>& a, const Tile& t, Scratch<Products>& sc) {
   const int64_t D = a.D, G = a.H / a.KVH, rows = (int64_t)t.nt * t.nh;
   const int64_t q_start = a.q_starts[t.r], first_pos = a.lens[t.r] - a.q_lens[t.r] + t.t0;
-  float* qt = sc.qt.data();
+  Products& products = sc.products;
   float* ot = sc.ot.data();
   // Lane positions (padding lanes copy the last row: finite, and never stored).
   alignas(64) int32_t pos[kRows];
@@ -205,16 +381,8 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
     const int64_t h = t.g * G + t.h0 + mm % t.nh;
     qrows[m] = a.q + (q_start + t.t0 + mm / t.nh) * a.q_stride + h * D;
   }
-  const int64_t D16 = kLanes == 16 ? D / 16 * 16 : 0;  // dimensions moved in 16x16 blocks
-  for (int64_t m0 = 0; m0 < kRows; m0 += 16)
-    for (int64_t d0 = 0; d0 < D16; d0 += 16) {
-      v16 r[16];
-      for (int i = 0; i < 16; ++i) r[i] = load(qrows[m0 + i] + d0) * a.scale;
-      transpose16(r);
-      for (int i = 0; i < 16; ++i) store(qt + (d0 + i) * kRows + m0, r[i]);
-    }
-  for (int64_t m = 0; m < kRows; ++m)
-    for (int64_t d = D16; d < D; ++d) qt[d * kRows + m] = to_float(qrows[m][d]) * a.scale;
+  products.load_q(qrows, D, a.scale);
+  const int64_t D16 = kLanes == 16 ? D / 16 * 16 : 0;  // output dimensions moved in 16x16 blocks
   std::fill(ot, ot + D * kRows, 0.f);
   const vl neg_inf = vl{} - std::numeric_limits<float>::infinity();
   vl mx[kNV], l[kNV];  // the online softmax's running maximum and sum, per row
@@ -233,24 +401,8 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
       vrows[i] = row_of(a, t.r, t.g, j0 + std::min(i, n - 1), a.vc);
     }
     const int64_t nk = (n + kBlock - 1) / kBlock * kBlock;  // whole blocks; the rest masked
-    // The chunk's K and V rows as float32 rows. bfloat16 ones are widened once here, then read
-    // by every row of the tile: widened inside the loops below, each element cost a scalar load,
-    // shift and broadcast per use beside 3 multiply-adds (Zen 4, no AMX: bfloat16 prefill
-    // attention took 2.3x float32's time).
-    const float* kw[kKeys];
-    const float* vw[kKeys];
-    for (int64_t i = 0; i < nk; ++i) {  // nk <= kKeys rows, the padding ones included
-      if constexpr (std::is_same_v<T, bf16>) {
-        widen_row(krows[i], sc.kf.data() + i * D, D);
-        widen_row(vrows[i], sc.vf.data() + i * D, D);
-        kw[i] = sc.kf.data() + i * D;
-        vw[i] = sc.vf.data() + i * D;
-      } else {
-        kw[i] = krows[i];
-        vw[i] = vrows[i];
-      }
-    }
-    for (int64_t i = 0; i < nk; i += kBlock) scores_block(qt, kw + i, D, s + i * kRows);
+    products.load_chunk(krows, vrows, nk, D);
+    for (int64_t i = 0; i < nk; i += kBlock) products.scores(i, D, s + i * kRows);
     if (j0 + nk - 1 > first_pos) {  // some key here lies past some row's position
       for (int64_t i = 0; i < nk; ++i) {
         const il j = il{} + (int32_t)(j0 + i);
@@ -277,7 +429,7 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch& sc) {
       l[u] = l[u] * alpha[u] + sum;
       mx[u] = c;
     }
-    accumulate(ot, s, vw, n, D, alpha);
+    products.accumulate(ot, s, n, D, alpha);
   }
   alignas(64) float inv[kRows];
   for (int u = 0; u < kNV; ++u) store_l(inv + u * kLanes, (vl{} + 1.f) / l[u]);
@@ -321,7 +473,7 @@ std::vector<Tile> make_tiles(const Args<T>& a, int64_t R) {
                    [](const Tile& x, const Tile& y) { return x.keys > y.keys; });
   return tiles;
 }
-template <typename T, typename Torch>
+template <typename T, typename Torch, typename Products>
 void run(at::Tensor out, at::Tensor query, at::Tensor key_cache,
          at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
          at::Tensor q_lens, at::Tensor seq_lens, double scale) {
@@ -336,7 +488,7 @@ void run(at::Tensor out, at::Tensor query, at::Tensor key_cache,
   const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
 #pragma omp parallel num_threads(threads)
   {
-    Scratch scratch;
+    Scratch<Products> scratch;
     scratch.resize(a.D);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) tile_task(a, tiles[i], scratch);
@@ -349,9 +501,32 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                        at::Tensor q_starts, at::Tensor q_lens, at::Tensor seq_lens,
                        double scale) {
   if (query.scalar_type() == at::kBFloat16)
-    run<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, q_starts, q_lens,
-                            seq_lens, scale);
+    run<bf16, at::BFloat16, Widened<bf16>>(out, query, key_cache, value_cache, block_table,
+                                           q_starts, q_lens, seq_lens, scale);
   else
-    run<float, float>(out, query, key_cache, value_cache, block_table, q_starts, q_lens,
-                      seq_lens, scale);
+    run<float, float, Widened<float>>(out, query, key_cache, value_cache, block_table, q_starts,
+                                      q_lens, seq_lens, scale);
+}
+
+bool prefill_attention_pairs_available() {
+#ifdef STRAND_DPBF16
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+void prefill_attention_pairs(at::Tensor out, at::Tensor query, at::Tensor key_cache,
+                             at::Tensor value_cache, at::Tensor block_table,
+                             at::Tensor q_starts, at::Tensor q_lens, at::Tensor seq_lens,
+                             double scale) {
+  TORCH_CHECK(prefill_attention_pairs_available(),
+              "prefill_attention_pairs needs a build and a CPU with AVX512_BF16");
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && query.size(2) % 2 == 0,
+              "prefill_attention_pairs takes bfloat16 with an even head_dim, got ",
+              query.scalar_type(), " head_dim ", query.size(2));
+#ifdef STRAND_DPBF16
+  run<bf16, at::BFloat16, Pairs>(out, query, key_cache, value_cache, block_table, q_starts,
+                                 q_lens, seq_lens, scale);
+#endif
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.cpu_prefill_attention as cpu_prefill
 from kernels.cpu_prefill_attention import is_available, prefill_attention, unavailable_reason
 from kernels.paged_attention_ref import paged_attention_ref
 from tests.kernels.paged_cases import scattered_paged_cache
@@ -101,8 +102,9 @@ def test_refuses_other_dtypes_and_shapes_naming_them() -> None:
 def test_bfloat16_is_computed_in_float32_and_rounded_once(
         query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
         head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The widening kernel; AMX's (rounded probabilities) has tests of its own.
+    # The widening kernel; AMX's and VDPBF16PS's (rounded probabilities) have tests of their own.
     monkeypatch.setenv("STRAND_DISABLE_AMX", "1")
+    monkeypatch.setattr(cpu_prefill, "pairs_applies", lambda dtype, head_dim: False)
     query, kv, table, starts, lens = _case(query_lens, seq_lens, num_heads, num_kv_heads,
                                            head_dim, 16, 6)
     query, kv = query.bfloat16(), kv.bfloat16()
