@@ -40,9 +40,12 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
+
+#include "exp2_avx512.h"
 #include <unistd.h>
 
 namespace {
+using strand::exp2_nonpos;
 
 // Keys per online-softmax step: S is [16][256] float32 and P [16][256] bfloat16, 24 KB of L1
 // (512 keys: 48 KB, past L1, and no faster).
@@ -141,24 +144,6 @@ void pack_block(const Args& a, int64_t r, int64_t g, int64_t j0, uint16_t* kp, u
       const __m512i xy = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
       _mm512_storeu_si512(vdst + (dt * 16 + p) * 32, _mm512_permutexvar_epi16(inter, xy));
     }
-}
-
-// 2^t for t <= 0, t = (score * scale - max) * log2(e) from one fused multiply-subtract: 2^n
-// (VSCALEFPS) times 2^f, f = t - n in [-1/2, 1/2], by its Taylor polynomial of degree 5
-// (relative error under 3e-6, against the 2^-9 to which P is rounded for P.V). t is clamped
-// at -126: what lies below gives ~1e-38 instead of 0, nothing a sum notices. 10 instructions
-// where an e^x with range reduction by ln 2 takes 16: the softmax is half the kernel's time.
-inline __m512 exp2_nonpos(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-126.f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.3333558146e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
 }
 
 // Tile C += tile A times tile B (4 with 6, 5 with 7), loaded from b first. GCC's
