@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from services.common.errors import UserError
+from services.common.gc_heap import freeze_startup_heap
 from services.common.metrics_server import check_metrics_port, start_metrics_server
 from services.common.stage_auth import stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
@@ -199,6 +200,7 @@ async def run_server(name: str, options: ServerOptions,
     print(f"strand {name} listening on {options.host}:{port}", flush=True)
     if on_started is not None:
         await on_started(port)
+    freeze_startup_heap(name)  # the model and libraries are loaded: out of the GC's passes
     readiness = asyncio.get_running_loop().create_task(
         _track_readiness(health_servicer, [READINESS, *names], ready))
 
