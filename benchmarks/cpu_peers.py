@@ -18,7 +18,10 @@ every backend once, in turn, one timed run after its own warm-up, so that on a m
 with other work each backend meets about the same load; the table gives medians over the rounds
 and the median of each round's ratio to llama.cpp. The bounds: decode
 reads every weight once a token (weight bytes / measured copy bandwidth), prefill does 2 FLOPs per
-weight per token (at the best GEMM rate measured here).
+weight per token (at the best GEMM rate measured here). They are measured in every round, after its
+backends, and Strand's fraction of its bound is the median of same-round fractions: this VM's copy
+rate has moved from 31 to 49 GB/s between runs, and a bound measured once set every fraction by
+that one moment.
 --isa avx2 measures an AVX2-only CPU on a wider one (benchmarks/isa_emulation.py): every worker,
 HF's included, and the bounds' own measurement run with Strand, ATen, oneDNN and MKL capped at
 AVX2, and --llama-cpp must be a build without AVX-512 (cpu_peers_setup --isa avx2). What each
@@ -260,10 +263,31 @@ def paired_ratios(rounds: list[dict[str, dict[str, float]]], name: str,
             for w in workloads}
 
 
+def paired_fractions(rounds: list[dict[str, dict[str, float]]],
+                     round_bounds: list[dict[str, Any]], name: str = "strand",
+                     workloads: tuple[str, ...] = ("decode", "prefill")) -> dict[str, list[float]]:
+    """Per bounded workload, name's result over the bound measured in the same round."""
+    return {w: [r[name][w] / b[f"{w}_tok_s"] for r, b in zip(rounds, round_bounds, strict=True)
+                if name in r and w in r[name]]
+            for w in workloads}
+
+
+def median_bounds(round_bounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds' bounds as one: each rate the median over the rounds, with its range."""
+    merged: dict[str, Any] = dict(round_bounds[0])
+    for key, first in round_bounds[0].items():
+        if isinstance(first, float):
+            values = [b[key] for b in round_bounds]
+            merged[key] = statistics.median(values)
+            merged[f"{key}_range"] = [min(values), max(values)]
+    return merged
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """--repeats rounds; each runs every backend once (one timed run after its own warm-up),
     in turn, so each backend sees the machine's load of that round as the others do."""
     rounds: list[dict[str, dict[str, float]]] = []
+    round_bounds: list[dict[str, Any]] = []  # measured after each round's backends
     build = "?"
     load_before = os.getloadavg()[0]
     isa_emulation.check_llama_cpp(Path(args.llama_cpp), args.isa)
@@ -280,11 +304,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result, ran_at[name] = out["results"], out["isa"]
             current[name] = {w: values[0] for w, values in result.items()}
         rounds.append(current)
+        log(f"round {rnd + 1}/{args.repeats}: the machine's bounds")
+        out = _worker("bounds", args, {}, 1)
+        round_bounds.append(out["results"])
+        ran_at["bounds"] = out["isa"]
         # A long run on a busy machine keeps its finished rounds if it is cut short.
         write_json(args.out, {"dtype": args.dtype, "threads": args.threads, "isa": args.isa,
-                              "llama_cpp_build": build, "partial": True, "rounds": rounds})
-    out = _worker("bounds", args, {}, 1)
-    bound, ran_at["bounds"] = out["results"], out["isa"]
+                              "llama_cpp_build": build, "partial": True, "rounds": rounds,
+                              "round_bounds": round_bounds})
+    bound = median_bounds(round_bounds)
     workloads = tuple(args.workloads)
     summary = {name: {w: _median([r[name][w] for r in rounds]) for w in workloads}
                for name in args.backends}
@@ -293,7 +321,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "llama_cpp": args.llama_cpp, "llama_cpp_build": build,
             "workloads": list(workloads),
             "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary,
-            "rounds": rounds, "paired_ratios": ratios,
+            "rounds": rounds, "paired_ratios": ratios, "round_bounds": round_bounds,
+            "bound_fractions": paired_fractions(rounds, round_bounds,
+                                                workloads=tuple(w for w in ("decode", "prefill")
+                                                                if w in workloads)),
             "load_average": {"before": load_before, "after": os.getloadavg()[0]}}
 
 
@@ -327,12 +358,32 @@ def print_table(report: dict[str, Any]) -> None:
               f"after; ratios are medians of same-round ratios")
     print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}). Bounds: decode "
           f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
-          f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate), prefill "
+          f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate"
+          f"{_range(bound, 'bandwidth_bytes_per_s', 1e9)}), prefill "
           f"{bound['prefill_tok_s']:.0f} tok/s (GEMM {bound['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s"
+          f"{_range(bound, 'gemm_flops_per_s', 1e9)}"
           f"{', ' + bound['gemm_library'] if bound.get('gemm_library') else ''})")
+    fractions = report.get("bound_fractions", {})
     print("strand: " + ", ".join(
-        f"{w} {strand[w]['median'] / bound[f'{w}_tok_s']:.0%} of its bound"
-        for w in ("decode", "prefill") if w in workloads))
+        f"{w} {_fraction(fractions.get(w), strand[w]['median'] / bound[f'{w}_tok_s'])} of its "
+        f"bound" for w in ("decode", "prefill") if w in workloads))
+    if fractions:
+        print("(bounds measured in every round: medians, their range in brackets; the fractions "
+              "are medians of same-round fractions, each round's in brackets)")
+
+
+def _range(bound: dict[str, Any], key: str, unit: float) -> str:
+    low_high = bound.get(f"{key}_range")
+    if not low_high or low_high[0] == low_high[1]:
+        return ""
+    return f" [{low_high[0] / unit:.1f}-{low_high[1] / unit:.1f}]"
+
+
+def _fraction(per_round: list[float] | None, whole: float) -> str:
+    if not per_round:
+        return f"{whole:.0%}"
+    return (f"{statistics.median(per_round):.0%} ["
+            + ", ".join(f"{f:.0%}" for f in per_round) + "]")
 
 
 def main(argv: list[str] | None = None) -> None:

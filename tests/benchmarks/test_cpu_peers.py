@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,38 @@ def test_a_worker_times_only_the_workloads_asked_after_a_warm_up() -> None:
     got = cpu_peers._repeat(args, {w: measure(w) for w in cpu_peers.WORKLOADS})
     assert got == {"prefill": [11.0, 12.0]}  # run 0 was the warm-up
     assert calls == [("prefill", 0), ("prefill", 1), ("prefill", 2)]
+
+
+def test_bounds_are_measured_every_round_and_fractions_paired_with_them(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Round 2's machine copied twice as fast: its decode bound doubled, and Strand's fraction
+    # of it is that round's result over that round's bound, not over a bound from elsewhere.
+    def bound(bandwidth: float, gemm: float) -> dict[str, Any]:
+        return {"weight_bytes": 5e8, "bandwidth_bytes_per_s": bandwidth,
+                "gemm_flops_per_s": gemm, "gemm_library": "onednn",
+                "decode_tok_s": bandwidth / 5e8, "prefill_tok_s": gemm / 1e9}
+
+    round_bounds = [bound(2e10, 4e11), bound(4e10, 4e11), bound(3e10, 5e11)]
+    rounds = [{"llama.cpp": {"decode": 20.0, "prefill": 300.0},
+               "strand": {"decode": d, "prefill": p}}
+              for d, p in ((30.0, 280.0), (40.0, 300.0), (45.0, 350.0))]
+    fractions = cpu_peers.paired_fractions(rounds, round_bounds)
+    assert fractions["decode"] == pytest.approx([0.75, 0.5, 0.75])
+    assert fractions["prefill"] == pytest.approx([0.7, 0.75, 0.7])
+    merged = cpu_peers.median_bounds(round_bounds)
+    assert merged["bandwidth_bytes_per_s"] == 3e10
+    assert merged["bandwidth_bytes_per_s_range"] == [2e10, 4e10]
+    assert merged["gemm_library"] == "onednn"
+
+    def result(d: float, p: float) -> dict[str, dict[str, float]]:
+        return {"decode": {"median": d, "stdev": 0.0, "runs": 3},
+                "prefill": {"median": p, "stdev": 0.0, "runs": 3}}
+
+    cpu_peers.print_table({
+        "dtype": "float32", "threads": 2, "llama_cpp_build": "abc1234",
+        "workloads": ["decode", "prefill"], "bounds": merged, "bound_fractions": fractions,
+        "results": {"llama.cpp": result(20.0, 300.0), "strand": result(40.0, 300.0)}})
+    out = capsys.readouterr().out
+    assert "30.0 GB/s copy rate [20.0-40.0]" in out and "GEMM 400 GFLOP/s [400.0-500.0]" in out
+    assert "decode 75% [75%, 50%, 75%] of its bound" in out
+    assert "prefill 70% [70%, 75%, 70%] of its bound" in out
