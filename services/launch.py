@@ -248,7 +248,30 @@ class Stack:
         roots = None
         if name == "gateway" and self.config.tls_cert:
             roots = Path(self.config.tls_cert).read_bytes()
-        wait_healthy(self.address(name), timeout, self.processes[name], name, roots)
+        self.wait_healthy(name, timeout, roots)
+
+    def wait_healthy(self, name: str, timeout: float, root_certificates: bytes | None = None
+                     ) -> None:
+        """wait_healthy for one started service; a service that exits or never becomes healthy
+        raises with the end of its log (with a log_dir), the line that says why."""
+        try:
+            wait_healthy(self.address(name), timeout, self.processes[name], name,
+                         root_certificates)
+        except RuntimeError as exc:
+            tail = self.log_tail(name)
+            if not tail:
+                raise
+            raise RuntimeError(f"{exc}; the end of its log:\n{tail}") from exc
+
+    def log_tail(self, name: str, lines: int = 8) -> str:
+        """The last lines of a service's log file ("" without a log_dir or a log)."""
+        if self.config.log_dir is None:
+            return ""
+        try:
+            text = (self.config.log_dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
 
     def start_async(self, name: str) -> None:
         log_dir = self.config.log_dir
@@ -330,7 +353,7 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
             stack.start_async(name)
         for stage in _READY_ORDER:
             for name in config.engine_names if stage == "engine" else [stage]:
-                wait_healthy(stack.address(name), timeout, stack.processes[name], name)
+                stack.wait_healthy(name, timeout)
         stack.start("gateway", timeout)
         if config.openai_port is not None:
             from services.openai.health import wait_http_healthy
