@@ -248,7 +248,9 @@ def fresh_sdpa_applies(dtype: torch.dtype, head_dim: int) -> bool:
     (AVX-512 BF16), SDPA took 1.9 ms against the kernel's 4.9 when the kernel widened each
     bfloat16 element at every use (it now widens a chunk's K/V rows once; not re-measured
     there). On the AMD EPYC (Zen 4, AVX-512 BF16, no AMX) SDPA took 8.6-9.3 ms a layer against
-    the kernel's 3.7, so only Intel CPUs take SDPA. In float32 the C++ kernel is the faster (3.5
+    the widening kernel's 3.7 and the VDPBF16PS one's 2.3-2.6 (session 14; SDPA's own bfloat16
+    path there is oneDNN's), so only Intel CPUs take SDPA (an Intel CPU with AVX512_BF16 and no
+    AMX, Cooper Lake, was not measured). In float32 the C++ kernel is the faster (3.5
     against 6.1 ms), and without oneDNN bfloat16 (AVX2) torch's bfloat16 products are slow, so
     both stay on the kernel."""
     isa = probe()
