@@ -17,7 +17,7 @@ import kernels.cpu_prefill_attention as cpu_prefill
 from kernels.cpu_isa import CpuIsa
 from kernels.cpu_prefill_attention import amx_applies, pairs_applies, prefill_attention
 from kernels.paged_attention_ref import paged_attention_ref
-from tests.kernels.paged_cases import scattered_paged_cache
+from tests.kernels.test_cpu_prefill_attention import _case as float_case
 
 
 @pytest.fixture(params=["amx", "pairs"])
@@ -41,12 +41,9 @@ def _takes(kernel: str, head_dim: int) -> None:
 
 def _case(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
           head_dim: int, block_size: int, seed: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    kv, table = scattered_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, g)
-    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=g)
-    starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
-    return (query.bfloat16(), kv.bfloat16(), table, starts,
-            torch.tensor(seq_lens, dtype=torch.int32))
+    query, kv, table, starts, lens = float_case(query_lens, seq_lens, num_heads, num_kv_heads,
+                                                head_dim, block_size, seed)
+    return query.bfloat16(), kv.bfloat16(), table, starts, lens
 
 
 def _reference(query: torch.Tensor, kv: torch.Tensor, table: torch.Tensor, starts: torch.Tensor,
