@@ -248,9 +248,9 @@ class Stack:
         roots = None
         if name == "gateway" and self.config.tls_cert:
             roots = Path(self.config.tls_cert).read_bytes()
-        self.wait_healthy(name, timeout, roots)
+        self.wait_service(name, timeout, roots)
 
-    def wait_healthy(self, name: str, timeout: float, root_certificates: bytes | None = None
+    def wait_service(self, name: str, timeout: float, root_certificates: bytes | None = None
                      ) -> None:
         """wait_healthy for one started service; a service that exits or never becomes healthy
         raises with the end of its log (with a log_dir), the line that says why."""
@@ -353,7 +353,7 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
             stack.start_async(name)
         for stage in _READY_ORDER:
             for name in config.engine_names if stage == "engine" else [stage]:
-                stack.wait_healthy(name, timeout)
+                stack.wait_service(name, timeout)
         stack.start("gateway", timeout)
         if config.openai_port is not None:
             from services.openai.health import wait_http_healthy

@@ -10,7 +10,7 @@
 #endif
 
 #include "avx512_bf16.h"
-#include "exp2_avx512.h"
+#include "prefill_bf16_avx512.h"
 #include "vec16.h"
 
 // Causal attention of each request's new tokens over its whole context, read from the paged cache
@@ -193,8 +193,9 @@ inline void widen_row(const bf16* src, float* dst, int64_t D) {
 }
 
 // A tile's products in float32: q scaled and transposed once, each key chunk's bfloat16 K and V
-// rows widened once (then read by every row of the tile: widened inside the loops below, each
-// element cost a scalar load, shift and broadcast per use beside 3 multiply-adds; on the Zen 4,
+// rows widened once (then read by every row of the tile: widened inside scores_block and
+// accumulate, each element cost a scalar load, shift and broadcast per use beside 3
+// multiply-adds; on the Zen 4,
 // bfloat16 prefill attention took 2.3x float32's time), scores and P.V by multiply-adds.
 template <typename T>
 struct Widened {
@@ -256,15 +257,6 @@ struct Widened {
 // for P.V; V: (key, key+1) of one dimension, so each key chunk's V rows are interleaved in
 // pairs first. The scores' sums and the softmax stay float32; scale is applied to the sums.
 // Zen 4 (no AMX), SmolLM2's 512-token layer, one thread: see benchmarks/README.md.
-
-// Lanes 2j and 2j+1 of the result: lane j of x's low and high 256 bits (rows a and b, or the
-// bfloat16 probabilities of keys 2p and 2p+1).
-BF16_TARGET inline __m512i interleave16(__m512i x) {
-  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-  return _mm512_permutexvar_epi16(order, x);
-}
 
 inline uint32_t pair_at(const bf16* p) {  // p[0] in the low 16 bits, p[1] in the high
   uint32_t w;

@@ -40,12 +40,13 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
-
-#include "exp2_avx512.h"
 #include <unistd.h>
+
+#include "prefill_bf16_avx512.h"
 
 namespace {
 using strand::exp2_nonpos;
+using strand::interleave16;
 
 // Keys per online-softmax step: S is [16][256] float32 and P [16][256] bfloat16, 24 KB of L1
 // (512 keys: 48 KB, past L1, and no faster).
@@ -131,9 +132,6 @@ void pack_block(const Args& a, int64_t r, int64_t g, int64_t j0, uint16_t* kp, u
   }
   // V: element (key 2p + e, d = dt*16 + col) at ((dt*16 + p)*16 + col)*2 + e: pairs of rows
   // interleaved 16 bits at a time.
-  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
   uint16_t* vdst = vp + (j0 / 32) * ndt * 512;
   for (int64_t dt = 0; dt < ndt; ++dt)
     for (int64_t p = 0; p < 16; ++p) {
@@ -142,7 +140,7 @@ void pack_block(const Args& a, int64_t r, int64_t g, int64_t j0, uint16_t* kp, u
       const __m256i y =
           _mm256_load_si256(reinterpret_cast<const __m256i*>(rows_v[2 * p + 1] + dt * 16));
       const __m512i xy = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
-      _mm512_storeu_si512(vdst + (dt * 16 + p) * 32, _mm512_permutexvar_epi16(inter, xy));
+      _mm512_storeu_si512(vdst + (dt * 16 + p) * 32, interleave16(xy));
     }
 }
 

@@ -1,5 +1,7 @@
-// 2^x for x <= 0 with AVX-512, for the softmax of the bfloat16 prefill attention kernels (AMX and
-// VDPBF16PS), which round their probabilities to bfloat16 and keep their scores in base 2.
+// What the two bfloat16 prefill attention kernels that round P to bfloat16 (AMX tiles,
+// prefill_attention_amx.cpp; VDPBF16PS, prefill_attention.cpp's Pairs) share, with AVX-512: the
+// softmax's 2^x over scores kept in base 2, and the interleave that puts two rows' bfloat16
+// values in the (even, odd) pairs both instructions multiply.
 #pragma once
 
 #if defined(__AVX512F__)
@@ -23,6 +25,16 @@ inline __m512 exp2_nonpos(__m512 t) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
+}
+
+
+// Lanes 2j and 2j+1 of the result: lane j of x's low and high 256 bits (two rows of 16 bfloat16
+// values, or the bfloat16 probabilities of keys 2p and 2p+1 from _mm512_cvtne2ps_pbh).
+inline __m512i interleave16(__m512i x) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+  return _mm512_permutexvar_epi16(order, x);
 }
 
 }  // namespace strand
