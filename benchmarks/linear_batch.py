@@ -57,7 +57,7 @@ def measure(dtype: torch.dtype, rows: list[int], repeats: int) -> list[list[str]
 
         def onednn(xs: dict[int, torch.Tensor] = xs) -> None:
             for w, p in zip(weights, packed, strict=True):
-                y = linear_packed(xs[w.shape[1]].float(), p, None)
+                y = linear_packed(xs[w.shape[1]].float(), p, None, w.shape[0])
                 if dtype != torch.float32:
                     y.to(dtype)
 

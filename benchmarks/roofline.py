@@ -34,7 +34,7 @@ from benchmarks.common import (
     set_threads,
 )
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
-from kernels import cpu_linear
+from kernels import cpu_linear, cpu_linear_panels
 
 SLOW_PRODUCT_S = 2.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -131,7 +131,8 @@ def _rates_by_library(size: int, dtype: torch.dtype, repeats: int, device: str,
         products.append(("onednn", lambda: cpu_linear.linear(a, b, None)))
         packed = cpu_linear.pack_weight(b)  # the engine's own layout (layers/linear.py)
         if packed is not None:
-            products.append(("onednn-packed", lambda: cpu_linear.linear_packed(a, packed, None)))
+            name = "panels" if cpu_linear_panels.is_panels(packed) else "onednn-packed"
+            products.append((name, lambda: cpu_linear.linear_packed(a, packed, None, size)))
     rates = []
     for library, product in products:
         with torch.inference_mode():

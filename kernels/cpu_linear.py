@@ -24,6 +24,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_linear_panels
 from kernels.cpu_isa import probe
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,12 @@ def unavailable_reason(dtype: torch.dtype = torch.float32) -> str | None:
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's blocked copy of a [out, in] weight for `linear_packed`; None where oneDNN linear
-    does not apply (another device or dtype, or switched off)."""
+    """A [out, in] weight's copy for `linear_packed`, made once: float32 panels for Strand's own
+    GEMM where it is chosen (kernels/cpu_linear_panels.py: the avx512 level), else oneDNN's
+    blocked copy; None where neither applies (another device or dtype, or switched off)."""
+    if cpu_linear_panels.applies(weight):
+        with torch.no_grad():
+            return cpu_linear_panels.pack(weight)
     if (weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2
             or unavailable_reason(weight.dtype) is not None):
         return None
@@ -77,9 +82,12 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-def linear_packed(x: torch.Tensor, packed: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias with the weight from `pack_weight`; x [..., in] of the weight's dtype."""
+def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                  out_features: int) -> torch.Tensor:
+    """x @ weight.T + bias with the [out_features, in] weight from `pack_weight`; x [..., in] of
+    the weight's dtype."""
+    if cpu_linear_panels.is_panels(packed):
+        return cpu_linear_panels.linear(x, packed, bias, out_features)
     if x.dim() == 2:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     flat = x.reshape(-1, x.shape[-1])

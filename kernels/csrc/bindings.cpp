@@ -23,6 +23,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_batch", &linear_batch,
         "x @ w.T (+ bias) on the dense weight for a decode batch of rows, float32 or bfloat16",
         py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("linear_panel_width", &linear_panel_width, "output columns a panel of pack_panels");
+  m.def("pack_panels", &pack_panels,
+        "a float32 weight [N, K] regrouped into [ceil(N / width), K, width] panels for linear_panels");
+  m.def("linear_panels", &linear_panels,
+        "x @ w.T (+ bias), float32, w as pack_panels left it (any number of rows)",
+        py::arg("out"), py::arg("x"), py::arg("panels"), py::arg("bias") = py::none());
   m.def("gguf_linear_small", &gguf_linear_small,
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),

@@ -20,8 +20,8 @@
 // (engine_core/model_executor/layers/fused_decode.py).
 // A decode batch of 5 or more rows (32 requests, say) takes the same path with the kernel the
 // layer-by-layer path runs for its dense projections: linear_batch where it is chosen
-// (kernels/cpu_linear_batch.py: the avx2 level), else oneDNN's packed weights
-// (set_batch_weights). SmolLM2's 30 layers of Python calls were ~12 ms of a ~165 ms step of 32
+// (kernels/cpu_linear_batch.py: the avx2 level), else the packed weights (set_batch_weights):
+// float32 panels (linear_panels.cpp) at the avx512 level, oneDNN's copies otherwise. SmolLM2's 30 layers of Python calls were ~12 ms of a ~165 ms step of 32
 // rows on one thread, serial at any thread count.
 void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                      const c10::optional<at::Tensor>& b, int64_t qtype) {
@@ -53,12 +53,14 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
   return op.call(x, packed, bias, "none", c10::List<c10::optional<at::Scalar>>(), c10::nullopt);
 }
 
-// out = x @ w.T (+ b), choosing as the layers' Python does: oneDNN's packed copy (when there is
-// one) for more than kSmallRows rows, its result taking the buffer's place; else project()
-// into the buffer.
+// out = x @ w.T (+ b), choosing as the layers' Python does: the packed copy (when there is one)
+// for more than kSmallRows rows: float32 panels (3-D, kernels/cpu_linear_panels.py) into the
+// buffer, or oneDNN's copy, its result taking the buffer's place; else project() into the buffer.
 void project_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& packed, const c10::optional<at::Tensor>& b, int64_t qtype) {
-  if (x.size(0) > kSmallRows && packed.defined())
+  if (x.size(0) > kSmallRows && packed.defined() && packed.dim() == 3)
+    linear_panels(out, x, packed, b);
+  else if (x.size(0) > kSmallRows && packed.defined())
     out = onednn_linear(x, packed, b);
   else
     project(out, x, w, b, qtype);

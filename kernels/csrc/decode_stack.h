@@ -37,8 +37,8 @@ class DecodeStack {
   // or GGUF blocks (rows, or 16-row tiles; qtype its GGML type).
   void set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w, int64_t qtype,
                 double eps);
-  // oneDNN's packed copies of the weights (mkldnn::_linear_pointwise's, kernels/cpu_linear.py's
-  // pack_weight), 4 a layer (qkv, o, gate_up, down) and the lm_head's where set_ends() was
+  // The packed copies of the weights (kernels/cpu_linear.py's pack_weight: float32 panels for
+  // linear_panels, or mkldnn::_linear_pointwise's copies), 4 a layer (qkv, o, gate_up, down) and the lm_head's where set_ends() was
   // called: a decode batch of more than kSmallRows rows then runs its products through them, as
   // the layer-by-layer path does wherever linear_batch is not chosen.
   void set_batch_weights(std::vector<at::Tensor> packed, c10::optional<at::Tensor> head);
@@ -60,7 +60,7 @@ class DecodeStack {
     c10::optional<at::Tensor> o_b;
     at::Tensor post_norm, gate_up_w, down_w;
     std::vector<int64_t> qtypes;
-    std::vector<at::Tensor> batch_w;  // set_batch_weights: oneDNN's copies, or empty
+    std::vector<at::Tensor> batch_w;  // set_batch_weights: the packed copies, or empty
   };
   // Every intermediate of a layer at M rows, and views of them; made once per M and reused by
   // every layer of every step, so a layer creates no tensor (each at::empty, narrow or select

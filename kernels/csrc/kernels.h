@@ -47,6 +47,11 @@ void linear_small(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional
 // linear_batch.cpp
 void linear_batch(at::Tensor out, at::Tensor x, at::Tensor weight, c10::optional<at::Tensor> bias);
 
+// linear_panels.cpp: float32 weights regrouped into panels of linear_panel_width() columns.
+int64_t linear_panel_width();
+void pack_panels(at::Tensor panels, at::Tensor weight);
+void linear_panels(at::Tensor out, at::Tensor x, at::Tensor panels, c10::optional<at::Tensor> bias);
+
 // gguf_linear.cpp
 void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
                        c10::optional<at::Tensor> bias);

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_linear
+from kernels import cpu_linear, cpu_linear_panels
 
 
 @pytest.fixture
@@ -16,8 +16,10 @@ def fresh_check() -> Iterator[None]:
     # The availability check is cached per process; a test that changes the environment needs
     # it run again, and must leave it as it found it.
     cpu_linear.unavailable_reason.cache_clear()
+    cpu_linear_panels.chosen.cache_clear()
     yield
     cpu_linear.unavailable_reason.cache_clear()
+    cpu_linear_panels.chosen.cache_clear()
 
 
 def test_onednn_is_used_where_torch_has_it() -> None:
@@ -100,10 +102,10 @@ def test_a_packed_weight_gives_the_plain_product(shape: tuple[int, int, int],
     packed = cpu_linear.pack_weight(w)
     assert packed is not None
     with torch.inference_mode():
-        got = cpu_linear.linear_packed(x, packed, b)
+        got = cpu_linear.linear_packed(x, packed, b, n)
         rtol, atol = (1e-5, 1e-4) if dtype == torch.float32 else (2e-2, 5e-2)
         torch.testing.assert_close(got.float(), F.linear(x, w, b).float(), rtol=rtol, atol=atol)
-        three_d = cpu_linear.linear_packed(x.view(1, m, k), packed, b)
+        three_d = cpu_linear.linear_packed(x.view(1, m, k), packed, b, n)
     assert torch.equal(three_d.view(m, n), got)
 
 
@@ -112,6 +114,7 @@ def test_nothing_is_packed_where_onednn_does_not_apply(monkeypatch: pytest.Monke
     assert cpu_linear.pack_weight(torch.ones(4, 4, dtype=torch.float64)) is None
     monkeypatch.setenv("STRAND_CPU_GEMM", "torch")
     cpu_linear.unavailable_reason.cache_clear()
+    cpu_linear_panels.chosen.cache_clear()
     assert cpu_linear.pack_weight(torch.ones(4, 4)) is None
 
 

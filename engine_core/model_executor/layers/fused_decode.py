@@ -18,8 +18,9 @@ and at two threads the lm_head was a parallel region of its own after the step's
 
 Decode batches of SMALL_M < m <= BATCH_M requests of a model whose projections are all dense
 take it too, with the kernel the layer-by-layer path runs for those rows: linear_batch where it
-is chosen (kernels/cpu_linear_batch.py: the avx2 level), else oneDNN's packed weights, handed to
-the stack once (set_batch_weights). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
+is chosen (kernels/cpu_linear_batch.py: the avx2 level), else the layers' packed weights (float32
+panels at the avx512 level, oneDNN's copies otherwise: kernels/cpu_linear.py), handed to the stack
+once (set_batch_weights). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
 step in the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2,
 session 10").
 """
@@ -61,7 +62,7 @@ class _Fused:
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
 _STACKS: weakref.WeakKeyDictionary[nn.Module, _Fused | None] = weakref.WeakKeyDictionary()
 # model -> whether its stack takes decode batches past SMALL_M rows: every projection (the
-# head's too) dense, and linear_batch chosen or oneDNN's packed weights handed over (the GGUF
+# head's too) dense, and linear_batch chosen or the packed weights handed over (the GGUF
 # kernels of a quantized stack take up to SMALL_M rows).
 _BATCH: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
@@ -164,9 +165,9 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
 
 def _hand_over_packed(stack: Any, linears: list[object], head: object | None,
                       dtype: torch.dtype) -> bool:
-    """Gives the stack oneDNN's packed copy of every projection (and of the lm_head, where it
-    holds the ends), for decode batches past SMALL_M rows: True where every one has a copy in
-    the weights' dtype (not a float32 copy of bfloat16 weights, kept where oneDNN has no
+    """Gives the stack the packed copy (panels or oneDNN's) of every projection (and of the
+    lm_head, where it holds the ends), for decode batches past SMALL_M rows: True where every
+    one has a copy in the weights' dtype (not a float32 copy of bfloat16 weights, kept where oneDNN has no
     bfloat16 kernels)."""
     def packed(lin: object) -> torch.Tensor | None:
         copy = lin.packed if isinstance(lin, Linear) else None

@@ -1,9 +1,10 @@
 """nn.Linear whose CPU forward goes through oneDNN, or Strand's own kernel for a few rows
 (kernels/cpu_linear.py explains both), or on an AVX2-only CPU for a decode batch of up to
-BATCH_M rows (kernels/cpu_linear_batch.py).
+BATCH_M rows (kernels/cpu_linear_batch.py), or for float32 on an AVX-512 CPU Strand's own GEMM
+on panels (kernels/cpu_linear_panels.py).
 
-After loading, `pack_linear_weights` gives each layer oneDNN's blocked copy of its weight, made
-once instead of on every call. The dense weight stays where the few-row kernel reads it (decode
+After loading, `pack_linear_weights` gives each layer a packed copy of its weight (oneDNN's
+blocked one, or the panels), made once instead of on every call. The dense weight stays where the few-row kernel reads it (decode
 steps of up to SMALL_M requests: a read of the weights, 1.6x oneDNN's speed at one row), or where
 another module shares it, as a tied lm_head shares the embedding table; else it is released, so
 memory stays what it was. Keeping both costs the weights' size once more: the price of decode
@@ -27,7 +28,7 @@ from kernels.cpu_linear import (
 
 
 class Linear(nn.Linear):
-    packed: torch.Tensor | None = None  # set by pack(): oneDNN's copy of the weight
+    packed: torch.Tensor | None = None  # set by pack(): oneDNN's copy of the weight, or panels
     small_m: bool = False  # set by pack(): up to SMALL_M rows go to linear_small
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, in] -> [num_tokens, out]
@@ -39,13 +40,13 @@ class Linear(nn.Linear):
         if self.packed is not None:
             if self.packed.dtype != x.dtype:  # bfloat16 through a float32 copy (see pack)
                 bias = None if self.bias is None else self.bias.float()
-                return linear_packed(x.float(), self.packed, bias).to(x.dtype)
-            return linear_packed(x, self.packed, self.bias)
+                return linear_packed(x.float(), self.packed, bias, self.out_features).to(x.dtype)
+            return linear_packed(x, self.packed, self.bias, self.out_features)
         return linear(x, self.weight, self.bias)
 
     def pack(self, keep_dense: bool) -> bool:
-        """Use oneDNN's blocked copy of the weight from now on, and the few-row kernel where it
-        applies; False where oneDNN does not apply."""
+        """Use the packed copy of the weight (cpu_linear.pack_weight) from now on, and the
+        few-row kernel where it applies; False where no packed copy applies."""
         self.small_m = small_m_applies(self.weight)
         packed = pack_weight(self.weight)
         if packed is None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu":

@@ -1,0 +1,81 @@
+"""float32 linear layers on an AVX-512 CPU through Strand's own GEMM on panel-packed weights
+(kernels/csrc/linear_panels.cpp), in place of oneDNN's packed copy.
+
+The weight is regrouped once, at load, into panels of 48 output columns laid out along the
+input: one copy, the size of the weight, as oneDNN's was. On the 2-core Zen 4 with SmolLM2-135M's
+shapes, two threads, the weights cold as in a decode step (30 layers, 424 MB): 32 rows
+37-41 ms against oneDNN's 45-56, 8 rows 12 against 23, 64 rows 68 against 76; at prefill's
+512 and 4096 rows the two are level (155-210 GFLOP/s). Both sum each output in float32.
+
+Taken at the avx512 level only (kernels/cpu_isa.py): its tiles keep 24 accumulators in
+AVX-512's 32 registers, which AVX2's 16 cannot hold. bfloat16 stays on oneDNN's native kernels.
+STRAND_LINEAR_PANELS=0 keeps oneDNN (for A/B measurements); STRAND_CPU_GEMM=torch and
+STRAND_DISABLE_CPU_KERNELS=1 turn it off with the other CPU paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+
+import torch
+
+from kernels.cpu_isa import probe
+
+
+@functools.cache
+def chosen() -> bool:
+    """Whether float32 weights are packed into panels here: the avx512 level, the C++ kernels
+    built, and not switched off."""
+    if os.environ.get("STRAND_DISABLE_CPU_KERNELS") or os.environ.get("STRAND_LINEAR_PANELS") == "0":
+        return False
+    if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
+        return False
+    from kernels._cpu_build import KERNELS
+
+    return probe().level == "avx512" and KERNELS.module() is not None
+
+
+def applies(weight: torch.Tensor) -> bool:
+    """Whether `pack` takes this weight here: a 2-D float32 CPU weight, where chosen()."""
+    return (weight.dtype == torch.float32 and weight.dim() == 2 and weight.device.type == "cpu"
+            and chosen())
+
+
+def is_panels(packed: torch.Tensor) -> bool:
+    """Whether a packed weight is `pack`'s panels ([P, K, width]; oneDNN's copy is 2-D)."""
+    return packed.dim() == 3
+
+
+def _module() -> ModuleType:
+    from kernels._cpu_build import KERNELS
+
+    module = KERNELS.module()
+    if module is None:
+        raise RuntimeError(f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
+    return module
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 [out, in] weight as panels [ceil(out / width), in, width], zero-padded."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(f"pack takes a 2-D float32 CPU weight, got {weight.dtype} "
+                         f"{tuple(weight.shape)} on {weight.device}")
+    module = _module()
+    width = module.linear_panel_width()
+    panels = torch.empty((weight.shape[0] + width - 1) // width, weight.shape[1], width)
+    module.pack_panels(panels, weight.detach().contiguous())
+    return panels
+
+
+def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None,
+           out_features: int) -> torch.Tensor:
+    """x @ weight.T + bias for float32 x [..., in], the weight as `pack` left it."""
+    if x.dtype != torch.float32 or x.shape[-1] != panels.shape[1]:
+        raise ValueError(f"linear takes float32 x [..., {panels.shape[1]}], got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(flat.shape[0], out_features)
+    _module().linear_panels(out, flat, panels, None if bias is None else bias.contiguous())
+    return out.view(*x.shape[:-1], out_features)
