@@ -7,8 +7,11 @@ shapes, two threads, the weights cold as in a decode step (30 layers, 424 MB): 3
 37-41 ms against oneDNN's 45-56, 8 rows 12 against 23, 64 rows 68 against 76; at prefill's
 512 and 4096 rows the two are level (155-210 GFLOP/s). Both sum each output in float32.
 
-Taken at the avx512 level only (kernels/cpu_isa.py): its tiles keep 24 accumulators in
-AVX-512's 32 registers, which AVX2's 16 cannot hold. bfloat16 stays on oneDNN's native kernels.
+Taken at the avx512 level only (kernels/cpu_isa.py). The AVX2 build's tiles (6 rows by 16
+columns, 12 accumulators in 16 registers) led at decode batches under AVX2 emulated on the Zen 4
+(32 rows, 2 threads: 60 ms against oneDNN's 67 and linear_batch's 72) but trailed oneDNN at
+prefill (125-153 against 156-202 GFLOP/s), and one copy serves both. bfloat16 stays on oneDNN's
+native kernels.
 STRAND_LINEAR_PANELS=0 keeps oneDNN (for A/B measurements); STRAND_CPU_GEMM=torch and
 STRAND_DISABLE_CPU_KERNELS=1 turn it off with the other CPU paths.
 """

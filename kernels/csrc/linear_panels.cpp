@@ -7,94 +7,95 @@
 #include "vec16.h"
 
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias), float32, with w regrouped once at load into panels of
-// 48 output columns: panels[p][k][j] = w[48 p + j][k], the last panel padded with zeros.
+// W output columns (48 with AVX-512, 16 with AVX2): panels[p][k][j] = w[W p + j][k], the last
+// panel padded with zeros.
 //
 // Why not oneDNN: at a decode batch of 32 rows its kernels, blocked for large products, ran
 // SmolLM2's 30 layers at 50-61 ms on the 2-core Zen 4 with the weights cold (as in a step: 424 MB
 // of them), where the weights' arithmetic takes ~33 ms at the machine's GEMM rate and their
-// reading ~14 ms, which can overlap; this kernel, 39-46 ms. For prefill (4096 rows) the two are
-// level: 172-205 GFLOP/s here against oneDNN's 164-208. One packed copy serves both.
+// reading ~14 ms, which can overlap; this kernel, 37-46 ms. For prefill (4096 rows) the two are
+// level: 155-210 GFLOP/s here against oneDNN's 143-208. One packed copy serves both.
 //
-// The tile: 8 rows of x by a panel's 48 columns, 24 accumulators (3 per row) in AVX-512's 32
-// registers. Each k is one panel row of 3 vector loads, contiguous along the panel, and 8
-// broadcasts of x for 24 multiply-adds: compute-bound, not load-bound. A panel (K x 192 bytes:
-// 110 KB at K = 576) stays in L2 while every tile of rows passes over it, and the next panel is
-// prefetched during the first tile, so the weights are read from memory once, in order, while the
-// arithmetic runs. Each output is one float32 sum along k in order (no split over k).
+// The AVX-512 tile: 8 rows of x by a panel's 48 columns, 24 accumulators (3 per row). Each k is
+// one panel row of 3 vector loads, contiguous along the panel, and 8 broadcasts of x for 24
+// multiply-adds: compute-bound, not load-bound. A panel (K x 192 bytes: 110 KB at K = 576) stays
+// in L2 while every tile of rows passes over it, and the next panel is prefetched during the
+// first tile, so the weights are read from memory once, in order, while the arithmetic runs.
+// Each output is one float32 sum along k in order (no split over k), whatever the threads.
 namespace {
 using namespace strand;
 
-constexpr int kPanel = 48;  // columns a panel: 3 vectors
-constexpr int kTileRows = 8;
+// A panel row is kVecs register-wide vectors; a tile, kTileRows rows of x by one panel:
+// kTileRows * kVecs accumulators beside kVecs panel loads and a broadcast, within the register
+// file (AVX-512: 8 x 3 = 24 + 4 of 32 zmm; AVX2: 6 x 2 = 12 + 3 of 16 ymm).
+#if defined(__AVX512F__)
+constexpr int kVecs = 3, kTileRows = 8;
+#else
+constexpr int kVecs = 2, kTileRows = 6;
+#endif
+constexpr int kPanel = kVecs * kLanes;  // columns a panel: 48 with AVX-512, 16 with AVX2
+constexpr int kRowBytes = kPanel * (int)sizeof(float);
 
-// Rows [0, MR) of x (row stride K) against one panel into out (row stride ldo): cols <= 48 of
-// its columns are stored. pf: the next panel's bytes to prefetch alongside (nullptr: none).
+// Rows [0, MR) of x (row stride K) against one panel into out (row stride ldo): cols <= kPanel
+// of its columns are stored. pf: the next panel's bytes to prefetch alongside (nullptr: none).
 template <int MR>
 inline void tile(const float* x, int64_t K, const float* panel, const float* bias, float* out,
                  int64_t ldo, int cols, const char* pf) {
-  v16 acc[MR][3];
-  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = acc[m][2] = v16{};
+  vl acc[MR][kVecs];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kVecs; ++v) acc[m][v] = vl{};
   for (int64_t k = 0; k < K; ++k) {
     const float* row = panel + k * kPanel;
-    if (pf != nullptr) {  // the next panel's row k, as this one's is used: 3 cache lines
-      __builtin_prefetch(pf + k * 192, 0, 2);
-      __builtin_prefetch(pf + k * 192 + 64, 0, 2);
-      __builtin_prefetch(pf + k * 192 + 128, 0, 2);
+    if (pf != nullptr) {  // the next panel's row k, as this one's is used
+      for (int line = 0; line < kRowBytes; line += 64) __builtin_prefetch(pf + k * kRowBytes + line, 0, 2);
     }
-    const v16 b0 = load(row), b1 = load(row + 16), b2 = load(row + 32);
+    vl b[kVecs];
+    for (int v = 0; v < kVecs; ++v) b[v] = load_l(row + v * kLanes);
     for (int m = 0; m < MR; ++m) {
-      const v16 a = splat(x[m * K + k]);
-      acc[m][0] += a * b0;
-      acc[m][1] += a * b1;
-      acc[m][2] += a * b2;
+      const vl a = vl{} + x[m * K + k];
+      for (int v = 0; v < kVecs; ++v) acc[m][v] += a * b[v];
     }
   }
   if (bias != nullptr) {  // the panel's bias, zero past cols (a copy: bias has only N)
     alignas(64) float bb[kPanel] = {};
     std::memcpy(bb, bias, cols * sizeof(float));
-    const v16 c0 = load(bb), c1 = load(bb + 16), c2 = load(bb + 32);
-    for (int m = 0; m < MR; ++m) {
-      acc[m][0] += c0;
-      acc[m][1] += c1;
-      acc[m][2] += c2;
+    for (int v = 0; v < kVecs; ++v) {
+      const vl c = load_l(bb + v * kLanes);
+      for (int m = 0; m < MR; ++m) acc[m][v] += c;
     }
   }
   for (int m = 0; m < MR; ++m) {
     float* o = out + m * ldo;
     if (cols == kPanel) {
-      store(o, acc[m][0]);
-      store(o + 16, acc[m][1]);
-      store(o + 32, acc[m][2]);
+      for (int v = 0; v < kVecs; ++v) store_l(o + v * kLanes, acc[m][v]);
     } else {  // the last, partial panel
       alignas(64) float full[kPanel];
-      store(full, acc[m][0]);
-      store(full + 16, acc[m][1]);
-      store(full + 32, acc[m][2]);
+      for (int v = 0; v < kVecs; ++v) store_l(full + v * kLanes, acc[m][v]);
       std::memcpy(o, full, cols * sizeof(float));
     }
   }
 }
 
-// Rows [m0, m1) of x against panel p.
+// The last n < kTileRows rows: a tile of n rows.
+template <int MR>
+inline void short_tile(int n, const float* x, int64_t K, const float* panel, const float* bias,
+                       float* out, int64_t ldo, int cols, const char* pf) {
+  if constexpr (MR > 0) {
+    if (n == MR)
+      tile<MR>(x, K, panel, bias, out, ldo, cols, pf);
+    else
+      short_tile<MR - 1>(n, x, K, panel, bias, out, ldo, cols, pf);
+  }
+}
+
+// Rows [m0, m1) of x against one panel; the next panel prefetched during the first tile.
 void rows(const float* x, int64_t m0, int64_t m1, int64_t K, const float* panel,
           const float* bias, float* out, int64_t N, int cols, const char* pf) {
   int64_t m = m0;
-  for (; m + kTileRows <= m1; m += kTileRows) {
+  for (; m + kTileRows <= m1; m += kTileRows)
     tile<kTileRows>(x + m * K, K, panel, bias, out + m * N, N, cols, m == m0 ? pf : nullptr);
-  }
-  const float* xm = x + m * K;
-  float* om = out + m * N;
-  const char* last_pf = m == m0 ? pf : nullptr;
-  switch (m1 - m) {  // the last rows: a shorter tile
-    case 7: tile<7>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    case 6: tile<6>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    case 5: tile<5>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    case 4: tile<4>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    case 3: tile<3>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    case 2: tile<2>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    case 1: tile<1>(xm, K, panel, bias, om, N, cols, last_pf); break;
-    default: break;
-  }
+  short_tile<kTileRows - 1>((int)(m1 - m), x + m * K, K, panel, bias, out + m * N, N, cols,
+                            m == m0 ? pf : nullptr);
 }
 }  // namespace
 

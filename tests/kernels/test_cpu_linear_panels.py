@@ -56,7 +56,8 @@ def _want(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Ten
 def test_panels_match_float64_sums(rows: int, outputs: int, features: int, bias: bool) -> None:
     x, w, b = _case(rows, outputs, features, bias)
     panels = cpu_linear_panels.pack(w)
-    assert panels.shape == ((outputs + 47) // 48, features, 48)
+    width = _module().linear_panel_width()  # 48 with AVX-512, 16 with AVX2
+    assert panels.shape == ((outputs + width - 1) // width, features, width)
     got = cpu_linear_panels.linear(x, panels, b, outputs)
     assert got.shape == (rows, outputs) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), _want(x, w, b), rtol=1e-5, atol=1e-5)
@@ -81,11 +82,14 @@ def test_every_thread_count_gives_the_same_bits(threads: int, rows: int) -> None
 
 
 def test_the_padding_of_the_last_panel_is_zero_and_never_stored() -> None:
-    x, w, _ = _case(9, 50, 20, False)
+    width = _module().linear_panel_width()
+    n = 2 * width + 2  # two full panels and two columns of a third
+    x, w, _ = _case(9, n, 20, False)
     panels = cpu_linear_panels.pack(w)
-    assert torch.equal(panels[1, :, 2:], torch.zeros(20, 46))
-    assert torch.equal(panels[0, 5], w[:48, 5]) and torch.equal(panels[1, 5, :2], w[48:, 5])
-    out = torch.full((9, 50), float("nan"))
+    assert torch.equal(panels[2, :, 2:], torch.zeros(20, width - 2))
+    assert torch.equal(panels[1, 5], w[width:2 * width, 5])
+    assert torch.equal(panels[2, 5, :2], w[2 * width:, 5])
+    out = torch.full((9, n), float("nan"))
     _module().linear_panels(out, x, panels)
     torch.testing.assert_close(out.double(), _want(x, w, None), rtol=1e-5, atol=1e-5)
 
@@ -99,22 +103,25 @@ def test_three_d_inputs_keep_their_leading_dims() -> None:
 
 def test_the_kernel_names_what_it_refuses() -> None:
     module = _module()
-    x, w, b = _case(4, 50, 16, True)
+    width = module.linear_panel_width()
+    n = width + 2
+    x, w, b = _case(4, n, 16, True)
     panels = cpu_linear_panels.pack(w)
-    with pytest.raises(RuntimeError, match=r"N in \(48, 96\]"):
-        module.linear_panels(torch.empty(4, 40), x, panels)
+    with pytest.raises(RuntimeError, match=rf"N in \({width}, {2 * width}\]"):
+        module.linear_panels(torch.empty(4, width), x, panels)
     with pytest.raises(RuntimeError, match="panels' K the same as x's"):
-        module.linear_panels(torch.empty(4, 50), torch.randn(4, 17), panels)
-    with pytest.raises(RuntimeError, match=r"bias must be a contiguous float32 \[50\]"):
-        module.linear_panels(torch.empty(4, 50), x, panels, torch.zeros(49))
+        module.linear_panels(torch.empty(4, n), torch.randn(4, 17), panels)
+    with pytest.raises(RuntimeError, match=rf"bias must be a contiguous float32 \[{n}\]"):
+        module.linear_panels(torch.empty(4, n), x, panels, torch.zeros(n - 1))
     with pytest.raises(RuntimeError, match="float32"):
-        module.linear_panels(torch.empty(4, 50), x.double(), panels)
-    with pytest.raises(RuntimeError, match=r"panels must be a contiguous float32 \[2, 16, 48\]"):
-        module.pack_panels(torch.empty(1, 16, 48), w)
+        module.linear_panels(torch.empty(4, n), x.double(), panels)
+    with pytest.raises(RuntimeError,
+                       match=rf"panels must be a contiguous float32 \[2, 16, {width}\]"):
+        module.pack_panels(torch.empty(1, 16, width), w)
     with pytest.raises(ValueError, match="2-D float32 CPU weight"):
         cpu_linear_panels.pack(w.bfloat16())
     with pytest.raises(ValueError, match=r"float32 x \[\.\.\., 16\]"):
-        cpu_linear_panels.linear(torch.randn(4, 15), panels, b, 50)
+        cpu_linear_panels.linear(torch.randn(4, 15), panels, b, n)
 
 
 def test_chosen_at_the_avx512_level_unless_switched_off(monkeypatch: pytest.MonkeyPatch,
