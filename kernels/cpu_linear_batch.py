@@ -9,7 +9,8 @@ float32 118 ms against oneDNN's 142; bfloat16 reads its own weights (half the by
 oneDNN's float32 copy: 114 against 153 ms. With AVX-512, oneDNN's own kernels are faster
 (float32: 95 against 109 ms) and bfloat16 has native oneDNN kernels, so this
 path is taken at the avx2 level only (kernels/cpu_isa.py; the generic level has too few
-registers for its tiles).
+registers for its tiles), and since session 15 for bfloat16 only: float32 layers are packed into
+panels there (kernels/cpu_linear_panels.py), whose kernel is faster on the same rows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 
 import torch
 
+from kernels import cpu_linear_panels
 from kernels.cpu_isa import probe
 from kernels.cpu_linear import SMALL_M
 
@@ -42,11 +44,20 @@ def chosen() -> bool:
     return probe().level == "avx2" and KERNELS.module() is not None
 
 
+def takes(dtype: torch.dtype) -> bool:
+    """Whether decode batches of this dtype go to linear_batch: where it is chosen, bfloat16
+    (read as it is stored, half float32's bytes), and float32 where the layers' packed copy is
+    not panels (kernels/cpu_linear_panels.py: 48 against 78 ms for SmolLM2's 32-row step's
+    products, two threads, under AVX2 emulated on the Zen 4)."""
+    return chosen() and (dtype == torch.bfloat16 or (dtype == torch.float32
+                                                     and not cpu_linear_panels.chosen()))
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear_batch` takes this product: SMALL_M < rows <= BATCH_M, CPU, a dense
-    weight in x's dtype, on a CPU where the kernel is chosen."""
-    return (chosen() and x.dim() == 2 and SMALL_M < x.shape[0] <= BATCH_M  # chosen(): cached
-            and x.device.type == "cpu" and x.dtype in _DTYPES and weight.dtype == x.dtype
+    weight in x's dtype, a dtype it takes here."""
+    return (x.dim() == 2 and SMALL_M < x.shape[0] <= BATCH_M and takes(x.dtype)
+            and x.device.type == "cpu" and weight.dtype == x.dtype
             and weight.dim() == 2 and weight.device.type == "cpu" and weight.is_contiguous())
 
 

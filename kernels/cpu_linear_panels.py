@@ -1,19 +1,20 @@
-"""float32 linear layers on an AVX-512 CPU through Strand's own GEMM on panel-packed weights
-(kernels/csrc/linear_panels.cpp), in place of oneDNN's packed copy.
+"""float32 linear layers on an AVX2 or AVX-512 CPU through Strand's own GEMM on panel-packed
+weights (kernels/csrc/linear_panels.cpp), in place of oneDNN's packed copy.
 
-The weight is regrouped once, at load, into panels of 48 output columns laid out along the
-input: one copy, the size of the weight, as oneDNN's was. On the 2-core Zen 4 with SmolLM2-135M's
-shapes, two threads, the weights cold as in a decode step (30 layers, 424 MB): 32 rows
-37-41 ms against oneDNN's 45-56, 8 rows 12 against 23, 64 rows 68 against 76; at prefill's
-512 and 4096 rows the two are level (155-210 GFLOP/s). Both sum each output in float32.
+The weight is regrouped once, at load, into panels of 48 output columns (16 with AVX2) laid out
+along the input: one copy, the size of the weight, as oneDNN's was. SmolLM2-135M's shapes on the
+2-core Zen 4, two threads, the weights cold as in a decode step (30 layers and the lm_head,
+538 MB):
 
-Taken at the avx512 level only (kernels/cpu_isa.py). The AVX2 build's tiles (6 rows by 16
-columns, 12 accumulators in 16 registers) led at decode batches under AVX2 emulated on the Zen 4
-(32 rows, 2 threads: 60 ms against oneDNN's 67 and linear_batch's 72) but trailed oneDNN at
-prefill (125-153 against 156-202 GFLOP/s), and one copy serves both. bfloat16 stays on oneDNN's
-native kernels.
-STRAND_LINEAR_PANELS=0 keeps oneDNN (for A/B measurements); STRAND_CPU_GEMM=torch and
-STRAND_DISABLE_CPU_KERNELS=1 turn it off with the other CPU paths.
+| rows | AVX-512: panels / oneDNN | AVX2 (emulated): panels / oneDNN / linear_batch |
+|---|---|---|
+| 32 | 42.6 / 52.8 ms | 48.0 / 66.9 / 77.9 ms |
+| prefill, 4096 | 180-209 / 178-219 GFLOP/s | 156-189 / 157-204 GFLOP/s |
+
+Each output is one float32 sum, as oneDNN's are. bfloat16 weights stay on oneDNN's native
+kernels (AVX-512) or linear_batch and a float32 copy (AVX2). The generic level has too few
+registers for the tiles. STRAND_LINEAR_PANELS=0 keeps oneDNN (for A/B measurements);
+STRAND_CPU_GEMM=torch and STRAND_DISABLE_CPU_KERNELS=1 turn it off with the other CPU paths.
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ from kernels.cpu_isa import probe
 
 @functools.cache
 def chosen() -> bool:
-    """Whether float32 weights are packed into panels here: the avx512 level, the C++ kernels
-    built, and not switched off."""
+    """Whether float32 weights are packed into panels here: the avx2 or avx512 level, the C++
+    kernels built, and not switched off."""
     if os.environ.get("STRAND_DISABLE_CPU_KERNELS") or os.environ.get("STRAND_LINEAR_PANELS") == "0":
         return False
     if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
         return False
     from kernels._cpu_build import KERNELS
 
-    return probe().level == "avx512" and KERNELS.module() is not None
+    return probe().level in ("avx2", "avx512") and KERNELS.module() is not None
 
 
 def applies(weight: torch.Tensor) -> bool:

@@ -2,7 +2,7 @@
 float64 sums: row counts that fill whole 8-row tiles and leave partial ones, outputs that end in
 a partial panel, bias or none, one thread and several (rows split as well as panels); its
 argument checks; and where the layers take it. Runs under any ISA (the kernel is built for the
-level in force; it is chosen at the avx512 level only)."""
+level in force; it is chosen at the avx2 and avx512 levels)."""
 
 from __future__ import annotations
 
@@ -124,13 +124,13 @@ def test_the_kernel_names_what_it_refuses() -> None:
         cpu_linear_panels.linear(torch.randn(4, 15), panels, b, n)
 
 
-def test_chosen_at_the_avx512_level_unless_switched_off(monkeypatch: pytest.MonkeyPatch,
-                                                        fresh_choice: None) -> None:
+def test_chosen_at_the_avx2_and_avx512_levels_unless_switched_off(
+        monkeypatch: pytest.MonkeyPatch, fresh_choice: None) -> None:
     from kernels.cpu_isa import probe
 
     for name in ("STRAND_LINEAR_PANELS", "STRAND_DISABLE_CPU_KERNELS", "STRAND_CPU_GEMM"):
         monkeypatch.delenv(name, raising=False)
-    assert cpu_linear_panels.chosen() == (probe().level == "avx512")
+    assert cpu_linear_panels.chosen() == (probe().level in ("avx2", "avx512"))
     for name, value in (("STRAND_LINEAR_PANELS", "0"), ("STRAND_CPU_GEMM", "torch"),
                         ("STRAND_DISABLE_CPU_KERNELS", "1")):
         with monkeypatch.context() as env:

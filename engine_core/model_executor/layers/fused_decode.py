@@ -158,7 +158,7 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     dense = (all(q == 0 for args in layers for q in cast(list[int], args[-1]))
              and (ends is None or ends[3] == 0))
     head = model.lm_head if ends is not None else None
-    _BATCH[model] = dense and (cpu_linear_batch.chosen()
+    _BATCH[model] = dense and (cpu_linear_batch.takes(dtype)
                                or _hand_over_packed(stack, linears, head, dtype))
     return _Fused(stack, ends is not None)
 
