@@ -11,8 +11,8 @@ linear layers. Given a plain weight it copies it into its blocked layout on ever
 64 decode rows costs about as much as the product; `pack_weight` does that once, at load
 (`layers/linear.py`): 399 -> 475 GFLOP/s at 64 x 512 x 2048, 371 -> 455 for a 32000-row lm_head,
 2-10% at 2048 rows, at the same float32 accuracy.
-float32 on an AVX-512 CPU packs into panels for Strand's own GEMM instead (kernels/
-cpu_linear_panels.py: faster at decode batches, level at prefill); `pack_weight` and
+float32 on an AVX2 or AVX-512 CPU packs into panels for Strand's own GEMM instead (kernels/
+cpu_linear_panels.py: faster at decode batches, about level at prefill); `pack_weight` and
 `linear_packed` take either.
 Set STRAND_CPU_GEMM=torch to keep torch's default path (for A/B measurements), and
 STRAND_DISABLE_CPU_KERNELS=1 turns off every CPU-specific kernel, this one included.

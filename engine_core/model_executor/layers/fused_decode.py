@@ -18,9 +18,9 @@ and at two threads the lm_head was a parallel region of its own after the step's
 
 Decode batches of SMALL_M < m <= BATCH_M requests of a model whose projections are all dense
 take it too, with the kernel the layer-by-layer path runs for those rows: linear_batch where it
-is chosen (kernels/cpu_linear_batch.py: the avx2 level), else the layers' packed weights (float32
-panels at the avx512 level, oneDNN's copies otherwise: kernels/cpu_linear.py), handed to the stack
-once (set_batch_weights). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
+takes the dtype (kernels/cpu_linear_batch.py: bfloat16 at the avx2 level), else the layers'
+packed weights (float32 panels at the avx2 and avx512 levels, oneDNN's copies otherwise:
+kernels/cpu_linear.py), handed to the stack once (set_batch_weights). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
 step in the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2,
 session 10").
 """

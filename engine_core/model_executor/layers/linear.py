@@ -1,13 +1,13 @@
 """nn.Linear whose CPU forward goes through oneDNN, or Strand's own kernel for a few rows
 (kernels/cpu_linear.py explains both), or on an AVX2-only CPU for a decode batch of up to
-BATCH_M rows (kernels/cpu_linear_batch.py), or for float32 on an AVX-512 CPU Strand's own GEMM
-on panels (kernels/cpu_linear_panels.py).
+BATCH_M rows of bfloat16 (kernels/cpu_linear_batch.py), or for float32 on an AVX2 or AVX-512 CPU
+Strand's own GEMM on panels (kernels/cpu_linear_panels.py).
 
 After loading, `pack_linear_weights` gives each layer a packed copy of its weight (oneDNN's
-blocked one, or the panels), made once instead of on every call. The dense weight stays where the few-row kernel reads it (decode
-steps of up to SMALL_M requests: a read of the weights, 1.6x oneDNN's speed at one row), or where
-another module shares it, as a tied lm_head shares the embedding table; else it is released, so
-memory stays what it was. Keeping both costs the weights' size once more: the price of decode
+blocked one, or the panels), made once instead of on every call. The dense weight stays where
+the few-row kernel reads it (decode steps of up to SMALL_M requests: a read of the weights, 1.6x
+oneDNN's speed at one row), or where another module shares it, as a tied lm_head shares the
+embedding table; else it is released, so memory stays what it was. Keeping both costs the weights' size once more: the price of decode
 speed at small batches.
 """
 
