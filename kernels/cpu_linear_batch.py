@@ -9,8 +9,8 @@ float32 118 ms against oneDNN's 142; bfloat16 reads its own weights (half the by
 oneDNN's float32 copy: 114 against 153 ms. With AVX-512, oneDNN's own kernels are faster
 (float32: 95 against 109 ms) and bfloat16 has native oneDNN kernels, so this
 path is taken at the avx2 level only (kernels/cpu_isa.py; the generic level has too few
-registers for its tiles), and since session 15 for bfloat16 only: float32 layers are packed into
-panels there (kernels/cpu_linear_panels.py), whose kernel is faster on the same rows.
+registers for its tiles), and since session 15 only where the panels (kernels/cpu_linear_panels.py)
+are switched off: their kernel is faster on the same rows.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ def chosen() -> bool:
 
 
 def takes(dtype: torch.dtype) -> bool:
-    """Whether decode batches of this dtype go to linear_batch: where it is chosen, bfloat16
-    (read as it is stored, half float32's bytes), and float32 where the layers' packed copy is
-    not panels (kernels/cpu_linear_panels.py: 48 against 78 ms for SmolLM2's 32-row step's
-    products, two threads, under AVX2 emulated on the Zen 4)."""
-    return chosen() and (dtype == torch.bfloat16 or (dtype == torch.float32
-                                                     and not cpu_linear_panels.chosen()))
+    """Whether decode batches of this dtype go to linear_batch: where it is chosen and the
+    layers' packed copies are not panels (kernels/cpu_linear_panels.py), whose kernel is faster
+    on the same rows even on a float32 copy of bfloat16 weights: SmolLM2's 32-row step's
+    products, two threads, AVX2 emulated on the Zen 4, float32 48 against 78 ms, bfloat16 51
+    against 83 ms (STRAND_LINEAR_PANELS=0 brings it back)."""
+    return dtype in _DTYPES and chosen() and not cpu_linear_panels.chosen()
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

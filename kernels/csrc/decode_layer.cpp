@@ -53,13 +53,29 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed,
   return op.call(x, packed, bias, "none", c10::List<c10::optional<at::Scalar>>(), c10::nullopt);
 }
 
+// x @ panels (+ b) into out. Float32 panels of bfloat16 weights (the copy the layers make where
+// oneDNN has no bfloat16 kernels) take x and b widened and give float32 sums, rounded once into
+// out: what layers/linear.py's `linear_packed(x.float(), ...).to(bfloat16)` gives.
+void panels_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& panels,
+                 const c10::optional<at::Tensor>& b) {
+  if (x.scalar_type() == at::kFloat) {
+    linear_panels(out, x, panels, b);
+    return;
+  }
+  const c10::optional<at::Tensor> wide_b =
+      b.has_value() ? c10::optional<at::Tensor>(b->to(at::kFloat)) : c10::nullopt;
+  at::Tensor sums = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  linear_panels(sums, x.to(at::kFloat), panels, wide_b);
+  out.copy_(sums);
+}
+
 // out = x @ w.T (+ b), choosing as the layers' Python does: the packed copy (when there is one)
 // for more than kSmallRows rows: float32 panels (3-D, kernels/cpu_linear_panels.py) into the
 // buffer, or oneDNN's copy, its result taking the buffer's place; else project() into the buffer.
 void project_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& packed, const c10::optional<at::Tensor>& b, int64_t qtype) {
   if (x.size(0) > kSmallRows && packed.defined() && packed.dim() == 3)
-    linear_panels(out, x, packed, b);
+    panels_into(out, x, packed, b);
   else if (x.size(0) > kSmallRows && packed.defined())
     out = onednn_linear(x, packed, b);
   else
@@ -135,12 +151,17 @@ void DecodeStack::set_batch_weights(std::vector<at::Tensor> packed,
   STRAND_CHECK(all_dense_, "oneDNN weights are for a stack of dense projections");
   STRAND_CHECK(!head.has_value() || (head_.w.defined() && head_.qtype == 0),
               "a head's oneDNN weight needs set_ends() with a dense lm_head first");
+  // oneDNN's copies are in the layers' dtype; panels (3-D) are float32 whatever the layers'.
   const auto dtype = layers_[0].input_norm.scalar_type();
+  const auto fits = [&](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == (t.dim() == 3 ? at::kFloat : dtype);
+  };
   for (size_t i = 0; i < packed.size(); ++i)
-    STRAND_CHECK(packed[i].defined() && packed[i].scalar_type() == dtype, "set_batch_weights: "
-                "packed[", i, "] must be in the layers' dtype (", dtype, ")");
-  STRAND_CHECK(!head.has_value() || head->scalar_type() == dtype,
-              "set_batch_weights: head must be in the layers' dtype (", dtype, ")");
+    STRAND_CHECK(fits(packed[i]), "set_batch_weights: packed[", i, "] must be in the layers' "
+                "dtype (", dtype, "), or float32 panels");
+  STRAND_CHECK(!head.has_value() || fits(*head),
+              "set_batch_weights: head must be in the layers' dtype (", dtype, "), or float32 "
+              "panels");
   for (size_t l = 0; l < layers_.size(); ++l)
     layers_[l].batch_w.assign(packed.begin() + 4 * l, packed.begin() + 4 * (l + 1));
   head_.batch_w = head.has_value() ? *head : at::Tensor();

@@ -72,7 +72,7 @@ def test_linear_batch_names_what_it_refuses() -> None:
 def test_the_layer_takes_it_for_decode_batches_where_chosen(
         monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int, panels: bool) -> None:
     monkeypatch.setattr(cpu_linear_batch, "chosen", lambda: True)  # as on an AVX2-only CPU
-    # float32 goes to the panels where they are chosen (STRAND_LINEAR_PANELS=0: not).
+    # Decode batches go to the panels where they are chosen (STRAND_LINEAR_PANELS=0: not).
     monkeypatch.setattr(cpu_linear_panels, "chosen", lambda: panels)
     layer = Linear(75, 41, bias=True).to(dtype)
     x = torch.randn(rows, 75).to(dtype)
@@ -89,7 +89,7 @@ def test_the_layer_takes_it_for_decode_batches_where_chosen(
         layer.pack(keep_dense=False)
         got = layer(x)
     taken = (cpu_linear.SMALL_M < rows <= cpu_linear_batch.BATCH_M and layer.small_m
-             and (dtype == torch.bfloat16 or not panels))
+             and not panels)
     assert calls == ([rows] if taken else [])
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 4)

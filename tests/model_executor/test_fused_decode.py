@@ -12,7 +12,7 @@ import torch
 from engine_core import EngineArgs, LLMEngine, SamplingParams
 from engine_core.model_executor.layers import fused_decode
 from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING
-from kernels import cpu_linear, cpu_linear_batch
+from kernels import cpu_linear, cpu_linear_batch, cpu_linear_panels
 from kernels._cpu_build import KERNELS
 from tests.conftest import build_tiny_model
 from tests.model_executor.conftest import count_fused_calls
@@ -28,9 +28,10 @@ PROMPTS = [[5, 9, 13, 200, 7], [3, 3, 3], [100, 101, 102, 103, 104, 105, 106, 10
 
 
 def _batches_fused(dtype: str) -> bool:
-    """Whether decode batches past 4 requests take the fused call here: linear_batch chosen, or
-    oneDNN linear in the model's dtype (its packed weights handed to the stack)."""
-    return (cpu_linear_batch.chosen()
+    """Whether decode batches past 4 requests take the fused call here: the packed weights
+    handed to the stack (float32 panels, for bfloat16 layers too; or oneDNN's copies in the
+    model's dtype), or linear_batch taking the dtype."""
+    return (cpu_linear_panels.chosen() or cpu_linear_batch.takes(getattr(torch, dtype))
             or cpu_linear.unavailable_reason(getattr(torch, dtype)) is None)
 
 
@@ -74,7 +75,7 @@ def test_fused_decode_gives_the_layer_by_layer_outputs_bit_for_bit(
     assert fused == plain
     # Up to 4 decodes a step take the fused call, the final norm and the lm_head included (a
     # dense head on the few-row kernel); more with the kernel the layers would call for them:
-    # linear_batch (STRAND_CPU_ISA=avx2: CI's second run), else oneDNN's packed weights.
+    # the panels (AVX2 or AVX-512), else oneDNN's packed weights or linear_batch.
     assert set(calls) <= {"logits"}
     assert bool(calls) == (num_requests <= 4 or _batches_fused("float32"))
 

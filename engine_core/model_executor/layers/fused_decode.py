@@ -17,10 +17,11 @@ SmolLM2's packed Q4_1, ~10x its cost in a tight loop (kernels/csrc/decode_ends.c
 and at two threads the lm_head was a parallel region of its own after the step's one.
 
 Decode batches of SMALL_M < m <= BATCH_M requests of a model whose projections are all dense
-take it too, with the kernel the layer-by-layer path runs for those rows: linear_batch where it
-takes the dtype (kernels/cpu_linear_batch.py: bfloat16 at the avx2 level), else the layers'
-packed weights (float32 panels at the avx2 and avx512 levels, oneDNN's copies otherwise:
-kernels/cpu_linear.py), handed to the stack once (set_batch_weights). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
+take it too, with the kernel the layer-by-layer path runs for those rows: the layers' packed
+weights (float32 panels at the avx2 and avx512 levels, for bfloat16 layers too where oneDNN has
+no bfloat16 kernels; oneDNN's copies otherwise: kernels/cpu_linear.py), handed to the stack once
+(set_batch_weights), or linear_batch where the panels are switched off at the avx2 level
+(kernels/cpu_linear_batch.py). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
 step in the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2,
 session 10").
 """
@@ -39,7 +40,7 @@ from engine_core.model_executor.attention.torch_ref import TorchAttentionBackend
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rms_norm import RMSNorm
-from kernels import cpu_linear_batch
+from kernels import cpu_linear_batch, cpu_linear_panels
 from kernels._cpu_build import KERNELS
 from kernels.cpu_linear import SMALL_M
 
@@ -171,7 +172,11 @@ def _hand_over_packed(stack: Any, linears: list[object], head: object | None,
     bfloat16 kernels)."""
     def packed(lin: object) -> torch.Tensor | None:
         copy = lin.packed if isinstance(lin, Linear) else None
-        return copy if copy is not None and copy.dtype == dtype else None
+        if copy is None:
+            return None
+        # Panels are float32 for bfloat16 layers too (where oneDNN has no bfloat16 kernels): the
+        # stack widens the rows and rounds the sums, as the layer does.
+        return copy if copy.dtype == dtype or cpu_linear_panels.is_panels(copy) else None
 
     weights = [packed(lin) for lin in linears]
     head_weight = None if head is None else packed(head)

@@ -1,7 +1,8 @@
 """nn.Linear whose CPU forward goes through oneDNN, or Strand's own kernel for a few rows
-(kernels/cpu_linear.py explains both), or on an AVX2-only CPU for a decode batch of up to
-BATCH_M rows of bfloat16 (kernels/cpu_linear_batch.py), or for float32 on an AVX2 or AVX-512 CPU
-Strand's own GEMM on panels (kernels/cpu_linear_panels.py).
+(kernels/cpu_linear.py explains both), or for float32 (and the float32 copy of bfloat16 weights
+where oneDNN has no bfloat16 kernels) on an AVX2 or AVX-512 CPU Strand's own GEMM on panels
+(kernels/cpu_linear_panels.py), or, with the panels switched off, on an AVX2-only CPU for a
+decode batch of up to BATCH_M rows the dense kernel of kernels/cpu_linear_batch.py.
 
 After loading, `pack_linear_weights` gives each layer a packed copy of its weight (oneDNN's
 blocked one, or the panels), made once instead of on every call. The dense weight stays where
