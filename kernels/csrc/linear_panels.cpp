@@ -62,7 +62,8 @@ inline void tile(const float* x, int64_t K, const float* panel, const float* bia
   for (int64_t k = 0; k < K; ++k) {
     const float* row = panel + k * kPanel;
     if (pf != nullptr) {  // the next panel's row k, as this one's is used
-      for (int line = 0; line < kRowBytes; line += 64) __builtin_prefetch(pf + k * kRowBytes + line, 0, 2);
+      for (int line = 0; line < kRowBytes; line += 64)
+        __builtin_prefetch(pf + k * kRowBytes + line, 0, 2);
     }
     vl b[kVecs];
     for (int v = 0; v < kVecs; ++v) b[v] = load_l(row + v * kLanes);
@@ -155,7 +156,7 @@ void linear_panels(at::Tensor out, at::Tensor x, at::Tensor panels,
   STRAND_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N &&
                                      bias->scalar_type() == at::kFloat && bias->is_contiguous()),
               "linear_panels: bias must be a contiguous float32 [", N, "]");
-  if (M == 0) return;
+  if (M == 0 || P == 0) return;  // nothing to compute (and no panels to share out)
   const float* xp = x.data_ptr<float>();
   const float* pp = panels.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;

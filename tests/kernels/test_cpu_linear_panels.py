@@ -94,6 +94,13 @@ def test_the_padding_of_the_last_panel_is_zero_and_never_stored() -> None:
     torch.testing.assert_close(out.double(), _want(x, w, None), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("rows", "outputs"), [(0, 20), (5, 0)])
+def test_empty_products_give_empty_outputs(rows: int, outputs: int) -> None:
+    x, w, _ = _case(rows, outputs, 16, False)
+    got = cpu_linear_panels.linear(x, cpu_linear_panels.pack(w), None, outputs)
+    assert got.shape == (rows, outputs)
+
+
 def test_three_d_inputs_keep_their_leading_dims() -> None:
     x, w, b = _case(12, 40, 16, True)
     panels = cpu_linear_panels.pack(w)
