@@ -29,7 +29,7 @@ from benchmarks.common import format_table, log
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) per layer
 LAYERS, VOCAB, HIDDEN = 30, 49152, 576
-KERNELS = ("linear_batch", "panels", "oneDNN")
+COLUMNS = ("linear_batch", "panels", "oneDNN")
 
 
 def _weights(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -54,12 +54,10 @@ def _best(run: Callable[[], None], repeats: int, threads: int) -> float:
 def measure(dtype: torch.dtype, rows: list[int], repeats: int,
             threads: int = 1) -> list[list[str]]:
     from kernels import cpu_linear, cpu_linear_panels
-    from kernels._cpu_build import KERNELS as BUILD
+    from kernels._cpu_build import KERNELS
     from kernels.cpu_isa import probe
 
-    module = BUILD.module()
-    if module is None:
-        raise RuntimeError(f"the C++ kernels are needed: {BUILD.unavailable_reason()}")
+    module = KERNELS.require()
     torch.set_num_threads(threads)
     weights = _weights(dtype)
     panels = [cpu_linear_panels.pack(w.float()) for w in weights]
@@ -91,7 +89,7 @@ def measure(dtype: torch.dtype, rows: list[int], repeats: int,
         runs = {"linear_batch": dense, "panels": on_panels,
                 "oneDNN": on_onednn if onednn is not None else None}
         cells = []
-        for name in KERNELS:
+        for name in COLUMNS:
             run = runs[name]
             if run is None:
                 cells.append("(oneDNN unavailable)")
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1 or args.threads < 1 or any(not 1 <= m <= 4096 for m in args.rows):
         parser.error("--repeats and --threads must be >= 1 and every --rows value in [1, 4096]")
     table = measure(getattr(torch, args.dtype), args.rows, args.repeats, args.threads)
-    print(format_table(["rows", *KERNELS], table))
+    print(format_table(["rows", *COLUMNS], table))
 
 
 if __name__ == "__main__":

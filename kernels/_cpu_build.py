@@ -146,6 +146,14 @@ class CpuKernels:
         self.module()
         return self._error
 
+    def require(self) -> ModuleType:
+        """The module, for a caller that has no torch fallback: RuntimeError saying why where
+        the kernels are unavailable."""
+        module = self.module()
+        if module is None:
+            raise RuntimeError(f"CPU kernels unavailable: {self.unavailable_reason()}")
+        return module
+
 
 KERNELS = CpuKernels()
 

@@ -114,9 +114,7 @@ def gguf_linear_small(x: torch.Tensor, packed: torch.Tensor, qtype: int,
     """x @ w.T + bias for 1..SMALL_M rows, w read packed: [M, K] -> [M, N] in x's dtype."""
     from kernels._cpu_build import KERNELS
 
-    module = KERNELS.module()
-    if module is None:
-        raise RuntimeError(f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
+    module = KERNELS.require()
     if x.dim() != 2 or not 1 <= x.shape[0] <= SMALL_M:
         raise ValueError(f"gguf_linear_small takes [M, in] with 1 <= M <= {SMALL_M}, got "
                          f"{tuple(x.shape)}")

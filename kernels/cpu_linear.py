@@ -128,9 +128,7 @@ def linear_small(x: torch.Tensor, weight: torch.Tensor,
     """x @ weight.T + bias for 1..SMALL_M rows of x, the weight's dtype: [M, in] -> [M, out]."""
     from kernels._cpu_build import KERNELS
 
-    module = KERNELS.module()
-    if module is None:
-        raise RuntimeError(f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
+    module = KERNELS.require()
     if x.dim() != 2 or not 1 <= x.shape[0] <= SMALL_M:
         raise ValueError(f"linear_small takes [M, in] with 1 <= M <= {SMALL_M}, got "
                          f"{tuple(x.shape)}")

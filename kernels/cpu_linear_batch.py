@@ -67,9 +67,7 @@ def linear_batch(x: torch.Tensor, weight: torch.Tensor,
     float32, one rounding per output."""
     from kernels._cpu_build import KERNELS
 
-    module = KERNELS.module()
-    if module is None:
-        raise RuntimeError(f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
+    module = KERNELS.require()
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"linear_batch takes x [M, in] and weight [out, in], got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 import os
-from types import ModuleType
 
 import torch
 
+from kernels._cpu_build import KERNELS
 from kernels.cpu_isa import probe
 
 
@@ -36,8 +36,6 @@ def chosen() -> bool:
         return False
     if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
         return False
-    from kernels._cpu_build import KERNELS
-
     return probe().level in ("avx2", "avx512") and KERNELS.module() is not None
 
 
@@ -52,21 +50,12 @@ def is_panels(packed: torch.Tensor) -> bool:
     return packed.dim() == 3
 
 
-def _module() -> ModuleType:
-    from kernels._cpu_build import KERNELS
-
-    module = KERNELS.module()
-    if module is None:
-        raise RuntimeError(f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
-    return module
-
-
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """A float32 [out, in] weight as panels [ceil(out / width), in, width], zero-padded."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"pack takes a 2-D float32 CPU weight, got {weight.dtype} "
                          f"{tuple(weight.shape)} on {weight.device}")
-    module = _module()
+    module = KERNELS.require()
     width = module.linear_panel_width()
     panels = torch.empty((weight.shape[0] + width - 1) // width, weight.shape[1], width)
     module.pack_panels(panels, weight.detach().contiguous())
@@ -81,5 +70,6 @@ def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None,
                          f"{tuple(x.shape)}")
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty(flat.shape[0], out_features)
-    _module().linear_panels(out, flat, panels, None if bias is None else bias.contiguous())
+    KERNELS.require().linear_panels(out, flat, panels,
+                                    None if bias is None else bias.contiguous())
     return out.view(*x.shape[:-1], out_features)

@@ -48,6 +48,9 @@ def test_disabled_kernels_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
     fresh = _cpu_build.CpuKernels()
     assert fresh.module() is None
     assert fresh.unavailable_reason() == "disabled by STRAND_DISABLE_CPU_KERNELS"
+    # A caller without a torch fallback gets the reason in its error.
+    with pytest.raises(RuntimeError, match="CPU kernels unavailable: disabled by STRAND_DISABLE"):
+        fresh.require()
 
 
 def test_a_failed_build_falls_back_and_says_why(monkeypatch: pytest.MonkeyPatch,
