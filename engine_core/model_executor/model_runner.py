@@ -51,6 +51,7 @@ from engine_core.model_executor.sampling_metadata import (
     make_generator,
 )
 from engine_core.structured_output.runner_grammars import RunnerGrammars
+from kernels import cpu_linear_panels
 from kernels._cpu_build import ensure_built as ensure_cpu_kernels_built
 from kernels.cpu_isa import probe as probe_cpu_isa
 
@@ -111,8 +112,11 @@ class ModelRunner(KVCacheSetup):
         torch.manual_seed(seed)
         self.model = load_model(model_config, self.device, tp)
         if self.device.type == "cpu":
-            # oneDNN's blocked weight layout, made once here instead of in every call.
-            logger.info("packed %d linear weights for oneDNN", pack_linear_weights(self.model))
+            # The packed weight layout (float32 panels or oneDNN's blocks), made once here instead
+            # of in every call.
+            packed = pack_linear_weights(self.model)
+            logger.info("packed %d linear weights (float32: %s)", packed,
+                        "Strand's panels" if cpu_linear_panels.chosen() else "oneDNN's blocks")
             gather_decode_weights(self.model)  # on 2 MiB pages, in a decode step's read order
         self.lora_manager: LoRAManager | None = None
         if lora_config is not None:
