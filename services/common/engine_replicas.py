@@ -77,9 +77,14 @@ class EngineReplicas:
         self._tasks = [loop.create_task(watch_readiness(client.channel, partial(self._set, name)))
                        for name, client in self.clients.items()]
 
-    async def close(self) -> None:
+    def stop_watching(self) -> None:
+        """Stop following readiness: for a stage that is stopping, whose replicas going away
+        (the whole stack stopping) is no news to report."""
         for task in self._tasks:
             task.cancel()
+
+    async def close(self) -> None:
+        self.stop_watching()
         for client in self.clients.values():
             await client.close()
 

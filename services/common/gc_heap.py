@@ -11,6 +11,7 @@ collected as before, so cycles built while serving are still reclaimed.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 
@@ -22,6 +23,11 @@ def freeze_startup_heap(name: str) -> int:
     the number of objects frozen. Call once, when startup is done and before traffic."""
     gc.collect()
     gc.freeze()
+    # Frozen objects are skipped by the interpreter's last collection too, so bindings that
+    # check for leaks at exit found them alive: triton's (nanobind) printed a screen of "leaked
+    # function" lines whenever a stage stopped. Back in the collector's reach for that pass.
+    atexit.unregister(gc.unfreeze)  # once, however often this is called
+    atexit.register(gc.unfreeze)
     frozen = gc.get_freeze_count()
     logger.info("%s: %d startup objects frozen out of the garbage collector's passes", name,
                 frozen)

@@ -167,10 +167,12 @@ async def run_server(name: str, options: ServerOptions,
                      on_stop: Callable[[], Awaitable[None]] | None = None,
                      on_started: Callable[[int], Awaitable[None]] | None = None,
                      ready: Callable[[], bool] | None = None,
-                     metrics: CollectorRegistry | None = None) -> None:
+                     metrics: CollectorRegistry | None = None,
+                     on_stopping: Callable[[], None] | None = None) -> None:
     """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names;
     `ready` (polled) says whether this stage's part of the ring is connected; `metrics` is
-    served on options.metrics_port."""
+    served on options.metrics_port. `on_stopping` runs as the stop begins, before the calls in
+    flight are given their grace; `on_stop` after it."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     api_key = stage_api_key(name, options.host, options.api_key)
     interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
@@ -211,6 +213,8 @@ async def run_server(name: str, options: ServerOptions,
     await stop.wait()
     logger.info("%s: stopping", name)
     readiness.cancel()
+    if on_stopping is not None:
+        on_stopping()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
     if on_stop is not None:

@@ -70,6 +70,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._executor = executor or core_executor()
         self.thread = CoreThread(self._executor)
         self._hub: OutputsHub | None = None
+        self._closed = False
         self._has_work = False  # auto mode: the core has unfinished requests
         self._wakes = 0  # adds seen, so a step can tell whether one came while it ran
         self._work: asyncio.Event | None = None
@@ -105,6 +106,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return self._hub
 
     def _subscriber_lost(self) -> None:
+        if self._closed:  # the stop ended the stream: no detokenizer comes after it
+            return
         # Queued behind every call already submitted: what an old detokenizer's requests were
         # is settled before a new detokenizer adds anything.
         self.thread.submit(self.calls.abort_all)
@@ -283,6 +286,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return msg, self.core.has_unfinished_requests()
 
     def close(self) -> None:
+        self._closed = True
         # On the core's thread, after any step in flight: tensor-parallel workers get their
         # shutdown in order with the steps they were sent (no-op with one rank).
         self.thread.submit(self.core.shutdown)

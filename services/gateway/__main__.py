@@ -105,13 +105,16 @@ async def serve(tokenizer_addr: str, engine_addrs: list[str], detokenizer_addr: 
         engines.start()
         asyncio.get_running_loop().create_task(_check_mode(flow, auto_step))
 
-    async def on_stop() -> None:
+    def on_stopping() -> None:  # the stages stopping beside it (`strand serve`) are no news
         peers.stop()
+        engines.stop_watching()
+
+    async def on_stop() -> None:
         await flow.close()
 
     await run_server("gateway", options, register, on_stop=on_stop, on_started=on_started,
                      ready=lambda: peers.ready and engines.ready and flow.feed.subscribed,
-                     metrics=registry)
+                     metrics=registry, on_stopping=on_stopping)
 
 
 async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:

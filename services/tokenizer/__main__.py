@@ -97,12 +97,16 @@ async def _serve(processor: InputProcessor, detokenizer_addr: str, route: RouteC
         engines.start()
         router.start()
 
-    async def on_stop() -> None:
+    def on_stopping() -> None:  # the stages stopping beside it (`strand serve`) are no news
         peers.stop()
+        engines.stop_watching()
+
+    async def on_stop() -> None:
         await servicer.close()
 
     await run_server("tokenizer", options, register, on_stop=on_stop, on_started=on_started,
-                     ready=lambda: peers.ready and engines.ready, metrics=registry)
+                     ready=lambda: peers.ready and engines.ready, metrics=registry,
+                     on_stopping=on_stopping)
 
 
 if __name__ == "__main__":

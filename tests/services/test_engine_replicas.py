@@ -147,3 +147,19 @@ def test_an_add_not_yet_answered_counts_against_its_replica_despite_an_older_loa
     router.answered(first)
     router.update_load(first, pb.EngineLoad(num_waiting=1))  # the engine has it now
     assert router.router.loads[first].waiting == 1
+
+
+def test_a_stopping_stage_stops_following_its_replicas_readiness() -> None:
+    # A stage stopping beside its engines (`strand serve`'s stop) saw them go and warned that
+    # each was out of rotation; stop_watching is its first step, before the calls' grace.
+    async def run() -> list[asyncio.Task[None]]:
+        engines = EngineReplicas.connect(["127.0.0.1:1"])  # nothing listens there
+        engines.start()
+        watchers = list(engines._tasks)
+        engines.stop_watching()
+        await asyncio.sleep(0.05)
+        await engines.close()
+        return watchers
+
+    watchers = asyncio.run(run())
+    assert watchers and all(t.cancelled() for t in watchers)

@@ -190,6 +190,13 @@ def test_losing_the_subscriber_aborts_every_request(servicer: EngineServicer) ->
     assert servicer.core.get_num_unfinished_requests() == 0
 
 
+def test_a_subscriber_lost_as_the_engine_stops_is_not_an_error(servicer: EngineServicer) -> None:
+    # The stop closes the core's thread, then ends the Outputs stream: the abort it asked for
+    # raised "cannot schedule new futures after shutdown" into gRPC's log on every stop.
+    servicer.close()
+    servicer._subscriber_lost()
+
+
 async def _auto_stream(servicer: EngineServicer, on_subscribed: Callable[[], Awaitable[None]]
                        ) -> list[epb.EngineStepOutputs]:
     """Run the auto loop and read its step outputs until one finishes a request; on_subscribed
