@@ -12,7 +12,8 @@ Both processes start on gRPC's default (EventEngine) TCP path, the stages' defau
 alternating rounds, on its iomgr path (services/grpc_tuning.py, STRAND_GRPC_IOMGR=1: one thread
 wake-up fewer per message), since the choice is process-wide and read when grpc is imported. A plain asyncio
 socket echo is measured beside them, after the same gap: what the kernel and one event loop cost,
-so the rest is gRPC's own thread hand-offs.
+so the rest is gRPC's own thread hand-offs. The default path is measured over a Unix socket too
+(`unix:` addresses, which grpcio takes as they are): what the TCP stack costs of a hop.
 
     python -m benchmarks.grpc_hop --messages 300 --gap-ms 20 --rounds 3
 """
@@ -26,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -44,7 +46,11 @@ def _stamp() -> bytes:
     return time.monotonic_ns().to_bytes(8, "little")
 
 
-async def _serve_grpc(port: int) -> None:
+def _address(port: int, unix: str | None) -> str:
+    return f"unix:{unix}" if unix else f"127.0.0.1:{port}"
+
+
+async def _serve_grpc(port: int, unix: str | None = None) -> None:
     import grpc
 
     async def echo(messages: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -56,7 +62,7 @@ async def _serve_grpc(port: int) -> None:
                                                       response_serializer=_raw)})
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.add_insecure_port(_address(port, unix))
     await server.start()
     print("ready", flush=True)
     await server.wait_for_termination()
@@ -77,10 +83,11 @@ async def _serve_socket(port: int) -> None:
     await server.serve_forever()
 
 
-async def _grpc_hops(port: int, count: int, gap_s: float) -> list[float]:
+async def _grpc_hops(port: int, count: int, gap_s: float, unix: str | None = None
+                     ) -> list[float]:
     import grpc
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc.aio.insecure_channel(_address(port, unix)) as channel:
         call = channel.stream_stream(_METHOD, request_serializer=_raw,
                                      response_deserializer=_raw)()
         hops = []
@@ -131,10 +138,14 @@ def _env(transport: str) -> dict[str, str]:
     return env
 
 
-def _hops(kind: str, transport: str, count: int, gap_ms: float) -> float:
-    """p50 one-way ms of `count` messages, server and client each a fresh process."""
+def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = False) -> float:
+    """p50 one-way ms of `count` messages, server and client each a fresh process (over a
+    Unix socket where `unix`)."""
     port = _free_port()
     me = [sys.executable, "-m", "benchmarks.grpc_hop", "--port", str(port)]
+    socket_dir = tempfile.TemporaryDirectory(prefix="strand-hop-")
+    if unix:
+        me += ["--unix", os.path.join(socket_dir.name, "hop.sock")]
     env = _env(transport)
     server = subprocess.Popen([*me, "--serve", kind], stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -147,11 +158,13 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float) -> float:
     finally:
         server.kill()
         server.wait()
+        socket_dir.cleanup()
 
 
 def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
     """p50 one-way milliseconds (the median over rounds): gRPC on its default TCP path back to
-    back and after the gap, the same on its iomgr path, a plain socket after the gap."""
+    back and after the gap, the same on its iomgr path and over a Unix socket, a plain socket
+    after the gap."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if rounds < 1:
@@ -164,6 +177,10 @@ def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dic
             runs.setdefault(f"{prefix}_busy_ms", []).append(_hops("grpc", transport, count, 0.0))
             runs.setdefault(f"{prefix}_after_gap_ms", []).append(
                 _hops("grpc", transport, count, gap_ms))
+        runs.setdefault("grpc_unix_busy_ms", []).append(
+            _hops("grpc", "default", count, 0.0, unix=True))
+        runs.setdefault("grpc_unix_after_gap_ms", []).append(
+            _hops("grpc", "default", count, gap_ms, unix=True))
         runs.setdefault("socket_after_gap_ms", []).append(
             _hops("socket", "default", count, gap_ms))
     return {**{name: statistics.median(values) for name, values in runs.items()},
@@ -182,9 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client", choices=("grpc", "socket"), default=None,
                         help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--unix", default=None, help=argparse.SUPPRESS)  # a socket's path
     args = parser.parse_args(argv)
     if args.serve:
-        asyncio.run(_serve_grpc(args.port) if args.serve == "grpc"
+        asyncio.run(_serve_grpc(args.port, args.unix) if args.serve == "grpc"
                     else _serve_socket(args.port))
         return
     if args.messages < 1:
@@ -194,15 +212,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.client:
-        measure = _grpc_hops if args.client == "grpc" else _socket_hops
-        print(json.dumps(asyncio.run(measure(args.port, args.messages, args.gap_ms / 1e3))))
+        gap_s = args.gap_ms / 1e3
+        client = (_grpc_hops(args.port, args.messages, gap_s, args.unix) if args.client == "grpc"
+                  else _socket_hops(args.port, args.messages, gap_s))
+        print(json.dumps(asyncio.run(client)))
         return
     hops = measure_hops(args.messages, args.gap_ms, args.rounds)
     print(f"one gRPC stream message, p50 over {args.rounds} rounds: "
           f"{hops['grpc_busy_ms']:.3f} ms back to back, {hops['grpc_after_gap_ms']:.3f} ms after "
           f"{args.gap_ms:g} ms idle on gRPC's default TCP path; on its iomgr path "
           f"(STRAND_GRPC_IOMGR=1): {hops['grpc_iomgr_busy_ms']:.3f} and "
-          f"{hops['grpc_iomgr_after_gap_ms']:.3f} ms; a plain socket after the same idle: "
+          f"{hops['grpc_iomgr_after_gap_ms']:.3f} ms; over a Unix socket (default path): "
+          f"{hops['grpc_unix_busy_ms']:.3f} and {hops['grpc_unix_after_gap_ms']:.3f} ms; "
+          f"a plain socket after the same idle: "
           f"{hops['socket_after_gap_ms']:.3f} ms")
 
 

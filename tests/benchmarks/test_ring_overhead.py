@@ -89,5 +89,6 @@ def test_a_bare_hop_is_timed_between_two_processes() -> None:
     # Stamps of two processes on one monotonic clock: a message is seen after it is sent.
     assert 0 < hops["grpc_busy_ms"] < 1000 and 0 < hops["grpc_after_gap_ms"] < 1000
     assert 0 < hops["socket_after_gap_ms"] < 1000
+    assert 0 < hops["grpc_unix_busy_ms"] < 1000 and 0 < hops["grpc_unix_after_gap_ms"] < 1000
     with pytest.raises(ValueError, match="count must be >= 1"):
         measure_hops(count=0)
