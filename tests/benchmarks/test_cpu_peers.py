@@ -175,3 +175,42 @@ def test_bounds_are_measured_every_round_and_fractions_paired_with_them(
     assert "30.0 GB/s copy rate [20.0-40.0]" in out and "GEMM 400 GFLOP/s [400.0-500.0]" in out
     assert "decode 75% [75%, 50%, 75%] of its bound" in out
     assert "prefill 70% [70%, 75%, 70%] of its bound" in out
+
+
+@pytest.mark.parametrize(("dtype", "llama_kv", "flags"), [
+    ("float32", "default", []),
+    ("float32", "matched", ["-ctk", "f32", "-ctv", "f32"]),
+    ("bfloat16", "matched", ["-ctk", "bf16", "-ctv", "bf16"]),
+])
+def test_llama_cpp_keeps_its_float16_cache_or_strand_s_dtype_when_matched(
+        monkeypatch: pytest.MonkeyPatch, dtype: str, llama_kv: str, flags: list[str]) -> None:
+    commands: list[list[str]] = []
+
+    def fake_run(command: list[str], **_: Any) -> argparse.Namespace:
+        commands.append(command)
+        out = LLAMA_BENCH_JSON if command[0].endswith("llama-bench") else BATCHED_BENCH
+        return argparse.Namespace(stdout=out, stderr="")
+
+    monkeypatch.setattr(cpu_peers.subprocess, "run", fake_run)
+    args = argparse.Namespace(llama_cpp="/opt/llama", gguf="m.gguf", threads=2, dtype=dtype,
+                              workloads=list(cpu_peers.WORKLOADS), llama_kv=llama_kv)
+    results, _ = cpu_peers.llama_cpp(args, 1)
+    assert set(results) == set(cpu_peers.WORKLOADS)
+    assert [c[0] for c in commands] == ["/opt/llama/llama-bench", "/opt/llama/llama-batched-bench"]
+    for command in commands:
+        assert ("-ctk" in command) == bool(flags)
+        if flags:
+            assert command[-4:] == flags
+
+
+def test_the_table_names_llama_cpp_s_cache_type(capsys: pytest.CaptureFixture[str]) -> None:
+    result = {"decode": {"median": 20.0, "stdev": 0.0, "runs": 1}}
+    report = {"dtype": "float32", "threads": 2, "llama_cpp_build": "abc1234",
+              "workloads": ["decode"], "llama_kv": "matched",
+              "bounds": {"decode_tok_s": 40.0, "prefill_tok_s": 500.0, "weight_bytes": 5.4e8,
+                         "bandwidth_bytes_per_s": 2.2e10, "gemm_flops_per_s": 1.1e11},
+              "results": {"llama.cpp": result, "strand": result}}
+    cpu_peers.print_table(report)
+    assert "K/V cache f32)" in capsys.readouterr().out
+    cpu_peers.print_table({**report, "llama_kv": "default"})
+    assert "K/V cache float16, its default)" in capsys.readouterr().out
