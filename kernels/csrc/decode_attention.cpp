@@ -1,6 +1,7 @@
 #include "check.h"
 #include "kernels.h"
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -174,10 +175,11 @@ void scores_vec(const T* qh, const T* k, int64_t RS, int64_t n, int64_t FC, int6
 
 // DC > 0: head_dim == kLanes * DC (the chunk loops unroll and accumulators stay in registers);
 // DC == 0: any head_dim, its last D % kLanes lanes handled apart. NG: query heads a pass.
-// The task: request r's kv heads [g0, g1) and their query heads.
+// The task: request r's kv heads [g0, g1) and their query heads. next_r: the request of the
+// thread's next task (-1: none), whose first K blocks are fetched during this one's last V blocks.
 template <typename T, int DC, int NG>
 void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vector<float>& s,
-                  std::vector<float>& inv, std::vector<float>& acc_out) {
+                  std::vector<float>& inv, std::vector<float>& acc_out, int64_t next_r = -1) {
   const int64_t H = a.H, D = DC > 0 ? kLanes * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D;
   const int64_t len = a.lens[r], FC = DC > 0 ? DC : D / kLanes, rem = DC > 0 ? 0 : D % kLanes;
   const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole v16s
@@ -245,6 +247,13 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
     const int64_t in_block = std::min(a.BS, len - t0);
     if (b == 0) prefetch_block(a.vc, blocks, 1, a.BS, len, a.BS, RS);
     ahead.start(a.vc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block);
+    const int64_t nb = b + kAhead - (len + a.BS - 1) / a.BS;  // past this request's blocks
+    if (nb >= 0 && next_r >= 0) {
+      // The next task's first blocks, which it would otherwise start on cold (a request's
+      // whole K/V is a few hundred KB, so each start was a stall).
+      ahead.start(a.kc, a.bt + next_r * a.MB, nb, nb * a.BS, a.lens[next_r], a.BS, RS,
+                  passes * in_block);
+    }
     for (int64_t g = g0; g < g1; ++g) {
       const T* vb = a.vc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t h = g * G; h < (g + 1) * G; h += NG) {
@@ -303,12 +312,18 @@ void run(const Args<T>& a, int64_t R) {
   }
   const int64_t T_ = (int64_t)tasks.size();
   const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(threads_wanted, T_));
+  // Tasks claimed by free threads, one ahead: a thread knows its next task while it works on
+  // the current one, and fetches that task's first blocks before it gets there.
+  std::atomic<int64_t> claimed{0};
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> s, inv, acc_out;  // scratch reused across the thread's tasks
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < T_; ++i)
-      request_task<T, DC, NG>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out);
+    for (int64_t i = claimed.fetch_add(1); i < T_;) {
+      const int64_t next = claimed.fetch_add(1);
+      request_task<T, DC, NG>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out,
+                              next < T_ ? tasks[next].r : -1);
+      i = next;
+    }
   }
 }
 

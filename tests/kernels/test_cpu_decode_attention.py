@@ -98,3 +98,21 @@ def test_fewer_requests_than_threads_split_by_kv_head_and_give_the_same_bits(
                               table, 0.125)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(split.float(), ref.to(dtype).float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_requests_claimed_by_several_threads_give_one_thread_s_bits(threads: int) -> None:
+    # Each thread claims its next request while it works on one (to fetch that request's first
+    # blocks meanwhile): every request is still computed once, whichever thread takes it.
+    seq_lens = [1, 16, 17, 40, 3, 64, 33, 2, 90, 15, 48, 5]
+    query, kv, table, lens = _case(seq_lens, 6, 2, 64, 16, 11)
+    one = decode_attention(query, kv, table, lens, 0.125)
+    torch.set_num_threads(threads)
+    try:
+        several = decode_attention(query, kv, table, lens, 0.125)
+    finally:
+        torch.set_num_threads(1)
+    assert torch.equal(several, one)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, 0.125)
+    torch.testing.assert_close(several, ref, atol=1e-5, rtol=1e-5)
