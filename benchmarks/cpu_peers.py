@@ -28,7 +28,8 @@ AVX2, and --llama-cpp must be a build without AVX-512 (cpu_peers_setup --isa avx
 process actually ran at is recorded in the output.
 --llama-kv: llama.cpp keeps its K/V cache in float16 by default, whatever the weights' precision,
 while Strand keeps it in the model's dtype (what keeps its greedy tokens HF's). `matched` runs
-llama.cpp with its cache in that dtype too (-ctk/-ctv f32 or bf16): the same precision end to end.
+llama.cpp with its cache in that dtype too (-ctk/-ctv f32 or bf16): the same precision end to end
+(llama-bench, which runs decode and prefill, takes no f32 cache: there it keeps its float16).
 """
 
 from __future__ import annotations
@@ -175,20 +176,33 @@ def parse_batched_bench(text: str) -> float:
 
 # llama.cpp's K/V cache type for Strand's dtype, with --llama-kv matched.
 KV_TYPES = {"float32": "f32", "bfloat16": "bf16"}
+LLAMA_BENCH_KV_TYPES = ("f16", "bf16")  # the float types llama-bench's -ctk takes (no f32)
 
 
-def llama_kv_flags(args: argparse.Namespace) -> list[str]:
-    """llama.cpp's cache-type flags: none (its float16 default), or Strand's K/V dtype."""
+def llama_kv_flags(args: argparse.Namespace, tool: str) -> list[str]:
+    """`tool`'s cache-type flags: none (its float16 default), or Strand's K/V dtype where the
+    tool takes it."""
     if getattr(args, "llama_kv", "default") == "default":
         return []
     kv = KV_TYPES[args.dtype]
+    if tool == "llama-bench" and kv not in LLAMA_BENCH_KV_TYPES:
+        return []
     return ["-ctk", kv, "-ctv", kv]
+
+
+def llama_kv_label(llama_kv: str, dtype: str) -> str:
+    """What the table says of llama.cpp's K/V cache."""
+    if llama_kv == "default":
+        return "float16, its default"
+    kv = KV_TYPES[dtype]
+    if kv in LLAMA_BENCH_KV_TYPES:
+        return kv
+    return f"{kv} in llama-batched-bench; llama-bench takes no {kv} cache: float16 there"
 
 
 def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[float]], str]:
     """`repeats` timed runs of each workload by llama.cpp's own tools (each warms up first)."""
     bin_dir = Path(args.llama_cpp)
-    kv = llama_kv_flags(args)
     # -p 0 / -n 0 leave out llama-bench's prompt or generation test.
     prompt = PREFILL_TOKENS if "prefill" in args.workloads else 0
     generate = DECODE_TOKENS if "decode" in args.workloads else 0
@@ -197,7 +211,8 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
     if prompt or generate:
         bench = subprocess.run(
             [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
-             str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json", *kv],
+             str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json",
+             *llama_kv_flags(args, "llama-bench")],
             capture_output=True, text=True, check=True)
         results = parse_llama_bench(bench.stdout)
         build = json.loads(bench.stdout)[0].get("build_commit", "?")
@@ -208,7 +223,8 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
         run = subprocess.run(
             [str(bin_dir / "llama-batched-bench"), "-m", args.gguf, "-t", str(args.threads),
              "-c", str(BATCH * (BATCH_PROMPT + BATCH_TOKENS) + 64), "-b", "2048", "-ub", "512",
-             "-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_TOKENS), "-npl", str(BATCH), *kv],
+             "-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_TOKENS), "-npl", str(BATCH),
+             *llama_kv_flags(args, "llama-batched-bench")],
             capture_output=True, text=True, check=True)
         batch.append(parse_batched_bench(run.stdout + run.stderr))
     results["batch32"] = batch
@@ -372,9 +388,8 @@ def print_table(report: dict[str, Any]) -> None:
     if load:
         print(f"\nload average (1 min) {load['before']:.1f} before the run, {load['after']:.1f} "
               f"after; ratios are medians of same-round ratios")
-    kv = report.get("llama_kv", "default")
-    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}, K/V cache "
-          f"{'float16, its default' if kv == 'default' else KV_TYPES[report['dtype']]}). "
+    kv = llama_kv_label(report.get("llama_kv", "default"), report["dtype"])
+    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}, K/V cache {kv}). "
           f"Bounds: decode "
           f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
           f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate"

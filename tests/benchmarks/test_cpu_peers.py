@@ -177,13 +177,14 @@ def test_bounds_are_measured_every_round_and_fractions_paired_with_them(
     assert "prefill 70% [70%, 75%, 70%] of its bound" in out
 
 
-@pytest.mark.parametrize(("dtype", "llama_kv", "flags"), [
-    ("float32", "default", []),
-    ("float32", "matched", ["-ctk", "f32", "-ctv", "f32"]),
-    ("bfloat16", "matched", ["-ctk", "bf16", "-ctv", "bf16"]),
+@pytest.mark.parametrize(("dtype", "llama_kv", "bench_flags", "batched_flags"), [
+    ("float32", "default", [], []),
+    ("float32", "matched", [], ["-ctk", "f32", "-ctv", "f32"]),  # llama-bench takes no f32
+    ("bfloat16", "matched", ["-ctk", "bf16", "-ctv", "bf16"], ["-ctk", "bf16", "-ctv", "bf16"]),
 ])
 def test_llama_cpp_keeps_its_float16_cache_or_strand_s_dtype_when_matched(
-        monkeypatch: pytest.MonkeyPatch, dtype: str, llama_kv: str, flags: list[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, dtype: str, llama_kv: str, bench_flags: list[str],
+        batched_flags: list[str]) -> None:
     commands: list[list[str]] = []
 
     def fake_run(command: list[str], **_: Any) -> argparse.Namespace:
@@ -197,7 +198,7 @@ def test_llama_cpp_keeps_its_float16_cache_or_strand_s_dtype_when_matched(
     results, _ = cpu_peers.llama_cpp(args, 1)
     assert set(results) == set(cpu_peers.WORKLOADS)
     assert [c[0] for c in commands] == ["/opt/llama/llama-bench", "/opt/llama/llama-batched-bench"]
-    for command in commands:
+    for command, flags in zip(commands, (bench_flags, batched_flags), strict=True):
         assert ("-ctk" in command) == bool(flags)
         if flags:
             assert command[-4:] == flags
@@ -211,6 +212,9 @@ def test_the_table_names_llama_cpp_s_cache_type(capsys: pytest.CaptureFixture[st
                          "bandwidth_bytes_per_s": 2.2e10, "gemm_flops_per_s": 1.1e11},
               "results": {"llama.cpp": result, "strand": result}}
     cpu_peers.print_table(report)
-    assert "K/V cache f32)" in capsys.readouterr().out
+    assert ("K/V cache f32 in llama-batched-bench; llama-bench takes no f32 cache: float16 "
+            "there)") in capsys.readouterr().out
+    cpu_peers.print_table({**report, "dtype": "bfloat16"})
+    assert "K/V cache bf16)" in capsys.readouterr().out
     cpu_peers.print_table({**report, "llama_kv": "default"})
     assert "K/V cache float16, its default)" in capsys.readouterr().out
