@@ -21,6 +21,16 @@ def _case(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
     return query, kv, table, torch.tensor(seq_lens, dtype=torch.int32)
 
 
+def _on_threads(threads: int, query: torch.Tensor, kv: torch.Tensor, table: torch.Tensor,
+                lens: torch.Tensor) -> torch.Tensor:
+    """decode_attention at scale 0.125 on `threads` threads (the tests' default is one)."""
+    torch.set_num_threads(threads)
+    try:
+        return decode_attention(query, kv, table, lens, 0.125)
+    finally:
+        torch.set_num_threads(1)
+
+
 @pytest.mark.parametrize(("seq_lens", "num_heads", "num_kv_heads", "head_dim", "block_size"), [
     ([1, 5, 16, 17, 100], 8, 4, 64, 16),  # GQA 2, block edges
     ([33, 2, 64], 4, 4, 32, 16),  # MHA
@@ -86,13 +96,8 @@ def test_fewer_requests_than_threads_split_by_kv_head_and_give_the_same_bits(
     # sums are the same as in one thread, in the same order.
     query, kv, table, lens = _case(seq_lens, 3 * num_kv_heads, num_kv_heads, 64, 16, 7)
     query, kv = query.to(dtype), kv.to(dtype)
-    one = decode_attention(query, kv, table, lens, 0.125)
-    torch.set_num_threads(4)
-    try:
-        split = decode_attention(query, kv, table, lens, 0.125)
-    finally:
-        torch.set_num_threads(1)
-    assert torch.equal(split, one)
+    split = _on_threads(4, query, kv, table, lens)
+    assert torch.equal(split, decode_attention(query, kv, table, lens, 0.125))
     starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     ref = paged_attention_ref(query.float(), torch.nan_to_num(kv.float(), nan=0.0), starts, lens,
                               table, 0.125)
@@ -106,13 +111,8 @@ def test_requests_claimed_by_several_threads_give_one_thread_s_bits(threads: int
     # blocks meanwhile): every request is still computed once, whichever thread takes it.
     seq_lens = [1, 16, 17, 40, 3, 64, 33, 2, 90, 15, 48, 5]
     query, kv, table, lens = _case(seq_lens, 6, 2, 64, 16, 11)
-    one = decode_attention(query, kv, table, lens, 0.125)
-    torch.set_num_threads(threads)
-    try:
-        several = decode_attention(query, kv, table, lens, 0.125)
-    finally:
-        torch.set_num_threads(1)
-    assert torch.equal(several, one)
+    several = _on_threads(threads, query, kv, table, lens)
+    assert torch.equal(several, decode_attention(query, kv, table, lens, 0.125))
     starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, 0.125)
     torch.testing.assert_close(several, ref, atol=1e-5, rtol=1e-5)
