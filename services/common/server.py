@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from services.common.errors import UserError
 from services.common.gc_heap import freeze_startup_heap
 from services.common.metrics_server import check_metrics_port, start_metrics_server
+from services.common.rpc_drain import drain_cancelled_rpcs
 from services.common.stage_auth import stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
 from services.common.undecodable import UndecodableInterceptor
@@ -217,6 +218,9 @@ async def run_server(name: str, options: ServerOptions,
         on_stopping()
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
+    still_running = await drain_cancelled_rpcs()
+    if still_running:
+        logger.warning("%s: %d call handlers still running after the stop", name, still_running)
     if on_stop is not None:
         await on_stop()
     if metrics_server is not None:

@@ -107,6 +107,8 @@ def test_demo_runs_the_step_by_step_example_and_shuts_down() -> None:
     assert "5 requests finished" in out
     assert out.rstrip().endswith("stack stopped")
     # The stop is quiet: no stage reports its peers going (they all stop together), the engine
-    # has nothing to abort once its thread is closed, and no binding reports leaks at exit.
-    for noise in ("out of rotation", "cannot schedule new futures", "nanobind: leaked"):
+    # has nothing to abort once its thread is closed, gRPC's cancellations of the streams still
+    # open at the end of a stop are not logged, and no binding reports leaks at exit.
+    for noise in ("out of rotation", "cannot schedule new futures", "nanobind: leaked",
+                  "Exception not handled by _handle_exceptions"):
         assert noise not in result.stderr, result.stderr[-2000:]
