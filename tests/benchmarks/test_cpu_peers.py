@@ -177,13 +177,13 @@ def test_bounds_are_measured_every_round_and_fractions_paired_with_them(
     assert "prefill 70% [70%, 75%, 70%] of its bound" in out
 
 
-@pytest.mark.parametrize(("dtype", "llama_kv", "bench_flags", "batched_flags"), [
-    ("float32", "default", [], []),
-    ("float32", "matched", [], ["-ctk", "f32", "-ctv", "f32"]),  # llama-bench takes no f32
-    ("bfloat16", "matched", ["-ctk", "bf16", "-ctv", "bf16"], ["-ctk", "bf16", "-ctv", "bf16"]),
+@pytest.mark.parametrize(("dtype", "matched", "bench_flags", "batched_flags"), [
+    ("float32", False, [], []),
+    ("float32", True, [], ["-ctk", "f32", "-ctv", "f32"]),  # llama-bench takes no f32
+    ("bfloat16", True, ["-ctk", "bf16", "-ctv", "bf16"], ["-ctk", "bf16", "-ctv", "bf16"]),
 ])
 def test_llama_cpp_keeps_its_float16_cache_or_strand_s_dtype_when_matched(
-        monkeypatch: pytest.MonkeyPatch, dtype: str, llama_kv: str, bench_flags: list[str],
+        monkeypatch: pytest.MonkeyPatch, dtype: str, matched: bool, bench_flags: list[str],
         batched_flags: list[str]) -> None:
     commands: list[list[str]] = []
 
@@ -194,8 +194,8 @@ def test_llama_cpp_keeps_its_float16_cache_or_strand_s_dtype_when_matched(
 
     monkeypatch.setattr(cpu_peers.subprocess, "run", fake_run)
     args = argparse.Namespace(llama_cpp="/opt/llama", gguf="m.gguf", threads=2, dtype=dtype,
-                              workloads=list(cpu_peers.WORKLOADS), llama_kv=llama_kv)
-    results, _ = cpu_peers.llama_cpp(args, 1)
+                              workloads=list(cpu_peers.WORKLOADS))
+    results, _ = cpu_peers.llama_cpp(args, 1, matched_kv=matched)
     assert set(results) == set(cpu_peers.WORKLOADS)
     assert [c[0] for c in commands] == ["/opt/llama/llama-bench", "/opt/llama/llama-batched-bench"]
     for command, flags in zip(commands, (bench_flags, batched_flags), strict=True):
@@ -204,17 +204,30 @@ def test_llama_cpp_keeps_its_float16_cache_or_strand_s_dtype_when_matched(
             assert command[-4:] == flags
 
 
-def test_the_table_names_llama_cpp_s_cache_type(capsys: pytest.CaptureFixture[str]) -> None:
-    result = {"decode": {"median": 20.0, "stdev": 0.0, "runs": 1}}
+def test_llama_cpp_kv_runs_only_when_asked_and_strand_is_also_put_against_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cpu_peers.LLAMA_KV in cpu_peers.BACKENDS
+    assert cpu_peers.LLAMA_KV not in cpu_peers.DEFAULT_BACKENDS
+
+    def result(batch: float) -> dict[str, dict[str, float]]:
+        return {"batch32": {"median": batch, "stdev": 0.0, "runs": 2}}
+
+    rounds = [{"llama.cpp": {"batch32": 200.0}, "llama.cpp-kv": {"batch32": 100.0},
+               "strand": {"batch32": 300.0}},
+              {"llama.cpp": {"batch32": 210.0}, "llama.cpp-kv": {"batch32": 120.0},
+               "strand": {"batch32": 312.0}}]
     report = {"dtype": "float32", "threads": 2, "llama_cpp_build": "abc1234",
-              "workloads": ["decode"], "llama_kv": "matched",
+              "workloads": ["batch32"], "rounds": rounds,
               "bounds": {"decode_tok_s": 40.0, "prefill_tok_s": 500.0, "weight_bytes": 5.4e8,
                          "bandwidth_bytes_per_s": 2.2e10, "gemm_flops_per_s": 1.1e11},
-              "results": {"llama.cpp": result, "strand": result}}
+              "results": {"llama.cpp": result(205.0), "llama.cpp-kv": result(110.0),
+                          "strand": result(306.0)}}
     cpu_peers.print_table(report)
-    assert ("K/V cache f32 in llama-batched-bench; llama-bench takes no f32 cache: float16 "
-            "there)") in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "its defaults: a float16 K/V cache" in out
+    # Same-round ratios: 300 / 100 and 312 / 120, median 2.8.
+    assert ("llama.cpp-kv: llama.cpp with its K/V cache as Strand keeps it (f32 in "
+            "llama-batched-bench; llama-bench takes no f32 cache: float16 there); strand "
+            "against it: batch32 2.80x") in out
     cpu_peers.print_table({**report, "dtype": "bfloat16"})
-    assert "K/V cache bf16)" in capsys.readouterr().out
-    cpu_peers.print_table({**report, "llama_kv": "default"})
-    assert "K/V cache float16, its default)" in capsys.readouterr().out
+    assert "as Strand keeps it (bf16); strand against it: batch32 2.80x" in capsys.readouterr().out
