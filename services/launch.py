@@ -307,29 +307,34 @@ class Stack:
         process.wait(timeout=10)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM every service (gateway first), then SIGKILL what is still running."""
+        """SIGTERM the services front to back, each wave gone before the next is signalled;
+        SIGKILL what is still running at the deadline."""
         if threading.current_thread() is threading.main_thread():
             with signals_ignored():
                 self._stop(timeout)
         else:
             self._stop(timeout)
 
+    def stop_waves(self) -> list[list[str]]:
+        """The order of a stop: the fronts, then the tokenizer, then the engines and the
+        detokenizer. A service that watches the ones behind it is gone before they stop: signalled
+        together, the gateway often saw the engine go before it handled its own SIGTERM, and
+        warned that the engine was out of rotation."""
+        return [["openai"], ["gateway"], ["tokenizer"], [*self.config.engine_names, "detokenizer"]]
+
     def _stop(self, timeout: float) -> None:
-        order = ["openai", "gateway", *self.stage_names]
-        for name in order:
-            process = self.processes.get(name)
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for name in order:
-            process = self.processes.get(name)
-            if process is None:
-                continue
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        for wave in self.stop_waves():
+            running = [p for p in (self.processes.get(n) for n in wave)
+                       if p is not None and p.poll() is None]
+            for process in running:
+                process.send_signal(signal.SIGTERM)
+            for process in running:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=5)
 
     def __enter__(self) -> Stack:
         return self

@@ -99,3 +99,34 @@ def test_serve_refuses_a_hold_out_of_bounds_before_starting_anything(
     with pytest.raises(SystemExit):
         stack_config(parser.parse_args(["--model", "m", "--add-hold-ms", "51"]), parser, "m")
     assert "--add-hold-ms must be in [0, 50], got 51" in capsys.readouterr().err
+
+
+class _Proc:
+    """A service process that exits when signalled, recording when it was signalled and waited."""
+
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name, self.events, self.exited = name, events, False
+
+    def poll(self) -> int | None:
+        return 0 if self.exited else None
+
+    def send_signal(self, sig: int) -> None:
+        self.events.append(f"term {self.name}")
+        self.exited = True
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.events.append(f"gone {self.name}")
+        return 0
+
+
+def test_a_stop_goes_front_to_back_each_wave_gone_before_the_next() -> None:
+    # Signalled together, the gateway often saw the engine go before it handled its own SIGTERM
+    # and warned that the engine was out of rotation.
+    stack = _stack(data_parallel_size=2)
+    events: list[str] = []
+    for name in ["gateway", *stack.stage_names]:
+        stack.processes[name] = _Proc(name, events)  # type: ignore[assignment]
+    stack.stop()
+    assert events == ["term gateway", "gone gateway", "term tokenizer", "gone tokenizer",
+                      "term engine-0", "term engine-1", "term detokenizer", "gone engine-0",
+                      "gone engine-1", "gone detokenizer"]
