@@ -402,10 +402,12 @@ def print_table(report: dict[str, Any]) -> None:
           f"{_range(bound, 'gemm_flops_per_s', 1e9)}"
           f"{', ' + bound['gemm_library'] if bound.get('gemm_library') else ''})")
     fractions = report.get("bound_fractions", {})
-    print("strand: " + ", ".join(
-        f"{w} {_fraction(fractions.get(w), strand[w]['median'] / bound[f'{w}_tok_s'])} of its "
-        f"bound" for w in ("decode", "prefill") if w in workloads))
-    if fractions:
+    bounded = [w for w in ("decode", "prefill") if w in workloads]  # batch32 has no bound
+    if bounded:
+        print("strand: " + ", ".join(
+            f"{w} {_fraction(fractions.get(w), strand[w]['median'] / bound[f'{w}_tok_s'])} of "
+            f"its bound" for w in bounded))
+    if fractions and bounded:
         print("(bounds measured in every round: medians, their range in brackets; the fractions "
               "are medians of same-round fractions, each round's in brackets)")
     if LLAMA_KV in res and "strand" in res:

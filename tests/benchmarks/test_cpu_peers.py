@@ -225,6 +225,7 @@ def test_llama_cpp_kv_runs_only_when_asked_and_strand_is_also_put_against_it(
     cpu_peers.print_table(report)
     out = capsys.readouterr().out
     assert "its defaults: a float16 K/V cache" in out
+    assert "strand: " not in out  # the batch has no bound: no empty line for one
     # Same-round ratios: 300 / 100 and 312 / 120, median 2.8.
     assert ("llama.cpp-kv: llama.cpp with its K/V cache as Strand keeps it (f32 in "
             "llama-batched-bench; llama-bench takes no f32 cache: float16 there); strand "
