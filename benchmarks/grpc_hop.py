@@ -143,8 +143,8 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = Fal
     Unix socket where `unix`)."""
     port = _free_port()
     me = [sys.executable, "-m", "benchmarks.grpc_hop", "--port", str(port)]
-    socket_dir = tempfile.TemporaryDirectory(prefix="strand-hop-")
-    if unix:
+    socket_dir = tempfile.TemporaryDirectory(prefix="strand-hop-") if unix else None
+    if socket_dir is not None:
         me += ["--unix", os.path.join(socket_dir.name, "hop.sock")]
     env = _env(transport)
     server = subprocess.Popen([*me, "--serve", kind], stdout=subprocess.PIPE, text=True, env=env)
@@ -158,7 +158,8 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = Fal
     finally:
         server.kill()
         server.wait()
-        socket_dir.cleanup()
+        if socket_dir is not None:
+            socket_dir.cleanup()
 
 
 def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
