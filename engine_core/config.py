@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 QUANTIZATIONS = (None, "gguf")
+KV_CACHE_DTYPES = ("auto", "bfloat16")
 
 
 @dataclass(slots=True)
@@ -19,6 +20,8 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     kv_cache_memory: int = 512 * 1024**2  # bytes of KV cache on CPU
+    # "auto": the model's dtype; "bfloat16": half of float32's bytes under float32 weights.
+    cache_dtype: str = "auto"
 
 
 @dataclass(slots=True)
@@ -46,6 +49,10 @@ class EngineArgs:
     # None: weights in dtype. "gguf" (vLLM's name): a .gguf model's Q8_0/Q4_0/Q4_1 linear
     # weights stay in their blocks and are read packed (the rest as with None).
     quantization: str | None = None
+    # vLLM's name: what the paged KV cache holds. "auto": the model's dtype. "bfloat16": K and V
+    # rounded to bfloat16 as they are written (half of float32's bytes: decode attention reads
+    # half as much), computed in the model's dtype.
+    kv_cache_dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
     block_size: int = 16
@@ -107,6 +114,10 @@ class EngineArgs:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got "
                              f"{self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            fp8 = " (fp8 caches are not supported)" if self.kv_cache_dtype.startswith("fp8") else ""
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{self.kv_cache_dtype!r}{fp8}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -208,6 +219,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory,
+            cache_dtype=self.kv_cache_dtype,
         )
 
     def lora_config(self) -> LoRAConfig | None:
@@ -251,6 +263,8 @@ _HELP = {
     "dtype": "auto (the checkpoint's), float32, bfloat16 or float16",
     "quantization": "gguf: keep a .gguf model's Q8_0/Q4_0/Q4_1 linear weights packed and read "
                     "them so (fewer bytes per decode step); default: dequantize to --dtype",
+    "kv_cache_dtype": "what the KV cache holds: auto (the model's dtype) or bfloat16 (half of "
+                      "float32's bytes; K/V rounded to bfloat16 as they are written)",
     "device": "auto (cuda when available), cpu or cuda",
     "block_size": "tokens per KV cache block",
     "enable_prefix_caching": "reuse cached KV blocks of shared prompt prefixes",

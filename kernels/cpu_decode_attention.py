@@ -21,6 +21,15 @@ from kernels._cpu_build import KERNELS as _EXTENSION
 
 # What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end.
 DTYPES = (torch.float32, torch.bfloat16)
+# (query, cache) dtypes it takes: one dtype, or float32 activations over a bfloat16 cache
+# (kv_cache_dtype="bfloat16"), whose rows are widened as they are loaded.
+PAIRS = ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+         (torch.float32, torch.bfloat16))
+
+
+def takes(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """Whether the attention kernels (decode and prefill) take this query and cache dtype."""
+    return (query_dtype, cache_dtype) in PAIRS
 
 
 def is_available() -> bool:
@@ -34,7 +43,7 @@ def unavailable_reason() -> str | None:
 
 def decode_attention(
     query: torch.Tensor,  # [num_reqs, num_heads, head_dim] float32/bfloat16, one token each
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], query's dtype
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] (takes())
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32, covering seq_lens
     seq_lens: torch.Tensor,  # [num_reqs] int32, each >= 1
     scale: float,
@@ -42,9 +51,10 @@ def decode_attention(
     module = _EXTENSION.module()
     if module is None:
         raise RuntimeError(f"CPU decode attention kernel unavailable: {unavailable_reason()}")
-    if query.dtype not in DTYPES or kv_cache.dtype != query.dtype:
+    if not takes(query.dtype, kv_cache.dtype):
         raise ValueError(f"decode_attention needs float32 or bfloat16 query and kv_cache of "
-                         f"one dtype, got {query.dtype} and {kv_cache.dtype}")
+                         f"one dtype, or a float32 query and a bfloat16 kv_cache, got "
+                         f"{query.dtype} and {kv_cache.dtype}")
     if query.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
                          f"({kv_cache.shape[3]})")

@@ -40,6 +40,16 @@ def applies(*tensors: torch.Tensor) -> bool:
     return is_available()
 
 
+def writes_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether write_kv takes these: all of one dtype (applies()), or float32 rows into a
+    bfloat16 cache (kv_cache_dtype="bfloat16"), rounded as .to(torch.bfloat16) rounds."""
+    if key.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16:
+        return (value.dtype == torch.float32 and key.device.type == "cpu"
+                and value.device.type == "cpu" and kv_cache.device.type == "cpu"
+                and is_available())
+    return applies(key, value, kv_cache)
+
+
 def _module():  # type: ignore[no-untyped-def]
     module = _EXTENSION.module()
     if module is None:
@@ -140,11 +150,15 @@ def rotary_neox_(
 def write_kv(
     key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]; tokens may be strided
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]; tokens may be strided
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] float32
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64: block * block_size + offset; < 0 skipped
 ) -> None:
-    """Each token's key and value into its cache slot (index_copy_ by slot, in one pass)."""
-    _check_same(key=key, value=value, kv_cache=kv_cache)
+    """Each token's key and value into its cache slot (index_copy_ by slot, in one pass). The
+    cache is in the rows' dtype, or bfloat16 under float32 rows (writes_kv())."""
+    if key.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16:
+        _check_float32(key=key, value=value)
+    else:
+        _check_same(key=key, value=value, kv_cache=kv_cache)
     row = kv_cache.shape[3:]
     for name, t in (("key", key), ("value", value)):
         if t.dim() != 3 or t.shape[1:] != row or t[0].stride() != (row[1], 1):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from kernels._cpu_build import KERNELS as _EXTENSION
+from kernels.cpu_decode_attention import takes
 from kernels.cpu_isa import probe
 
 # What the kernel reads and writes; bfloat16 is computed in float32 and rounded once, at the end
@@ -62,7 +63,7 @@ def unavailable_reason() -> str | None:
 def prefill_attention(
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: the requests' rows are written
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32/bfloat16, rows may be strided
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], query's dtype
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim] (takes())
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks] int32, covering seq_lens
     q_starts: torch.Tensor,  # [num_reqs] int32: first row of each request in query and out
     q_lens: torch.Tensor,  # [num_reqs] int32, each >= 1
@@ -75,10 +76,12 @@ def prefill_attention(
         raise RuntimeError(f"CPU prefill attention kernel unavailable: {unavailable_reason()}")
     if query.dtype not in DTYPES:
         raise ValueError(f"prefill_attention needs float32 or bfloat16 query, got {query.dtype}")
-    for name, t in (("out", out), ("kv_cache", kv_cache)):
-        if t.dtype != query.dtype:
-            raise ValueError(f"prefill_attention needs {name} in the query's dtype "
-                             f"({query.dtype}), got {t.dtype}")
+    if out.dtype != query.dtype:
+        raise ValueError(f"prefill_attention needs out in the query's dtype ({query.dtype}), "
+                         f"got {out.dtype}")
+    if not takes(query.dtype, kv_cache.dtype):
+        raise ValueError(f"prefill_attention needs kv_cache in the query's dtype ({query.dtype}) "
+                         f"or bfloat16 under a float32 query, got {kv_cache.dtype}")
     if query.shape[1] % kv_cache.shape[3]:
         raise ValueError(f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads "
                          f"({kv_cache.shape[3]})")

@@ -1,9 +1,12 @@
-"""Comparing greedy runs of packed GGUF weights with the same file dequantized to float.
+"""Comparing greedy runs that differ by a rounding with the exact run.
 
-The packed kernel of a decode step rounds each linear layer's input to int8 blocks of 32
-(kernels/csrc/gguf_linear.cpp), as llama.cpp does, so logprobs move by a little and where the
-dequantized model's top two tokens are within that little of each other the packed model may pick
-the other one; from there the two sequences are different texts and are not compared further.
+Packed GGUF weights against the same file dequantized to float: the packed kernel of a decode
+step rounds each linear layer's input to int8 blocks of 32 (kernels/csrc/gguf_linear.cpp), as
+llama.cpp does. A bfloat16 KV cache under float32 weights against a float32 one: K and V are
+rounded to bfloat16 as they are written. Either way logprobs move by a little, and where the
+exact run's top two tokens are within that little of each other the rounded run may pick the other
+one; from there the two sequences are different texts and are not compared further (vLLM compares
+its fp8 KV cache runs the same way, check_logprobs_close).
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ INT8_TOL = 0.25
 Step = dict[int, float]  # token id -> logprob: the step's top-k (the chosen token included)
 
 
-def assert_greedy_within_int8_rounding(got: Sequence[tuple[list[int], list[Step]]],
+def assert_greedy_within_rounding(got: Sequence[tuple[list[int], list[Step]]],
                                        want: Sequence[tuple[list[int], list[Step]]],
                                        tol: float = INT8_TOL) -> int:
-    """Each packed sequence equals the dequantized one up to its first near-tie; returns how many
-    sequences diverged (at a near-tie)."""
+    """Each rounded sequence (`got`) equals the exact one up to its first near-tie; returns how
+    many sequences diverged (at a near-tie)."""
     diverged = 0
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want, strict=True):
         assert len(tokens) == len(want_tokens)
@@ -34,8 +37,8 @@ def assert_greedy_within_int8_rounding(got: Sequence[tuple[list[int], list[Step]
                 if t in want_step:
                     assert abs(lp - want_step[t]) <= tol, (i, t, lp, want_step[t])
             if token != want_token:
-                # The dequantized model's own logprob for the packed model's pick: near its top.
-                assert token in want_step, (i, token, "not in the dequantized top-k", want_step)
+                # The exact run's own logprob for the rounded run's pick: near its top.
+                assert token in want_step, (i, token, "not in the exact run's top-k", want_step)
                 assert want_step[want_token] - want_step[token] <= tol, (i, token, want_step)
                 diverged += 1
                 break

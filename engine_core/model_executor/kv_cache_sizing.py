@@ -3,6 +3,7 @@ left after the weights and the peak activation of the largest step."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -12,6 +13,14 @@ from engine_core.model_executor.model_config import ModelConfig
 logger = logging.getLogger(__name__)
 
 MIN_NUM_BLOCKS = 2  # block 0 is reserved by the block pool: one more to hold anything
+
+
+def with_cache_dtype(config: ModelConfig, cache_dtype: str) -> ModelConfig:
+    """The KV cache's config: the model's (or a rank's share of it), in kv_cache_dtype's dtype
+    ("auto": the model's own)."""
+    if cache_dtype == "auto":
+        return config
+    return dataclasses.replace(config, dtype=getattr(torch, cache_dtype))
 
 
 def bytes_per_block(config: ModelConfig, block_size: int) -> int:

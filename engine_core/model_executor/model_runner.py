@@ -37,6 +37,7 @@ from engine_core.model_executor.cuda_graphs import GraphCapturer
 from engine_core.model_executor.decode_graphs import DecodeGraphRunner
 from engine_core.model_executor.input_batch import CachedRequestState, InputBatch
 from engine_core.model_executor.kv_cache_setup import KVCacheSetup
+from engine_core.model_executor.kv_cache_sizing import with_cache_dtype
 from engine_core.model_executor.layers.linear import pack_linear_weights
 from engine_core.model_executor.layers.weight_arena import gather_decode_weights
 from engine_core.model_executor.loader import load_model, resolve_device
@@ -99,6 +100,7 @@ class ModelRunner(KVCacheSetup):
             self.kv_config = local_config(model_config, layout)
             # A captured graph would hold the collectives too; sharded steps run eagerly.
             enforce_eager = True
+        self.kv_config = with_cache_dtype(self.kv_config, cache_config.cache_dtype)
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
         self.device = resolve_device(device)
@@ -124,7 +126,9 @@ class ModelRunner(KVCacheSetup):
                 self.model, lora_config, self.device, model_config.dtype,
                 None if layout is None else LoRAShard(layout, model_config))
             enforce_eager = True
-        self.attn_backend = get_attention_backend(attention_backend, self.device, self.block_size)
+        self.attn_backend = get_attention_backend(
+            attention_backend, self.device, self.block_size,
+            converts_kv=self.kv_config.dtype != model_config.dtype)
         self.sampler = Sampler()
         # Grammar matchers of structured-output requests; the engine core gives it the
         # compiler (GrammarCache) built from its tokenizer.

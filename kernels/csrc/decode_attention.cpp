@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "avx512_bf16.h"
+#include "kv_dtypes.h"
 #include "vec16.h"
 
 // out[r, h] = softmax(q[r, h] . K[r, :len] * scale) @ V[r, :len], K/V read through the block table
-// where they lie. float32 or bfloat16 (computed in float32), contiguous tensors (the Python
-// wrapper checks).
+// where they lie. float32 or bfloat16 (computed in float32), or a float32 query over a bfloat16
+// cache (kv_dtypes.h); contiguous tensors (the Python wrapper checks).
 //
 // One task per request, longest first (or, with fewer requests than threads, per request and kv
 // head). Its blocks are visited in order and each is finished for every kv head of the task
@@ -86,11 +87,14 @@ void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t t0
   all.rest();
 }
 
-template <typename T>  // float or bf16: what the tensors hold
+template <typename TQ, typename TKV>  // float or bf16: what the query (and out) and the cache hold
 struct Args {
-  const T *q, *kc, *vc;
+  using Q = TQ;
+  using KV = TKV;
+  const TQ* q;
+  const TKV *kc, *vc;
   const int32_t *bt, *lens;
-  T* o;
+  TQ* o;
   int64_t H, D, BS, KVH, MB;
   float scale;
 };
@@ -128,12 +132,16 @@ BF16_TARGET void scores_dp(const bf16* qh, const bf16* k, int64_t RS, int64_t n,
 }
 #endif
 
+// Whether both sides are bfloat16, as scores_dp takes them.
+template <typename A>
+constexpr bool both_bf16 = std::is_same_v<typename A::Q, bf16> && std::is_same_v<typename A::KV, bf16>;
+
 // Whether request_task's bfloat16 scores go through scores_dp: head_dim a multiple of 32 and a
 // CPU with the instruction.
-template <typename T, int DC>
+template <typename A, int DC>
 bool use_scores_dp() {
 #ifdef STRAND_DPBF16
-  if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0 && kLanes == 16)
+  if constexpr (both_bf16<A> && DC > 0 && (kLanes * DC) % 32 == 0 && kLanes == 16)
     return has_dpbf16();
 #endif
   return false;
@@ -141,9 +149,9 @@ bool use_scores_dp() {
 
 // The scores of query heads h0 .. h0 + NG - 1 against n <= kLanes key rows from k (stride RS),
 // in float32 vectors, to s + (h0 + j) * L. FC chunks of kLanes values and rem more a row.
-template <typename T, int DC, int NG>
-void scores_vec(const T* qh, const T* k, int64_t RS, int64_t n, int64_t FC, int64_t rem,
-                int64_t D, float scale, float* dst, int64_t L, Trickle<T>& ahead) {
+template <typename TQ, typename TKV, int DC, int NG>
+void scores_vec(const TQ* qh, const TKV* k, int64_t RS, int64_t n, int64_t FC, int64_t rem,
+                int64_t D, float scale, float* dst, int64_t L, Trickle<TKV>& ahead) {
   vl qv[NG][DC > 0 ? DC : kMaxChunks], qt[NG];
   for (int j = 0; j < NG; ++j) {
     for (int64_t c = 0; c < FC; ++c) qv[j][c] = load_l(qh + j * D + kLanes * c) * scale;
@@ -152,7 +160,7 @@ void scores_vec(const T* qh, const T* k, int64_t RS, int64_t n, int64_t FC, int6
   vl part[NG][kLanes];
   for (int64_t i = 0; i < n; ++i) {
     ahead.step();
-    const T* row = k + i * RS;
+    const TKV* row = k + i * RS;
     vl acc[NG];
     for (int j = 0; j < NG; ++j) acc[j] = vl{};
     for (int64_t c = 0; c < FC; ++c) {
@@ -177,15 +185,17 @@ void scores_vec(const T* qh, const T* k, int64_t RS, int64_t n, int64_t FC, int6
 // DC == 0: any head_dim, its last D % kLanes lanes handled apart. NG: query heads a pass.
 // The task: request r's kv heads [g0, g1) and their query heads. next_r: the request of the
 // thread's next task (-1: none), whose first K blocks are fetched during this one's last V blocks.
-template <typename T, int DC, int NG>
-void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vector<float>& s,
+template <typename A, int DC, int NG>
+void request_task(const A& a, int64_t r, int64_t g0, int64_t g1, std::vector<float>& s,
                   std::vector<float>& inv, std::vector<float>& acc_out, int64_t next_r = -1) {
+  using TQ = typename A::Q;
+  using T = typename A::KV;
   const int64_t H = a.H, D = DC > 0 ? kLanes * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D;
   const int64_t len = a.lens[r], FC = DC > 0 ? DC : D / kLanes, rem = DC > 0 ? 0 : D % kLanes;
   const int64_t L = (len + 15) / 16 * 16;  // each head's scores, padded to whole v16s
   const int32_t* blocks = a.bt + r * a.MB;
   s.resize(H * L);
-  [[maybe_unused]] const bool dp = use_scores_dp<T, DC>();
+  [[maybe_unused]] const bool dp = use_scores_dp<A, DC>();
   Trickle<T> ahead;
   const int64_t passes = (g1 - g0) * (G / NG);  // row reads of a token, per block and phase
   // Scores: for every block, every kv head, NG query heads of its group at a time.
@@ -196,19 +206,19 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
     for (int64_t g = g0; g < g1; ++g) {
       const T* kb = a.kc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t h = g * G; h < (g + 1) * G; h += NG) {
-        const T* qh = a.q + (r * H + h) * D;
+        const TQ* qh = a.q + (r * H + h) * D;
         for (int64_t i0 = 0; i0 < in_block; i0 += kLanes) {
           const int64_t n = std::min<int64_t>(kLanes, in_block - i0);
           float* dst = s.data() + h * L + t0 + i0;
 #ifdef STRAND_DPBF16
-          if constexpr (std::is_same_v<T, bf16> && DC > 0 && (kLanes * DC) % 32 == 0) {
+          if constexpr (both_bf16<A> && DC > 0 && (kLanes * DC) % 32 == 0) {
             if (dp) {
               scores_dp<kLanes * DC, NG>(qh, kb + i0 * RS, RS, n, a.scale, dst, L, ahead);
               continue;
             }
           }
 #endif
-          scores_vec<T, DC, NG>(qh, kb + i0 * RS, RS, n, FC, rem, D, a.scale, dst, L, ahead);
+          scores_vec<TQ, T, DC, NG>(qh, kb + i0 * RS, RS, n, FC, rem, D, a.scale, dst, L, ahead);
         }
       }
     }
@@ -280,7 +290,7 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
     ahead.rest();
     t0 += in_block;
   }
-  T* dst = a.o + r * H * D;
+  TQ* dst = a.o + r * H * D;
   for (int64_t h = g0 * G; h < g1 * G; ++h) {
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) store(dst + h * D + d, load(out + h * D + d) * inv[h]);
@@ -292,8 +302,8 @@ void request_task(const Args<T>& a, int64_t r, int64_t g0, int64_t g1, std::vect
 // left one thread a tenth more work than the other. With fewer requests than threads (a decode
 // step of one request) a request's kv heads are tasks of their own, so every thread has work:
 // each head's sums are the same either way, in the same order.
-template <typename T, int DC, int NG>
-void run(const Args<T>& a, int64_t R) {
+template <typename A, int DC, int NG>
+void run(const A& a, int64_t R) {
   struct Task {
     int64_t r, g0, g1;
   };
@@ -320,29 +330,32 @@ void run(const Args<T>& a, int64_t R) {
     std::vector<float> s, inv, acc_out;  // scratch reused across the thread's tasks
     for (int64_t i = claimed.fetch_add(1); i < T_;) {
       const int64_t next = claimed.fetch_add(1);
-      request_task<T, DC, NG>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out,
+      request_task<A, DC, NG>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out,
                               next < T_ ? tasks[next].r : -1);
       i = next;
     }
   }
 }
 
-template <typename T, typename Torch>
-Args<T> make_args(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
-                  const at::Tensor& value_cache, const at::Tensor& block_table,
-                  const at::Tensor& seq_lens, double scale) {
-  const auto ptr = [](const at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
-  const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
-                  seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
-                  key_cache.size(1), key_cache.size(2), block_table.size(1), (float)scale};
+template <typename TQ, typename TKV>
+Args<TQ, TKV> make_args(const at::Tensor& out, const at::Tensor& query,
+                        const at::Tensor& key_cache, const at::Tensor& value_cache,
+                        const at::Tensor& block_table, const at::Tensor& seq_lens, double scale) {
+  STRAND_CHECK(out.scalar_type() == query.scalar_type() &&
+                   value_cache.scalar_type() == key_cache.scalar_type(),
+               "out must be in the query's dtype and the value cache in the key cache's");
+  const Args<TQ, TKV> a{data_as<TQ>(query), data_as<TKV>(key_cache), data_as<TKV>(value_cache),
+                        block_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
+                        data_as<TQ>(out), query.size(1), query.size(2), key_cache.size(1),
+                        key_cache.size(2), block_table.size(1), (float)scale};
   STRAND_CHECK(a.D <= kLanes * kMaxChunks, "head_dim must be at most ", kLanes * kMaxChunks);
   return a;
 }
 
 // fn(DC, NG), both std::integral_constant: the head_dim's instantiation (DC 0: any head_dim)
 // and the most query heads a pass that divide the group and fit the registers.
-template <typename T, typename Fn>
-void by_shape(const Args<T>& a, Fn fn) {
+template <typename A, typename Fn>
+void by_shape(const A& a, Fn fn) {
   const int64_t G = a.H / a.KVH;
   const auto with_dc = [&](auto dc) {
     constexpr int DC = decltype(dc)::value;
@@ -364,27 +377,27 @@ void by_shape(const Args<T>& a, Fn fn) {
   }
 }
 
-template <typename T, typename Torch>
+template <typename TQ, typename TKV>
 void dispatch(at::Tensor out, at::Tensor query, at::Tensor key_cache,
               at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
               double scale) {
-  const Args<T> a = make_args<T, Torch>(out, query, key_cache, value_cache, block_table,
-                                        seq_lens, scale);
+  using A = Args<TQ, TKV>;
+  const A a = make_args<TQ, TKV>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
   const int64_t R = query.size(0);
-  by_shape(a, [&](auto dc, auto ng) { run<T, decltype(dc)::value, decltype(ng)::value>(a, R); });
+  by_shape(a, [&](auto dc, auto ng) { run<A, decltype(dc)::value, decltype(ng)::value>(a, R); });
 }
 
-template <typename T, typename Torch>
+template <typename TQ, typename TKV>
 void dispatch_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                    at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
                    double scale, int64_t r, int64_t g0, int64_t g1) {
-  const Args<T> a = make_args<T, Torch>(out, query, key_cache, value_cache, block_table,
-                                        seq_lens, scale);
+  using A = Args<TQ, TKV>;
+  const A a = make_args<TQ, TKV>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
   STRAND_CHECK(r >= 0 && r < query.size(0) && g0 >= 0 && g0 < g1 && g1 <= a.KVH,
               "decode_attention_part takes a request of the query and a range of its kv heads");
   std::vector<float> s, inv, acc_out;
   by_shape(a, [&](auto dc, auto ng) {
-    request_task<T, decltype(dc)::value, decltype(ng)::value>(a, r, g0, g1, s, inv, acc_out);
+    request_task<A, decltype(dc)::value, decltype(ng)::value>(a, r, g0, g1, s, inv, acc_out);
   });
 }
 }  // namespace
@@ -392,19 +405,20 @@ void dispatch_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
 void decode_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                       at::Tensor value_cache, at::Tensor block_table,
                       at::Tensor seq_lens, double scale) {
-  if (query.scalar_type() == at::kBFloat16)
-    dispatch<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
-  else
-    dispatch<float, float>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
+  by_kv_dtypes(query, key_cache, [&](auto* q, auto* kv) {
+    using TQ = std::remove_pointer_t<decltype(q)>;
+    using TKV = std::remove_pointer_t<decltype(kv)>;
+    dispatch<TQ, TKV>(out, query, key_cache, value_cache, block_table, seq_lens, scale);
+  });
 }
 
 void decode_attention_part(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                            at::Tensor value_cache, at::Tensor block_table, at::Tensor seq_lens,
                            double scale, int64_t r, int64_t g0, int64_t g1) {
-  if (query.scalar_type() == at::kBFloat16)
-    dispatch_part<bf16, at::BFloat16>(out, query, key_cache, value_cache, block_table, seq_lens,
-                                      scale, r, g0, g1);
-  else
-    dispatch_part<float, float>(out, query, key_cache, value_cache, block_table, seq_lens,
-                                scale, r, g0, g1);
+  by_kv_dtypes(query, key_cache, [&](auto* q, auto* kv) {
+    using TQ = std::remove_pointer_t<decltype(q)>;
+    using TKV = std::remove_pointer_t<decltype(kv)>;
+    dispatch_part<TQ, TKV>(out, query, key_cache, value_cache, block_table, seq_lens, scale, r,
+                           g0, g1);
+  });
 }

@@ -192,11 +192,12 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
   at::Tensor q_dense = q_rows ? b.q : at::empty({M, num_heads_, head_dim_}, hidden.options());
   for (size_t l = 0; l < layers_.size(); ++l) {
     if (!caches_[l].is_same(kv_caches[l])) {  // a new cache (first step, or reallocated)
-      STRAND_CHECK(kv_caches[l].scalar_type() == hidden.scalar_type() &&
+      const auto kv = kv_caches[l].scalar_type();
+      STRAND_CHECK((kv == hidden.scalar_type() || kv == at::kBFloat16) &&
                       kv_caches[l].is_contiguous() && kv_caches[l].device().is_cpu() &&
                       kv_caches[l].dim() == 5,
                   "kv caches must be contiguous [2, blocks, block_size, kv_heads, head_dim] "
-                  "CPU tensors in the layers' dtype");
+                  "CPU tensors in the layers' dtype or bfloat16");
       caches_[l] = kv_caches[l];
       keys_[l] = kv_caches[l].select(0, 0);
       values_[l] = kv_caches[l].select(0, 1);

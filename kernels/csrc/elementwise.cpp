@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "check.h"
 #include "vec16.h"
 
 // The per-token arithmetic between a decoder layer's matmuls, one pass over memory each where
@@ -291,10 +292,39 @@ void argmax_rows(int64_t* out, const float* x, int64_t rows, int64_t n, int64_t 
     }
   });
 }
+
+// write_rows for float32 rows into a bfloat16 cache (kv_cache_dtype="bfloat16"): each value
+// rounded as torch's .to(torch.bfloat16) rounds it. n values a row.
+void write_rows_bf16(bf16* kc, bf16* vc, const float* k, const float* v, const int64_t* slots,
+                     int64_t tokens, int64_t n, int64_t k_stride, int64_t v_stride) {
+  const auto row = [n](bf16* dst, const float* src) {
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16) store(dst + d, load(src + d));
+    for (; d < n; ++d) store_scalar(dst + d, src[d]);
+  };
+  at::parallel_for(0, tokens, 4 * kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (slots[t] < 0) continue;
+      row(kc + slots[t] * n, k + t * k_stride);
+      row(vc + slots[t] * n, v + t * v_stride);
+    }
+  });
+}
+
 }  // namespace
 
 void write_kv(at::Tensor key_cache, at::Tensor value_cache, at::Tensor key,
               at::Tensor value, at::Tensor slots) {
+  if (key_cache.scalar_type() != key.scalar_type()) {
+    STRAND_CHECK(key.scalar_type() == at::kFloat && key_cache.scalar_type() == at::kBFloat16,
+                 "write_kv converts only float32 rows into a bfloat16 cache, got ",
+                 key.scalar_type(), " into ", key_cache.scalar_type());
+    write_rows_bf16(static_cast<bf16*>(key_cache.data_ptr()),
+                    static_cast<bf16*>(value_cache.data_ptr()), key.data_ptr<float>(),
+                    value.data_ptr<float>(), slots.data_ptr<int64_t>(), key.size(0),
+                    key.size(1) * key.size(2), key.stride(0), value.stride(0));
+    return;
+  }
   const int64_t size = key.element_size();
   const auto bytes = [](at::Tensor t) { return static_cast<char*>(t.data_ptr()); };
   write_rows(bytes(key_cache), bytes(value_cache), bytes(key), bytes(value),

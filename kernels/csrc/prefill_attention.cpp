@@ -10,6 +10,7 @@
 #endif
 
 #include "avx512_bf16.h"
+#include "kv_dtypes.h"
 #include "prefill_bf16_avx512.h"
 #include "vec16.h"
 
@@ -17,7 +18,7 @@
 // where it lies: query token i of a request with q_len new tokens and seq_len in all sits at
 // position seq_len - q_len + i and sees keys 0..that position (a cached prefix included). No
 // padding: each request does its own work, however long. float32 or bfloat16, computed in
-// float32 (the Python wrapper checks).
+// float32, or a float32 query over a bfloat16 cache (kv_dtypes.h; the Python wrapper checks).
 //
 // The work is cut into tiles of kRows rows (48 with AVX-512, 32 below): the query heads that
 // share a kv head times as many consecutive tokens as fit, so each K/V row loaded serves them
@@ -40,11 +41,14 @@ using namespace strand;
 constexpr int kRows = kLanes == 16 ? 48 : 32;
 constexpr int kKeys = 32;  // keys per chunk of the key loop (16 -> 32: fewer rescales of ot)
 
-template <typename T>  // float or bf16: what the tensors hold
+template <typename TQ, typename TKV>  // float or bf16: what the query (and out) and the cache hold
 struct Args {
-  const T *q, *kc, *vc;
+  using Q = TQ;
+  using KV = TKV;
+  const TQ* q;
+  const TKV *kc, *vc;
   const int32_t *bt, *q_starts, *q_lens, *lens;
-  T* o;
+  TQ* o;
   int64_t H, D, BS, KVH, MB, q_stride, o_stride;
   float scale;
 };
@@ -67,8 +71,8 @@ struct Scratch {
   }
 };
 
-template <typename T>
-inline const T* row_of(const Args<T>& a, int64_t r, int64_t g, int64_t j, const T* cache) {
+template <typename A, typename T>
+inline const T* row_of(const A& a, int64_t r, int64_t g, int64_t j, const T* cache) {
   const int64_t block = a.bt[r * a.MB + j / a.BS];
   return cache + ((block * a.BS + j % a.BS) * a.KVH + g) * a.D;
 }
@@ -197,7 +201,7 @@ inline void widen_row(const bf16* src, float* dst, int64_t D) {
 // accumulate, each element cost a scalar load, shift and broadcast per use beside 3
 // multiply-adds; on the Zen 4,
 // bfloat16 prefill attention took 2.3x float32's time), scores and P.V by multiply-adds.
-template <typename T>
+template <typename T, typename TKV = T>  // the query's and the cache's element types
 struct Widened {
   static constexpr int kChunk = kKeys;
   static vl exp(vl x) { return vexp_nonpos(x); }  // e^x, x <= 0: the scores are natural
@@ -227,9 +231,9 @@ struct Widened {
       for (int64_t d = D16; d < D; ++d) q[d * kRows + m] = to_float(qrows[m][d]) * scale;
   }
 
-  void load_chunk(const T* const* krows, const T* const* vrows, int64_t nk, int64_t D) {
+  void load_chunk(const TKV* const* krows, const TKV* const* vrows, int64_t nk, int64_t D) {
     for (int64_t i = 0; i < nk; ++i) {  // nk <= kKeys rows, the padding ones included
-      if constexpr (std::is_same_v<T, bf16>) {
+      if constexpr (std::is_same_v<TKV, bf16>) {
         widen_row(krows[i], kf.data() + i * D, D);
         widen_row(vrows[i], vf.data() + i * D, D);
         kw[i] = kf.data() + i * D;
@@ -368,8 +372,10 @@ struct Pairs {
 };
 #endif
 
-template <typename T, typename Products>
-void tile_task(const Args<T>& a, const Tile& t, Scratch<Products>& sc) {
+template <typename A, typename Products>
+void tile_task(const A& a, const Tile& t, Scratch<Products>& sc) {
+  using T = typename A::Q;
+  using TKV = typename A::KV;
   const int64_t D = a.D, G = a.H / a.KVH, rows = (int64_t)t.nt * t.nh;
   const int64_t q_start = a.q_starts[t.r], first_pos = a.lens[t.r] - a.q_lens[t.r] + t.t0;
   Products& products = sc.products;
@@ -394,8 +400,8 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch<Products>& sc) {
   }
   constexpr int kChunk = Products::kChunk;
   alignas(64) float s[kChunk * kRows];
-  const T* krows[kChunk];
-  const T* vrows[kChunk];
+  const TKV* krows[kChunk];
+  const TKV* vrows[kChunk];
   const int64_t num_keys = t.keys;
   for (int64_t j0 = 0; j0 < num_keys; j0 += kChunk) {
     const int64_t n = std::min<int64_t>(kChunk, num_keys - j0);
@@ -457,8 +463,8 @@ void tile_task(const Args<T>& a, const Tile& t, Scratch<Products>& sc) {
   }
 }
 
-template <typename T>
-std::vector<Tile> make_tiles(const Args<T>& a, int64_t R) {
+template <typename A>
+std::vector<Tile> make_tiles(const A& a, int64_t R) {
   const int64_t G = a.H / a.KVH;
   const int64_t nh = std::min<int64_t>(G, kRows), tokens_per_tile = std::max<int64_t>(1, kRows / G);
   std::vector<Tile> tiles;
@@ -476,16 +482,19 @@ std::vector<Tile> make_tiles(const Args<T>& a, int64_t R) {
                    [](const Tile& x, const Tile& y) { return x.keys > y.keys; });
   return tiles;
 }
-template <typename T, typename Torch, typename Products>
+template <typename TQ, typename TKV, typename Products>
 void run(at::Tensor out, at::Tensor query, at::Tensor key_cache,
          at::Tensor value_cache, at::Tensor block_table, at::Tensor q_starts,
          at::Tensor q_lens, at::Tensor seq_lens, double scale) {
-  const auto ptr = [](at::Tensor t) { return reinterpret_cast<T*>(t.data_ptr<Torch>()); };
-  const Args<T> a{ptr(query), ptr(key_cache), ptr(value_cache), block_table.data_ptr<int32_t>(),
-                  q_starts.data_ptr<int32_t>(), q_lens.data_ptr<int32_t>(),
-                  seq_lens.data_ptr<int32_t>(), ptr(out), query.size(1), query.size(2),
-                  key_cache.size(1), key_cache.size(2), block_table.size(1), query.stride(0),
-                  out.stride(0), (float)scale};
+  STRAND_CHECK(out.scalar_type() == query.scalar_type() &&
+                   value_cache.scalar_type() == key_cache.scalar_type(),
+               "out must be in the query's dtype and the value cache in the key cache's");
+  const Args<TQ, TKV> a{data_as<TQ>(query), data_as<TKV>(key_cache), data_as<TKV>(value_cache),
+                        block_table.data_ptr<int32_t>(), q_starts.data_ptr<int32_t>(),
+                        q_lens.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
+                        data_as<TQ>(out), query.size(1), query.size(2), key_cache.size(1),
+                        key_cache.size(2), block_table.size(1), query.stride(0), out.stride(0),
+                        (float)scale};
   const std::vector<Tile> tiles = make_tiles(a, q_lens.size(0));
   const int64_t n = (int64_t)tiles.size();
   const int threads = (int)std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
@@ -503,12 +512,12 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor key_cache,
                        at::Tensor value_cache, at::Tensor block_table,
                        at::Tensor q_starts, at::Tensor q_lens, at::Tensor seq_lens,
                        double scale) {
-  if (query.scalar_type() == at::kBFloat16)
-    run<bf16, at::BFloat16, Widened<bf16>>(out, query, key_cache, value_cache, block_table,
-                                           q_starts, q_lens, seq_lens, scale);
-  else
-    run<float, float, Widened<float>>(out, query, key_cache, value_cache, block_table, q_starts,
-                                      q_lens, seq_lens, scale);
+  by_kv_dtypes(query, key_cache, [&](auto* q, auto* kv) {
+    using TQ = std::remove_pointer_t<decltype(q)>;
+    using TKV = std::remove_pointer_t<decltype(kv)>;
+    run<TQ, TKV, Widened<TQ, TKV>>(out, query, key_cache, value_cache, block_table, q_starts,
+                                   q_lens, seq_lens, scale);
+  });
 }
 
 bool prefill_attention_pairs_available() {
@@ -525,11 +534,12 @@ void prefill_attention_pairs(at::Tensor out, at::Tensor query, at::Tensor key_ca
                              double scale) {
   TORCH_CHECK(prefill_attention_pairs_available(),
               "prefill_attention_pairs needs a build and a CPU with AVX512_BF16");
-  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && query.size(2) % 2 == 0,
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && key_cache.scalar_type() == at::kBFloat16 &&
+                  query.size(2) % 2 == 0,
               "prefill_attention_pairs takes bfloat16 with an even head_dim, got ",
               query.scalar_type(), " head_dim ", query.size(2));
 #ifdef STRAND_DPBF16
-  run<bf16, at::BFloat16, Pairs>(out, query, key_cache, value_cache, block_table, q_starts,
+  run<bf16, bf16, Pairs>(out, query, key_cache, value_cache, block_table, q_starts,
                                  q_lens, seq_lens, scale);
 #endif
 }

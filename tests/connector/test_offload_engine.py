@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from engine_core import LLMEngine, RequestOutput, SamplingParams
+from engine_core.connector.cpu_tier import CPUBlockTier
+from engine_core.connector.offload import OffloadConnector
 from tests.engine.conftest import assert_pool_whole, make_engine, run_to_completion
 
 BLOCK_SIZE = 4
@@ -69,6 +71,30 @@ def test_prompts_evicted_to_the_tier_are_served_with_fewer_computed_tokens(
     # Without the tier the pool has already evicted every prefix of the first round.
     assert [plain[r].num_cached_tokens for r in second_round] == [0] * NUM_PREFIXES
     assert [tiered[r].num_cached_tokens for r in second_round] == [PREFIX_LEN] * NUM_PREFIXES
+
+
+def _tier(engine: LLMEngine) -> CPUBlockTier:
+    connector = engine.engine_core.scheduler.kv_connector
+    assert isinstance(connector, OffloadConnector)
+    return connector.tier
+
+
+def test_a_bfloat16_cache_is_offloaded_and_brought_back_as_bfloat16(
+        tiny_model_dir: Path) -> None:
+    # kv_cache_dtype="bfloat16": the tier holds the cache's bytes (twice the blocks of a float32
+    # tier in the same budget), and a prefix brought back gives the tokens it gave on the device.
+    plain = _rounds(_engine(tiny_model_dir, kv_cache_dtype="bfloat16"))
+    engine = _engine(tiny_model_dir, kv_cache_dtype="bfloat16", **TIER)
+    tiered = _rounds(engine)
+    tier = _tier(engine)
+    float32_tier = _tier(_engine(tiny_model_dir, **TIER))
+    assert tier.buffer.dtype == torch.bfloat16
+    assert tier.buffer.shape[0] == 2 * float32_tier.buffer.shape[0]
+    assert [tiered[f"1-{p}"].num_cached_tokens for p in range(NUM_PREFIXES)] == \
+        [PREFIX_LEN] * NUM_PREFIXES
+    assert {k: v.outputs[0].token_ids for k, v in tiered.items()} == \
+        {k: v.outputs[0].token_ids for k, v in plain.items()}
+    assert_pool_whole(engine)
 
 
 def test_external_hit_rate_is_reported_in_stats(tiny_model_dir: Path) -> None:

@@ -116,3 +116,35 @@ def test_requests_claimed_by_several_threads_give_one_thread_s_bits(threads: int
     starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     ref = paged_attention_ref(query, torch.nan_to_num(kv, nan=0.0), starts, lens, table, 0.125)
     torch.testing.assert_close(several, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("seq_lens", "num_heads", "num_kv_heads", "head_dim", "block_size"), [
+    ([1, 5, 16, 17, 100], 8, 4, 64, 16),
+    ([150, 3, 33], 9, 3, 64, 16),  # SmolLM2's heads
+    ([31, 1, 90], 4, 2, 72, 16),  # a tail past whole vectors: scalar bfloat16 reads
+    ([40, 8, 9], 4, 2, 80, 8),
+    ([129, 3, 48], 16, 2, 128, 16),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_float32_query_over_a_bfloat16_cache_reads_the_cache_widened(
+        seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+        block_size: int, threads: int) -> None:
+    # kv_cache_dtype="bfloat16" under float32 weights: each cache row is widened (exactly) as it
+    # is loaded and the rest is the float32 kernel's arithmetic, so the answer is the float32
+    # kernel's over the widened cache (to the last bit where the compiler contracts the same
+    # multiply-adds; AVX2's head_dim 80 differs in the last place).
+    query, kv, table, lens = _case(seq_lens, num_heads, num_kv_heads, head_dim, block_size, 9)
+    kv = kv.bfloat16()
+    scale = head_dim**-0.5
+    torch.set_num_threads(threads)
+    try:
+        out = decode_attention(query, kv, table, lens, scale)
+        widened = decode_attention(query, kv.float(), table, lens, scale)
+    finally:
+        torch.set_num_threads(1)
+    assert out.dtype == torch.float32 and not out.isnan().any()
+    torch.testing.assert_close(out, widened, atol=1e-6, rtol=1e-6)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv.float(), nan=0.0), starts, lens, table,
+                              scale)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

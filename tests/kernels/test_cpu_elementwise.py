@@ -201,6 +201,26 @@ def test_write_kv_copies_bfloat16_rows() -> None:
     assert torch.equal(flat[0, 5], key[0]) and torch.equal(flat[1, 2], value[1])
 
 
+def test_write_kv_rounds_float32_rows_into_a_bfloat16_cache_as_torch_does() -> None:
+    # kv_cache_dtype="bfloat16" under float32 weights: the write is the cast, fused. A head_dim
+    # of 40 has a tail past whole 16-value vectors; NaN and infinities keep their meaning.
+    g = _gen(12)
+    qkv = torch.randn(6, 6, 40, generator=g) * 100
+    qkv[1, 2, 3], qkv[2, 3, 0], qkv[4, 2, 39] = float("nan"), float("inf"), float("-inf")
+    key, value = qkv[:, 2:4], qkv[:, 4:6]  # strided token rows
+    slots = torch.tensor([3, 0, -1, 17, 9, 8])
+    kv = torch.zeros(2, 3, 8, 2, 40, dtype=torch.bfloat16)
+    assert cpu_elementwise.writes_kv(key, value, kv)
+    cpu_elementwise.write_kv(key, value, kv, slots)
+    want = torch.zeros_like(kv)
+    flat, keep = want.view(2, -1, 2, 40), slots >= 0
+    flat[0, slots[keep]] = key[keep].bfloat16()
+    flat[1, slots[keep]] = value[keep].bfloat16()
+    assert torch.equal(kv.isnan(), want.isnan())
+    assert torch.equal(torch.nan_to_num(kv), torch.nan_to_num(want))
+    assert not cpu_elementwise.writes_kv(key.bfloat16(), value.bfloat16(), kv.float())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_in_place_stores_the_same_values_into_its_inputs(dtype: torch.dtype) -> None:
     g = _gen(11)

@@ -116,3 +116,30 @@ def test_bfloat16_is_computed_in_float32_and_rounded_once(
     ref = paged_attention_ref(query.float(), torch.nan_to_num(kv.float(), nan=0.0), starts,
                               lens, table, scale)
     torch.testing.assert_close(out.float(), ref.bfloat16().float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens", "num_heads", "num_kv_heads", "head_dim"), [
+    ([5, 40, 2], [5, 100, 2], 8, 4, 64),
+    ([100, 37], [100, 120], 9, 3, 64),  # SmolLM2's heads
+    ([9, 30], [20, 30], 6, 2, 36),  # a head_dim tail: scalar bfloat16 reads
+    ([250], [700], 8, 4, 80),
+])
+def test_a_float32_query_over_a_bfloat16_cache_reads_the_cache_widened(
+        query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
+        head_dim: int) -> None:
+    # kv_cache_dtype="bfloat16" under float32 weights: each key chunk's rows are widened once
+    # (exactly) and the products are the float32 kernel's, so are its bits.
+    query, kv, table, starts, lens = _case(query_lens, seq_lens, num_heads, num_kv_heads,
+                                           head_dim, 16, 8)
+    kv = kv.bfloat16()
+    scale = head_dim**-0.5
+    q_lens = starts[1:] - starts[:-1]
+    out = torch.full_like(query, float("nan"))
+    prefill_attention(out, query, kv, table, starts[:-1], q_lens, lens, scale)
+    widened = torch.full_like(query, float("nan"))
+    prefill_attention(widened, query, kv.float(), table, starts[:-1], q_lens, lens, scale)
+    assert out.dtype == torch.float32 and not out.isnan().any()
+    torch.testing.assert_close(out, widened, atol=1e-6, rtol=1e-6)
+    ref = paged_attention_ref(query, torch.nan_to_num(kv.float(), nan=0.0), starts, lens, table,
+                              scale)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

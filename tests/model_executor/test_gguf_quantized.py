@@ -18,7 +18,7 @@ from engine_core.model_executor.layers import fused_decode  # noqa: E402
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E402
 from engine_core.model_executor.layers.linear import Linear  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
-from tests.greedy_compare import assert_greedy_within_int8_rounding  # noqa: E402
+from tests.greedy_compare import assert_greedy_within_rounding  # noqa: E402
 from tests.model_executor.conftest import count_fused_calls  # noqa: E402
 from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 
@@ -84,7 +84,7 @@ def _assert_same_outputs(got: list[Any], want: list[Any]) -> None:
     """Greedy tokens and top logprobs of the dequantized model up to int8 rounding of the
     activations (tests/greedy_compare.py): at most one of the three sequences may part at a
     near-tie."""
-    assert assert_greedy_within_int8_rounding(got, want) <= 1
+    assert assert_greedy_within_rounding(got, want) <= 1
 
 
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1", "tied-Q4_1"])

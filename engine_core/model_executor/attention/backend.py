@@ -45,6 +45,10 @@ class AttentionBackend(ABC):
     # data, no host sync), and skips slot -1 in the KV write: one CUDA graph per batch size then
     # replays it for any contents (model_executor/decode_graphs.py).
     supports_cuda_graphs: bool = False
+    # True when the cache may hold another dtype than the query (kv_cache_dtype="bfloat16" under
+    # float32 weights): the K/V are rounded to the cache's dtype as they are written and every
+    # token's attention reads them from there, so a prefix-cache hit reads what a miss did.
+    converts_kv_dtype: bool = False
 
     @abstractmethod
     def forward(

@@ -36,15 +36,17 @@ def available_backends() -> list[str]:
     return sorted({*_BACKENDS, *_factories})
 
 
-def get_attention_backend(name: str | None, device: torch.device,
-                          block_size: int) -> AttentionBackend:
-    """`name` None: the best one that works on this device. ValueError for an unknown name."""
+def get_attention_backend(name: str | None, device: torch.device, block_size: int,
+                          converts_kv: bool = False) -> AttentionBackend:
+    """`name` None: the best one that works on this device. ValueError for an unknown name.
+    converts_kv: the KV cache holds another dtype than the model (kv_cache_dtype), which only
+    backends with converts_kv_dtype take."""
     if name is None:
         if device.type != "cuda":
-            return _create("torch", block_size)
+            return _create("torch", block_size, converts_kv)
         for candidate in _AUTO_ORDER_CUDA:
             try:
-                return _create(candidate, block_size)
+                return _create(candidate, block_size, converts_kv)
             except (ImportError, ValueError) as e:  # not installed, or not for this block size
                 logger.info("attention backend %s not used: %s", candidate, e)
         raise AssertionError("the torch backend always works")
@@ -53,12 +55,12 @@ def get_attention_backend(name: str | None, device: torch.device,
         raise ValueError(
             f"attention_backend must be one of {', '.join(available_backends())}, got {name!r}")
     try:
-        return _create(key, block_size)
+        return _create(key, block_size, converts_kv)
     except ImportError as e:
         raise ValueError(f"attention_backend {name!r} is not available: {e}") from e
 
 
-def _create(name: str, block_size: int) -> AttentionBackend:
+def _create(name: str, block_size: int, converts_kv: bool = False) -> AttentionBackend:
     if name in _factories:
         backend = _factories[name](block_size)
     else:
@@ -69,5 +71,8 @@ def _create(name: str, block_size: int) -> AttentionBackend:
         backend = cls(block_size) if name in _NEEDS_BLOCK_SIZE else cls()
     if not isinstance(backend, AttentionBackend):
         raise TypeError(f"attention backend {name!r} is not an AttentionBackend")
+    if converts_kv and not backend.converts_kv_dtype:
+        raise ValueError(f"attention backend {name!r} needs the KV cache in the model's dtype: "
+                         f"use kv_cache_dtype 'auto', or attention_backend 'torch'")
     logger.info("attention backend: %s", name)
     return backend

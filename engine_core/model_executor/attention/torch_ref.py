@@ -22,6 +22,7 @@ from engine_core.model_executor.attention.backend import AttentionBackend, Atten
 from kernels import cpu_elementwise
 from kernels.cpu_decode_attention import decode_attention
 from kernels.cpu_decode_attention import is_available as cpu_decode_kernel_available
+from kernels.cpu_decode_attention import takes as cpu_attention_takes
 from kernels.cpu_isa import probe
 from kernels.cpu_prefill_attention import amx_applies as cpu_prefill_amx_applies
 from kernels.cpu_prefill_attention import is_available as cpu_prefill_kernel_available
@@ -84,6 +85,9 @@ class _Plan:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    # A bfloat16 cache under float32 weights: the C++ kernels widen its rows as they load them,
+    # the SDPA path casts what it gathers.
+    converts_kv_dtype = True
 
     def __init__(self, use_cpu_kernel: bool = True) -> None:
         # One plan per sliding window (None = full attention) for the current step's metadata.
@@ -111,7 +115,8 @@ class TorchAttentionBackend(AttentionBackend):
             raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
         if sliding_window is not None and sliding_window >= metadata.max_seq_len:
             sliding_window = None  # every context fits in the window: plain causal attention
-        plan = self._plan_for(metadata, kv_cache, sliding_window, logit_softcap is not None)
+        plan = self._plan_for(metadata, query.dtype, kv_cache, sliding_window,
+                              logit_softcap is not None)
         groups = plan.groups
         d = plan.decodes
         if len(plan.fresh) == 1 and plan.fresh[0] == (0, query.shape[0]) and not groups:
@@ -145,6 +150,7 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = group.context_blocks.view(-1)
             k = kv_cache[0].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
             v = kv_cache[1].index_select(0, blocks).view(-1, num_ctx, num_kv_heads, head_dim)
+            k, v = k.to(query.dtype), v.to(query.dtype)  # a cache in kv_cache_dtype: widened
             if logit_softcap is not None:
                 assert group.mask is not None  # softcapped plans always carry a mask
                 o = softcapped_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -163,8 +169,8 @@ class TorchAttentionBackend(AttentionBackend):
                 out[group.token_rows] = o if group.valid is None else o[group.valid]
         return out
 
-    def _plan_for(self, metadata: AttentionMetadata, kv_cache: torch.Tensor,
-                  window: int | None, softcap: bool) -> _Plan:
+    def _plan_for(self, metadata: AttentionMetadata, query_dtype: torch.dtype,
+                  kv_cache: torch.Tensor, window: int | None, softcap: bool) -> _Plan:
         # Softcapped layers need explicit masks; windowed ones already have them. The key keeps
         # the two plans of one window apart (-1 - window: never a valid window).
         key = window if not softcap else -1 - (window or 0)
@@ -174,7 +180,7 @@ class TorchAttentionBackend(AttentionBackend):
                 self._plans.clear()  # a new step: drop the previous step's plans
             # The C++ kernels have no window and no softcap: such layers stay on the torch path.
             kernels = (self.use_cpu_kernel and kv_cache.device.type == "cpu"
-                       and kv_cache.dtype in (torch.float32, torch.bfloat16)
+                       and cpu_attention_takes(query_dtype, kv_cache.dtype)
                        and window is None and not softcap)
             if kernels:
                 check_block_table(metadata, num_blocks=kv_cache.shape[1])
@@ -182,8 +188,8 @@ class TorchAttentionBackend(AttentionBackend):
                               decode_kernel=kernels and cpu_decode_kernel_available(),
                               prefill_kernel=kernels and cpu_prefill_kernel_available(),
                               window=window, need_mask=softcap,
-                              fresh_sdpa=kernels and fresh_sdpa_applies(kv_cache.dtype,
-                                                                        kv_cache.shape[4]))
+                              fresh_sdpa=kernels and query_dtype == kv_cache.dtype
+                              and fresh_sdpa_applies(kv_cache.dtype, kv_cache.shape[4]))
             self._plans[key] = plan
         return plan
 
@@ -211,7 +217,7 @@ def write_kv_cache(
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64
 ) -> None:
-    if cpu_elementwise.applies(key, value, kv_cache):
+    if cpu_elementwise.writes_kv(key, value, kv_cache):
         cpu_elementwise.write_kv(key, value, kv_cache, slot_mapping)  # one pass, no index tensors
         return
     flat = kv_cache.view(2, -1, kv_cache.shape[3], kv_cache.shape[4])

@@ -40,7 +40,7 @@ from engine_core.model_executor.attention.torch_ref import TorchAttentionBackend
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rms_norm import RMSNorm
-from kernels import cpu_linear_batch, cpu_linear_panels
+from kernels import cpu_decode_attention, cpu_linear_batch, cpu_linear_panels
 from kernels._cpu_build import KERNELS
 from kernels.cpu_linear import SMALL_M
 
@@ -102,8 +102,9 @@ def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> _Fused | N
         return None
     if fused.checked_caches is not kv_caches:
         dtype = model.model.embed_tokens.weight.dtype
-        fused.caches_fit = all(c.dtype == dtype and c.is_contiguous() and c.device.type == "cpu"
-                               for c in kv_caches)
+        # The model's dtype, or a bfloat16 cache under float32 weights (kv_cache_dtype).
+        fused.caches_fit = all(cpu_decode_attention.takes(dtype, c.dtype) and c.is_contiguous()
+                               and c.device.type == "cpu" for c in kv_caches)
         fused.checked_caches = kv_caches
     return fused if fused.caches_fit else None
 
