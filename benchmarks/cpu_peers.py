@@ -31,7 +31,10 @@ Strand keeps it in the model's dtype (what keeps its greedy tokens HF's). The ba
 (not run unless asked) is llama.cpp with its cache in that dtype too (-ctk/-ctv f32 or bf16), in
 the same rounds: the same precision end to end (llama-bench, which runs decode and prefill, takes
 no f32 cache: there it keeps its float16). The ratios stay against llama.cpp's defaults; a line
-under the table gives Strand's against llama.cpp-kv.
+under the table gives Strand's against llama.cpp-kv. The backend strand-bf16kv (not run unless
+asked; float32 only) is the other way to the same cache size: Strand with kv_cache_dtype=
+"bfloat16", 16 bits a value as in llama.cpp's default cache (bfloat16's range, float16's is
+narrower and finer), against which its row's ratios read like for like.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.hf_dir, dtype=args.dtype, cpu_threads=args.threads, max_model_len=2048,
-        enable_prefix_caching=False, max_num_seqs=BATCH, max_num_batched_tokens=4096))
+        enable_prefix_caching=False, max_num_seqs=BATCH, max_num_batched_tokens=4096,
+        kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
 
     def run(prompts: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
@@ -266,11 +270,11 @@ def worker_env(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
 
 
 def _worker(kind: str, args: argparse.Namespace, env: dict[str, str],
-            repeats: int) -> dict[str, Any]:
+            repeats: int, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """{"results": what the worker measured, "isa": what it ran at (isa_emulation.observed)}."""
     cmd = [sys.executable, "-m", "benchmarks.cpu_peers", "--worker", kind, "--hf-dir",
            args.hf_dir, "--dtype", args.dtype, "--threads", str(args.threads), "--repeats",
-           str(repeats), "--workloads", *args.workloads]
+           str(repeats), "--workloads", *args.workloads, "--kv-cache-dtype", kv_cache_dtype]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(args, env))
     if proc.returncode:
         raise RuntimeError(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
@@ -280,14 +284,17 @@ def _worker(kind: str, args: argparse.Namespace, env: dict[str, str],
 
 # name -> what runs it: llama.cpp's tools, or a worker process (kind, extra environment).
 LLAMA_KV = "llama.cpp-kv"  # llama.cpp with its K/V cache in Strand's dtype
+STRAND_BF16_KV = "strand-bf16kv"  # Strand with kv_cache_dtype="bfloat16": 16 bits, as llama.cpp
 BACKENDS: dict[str, tuple[str, dict[str, str]]] = {
     "llama.cpp": ("llama.cpp", {}),
     "strand": ("strand", {}),
     "strand-torch": ("strand", {"STRAND_DISABLE_CPU_KERNELS": "1"}),
     "hf": ("hf", {}),
     LLAMA_KV: ("llama.cpp", {}),
+    STRAND_BF16_KV: ("strand", {}),
 }
-DEFAULT_BACKENDS = [name for name in BACKENDS if name != LLAMA_KV]
+KV_CACHE_DTYPES = {STRAND_BF16_KV: "bfloat16"}  # a worker's kv_cache_dtype where not "auto"
+DEFAULT_BACKENDS = [name for name in BACKENDS if name not in (LLAMA_KV, STRAND_BF16_KV)]
 
 
 def paired_ratios(rounds: list[dict[str, dict[str, float]]], name: str,
@@ -337,7 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if kind == "llama.cpp":
                 result, build = llama_cpp(args, 1, matched_kv=name == LLAMA_KV)
             else:
-                out = _worker(kind, args, env, 1)
+                out = _worker(kind, args, env, 1, KV_CACHE_DTYPES.get(name, "auto"))
                 result, ran_at[name] = out["results"], out["isa"]
             current[name] = {w: values[0] for w, values in result.items()}
         rounds.append(current)
@@ -461,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
                              "(avx2: an AVX2-only CPU; needs --llama-cpp built for it)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--worker", choices=["strand", "hf", "bounds"], help=argparse.SUPPRESS)
+    parser.add_argument("--kv-cache-dtype", default="auto", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workloads = [w for w in WORKLOADS if w in args.workloads]  # in table order, once each
     if args.threads < 1 or args.repeats < 1:
@@ -473,6 +481,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.gguf or not args.llama_cpp:
         parser.error("--gguf and --llama-cpp are needed (scripts/cpu_peers_setup.sh makes both)")
+    if STRAND_BF16_KV in args.backends and args.dtype != "float32":
+        parser.error(f"{STRAND_BF16_KV} is strand itself under --dtype {args.dtype}: its cache "
+                     f"already holds 16 bits")
     args.backends = ["llama.cpp", *(b for b in dict.fromkeys(args.backends) if b != "llama.cpp")]
     report = run(args)
     print_table(report)

@@ -87,7 +87,8 @@ void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t t0
   all.rest();
 }
 
-template <typename TQ, typename TKV>  // float or bf16: what the query (and out) and the cache hold
+// TQ, TKV: float or bf16, what the query (and out) and the cache hold (kv_dtypes.h).
+template <typename TQ, typename TKV>
 struct Args {
   using Q = TQ;
   using KV = TKV;
@@ -134,7 +135,8 @@ BF16_TARGET void scores_dp(const bf16* qh, const bf16* k, int64_t RS, int64_t n,
 
 // Whether both sides are bfloat16, as scores_dp takes them.
 template <typename A>
-constexpr bool both_bf16 = std::is_same_v<typename A::Q, bf16> && std::is_same_v<typename A::KV, bf16>;
+constexpr bool both_bf16 =
+    std::is_same_v<typename A::Q, bf16> && std::is_same_v<typename A::KV, bf16>;
 
 // Whether request_task's bfloat16 scores go through scores_dp: head_dim a multiple of 32 and a
 // CPU with the instruction.

@@ -41,7 +41,8 @@ using namespace strand;
 constexpr int kRows = kLanes == 16 ? 48 : 32;
 constexpr int kKeys = 32;  // keys per chunk of the key loop (16 -> 32: fewer rescales of ot)
 
-template <typename TQ, typename TKV>  // float or bf16: what the query (and out) and the cache hold
+// TQ, TKV: float or bf16, what the query (and out) and the cache hold (kv_dtypes.h).
+template <typename TQ, typename TKV>
 struct Args {
   using Q = TQ;
   using KV = TKV;

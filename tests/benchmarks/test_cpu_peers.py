@@ -232,3 +232,25 @@ def test_llama_cpp_kv_runs_only_when_asked_and_strand_is_also_put_against_it(
             "against it: batch32 2.80x") in out
     cpu_peers.print_table({**report, "dtype": "bfloat16"})
     assert "as Strand keeps it (bf16); strand against it: batch32 2.80x" in capsys.readouterr().out
+
+
+def test_strand_with_a_bfloat16_cache_runs_only_when_asked_and_only_under_float32(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cpu_peers.STRAND_BF16_KV not in cpu_peers.DEFAULT_BACKENDS
+    commands: list[list[str]] = []
+
+    def fake_run(command: list[str], **_: Any) -> argparse.Namespace:
+        commands.append(command)
+        return argparse.Namespace(returncode=0, stdout='{"results": {}, "isa": {}}\n', stderr="")
+
+    monkeypatch.setattr(cpu_peers.subprocess, "run", fake_run)
+    args = argparse.Namespace(hf_dir="m", dtype="float32", threads=2, workloads=["batch32"],
+                              isa="native")
+    kind, env = cpu_peers.BACKENDS[cpu_peers.STRAND_BF16_KV]
+    cpu_peers._worker(kind, args, env, 1, cpu_peers.KV_CACHE_DTYPES[cpu_peers.STRAND_BF16_KV])
+    cpu_peers._worker("strand", args, {}, 1)
+    assert [c[c.index("--kv-cache-dtype") + 1] for c in commands] == ["bfloat16", "auto"]
+    with pytest.raises(SystemExit):
+        cpu_peers.main(["--hf-dir", "m", "--gguf", "m.gguf", "--llama-cpp", "bin", "--dtype",
+                        "bfloat16", "--backends", cpu_peers.STRAND_BF16_KV])
+    assert "strand-bf16kv is strand itself under --dtype bfloat16" in capsys.readouterr().err
