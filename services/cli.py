@@ -87,6 +87,17 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _parse_stack_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The stack's flags, the engine's among them checked here (one line, before any stage
+    starts) rather than by an engine process that would exit before it was healthy."""
+    args = parser.parse_args(argv)
+    try:
+        EngineArgs.from_cli_args(args)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    return args
+
+
 def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog)
     EngineArgs.add_cli_args(parser)
@@ -243,7 +254,7 @@ def serve(argv: list[str]) -> None:
     # Handlers first: a signal at any moment from here on stops every service started so far.
     with interrupt_on_signals():
         parser = _stack_parser("strand serve")
-        args = parser.parse_args(argv)
+        args = _parse_stack_args(parser, argv)
         from engine_core.default_model import resolve_model_dir
         from services.common.errors import check_model_dir
 
@@ -297,7 +308,7 @@ def demo(argv: list[str]) -> None:
 def _demo(argv: list[str]) -> None:
     parser = _stack_parser("strand demo")
     parser.set_defaults(port=0)
-    args = parser.parse_args(argv)
+    args = _parse_stack_args(parser, argv)
     from services.client import EngineClient
     from services.demo import run_seed_loop
 

@@ -57,3 +57,22 @@ def test_tp2_greedy_tokens_and_logprobs_equal_tp1(arch: str, tmp_path: Path,
     assert len(single.logprobs["2"]) == MAX_TOKENS + 26, "prompt logprobs of request 2 missing"
     for req_id, values in single.logprobs.items():
         assert sharded.logprobs[req_id] == pytest.approx(values, abs=1e-4), req_id
+
+
+def test_tp2_with_a_bfloat16_kv_cache_gives_tp1_s_tokens(tmp_path: Path,
+                                                         tiny_model_dir: Path) -> None:
+    # kv_cache_dtype="bfloat16": each rank's cache of its own KV heads holds bfloat16 (sized by
+    # the rank's kv_config). The logprobs' tolerance is 1e-3, not 1e-4: where the two runs'
+    # float32 K or V (equal to ~1e-6) straddle a bfloat16 rounding boundary, they round one unit
+    # (2^-8) apart (measured: 2.1e-4 at most).
+    model_dir = build_tiny_model(tmp_path / "llama", with_tokenizer=False, **ARCHS[TWO_NODES])
+    results = {}
+    for tp in (1, 2):
+        args: dict[str, Any] = {"tokenizer": str(tiny_model_dir), "kv_cache_dtype": "bfloat16",
+                                **SCENARIO_ARGS}
+        with tp_engine(model_dir, tp, **args) as engine:
+            results[tp] = run_scenario(engine, engine.engine_core.vocab_size)
+    assert results[2].num_preemptions > 0 and results[2].prefix_hits >= 32
+    assert results[2].tokens == results[1].tokens
+    for req_id, values in results[1].logprobs.items():
+        assert results[2].logprobs[req_id] == pytest.approx(values, abs=1e-3), req_id

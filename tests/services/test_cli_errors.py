@@ -53,6 +53,23 @@ def test_a_mistyped_model_path_is_one_line_before_any_service_starts(tmp_path: P
     assert "ready" not in result.stdout
 
 
+@pytest.mark.parametrize(("command", "flags", "line"), [
+    ("serve", ["--kv-cache-dtype", "fp8"], "strand serve: error: kv_cache_dtype must be one of "
+                                           "auto, bfloat16, got 'fp8' (fp8 caches are not "
+                                           "supported)"),
+    ("demo", ["--max-num-seqs", "0"], "strand demo: error: max_num_seqs must be >= 1, got 0"),
+])
+def test_a_bad_engine_flag_is_one_line_before_any_stage_starts(
+        strand_here: Callable[..., subprocess.CompletedProcess[str]], command: str,
+        flags: list[str], line: str) -> None:
+    # Checked where the stack is launched: an engine stage refusing it would only be seen as
+    # "engine exited with code 1 before it was healthy".
+    result = strand_here(command, *flags, "--port", "0")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [line]
+    assert "ready" not in result.stdout
+
+
 def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    strand_here: Callable[..., subprocess.CompletedProcess[str]]
                                    ) -> None:
