@@ -54,6 +54,7 @@ class EngineCore:
         self.max_model_len = scheduler.scheduler_config.max_model_len
         self.block_size = args.block_size
         self.num_blocks = scheduler.kv_cache_manager.block_pool.num_blocks
+        self.kv_cache_dtype = runner.kv_config.dtype  # kv_cache_dtype resolved
         self.num_steps = 0
         self.throughput = ThroughputMeter()
         # Names this engine in KV cache control calls ("" also means this engine).

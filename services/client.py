@@ -200,6 +200,7 @@ class EngineClient:
         return {"model": info.model, "max_model_len": info.max_model_len,
                 "block_size": info.block_size, "num_blocks": info.num_blocks,
                 "vocab_size": info.vocab_size, "auto_step": info.auto_step,
+                "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype,
                 "versions": dict(info.versions)}
 
     def generate(self, prompt: PromptType, params: SamplingParams | None = None,

@@ -155,6 +155,11 @@ def resolve_dtype(requested: str, config_dtype: str | None) -> torch.dtype:
     return getattr(torch, _DTYPES[requested])  # type: ignore[no-any-return]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float32 -> "float32": the name the flags take."""
+    return str(dtype).removeprefix("torch.")
+
+
 def _architecture(raw: dict[str, Any]) -> str:
     archs = raw.get("architectures") or []
     for arch in archs:

@@ -25,6 +25,7 @@ from opentelemetry import context as otel_context
 from engine_core.config import EngineArgs
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
+from engine_core.model_executor.model_config import dtype_name
 from engine_core.stats_logger import StatsLogger
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
@@ -125,7 +126,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         core = self.core
         return epb.EngineInfo(model=self.model_name, max_model_len=core.max_model_len,
                               block_size=core.block_size, num_blocks=core.num_blocks,
-                              vocab_size=core.model_config.vocab_size, auto_step=self.auto_step)
+                              vocab_size=core.model_config.vocab_size, auto_step=self.auto_step,
+                              dtype=dtype_name(core.model_config.dtype),
+                              kv_cache_dtype=dtype_name(core.kv_cache_dtype))
 
     async def Outputs(self, request: epb.EngineOutputsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[epb.EngineStepOutputs]:

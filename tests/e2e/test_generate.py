@@ -91,4 +91,5 @@ def test_server_info_describes_the_model(client: EngineClient, stack: Stack) -> 
     assert info["num_blocks"] > 0
     assert info["vocab_size"] == 512
     assert info["auto_step"] is False
+    assert (info["dtype"], info["kv_cache_dtype"]) == ("float32", "float32")
     assert {"python", "grpc", "protobuf", "torch"} <= set(info["versions"])

@@ -52,6 +52,19 @@ def _add(servicer: EngineServicer, request_id: str, prompt: list[int],
     assert resp.WhichOneof("kind") == "state"
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
+def test_get_info_names_the_dtype_and_what_the_kv_cache_holds(tiny_model_dir: Path,
+                                                              kv_cache_dtype: str) -> None:
+    core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir), dtype="float32",
+                                                  kv_cache_memory=8 * 1024**2,
+                                                  kv_cache_dtype=kv_cache_dtype))
+    info = asyncio.run(EngineServicer(core, "tiny").GetInfo(epb.EngineInfoRequest(),
+                                                            None))  # type: ignore[arg-type]
+    assert (info.dtype, info.kv_cache_dtype) == (
+        "float32", "float32" if kv_cache_dtype == "auto" else "bfloat16")
+    core.shutdown()
+
+
 def test_step_span_reports_the_scheduled_batch(servicer: EngineServicer) -> None:
     _add(servicer, "a", [1, 20, 21, 22, 23])
     _add(servicer, "b", [1, 30, 31])
