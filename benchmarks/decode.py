@@ -1,6 +1,7 @@
 """Decode throughput at fixed batch sizes, and its share of the memory-bandwidth bound.
 
     python -m benchmarks.decode [--preset llama-3.2-1b --dtype bfloat16] [--batch-sizes 1,8,64,256]
+        [--kv-cache-dtype bfloat16]
 
 Per batch size: that many requests of --prompt-len random tokens are added and prefilled (not
 timed), then every decode step until each has --output-len tokens is timed. A decode step must
@@ -8,7 +9,8 @@ at least read every matmul weight once and each request's K/V so far, so
 
     bound time = (decode steps * weight bytes + K/V bytes read) / measured copy bandwidth
 
-(the bandwidth as `benchmarks/roofline.py` measures it: on CUDA, HBM). fraction = bound time /
+(the bandwidth as `benchmarks/roofline.py` measures it: on CUDA, HBM), the K/V in the cache's
+dtype (--kv-cache-dtype bfloat16: half of float32's bytes under float32 weights). fraction = bound time /
 measured time: 1.0 would be a decode limited by memory alone. The engine runs as configured
 (CUDA graphs on CUDA unless --enforce-eager), greedy, `ignore_eos`.
 """
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(model_dir)
     shape = ModelShape.from_config(config)
     dtype_bytes = DTYPE_BYTES[args.dtype]
+    kv_bytes = dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
     from engine_core import EngineArgs, LLMEngine
 
     max_batch = max(batch_sizes)
@@ -126,10 +129,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model=str(model_dir), dtype=args.dtype, device=device, max_num_seqs=max_batch,
         max_model_len=max_len, max_num_batched_tokens=max(2048, max_batch * args.prompt_len),
         enforce_eager=args.enforce_eager, enable_prefix_caching=False,
-        kv_cache_memory=int(1.25 * max_batch * max_len * kv_bytes_per_key(shape, dtype_bytes))
+        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_memory=int(1.25 * max_batch * max_len * kv_bytes_per_key(shape, kv_bytes))
         + 64 * 1024**2)
     log(f"decode: batch sizes {batch_sizes}, prompts of {args.prompt_len} tokens, "
-        f"{args.output_len} output tokens; model {model_dir} ({args.dtype}) on {device}, "
+        f"{args.output_len} output tokens; model {model_dir} ({args.dtype}, K/V cache "
+        f"{args.kv_cache_dtype}) on {device}, "
         f"{threads} threads")
     engine = LLMEngine.from_engine_args(engine_args)
     # Measured before and after the sweep, the better kept: a busy moment must not make the
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for batch_size, timed in timings:
         bound_s = (timed.steps * weight_bytes(shape, dtype_bytes)
-                   + timed.keys_read * kv_bytes_per_key(shape, dtype_bytes)) / bandwidth
+                   + timed.keys_read * kv_bytes_per_key(shape, kv_bytes)) / bandwidth
         results.append(DecodeResult(
             batch_size=batch_size, decode_steps=timed.steps, decode_tokens=timed.tokens,
             elapsed_s=timed.seconds, tokens_per_s=timed.tokens / timed.seconds,
@@ -158,6 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "decode",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": {"path": str(model_dir), "dtype": args.dtype, "preset": args.preset,
+                  "kv_cache_dtype": args.kv_cache_dtype,
                   **asdict(shape), "weight_bytes": weight_bytes(shape, dtype_bytes)},
         "device": device, "num_threads": threads, "enforce_eager": args.enforce_eager,
         "prompt_len": args.prompt_len, "output_len": args.output_len,
@@ -173,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "bfloat16"),
+                        help="what the KV cache holds (EngineArgs.kv_cache_dtype)")
     parser.add_argument("--copy-mib", type=int, default=256, help="tensor size for bandwidth")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--output-json", type=Path, default=None)

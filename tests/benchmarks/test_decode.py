@@ -12,19 +12,23 @@ from benchmarks.roofline import ModelShape
 from tests.benchmarks.conftest import model_flags
 
 
+@pytest.mark.parametrize(("kv_cache_dtype", "kv_bytes"), [("auto", 4), ("bfloat16", 2)])
 def test_decode_sweep_reports_each_batch_against_the_memory_bound(
-        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        kv_cache_dtype: str, kv_bytes: int) -> None:
     out = tmp_path / "decode.json"
     main([*model_flags(tiny_model_dir), "--batch-sizes", "1,3", "--prompt-len", "6",
           "--output-len", "5", "--copy-mib", "4", "--num-threads", "1",
-          "--output-json", str(out)])
+          "--kv-cache-dtype", kv_cache_dtype, "--output-json", str(out)])
     data = json.loads(out.read_text())
     rows = {r["batch_size"]: r for r in data["results"]}
     assert sorted(rows) == [1, 3]
     shape = ModelShape.from_config(json.loads((tiny_model_dir / "config.json").read_text()))
     weights = (shape.layer_params + shape.lm_head_params) * 4
     assert data["model"]["weight_bytes"] == weights
-    kv_per_key = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4
+    # The K/V read in the cache's dtype: float32, or bfloat16 with --kv-cache-dtype bfloat16.
+    assert data["model"]["kv_cache_dtype"] == kv_cache_dtype
+    kv_per_key = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_bytes
     for batch, row in rows.items():
         # All prompts prefill in one untimed step (which samples token 1), then 4 decode steps
         # of the whole batch; decoding token n + 1 attends to the 6 prompt positions + n.
