@@ -49,6 +49,39 @@ class HFGreedy:
                                   max_new_tokens=max_new_tokens, do_sample=False)
         return out[0, len(prompt_token_ids):].tolist()
 
+    @torch.inference_mode()
+    def generate_logprobs(self, prompt_token_ids: list[int], max_new_tokens: int,
+                          round_kv: bool = False) -> tuple[list[int], list[float]]:
+        """generate()'s tokens and each one's logprob; round_kv: the cache rounds each new K/V
+        to bfloat16 as it stores them (the oracle of kv_cache_dtype="bfloat16")."""
+        transformers = pytest.importorskip("transformers")
+        input_ids = torch.tensor([prompt_token_ids])
+        cache = (bfloat16_rounding_cache(self.model.config) if round_kv
+                 else transformers.DynamicCache(config=self.model.config))
+        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                  max_new_tokens=max_new_tokens, do_sample=False,
+                                  return_dict_in_generate=True, output_logits=True,
+                                  cache=cache)
+        tokens = out.sequences[0, len(prompt_token_ids):].tolist()
+        return tokens, [float(torch.log_softmax(step[0].float(), -1)[t])
+                        for step, t in zip(out.logits, tokens, strict=True)]
+
+
+def bfloat16_rounding_cache(config: Any) -> Any:
+    """HF's DynamicCache for `config` (sliding-window layers included), each new K/V rounded to
+    bfloat16 and kept in float32: what the engine's attention reads from a bfloat16 cache."""
+    transformers = pytest.importorskip("transformers")
+
+    class BFloat16RoundingCache(transformers.DynamicCache):  # type: ignore[misc, name-defined]
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+                   *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            def rounded(x: torch.Tensor) -> torch.Tensor:
+                return x.to(torch.bfloat16).to(x.dtype)
+            return super().update(rounded(key_states), rounded(value_states), layer_idx,
+                                  *args, **kwargs)
+
+    return BFloat16RoundingCache(config=config)
+
 
 @pytest.fixture(scope="module")
 def hf_greedy(tiny_model_dir: Path) -> HFGreedy:

@@ -37,13 +37,17 @@ def make_prompts(vocab_size: int) -> list[list[int]]:
     return prompts
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_greedy_equals_hf_with_chunking_and_prefix_hits_past_the_window(
-        arch: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+        arch: str, kv_cache_dtype: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    # kv_cache_dtype="bfloat16": HF's cache rounds its K/V to bfloat16 too (the oracle of
+    # tests/engine/test_kv_cache_dtype.py), windowed and softcapped layers included.
     model_dir = build_tiny_model(tmp_path / arch, with_tokenizer=False, **ARCHS[arch])
     # The shared tiny tokenizer (same 512 ids): the test feeds token ids only.
     engine = make_engine(model_dir, tokenizer=str(tiny_model_dir), block_size=16,
-                         max_num_batched_tokens=48, max_num_seqs=8, enable_prefix_caching=True)
+                         max_num_batched_tokens=48, max_num_seqs=8, enable_prefix_caching=True,
+                         kv_cache_dtype=kv_cache_dtype)
     prompts = make_prompts(engine.engine_core.vocab_size)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     for i in range(3):
@@ -64,7 +68,9 @@ def test_greedy_equals_hf_with_chunking_and_prefix_hits_past_the_window(
     transformers = pytest.importorskip("transformers")
     hf.model = transformers.AutoModelForCausalLM.from_pretrained(
         str(model_dir), attn_implementation="eager").eval()  # see tests/model_executor/conftest
+    rounded = kv_cache_dtype == "bfloat16"
     for i, prompt in enumerate(prompts):
-        assert finished[str(i)].outputs[0].token_ids == hf.generate(prompt, MAX_TOKENS), \
-            f"prompt {i}"
+        want = (hf.generate_logprobs(prompt, MAX_TOKENS, round_kv=True)[0] if rounded
+                else hf.generate(prompt, MAX_TOKENS))
+        assert finished[str(i)].outputs[0].token_ids == want, f"prompt {i}"
     assert_pool_whole(engine)

@@ -5,7 +5,8 @@ The oracle is HF transformers with the same rounding: its cache rounds each laye
 bfloat16 as it stores them, and its attention reads them from there for every token, the current
 ones included, which is what the engine does (it writes a step's K/V, then attends over the
 cache). The greedy tokens are then HF's, with batching, chunked prefill, preemption and prefix
-hits on, and with the C++ kernels or the SDPA path.
+hits on, and with the C++ kernels or the SDPA path (the newer families, windowed and softcapped
+layers among them: tests/engine/test_greedy_matches_hf_archs.py).
 """
 
 from __future__ import annotations
@@ -20,46 +21,10 @@ from engine_core import EngineArgs, SamplingParams
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine, run_to_completion
 from tests.engine.test_greedy_matches_hf import MAX_TOKENS, make_prompts
 
-transformers = pytest.importorskip("transformers")
-
-
-class BFloat16RoundingCache(transformers.DynamicCache):  # type: ignore[misc, name-defined]
-    """HF's DynamicCache, each new K/V rounded to bfloat16 (and kept in float32)."""
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        def rounded(x: torch.Tensor) -> torch.Tensor:
-            return x.to(torch.bfloat16).to(x.dtype)
-        return super().update(rounded(key_states), rounded(value_states), layer_idx, *args,
-                              **kwargs)
-
-
-class HFGreedyLogprobs(HFGreedy):
-    """HF's greedy tokens and each one's logprob, its cache rounded to bfloat16 or not."""
-
-    @torch.inference_mode()
-    def run(self, prompt_token_ids: list[int], max_new_tokens: int,
-            rounded: bool) -> tuple[list[int], list[float]]:
-        input_ids = torch.tensor([prompt_token_ids])
-        cache = (BFloat16RoundingCache if rounded else transformers.DynamicCache)(
-            config=self.model.config)
-        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                  max_new_tokens=max_new_tokens, do_sample=False,
-                                  return_dict_in_generate=True, output_logits=True,
-                                  cache=cache)
-        tokens = out.sequences[0, len(prompt_token_ids):].tolist()
-        return tokens, [float(torch.log_softmax(step[0].float(), -1)[t])
-                        for step, t in zip(out.logits, tokens, strict=True)]
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_model_dir: Path) -> HFGreedyLogprobs:
-    return HFGreedyLogprobs(tiny_model_dir)
-
 
 @pytest.mark.parametrize("cpu_kernels", [True, False])
 def test_greedy_equals_hf_with_its_cache_rounded_to_bfloat16(
-        tiny_model_dir: Path, hf: HFGreedyLogprobs, cpu_kernels: bool,
+        tiny_model_dir: Path, hf_greedy: HFGreedy, cpu_kernels: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     if not cpu_kernels:  # every request on the gather + SDPA path, the cache cast as gathered
         from engine_core.model_executor.attention import torch_ref
@@ -83,10 +48,10 @@ def test_greedy_equals_hf_with_its_cache_rounded_to_bfloat16(
     off_rounded = off_exact = 0.0
     for i, prompt in enumerate(prompts):
         out = finished[str(i)].outputs[0]
-        tokens, logprobs = hf.run(prompt, MAX_TOKENS, rounded=True)
+        tokens, logprobs = hf_greedy.generate_logprobs(prompt, MAX_TOKENS, round_kv=True)
         assert out.token_ids == tokens, f"prompt {i}"
         ours = [step[t].logprob for step, t in zip(out.logprobs or [], tokens, strict=True)]
-        _, exact = hf.run(prompt, MAX_TOKENS, rounded=False)
+        _, exact = hf_greedy.generate_logprobs(prompt, MAX_TOKENS)
         off_rounded = max(off_rounded, *(abs(a - b) for a, b in zip(ours, logprobs, strict=True)))
         off_exact = max(off_exact, *(abs(a - b) for a, b in zip(ours, exact, strict=False)))
     # Float32 noise against HF's rounded cache; the rounding itself against its float32 one
