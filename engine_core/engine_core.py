@@ -30,7 +30,7 @@ from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFail
 from engine_core.lora.manager import LoRAManager
 from engine_core.lora.request import LoRARequest
 from engine_core.metrics.engine_metrics import EngineMetrics
-from engine_core.model_executor.model_config import ModelConfig, load_model_config
+from engine_core.model_executor.model_config import ModelConfig, dtype_name, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
@@ -87,7 +87,17 @@ class EngineCore:
         self.metrics_registry = CollectorRegistry()
         self.model_name = args.model or model_config.model_dir
         self.metrics = EngineMetrics(self.metrics_registry, self.model_name, scheduler,
-                                     scheduler.scheduler_config.max_num_batched_tokens)
+                                     scheduler.scheduler_config.max_num_batched_tokens,
+                                     cache_info=self._cache_info())
+
+    def _cache_info(self) -> dict[str, str]:
+        """cache_config_info's labels (vLLM's names, values as strings)."""
+        args = self.args
+        return {"block_size": str(args.block_size), "cache_dtype": args.kv_cache_dtype,
+                "kv_cache_dtype_resolved": dtype_name(self.kv_cache_dtype),
+                "enable_prefix_caching": str(args.enable_prefix_caching),
+                "prefix_caching_hash_algo": args.prefix_caching_hash_algo,
+                "num_gpu_blocks": str(self.num_blocks)}
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:

@@ -33,10 +33,16 @@ class EngineMetrics:
     counters and histograms move in observe_step()."""
 
     def __init__(self, registry: CollectorRegistry, model_name: str, scheduler: Scheduler,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, cache_info: dict[str, str] | None = None) -> None:
         self.scheduler = scheduler
         labels = {"model_name": model_name}
         names = list(labels)
+        if cache_info is not None:
+            # vLLM's cache_config_info: the KV cache's configuration as labels of a constant 1,
+            # so a dashboard can show (and join on) what each engine's cache is.
+            info = {**labels, **cache_info}
+            PromGauge(P + "cache_config_info", "The KV cache's configuration (labels; value 1).",
+                      list(info), registry=registry).labels(**info).set(1)
 
         def gauge(name: str, doc: str) -> PromGauge:
             return PromGauge(P + name, doc, names, registry=registry).labels(**labels)

@@ -60,6 +60,21 @@ def test_metrics_start_at_zero_and_carry_the_model_name(tiny_model_dir: Path) ->
     assert histogram(engine, "strand:time_to_first_token_seconds").count == 0
 
 
+@pytest.mark.parametrize(("kv_cache_dtype", "resolved"), [("auto", "float32"),
+                                                          ("bfloat16", "bfloat16")])
+def test_cache_config_info_labels_the_kv_cache_s_configuration(
+        tiny_model_dir: Path, kv_cache_dtype: str, resolved: str) -> None:
+    # vLLM's cache_config_info: one sample of value 1, the configuration in its labels.
+    engine = make_engine(tiny_model_dir, kv_cache_dtype=kv_cache_dtype, block_size=8,
+                         num_gpu_blocks_override=40)
+    metric = by_name(engine.get_metrics(), "strand:cache_config_info")
+    assert isinstance(metric, Gauge) and metric.value == 1.0
+    assert {k: v for k, v in metric.labels.items() if k != "model_name"} == {
+        "block_size": "8", "cache_dtype": kv_cache_dtype, "kv_cache_dtype_resolved": resolved,
+        "enable_prefix_caching": "True", "prefix_caching_hash_algo": "sha256",
+        "num_gpu_blocks": "40"}
+
+
 def test_gauges_follow_waiting_and_running_requests(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     add_all(engine, max_tokens=4)
