@@ -5,7 +5,9 @@ Starts an OTLP/gRPC trace receiver and an auto-stepping stack that exports to it
 every span name reports the median of its start and end relative to the gateway's Generate
 span of the same trace, plus the client's time to first token. Read down the table: the gaps
 between one stage's span ending and the next stage's starting are the hops (a gRPC message and
-an event-loop wake-up each), the spans themselves the work.
+an event-loop wake-up each), the spans themselves the work. The engine's steps and the
+detokenizer's work on them are traces of their own (a step serves every request in it): each
+request is given the first of each that started after its engine add.
 
     python -m benchmarks.ttft_hops --num-requests 30 [--num-layers 2 --hidden-size 64 ...]
 
@@ -70,11 +72,21 @@ class SpanTimes(trace_service_pb2_grpc.TraceServiceServicer):
         return traces
 
 
+ENGINE_ADD = "strand.v1.Engine/add"
+# An auto-stepping engine's steps, and the detokenizer's work on each, are traces of their own
+# (a step serves many requests): a request's are the first of each to start after its add did.
+STEP_SPANS = ("engine_step", "strand.v1.Detokenizer/process_outputs")
+AFTER_ADD = " (the first after the add)"
+
+
 def span_offsets(traces: dict[str, list[tuple[str, str, int, int]]]
                  ) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
     """Per (service, span name): starts and ends in ms after the trace's Generate span began
-    (the first of each name per trace: a lone request's first step is the one that matters)."""
+    (the first of each name per trace: a lone request's first step is the one that matters),
+    and the engine's first step after the trace's add (FIRST_STEP)."""
     out: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    steps = sorted((start, end, service, name) for spans in traces.values()
+                   for service, name, start, end in spans if name in STEP_SPANS)
     for spans in traces.values():
         roots = [s for s in spans if s[1] == ROOT_SPAN]
         if not roots:
@@ -83,6 +95,12 @@ def span_offsets(traces: dict[str, list[tuple[str, str, int, int]]]
         first: dict[tuple[str, str], tuple[int, int]] = {}
         for service, name, start, end in sorted(spans, key=lambda s: s[2]):
             first.setdefault((service, name), (start, end))
+        add = next((start for service, name, start, _ in spans if name == ENGINE_ADD), None)
+        for step_name in STEP_SPANS:
+            step = next((s for s in steps if add is not None and s[0] >= add
+                         and s[3] == step_name), None)
+            if step is not None:
+                first[(step[2], step_name + AFTER_ADD)] = (step[0], step[1])
         for key, (start, end) in first.items():
             out[key][0].append((start - t0) / 1e6)
             out[key][1].append((end - t0) / 1e6)

@@ -6,35 +6,50 @@
 #include "decode_stack.h"
 #include "kernels.h"
 
+//
+// The calls that run long (a whole decode step, attention, products: tens of microseconds to
+// milliseconds) let go of the GIL while they compute (`release`): the engine service's event loop runs on
+// another thread of the same process, and held for a whole step it could not send the step
+// before's outputs until this one was done (a lone request's first token reached its client
+// ~5 ms after its step, while the next step ran). Short elementwise calls keep it: they take
+// microseconds, and each release is a chance for the other thread to take the GIL for longer.
+namespace {
+const auto release = py::call_guard<py::gil_scoped_release>();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "paged decode attention, float32 or bfloat16");
+  m.def("decode_attention", &decode_attention, "paged decode attention, float32 or bfloat16",
+        release);
   m.def("prefill_attention", &prefill_attention,
-        "varlen causal prefill attention over the paged cache, float32 or bfloat16");
+        "varlen causal prefill attention over the paged cache, float32 or bfloat16", release);
   m.def("prefill_attention_pairs", &prefill_attention_pairs,
-        "the same for bfloat16 by VDPBF16PS (only where prefill_attention_pairs_available())");
+        "the same for bfloat16 by VDPBF16PS (only where prefill_attention_pairs_available())",
+        release);
   m.def("prefill_attention_pairs_available", &prefill_attention_pairs_available,
         "whether this build and the CPU have AVX512_BF16's VDPBF16PS");
   m.def("prefill_attention_amx", &prefill_attention_amx,
-        "the same, bfloat16 on AMX tiles (only where prefill_attention_amx_available())");
+        "the same, bfloat16 on AMX tiles (only where prefill_attention_amx_available())",
+        release);
   m.def("prefill_attention_amx_available", &prefill_attention_amx_available,
         "whether this build, the CPU and the OS allow AMX bfloat16 tiles");
   m.def("linear_small", &linear_small, "x @ w.T (+ bias) for 1 to 4 rows of x, float32 or bfloat16",
-        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), release);
   m.def("linear_batch", &linear_batch,
         "x @ w.T (+ bias) on the dense weight for a decode batch of rows, float32 or bfloat16",
-        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+        py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), release);
   m.def("linear_panel_width", &linear_panel_width, "output columns a panel of pack_panels");
   m.def("pack_panels", &pack_panels,
-        "a float32 weight [N, K] regrouped into [ceil(N / width), K, width] panels for linear_panels");
+        "a float32 weight [N, K] regrouped into [ceil(N / width), K, width] panels for linear_panels",
+        release);
   m.def("linear_panels", &linear_panels,
         "x @ w.T (+ bias), float32, w as pack_panels left it (any number of rows)",
-        py::arg("out"), py::arg("x"), py::arg("panels"), py::arg("bias") = py::none());
+        py::arg("out"), py::arg("x"), py::arg("panels"), py::arg("bias") = py::none(), release);
   m.def("gguf_linear_small", &gguf_linear_small,
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),
-        py::arg("bias") = py::none());
+        py::arg("bias") = py::none(), release);
   m.def("gguf_dequantize", &gguf_dequantize,
-        "GGUF Q8_0 / Q4_0 / Q4_1 blocks (rows or 16-row tiles) to float32 rows");
+        "GGUF Q8_0 / Q4_0 / Q4_1 blocks (rows or 16-row tiles) to float32 rows", release);
   m.def("gguf_tile", &gguf_tile, "GGUF rows regrouped into 16-row tiles for the decode kernel");
   m.def("gguf_untile", &gguf_untile, "16-row tiles back to GGUF rows");
   py::class_<DecodeStack>(m, "DecodeStack",
@@ -44,12 +59,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos_sin"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
       .def("add_layer", &DecodeStack::add_layer)
-      .def("forward", &DecodeStack::forward)
+      .def("forward", &DecodeStack::forward, release)
       .def("set_ends", &DecodeStack::set_ends, py::arg("embedding"), py::arg("norm"),
            py::arg("head_weight"), py::arg("qtype"), py::arg("eps"))
       .def("set_batch_weights", &DecodeStack::set_batch_weights, py::arg("packed"),
            py::arg("head") = py::none())
-      .def("logits", &DecodeStack::logits);
+      .def("logits", &DecodeStack::logits, release);
   m.def("rms_norm", &rms_norm, "RMSNorm over rows, float32 or bfloat16");
   m.def("add_rms_norm", &add_rms_norm, "residual add then RMSNorm, float32 or bfloat16");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up over rows, float32 or bfloat16");
