@@ -31,6 +31,7 @@ def _write_kv_kernel(
     stride_kv_head,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    DOWNCAST: tl.constexpr,  # the cache's dtype is narrower than the K/V's
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + tok).to(tl.int64)
@@ -51,6 +52,9 @@ def _write_kv_kernel(
     v = tl.load(
         value_ptr + tok * stride_v_tok + offs_h[:, None] * stride_v_head + offs_d[None, :],
         mask=mask)
+    if DOWNCAST:  # float32 K/V into a bfloat16 cache (kv_cache_dtype): rounded as torch rounds
+        k = k.to(kv_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+        v = v.to(kv_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + stride_kv_half, v.to(kv_ptr.dtype.element_ty), mask=mask)
 
@@ -86,4 +90,5 @@ def write_kv(
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         HEADS_PAD=next_power_of_2(kv_cache.shape[3]),
         HEAD_DIM_PAD=next_power_of_2(kv_cache.shape[4]),
+        DOWNCAST=kv_cache.element_size() < key.element_size(),
     )

@@ -139,18 +139,19 @@ def _paged_attn_kernel(
         pos_valid = kv_pos < seq_len
         block_id = tl.load(bt_row + kv_pos // block_size, mask=pos_valid, other=0)
         slot_off = block_id.to(tl.int64) * stride_kv_block + (kv_pos % block_size) * stride_kv_slot
-        # [HEAD_DIM_PAD, TILE_N]
+        # [HEAD_DIM_PAD, TILE_N]; a cache in another dtype than q (kv_cache_dtype="bfloat16"
+        # under float32 weights) is widened as it is loaded.
         k = tl.load(
             k_base + slot_off[None, :] + offs_d[:, None],
             mask=pos_valid[None, :] & d_valid[:, None],
             other=0.0,
-        )
+        ).to(q.dtype)
         # [TILE_N, HEAD_DIM_PAD]
         v = tl.load(
             k_base + stride_kv_half + slot_off[:, None] + offs_d[None, :],
             mask=pos_valid[:, None] & d_valid[None, :],
             other=0.0,
-        )
+        ).to(q.dtype)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE_N]
         if USE_SOFTCAP:
             # softcap * tanh(s / softcap), tanh through exp (no tanh in every Triton version);
@@ -282,8 +283,10 @@ def _check_inputs(
     if query.shape[1] % kv_cache.shape[3] != 0:
         raise ValueError(
             f"num_heads ({query.shape[1]}) must be a multiple of num_kv_heads ({kv_cache.shape[3]})")
-    if kv_cache.dtype != query.dtype:
-        raise ValueError(f"kv_cache dtype {kv_cache.dtype} must equal query dtype {query.dtype}")
+    if kv_cache.dtype != query.dtype and (query.dtype, kv_cache.dtype) != (torch.float32,
+                                                                           torch.bfloat16):
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} must equal query dtype {query.dtype}, "
+                         f"or be bfloat16 under a float32 query")
     num_reqs = seq_lens.shape[0]
     if query_start_loc.shape[0] != num_reqs + 1:
         raise ValueError(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine_core.model_executor.attention.triton_backend import TritonAttentionBackend
+from kernels.paged_attention_ref import paged_attention_ref
 from tests.kernels.conftest import (
     DEVICE,
     DTYPES,
@@ -33,6 +34,29 @@ def test_forward_matches_dense_causal_attention(
         batch.query, batch.new_keys, batch.new_values, batch.kv_cache, batch.metadata(), 0.2)
     assert out.shape == batch.query.shape and out.dtype == dtype
     assert_close(out, dense_causal_attention(batch, 0.2), dtype)
+
+
+def test_a_bfloat16_cache_under_float32_is_written_rounded_and_read_widened() -> None:
+    # kv_cache_dtype="bfloat16" with float32 weights: the new K/V go in rounded, and the
+    # attention is the float32 one over the cache's values.
+    batch = make_paged_batch(*BATCHES["mixed_with_cached_prefix"], num_heads=8, num_kv_heads=2,
+                             dtype=torch.float32, seed=3, write_new_tokens=False)
+    cache = batch.kv_cache.to(torch.bfloat16)
+    backend = TritonAttentionBackend()
+    assert backend.converts_kv_dtype
+    out = backend.forward(batch.query, batch.new_keys, batch.new_values, cache,
+                          batch.metadata(), 0.2)
+    flat = cache.flatten(1, 2)
+    for half, new in ((0, batch.new_keys), (1, batch.new_values)):
+        written, want = flat[half, batch.slot_mapping], new.bfloat16()
+        if DEVICE.type == "cuda":
+            assert torch.equal(written, want)
+        else:  # Triton's interpreter truncates, whatever fp_downcast_rounding asks: one unit
+            torch.testing.assert_close(written.float(), want.float(), rtol=2**-7, atol=0)
+    ref = paged_attention_ref(batch.query, torch.nan_to_num(cache.float(), nan=0.0),
+                              batch.query_start_loc, batch.seq_lens, batch.block_table, 0.2)
+    assert out.dtype == torch.float32
+    assert_close(out, ref, torch.float32)
 
 
 def test_forward_writes_the_new_tokens_into_their_slots() -> None:

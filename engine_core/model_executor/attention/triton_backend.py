@@ -21,6 +21,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
     supports_cuda_graphs = True
+    # A bfloat16 cache under float32 weights: the KV write rounds, the kernel widens as it loads.
+    converts_kv_dtype = True
 
     def __init__(self, num_splits: int | None = None) -> None:
         if not triton_usable():
