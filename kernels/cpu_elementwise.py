@@ -40,13 +40,16 @@ def applies(*tensors: torch.Tensor) -> bool:
     return is_available()
 
 
+def _rounds_into_bfloat16(key: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """float32 rows into a bfloat16 cache (kv_cache_dtype="bfloat16" under float32 weights)."""
+    return key.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16
+
+
 def writes_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether write_kv takes these: all of one dtype (applies()), or float32 rows into a
-    bfloat16 cache (kv_cache_dtype="bfloat16"), rounded as .to(torch.bfloat16) rounds."""
-    if key.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16:
-        return (value.dtype == torch.float32 and key.device.type == "cpu"
-                and value.device.type == "cpu" and kv_cache.device.type == "cpu"
-                and is_available())
+    bfloat16 cache, rounded as .to(torch.bfloat16) rounds."""
+    if _rounds_into_bfloat16(key, kv_cache):
+        return applies(key, value) and kv_cache.device.type == "cpu"
     return applies(key, value, kv_cache)
 
 
@@ -155,7 +158,7 @@ def write_kv(
 ) -> None:
     """Each token's key and value into its cache slot (index_copy_ by slot, in one pass). The
     cache is in the rows' dtype, or bfloat16 under float32 rows (writes_kv())."""
-    if key.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16:
+    if _rounds_into_bfloat16(key, kv_cache):
         _check_float32(key=key, value=value)
     else:
         _check_same(key=key, value=value, kv_cache=kv_cache)

@@ -55,8 +55,11 @@ def _write_kv_kernel(
     if DOWNCAST:  # float32 K/V into a bfloat16 cache (kv_cache_dtype): rounded as torch rounds
         k = k.to(kv_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
         v = v.to(kv_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-    tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_kv_half, v.to(kv_ptr.dtype.element_ty), mask=mask)
+    else:
+        k = k.to(kv_ptr.dtype.element_ty)
+        v = v.to(kv_ptr.dtype.element_ty)
+    tl.store(dst, k, mask=mask)
+    tl.store(dst + stride_kv_half, v, mask=mask)
 
 
 def write_kv(

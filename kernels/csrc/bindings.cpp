@@ -6,13 +6,13 @@
 #include "decode_stack.h"
 #include "kernels.h"
 
-//
 // The calls that run long (a whole decode step, attention, products: tens of microseconds to
-// milliseconds) let go of the GIL while they compute (`release`): the engine service's event loop runs on
-// another thread of the same process, and held for a whole step it could not send the step
-// before's outputs until this one was done (a lone request's first token reached its client
-// ~5 ms after its step, while the next step ran). Short elementwise calls keep it: they take
-// microseconds, and each release is a chance for the other thread to take the GIL for longer.
+// milliseconds) let go of the GIL while they compute (`release`), as torch's own ops do: another
+// thread of the process (the engine service's event loop) runs meanwhile instead of waiting for
+// the step to end. Measured on the ring, this moved neither TTFT nor throughput beyond the
+// spread (benchmarks/README.md, session 17); it is kept for the loop taking adds and aborts during
+// a step. Short elementwise calls keep the GIL: they take microseconds, and each release is a
+// chance for the other thread to take it for longer.
 namespace {
 const auto release = py::call_guard<py::gil_scoped_release>();
 }

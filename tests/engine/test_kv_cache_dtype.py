@@ -77,12 +77,16 @@ def test_other_values_are_refused_naming_the_field(value: str, match: str) -> No
         EngineArgs(kv_cache_dtype=value)
 
 
-def test_a_backend_that_needs_the_model_s_dtype_is_refused_naming_the_way_out() -> None:
+def test_a_backend_that_needs_the_model_s_dtype_is_refused_naming_the_way_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_core.model_executor.attention import selector
     from engine_core.model_executor.attention.backend import AttentionBackend
     from engine_core.model_executor.attention.selector import (
         get_attention_backend,
         register_attention_backend,
     )
+
+    monkeypatch.setattr(selector, "_factories", {})  # registered for this test only
 
     class SameDtypeOnly(AttentionBackend):
         name = "same-dtype-only"
