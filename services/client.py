@@ -34,7 +34,9 @@ from services.common.convert import (
 from services.common.tracing import metadata_from_context
 from services.gateway.clients import CLIENT_METADATA
 
-_MAX_MESSAGE_BYTES = 256 * 1024**2
+MAX_MESSAGE_BYTES = 256 * 1024**2
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 _USER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS)
 
 
@@ -74,18 +76,15 @@ class EngineClient:
         belong to the client that added them). Default: one of its own, so two EngineClients
         never see each other's outputs; clients that must share requests (a front that aborts
         on a fresh connection) pass the same value."""
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
         if root_certificates is not None:
             creds = grpc.ssl_channel_credentials(root_certificates)
-            self._channel = grpc.secure_channel(target, creds, options=options)
+            self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.insecure_channel(target, options=options)
+            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         self._control = control_pb2_grpc.ControlStub(self._channel)
         self._target = target
-        self._auth = [("authorization", f"Bearer {api_key}")] if api_key else []
-        self._auth.append((CLIENT_METADATA, client_id or f"client-{uuid.uuid4().hex}"))
+        self._auth = auth_metadata(api_key, client_id)
         self._timeout = timeout
         self._auto_step: bool | None = None
         # Outputs a manual-mode generate() stepped past: the next step() returns them first.
@@ -118,7 +117,7 @@ class EngineClient:
                              timeout=self._timeout)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
-                raise _translate(exc, self._target) from exc
+                raise translate(exc, self._target) from exc
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._call(self._stub.HasUnfinishedRequests,
@@ -197,11 +196,7 @@ class EngineClient:
     def get_server_info(self) -> dict[str, Any]:
         info = self._call(self._control.GetServerInfo, gpb.GetServerInfoRequest())
         self._auto_step = info.auto_step
-        return {"model": info.model, "max_model_len": info.max_model_len,
-                "block_size": info.block_size, "num_blocks": info.num_blocks,
-                "vocab_size": info.vocab_size, "auto_step": info.auto_step,
-                "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype,
-                "versions": dict(info.versions)}
+        return server_info_dict(info)
 
     def generate(self, prompt: PromptType, params: SamplingParams | None = None,
                  request_id: str | None = None, lora_request: LoRARequest | None = None
@@ -210,10 +205,7 @@ class EngineClient:
         cancels the call, which aborts the request. In manual mode this steps the engine."""
         if self._auto_step is None:
             self.get_server_info()
-        msg = gpb.GenerateRequest(request_id=request_id or "", prompt=prompt_to_pb(prompt),
-                                  params=params_to_pb(params or SamplingParams()))
-        if lora_request is not None:
-            msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
+        msg = generate_request(prompt, params, request_id, lora_request)
         call = self._stub.Generate(msg, metadata=self._metadata())
         try:
             if self._auto_step:
@@ -228,7 +220,7 @@ class EngineClient:
         try:
             metadata = dict(call.initial_metadata())  # arrives once the request is added
         except grpc.RpcError as exc:
-            raise _translate(exc, self._target) from exc
+            raise translate(exc, self._target) from exc
         request_id = metadata.get("strand-request-id", "")
         inbox: queue.Queue[pb.RequestOutput | BaseException | None] = queue.Queue()
         reader = threading.Thread(target=_drain, args=(call, inbox, self._target), daemon=True)
@@ -239,12 +231,12 @@ class EngineClient:
             if not waiting:
                 try:
                     outputs, streamed = self._step_pb()
-                except grpc.RpcError:
+                except grpc.RpcError as exc:
                     # A lost stage ends the request on its stream shortly; else re-raise.
                     try:
                         waiting = [inbox.get(timeout=5.0)]
                     except queue.Empty:
-                        raise
+                        raise exc from None
                 else:
                     self._owed.extend(outputs)
                     if request_id in streamed:
@@ -271,7 +263,7 @@ class EngineClient:
 
     def _step_pb(self) -> tuple[list[RequestOutput], list[str]]:
         # Paged by the gateway to what this client reads; the rest comes with the next step().
-        resp = self._call(self._stub.Step, gpb.StepRequest(max_response_bytes=_MAX_MESSAGE_BYTES))
+        resp = self._call(self._stub.Step, gpb.StepRequest(max_response_bytes=MAX_MESSAGE_BYTES))
         return ([request_output_from_pb(o) for o in resp.outputs],
                 list(resp.streamed_request_ids))
 
@@ -282,10 +274,34 @@ class EngineClient:
         try:
             return method(msg, metadata=self._metadata(), timeout=self._timeout)
         except grpc.RpcError as exc:
-            raise _translate(exc, self._target) from exc
+            raise translate(exc, self._target) from exc
 
 
-def _translate(exc: grpc.RpcError, target: str) -> Exception:
+def auth_metadata(api_key: str | None, client_id: str | None) -> list[tuple[str, str]]:
+    """The metadata every call of one client carries: its key and its identity."""
+    auth = [("authorization", f"Bearer {api_key}")] if api_key else []
+    auth.append((CLIENT_METADATA, client_id or f"client-{uuid.uuid4().hex}"))
+    return auth
+
+
+def generate_request(prompt: PromptType, params: SamplingParams | None, request_id: str | None,
+                     lora_request: LoRARequest | None) -> gpb.GenerateRequest:
+    msg = gpb.GenerateRequest(request_id=request_id or "", prompt=prompt_to_pb(prompt),
+                              params=params_to_pb(params or SamplingParams()))
+    if lora_request is not None:
+        msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
+    return msg
+
+
+def server_info_dict(info: gpb.GetServerInfoResponse) -> dict[str, Any]:
+    return {"model": info.model, "max_model_len": info.max_model_len,
+            "block_size": info.block_size, "num_blocks": info.num_blocks,
+            "vocab_size": info.vocab_size, "auto_step": info.auto_step,
+            "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype,
+            "versions": dict(info.versions)}
+
+
+def translate(exc: grpc.RpcError, target: str) -> Exception:
     code = exc.code()  # type: ignore[attr-defined]
     if code in _USER_ERRORS:
         return RequestError(code, exc.details())  # type: ignore[attr-defined]
@@ -302,7 +318,7 @@ def _raise_user_errors(call: Any, target: str) -> Iterator[pb.RequestOutput]:
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
             return
-        raise _translate(exc, target) from exc
+        raise translate(exc, target) from exc
 
 
 def _take_all(inbox: queue.Queue[Any]) -> list[Any]:
@@ -321,5 +337,5 @@ def _drain(call: Any, inbox: queue.Queue[pb.RequestOutput | BaseException | None
             inbox.put(output)
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-            inbox.put(_translate(exc, target))
+            inbox.put(translate(exc, target))
     inbox.put(None)

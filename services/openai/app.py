@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from opentelemetry.trace import Span
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
+from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai import params as convert
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
@@ -45,22 +46,28 @@ class Front:
         self._info: dict[str, Any] | None = None
         self._client_id = f"openai-front-{uuid.uuid4().hex}"
 
-    def connect(self) -> EngineClient:
-        # One client (one channel) per engine request: EngineClient keeps per-caller state
-        # (manual mode's owed outputs), so threads do not share one.
-        # One identity for the whole front: its Abort, sent on a fresh connection, must reach
-        # the requests its other connections added (requests belong to their client).
-        return EngineClient(self.config.gateway, api_key=self.config.api_key,
-                            root_certificates=self.config.root_certificates, timeout=30,
-                            client_id=self._client_id)
+        self._client: AsyncEngineClient | None = None
+
+    def client(self) -> AsyncEngineClient:
+        """The front's one gateway client: every HTTP request's engine requests are coroutines
+        on its one channel (made on first use, inside the server's event loop). A channel per
+        request cost a connection and a GetServerInfo call before each Generate; a thread per
+        request, gRPC's wake-ups of every blocked reader ten times a second."""
+        if self._client is None:
+            self._client = AsyncEngineClient(
+                self.config.gateway, api_key=self.config.api_key,
+                root_certificates=self.config.root_certificates, timeout=30,
+                client_id=self._client_id)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def info(self) -> dict[str, Any]:
         if self._info is None:
-            def ask() -> dict[str, Any]:
-                with self.connect() as client:
-                    return client.get_server_info()
-
-            self._info = await asyncio.to_thread(ask)
+            self._info = await self.client().get_server_info()
             self._model = self._model or str(self._info["model"])
         return self._info
 
@@ -82,8 +89,14 @@ class Front:
 
 
 def create_app(config: FrontConfig) -> FastAPI:
-    app = FastAPI(title="strand OpenAI-compatible API")
     front = Front(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await front.close()
+
+    app = FastAPI(title="strand OpenAI-compatible API", lifespan=lifespan)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -113,7 +126,7 @@ def create_app(config: FrontConfig) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         try:
-            await asyncio.to_thread(_ping, front)
+            await front.client().has_unfinished_requests()
         except Exception as exc:  # noqa: BLE001
             return from_exception(exc).response()
         return Response(status_code=200)
@@ -151,11 +164,6 @@ def create_app(config: FrontConfig) -> FastAPI:
     return app
 
 
-def _ping(front: Front) -> None:
-    with front.connect() as client:
-        client.has_unfinished_requests()
-
-
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
                  params: SamplingParams, lora: LoRARequest | None, request: Request) -> Response:
     span = start_request_span(request, "chat" if shaper.chat else "text_completion",
@@ -175,7 +183,7 @@ async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[P
                    params: SamplingParams, lora: LoRARequest | None, request: Request,
                    span: Span) -> Response:
     jobs = [Job(f"{shaper.id}-{i}", p, params, lora) for i, p in enumerate(prompts)]
-    stream = OutputStream(front.connect, jobs, span)
+    stream = OutputStream(front.client(), jobs, span)
     if not req.stream:
         work = asyncio.ensure_future(final_outputs(stream, len(jobs)))
         if not await _finished_before_disconnect(work, request):

@@ -1,25 +1,27 @@
 """The engine's RequestOutputs of one HTTP request, as an async stream.
 
-EngineClient.generate blocks, so each engine request runs its generate() in a thread that hands
-outputs to the event loop. close() (the HTTP client went away, or the handler failed) aborts the
-engine requests still running: a dropped stream must not keep the engine busy."""
+Each engine request is a task iterating AsyncEngineClient.generate on the front's one client,
+handing its outputs to one queue. close() (the HTTP client went away, or the handler failed)
+cancels the tasks still running, which cancels their calls (the gateway aborts a request whose
+stream is cancelled), and aborts those requests as well: a dropped stream must not keep the
+engine busy."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
+from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
-from services.openai.tracing import in_span_context
 
 log = logging.getLogger(__name__)
 
@@ -37,38 +39,37 @@ _Item = tuple[int, RequestOutput | BaseException | None]
 
 
 class OutputStream:
-    def __init__(self, connect: Callable[[], EngineClient], jobs: list[Job],
+    def __init__(self, client: AsyncEngineClient, jobs: list[Job],
                  span: Span | None = None) -> None:
         """span: the HTTP request's span; the gateway calls made for it are its children."""
-        self._connect = connect
+        self._client = client
         self._span = span
         self._jobs = jobs
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._stop = threading.Event()
         self._running = set(range(len(jobs)))
+        self._closed = False
         loop = asyncio.get_running_loop()
-        for i, job in enumerate(jobs):
-            threading.Thread(target=self._traced(self._run), args=(loop, i, job), daemon=True,
-                             name=f"openai-{job.request_id}").start()
+        self._tasks = [loop.create_task(self._run(i, job)) for i, job in enumerate(jobs)]
 
-    def _run(self, loop: asyncio.AbstractEventLoop, index: int, job: Job) -> None:
-        def put(item: RequestOutput | BaseException | None) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
-
+    async def _run(self, index: int, job: Job) -> None:
         try:
-            with self._connect() as client:
-                for output in client.generate(job.prompt, job.params, job.request_id,
-                                              lora_request=job.lora_request):
-                    if self._stop.is_set():
-                        break  # closing generate() cancels the call
-                    put(output)
+            with self._in_span():
+                async for output in self._client.generate(job.prompt, job.params,
+                                                          job.request_id,
+                                                          lora_request=job.lora_request):
+                    self._queue.put_nowait((index, output))
+        except asyncio.CancelledError:
+            raise  # close(): nobody reads this stream any more
         except BaseException as exc:  # noqa: BLE001 - handed to the HTTP handler
-            put(exc)
+            self._queue.put_nowait((index, exc))
         finally:
-            try:
-                put(None)
-            except RuntimeError:
-                pass  # the loop is gone (shutdown): nobody waits for this job
+            self._queue.put_nowait((index, None))
+
+    def _in_span(self) -> AbstractContextManager[Any]:
+        """The HTTP request's span as the current one: its trace context goes to the gateway."""
+        if self._span is None:
+            return nullcontext()
+        return trace.use_span(self._span, end_on_exit=False)
 
     def __aiter__(self) -> OutputStream:
         return self
@@ -86,19 +87,18 @@ class OutputStream:
 
     def close(self) -> None:
         """Abort what still runs (synchronous: safe in a cancelled task's finally)."""
-        if not self._running or self._stop.is_set():
+        if not self._running or self._closed:
             return
-        self._stop.set()
+        self._closed = True
         ids = [self._jobs[i].request_id for i in self._running]
-        threading.Thread(target=self._traced(self._abort), args=(ids,), daemon=True).start()
+        for task in self._tasks:
+            task.cancel()
+        asyncio.get_running_loop().create_task(self._abort(ids))
 
-    def _traced(self, target: Callable[..., None]) -> Callable[..., None]:
-        return in_span_context(self._span, target) if self._span is not None else target
-
-    def _abort(self, request_ids: list[str]) -> None:
+    async def _abort(self, request_ids: list[str]) -> None:
         try:
-            with self._connect() as client:
-                client.abort_request(request_ids)
+            with self._in_span():
+                await self._client.abort_request(request_ids)
         except Exception as exc:  # noqa: BLE001 - the gateway may be gone; nothing to abort then
             log.warning("could not abort %s: %s", request_ids, exc)
 

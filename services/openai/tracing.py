@@ -3,14 +3,10 @@ gateway calls it makes.
 
 It starts under the HTTP server span when FastAPI makes one (FastAPI's own telemetry, on when a
 tracer provider is set), else under the caller's W3C `traceparent` header, so a trace runs from
-the HTTP client through the front into the ring. The engine calls run in threads (the gRPC client
-blocks), so each thread attaches the request's context before calling the gateway."""
+the HTTP client through the front into the ring. Each engine request's task makes this span the
+current one before it calls the gateway (streams.py), so the call carries its context."""
 
 from __future__ import annotations
-
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
 
 from fastapi import Request
 from opentelemetry import context as otel_context
@@ -39,23 +35,3 @@ def end_request_span(span: Span, status: int, error: BaseException | None = None
         span.set_attribute("error.type", type(error).__name__)
         span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
     span.end()
-
-
-def in_span_context(span: Span, target: Callable[..., Any]) -> Callable[..., Any]:
-    """target, run (in another thread) with span as the current span."""
-    ctx = trace.set_span_in_context(span)
-
-    def run(*args: Any) -> Any:
-        with _attached(ctx):
-            return target(*args)
-
-    return run
-
-
-@contextmanager
-def _attached(ctx: otel_context.Context) -> Iterator[None]:
-    token = otel_context.attach(ctx)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
