@@ -8,7 +8,8 @@ Two measurements on the same model, engine flags and thread count, in one run:
    difference of the medians is what the tokenizer -> engine -> detokenizer -> gateway hops add.
 2. CPU seconds per 1000 output tokens for each process of the stack (user + system time from
    /proc, read before and after), under the benchmark's workload sent as concurrent Generate
-   streams: where the services spend the machine's cores besides the engine.
+   streams: where the services spend the machine's cores besides the engine. Also each
+   process's CPU milliseconds per lone request of step 1.
 3. Throughput over the ring against in process, as offline.py measures it (the whole workload
    at once, FINAL_ONLY outputs: LLMEngine's add-all-then-step loop against one Generate stream
    per request on the auto-stepping stack), alternating the two `--throughput-repeats` times:
@@ -65,6 +66,19 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def cpu_seconds_fine(pid: int) -> float:
+    """CPU seconds of one process's live threads, in nanoseconds from /proc/PID/task/*/schedstat:
+    /proc's stat counts 10 ms ticks, coarser than a lone request's few milliseconds per stage."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # the thread ended between the listing and the read
+    return total / 1e9
 
 
 def _params(max_tokens: int) -> SamplingParams:
@@ -191,10 +205,16 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
     try:
         with EngineClient(stack.gateway_address, timeout=None) as client:
             ttft_over_ring(client, prompt, 3)
-            log("over the ring: TTFT of single requests")
-            remote = ttft_over_ring(client, prompt, args.num_ttft)
             pids = {name: proc.pid for name, proc in stack.processes.items()}
             pids["client (this benchmark)"] = os.getpid()
+            log("over the ring: TTFT of single requests")
+            fine = {name: cpu_seconds_fine(pid) for name, pid in pids.items()}
+            remote = ttft_over_ring(client, prompt, args.num_ttft)
+            fine = {name: cpu_seconds_fine(pid) - fine[name] for name, pid in pids.items()}
+            # A lone request's CPU in each process (2 tokens): on a machine whose stages share
+            # the engine's cores, much of it lies on the way to the first token.
+            data["cpu_ms_per_lone_request"] = {name: 1e3 * spent / args.num_ttft
+                                               for name, spent in fine.items()}
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             log(f"over the ring: {len(requests)} concurrent Generate streams")
             start = time.perf_counter()
@@ -287,9 +307,11 @@ def summary_table(data: dict[str, Any]) -> str:
                      f"(its iomgr TCP path: {hop['grpc_iomgr_after_gap_ms']:.3f} and "
                      f"{hop['grpc_iomgr_busy_ms']:.3f} ms); a plain socket after the idle: "
                      f"{hop['socket_after_gap_ms']:.3f} ms")
-    cpu = data["cpu_s_per_1000_tokens"]
-    lines.append(format_table(["process", "CPU s / 1000 output tokens"],
-                              [[name, f"{value:.3f}"] for name, value in cpu.items()]))
+    cpu, lone = data["cpu_s_per_1000_tokens"], data["cpu_ms_per_lone_request"]
+    lines.append(format_table(["process", "CPU s / 1000 output tokens",
+                               "CPU ms / lone request"],
+                              [[name, f"{value:.3f}", f"{lone[name]:.2f}"]
+                               for name, value in cpu.items()]))
     if "throughput" in data:
         tp = data["throughput"]
         lines.append(format_table(

@@ -13,8 +13,19 @@ from pathlib import Path
 import pytest
 
 from benchmarks import ring_overhead
-from benchmarks.ring_overhead import cpu_seconds
+from benchmarks.ring_overhead import cpu_seconds, cpu_seconds_fine
 from tests.benchmarks.conftest import TINY_WORKLOAD, model_flags
+
+
+def test_fine_cpu_seconds_count_this_process_threads_work() -> None:
+    start = cpu_seconds_fine(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # burn 50 ms of CPU, bounded
+        pass
+    spent = cpu_seconds_fine(os.getpid()) - start
+    assert 0.04 <= spent <= 0.5
+    time.sleep(0.05)  # sleeping is not CPU
+    assert cpu_seconds_fine(os.getpid()) - start - spent < 0.01
 
 
 def test_cpu_seconds_of_this_process_follow_its_own_times() -> None:
@@ -43,6 +54,9 @@ def test_a_run_reports_ttft_cpu_and_alternating_throughput_pairs(
     assert hop["grpc_busy_ms"] > 0 and hop["socket_after_gap_ms"] > 0
     assert set(data["cpu_s_per_1000_tokens"]) == {"tokenizer", "engine", "detokenizer",
                                                   "gateway", "client (this benchmark)"}
+    assert set(data["cpu_ms_per_lone_request"]) == set(data["cpu_s_per_1000_tokens"])
+    assert data["cpu_ms_per_lone_request"]["gateway"] > 0  # every lone request passes it
+    assert "CPU ms / lone request" in stdout.getvalue()
     pairs = data["throughput"]
     assert len(pairs["ratios"]) == 2
     assert pairs["ratios"] == [b / a for a, b in zip(pairs["in_process_tok_s"],
