@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry.trace import Span
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
@@ -113,15 +114,8 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc).response()
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Response:
-        key = config.api_key
-        if key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization") != f"Bearer {key}":
-                return OpenAIError(401, "invalid or missing API key", param=None,
-                                   code="invalid_api_key").response()
-        response: Response = await call_next(request)
-        return response
+    if config.api_key:
+        app.add_middleware(ApiKeyCheck, key=config.api_key)
 
     @app.get("/health")
     async def health() -> Response:
@@ -162,6 +156,26 @@ def create_app(config: FrontConfig) -> FastAPI:
         return await _serve(front, req, shaper, [convert.chat_prompt(req)], params, lora, request)
 
     return app
+
+
+class ApiKeyCheck:
+    """401 for a /v1/ request without `Authorization: Bearer <key>`. Plain ASGI: Starlette's
+    @app.middleware("http") runs every response (streams included) through a task group and a
+    memory stream of its own, which cost a request more than its check."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization")
+            if given != self.expected:
+                response = OpenAIError(401, "invalid or missing API key", param=None,
+                                       code="invalid_api_key").response()
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
