@@ -22,46 +22,31 @@ import grpc
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import control_pb2_grpc, inference_pb2_grpc
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.client import (
-    CHANNEL_OPTIONS,
     MAX_MESSAGE_BYTES,
-    auth_metadata,
+    GatewayConnection,
+    add_request_message,
     generate_request,
+    make_channel,
     server_info_dict,
     translate,
 )
 from services.common.convert import (
     PromptType,
-    lora_request_to_pb,
-    params_to_pb,
-    prompt_to_pb,
     request_output_from_pb,
 )
 from services.common.tracing import metadata_from_context
 
 
-class AsyncEngineClient:
+class AsyncEngineClient(GatewayConnection):
     def __init__(self, target: str, api_key: str | None = None,
                  root_certificates: bytes | None = None, timeout: float | None = 300.0,
                  client_id: str | None = None) -> None:
         """As EngineClient's; timeout bounds the unary calls, not a generate() stream."""
-        if root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates)
-            self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = inference_pb2_grpc.InferenceStub(self._channel)
-        self._control = control_pb2_grpc.ControlStub(self._channel)
-        self._target = target
-        self._auth = auth_metadata(api_key, client_id)
-        self._timeout = timeout
-        self._auto_step: bool | None = None
-        # Outputs of this client's AddRequest requests that a manual-mode generate() stepped
-        # past: the next step() returns them first (as EngineClient).
-        self._owed: list[RequestOutput] = []
+        super().__init__(make_channel(grpc.aio, target, root_certificates), target, api_key,
+                         timeout, client_id)
 
     async def generate(self, prompt: PromptType, params: SamplingParams | None = None,
                        request_id: str | None = None, lora_request: LoRARequest | None = None
@@ -81,13 +66,10 @@ class AsyncEngineClient:
 
     async def add_request(self, request_id: str, prompt: PromptType,
                           params: SamplingParams | None = None,
+                          arrival_time: float | None = None,
                           lora_request: LoRARequest | None = None, priority: int = 0) -> None:
-        msg = gpb.AddRequestRequest(request_id=request_id, prompt=prompt_to_pb(prompt),
-                                    params=params_to_pb(params or SamplingParams()),
-                                    priority=priority)
-        if lora_request is not None:
-            msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
-        await self._call(self._stub.AddRequest, msg)
+        await self._call(self._stub.AddRequest, add_request_message(
+            request_id, prompt, params, lora_request, priority, arrival_time))
 
     async def step(self) -> list[RequestOutput]:
         owed, self._owed = self._owed, []

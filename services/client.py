@@ -68,7 +68,24 @@ class ServerUnavailable(ConnectionError, grpc.RpcError):
         return self._details
 
 
-class EngineClient:
+class GatewayConnection:
+    """What EngineClient and AsyncEngineClient both keep: the channel and its stubs, the caller's
+    identity, and the outputs a manual-mode generate() stepped past, which the next step()
+    returns first."""
+
+    def __init__(self, channel: Any, target: str, api_key: str | None, timeout: float | None,
+                 client_id: str | None) -> None:
+        self._channel = channel
+        self._stub = inference_pb2_grpc.InferenceStub(channel)
+        self._control = control_pb2_grpc.ControlStub(channel)
+        self._target = target
+        self._auth = auth_metadata(api_key, client_id)
+        self._timeout = timeout
+        self._auto_step: bool | None = None
+        self._owed: list[RequestOutput] = []
+
+
+class EngineClient(GatewayConnection):
     def __init__(self, target: str, api_key: str | None = None,
                  root_certificates: bytes | None = None, timeout: float | None = 300.0,
                  client_id: str | None = None) -> None:
@@ -76,33 +93,16 @@ class EngineClient:
         belong to the client that added them). Default: one of its own, so two EngineClients
         never see each other's outputs; clients that must share requests (a front that aborts
         on a fresh connection) pass the same value."""
-        if root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates)
-            self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._stub = inference_pb2_grpc.InferenceStub(self._channel)
-        self._control = control_pb2_grpc.ControlStub(self._channel)
-        self._target = target
-        self._auth = auth_metadata(api_key, client_id)
-        self._timeout = timeout
-        self._auto_step: bool | None = None
-        # Outputs a manual-mode generate() stepped past: the next step() returns them first.
-        self._owed: list[RequestOutput] = []
+        super().__init__(make_channel(grpc, target, root_certificates), target, api_key,
+                         timeout, client_id)
 
     # -- LLMEngine's methods ------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
                     lora_request: LoRARequest | None = None, priority: int = 0) -> None:
-        msg = gpb.AddRequestRequest(request_id=request_id, prompt=prompt_to_pb(prompt),
-                                    params=params_to_pb(params or SamplingParams()),
-                                    priority=priority)
-        if lora_request is not None:
-            msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
-        if arrival_time is not None:
-            msg.arrival_time = arrival_time
-        self._call(self._stub.AddRequest, msg)
+        self._call(self._stub.AddRequest, add_request_message(
+            request_id, prompt, params, lora_request, priority, arrival_time))
 
     def step(self) -> list[RequestOutput]:
         owed, self._owed = self._owed, []
@@ -282,6 +282,28 @@ def auth_metadata(api_key: str | None, client_id: str | None) -> list[tuple[str,
     auth = [("authorization", f"Bearer {api_key}")] if api_key else []
     auth.append((CLIENT_METADATA, client_id or f"client-{uuid.uuid4().hex}"))
     return auth
+
+
+def make_channel(api: Any, target: str, root_certificates: bytes | None) -> Any:
+    """A channel to the gateway from `api` (grpc, or grpc.aio), TLS when given root
+    certificates, with the clients' message limits."""
+    if root_certificates is not None:
+        creds = grpc.ssl_channel_credentials(root_certificates)
+        return api.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+    return api.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+def add_request_message(request_id: str, prompt: PromptType, params: SamplingParams | None,
+                        lora_request: LoRARequest | None, priority: int,
+                        arrival_time: float | None) -> gpb.AddRequestRequest:
+    msg = gpb.AddRequestRequest(request_id=request_id, prompt=prompt_to_pb(prompt),
+                                params=params_to_pb(params or SamplingParams()),
+                                priority=priority)
+    if lora_request is not None:
+        msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
+    if arrival_time is not None:
+        msg.arrival_time = arrival_time
+    return msg
 
 
 def generate_request(prompt: PromptType, params: SamplingParams | None, request_id: str | None,
