@@ -33,10 +33,7 @@ from services.client import (
     server_info_dict,
     translate,
 )
-from services.common.convert import (
-    PromptType,
-    request_output_from_pb,
-)
+from services.common.convert import PromptType, request_output_from_pb
 from services.common.tracing import metadata_from_context
 
 
