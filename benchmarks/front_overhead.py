@@ -5,7 +5,8 @@ One request at a time (nothing else in flight), `--num-requests` each side, in `
 alternating rounds (this VM's speed drifts within minutes): a streamed `/v1/completions` with
 token ids until its first `data:` event, against `EngineClient.generate` until its first output
 with a token. Both go through the same auto-stepping ring, so the difference of the medians is
-the front's own time (HTTP, JSON, its gateway client); the front's CPU seconds come from /proc.
+the front's own time (HTTP, JSON, its gateway client); the front's CPU seconds come from
+/proc/PID/task/*/schedstat.
 
     python -m benchmarks.front_overhead --num-requests 60 --rounds 2
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -30,8 +30,8 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from benchmarks.ring_overhead import cpu_seconds, ttft_over_ring
-from benchmarks.strand_backends import StrandSettings
+from benchmarks.ring_overhead import cpu_seconds_fine, ttft_over_ring
+from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +78,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from services.launch import StackConfig, launch_stack
 
     threads = set_threads(args.num_threads)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
     model_dir = resolve_model(args)
     config = load_config(model_dir)
     settings = StrandSettings(dtype=args.dtype, device="cpu", max_num_seqs=256,
@@ -86,9 +85,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               kv_cache_memory=1 << 28)
     prompt = [1 + (7 * i) % (config["vocab_size"] - 2) for i in range(args.prompt_len)]
     log("starting an auto-stepping stack with the OpenAI front")
-    stack = launch_stack(StackConfig(model=str(model_dir), engine_args=settings.engine_flags(),
-                                     gateway_args=["--auto-step"], openai_port=0,
-                                     log_dir=Path("/tmp/strand-bench-logs")))
+    with stage_threads(threads):
+        stack = launch_stack(StackConfig(model=str(model_dir),
+                                         engine_args=settings.engine_flags(),
+                                         gateway_args=["--auto-step"], openai_port=0,
+                                         log_dir=bench_log_dir()))
     front_pid = stack.processes["openai"].pid
     grpc_ms: list[float] = []
     front_ms: list[float] = []
@@ -101,10 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"round {i + 1}/{args.rounds}: Generate, then the front")
                 grpc_ms.append(1e3 * statistics.median(
                     ttft_over_ring(client, prompt, args.num_requests)))
-                before = cpu_seconds(front_pid)
+                before = cpu_seconds_fine(front_pid)
                 front_ms.append(1e3 * statistics.median(ttft_over_front(
                     stack.address("openai"), str(model_dir), prompt, args.num_requests)))
-                cpu_ms.append(1e3 * (cpu_seconds(front_pid) - before) / args.num_requests)
+                cpu_ms.append(1e3 * (cpu_seconds_fine(front_pid) - before) / args.num_requests)
     finally:
         stack.stop()
     added = [f - g for g, f in zip(grpc_ms, front_ms, strict=True)]
@@ -130,8 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    if args.num_requests < 1:
-        parser.error(f"--num-requests must be >= 1, got {args.num_requests}")
+    for flag, value in (("--num-requests", args.num_requests), ("--prompt-len", args.prompt_len),
+                        ("--num-threads", 1 if args.num_threads is None else args.num_threads)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
     data = run(args)
     write_json(args.output_json, data)
     print(summary_table(data))

@@ -122,6 +122,28 @@ def run_gateway(model_dir: str, requests: list[SampleRequest], settings: StrandS
     return result
 
 
+def bench_log_dir() -> Path:
+    """Where a benchmark's stack writes its stages' logs."""
+    return Path(os.environ.get("STRAND_BENCH_LOGS", "/tmp/strand-bench-logs"))
+
+
+@contextlib.contextmanager
+def stage_threads(num_threads: int | None) -> Iterator[None]:
+    """OMP_NUM_THREADS=num_threads for the stage processes started inside (the engine process
+    must get the thread count this process uses, or the comparison is off); restored after."""
+    previous = os.environ.get("OMP_NUM_THREADS")
+    if num_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    try:
+        yield
+    finally:
+        if num_threads is not None:
+            if previous is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = previous
+
+
 @contextlib.contextmanager
 def _stack(model_dir: str, settings: StrandSettings, address: str | None,
            num_threads: int | None, gateway_args: list[str] | None = None) -> Iterator[str]:
@@ -131,22 +153,10 @@ def _stack(model_dir: str, settings: StrandSettings, address: str | None,
     from services.launch import StackConfig, launch_stack
 
     log("starting the strand stack (tokenizer, engine, detokenizer, gateway)")
-    # The engine process must get the thread count this process uses, or the comparison is off.
-    previous = os.environ.get("OMP_NUM_THREADS")
-    if num_threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(num_threads)
-    try:
-        config = StackConfig(model=model_dir, engine_args=settings.engine_flags(),
-                             gateway_args=list(gateway_args or []),
-                             log_dir=Path(os.environ.get("STRAND_BENCH_LOGS",
-                                                         "/tmp/strand-bench-logs")))
+    config = StackConfig(model=model_dir, engine_args=settings.engine_flags(),
+                         gateway_args=list(gateway_args or []), log_dir=bench_log_dir())
+    with stage_threads(num_threads):
         stack = launch_stack(config)
-    finally:
-        if num_threads is not None:
-            if previous is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = previous
     try:
         yield stack.gateway_address
     finally:

@@ -34,7 +34,6 @@ from services.client import (
     translate,
 )
 from services.common.convert import PromptType, request_output_from_pb
-from services.common.tracing import metadata_from_context
 
 
 class AsyncEngineClient(GatewayConnection):
@@ -165,9 +164,6 @@ class AsyncEngineClient(GatewayConnection):
                                 gpb.StepRequest(max_response_bytes=MAX_MESSAGE_BYTES))
         return ([request_output_from_pb(o) for o in resp.outputs],
                 list(resp.streamed_request_ids))
-
-    def _metadata(self) -> list[tuple[str, str]]:
-        return [*self._auth, *metadata_from_context()]
 
     async def _call(self, method: Any, msg: Any) -> Any:
         try:

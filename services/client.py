@@ -84,6 +84,10 @@ class GatewayConnection:
         self._auto_step: bool | None = None
         self._owed: list[RequestOutput] = []
 
+    def _metadata(self) -> list[tuple[str, str]]:
+        """Each call's: the client's key and identity, and the caller's trace context."""
+        return [*self._auth, *metadata_from_context()]
+
 
 class EngineClient(GatewayConnection):
     def __init__(self, target: str, api_key: str | None = None,
@@ -266,9 +270,6 @@ class EngineClient(GatewayConnection):
         resp = self._call(self._stub.Step, gpb.StepRequest(max_response_bytes=MAX_MESSAGE_BYTES))
         return ([request_output_from_pb(o) for o in resp.outputs],
                 list(resp.streamed_request_ids))
-
-    def _metadata(self) -> list[tuple[str, str]]:
-        return [*self._auth, *metadata_from_context()]
 
     def _call(self, method: Any, msg: Any) -> Any:
         try:

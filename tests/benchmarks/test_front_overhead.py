@@ -32,7 +32,10 @@ def test_a_run_reports_both_sides_and_the_fronts_cpu(tiny_model_dir: Path,
 
 @pytest.mark.parametrize("flags, message", [(["--rounds", "0"], "--rounds must be >= 1"),
                                             (["--num-requests", "0"],
-                                             "--num-requests must be >= 1")])
+                                             "--num-requests must be >= 1"),
+                                            (["--prompt-len", "0"], "--prompt-len must be >= 1"),
+                                            (["--num-threads", "0"],
+                                             "--num-threads must be >= 1, got 0")])
 def test_bad_flags_are_one_line_errors(flags: list[str], message: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
