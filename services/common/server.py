@@ -16,9 +16,10 @@ from prometheus_client import CollectorRegistry
 
 from services.common.errors import UserError
 from services.common.gc_heap import freeze_startup_heap
+from services.common.link_server import LinkRegistry, LinkServer
 from services.common.metrics_server import check_metrics_port, start_metrics_server
 from services.common.rpc_drain import drain_cancelled_rpcs
-from services.common.stage_auth import stage_api_key
+from services.common.stage_auth import STAGES, stage_api_key
 from services.common.tracing import init_tracing, shutdown_tracing
 from services.common.undecodable import UndecodableInterceptor
 
@@ -179,7 +180,12 @@ async def run_server(name: str, options: ServerOptions,
     interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
     interceptors.append(UndecodableInterceptor())
     server = grpc.aio.server(interceptors=interceptors, options=grpc_server_options(options))
-    names = list(register(server))
+    registry = LinkRegistry(server)
+    names = list(register(registry))  # type: ignore[arg-type] # it passes everything on
+    # The internal stages also serve their streams to callers on this host over a Unix socket
+    # (stage_link.py); the gateway's clients always get gRPC.
+    link = LinkServer(name, registry.handlers if name in STAGES else {}, api_key,
+                      options.max_message_bytes)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -197,6 +203,7 @@ async def run_server(name: str, options: ServerOptions,
         raise UserError(f"{name}: cannot listen on {address} (the port is in use, or the host "
                         f"is not a local address); choose another with --port") from exc
     await server.start()
+    await link.start(port)
     metrics_server = start_metrics_server(name, options.host, options.metrics_port, metrics)
     for service in ("", LIVENESS):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -217,6 +224,7 @@ async def run_server(name: str, options: ServerOptions,
     if on_stopping is not None:
         on_stopping()
     await health_servicer.enter_graceful_shutdown()
+    await link.close()
     await server.stop(grace=2.0)
     still_running = await drain_cancelled_rpcs()
     if still_running:

@@ -1,4 +1,6 @@
-"""One long-lived bidirectional stream to a stage, with answers matched to calls by `seq`.
+"""One long-lived bidirectional stream to a stage, with answers matched to calls by `seq`, and
+the stage's other streams (`open_stream`), each over the local link when the stage is on this
+host (`stage_link.py`), else over gRPC.
 
 When the stream breaks (the stage died, or froze: the channel's keepalive pings go unanswered),
 every pending call fails with UNAVAILABLE naming the stage, `on_lost` is told, and the next call
@@ -16,12 +18,14 @@ from typing import Any
 
 import grpc
 
+from services.common.link_call import LinkCall
 from services.common.server import (
     DEFAULT_MAX_MESSAGE_BYTES,
     channel_options,
     keepalive_channel_options,
 )
 from services.common.stage_auth import stage_metadata
+from services.common.stage_link import link_port, stream_method
 from services.common.status import StageError, StageUnavailable, error_from_pb
 
 logger = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ class StageClient:
         self.connect_timeout = connect_timeout
         self.call_timeout = call_timeout
         self.target = target
+        self.max_message_bytes = max_message_bytes
+        self._link_port = link_port(target)
         self.channel = grpc.aio.insecure_channel(
             target, options=[*channel_options(max_message_bytes), *_RECONNECT_OPTIONS,
                              *keepalive_channel_options()])
@@ -93,15 +99,37 @@ class StageClient:
 
     async def _session(self) -> Any:
         if self._call is None:
-            # A channel that saw the stage die fails calls at once until it reconnects: wait
-            # (briefly) for it, so a stage that is back is used at once.
-            try:
-                await asyncio.wait_for(self.channel.channel_ready(), self.connect_timeout)
-            except TimeoutError as exc:
-                raise StageUnavailable(self.stage, f"cannot connect to {self.target}") from exc
-            self._call = self.stub.Session(metadata=stage_metadata())
+            self._call = await self.open_stream(*stream_method(self.stage, "Session"))
             asyncio.get_running_loop().create_task(self._read(self._call))
         return self._call
+
+    async def open_stream(self, method: str, response_type: Any, request: Any | None = None,
+                          connect_timeout: float | None = None) -> Any:
+        """Start the stage's streaming `method` (its full path) with `request` (None: a
+        bidirectional stream) and return the call; StageUnavailable when the stage cannot be
+        reached within the connect timeout."""
+        timeout = self.connect_timeout if connect_timeout is None else connect_timeout
+        if self._link_port is not None:
+            try:
+                return await LinkCall.open(self._link_port, method,
+                                           dict(stage_metadata()).get("authorization"),
+                                           response_type, request, self.max_message_bytes,
+                                           timeout)
+            except (OSError, TimeoutError):
+                pass  # no link there (the stage is down, or serves gRPC only): gRPC tells which
+        # A channel that saw the stage die fails calls at once until it reconnects: wait
+        # (briefly) for it, so a stage that is back is used at once.
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout)
+        except TimeoutError as exc:
+            raise StageUnavailable(self.stage, f"cannot connect to {self.target}") from exc
+        if request is None:
+            return self.channel.stream_stream(
+                method, request_serializer=_serialize,
+                response_deserializer=response_type.FromString)(metadata=stage_metadata())
+        return self.channel.unary_stream(
+            method, request_serializer=_serialize,
+            response_deserializer=response_type.FromString)(request, metadata=stage_metadata())
 
     async def _read(self, call: Any) -> None:
         error: StageUnavailable
@@ -131,6 +159,10 @@ class StageClient:
         if self._call is not None:
             self._call.cancel()
         await self.channel.close()
+
+
+def _serialize(message: Any) -> bytes:
+    return message.SerializeToString()  # type: ignore[no-any-return]
 
 
 def _detail(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from services.common.stage_client import StageClient
+from services.common.stage_link import stream_method
 from services.common.status import StageUnavailable
 
 RESUBSCRIBE_S = 0.1
@@ -50,8 +51,11 @@ class Subscriber:
         except TimeoutError as exc:
             raise StageUnavailable(self.client.stage, self.not_subscribed) from exc
 
-    def open(self) -> Any:
-        """Start the server-streaming call (on self.client.channel)."""
+    # The stage's server-streaming method this follows ("Outputs", "KvEvents").
+    method = ""
+
+    def request(self) -> Any:
+        """The subscription's one request message."""
         raise NotImplementedError
 
     async def on_message(self, msg: Any) -> None:
@@ -76,8 +80,9 @@ class Subscriber:
         """Read the subscription until it ends; why it ended."""
         assert self._subscribed is not None
         try:
-            await asyncio.wait_for(self.client.channel.channel_ready(), 2.0)
-            async for msg in self.open():
+            call = await self.client.open_stream(*stream_method(self.client.stage, self.method),
+                                                 self.request(), connect_timeout=2.0)
+            async for msg in call:
                 if msg.subscribed:
                     self.on_subscribed(msg)
                     self._subscribed.set()
@@ -86,7 +91,7 @@ class Subscriber:
             return "its output stream ended"
         except Resubscribe as exc:
             return f"resubscribing: {exc}"
-        except TimeoutError:
+        except StageUnavailable:
             return f"cannot connect to {self.client.target}"
         except grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"

@@ -21,7 +21,6 @@ from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_from_pb, request_output_to_pb
-from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.status import StageError
 from services.common.subscriber import Subscriber
@@ -47,9 +46,10 @@ class EngineFeed(Subscriber):
         await super().close()
         await self.engine.close()
 
-    def open(self) -> Any:
-        return engine_pb2_grpc.EngineStub(self.engine.channel).Outputs(
-            epb.EngineOutputsRequest(), metadata=stage_metadata())
+    method = "Outputs"
+
+    def request(self) -> epb.EngineOutputsRequest:
+        return epb.EngineOutputsRequest()
 
     async def on_message(self, msg: epb.EngineStepOutputs) -> None:
         await self._on_step(msg)

@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
 from services._proto.strand.v1 import engine_pb2 as epb
-from services._proto.strand.v1 import engine_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.engine_replicas import EngineReplicas
-from services.common.stage_auth import stage_metadata
 from services.common.status import StageError
 from services.common.subscriber import Subscriber
 
@@ -32,9 +29,10 @@ class _ReplicaEvents(Subscriber):
         self.feed = feed
         self.name = name
 
-    def open(self) -> Any:
-        return engine_pb2_grpc.EngineStub(self.client.channel).KvEvents(
-            epb.EngineKvEventsRequest(), metadata=stage_metadata())
+    method = "KvEvents"
+
+    def request(self) -> epb.EngineKvEventsRequest:
+        return epb.EngineKvEventsRequest()
 
     async def on_message(self, msg: epb.EngineKvEvents) -> None:
         msg.batch.engine = self.name  # as the router and GetLoads name it

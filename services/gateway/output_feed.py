@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
-from services._proto.strand.v1 import detokenizer_pb2_grpc
-from services.common.stage_auth import stage_metadata
 from services.common.stage_client import StageClient
 from services.common.subscriber import Subscriber
 
@@ -25,9 +22,10 @@ class OutputFeed(Subscriber):
         self._on_batch = on_batch
         self._on_lost = on_lost
 
-    def open(self) -> Any:
-        return detokenizer_pb2_grpc.DetokenizerStub(self.client.channel).Outputs(
-            dpb.DetokOutputsRequest(origin=self.origin), metadata=stage_metadata())
+    method = "Outputs"
+
+    def request(self) -> dpb.DetokOutputsRequest:
+        return dpb.DetokOutputsRequest(origin=self.origin)
 
     async def on_message(self, msg: dpb.OutputBatch) -> None:
         self._on_batch(msg)

@@ -18,14 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from services._proto.strand.v1 import engine_pb2 as epb
-from services._proto.strand.v1 import engine_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert_kv_events import kv_event_batch_from_pb
 from services.common.engine_replicas import EngineReplicas
-from services.common.stage_auth import stage_metadata
 from services.common.status import StageError, StageUnavailable
 from services.common.subscriber import Resubscribe, Subscriber
 from services.router import ReplicaLoad, Router
@@ -47,9 +44,10 @@ class KvEventsSubscription(Subscriber):
         self._resync_reason = ""
         self._warned = False  # about an engine without --kv-events, once
 
-    def open(self) -> Any:
-        return engine_pb2_grpc.EngineStub(self.client.channel).KvEvents(
-            epb.EngineKvEventsRequest(), metadata=stage_metadata())
+    method = "KvEvents"
+
+    def request(self) -> epb.EngineKvEventsRequest:
+        return epb.EngineKvEventsRequest()
 
     def on_subscribed(self, msg: epb.EngineKvEvents) -> None:
         self.router.index.load_snapshot(self.replica, list(msg.snapshot_block_hashes),

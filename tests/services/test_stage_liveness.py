@@ -17,7 +17,9 @@ import pytest
 
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
+from services.common.link_call import LinkCall
 from services.common.stage_client import StageClient
+from services.common.stage_link import TRANSPORT_ENV, TRANSPORTS
 from services.common.status import StageError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,13 +41,15 @@ def silent_stage() -> Iterator[tuple[subprocess.Popen[str], str]]:
         process.wait(10)
 
 
-async def _query(address: str, call_timeout: float, freeze: subprocess.Popen[str] | None
-                 ) -> StageError:
+async def _query(address: str, call_timeout: float, freeze: subprocess.Popen[str] | None,
+                 transport: str) -> StageError:
     client = StageClient("engine", address, engine_pb2_grpc.EngineStub,
                          call_timeout=call_timeout)
     try:
         call = asyncio.ensure_future(client.call(epb.EngineRequest(query=epb.EngineQuery())))
         await asyncio.sleep(0.5)  # the stream is open and the message is in
+        # The local link pings as gRPC's keepalive does (stage_link.py).
+        assert isinstance(client._call, LinkCall) == (transport == "auto")
         if freeze is not None:
             freeze.send_signal(signal.SIGSTOP)
         # Bounded here too: before keepalive and deadlines this waited forever.
@@ -56,17 +60,25 @@ async def _query(address: str, call_timeout: float, freeze: subprocess.Popen[str
         await client.close()
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_frozen_stage_fails_its_calls_as_unavailable(
-        silent_stage: tuple[subprocess.Popen[str], str]) -> None:
+        silent_stage: tuple[subprocess.Popen[str], str], transport: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, transport)
     process, address = silent_stage
-    error = asyncio.run(_query(address, call_timeout=60, freeze=process))
+    error = asyncio.run(_query(address, call_timeout=60, freeze=process, transport=transport))
     assert error.code == grpc.StatusCode.UNAVAILABLE
     assert error.message.startswith("engine stage is unavailable")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_stage_that_never_answers_fails_at_the_deadline_not_by_its_pings(
-        silent_stage: tuple[subprocess.Popen[str], str]) -> None:
-    # 7 s: three keepalive pings; the server must accept them (no GOAWAY too_many_pings).
-    error = asyncio.run(_query(silent_stage[1], call_timeout=7, freeze=None))
+        silent_stage: tuple[subprocess.Popen[str], str], transport: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, transport)
+    # 7 s: three keepalive pings; the server must accept them (no GOAWAY too_many_pings, and
+    # the link's pings are answered while the handler sits on its requests).
+    error = asyncio.run(_query(silent_stage[1], call_timeout=7, freeze=None,
+                               transport=transport))
     assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "engine stage did not answer within 7s" in error.message

@@ -1,0 +1,246 @@
+"""The local link between stages: the same handlers and answers as gRPC, the same stage token,
+size limit and status codes, and the handler cancelled when its caller goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from services._proto.strand.v1 import engine_pb2 as epb
+from services._proto.strand.v1 import engine_pb2_grpc
+from services.common.link_call import LinkCall, LinkRpcError
+from services.common.link_frames import Kind, link_address, write_frame
+from services.common.link_server import LinkRegistry, LinkServer
+from services.common.stage_client import StageClient
+from services.common.stage_link import TRANSPORT_ENV, link_port, stream_method
+from services.common.status import StageError
+
+TOKEN = "link-test-token"
+
+
+class EchoEngine(engine_pb2_grpc.EngineServicer):
+    """Session answers each message with its seq; Outputs streams three steps; KvEvents is
+    refused as an engine without --kv-events refuses it."""
+
+    def __init__(self) -> None:
+        self.sessions_ended = asyncio.Event()
+
+    async def Session(self, request_iterator: AsyncIterator[epb.EngineRequest],
+                      context: Any) -> AsyncIterator[epb.EngineResponse]:
+        try:
+            async for msg in request_iterator:
+                yield epb.EngineResponse(seq=msg.seq)
+        finally:
+            self.sessions_ended.set()
+
+    async def Outputs(self, request: epb.EngineOutputsRequest,
+                      context: Any) -> AsyncIterator[epb.EngineStepOutputs]:
+        for step in range(1, 4):
+            yield epb.EngineStepOutputs(step_id=step)
+
+    async def KvEvents(self, request: epb.EngineKvEventsRequest,
+                       context: Any) -> AsyncIterator[epb.EngineKvEvents]:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "kv_events must be on")
+        yield epb.EngineKvEvents()  # pragma: no cover
+
+
+async def _with_stage(body: Callable[[str, EchoEngine], Awaitable[None]], *, link: bool = True,
+                      max_message_bytes: int = 1 << 20) -> None:
+    """An engine-like stage (gRPC, and the link unless told not to) on 127.0.0.1."""
+    servicer = EchoEngine()
+    server = grpc.aio.server()
+    registry = LinkRegistry(server)
+    engine_pb2_grpc.add_EngineServicer_to_server(servicer, registry)  # type: ignore[arg-type]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    linked = LinkServer("engine", registry.handlers if link else {}, TOKEN, max_message_bytes)
+    await linked.start(port)
+    try:
+        await body(f"127.0.0.1:{port}", servicer)
+    finally:
+        await linked.close()
+        await server.stop(None)
+
+
+@pytest.fixture(autouse=True)
+def _stage_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRAND_STAGE_TOKEN", TOKEN)
+
+
+def test_only_streaming_methods_are_linked() -> None:
+    server = grpc.aio.server()
+    registry = LinkRegistry(server)
+    engine_pb2_grpc.add_EngineServicer_to_server(EchoEngine(), registry)  # type: ignore[arg-type]
+    assert sorted(registry.handlers) == ["/strand.v1.Engine/KvEvents",
+                                         "/strand.v1.Engine/Outputs",
+                                         "/strand.v1.Engine/Session"]  # GetInfo is unary
+
+
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_session_and_subscription_answer_alike_on_either_transport(
+        transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, transport)
+
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        try:
+            answers = await asyncio.gather(*(client.call(epb.EngineRequest(query=epb.EngineQuery()))
+                                             for _ in range(5)))
+            assert sorted(a.seq for a in answers) == [1, 2, 3, 4, 5]
+            assert isinstance(client._call, LinkCall) == (transport == "auto")
+            path, answer_type = stream_method("engine", "Outputs")
+            call = await client.open_stream(path, answer_type, epb.EngineOutputsRequest())
+            assert [m.step_id async for m in call] == [1, 2, 3]
+        finally:
+            await client.close()
+    asyncio.run(_with_stage(body))
+
+
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_an_abort_in_the_handler_reaches_the_caller_with_its_code(
+        transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, transport)
+
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        try:
+            call = await client.open_stream(*stream_method("engine", "KvEvents"),
+                                            epb.EngineKvEventsRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert err.value.details() == "kv_events must be on"
+        finally:
+            await client.close()
+    asyncio.run(_with_stage(body))
+
+
+def test_a_stage_without_a_link_is_reached_over_grpc() -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        try:
+            answer = await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+            assert answer.seq == 1
+            assert not isinstance(client._call, LinkCall)
+        finally:
+            await client.close()
+    asyncio.run(_with_stage(body, link=False))
+
+
+async def _raw_stream(address: str, method: str, authorization: str,
+                      frames: list[tuple[Kind, bytes]] = ()) -> LinkRpcError:  # type: ignore[assignment]
+    """Open `method` with this authorization, send `frames`, and return how the stage ended
+    the stream."""
+    port = link_port(address)
+    assert port is not None
+    call = await LinkCall.open(port, method, authorization, epb.EngineResponse, None, 1 << 20, 1.0)
+    for kind, payload in frames:
+        write_frame(call._writer, kind, payload)
+    with pytest.raises(LinkRpcError) as err:
+        while True:
+            await asyncio.wait_for(call.read(), 5)
+    return err.value
+
+
+@pytest.mark.parametrize("authorization", ["", "Bearer wrong"])
+def test_the_link_requires_the_stage_token(authorization: str) -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        error = await _raw_stream(address, "/strand.v1.Engine/Session", authorization)
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "api key" in (error.details() or "")
+    asyncio.run(_with_stage(body))
+
+
+def test_an_unknown_method_is_unimplemented() -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        error = await _raw_stream(address, "/strand.v1.Engine/GetInfo", f"Bearer {TOKEN}")
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "GetInfo" in (error.details() or "")
+    asyncio.run(_with_stage(body))
+
+
+def test_a_message_over_the_limit_is_refused_before_it_is_read() -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        big = epb.EngineRequest(seq=1, abort=epb.EngineAbort(request_ids=["x" * 5000]))
+        error = await _raw_stream(address, "/strand.v1.Engine/Session", f"Bearer {TOKEN}",
+                                  [(Kind.MESSAGE, big.SerializeToString())])
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "over the 4096-byte limit" in (error.details() or "")
+    asyncio.run(_with_stage(body, max_message_bytes=4096))
+
+
+def test_an_undecodable_message_ends_the_stream_as_invalid_argument() -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        error = await _raw_stream(address, "/strand.v1.Engine/Session", f"Bearer {TOKEN}",
+                                  [(Kind.MESSAGE, b"\xff\xff\xff")])
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "undecodable" in (error.details() or "")
+    asyncio.run(_with_stage(body))
+
+
+def test_a_caller_that_goes_away_cancels_its_handler() -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+        assert isinstance(client._call, LinkCall)
+        assert not servicer.sessions_ended.is_set()
+        await client.close()
+        await asyncio.wait_for(servicer.sessions_ended.wait(), 5)
+    asyncio.run(_with_stage(body))
+
+
+def test_a_stage_that_goes_away_fails_the_pending_call_as_unavailable() -> None:
+    async def run() -> None:
+        servicer = EchoEngine()
+        server = grpc.aio.server()
+        registry = LinkRegistry(server)
+        engine_pb2_grpc.add_EngineServicer_to_server(servicer, registry)  # type: ignore[arg-type]
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        linked = LinkServer("engine", registry.handlers, TOKEN, 1 << 20)
+        await linked.start(port)
+        lost: list[str] = []
+
+        async def on_lost(error: StageError) -> None:
+            lost.append(error.message)
+        client = StageClient("engine", f"127.0.0.1:{port}", engine_pb2_grpc.EngineStub,
+                             on_lost=on_lost)
+        try:
+            await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+            await linked.close()  # every linked stream of the stage ends at once
+            await server.stop(None)
+            for _ in range(50):
+                if lost:
+                    break
+                await asyncio.sleep(0.1)
+            assert lost and lost[0].startswith("engine stage is unavailable")
+            with pytest.raises(StageError) as err:
+                await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await client.close()
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("target", "port"), [("127.0.0.1:5000", 5000), ("localhost:5001", 5001),
+                                              ("[::1]:5002", 5002), ("10.0.0.7:5003", None),
+                                              ("engine:5004", None)])
+def test_only_stages_on_this_host_are_linked(target: str, port: int | None) -> None:
+    assert link_port(target) == port
+
+
+def test_the_transport_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, "grpc")
+    assert link_port("127.0.0.1:5000") is None
+    monkeypatch.setenv(TRANSPORT_ENV, "zmq")
+    with pytest.raises(ValueError, match=f"{TRANSPORT_ENV} must be one of auto, grpc"):
+        link_port("127.0.0.1:5000")
+
+
+def test_link_names_follow_the_port() -> None:
+    assert link_address(5000) == "\0strand-stage-5000"
