@@ -13,7 +13,9 @@ alternating rounds, on its iomgr path (services/grpc_tuning.py, STRAND_GRPC_IOMG
 wake-up fewer per message), since the choice is process-wide and read when grpc is imported. A plain asyncio
 socket echo is measured beside them, after the same gap: what the kernel and one event loop cost,
 so the rest is gRPC's own thread hand-offs. The default path is measured over a Unix socket too
-(`unix:` addresses, which grpcio takes as they are): what the TCP stack costs of a hop.
+(`unix:` addresses, which grpcio takes as they are): what the TCP stack costs of a hop. And the
+stages' local link (services/common/stage_link.py), its own server and call code, after the gap:
+the hop the ring's internal edges take between stages on one host.
 
     python -m benchmarks.grpc_hop --messages 300 --gap-ms 20 --rounds 3
 """
@@ -36,6 +38,7 @@ from services import grpc_tuning
 _METHOD = "/strand.bench.Hop/Echo"
 _PAYLOAD = b"x" * 100  # about one small stage message
 _WARM = 20  # messages that warm the connection, not timed
+_KINDS = ("grpc", "socket", "link")
 
 
 def _raw(data: bytes) -> bytes:
@@ -81,6 +84,44 @@ async def _serve_socket(port: int) -> None:
     server = await asyncio.start_server(echo, "127.0.0.1", port)
     print("ready", flush=True)
     await server.serve_forever()
+
+
+async def _serve_link(port: int) -> None:
+    import grpc
+
+    from services._proto.strand.v1 import engine_pb2 as epb
+    from services.common.link_server import LinkServer
+
+    async def echo(messages: Any, context: Any) -> Any:
+        async for _ in messages:
+            yield epb.EngineResponse(seq=time.monotonic_ns())
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        echo, request_deserializer=epb.EngineRequest.FromString,
+        response_serializer=epb.EngineResponse.SerializeToString)
+    server = LinkServer("bench", {_METHOD: handler}, None, 1 << 20)
+    await server.start(port)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+async def _link_hops(port: int, count: int, gap_s: float) -> list[float]:
+    from services._proto.strand.v1 import engine_pb2 as epb
+    from services.common.link_call import LinkCall
+
+    call = await LinkCall.open(port, _METHOD, None, epb.EngineResponse, None, 1 << 20, 5.0)
+    request = epb.EngineRequest(seq=1, abort=epb.EngineAbort(request_ids=["x" * 90]))
+    hops = []
+    for i in range(count + _WARM):
+        if gap_s:
+            await asyncio.sleep(gap_s)
+        sent = time.monotonic_ns()
+        await call.write(request)
+        seen = (await call.read()).seq
+        if i >= _WARM:
+            hops.append((seen - sent) / 1e6)
+    call.cancel()
+    return hops
 
 
 async def _grpc_hops(port: int, count: int, gap_s: float, unix: str | None = None
@@ -165,7 +206,7 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = Fal
 def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
     """p50 one-way milliseconds (the median over rounds): gRPC on its default TCP path back to
     back and after the gap, the same on its iomgr path and over a Unix socket, a plain socket
-    after the gap."""
+    after the gap, the stages' local link after the gap."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if rounds < 1:
@@ -184,6 +225,7 @@ def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dic
             _hops("grpc", "default", count, gap_ms, unix=True))
         runs.setdefault("socket_after_gap_ms", []).append(
             _hops("socket", "default", count, gap_ms))
+        runs.setdefault("link_after_gap_ms", []).append(_hops("link", "default", count, gap_ms))
     return {**{name: statistics.median(values) for name, values in runs.items()},
             "gap_ms": gap_ms, "rounds": rounds}
 
@@ -195,16 +237,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="idle time before each message of the after-gap runs")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds of every variant; medians over them")
-    parser.add_argument("--serve", choices=("grpc", "socket"), default=None,
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--client", choices=("grpc", "socket"), default=None,
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=_KINDS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=_KINDS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--unix", default=None, help=argparse.SUPPRESS)  # a socket's path
     args = parser.parse_args(argv)
     if args.serve:
-        asyncio.run(_serve_grpc(args.port, args.unix) if args.serve == "grpc"
-                    else _serve_socket(args.port))
+        servers = {"grpc": lambda: _serve_grpc(args.port, args.unix),
+                   "socket": lambda: _serve_socket(args.port),
+                   "link": lambda: _serve_link(args.port)}
+        asyncio.run(servers[args.serve]())
         return
     if args.messages < 1:
         parser.error(f"--messages must be >= 1, got {args.messages}")
@@ -214,9 +256,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.client:
         gap_s = args.gap_ms / 1e3
-        client = (_grpc_hops(args.port, args.messages, gap_s, args.unix) if args.client == "grpc"
-                  else _socket_hops(args.port, args.messages, gap_s))
-        print(json.dumps(asyncio.run(client)))
+        clients = {"grpc": lambda: _grpc_hops(args.port, args.messages, gap_s, args.unix),
+                   "socket": lambda: _socket_hops(args.port, args.messages, gap_s),
+                   "link": lambda: _link_hops(args.port, args.messages, gap_s)}
+        print(json.dumps(asyncio.run(clients[args.client]())))
         return
     hops = measure_hops(args.messages, args.gap_ms, args.rounds)
     print(f"one gRPC stream message, p50 over {args.rounds} rounds: "
@@ -226,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{hops['grpc_iomgr_after_gap_ms']:.3f} ms; over a Unix socket (default path): "
           f"{hops['grpc_unix_busy_ms']:.3f} and {hops['grpc_unix_after_gap_ms']:.3f} ms; "
           f"a plain socket after the same idle: "
-          f"{hops['socket_after_gap_ms']:.3f} ms")
+          f"{hops['socket_after_gap_ms']:.3f} ms; the stages' local link after it: "
+          f"{hops['link_after_gap_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,11 @@ Two measurements on the same model, engine flags and thread count, in one run:
    this VM's speed drifts by 5-20% within minutes, so one run of each cannot tell 0.94x from
    0.98x; the median of the per-pair ratios can.
 
-4. The floor under TTFT added: one gRPC stream message between two bare processes after the
-   idle a lone request finds (benchmarks/grpc_hop.py), times the CRITICAL_PATH_HOPS messages a
-   first token crosses. What the ring adds beyond it is Strand's own code.
+4. The floor under TTFT added: one stream message between two bare processes after the idle a
+   lone request finds (benchmarks/grpc_hop.py), for each of the CRITICAL_PATH_HOPS messages a
+   first token crosses: gRPC for the client's two, and for the four between stages the local
+   link (the stages are on one host) or gRPC under STRAND_STAGE_TRANSPORT=grpc. What the ring
+   adds beyond it is Strand's own code.
 
 With `--engine-cpus 0` the engine runs on CPU 0 in both runs (the in-process loop, and the
 engine stage) and the other stages and the client on the remaining CPUs (benchmarks/cpu_pinning.py):
@@ -53,12 +55,15 @@ from benchmarks.grpc_hop import measure_hops
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services import grpc_tuning
+from services.common.stage_link import transport
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Messages between processes on a first token's way: client -> gateway (the Generate call),
 # gateway -> tokenizer, tokenizer -> engine, engine -> detokenizer, detokenizer -> gateway,
-# gateway -> client.
+# gateway -> client. The first and the last are the client's gRPC call; the rest are between
+# stages.
 CRITICAL_PATH_HOPS = 6
+STAGE_HOPS = 4
 
 
 def cpu_seconds(pid: int) -> float:
@@ -183,7 +188,9 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
     data: dict[str, Any] = {"benchmark": "ring_overhead", "model": str(model_dir),
                             "num_threads": threads, "num_prompts": len(requests),
                             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                            "engine_cpus": sorted(pinned[0]) if pinned else None}
+                            "engine_cpus": sorted(pinned[0]) if pinned else None,
+                            # The stack's stages are on this host: they link unless told not to.
+                            "stage_transport": "grpc" if transport() == "grpc" else "link"}
 
     log("in process: TTFT of single requests")
     engine = LLMEngine.from_engine_args(EngineArgs(
@@ -232,13 +239,16 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
     data["cpu_s_per_1000_tokens"] = {name: 1000 * (after[name] - before[name]) / max(tokens, 1)
                                      for name in pids}
     if args.hop_messages > 0:
-        log("the floor: one bare gRPC stream message after an idle gap")
+        log("the floor: one bare stream message after an idle gap")
         hops = measure_hops(args.hop_messages)
         data["grpc_hop_ms"] = hops
         # The hop on the TCP path the stages ran on (services/grpc_tuning.py).
         iomgr = os.environ.get(grpc_tuning.ENV) == grpc_tuning.IOMGR_TCP
-        data["ttft_ms"]["floor"] = CRITICAL_PATH_HOPS * hops[
-            "grpc_iomgr_after_gap_ms" if iomgr else "grpc_after_gap_ms"]
+        grpc_hop = hops["grpc_iomgr_after_gap_ms" if iomgr else "grpc_after_gap_ms"]
+        stage_hop = hops["link_after_gap_ms" if data["stage_transport"] == "link" else
+                         "grpc_iomgr_after_gap_ms" if iomgr else "grpc_after_gap_ms"]
+        data["ttft_ms"]["floor"] = ((CRITICAL_PATH_HOPS - STAGE_HOPS) * grpc_hop
+                                    + STAGE_HOPS * stage_hop)
     if pairs:
         ratios = [ring / local for local, ring in pairs]
         data["throughput"] = {"in_process_tok_s": [p[0] for p in pairs],
@@ -296,8 +306,10 @@ def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest],
 def summary_table(data: dict[str, Any]) -> str:
     ttft = data["ttft_ms"]
     floor = f"{ttft['floor']:.2f}" if "floor" in ttft else "-"
+    stage_hops = "link" if data.get("stage_transport") == "link" else "gRPC"
     lines = [format_table(["TTFT p50 ms", "in process", "ring", "added",
-                           f"floor ({CRITICAL_PATH_HOPS} bare gRPC hops)"],
+                           f"floor ({CRITICAL_PATH_HOPS - STAGE_HOPS} gRPC + {STAGE_HOPS} "
+                           f"{stage_hops} hops)"],
                           [["", f"{ttft['in_process_p50']:.2f}", f"{ttft['ring_p50']:.2f}",
                             f"{ttft['added_p50']:.2f}", floor]])]
     if "grpc_hop_ms" in data:
@@ -306,7 +318,8 @@ def summary_table(data: dict[str, Any]) -> str:
                      f"{hop['gap_ms']:g} ms idle, {hop['grpc_busy_ms']:.3f} ms back to back "
                      f"(its iomgr TCP path: {hop['grpc_iomgr_after_gap_ms']:.3f} and "
                      f"{hop['grpc_iomgr_busy_ms']:.3f} ms); a plain socket after the idle: "
-                     f"{hop['socket_after_gap_ms']:.3f} ms")
+                     f"{hop['socket_after_gap_ms']:.3f} ms, the stages' local link "
+                     f"{hop['link_after_gap_ms']:.3f} ms")
     cpu, lone = data["cpu_s_per_1000_tokens"], data["cpu_ms_per_lone_request"]
     lines.append(format_table(["process", "CPU s / 1000 output tokens",
                                "CPU ms / lone request"],
