@@ -15,7 +15,9 @@ socket echo is measured beside them, after the same gap: what the kernel and one
 so the rest is gRPC's own thread hand-offs. The default path is measured over a Unix socket too
 (`unix:` addresses, which grpcio takes as they are): what the TCP stack costs of a hop. And the
 stages' local link (services/common/stage_link.py), its own server and call code, after the gap:
-the hop the ring's internal edges take between stages on one host.
+the hop the ring's internal edges take between stages on one host. Last, what a client's
+request pays before any handler work: a new server-streaming call answered with one message, its
+round trip after the gap (what a Generate costs on a bare grpc.aio server).
 
     python -m benchmarks.grpc_hop --messages 300 --gap-ms 20 --rounds 3
 """
@@ -38,7 +40,7 @@ from services import grpc_tuning
 _METHOD = "/strand.bench.Hop/Echo"
 _PAYLOAD = b"x" * 100  # about one small stage message
 _WARM = 20  # messages that warm the connection, not timed
-_KINDS = ("grpc", "socket", "link")
+_KINDS = ("grpc", "socket", "link", "grpc_call")
 
 
 def _raw(data: bytes) -> bytes:
@@ -60,9 +62,14 @@ async def _serve_grpc(port: int, unix: str | None = None) -> None:
         async for _ in messages:
             yield _stamp()
 
+    async def answer(message: bytes, context: grpc.aio.ServicerContext) -> Any:
+        yield _stamp()
+
     handler = grpc.method_handlers_generic_handler("strand.bench.Hop", {
         "Echo": grpc.stream_stream_rpc_method_handler(echo, request_deserializer=_raw,
-                                                      response_serializer=_raw)})
+                                                      response_serializer=_raw),
+        "Call": grpc.unary_stream_rpc_method_handler(answer, request_deserializer=_raw,
+                                                     response_serializer=_raw)})
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(_address(port, unix))
@@ -144,6 +151,25 @@ async def _grpc_hops(port: int, count: int, gap_s: float, unix: str | None = Non
         return hops
 
 
+async def _grpc_calls(port: int, count: int, gap_s: float) -> list[float]:
+    """Round trips (not one way) of new server-streaming calls, each answered once."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(_address(port, None)) as channel:
+        call = channel.unary_stream(_METHOD.replace("Echo", "Call"), request_serializer=_raw,
+                                    response_deserializer=_raw)
+        trips = []
+        for i in range(count + _WARM):
+            if gap_s:
+                await asyncio.sleep(gap_s)
+            sent = time.monotonic_ns()
+            async for _ in call(_PAYLOAD):
+                pass
+            if i >= _WARM:
+                trips.append((time.monotonic_ns() - sent) / 1e6)
+        return trips
+
+
 async def _socket_hops(port: int, count: int, gap_s: float) -> list[float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     hops = []
@@ -179,9 +205,10 @@ def _env(transport: str) -> dict[str, str]:
     return env
 
 
-def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = False) -> float:
+def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = False,
+          client: str | None = None) -> float:
     """p50 one-way ms of `count` messages, server and client each a fresh process (over a
-    Unix socket where `unix`)."""
+    Unix socket where `unix`; the client `client` where it is not the server's kind)."""
     port = _free_port()
     me = [sys.executable, "-m", "benchmarks.grpc_hop", "--port", str(port)]
     socket_dir = tempfile.TemporaryDirectory(prefix="strand-hop-") if unix else None
@@ -193,7 +220,7 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = Fal
         assert server.stdout is not None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the {kind} echo server did not start")
-        out = subprocess.run([*me, "--client", kind, "--messages", str(count), "--gap-ms",
+        out = subprocess.run([*me, "--client", client or kind, "--messages", str(count), "--gap-ms",
                               str(gap_ms)], capture_output=True, text=True, env=env, check=True)
         return statistics.median(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
@@ -206,7 +233,8 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = Fal
 def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
     """p50 one-way milliseconds (the median over rounds): gRPC on its default TCP path back to
     back and after the gap, the same on its iomgr path and over a Unix socket, a plain socket
-    after the gap, the stages' local link after the gap."""
+    after the gap, the stages' local link after the gap; and a new server-streaming call's
+    round trip after the gap (grpc_new_call_ms)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if rounds < 1:
@@ -226,6 +254,8 @@ def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dic
         runs.setdefault("socket_after_gap_ms", []).append(
             _hops("socket", "default", count, gap_ms))
         runs.setdefault("link_after_gap_ms", []).append(_hops("link", "default", count, gap_ms))
+        runs.setdefault("grpc_new_call_ms", []).append(_hops("grpc", "default", count, gap_ms,
+                                                             client="grpc_call"))
     return {**{name: statistics.median(values) for name, values in runs.items()},
             "gap_ms": gap_ms, "rounds": rounds}
 
@@ -237,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="idle time before each message of the after-gap runs")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds of every variant; medians over them")
-    parser.add_argument("--serve", choices=_KINDS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=_KINDS[:3], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--client", choices=_KINDS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--unix", default=None, help=argparse.SUPPRESS)  # a socket's path
@@ -258,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         gap_s = args.gap_ms / 1e3
         clients = {"grpc": lambda: _grpc_hops(args.port, args.messages, gap_s, args.unix),
                    "socket": lambda: _socket_hops(args.port, args.messages, gap_s),
-                   "link": lambda: _link_hops(args.port, args.messages, gap_s)}
+                   "link": lambda: _link_hops(args.port, args.messages, gap_s),
+                   "grpc_call": lambda: _grpc_calls(args.port, args.messages, gap_s)}
         print(json.dumps(asyncio.run(clients[args.client]())))
         return
     hops = measure_hops(args.messages, args.gap_ms, args.rounds)
@@ -270,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{hops['grpc_unix_busy_ms']:.3f} and {hops['grpc_unix_after_gap_ms']:.3f} ms; "
           f"a plain socket after the same idle: "
           f"{hops['socket_after_gap_ms']:.3f} ms; the stages' local link after it: "
-          f"{hops['link_after_gap_ms']:.3f} ms")
+          f"{hops['link_after_gap_ms']:.3f} ms; a new server-streaming call answered once, "
+          f"round trip after the idle: {hops['grpc_new_call_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,11 @@ def test_a_run_reports_ttft_cpu_and_alternating_throughput_pairs(
     data = json.loads(out.read_text())
     assert data["ttft_ms"]["ring_p50"] > 0 and data["ttft_ms"]["in_process_p50"] > 0
     hop = data["grpc_hop_ms"]
-    assert data["ttft_ms"]["floor"] == ring_overhead.CRITICAL_PATH_HOPS * hop["grpc_after_gap_ms"]
+    # The stack's stages are on this host, so they link: the floor counts four link hops.
+    assert data["stage_transport"] == "link"
+    assert data["ttft_ms"]["floor"] == pytest.approx(
+        hop["grpc_new_call_ms"] + ring_overhead.STAGE_HOPS * hop["link_after_gap_ms"])
+    assert "floor (a bare gRPC call + 4 link hops)" in stdout.getvalue()
     assert hop["grpc_busy_ms"] > 0 and hop["socket_after_gap_ms"] > 0
     assert set(data["cpu_s_per_1000_tokens"]) == {"tokenizer", "engine", "detokenizer",
                                                   "gateway", "client (this benchmark)"}
@@ -99,7 +103,9 @@ def test_a_bare_hop_is_timed_between_two_processes() -> None:
     hops = measure_hops(count=5, gap_ms=1.0)
     # Stamps of two processes on one monotonic clock: a message is seen after it is sent.
     assert 0 < hops["grpc_busy_ms"] < 1000 and 0 < hops["grpc_after_gap_ms"] < 1000
-    assert 0 < hops["socket_after_gap_ms"] < 1000
+    assert 0 < hops["socket_after_gap_ms"] < 1000 and 0 < hops["link_after_gap_ms"] < 1000
+    # A new call's round trip: two messages' ways at least, and its setup.
+    assert hops["grpc_new_call_ms"] > hops["grpc_busy_ms"]
     assert 0 < hops["grpc_unix_busy_ms"] < 1000 and 0 < hops["grpc_unix_after_gap_ms"] < 1000
     with pytest.raises(ValueError, match="count must be >= 1"):
         measure_hops(count=0)
