@@ -72,12 +72,12 @@ def _stage_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_only_streaming_methods_are_linked() -> None:
-    server = grpc.aio.server()
-    registry = LinkRegistry(server)
-    engine_pb2_grpc.add_EngineServicer_to_server(EchoEngine(), registry)  # type: ignore[arg-type]
-    assert sorted(registry.handlers) == ["/strand.v1.Engine/KvEvents",
-                                         "/strand.v1.Engine/Outputs",
-                                         "/strand.v1.Engine/Session"]  # GetInfo is unary
+    async def register() -> list[str]:
+        registry = LinkRegistry(grpc.aio.server())
+        engine_pb2_grpc.add_EngineServicer_to_server(EchoEngine(), registry)  # type: ignore[arg-type]
+        return sorted(registry.handlers)
+    assert asyncio.run(register()) == ["/strand.v1.Engine/KvEvents", "/strand.v1.Engine/Outputs",
+                                       "/strand.v1.Engine/Session"]  # GetInfo is unary
 
 
 @pytest.mark.parametrize("transport", ["auto", "grpc"])
