@@ -202,8 +202,10 @@ async def run_server(name: str, options: ServerOptions,
     except RuntimeError as exc:  # grpc's "Failed to bind to address ..."
         raise UserError(f"{name}: cannot listen on {address} (the port is in use, or the host "
                         f"is not a local address); choose another with --port") from exc
-    await server.start()
+    # The link first: a caller that finds the gRPC port open finds the link too (it would
+    # otherwise settle on gRPC for the life of a long-lived stream).
     await link.start(port)
+    await server.start()
     metrics_server = start_metrics_server(name, options.host, options.metrics_port, metrics)
     for service in ("", LIVENESS):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -109,20 +109,19 @@ class StageClient:
         bidirectional stream) and return the call; StageUnavailable when the stage cannot be
         reached within the connect timeout."""
         timeout = self.connect_timeout if connect_timeout is None else connect_timeout
-        if self._link_port is not None:
-            try:
-                return await LinkCall.open(self._link_port, method,
-                                           dict(stage_metadata()).get("authorization"),
-                                           response_type, request, self.max_message_bytes,
-                                           timeout)
-            except (OSError, TimeoutError):
-                pass  # no link there (the stage is down, or serves gRPC only): gRPC tells which
+        linked = await self._open_link(method, response_type, request, timeout)
+        if linked is not None:
+            return linked
         # A channel that saw the stage die fails calls at once until it reconnects: wait
         # (briefly) for it, so a stage that is back is used at once.
         try:
             await asyncio.wait_for(self.channel.channel_ready(), timeout)
         except TimeoutError as exc:
             raise StageUnavailable(self.stage, f"cannot connect to {self.target}") from exc
+        # The stage may have come up while we waited (its link listens before its gRPC port).
+        linked = await self._open_link(method, response_type, request, timeout)
+        if linked is not None:
+            return linked
         if request is None:
             return self.channel.stream_stream(
                 method, request_serializer=_serialize,
@@ -159,6 +158,20 @@ class StageClient:
         if self._call is not None:
             self._call.cancel()
         await self.channel.close()
+
+
+    async def _open_link(self, method: str, response_type: Any, request: Any | None,
+                         timeout: float) -> LinkCall | None:
+        """The stream over the local link, or None where there is none (the stage is not on
+        this host, is down, or serves gRPC only)."""
+        if self._link_port is None:
+            return None
+        try:
+            return await LinkCall.open(self._link_port, method,
+                                       dict(stage_metadata()).get("authorization"),
+                                       response_type, request, self.max_message_bytes, timeout)
+        except (OSError, TimeoutError):
+            return None
 
 
 def _serialize(message: Any) -> bytes:
