@@ -4,6 +4,9 @@ size limit and status codes, and the handler cancelled when its caller goes away
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,9 +15,11 @@ import pytest
 
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
+from services.common import link_server
 from services.common.link_call import LinkCall, LinkRpcError
 from services.common.link_frames import Kind, link_address, write_frame
 from services.common.link_server import LinkRegistry, LinkServer
+from services.common.server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
 from services.common.stage_client import StageClient
 from services.common.stage_link import TRANSPORT_ENV, link_port, stream_method
 from services.common.status import StageError
@@ -147,13 +152,71 @@ async def _raw_stream(address: str, method: str, authorization: str,
     return err.value
 
 
-@pytest.mark.parametrize("authorization", ["", "Bearer wrong"])
+@pytest.mark.parametrize("authorization", ["", "Bearer wrong", "Bearer ключ"])
 def test_the_link_requires_the_stage_token(authorization: str) -> None:
     async def body(address: str, servicer: EchoEngine) -> None:
         error = await _raw_stream(address, "/strand.v1.Engine/Session", authorization)
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "api key" in (error.details() or "")
     asyncio.run(_with_stage(body))
+
+
+def test_a_stage_serves_a_bounded_number_of_linked_streams(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(link_server, "MAX_STREAMS", 1)
+
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        try:
+            await client.call(epb.EngineRequest(query=epb.EngineQuery()))  # the one stream
+            error = await _raw_stream(address, "/strand.v1.Engine/Session", f"Bearer {TOKEN}")
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 1 linked streams" in (error.details() or "")
+        finally:
+            await client.close()
+    asyncio.run(_with_stage(body))
+
+
+def test_a_stage_whose_loop_is_held_a_few_seconds_keeps_its_link() -> None:
+    """Longer than gRPC's keepalive timeout, shorter than the link's: not a frozen stage."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    ready: concurrent.futures.Future[str] = concurrent.futures.Future()
+    release = asyncio.Event()
+
+    async def serve() -> None:
+        await _with_stage(lambda address, servicer: _serve_until(address, ready, release))
+
+    serving = asyncio.run_coroutine_threadsafe(serve(), loop)
+    address = ready.result(10)
+
+    async def call_across_a_held_loop() -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        try:
+            await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+            linked = client._call
+            assert isinstance(linked, LinkCall)
+            hold = KEEPALIVE_TIME_MS / 1000 + KEEPALIVE_TIMEOUT_MS / 1000 + 0.5
+            loop.call_soon_threadsafe(time.sleep, hold)  # the stage's loop answers nothing
+            await asyncio.sleep(0.1)
+            answer = await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+            assert answer.seq == 2 and client._call is linked  # the same stream
+        finally:
+            await client.close()
+    try:
+        asyncio.run(call_across_a_held_loop())
+    finally:
+        loop.call_soon_threadsafe(release.set)
+        serving.result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+async def _serve_until(address: str, ready: concurrent.futures.Future[str],
+                       release: asyncio.Event) -> None:
+    ready.set_result(address)
+    await release.wait()
 
 
 def test_an_unknown_method_is_unimplemented() -> None:
