@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services import grpc_tuning
@@ -93,6 +94,20 @@ async def _serve_socket(port: int) -> None:
     await server.serve_forever()
 
 
+async def _timed(count: int, gap_s: float, echo: Callable[[], Awaitable[int]]) -> list[float]:
+    """One-way ms of `count` messages (after _WARM untimed): `echo` sends one and returns the
+    receiver's CLOCK_MONOTONIC stamp of it."""
+    hops = []
+    for i in range(count + _WARM):
+        if gap_s:
+            await asyncio.sleep(gap_s)
+        sent = time.monotonic_ns()
+        seen = await echo()
+        if i >= _WARM:
+            hops.append((seen - sent) / 1e6)
+    return hops
+
+
 async def _serve_link(port: int) -> None:
     import grpc
 
@@ -118,15 +133,11 @@ async def _link_hops(port: int, count: int, gap_s: float) -> list[float]:
 
     call = await LinkCall.open(port, _METHOD, None, epb.EngineResponse, None, 1 << 20, 5.0)
     request = epb.EngineRequest(seq=1, abort=epb.EngineAbort(request_ids=["x" * 90]))
-    hops = []
-    for i in range(count + _WARM):
-        if gap_s:
-            await asyncio.sleep(gap_s)
-        sent = time.monotonic_ns()
+
+    async def echo() -> int:
         await call.write(request)
-        seen = (await call.read()).seq
-        if i >= _WARM:
-            hops.append((seen - sent) / 1e6)
+        return int((await call.read()).seq)
+    hops = await _timed(count, gap_s, echo)
     call.cancel()
     return hops
 
@@ -138,15 +149,11 @@ async def _grpc_hops(port: int, count: int, gap_s: float, unix: str | None = Non
     async with grpc.aio.insecure_channel(_address(port, unix)) as channel:
         call = channel.stream_stream(_METHOD, request_serializer=_raw,
                                      response_deserializer=_raw)()
-        hops = []
-        for i in range(count + _WARM):
-            if gap_s:
-                await asyncio.sleep(gap_s)
-            sent = time.monotonic_ns()
+
+        async def echo() -> int:
             await call.write(_PAYLOAD)
-            seen = int.from_bytes(await call.read(), "little")
-            if i >= _WARM:
-                hops.append((seen - sent) / 1e6)
+            return int.from_bytes(await call.read(), "little")
+        hops = await _timed(count, gap_s, echo)
         await call.done_writing()
         return hops
 
@@ -172,16 +179,12 @@ async def _grpc_calls(port: int, count: int, gap_s: float) -> list[float]:
 
 async def _socket_hops(port: int, count: int, gap_s: float) -> list[float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    hops = []
-    for i in range(count + _WARM):
-        if gap_s:
-            await asyncio.sleep(gap_s)
-        sent = time.monotonic_ns()
+
+    async def echo() -> int:
         writer.write(_PAYLOAD)
         await writer.drain()
-        seen = int.from_bytes(await reader.readexactly(8), "little")
-        if i >= _WARM:
-            hops.append((seen - sent) / 1e6)
+        return int.from_bytes(await reader.readexactly(8), "little")
+    hops = await _timed(count, gap_s, echo)
     writer.close()
     return hops
 

@@ -22,10 +22,15 @@ from services.common.link_frames import (
     read_frame,
     write_frame,
 )
-from services.common.server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
+from services.common.server import KEEPALIVE_TIME_MS
 
 # Answers read ahead of the caller; past it the socket is left unread (flow control).
 ANSWER_QUEUE = 4096
+# How long a PING may go unanswered before the stage is taken for frozen. Longer than gRPC's
+# (KEEPALIVE_TIMEOUT_MS): gRPC's own threads answer its pings, the stage's event loop answers
+# these, and a loop held for a few seconds (a long call that keeps the GIL) is not a frozen
+# stage. A stage that dies is seen at once anyway: its end of the socket closes.
+LINK_KEEPALIVE_TIMEOUT_S = 6.0
 
 
 class LinkRpcError(grpc.aio.AioRpcError):
@@ -134,10 +139,10 @@ class LinkCall:
 
     async def _keepalive(self) -> None:
         """A PING after KEEPALIVE_TIME of silence; the link is given up when nothing at all
-        comes back within KEEPALIVE_TIMEOUT (the stage is frozen or its host hung), as gRPC's
-        keepalive gives up its connection."""
+        comes back within LINK_KEEPALIVE_TIMEOUT_S (the stage is frozen or its host hung), as
+        gRPC's keepalive gives up its connection."""
         loop = asyncio.get_running_loop()
-        every, timeout = KEEPALIVE_TIME_MS / 1000, KEEPALIVE_TIMEOUT_MS / 1000
+        every, timeout = KEEPALIVE_TIME_MS / 1000, LINK_KEEPALIVE_TIMEOUT_S
         while True:
             await asyncio.sleep(every)
             if loop.time() - self._heard < every or self._answers.full():

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 # A caller that connects and says nothing is dropped after this.
 HELLO_TIMEOUT_S = 5.0
+# Linked streams one stage serves at once; past it a caller is refused RESOURCE_EXHAUSTED (the
+# ring needs a handful; gRPC bounds its pending calls the same way).
+MAX_STREAMS = 1024
 # Requests read ahead of the handler. Past it the socket is left unread, so a caller that
 # outruns the stage waits in its writes (gRPC's flow control does the same).
 REQUEST_QUEUE = 4096
@@ -127,8 +130,12 @@ class LinkServer:
         if not isinstance(hello, dict):
             _end(writer, grpc.StatusCode.INVALID_ARGUMENT, "a link stream starts with HELLO")
             return None
+        if len(self._streams) > MAX_STREAMS:
+            _end(writer, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 f"{self.stage} serves at most {MAX_STREAMS} linked streams")
+            return None
         if self._authorization is not None and not hmac.compare_digest(
-                str(hello.get("authorization", "")), self._authorization):
+                str(hello.get("authorization", "")).encode(), self._authorization.encode()):
             _end(writer, grpc.StatusCode.UNAUTHENTICATED,
                  "missing or wrong api key: send metadata 'authorization: Bearer <key>'")
             return None

@@ -6,7 +6,8 @@ and in a second thread wake-up. A chain of three relays measured 1.35-1.44 ms pe
 grpc.aio bidi streams against 0.72-0.85 ms over these frames, at 0.39-0.43 against 0.18-0.21 ms
 of CPU per relayed message (benchmarks/README.md, session 19). The link carries the same
 protobuf messages to the same handlers (`link_server.py`), checks the same stage token and
-message size, and pings as gRPC's keepalive does; the gateway's public API stays gRPC.
+message size, and pings as gRPC's keepalive does (with a longer timeout: the stage's event loop
+answers, not gRPC's threads; link_call.py); the gateway's public API stays gRPC.
 
 `STRAND_STAGE_TRANSPORT=grpc` keeps every edge on gRPC (to compare, or to rule the link out).
 Stages on other hosts or in other network namespaces (containers, pods) always talk gRPC.

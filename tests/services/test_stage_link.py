@@ -8,6 +8,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -21,7 +22,7 @@ from services.common.link_frames import Kind, link_address, write_frame
 from services.common.link_server import LinkRegistry, LinkServer
 from services.common.server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
 from services.common.stage_client import StageClient
-from services.common.stage_link import TRANSPORT_ENV, link_port, stream_method
+from services.common.stage_link import TRANSPORT_ENV, TRANSPORTS, link_port, stream_method
 from services.common.status import StageError
 
 TOKEN = "link-test-token"
@@ -53,9 +54,21 @@ class EchoEngine(engine_pb2_grpc.EngineServicer):
         yield epb.EngineKvEvents()  # pragma: no cover
 
 
-async def _with_stage(body: Callable[[str, EchoEngine], Awaitable[None]], *, link: bool = True,
-                      max_message_bytes: int = 1 << 20) -> None:
-    """An engine-like stage (gRPC, and the link unless told not to) on 127.0.0.1."""
+@dataclass
+class _Stage:
+    """An engine-like stage on 127.0.0.1: gRPC, and the link unless told not to."""
+
+    address: str
+    servicer: EchoEngine
+    server: grpc.aio.Server
+    link: LinkServer
+
+    async def stop(self) -> None:
+        await self.link.close()  # every linked stream of the stage ends at once
+        await self.server.stop(None)
+
+
+async def _start_stage(link: bool = True, max_message_bytes: int = 1 << 20) -> _Stage:
     servicer = EchoEngine()
     server = grpc.aio.server()
     registry = LinkRegistry(server)
@@ -64,16 +77,28 @@ async def _with_stage(body: Callable[[str, EchoEngine], Awaitable[None]], *, lin
     await server.start()
     linked = LinkServer("engine", registry.handlers if link else {}, TOKEN, max_message_bytes)
     await linked.start(port)
+    return _Stage(f"127.0.0.1:{port}", servicer, server, linked)
+
+
+async def _with_stage(body: Callable[[str, EchoEngine], Awaitable[None]], *, link: bool = True,
+                      max_message_bytes: int = 1 << 20) -> None:
+    stage = await _start_stage(link, max_message_bytes)
     try:
-        await body(f"127.0.0.1:{port}", servicer)
+        await body(stage.address, stage.servicer)
     finally:
-        await linked.close()
-        await server.stop(None)
+        await stage.stop()
 
 
 @pytest.fixture(autouse=True)
 def _stage_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRAND_STAGE_TOKEN", TOKEN)
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test that takes it runs on the link ("auto") and on gRPC."""
+    monkeypatch.setenv(TRANSPORT_ENV, request.param)
+    return str(request.param)
 
 
 def test_only_streaming_methods_are_linked() -> None:
@@ -85,10 +110,7 @@ def test_only_streaming_methods_are_linked() -> None:
                                        "/strand.v1.Engine/Session"]  # GetInfo is unary
 
 
-@pytest.mark.parametrize("transport", ["auto", "grpc"])
-def test_session_and_subscription_answer_alike_on_either_transport(
-        transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TRANSPORT_ENV, transport)
+def test_session_and_subscription_answer_alike_on_either_transport(transport: str) -> None:
 
     async def body(address: str, servicer: EchoEngine) -> None:
         client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
@@ -105,10 +127,7 @@ def test_session_and_subscription_answer_alike_on_either_transport(
     asyncio.run(_with_stage(body))
 
 
-@pytest.mark.parametrize("transport", ["auto", "grpc"])
-def test_an_abort_in_the_handler_reaches_the_caller_with_its_code(
-        transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TRANSPORT_ENV, transport)
+def test_an_abort_in_the_handler_reaches_the_caller_with_its_code(transport: str) -> None:
 
     async def body(address: str, servicer: EchoEngine) -> None:
         client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
@@ -259,24 +278,16 @@ def test_a_caller_that_goes_away_cancels_its_handler() -> None:
 
 def test_a_stage_that_goes_away_fails_the_pending_call_as_unavailable() -> None:
     async def run() -> None:
-        servicer = EchoEngine()
-        server = grpc.aio.server()
-        registry = LinkRegistry(server)
-        engine_pb2_grpc.add_EngineServicer_to_server(servicer, registry)  # type: ignore[arg-type]
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        linked = LinkServer("engine", registry.handlers, TOKEN, 1 << 20)
-        await linked.start(port)
+        stage = await _start_stage()
         lost: list[str] = []
 
         async def on_lost(error: StageError) -> None:
             lost.append(error.message)
-        client = StageClient("engine", f"127.0.0.1:{port}", engine_pb2_grpc.EngineStub,
+        client = StageClient("engine", stage.address, engine_pb2_grpc.EngineStub,
                              on_lost=on_lost)
         try:
             await client.call(epb.EngineRequest(query=epb.EngineQuery()))
-            await linked.close()  # every linked stream of the stage ends at once
-            await server.stop(None)
+            await stage.stop()
             for _ in range(50):
                 if lost:
                     break
