@@ -24,7 +24,9 @@ from services._proto.strand.v1 import detokenizer_pb2, engine_pb2, tokenizer_pb2
 
 TRANSPORT_ENV = "STRAND_STAGE_TRANSPORT"
 TRANSPORTS = ("auto", "grpc")
-_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Targets that can only mean this host (a stack launched with --host 0.0.0.0 gives its stages
+# "0.0.0.0:PORT").
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")
 _SERVICES = {"tokenizer": tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"],
              "engine": engine_pb2.DESCRIPTOR.services_by_name["Engine"],
              "detokenizer": detokenizer_pb2.DESCRIPTOR.services_by_name["Detokenizer"]}

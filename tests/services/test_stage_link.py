@@ -303,7 +303,7 @@ def test_a_stage_that_goes_away_fails_the_pending_call_as_unavailable() -> None:
 
 @pytest.mark.parametrize(("target", "port"), [("127.0.0.1:5000", 5000), ("localhost:5001", 5001),
                                               ("[::1]:5002", 5002), ("10.0.0.7:5003", None),
-                                              ("engine:5004", None)])
+                                              ("engine:5004", None), ("0.0.0.0:5005", 5005)])
 def test_only_stages_on_this_host_are_linked(target: str, port: int | None) -> None:
     assert link_port(target) == port
 
