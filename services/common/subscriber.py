@@ -6,6 +6,7 @@ what a lost subscription means."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import grpc
@@ -13,6 +14,8 @@ import grpc
 from services.common.stage_client import StageClient
 from services.common.stage_link import stream_method
 from services.common.status import StageUnavailable
+
+logger = logging.getLogger(__name__)
 
 RESUBSCRIBE_S = 0.1
 
@@ -70,7 +73,11 @@ class Subscriber:
     async def _run(self) -> None:
         assert self._subscribed is not None
         while True:
-            detail = await self._follow()
+            try:
+                detail = await self._follow()
+            except Exception as exc:  # a fault in on_message must not end the subscription
+                logger.exception("%s subscription failed", self.client.stage)
+                detail = f"{type(exc).__name__}: {exc}"
             was_subscribed = self._subscribed.is_set()
             self._subscribed.clear()
             self.on_lost(detail, was_subscribed)

@@ -24,6 +24,7 @@ from services.common.server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
 from services.common.stage_client import StageClient
 from services.common.stage_link import TRANSPORT_ENV, TRANSPORTS, link_port, stream_method
 from services.common.status import StageError
+from services.common.subscriber import Subscriber
 
 TOKEN = "link-test-token"
 
@@ -318,3 +319,43 @@ def test_the_transport_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_link_names_follow_the_port() -> None:
     assert link_address(5000) == "\0strand-stage-5000"
+
+
+class _Steps(Subscriber):
+    """Follows the stage's Outputs; the first step after each subscription raises."""
+
+    method = "Outputs"
+
+    def __init__(self, client: StageClient) -> None:
+        super().__init__(client)
+        self.steps: list[int] = []
+        self.lost: list[str] = []
+
+    def request(self) -> epb.EngineOutputsRequest:
+        return epb.EngineOutputsRequest()
+
+    async def on_message(self, msg: epb.EngineStepOutputs) -> None:
+        self.steps.append(msg.step_id)
+        if len(self.steps) == 1:
+            raise RuntimeError("a bug in the stage's handling")
+
+    def on_lost(self, detail: str, was_subscribed: bool) -> None:
+        self.lost.append(detail)
+
+
+def test_a_subscription_whose_handler_fails_is_lost_and_opened_again() -> None:
+    async def body(address: str, servicer: EchoEngine) -> None:
+        follower = _Steps(StageClient("engine", address, engine_pb2_grpc.EngineStub))
+        follower.start()
+        try:
+            for _ in range(50):
+                if len(follower.steps) >= 4:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await follower.close()
+            await follower.client.close()
+        # The fault ended the first subscription (told, with what it was); the next one read on.
+        assert follower.lost[0] == "RuntimeError: a bug in the stage's handling"
+        assert follower.steps[:4] == [1, 1, 2, 3]
+    asyncio.run(_with_stage(body))
