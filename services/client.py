@@ -329,8 +329,9 @@ def translate(exc: grpc.RpcError, target: str) -> Exception:
     if code in _USER_ERRORS:
         return RequestError(code, exc.details())  # type: ignore[attr-defined]
     details = str(exc.details())  # type: ignore[attr-defined]
-    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details.lower():
-        # Nothing listens there: say so, instead of a raw _InactiveRpcError.
+    if code == grpc.StatusCode.UNAVAILABLE and details.lower().startswith("failed to connect"):
+        # Nothing listens there: say so, instead of a raw _InactiveRpcError. (Only gRPC's own
+        # words: "engine stage is unavailable: failed to connect ..." is the gateway's answer.)
         return ServerUnavailable(target, details)
     return exc
 

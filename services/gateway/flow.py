@@ -134,9 +134,12 @@ class GatewayFlow:
         async def one(name: str) -> epb.EngineInfo | StageError:
             try:
                 # Short for a replica known to be down: a host that vanished does not refuse.
+                # wait_for_ready: the ring's streams may run over the local link, so this
+                # channel can still be in its reconnect back-off after the engine came back;
+                # without it the call would fail at once though the engine answers.
                 return await self.engines.clients[name].stub.GetInfo(
                     epb.EngineInfoRequest(), timeout=10 if name in up else 2,
-                    metadata=stage_metadata())
+                    metadata=stage_metadata(), wait_for_ready=True)
             except grpc.aio.AioRpcError as exc:
                 return StageUnavailable("engine", exc.details() or exc.code().name)
         up = self.engines.in_rotation()

@@ -34,7 +34,8 @@ class EngineModes:
             return known
         try:
             info = await self.engines.clients[replica].stub.GetInfo(
-                epb.EngineInfoRequest(), timeout=INFO_TIMEOUT_S, metadata=stage_metadata())
+                epb.EngineInfoRequest(), timeout=INFO_TIMEOUT_S, metadata=stage_metadata(),
+                wait_for_ready=True)  # the channel may be in back-off while the link is up
         except grpc.aio.AioRpcError as exc:
             # Not remembered: the add that follows reports the replica's trouble, and the
             # next one asks again.

@@ -89,6 +89,17 @@ def test_killed_engine_ends_a_generate_stream_with_error(fault_stack: Stack,
     assert engine_num_unfinished(fault_stack) == 0
 
 
+def test_a_restarted_engine_answers_server_info_at_once(fault_stack: Stack,
+                                                        fault_client: EngineClient) -> None:
+    # The ring's streams reconnect over the local link the moment the engine is back; the
+    # gateway's gRPC channel to it may still be in its reconnect back-off. GetServerInfo (which
+    # every EngineClient.generate asks first) must wait for it, not fail.
+    for _ in range(3):
+        fault_stack.kill("engine")
+        fault_stack.start("engine")
+        assert fault_client.get_server_info()["model"]
+
+
 def test_killed_detokenizer_ends_requests_with_error_and_clears_the_engine(
         fault_stack: Stack, fault_client: EngineClient) -> None:
     fault_client.add_request("d1", "detok doomed", LONG)

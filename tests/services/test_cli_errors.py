@@ -8,11 +8,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from engine_core.model_executor.tiny_model import ARCHITECTURES
 from services import cli
-from services.client import EngineClient, ServerUnavailable
+from services.client import EngineClient, ServerUnavailable, translate
 from services.common.errors import UserError, check_model_dir
 from services.launch import REPO_ROOT, free_port
 
@@ -148,3 +149,23 @@ def test_a_stage_alone_checks_its_model_path_first(
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"strand {stage}: error: model directory {missing!r} does not exist (--model)"]
+
+
+class _Unavailable(grpc.RpcError):
+    def __init__(self, details: str) -> None:
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
+
+
+def test_a_stage_the_gateway_cannot_reach_is_not_taken_for_the_gateway() -> None:
+    own = _Unavailable("failed to connect to all addresses; last error: UNKNOWN: "
+                       "ipv4:127.0.0.1:9: Failed to connect to remote host: Connection refused")
+    assert isinstance(translate(own, "127.0.0.1:9"), ServerUnavailable)
+    # The gateway answered: one of its stages is down (its details say which).
+    relayed = _Unavailable("engine stage is unavailable: failed to connect to all addresses")
+    assert translate(relayed, "127.0.0.1:9") is relayed
