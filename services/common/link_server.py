@@ -95,9 +95,13 @@ class LinkServer:
         except OSError as exc:
             logger.warning("%s: no local link (%s); callers use gRPC", self.stage, exc)
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 0.0) -> None:
+        """Take no new streams; give those open `grace` seconds to end by themselves (their
+        callers are often stopping too), as grpc.aio's stop(grace) does, then cancel them."""
         if self._server is not None:
             self._server.close()
+        if self._streams and grace > 0:
+            await asyncio.wait(list(self._streams), timeout=grace)
         for task in list(self._streams):
             task.cancel()
         if self._streams:

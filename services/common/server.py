@@ -48,6 +48,8 @@ KEEPALIVE_TIMEOUT_MS = 3000
 # queue is bounded here well above what admission control lets in, so overload is answered by
 # the handlers; a call costs C-core a few KiB while it waits.
 DEFAULT_MAX_PENDING_CALLS = 16384
+# Seconds the calls and linked streams in flight get to end when a stage stops.
+STOP_GRACE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -226,8 +228,9 @@ async def run_server(name: str, options: ServerOptions,
     if on_stopping is not None:
         on_stopping()
     await health_servicer.enter_graceful_shutdown()
-    await link.close()
-    await server.stop(grace=2.0)
+    # The same grace on both transports: a stage stopping beside this one (the engine and the
+    # detokenizer stop together) closes its streams itself instead of seeing this one vanish.
+    await asyncio.gather(link.close(grace=STOP_GRACE_S), server.stop(grace=STOP_GRACE_S))
     still_running = await drain_cancelled_rpcs()
     if still_running:
         logger.warning("%s: %d call handlers still running after the stop", name, still_running)

@@ -359,3 +359,31 @@ def test_a_subscription_whose_handler_fails_is_lost_and_opened_again() -> None:
         assert follower.lost[0] == "RuntimeError: a bug in the stage's handling"
         assert follower.steps[:4] == [1, 1, 2, 3]
     asyncio.run(_with_stage(body))
+
+
+def test_a_stopping_stage_gives_its_open_streams_a_grace() -> None:
+    async def run() -> None:
+        stage = await _start_stage()
+        lost: list[str] = []
+
+        async def on_lost(error: StageError) -> None:
+            lost.append(error.message)
+        client = StageClient("engine", stage.address, engine_pb2_grpc.EngineStub,
+                             on_lost=on_lost)
+        try:
+            await client.call(epb.EngineRequest(query=epb.EngineQuery()))
+            closing = asyncio.ensure_future(stage.link.close(grace=1.0))
+            await asyncio.sleep(0.2)
+            # Within the grace the open stream still answers; then it is ended.
+            assert (await client.call(epb.EngineRequest(query=epb.EngineQuery()))).seq == 2
+            assert not lost
+            await asyncio.wait_for(closing, 5)
+            for _ in range(50):
+                if lost:
+                    break
+                await asyncio.sleep(0.05)
+            assert lost and lost[0].startswith("engine stage is unavailable")
+        finally:
+            await client.close()
+            await stage.server.stop(None)
+    asyncio.run(run())
