@@ -277,23 +277,31 @@ def test_a_caller_that_goes_away_cancels_its_handler() -> None:
     asyncio.run(_with_stage(body))
 
 
+def _client_told_of_losses(address: str) -> tuple[StageClient, list[str]]:
+    """A client to the stage, and the list its on_lost fills."""
+    lost: list[str] = []
+
+    async def on_lost(error: StageError) -> None:
+        lost.append(error.message)
+    return StageClient("engine", address, engine_pb2_grpc.EngineStub, on_lost=on_lost), lost
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
 def test_a_stage_that_goes_away_fails_the_pending_call_as_unavailable() -> None:
     async def run() -> None:
         stage = await _start_stage()
-        lost: list[str] = []
-
-        async def on_lost(error: StageError) -> None:
-            lost.append(error.message)
-        client = StageClient("engine", stage.address, engine_pb2_grpc.EngineStub,
-                             on_lost=on_lost)
+        client, lost = _client_told_of_losses(stage.address)
         try:
             await client.call(epb.EngineRequest(query=epb.EngineQuery()))
             await stage.stop()
-            for _ in range(50):
-                if lost:
-                    break
-                await asyncio.sleep(0.1)
-            assert lost and lost[0].startswith("engine stage is unavailable")
+            await _until(lambda: bool(lost))
+            assert lost[0].startswith("engine stage is unavailable")
             with pytest.raises(StageError) as err:
                 await client.call(epb.EngineRequest(query=epb.EngineQuery()))
             assert err.value.code == grpc.StatusCode.UNAVAILABLE
@@ -364,12 +372,7 @@ def test_a_subscription_whose_handler_fails_is_lost_and_opened_again() -> None:
 def test_a_stopping_stage_gives_its_open_streams_a_grace() -> None:
     async def run() -> None:
         stage = await _start_stage()
-        lost: list[str] = []
-
-        async def on_lost(error: StageError) -> None:
-            lost.append(error.message)
-        client = StageClient("engine", stage.address, engine_pb2_grpc.EngineStub,
-                             on_lost=on_lost)
+        client, lost = _client_told_of_losses(stage.address)
         try:
             await client.call(epb.EngineRequest(query=epb.EngineQuery()))
             closing = asyncio.ensure_future(stage.link.close(grace=1.0))
@@ -378,11 +381,8 @@ def test_a_stopping_stage_gives_its_open_streams_a_grace() -> None:
             assert (await client.call(epb.EngineRequest(query=epb.EngineQuery()))).seq == 2
             assert not lost
             await asyncio.wait_for(closing, 5)
-            for _ in range(50):
-                if lost:
-                    break
-                await asyncio.sleep(0.05)
-            assert lost and lost[0].startswith("engine stage is unavailable")
+            await _until(lambda: bool(lost))
+            assert lost[0].startswith("engine stage is unavailable")
         finally:
             await client.close()
             await stage.server.stop(None)
