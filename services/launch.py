@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common.errors import UserError
 from services.common.server import READINESS
 from services.common.stage_auth import STAGE_TOKEN_ENV, new_stage_token, stage_token
+from services.common.stage_link import transport
 
 STAGES = ("tokenizer", "engine", "detokenizer")
 # Readiness order: each stage is ready once the stages it sends to are.
@@ -346,6 +347,7 @@ class Stack:
 def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
     """Start the services (stages and engine replicas in parallel, then the gateway) and wait
     for health."""
+    transport()  # a bad STRAND_STAGE_TRANSPORT: one ValueError here, not a failing stage each
     names = ["tokenizer", *config.engine_names, "detokenizer"]
     ports = {name: free_port(config.host) for name in names}
     ports["gateway"] = config.gateway_port or free_port(config.host)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from google.protobuf.message import DecodeError
 from services.common.link_frames import (
     FrameTooLarge,
     Kind,
+    json_frame,
     link_address,
     parse_end,
     read_frame,
@@ -58,8 +58,8 @@ class LinkCall:
         to gRPC) and start `method`, with its one request for a server-streaming method."""
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(link_address(port)), timeout)
-        hello = {"method": method, "authorization": authorization or ""}
-        write_frame(writer, Kind.HELLO, json.dumps(hello).encode())
+        write_frame(writer, Kind.HELLO,
+                    json_frame({"method": method, "authorization": authorization or ""}))
         if request is not None:
             write_frame(writer, Kind.MESSAGE, request.SerializeToString())
         return cls(reader, writer, response_type, max_message_bytes)

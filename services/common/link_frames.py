@@ -48,8 +48,9 @@ async def read_frame(reader: asyncio.StreamReader, limit: int) -> tuple[Kind, by
     """The next frame; IncompleteReadError at the end of the connection, FrameTooLarge past
     `limit` (before its payload is read), ValueError for an unknown kind."""
     kind, size = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if size > (limit if kind == Kind.MESSAGE else CONTROL_FRAME_LIMIT):
-        raise FrameTooLarge(size, limit if kind == Kind.MESSAGE else CONTROL_FRAME_LIMIT)
+    bound = limit if kind == Kind.MESSAGE else CONTROL_FRAME_LIMIT
+    if size > bound:
+        raise FrameTooLarge(size, bound)
     return Kind(kind), await reader.readexactly(size)
 
 

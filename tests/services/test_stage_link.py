@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from services.common.stage_client import StageClient
 from services.common.stage_link import TRANSPORT_ENV, TRANSPORTS, link_port, stream_method
 from services.common.status import StageError
 from services.common.subscriber import Subscriber
+from services.launch import StackConfig, launch_stack
 
 TOKEN = "link-test-token"
 
@@ -387,3 +389,10 @@ def test_a_stopping_stage_gives_its_open_streams_a_grace() -> None:
             await client.close()
             await stage.server.stop(None)
     asyncio.run(run())
+
+
+def test_a_stack_with_a_bad_transport_setting_is_refused_before_any_stage_starts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(TRANSPORT_ENV, "zmq")
+    with pytest.raises(ValueError, match=f"{TRANSPORT_ENV} must be one of auto, grpc, got 'zmq'"):
+        launch_stack(StackConfig(model=str(tmp_path)))
