@@ -30,7 +30,8 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from benchmarks.ring_overhead import cpu_seconds_fine, ttft_over_ring
+from benchmarks.cpu_accounting import cpu_seconds_fine
+from benchmarks.ring_overhead import ttft_over_ring
 from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
 
 

@@ -15,6 +15,9 @@ Two measurements on the same model, engine flags and thread count, in one run:
    per request on the auto-stepping stack), alternating the two `--throughput-repeats` times:
    this VM's speed drifts by 5-20% within minutes, so one run of each cannot tell 0.94x from
    0.98x; the median of the per-pair ratios can.
+   Around each run, where the CPU went (benchmarks/ring_throughput.py): each process's CPU
+   seconds, and the engine's threads' time waiting for a core. On a machine whose engine uses
+   every core, the ring's run loses about the CPU seconds spent outside the engine.
 
 4. The floor under TTFT added, between bare processes after the idle a lone request finds
    (benchmarks/grpc_hop.py): the client's new gRPC call answered once (its first and last
@@ -49,40 +52,24 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
+from benchmarks.cpu_accounting import (
+    cpu_seconds,
+    cpu_seconds_fine,
+)
 from benchmarks.cpu_pinning import parse_cpu_list, pin_process, split_cpus
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
 from benchmarks.grpc_hop import measure_hops
+from benchmarks.ring_throughput import Placement, pairs_table, pairs_to_json, throughput_pairs
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services import grpc_tuning
 from services.common.stage_link import transport
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Messages between processes on a first token's way: client -> gateway (the Generate call),
 # gateway -> tokenizer, tokenizer -> engine, engine -> detokenizer, detokenizer -> gateway,
 # gateway -> client. The first and the last are the client's gRPC call; these four are between
 # stages.
 STAGE_HOPS = 4
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process so far (fields 14 and 15 of /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def cpu_seconds_fine(pid: int) -> float:
-    """CPU seconds of one process's live threads, in nanoseconds from /proc/PID/task/*/schedstat:
-    /proc's stat counts 10 ms ticks, coarser than a lone request's few milliseconds per stage."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # the thread ended between the listing and the read
-    return total / 1e9
 
 
 def _params(max_tokens: int) -> SamplingParams:
@@ -206,13 +193,13 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
                                      engine_stage_args=hold,
                                      gateway_args=["--auto-step"],
                                      log_dir=Path("/tmp/strand-bench-logs")))
-    place = Placement(pinned, {name: proc.pid for name, proc in stack.processes.items()})
+    stages = {name: proc.pid for name, proc in stack.processes.items()}
+    place = Placement(pinned, stages)
     place.client_side()
     try:
         with EngineClient(stack.gateway_address, timeout=None) as client:
             ttft_over_ring(client, prompt, 3)
-            pids = {name: proc.pid for name, proc in stack.processes.items()}
-            pids["client (this benchmark)"] = os.getpid()
+            pids = {**stages, "client (this benchmark)": os.getpid()}
             log("over the ring: TTFT of single requests")
             fine = {name: cpu_seconds_fine(pid) for name, pid in pids.items()}
             remote = ttft_over_ring(client, prompt, args.num_ttft)
@@ -227,7 +214,8 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
             tokens = stream_workload(client, requests)
             duration = time.perf_counter() - start
             after = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            pairs = throughput_pairs(engine, client, requests, args.throughput_repeats, place)
+            pairs = throughput_pairs(engine, client, requests, args.throughput_repeats,
+                                     stages, place)
     finally:
         stack.stop()
     data["ttft_ms"] = {"in_process_p50": 1e3 * statistics.median(local),
@@ -248,57 +236,8 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
         # The client's two hops are one new call: its round trip on a bare server.
         data["ttft_ms"]["floor"] = hops["grpc_new_call_ms"] + STAGE_HOPS * stage_hop
     if pairs:
-        ratios = [ring / local for local, ring in pairs]
-        data["throughput"] = {"in_process_tok_s": [p[0] for p in pairs],
-                              "ring_tok_s": [p[1] for p in pairs], "ratios": ratios,
-                              "ratio_median": statistics.median(ratios)}
+        data["throughput"] = pairs_to_json(pairs)
     return data
-
-
-class Placement:
-    """Where this process runs: on the engine's CPUs while it is the engine (in process), on the
-    others while it is the ring's client. Without pinning, nothing moves."""
-
-    def __init__(self, pinned: tuple[set[int], set[int]] | None, stages: dict[str, int]) -> None:
-        self.pinned = pinned
-        if pinned is not None:
-            for name, pid in stages.items():
-                pin_process(pid, pinned[0] if name.startswith("engine") else pinned[1])
-
-    def engine_side(self) -> None:
-        if self.pinned is not None:
-            pin_process(os.getpid(), self.pinned[0])
-
-    def client_side(self) -> None:
-        if self.pinned is not None:
-            pin_process(os.getpid(), self.pinned[1])
-
-
-def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest],
-                     repeats: int, place: Placement | None = None
-                     ) -> list[tuple[float, float]]:
-    """(in-process, ring) output tok/s, `repeats` pairs run back to back."""
-    from benchmarks.strand_backends import run_loop, run_streams, warm_up, warm_up_streams
-
-    if repeats <= 0:
-        return []
-    place = place or Placement(None, {})
-    place.engine_side()
-    warm_up(engine, requests)
-    place.client_side()
-    warm_up_streams(client, requests)
-    pairs = []
-    for i in range(repeats):
-        log(f"throughput pair {i + 1}/{repeats}: in process, then over the ring")
-        place.engine_side()
-        local = run_loop("strand", engine, requests)
-        place.client_side()
-        ring = run_streams("strand-gateway", client, requests)
-        if local.num_failed or ring.num_failed:
-            raise RuntimeError(f"failed requests: in process {local.num_failed}, "
-                               f"ring {ring.num_failed}")
-        pairs.append((local.output_tokens_per_s, ring.output_tokens_per_s))
-    return pairs
 
 
 def summary_table(data: dict[str, Any]) -> str:
@@ -323,12 +262,7 @@ def summary_table(data: dict[str, Any]) -> str:
                               [[name, f"{value:.3f}", f"{lone[name]:.2f}"]
                                for name, value in cpu.items()]))
     if "throughput" in data:
-        tp = data["throughput"]
-        lines.append(format_table(
-            ["pair", "in process tok/s", "ring tok/s", "ratio"],
-            [[str(i + 1), f"{a:.1f}", f"{b:.1f}", f"{r:.3f}"] for i, (a, b, r) in enumerate(
-                zip(tp["in_process_tok_s"], tp["ring_tok_s"], tp["ratios"], strict=True))]
-            + [["median", "", "", f"{tp['ratio_median']:.3f}"]]))
+        lines.append(pairs_table(data["throughput"]))
     work = data["workload"]
     lines.append(f"{work['output_tokens']} output tokens in {work['duration_s']:.1f}s "
                  f"({work['output_tok_per_s']:.1f} tok/s), {data['num_threads']} threads"
