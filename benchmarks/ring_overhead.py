@@ -39,7 +39,6 @@ import argparse
 import os
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,7 @@ from benchmarks.cpu_accounting import (
 )
 from benchmarks.cpu_pinning import parse_cpu_list, pin_process, split_cpus
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
+from benchmarks.gateway_streams import generate_all
 from benchmarks.grpc_hop import measure_hops
 from benchmarks.ring_throughput import Placement, pairs_table, pairs_to_json, throughput_pairs
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
@@ -105,17 +105,12 @@ def ttft_over_ring(client: Any, prompt: list[int], n: int) -> list[float]:
     return times
 
 
-def stream_workload(client: Any, requests: list[SampleRequest]) -> int:
-    """Every request as its own concurrent Generate stream; the output tokens received."""
-    def one(request: SampleRequest) -> int:
-        count = 0
-        for out in client.generate({"prompt_token_ids": request.prompt_token_ids},
-                                   _params(request.output_len)):
-            count += sum(len(c.token_ids) for c in out.outputs)
-        return count
-
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        return sum(pool.map(one, requests))
+def stream_workload(target: str, requests: list[SampleRequest]) -> int:
+    """Every request as its own concurrent DELTA Generate stream; the output tokens received."""
+    run = generate_all(target, requests, RequestOutputKind.DELTA, desc="DELTA streams")
+    if run.num_failed:
+        raise RuntimeError(f"{run.num_failed} of the workload's streams failed")
+    return sum(len(tokens) for tokens in run.outputs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,11 +206,11 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             log(f"over the ring: {len(requests)} concurrent Generate streams")
             start = time.perf_counter()
-            tokens = stream_workload(client, requests)
+            tokens = stream_workload(stack.gateway_address, requests)
             duration = time.perf_counter() - start
             after = {name: cpu_seconds(pid) for name, pid in pids.items()}
             pairs = throughput_pairs(engine, client, requests, args.throughput_repeats,
-                                     stages, place)
+                                     stages, stack.gateway_address, place)
     finally:
         stack.stop()
     data["ttft_ms"] = {"in_process_p50": 1e3 * statistics.median(local),

@@ -63,9 +63,11 @@ class PairRun:
 
 
 def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest], repeats: int,
-                     stages: dict[str, int], place: Placement | None = None) -> list[PairRun]:
+                     stages: dict[str, int], target: str, place: Placement | None = None
+                     ) -> list[PairRun]:
     """`repeats` pairs run back to back. `stages`: the stack's process ids by name (the engine's
-    named "engine..."); this process is counted as the ring's client."""
+    named "engine..."); `target`: its gateway; this process is counted as the ring's client
+    (benchmarks/gateway_streams.py: one asyncio client, no thread per stream)."""
     from benchmarks.strand_backends import run_loop, run_streams, warm_up, warm_up_streams
 
     if repeats <= 0:
@@ -86,7 +88,7 @@ def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest], re
         local_cpu, local_wait = cpu_seconds_fine(me) - cpu, run_queue_wait_seconds(me) - wait
         place.client_side()
         cpus, wait = _cpu(stages), _waits(engines)
-        ring = run_streams("strand-gateway", client, requests)
+        ring = run_streams("strand-gateway", target, requests)
         after = _cpu(stages)
         if local.num_failed or ring.num_failed:
             raise RuntimeError(f"failed requests: in process {local.num_failed}, "
@@ -101,7 +103,7 @@ def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest], re
 
 def _cpu(stages: dict[str, int]) -> dict[str, float]:
     """The stages' CPU seconds to the nanosecond (their threads live on), and this process's
-    (the client's) in ticks: its Generate streams' threads end within the run."""
+    (the client's) in ticks, its threads that ended within the run included."""
     return {**{name: cpu_seconds_fine(pid) for name, pid in stages.items()},
             "client": cpu_seconds(os.getpid())}
 

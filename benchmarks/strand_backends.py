@@ -10,7 +10,6 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -112,7 +111,7 @@ def run_gateway(model_dir: str, requests: list[SampleRequest], settings: StrandS
             if path == "streams":
                 warm_up_streams(client, requests)
                 client.reset_prefix_cache()
-                result = run_streams("strand-gateway", client, requests)
+                result = run_streams("strand-gateway", target, requests)
             else:
                 warm_up(client, requests)
                 client.reset_prefix_cache()
@@ -187,38 +186,13 @@ def warm_up_streams(client: Any, requests: list[SampleRequest]) -> None:
             pass
 
 
-def run_streams(name: str, client: Any, requests: list[SampleRequest]) -> BackendResult:
+def run_streams(name: str, target: str, requests: list[SampleRequest]) -> BackendResult:
     """Every request on its own Generate stream at once (FINAL_ONLY: one output each)."""
-    from engine_core import SamplingParams
+    from benchmarks.gateway_streams import generate_all
     from engine_core.sampling_params import RequestOutputKind
 
-    def final(index: int) -> Any:
-        r = requests[index]
-        params = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
-        outs = list(client.generate({"prompt_token_ids": r.prompt_token_ids}, params,
-                                    request_id=str(index)))
-        return outs[-1] if outs else None
-
-    outputs: list[list[int]] = [[] for _ in requests]
-    failed = 0
-    bar = tqdm(total=len(requests), desc=name, unit="req", leave=False)
-    start = time.perf_counter()
-    # One thread per stream: each blocks in gRPC, so they cost no CPU while they wait.
-    with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
-        futures = {pool.submit(final, i): i for i in range(len(requests))}
-        for future in as_completed(futures):
-            out = future.result()
-            if out is None or not out.finished:
-                failed += 1
-                log(f"{name}: request {futures[future]} ended without a final output")
-            else:
-                outputs[futures[future]] = list(out.outputs[0].token_ids)
-                failed += _failed(name, out)
-            bar.update(1)
-    elapsed = time.perf_counter() - start
-    bar.close()
-    return _result(name, requests, outputs, failed, elapsed)
+    run = generate_all(target, requests, RequestOutputKind.FINAL_ONLY, desc=name)
+    return _result(name, requests, run.outputs, run.num_failed, run.elapsed_s)
 
 
 def run_loop(name: str, engine: _Engine, requests: list[SampleRequest]) -> BackendResult:
