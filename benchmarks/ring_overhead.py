@@ -51,10 +51,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from benchmarks.cpu_accounting import (
-    cpu_seconds,
-    cpu_seconds_fine,
-)
+from benchmarks.cpu_accounting import cpu_seconds, cpu_seconds_fine
 from benchmarks.cpu_pinning import parse_cpu_list, pin_process, split_cpus
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
 from benchmarks.gateway_streams import generate_all
