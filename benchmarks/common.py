@@ -187,3 +187,15 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
 def log(message: str) -> None:
     # Progress goes to stderr so stdout stays the table alone.
     print(message, file=sys.stderr, flush=True)
+
+
+def ended_badly(name: str, out: Any) -> bool:
+    """True (and a log line) when a request's output carries an error, or it finished other than
+    by length or stop."""
+    completion = out.outputs[0] if out.outputs else None
+    if out.error is None and (not out.finished or (
+            completion is not None and completion.finish_reason in ("length", "stop"))):
+        return False
+    reason = completion.finish_reason if completion is not None else None
+    log(f"{name}: request {out.request_id} ended with {reason}: {out.error}")
+    return True

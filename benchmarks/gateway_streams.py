@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from benchmarks.common import log
+from benchmarks.common import ended_badly
 from benchmarks.datasets import SampleRequest
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 
@@ -51,13 +51,10 @@ async def _generate_all(target: str, requests: list[SampleRequest],
             finished = False
             async for out in client.generate({"prompt_token_ids": r.prompt_token_ids}, params,
                                              request_id=str(index)):
-                completion = out.outputs[0] if out.outputs else None
-                if out.error is not None or (out.finished and (
-                        completion is None or completion.finish_reason not in ("length", "stop"))):
-                    log(f"{desc}: request {index} ended with {out.error or completion}")
+                if ended_badly(desc, out):
                     return False
-                if completion is not None:
-                    outputs[index].extend(completion.token_ids)
+                if out.outputs:
+                    outputs[index].extend(out.outputs[0].token_ids)
                 finished = out.finished
             bar.update(1)
             return finished

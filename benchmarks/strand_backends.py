@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from benchmarks.common import BackendResult, log
+from benchmarks.common import BackendResult, ended_badly, log
 from benchmarks.datasets import SampleRequest
 
 WARMUP_TOKENS = 4
@@ -213,20 +213,11 @@ def run_loop(name: str, engine: _Engine, requests: list[SampleRequest]) -> Backe
                 continue
             index = int(out.request_id)
             outputs[index] = list(out.outputs[0].token_ids)
-            failed += _failed(name, out)
+            failed += ended_badly(name, out)
             bar.update(1)
     elapsed = time.perf_counter() - start
     bar.close()
     return _result(name, requests, outputs, failed, elapsed)
-
-
-def _failed(name: str, out: Any) -> int:
-    """1 (and a log line) when a finished request ended other than by length or stop."""
-    if out.error is None and out.outputs[0].finish_reason in ("length", "stop"):
-        return 0
-    log(f"{name}: request {out.request_id} ended with {out.outputs[0].finish_reason}: "
-        f"{out.error}")
-    return 1
 
 
 def _result(name: str, requests: list[SampleRequest], outputs: list[list[int]], failed: int,
