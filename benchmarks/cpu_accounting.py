@@ -12,6 +12,7 @@ queue), which both are read here.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -24,24 +25,49 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
-def cpu_seconds_fine(pid: int) -> float:
-    """CPU seconds of one process's live threads, in nanoseconds from /proc/PID/task/*/schedstat:
-    /proc's stat counts 10 ms ticks, coarser than a lone request's few milliseconds per stage."""
-    return _schedstat_sum(pid, 0)
+@dataclass(frozen=True)
+class ThreadTimes:
+    """What a process's threads did between two snapshots, in seconds."""
+
+    cpu_s: float  # on a core
+    wait_s: float  # runnable, but waiting in the run queue for a core
 
 
-def run_queue_wait_seconds(pid: int) -> float:
-    """Seconds the process's live threads were runnable but not running (waiting for a core),
-    the second field of /proc/PID/task/*/schedstat."""
-    return _schedstat_sum(pid, 1)
+class ThreadClock:
+    """One process's per-thread schedstat counters (nanoseconds, finer than /proc's 10 ms ticks).
+
+    `since` adds up each thread's growth, not the difference of two sums over the live threads:
+    a thread that ends between the snapshots would take its whole lifetime's counts out of the
+    second sum, and a run could come out negative. Here such a thread's last share is lost (its
+    counters went with it), a thread born since counts from zero, and nothing is below zero."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.threads = _thread_counters(pid)
+
+    def since(self, earlier: ThreadClock) -> ThreadTimes:
+        cpu = wait = 0
+        for tid, (now_cpu, now_wait) in self.threads.items():
+            was_cpu, was_wait = earlier.threads.get(tid, (0, 0))
+            if now_cpu < was_cpu or now_wait < was_wait:  # the tid was reused by a new thread
+                was_cpu = was_wait = 0
+            cpu += now_cpu - was_cpu
+            wait += now_wait - was_wait
+        return ThreadTimes(cpu / 1e9, wait / 1e9)
 
 
-def _schedstat_sum(pid: int, field: int) -> float:
-    total = 0
+def thread_times_since(earlier: ThreadClock) -> ThreadTimes:
+    """What `earlier`'s process did from that snapshot to now."""
+    return ThreadClock(earlier.pid).since(earlier)
+
+
+def _thread_counters(pid: int) -> dict[str, tuple[int, int]]:
+    counters = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[field])
+                cpu, wait = f.read().split()[:2]
         except (FileNotFoundError, ProcessLookupError):
-            pass  # the thread ended between the listing and the read
-    return total / 1e9
+            continue  # the thread ended between the listing and the read
+        counters[tid] = (int(cpu), int(wait))
+    return counters

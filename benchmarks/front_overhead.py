@@ -30,7 +30,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from benchmarks.cpu_accounting import cpu_seconds_fine
+from benchmarks.cpu_accounting import ThreadClock, thread_times_since
 from benchmarks.ring_overhead import ttft_over_ring
 from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
 
@@ -103,10 +103,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"round {i + 1}/{args.rounds}: Generate, then the front")
                 grpc_ms.append(1e3 * statistics.median(
                     ttft_over_ring(client, prompt, args.num_requests)))
-                before = cpu_seconds_fine(front_pid)
+                clock = ThreadClock(front_pid)
                 front_ms.append(1e3 * statistics.median(ttft_over_front(
                     stack.address("openai"), str(model_dir), prompt, args.num_requests)))
-                cpu_ms.append(1e3 * (cpu_seconds_fine(front_pid) - before) / args.num_requests)
+                cpu_ms.append(1e3 * thread_times_since(clock).cpu_s / args.num_requests)
     finally:
         stack.stop()
     added = [f - g for g, f in zip(grpc_ms, front_ms, strict=True)]

@@ -51,7 +51,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from benchmarks.cpu_accounting import cpu_seconds, cpu_seconds_fine
+from benchmarks.cpu_accounting import ThreadClock, cpu_seconds, thread_times_since
 from benchmarks.cpu_pinning import parse_cpu_list, pin_process, split_cpus
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
 from benchmarks.gateway_streams import generate_all
@@ -193,9 +193,9 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
             ttft_over_ring(client, prompt, 3)
             pids = {**stages, "client (this benchmark)": os.getpid()}
             log("over the ring: TTFT of single requests")
-            fine = {name: cpu_seconds_fine(pid) for name, pid in pids.items()}
+            clocks = {name: ThreadClock(pid) for name, pid in pids.items()}
             remote = ttft_over_ring(client, prompt, args.num_ttft)
-            fine = {name: cpu_seconds_fine(pid) - fine[name] for name, pid in pids.items()}
+            fine = {name: thread_times_since(clock).cpu_s for name, clock in clocks.items()}
             # A lone request's CPU in each process (2 tokens): on a machine whose stages share
             # the engine's cores, much of it lies on the way to the first token.
             data["cpu_ms_per_lone_request"] = {name: 1e3 * spent / args.num_ttft

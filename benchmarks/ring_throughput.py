@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.common import format_table, log
-from benchmarks.cpu_accounting import cpu_seconds, cpu_seconds_fine, run_queue_wait_seconds
+from benchmarks.cpu_accounting import ThreadClock, cpu_seconds, thread_times_since
 from benchmarks.cpu_pinning import pin_process
 from benchmarks.datasets import SampleRequest
 
@@ -78,38 +78,31 @@ def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest], re
     place.client_side()
     warm_up_streams(client, requests)
     me = os.getpid()
-    engines = [pid for name, pid in stages.items() if name.startswith(ENGINE)]
+    engines = [name for name in stages if name.startswith(ENGINE)]
     pairs = []
     for i in range(repeats):
         log(f"throughput pair {i + 1}/{repeats}: in process, then over the ring")
         place.engine_side()
-        cpu, wait = cpu_seconds_fine(me), run_queue_wait_seconds(me)
+        start = ThreadClock(me)
         local = run_loop("strand", engine, requests)
-        local_cpu, local_wait = cpu_seconds_fine(me) - cpu, run_queue_wait_seconds(me) - wait
+        local_run = thread_times_since(start)
         place.client_side()
-        cpus, wait = _cpu(stages), _waits(engines)
+        # The stages to the nanosecond; the client (this process) in ticks, so that its threads
+        # that end within the run still count.
+        clocks = {name: ThreadClock(pid) for name, pid in stages.items()}
+        client_cpu = cpu_seconds(me)
         ring = run_streams("strand-gateway", target, requests)
-        after = _cpu(stages)
+        runs = {name: thread_times_since(clock) for name, clock in clocks.items()}
         if local.num_failed or ring.num_failed:
             raise RuntimeError(f"failed requests: in process {local.num_failed}, "
                                f"ring {ring.num_failed}")
         pairs.append(PairRun(
             local.output_tokens_per_s, ring.output_tokens_per_s, local.elapsed_s,
-            ring.elapsed_s, local_cpu,
-            {name: after[name] - cpus[name] for name in after}, local_wait,
-            _waits(engines) - wait))
+            ring.elapsed_s, local_run.cpu_s,
+            {**{name: run.cpu_s for name, run in runs.items()},
+             "client": cpu_seconds(me) - client_cpu},
+            local_run.wait_s, sum(runs[name].wait_s for name in engines)))
     return pairs
-
-
-def _cpu(stages: dict[str, int]) -> dict[str, float]:
-    """The stages' CPU seconds to the nanosecond (their threads live on), and this process's
-    (the client's) in ticks, its threads that ended within the run included."""
-    return {**{name: cpu_seconds_fine(pid) for name, pid in stages.items()},
-            "client": cpu_seconds(os.getpid())}
-
-
-def _waits(pids: list[int]) -> float:
-    return sum(run_queue_wait_seconds(pid) for pid in pids)
 
 
 def pairs_to_json(pairs: list[PairRun]) -> dict[str, Any]:

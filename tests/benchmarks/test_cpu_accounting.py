@@ -6,16 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
 
-import pytest
-
-from benchmarks.cpu_accounting import (
-    cpu_seconds,
-    cpu_seconds_fine,
-    run_queue_wait_seconds,
-)
+from benchmarks.cpu_accounting import ThreadClock, cpu_seconds, thread_times_since
 
 
 def _burn(seconds: float) -> None:
@@ -24,15 +18,48 @@ def _burn(seconds: float) -> None:
         pass
 
 
-@pytest.mark.parametrize("clock", [cpu_seconds, cpu_seconds_fine])
-def test_cpu_clocks_count_this_process_work_and_not_its_sleep(
-        clock: Callable[[int], float]) -> None:
-    start = clock(os.getpid())
+def test_cpu_seconds_count_this_process_work_and_not_its_sleep() -> None:
+    start = cpu_seconds(os.getpid())
     _burn(0.3)
-    spent = clock(os.getpid()) - start
+    spent = cpu_seconds(os.getpid()) - start
     assert 0.2 <= spent <= 1.0
     time.sleep(0.1)
-    assert clock(os.getpid()) - start - spent < 0.05
+    assert cpu_seconds(os.getpid()) - start - spent < 0.05
+
+
+def test_the_thread_clock_counts_this_process_work_and_not_its_sleep() -> None:
+    start = ThreadClock(os.getpid())
+    _burn(0.3)
+    spent = thread_times_since(start).cpu_s
+    assert 0.2 <= spent <= 1.0
+    time.sleep(0.1)
+    assert thread_times_since(start).cpu_s - spent < 0.05
+
+
+def _burning_thread(seconds: float) -> threading.Thread:
+    """A thread that spends `seconds` of its own CPU time (its clock, not the process's)."""
+    def burn() -> None:
+        deadline = time.thread_time() + seconds
+        while time.thread_time() < deadline:
+            pass
+
+    thread = threading.Thread(target=burn)
+    thread.start()
+    return thread
+
+
+def test_a_thread_that_ends_between_the_snapshots_does_not_make_the_run_negative() -> None:
+    # The failure this guards against (CI, session 21): a sum over the live threads loses a
+    # thread's whole lifetime when it ends, so "after - before" came out below zero. Here the
+    # old thread takes ~0.3 s out of such a sum while this one adds 0.2 s.
+    old = _burning_thread(0.4)
+    time.sleep(0.3)  # the old thread has spent ~0.3 s of its 0.4 by the first snapshot
+    start = ThreadClock(os.getpid())
+    old.join()
+    _burn(0.2)  # the old thread has ended: the process's CPU time is this thread's
+    run = thread_times_since(start)
+    assert run.wait_s >= 0
+    assert 0.15 <= run.cpu_s < 0.6  # this thread's 0.2 s; the old one's last share is lost
 
 
 def test_cpu_seconds_are_the_process_user_and_system_times() -> None:
@@ -50,9 +77,9 @@ def test_a_process_sharing_its_only_core_with_a_busy_one_waits_in_the_run_queue(
     try:
         time.sleep(0.3)  # the busy loop is running on that core
         os.sched_setaffinity(0, {cpu})
-        before = run_queue_wait_seconds(os.getpid())
+        start = ThreadClock(os.getpid())
         _burn(0.3)  # about 0.6 s of wall time with the core shared half and half
-        waited = run_queue_wait_seconds(os.getpid()) - before
+        waited = thread_times_since(start).wait_s
     finally:
         os.sched_setaffinity(0, own)
         busy.kill()
@@ -61,6 +88,6 @@ def test_a_process_sharing_its_only_core_with_a_busy_one_waits_in_the_run_queue(
 
 
 def test_a_sleeping_process_does_not_wait_in_the_run_queue() -> None:
-    before = run_queue_wait_seconds(os.getpid())
+    start = ThreadClock(os.getpid())
     time.sleep(0.3)
-    assert run_queue_wait_seconds(os.getpid()) - before < 0.1
+    assert thread_times_since(start).wait_s < 0.1
