@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from services.common.convert_core import (
-    core_output_from_pb,
-    core_output_to_pb,
-    core_outputs_from_pb,
-    core_outputs_to_pb,
     core_request_from_pb,
     core_request_to_pb,
     logprobs_lists_from_pb,
@@ -32,13 +28,12 @@ from services.common.convert_params import (
     prompt_from_pb,
     prompt_to_pb,
 )
+from services.common.convert_step import core_outputs_from_pb, core_outputs_to_pb
 
 __all__ = [
     "PromptType",
     "completion_from_pb",
     "completion_to_pb",
-    "core_output_from_pb",
-    "core_output_to_pb",
     "core_outputs_from_pb",
     "core_outputs_to_pb",
     "core_request_from_pb",

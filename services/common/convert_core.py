@@ -1,10 +1,11 @@
-"""pb <-> dataclass for the stages' messages: EngineCoreRequest, EngineCoreOutput(s), ProcessedPrompt."""
+"""pb <-> dataclass for the stages' messages: EngineCoreRequest, ProcessedPrompt, logprobs and stop
+reasons (a step's outputs: convert_step.py)."""
 
 from __future__ import annotations
 
 import itertools
 
-from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.core.runner_output import LogprobsLists
 from engine_core.processing.input_processor import ProcessedPrompt
 from services._proto.strand.v1 import types_pb2 as pb
@@ -68,60 +69,7 @@ def logprobs_lists_from_pb(msg: pb.LogprobsLists) -> LogprobsLists:
                          sampled_token_ranks=list(msg.sampled_token_ranks))
 
 
-def core_output_to_pb(out: EngineCoreOutput) -> pb.EngineCoreOutput:
-    msg = pb.EngineCoreOutput(request_id=out.request_id, new_token_ids=out.new_token_ids,
-                              num_cached_tokens=out.num_cached_tokens)
-    if out.new_logprobs is not None:
-        msg.new_logprobs.CopyFrom(logprobs_lists_to_pb(out.new_logprobs))
-    if out.new_prompt_logprobs is not None:
-        msg.new_prompt_logprobs.CopyFrom(logprobs_lists_to_pb(out.new_prompt_logprobs))
-    if out.finish_reason is not None:
-        msg.finish_reason = out.finish_reason
-    set_stop_reason(msg, out.stop_reason)
-    if out.first_scheduled_time is not None:
-        msg.first_scheduled_time = out.first_scheduled_time
-    if out.preempted_times:
-        msg.preempted_times.extend(out.preempted_times)
-    return msg
-
-
-def core_output_from_pb(msg: pb.EngineCoreOutput) -> EngineCoreOutput:
-    return EngineCoreOutput(
-        request_id=msg.request_id,
-        new_token_ids=list(msg.new_token_ids),
-        new_logprobs=(logprobs_lists_from_pb(msg.new_logprobs)
-                      if msg.HasField("new_logprobs") else None),
-        new_prompt_logprobs=(logprobs_lists_from_pb(msg.new_prompt_logprobs)
-                             if msg.HasField("new_prompt_logprobs") else None),
-        finish_reason=msg.finish_reason if msg.HasField("finish_reason") else None,
-        stop_reason=stop_reason_from_pb(msg),
-        num_cached_tokens=msg.num_cached_tokens,
-        first_scheduled_time=(msg.first_scheduled_time
-                              if msg.HasField("first_scheduled_time") else None),
-        preempted_times=list(msg.preempted_times) or None,
-    )
-
-
-def core_outputs_to_pb(outs: EngineCoreOutputs) -> pb.EngineCoreOutputs:
-    msg = pb.EngineCoreOutputs(outputs=[core_output_to_pb(o) for o in outs.outputs],
-                               finished_requests=sorted(outs.finished_requests),
-                               timestamp=outs.timestamp)
-    if outs.scheduler_stats is not None:
-        msg.scheduler_stats.values.update(outs.scheduler_stats)
-    return msg
-
-
-def core_outputs_from_pb(msg: pb.EngineCoreOutputs) -> EngineCoreOutputs:
-    return EngineCoreOutputs(
-        outputs=[core_output_from_pb(o) for o in msg.outputs],
-        finished_requests=set(msg.finished_requests),
-        timestamp=msg.timestamp,
-        scheduler_stats=(dict(msg.scheduler_stats.values)
-                         if msg.HasField("scheduler_stats") else None),
-    )
-
-
-def set_stop_reason(msg: pb.EngineCoreOutput | pb.CompletionOutput,
+def set_stop_reason(msg: pb.EngineCoreOutputExtras | pb.CompletionOutput,
                      reason: int | str | None) -> None:
     if isinstance(reason, str):
         msg.stop_str = reason
@@ -129,7 +77,7 @@ def set_stop_reason(msg: pb.EngineCoreOutput | pb.CompletionOutput,
         msg.stop_token_id = int(reason)
 
 
-def stop_reason_from_pb(msg: pb.EngineCoreOutput | pb.CompletionOutput) -> int | str | None:
+def stop_reason_from_pb(msg: pb.EngineCoreOutputExtras | pb.CompletionOutput) -> int | str | None:
     kind = msg.WhichOneof("stop_reason")
     if kind == "stop_str":
         return msg.stop_str

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from engine_core.core.runner_output import LogprobsLists
+from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.sampling_params import SamplingParams
 from services.common.convert import (
-    core_outputs_from_pb,
-    core_outputs_to_pb,
     core_request_from_pb,
     core_request_to_pb,
     request_output_from_pb,
@@ -41,30 +38,6 @@ def test_processed_prompt_round_trips_with_and_without_text() -> None:
     for text in ("hello", None):
         processed = ProcessedPrompt(request=_core_request(), prompt=text)
         assert processed_from_pb(processed_to_pb(processed)) == processed
-
-
-def test_engine_core_outputs_round_trip_with_logprobs_and_stop_reasons() -> None:
-    lists = LogprobsLists(logprob_token_ids=[[5, 5, 9]], logprobs=[[-0.1, -0.1, -2.5]],
-                          sampled_token_ranks=[1])
-    prompt_lists = LogprobsLists(logprob_token_ids=[[17, 4], [300, 300]],
-                                 logprobs=[[-3.0, -1.0], [-0.5, -0.5]],
-                                 sampled_token_ranks=[2, 1])
-    outs = EngineCoreOutputs(
-        outputs=[
-            EngineCoreOutput("a", [5], new_logprobs=lists, new_prompt_logprobs=prompt_lists,
-                             num_cached_tokens=16, first_scheduled_time=12.5),
-            EngineCoreOutput("b", [2], finish_reason="stop", stop_reason=2,
-                             preempted_times=[12.25, 12.75]),
-            EngineCoreOutput("c", [], finish_reason="abort", stop_reason="END"),
-        ],
-        finished_requests={"b", "c"}, timestamp=99.0,
-        scheduler_stats={"num_running_reqs": 1.0})
-    assert core_outputs_from_pb(core_outputs_to_pb(outs)) == outs
-
-
-def test_engine_core_outputs_without_stats_keep_none() -> None:
-    outs = EngineCoreOutputs(outputs=[], timestamp=1.0)
-    assert core_outputs_from_pb(core_outputs_to_pb(outs)).scheduler_stats is None
 
 
 def test_request_output_round_trips_every_field() -> None:

@@ -15,7 +15,7 @@ from engine_core.processing.output_processor import OutputProcessor
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import engine_pb2 as epb
-from services.common.convert_core import core_outputs_to_pb
+from services.common.convert import core_outputs_to_pb
 from services.detokenizer.early_outputs import EarlyOutputs
 from services.detokenizer.engine_feed import EngineFeed
 from services.detokenizer.routes import Routes

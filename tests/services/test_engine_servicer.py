@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from engine_core.config import EngineArgs
-from engine_core.core.engine_io import EngineCoreRequest
+from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.model_runner import ModelRunner
 from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import engine_pb2 as epb
-from services.common.convert import core_request_to_pb
+from services.common.convert import core_outputs_from_pb, core_request_to_pb
 from services.engine.servicer import EngineServicer
 
 
@@ -30,6 +30,10 @@ class RecordingSpan:
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
+
+
+def _outputs(msg: epb.EngineStepOutputs) -> list[EngineCoreOutput]:
+    return core_outputs_from_pb(msg.outputs).outputs
 
 
 @pytest.fixture
@@ -183,8 +187,8 @@ def test_a_step_message_sends_its_outputs_to_the_subscriber_tagged_with_its_id(
     answers, seen = asyncio.run(_session(servicer, messages))
     assert [r.WhichOneof("kind") for r in answers] == ["state"] * 4
     assert [(m.step_id, m.origin) for m in seen] == [(7, "gw-1"), (8, "gw-1")]
-    assert [o.request_id for o in seen[0].outputs.outputs] == ["a", "b"]
-    assert [o.request_id for o in seen[1].outputs.outputs] == ["a"]
+    assert [o.request_id for o in _outputs(seen[0])] == ["a", "b"]
+    assert [o.request_id for o in _outputs(seen[1])] == ["a"]
     assert answers[-1].state.num_unfinished_requests == 1
 
 
@@ -222,7 +226,7 @@ async def _auto_stream(servicer: EngineServicer, on_subscribed: Callable[[], Awa
                 await on_subscribed()
                 continue
             seen.append(msg)
-            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+            if any(o.finished for o in _outputs(msg)):
                 break
     finally:
         loop_task.cancel()
@@ -242,7 +246,7 @@ def test_auto_mode_steps_by_itself_and_streams_each_step(tiny_model_dir: Path) -
 
     seen = asyncio.run(_auto_stream(servicer, add))
     assert [m.step_id for m in seen] == [0, 0, 0, 0]
-    assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1, 1, 1, 1]
+    assert [len(_outputs(m)[0].new_token_ids) for m in seen] == [1, 1, 1, 1]
     servicer.close()
 
 
@@ -291,7 +295,7 @@ def test_a_lone_adds_step_is_queued_behind_it_before_the_add_returns(
     finally:
         servicer.close()
     assert step_queued_during_add == [True]
-    assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1, 1]
+    assert [len(_outputs(m)[0].new_token_ids) for m in seen] == [1, 1]
 
 
 def test_messages_that_come_while_the_core_is_busy_are_all_queued_on_it_in_order(
@@ -384,7 +388,7 @@ def test_auto_steps_run_back_to_back_on_the_core_thread_while_nothing_else_waits
     finally:
         servicer.close()
     assert len(seen) == len(steps) == 8
-    assert [len(m.outputs.outputs[0].new_token_ids) for m in seen] == [1] * 8
+    assert [len(_outputs(m)[0].new_token_ids) for m in seen] == [1] * 8
     hand_overs = executor.names.count("_auto_steps")
     if back_to_back_min_s == 0.0:
         # The subscriber read each message at once, so nothing held the thread back: a hand-over
@@ -408,7 +412,7 @@ def test_a_detokenizer_that_stops_reading_stops_the_engine_a_few_steps_ahead(
         read = 0
         async for msg in stream:  # reading again lets it finish
             read += 1
-            if any(o.HasField("finish_reason") for o in msg.outputs.outputs):
+            if any(o.finished for o in _outputs(msg)):
                 break
         loop_task.cancel()
         return stalled, read
@@ -446,7 +450,7 @@ def test_an_add_that_fails_leaves_the_auto_loop_stepping_nothing(tiny_model_dir:
     finally:
         servicer.close()
     assert answers[0].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert [[o.request_id for o in m.outputs.outputs] for m in seen] == [["ok"]]
+    assert [[o.request_id for o in _outputs(m)] for m in seen] == [["ok"]]
     assert not core.has_unfinished_requests()
 
 
@@ -477,7 +481,7 @@ def test_the_model_loads_on_the_thread_that_runs_every_step(
         _, seen = asyncio.run(_session(servicer, messages))
     finally:
         servicer.close()
-    assert sum(len(m.outputs.outputs) for m in seen) == 2
+    assert sum(len(_outputs(m)) for m in seen) == 2
     assert len(threads["load"]) == 1 and threads["load"] == threads["step"]
     assert threads["load"] != {threading.get_ident()}
 

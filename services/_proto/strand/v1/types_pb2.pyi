@@ -181,29 +181,25 @@ class LogprobsLists(_message.Message):
     sampled_token_ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., row_lengths: _Optional[_Iterable[int]] = ..., sampled_token_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class EngineCoreOutput(_message.Message):
-    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "num_cached_tokens", "first_scheduled_time", "preempted_times")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+class EngineCoreOutputExtras(_message.Message):
+    __slots__ = ("index", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "first_scheduled_time", "preempted_times")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NEW_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     STOP_STR_FIELD_NUMBER: _ClassVar[int]
-    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_TIMES_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
-    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    index: int
     new_logprobs: LogprobsLists
     new_prompt_logprobs: LogprobsLists
     finish_reason: str
     stop_token_id: int
     stop_str: str
-    num_cached_tokens: int
     first_scheduled_time: float
     preempted_times: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("values",)
@@ -219,16 +215,24 @@ class SchedulerStats(_message.Message):
     def __init__(self, values: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class EngineCoreOutputs(_message.Message):
-    __slots__ = ("outputs", "finished_requests", "timestamp", "scheduler_stats")
-    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("finished_requests", "timestamp", "scheduler_stats", "request_ids", "num_new_tokens", "new_token_ids", "num_cached_tokens", "extras")
     FINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_STATS_FIELD_NUMBER: _ClassVar[int]
-    outputs: _containers.RepeatedCompositeFieldContainer[EngineCoreOutput]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXTRAS_FIELD_NUMBER: _ClassVar[int]
     finished_requests: _containers.RepeatedScalarFieldContainer[str]
     timestamp: float
     scheduler_stats: SchedulerStats
-    def __init__(self, outputs: _Optional[_Iterable[_Union[EngineCoreOutput, _Mapping]]] = ..., finished_requests: _Optional[_Iterable[str]] = ..., timestamp: _Optional[float] = ..., scheduler_stats: _Optional[_Union[SchedulerStats, _Mapping]] = ...) -> None: ...
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    num_new_tokens: _containers.RepeatedScalarFieldContainer[int]
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_cached_tokens: _containers.RepeatedScalarFieldContainer[int]
+    extras: _containers.RepeatedCompositeFieldContainer[EngineCoreOutputExtras]
+    def __init__(self, finished_requests: _Optional[_Iterable[str]] = ..., timestamp: _Optional[float] = ..., scheduler_stats: _Optional[_Union[SchedulerStats, _Mapping]] = ..., request_ids: _Optional[_Iterable[str]] = ..., num_new_tokens: _Optional[_Iterable[int]] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., num_cached_tokens: _Optional[_Iterable[int]] = ..., extras: _Optional[_Iterable[_Union[EngineCoreOutputExtras, _Mapping]]] = ...) -> None: ...
 
 class Logprob(_message.Message):
     __slots__ = ("logprob", "rank", "decoded_token")
