@@ -8,6 +8,8 @@ them (benchmarks/step_message.py has the cost per request either way).
 
 from __future__ import annotations
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert_core import (
@@ -34,7 +36,12 @@ def core_outputs_to_pb(outs: EngineCoreOutputs) -> pb.EngineCoreOutputs:
 
 
 def core_outputs_from_pb(msg: pb.EngineCoreOutputs) -> EngineCoreOutputs:
-    """ValueError naming the field when the columns disagree (a message from another version)."""
+    """ValueError naming the field when the columns disagree, or when the message has fields this
+    version does not know: an engine of an older version sent its outputs as field 1, which
+    would otherwise read as a step with no outputs, every token lost without a word."""
+    if len(UnknownFieldSet(msg)):
+        raise ValueError("EngineCoreOutputs has fields this version does not know: the engine "
+                         "stage runs another Strand version (run every stage at one version)")
     ids, counts, cached = msg.request_ids, msg.num_new_tokens, msg.num_cached_tokens
     tokens = list(msg.new_token_ids)
     if not len(ids) == len(counts) == len(cached):

@@ -77,3 +77,10 @@ def test_a_message_whose_columns_disagree_is_refused_by_field(
     change(msg)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         core_outputs_from_pb(msg)
+
+
+def test_a_step_from_an_engine_of_the_older_version_is_refused_not_read_as_empty() -> None:
+    # Field 1 was `repeated EngineCoreOutput outputs`: one output {request_id: "a"}.
+    old = pb.EngineCoreOutputs.FromString(bytes([0x0A, 0x03, 0x0A, 0x01, 0x61]))
+    with pytest.raises(ValueError, match="another Strand version"):
+        core_outputs_from_pb(old)
