@@ -23,6 +23,7 @@ from services.common.link_frames import (
     write_frame,
 )
 from services.common.server import KEEPALIVE_TIME_MS
+from services.common.stage_protocol import PROTOCOL
 
 # Answers read ahead of the caller; past it the socket is left unread (flow control).
 ANSWER_QUEUE = 4096
@@ -59,7 +60,8 @@ class LinkCall:
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(link_address(port)), timeout)
         write_frame(writer, Kind.HELLO,
-                    json_frame({"method": method, "authorization": authorization or ""}))
+                    json_frame({"method": method, "authorization": authorization or "",
+                                "protocol": PROTOCOL}))
         if request is not None:
             write_frame(writer, Kind.MESSAGE, request.SerializeToString())
         return cls(reader, writer, response_type, max_message_bytes)

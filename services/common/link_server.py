@@ -29,6 +29,7 @@ from services.common.link_frames import (
     read_frame,
     write_frame,
 )
+from services.common.stage_protocol import protocol_mismatch
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,10 @@ class LinkServer:
                 str(hello.get("authorization", "")).encode(), self._authorization.encode()):
             _end(writer, grpc.StatusCode.UNAUTHENTICATED,
                  "missing or wrong api key: send metadata 'authorization: Bearer <key>'")
+            return None
+        error = protocol_mismatch(self.stage, str(hello.get("protocol") or "") or None)
+        if error is not None:
+            _end(writer, grpc.StatusCode.FAILED_PRECONDITION, error)
             return None
         handler = self._handlers.get(str(hello.get("method")))
         if handler is None:

@@ -20,6 +20,7 @@ from services.common.link_server import LinkRegistry, LinkServer
 from services.common.metrics_server import check_metrics_port, start_metrics_server
 from services.common.rpc_drain import drain_cancelled_rpcs
 from services.common.stage_auth import STAGES, stage_api_key
+from services.common.stage_protocol import PROTOCOL_HEADER, protocol_mismatch
 from services.common.tracing import init_tracing, shutdown_tracing
 from services.common.undecodable import UndecodableInterceptor
 
@@ -147,14 +148,32 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         return _rejecting_handler(handler)
 
 
-def _rejecting_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
-    message = "missing or wrong api key: send metadata 'authorization: Bearer <key>'"
+class ProtocolInterceptor(grpc.aio.ServerInterceptor):
+    """FAILED_PRECONDITION for a caller that speaks another stage protocol: a stage of another
+    Strand version (stage_protocol.py). Callers that say none are served."""
 
+    def __init__(self, stage: str) -> None:
+        self._stage = stage
+
+    async def intercept_service(self, continuation: Callable[..., Awaitable[grpc.RpcMethodHandler]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
+        error = protocol_mismatch(self._stage, metadata.get(PROTOCOL_HEADER))
+        handler = await continuation(details)
+        if error is None:
+            return handler
+        return _rejecting_handler(handler, grpc.StatusCode.FAILED_PRECONDITION, error)
+
+
+def _rejecting_handler(handler: grpc.RpcMethodHandler | None,
+                       code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,
+                       message: str = "missing or wrong api key: send metadata "
+                                      "'authorization: Bearer <key>'") -> grpc.RpcMethodHandler:
     async def reject(request: object, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     async def reject_stream(request: object, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
         yield  # pragma: no cover - makes this an async generator
 
     if handler is not None and handler.response_streaming:
@@ -180,6 +199,8 @@ async def run_server(name: str, options: ServerOptions,
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     api_key = stage_api_key(name, options.host, options.api_key)
     interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
+    if name in STAGES:  # after the key: an unauthenticated caller learns nothing more
+        interceptors.append(ProtocolInterceptor(name))
     interceptors.append(UndecodableInterceptor())
     server = grpc.aio.server(interceptors=interceptors, options=grpc_server_options(options))
     registry = LinkRegistry(server)

@@ -11,6 +11,7 @@ import os
 import secrets
 
 from services.common.errors import UserError
+from services.common.stage_protocol import PROTOCOL, PROTOCOL_HEADER
 
 STAGE_TOKEN_ENV = "STRAND_STAGE_TOKEN"
 STAGES = ("tokenizer", "engine", "detokenizer")
@@ -25,9 +26,11 @@ def new_stage_token() -> str:
 
 
 def stage_metadata() -> tuple[tuple[str, str], ...]:
-    """What a stage's caller sends (nothing when no token is set)."""
+    """What a stage's caller sends: the stage protocol it speaks (stage_protocol.py), and the
+    token when one is set."""
     token = stage_token()
-    return (("authorization", f"Bearer {token}"),) if token else ()
+    auth = (("authorization", f"Bearer {token}"),) if token else ()
+    return ((PROTOCOL_HEADER, PROTOCOL), *auth)
 
 
 def stage_api_key(name: str, host: str, api_key: str | None) -> str | None:

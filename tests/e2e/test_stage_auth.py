@@ -16,6 +16,7 @@ from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import detokenizer_pb2_grpc, engine_pb2_grpc
 from services._proto.strand.v1 import engine_pb2 as epb
 from services.common.stage_auth import STAGE_TOKEN_ENV
+from services.common.stage_protocol import PROTOCOL, PROTOCOL_HEADER
 from services.launch import REPO_ROOT, Stack
 
 
@@ -42,6 +43,22 @@ def test_stages_refuse_callers_without_the_stage_token(stack: Stack) -> None:
         with pytest.raises(grpc.RpcError) as err:
             next(iter(stream))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_stage_refuses_a_caller_of_another_version_by_name(stack: Stack) -> None:
+    token = (("authorization", f"Bearer {stack.stage_token}"),)
+    with grpc.insecure_channel(stack.address("engine")) as channel:
+        session = engine_pb2_grpc.EngineStub(channel).Session
+        other = session(iter([epb.EngineRequest(seq=1, query=epb.EngineQuery())]), timeout=30,
+                        metadata=(*token, (PROTOCOL_HEADER, "0123456789abcdef")))
+        with pytest.raises(grpc.RpcError) as err:
+            next(iter(other))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"engine speaks stage protocol {PROTOCOL}" in (err.value.details() or "")
+        # A caller that says no protocol (grpcurl with the token) is served.
+        said_none = session(iter([epb.EngineRequest(seq=2, query=epb.EngineQuery())]),
+                            timeout=30, metadata=token)
+        assert next(iter(said_none)).seq == 2
 
 
 def test_a_stage_on_all_interfaces_without_a_token_refuses_to_start(tiny_model_dir: str) -> None:
