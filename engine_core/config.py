@@ -45,6 +45,9 @@ class LoRAConfig:
 class EngineArgs:
     model: str | None = None  # a local HF directory; None builds a tiny model (demo only)
     tokenizer: str | None = None  # defaults to model
+    # vLLM's: load no tokenizer. Prompts are token ids, outputs token ids with text "", and
+    # what needs one (text prompts, stop strings, bad_words, structured outputs) is refused.
+    skip_tokenizer_init: bool = False
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # None: weights in dtype. "gguf" (vLLM's name): a .gguf model's Q8_0/Q4_0/Q4_1 linear
     # weights stay in their blocks and are read packed (the rest as with None).
@@ -260,6 +263,9 @@ _HELP = {
     "model": "local HF model directory (config.json, safetensors, tokenizer.json); "
              "omitted: a tiny random Llama built locally",
     "tokenizer": "tokenizer directory (default: the model's)",
+    "skip_tokenizer_init": "load no tokenizer: prompts must be token ids and outputs carry "
+                           "token ids only (text prompts, stop strings, bad_words and "
+                           "structured outputs are refused)",
     "dtype": "auto (the checkpoint's), float32, bfloat16 or float16",
     "quantization": "gguf: keep a .gguf model's Q8_0/Q4_0/Q4_1 linear weights packed and read "
                     "them so (fewer bytes per decode step); default: dequantize to --dtype",

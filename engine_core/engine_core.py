@@ -192,6 +192,9 @@ class EngineCore:
         """The structured-output compiler, built on first use from the engine's tokenizer."""
         cache = self.runner.grammars.cache
         if cache is None:
+            if self.args.skip_tokenizer_init:
+                raise ValueError("structured_outputs need a tokenizer, but skip_tokenizer_init "
+                                 "is True (no tokenizer is loaded)")
             from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
 
             tokenizer_dir = self.args.tokenizer or self.model_config.model_dir

@@ -27,11 +27,14 @@ PromptType = str | dict[str, Any]
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs, engine_core: EngineCore, tokenizer: Tokenizer) -> None:
+    def __init__(self, args: EngineArgs, engine_core: EngineCore,
+                 tokenizer: Tokenizer | None) -> None:
+        """tokenizer None: skip_tokenizer_init (token-id prompts; EOS from the model's config)."""
         self.args = args
         self.engine_core = engine_core
         self.tokenizer = tokenizer
-        eos = tokenizer.eos_token_id
+        eos = (tokenizer.eos_token_id if tokenizer is not None
+               else engine_core.model_config.first_eos_token_id)
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
@@ -46,10 +49,13 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         core = EngineCore.from_engine_args(args)
-        tokenizer = Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir)
+        tokenizer = (None if args.skip_tokenizer_init
+                     else Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir))
         return cls(args, core, tokenizer)
 
     def get_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError("Unable to get a tokenizer: skip_tokenizer_init is True")
         return self.tokenizer
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,

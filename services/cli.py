@@ -260,7 +260,8 @@ def serve(argv: list[str]) -> None:
 
         try:
             model = resolve_model_dir(args.model)
-            check_model_dir(model, args.tokenizer)  # before any stage starts (one clear line)
+            # Before any stage starts (one clear line).
+            check_model_dir(model, args.tokenizer, needs_tokenizer=not args.skip_tokenizer_init)
             check_port_free(args.host, args.port)
             if args.openai_port:
                 check_port_free(args.host, args.openai_port, "--openai-port")

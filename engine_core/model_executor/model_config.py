@@ -82,6 +82,15 @@ def model_limits(model_dir: str) -> tuple[int, int]:
     return int(raw.get("max_position_embeddings", 2048)), _positive_int(raw, "vocab_size")
 
 
+def config_eos_token_id(model_dir: str) -> int | None:
+    """config.json's EOS (the first, where it lists several): what a stage without a tokenizer
+    (skip_tokenizer_init) stops on, as ModelConfig.first_eos_token_id."""
+    eos = _read_config(model_dir).get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) and not isinstance(eos, bool) else None
+
+
 def _read_config(model_dir: str) -> dict[str, Any]:
     path = Path(model_dir)
     if not path.is_dir():

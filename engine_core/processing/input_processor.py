@@ -29,7 +29,7 @@ class ProcessedPrompt:
 class InputProcessor:
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,
         max_model_len: int,
         vocab_size: int,
         eos_token_id: int | None = None,
@@ -37,10 +37,12 @@ class InputProcessor:
         logits_processor_classes: Sequence[type] = (),
         limits: RequestLimits | None = None,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # None: skip_tokenizer_init (token-id prompts only)
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.eos_token_id = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+        self.eos_token_id = eos_token_id
         if max_logprobs < -1:
             raise ValueError(f"max_logprobs must be >= -1 (-1: no limit), got {max_logprobs}")
         self.max_logprobs = max_logprobs
@@ -109,7 +111,10 @@ class InputProcessor:
                     f"{name} must be <= max_logprobs ({self.max_logprobs}), got {value}"
                     + (f" (the whole vocabulary, {asked} tokens)" if value == -1 else "")
                 )
-        if params.bad_words and params.bad_words_token_ids is None:
+        if self.tokenizer is None:
+            _refuse_what_needs_text(params)
+            params.detokenize = False  # vLLM: token ids only, text ""
+        elif params.bad_words and params.bad_words_token_ids is None:
             params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         params.validate_against_vocab(self.vocab_size)
         for cls in self.logits_processor_classes:
@@ -152,9 +157,10 @@ class InputProcessor:
         if "messages" in prompt:
             messages = _check_messages(prompt["messages"])
             add_generation_prompt = bool(prompt.get("add_generation_prompt", True))
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+            tokenizer = self._text_tokenizer()
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt)
             # The template writes its own bos; encoding must not add a second one.
-            return text, self.tokenizer.encode(text, add_special_tokens=False), salt
+            return text, tokenizer.encode(text, add_special_tokens=False), salt
         if "prompt" in prompt:
             text = prompt["prompt"]
             if not isinstance(text, str):
@@ -174,9 +180,17 @@ class InputProcessor:
         return token_ids[-keep:]
 
     def _encode_text(self, text: str) -> list[int]:
+        tokenizer = self._text_tokenizer()
         if not text:
             raise ValueError("prompt must not be empty")
-        return self.tokenizer.encode(text)
+        return tokenizer.encode(text)
+
+    def _text_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            # vLLM's words, which its tests match.
+            raise ValueError(f"You cannot pass text prompts when {NO_TOKENIZER}: pass "
+                             "{'prompt_token_ids': [...]}")
+        return self.tokenizer
 
     def _validate_token_ids(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -191,6 +205,20 @@ class InputProcessor:
                 f"prompt is {len(token_ids)} tokens, longer than max_model_len "
                 f"({self.max_model_len})"
             )
+
+
+NO_TOKENIZER = "skip_tokenizer_init is True (no tokenizer is loaded)"
+
+
+def _refuse_what_needs_text(params: SamplingParams) -> None:
+    """Without a tokenizer there is no text to match or constrain: refused by field name."""
+    if params.stop:
+        raise ValueError(f"stop strings need a tokenizer, but {NO_TOKENIZER}: "
+                         "use stop_token_ids")
+    if params.bad_words and params.bad_words_token_ids is None:
+        raise ValueError(f"bad_words need a tokenizer, but {NO_TOKENIZER}")
+    if params.structured_outputs is not None:
+        raise ValueError(f"structured_outputs need a tokenizer, but {NO_TOKENIZER}")
 
 
 def _check_messages(messages: object) -> list[dict[str, str]]:

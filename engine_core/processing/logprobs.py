@@ -11,11 +11,12 @@ class LogprobsProcessor:
     """Sample and prompt logprobs of one sequence; only kept when the request asked for them."""
 
     def __init__(
-        self, tokenizer: Tokenizer, num_logprobs: int | None, num_prompt_logprobs: int | None,
-        prompt_token_ids: list[int] | None = None, detokenize: bool = True,
+        self, tokenizer: Tokenizer | None, num_logprobs: int | None,
+        num_prompt_logprobs: int | None, prompt_token_ids: list[int] | None = None,
+        detokenize: bool = True,
     ) -> None:
-        self.tokenizer = tokenizer
-        self.detokenize = detokenize  # False: decoded_token stays None
+        # None (detokenize=False, or no tokenizer at all): decoded_token stays None.
+        self.tokenizer = tokenizer if detokenize else None
         self.prompt_token_ids = list(prompt_token_ids or [])
         self._sampled_ids: list[int] = []  # the sequence's output so far (decoding context)
         self.logprobs: SampleLogprobs | None = None if num_logprobs is None else []
@@ -32,7 +33,7 @@ class LogprobsProcessor:
             # A character may start in the prompt and end in the output.
             context = (self.prompt_token_ids[-_MAX_CONTEXT_TOKENS:]
                        + self._sampled_ids[-_MAX_CONTEXT_TOKENS:])[-_MAX_CONTEXT_TOKENS:]
-            position = _to_dicts(self.tokenizer, one, [context], self.detokenize)[0]
+            position = _to_dicts(self.tokenizer, one, [context])[0]
             self.logprobs.append(position)
             sampled_id = rows.logprob_token_ids[row][0]  # column 0 is the sampled token
             self._sampled_ids.append(sampled_id)
@@ -50,7 +51,7 @@ class LogprobsProcessor:
         first = len(self.prompt_logprobs)
         contexts = [self.prompt_token_ids[max(0, p - _MAX_CONTEXT_TOKENS):p]
                     for p in range(first, first + len(rows.logprob_token_ids))]
-        positions = _to_dicts(self.tokenizer, rows, contexts, self.detokenize)
+        positions = _to_dicts(self.tokenizer, rows, contexts)
         self.prompt_logprobs.extend(positions)
         self._num_new_prompt_positions += len(positions)
 
@@ -69,8 +70,8 @@ _MAX_CONTEXT_TOKENS = 4
 _REPLACEMENT = "\ufffd"
 
 
-def _to_dicts(tokenizer: Tokenizer, rows: LogprobsLists, contexts: list[list[int]],
-              detokenize: bool = True) -> list[dict[int, Logprob]]:
+def _to_dicts(tokenizer: Tokenizer | None, rows: LogprobsLists, contexts: list[list[int]]
+              ) -> list[dict[int, Logprob]]:
     """contexts[i]: the tokens before row i's position (for vLLM's UTF-8 correction)."""
     positions: list[dict[int, Logprob]] = []
     for token_ids, logprobs, sampled_rank, context in zip(
@@ -85,7 +86,7 @@ def _to_dicts(tokenizer: Tokenizer, rows: LogprobsLists, contexts: list[list[int
                     logprob=logprob,
                     rank=rank,
                     decoded_token=(decode_token(tokenizer, token_id, context)
-                                   if detokenize else None),
+                                   if tokenizer is not None else None),
                 )
         positions.append(position)
     return positions

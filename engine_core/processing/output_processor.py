@@ -33,7 +33,7 @@ class OutputProcessorResult:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, stream_interval: int = 1,
+    def __init__(self, tokenizer: Tokenizer | None, stream_interval: int = 1,
                  stats: RequestStatsRecorder | None = None) -> None:
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")

@@ -36,7 +36,7 @@ def fan_out(request: EngineCoreRequest) -> list[EngineCoreRequest]:
 
 
 class ParentRequest:
-    def __init__(self, processed: ProcessedPrompt, tokenizer: Tokenizer,
+    def __init__(self, processed: ProcessedPrompt, tokenizer: Tokenizer | None,
                  stream_interval: int = 1) -> None:
         request = processed.request
         self.stream_interval = stream_interval

@@ -17,15 +17,16 @@ class SequenceState:
         self,
         request_id: str,
         index: int,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,
         prompt_token_ids: list[int],
         params: SamplingParams,
     ) -> None:
         self.request_id = request_id
         self.index = index
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params)
-        # detokenize=False (vLLM): token ids only, no text, no decoded_token.
-        self.detokenize = params.detokenize
+        # detokenize=False (vLLM; always so without a tokenizer): token ids only, no text, no
+        # decoded_token.
+        self.detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids, params)
+                            if params.detokenize and tokenizer is not None else None)
         self.logprobs = LogprobsProcessor(tokenizer, params.logprobs, params.prompt_logprobs,
                                           prompt_token_ids, detokenize=params.detokenize)
         self.token_ids: list[int] = []
@@ -47,7 +48,7 @@ class SequenceState:
         stop_terminated = output.finish_reason == "stop"
         stop_string = self.detokenizer.update(
             output.new_token_ids, stop_terminated, finished=output.finished
-        ) if self.detokenize else None
+        ) if self.detokenizer is not None else None
         if stop_string is not None:
             self.finish_reason = "stop"
             self.stop_reason = stop_string
@@ -58,7 +59,8 @@ class SequenceState:
         return False
 
     def finish(self, reason: str) -> None:
-        self.detokenizer.flush()
+        if self.detokenizer is not None:
+            self.detokenizer.flush()
         self.finish_reason = reason
         self.stop_reason = None
 
@@ -79,7 +81,7 @@ class SequenceState:
 
     def completion(self, delta: bool) -> CompletionOutput:
         text = (self.detokenizer.get_next_output_text(self.finished, delta)
-                if self.detokenize else "")
+                if self.detokenizer is not None else "")
         logprobs = self.logprobs.logprobs
         if delta:
             token_ids = self.token_ids[self._num_sent_tokens :]

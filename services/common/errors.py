@@ -68,9 +68,11 @@ def run_main(prog: str, body: Callable[[], None]) -> None:
         fail(prog, describe(exc), hint=not isinstance(exc, UserError | ValueError))
 
 
-def check_model_dir(model: str, tokenizer: str | None = None) -> None:
+def check_model_dir(model: str, tokenizer: str | None = None,
+                    needs_tokenizer: bool = True) -> None:
     """UserError unless `model` is a HF model directory with a config, weights and a tokenizer
-    (tokenizer.json there, or in `tokenizer` when given)."""
+    (tokenizer.json there, or in `tokenizer` when given; none with needs_tokenizer False:
+    --skip-tokenizer-init)."""
     path = Path(model)
     if not path.exists():
         raise UserError(f"model directory {model!r} does not exist (--model)")
@@ -82,6 +84,7 @@ def check_model_dir(model: str, tokenizer: str | None = None) -> None:
     if not any(path.glob("*.safetensors")):
         raise UserError(f"--model {model!r} has no *.safetensors weights")
     tokenizer_dir = Path(tokenizer) if tokenizer else path
-    if not (tokenizer_dir / "tokenizer.json").exists():
+    if needs_tokenizer and not (tokenizer_dir / "tokenizer.json").exists():
         flag = "--tokenizer" if tokenizer else "--model"
-        raise UserError(f"{flag} {str(tokenizer_dir)!r} has no tokenizer.json")
+        raise UserError(f"{flag} {str(tokenizer_dir)!r} has no tokenizer.json (or pass "
+                        f"--skip-tokenizer-init to serve token ids only)")

@@ -17,6 +17,7 @@ class ModelInfo:
     model_dir: str
     max_model_len: int
     vocab_size: int
+    eos_token_id: int | None  # config.json's: what a stage without a tokenizer stops on
 
 
 def make_parser(name: str, engine_flags: bool = True) -> argparse.ArgumentParser:
@@ -40,12 +41,13 @@ def parse_stage_args(parser: argparse.ArgumentParser, argv: list[str] | None
 def resolve_model_info(engine_args: EngineArgs) -> ModelInfo:
     """What the tokenizer stage must know about the model without loading its weights."""
     from engine_core.default_model import resolve_model_dir
-    from engine_core.model_executor.model_config import model_limits
+    from engine_core.model_executor.model_config import config_eos_token_id, model_limits
 
     model_dir = resolve_model_dir(engine_args.model)
     max_positions, vocab_size = model_limits(model_dir)
     max_len = engine_args.scheduler_config(max_positions).max_model_len
-    return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=vocab_size)
+    return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=vocab_size,
+                     eos_token_id=config_eos_token_id(model_dir))
 
 
 def checked_engine_args(args: argparse.Namespace) -> EngineArgs:
@@ -55,5 +57,6 @@ def checked_engine_args(args: argparse.Namespace) -> EngineArgs:
     from services.common.errors import check_model_dir
 
     engine_args = EngineArgs.from_cli_args(args)
-    check_model_dir(resolve_model_dir(engine_args.model), engine_args.tokenizer)
+    check_model_dir(resolve_model_dir(engine_args.model), engine_args.tokenizer,
+                    needs_tokenizer=not engine_args.skip_tokenizer_init)
     return engine_args

@@ -41,7 +41,9 @@ def _main(argv: list[str] | None) -> None:
     from engine_core.default_model import resolve_model_dir
     from engine_core.processing.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_dir(engine_args.tokenizer or resolve_model_dir(engine_args.model))
+    # --skip-tokenizer-init: none loaded; outputs carry token ids, text "".
+    tokenizer = (None if engine_args.skip_tokenizer_init else
+                 Tokenizer.from_dir(engine_args.tokenizer or resolve_model_dir(engine_args.model)))
     # Each request's latencies and finish reasons are recorded here, as in LLMEngine, under
     # the model name the engine stage reports its own metrics with.
     registry = CollectorRegistry()

@@ -57,10 +57,13 @@ def _main(argv: list[str] | None) -> None:
     from engine_core.processing.tokenizer import Tokenizer
 
     info = resolve_model_info(engine_args)
-    tokenizer = Tokenizer.from_dir(engine_args.tokenizer or info.model_dir)
+    # --skip-tokenizer-init: none loaded; token-id prompts only, EOS from config.json.
+    tokenizer = (None if engine_args.skip_tokenizer_init
+                 else Tokenizer.from_dir(engine_args.tokenizer or info.model_dir))
     # The engine's limits and processors, as LLMEngine gives its own InputProcessor.
     processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size,
-                               eos_token_id=tokenizer.eos_token_id,
+                               eos_token_id=(info.eos_token_id if tokenizer is None
+                                             else tokenizer.eos_token_id),
                                max_logprobs=engine_args.max_logprobs,
                                logits_processor_classes=engine_args.logits_processor_classes())
 

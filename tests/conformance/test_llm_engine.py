@@ -3,12 +3,14 @@ sampling, stream_interval, metrics, and the batch queue giving the same outputs.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from engine_core import LLMEngine
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from engine_core.structured_output.params import StructuredOutputsParams
 from tests.conformance.conftest import make_engine, run_to_completion
 
 PROMPTS = ["kalo mi ne ru sa", "to vi el an", "or is th qu ing ber con", "dra fel"]
@@ -84,5 +86,49 @@ def test_batch_queue_outputs_match(tiny_model_dir: Path) -> None:
     assert run(max_concurrent_batches=2) == run()
 
 
-def test_skip_tokenizer_initialization() -> None:
-    pytest.skip("missing feature: skip_tokenizer_init (the engine always loads a tokenizer)")
+def test_skip_tokenizer_initialization(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """vLLM's test: with skip_tokenizer_init no tokenizer is loaded (here the model's directory
+    has no tokenizer files at all), a text prompt is refused, and a token-id prompt gives token
+    ids with text "" (detokenize=True notwithstanding) and logprobs without decoded tokens."""
+    model = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns(
+        "tokenizer*", "special_tokens_map.json"))
+    with pytest.raises(Exception):  # noqa: B017 - whatever the loader says: the files are gone
+        make_engine(model)
+    engine = make_engine(model, skip_tokenizer_init=True)
+    params = SamplingParams(prompt_logprobs=1, logprobs=1, detokenize=True, max_tokens=6,
+                            temperature=0.0)
+    with pytest.raises(ValueError, match="cannot pass text prompts when"):
+        engine.add_request("text", "abc", params)
+    with pytest.raises(ValueError, match="cannot pass text prompts when"):
+        engine.add_request("chat", {"messages": [{"role": "user", "content": "hi"}]}, params)
+    assert not engine.has_unfinished_requests()  # refused, nothing added
+    engine.add_request("ids", {"prompt_token_ids": [1, 2, 3]}, params)
+    out = run_to_completion(engine)["ids"]
+    completion = out.outputs[0]
+    assert completion.text == "" and completion.token_ids
+    assert completion.logprobs is not None and out.prompt_logprobs is not None
+    assert all(lp.decoded_token is None for position in completion.logprobs
+               for lp in position.values())
+    assert all(lp.decoded_token is None for position in out.prompt_logprobs[1:]
+               if position is not None for lp in position.values())
+    # The same weights with their tokenizer: the same greedy tokens (EOS from the config).
+    oracle = make_engine(tiny_model_dir)
+    oracle.add_request("ids", {"prompt_token_ids": [1, 2, 3]}, params)
+    assert run_to_completion(oracle)["ids"].outputs[0].token_ids == completion.token_ids
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    (SamplingParams(stop=["x"]), "stop strings"),
+    (SamplingParams(bad_words=["x"]), "bad_words"),
+    (SamplingParams(structured_outputs=StructuredOutputsParams(regex="a+")),
+     "structured_outputs"),
+])
+def test_without_a_tokenizer_what_needs_text_is_refused_by_name(
+        tiny_model_dir: Path, params: SamplingParams, field: str) -> None:
+    engine = make_engine(tiny_model_dir, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match=f"{field} need a tokenizer, but skip_tokenizer_init"):
+        engine.add_request("r", {"prompt_token_ids": [1, 2, 3]}, params)
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="skip_tokenizer_init is True"):
+        engine.get_tokenizer()

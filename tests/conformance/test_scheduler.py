@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
+import time
+from pathlib import Path
+
 import pytest
 
+from engine_core.config import EngineArgs
+from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.core.request import RequestStatus
 from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import DuplicateRequestError
+from engine_core.engine_core import EngineCore
+from engine_core.sampling_params import SamplingParams
 from tests.core.conftest import (
     FakeRunner,
     RunResult,
@@ -271,17 +279,36 @@ def test_structured_output_request() -> None:
     assert new["free"].sampling_params.structured_outputs is None
 
 
+def test_schedule_skip_tokenizer_init(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """vLLM's: an engine built with skip_tokenizer_init schedules every new request (nothing
+    waits on a tokenizer or a grammar). Here the model's directory has no tokenizer at all and
+    the structured-output compiler is never built."""
+    model = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns(
+        "tokenizer*", "special_tokens_map.json"))
+    core = EngineCore.from_engine_args(EngineArgs(
+        model=str(model), skip_tokenizer_init=True, dtype="float32", device="cpu",
+        num_gpu_blocks_override=64, max_model_len=128))
+    for i in range(5):
+        core.add_request(EngineCoreRequest(
+            request_id=f"r{i}", prompt_token_ids=[1, 2, 3 + i],
+            sampling_params=SamplingParams(max_tokens=2), eos_token_id=None,
+            arrival_time=time.time()))
+    core.step()
+    assert core.last_scheduler_output is not None
+    assert len(core.last_scheduler_output.scheduled_new_reqs) == 5
+    assert core.runner.grammars.cache is None
+
+
 @pytest.mark.parametrize("name", [
     "test_schedule_multimodal_requests", "test_schedule_concurrent_batches",
-    "test_schedule_spec_decoding_stats", "test_schedule_skip_tokenizer_init",
-    "test_chunked_prefill_disabled_for_encoder_decoder",
+    "test_schedule_spec_decoding_stats", "test_chunked_prefill_disabled_for_encoder_decoder",
 ])
 def test_missing_features(name: str) -> None:
     missing = {
         "test_schedule_multimodal_requests": "multimodal inputs",
         "test_schedule_concurrent_batches": "a batch queue (max_concurrent_batches > 1)",
         "test_schedule_spec_decoding_stats": "speculative decoding",
-        "test_schedule_skip_tokenizer_init": "skip_tokenizer_init",
         "test_chunked_prefill_disabled_for_encoder_decoder": "encoder-decoder models",
     }
     pytest.skip(f"missing feature: {missing[name]}")

@@ -124,9 +124,10 @@ def test_model_dir_check_names_what_is_missing(tiny_model_dir: Path, tmp_path: P
     with pytest.raises(UserError, match="no \\*.safetensors"):
         check_model_dir(str(tmp_path))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(UserError, match="has no tokenizer.json"):
+    with pytest.raises(UserError, match="has no tokenizer.json .or pass --skip-tokenizer-init"):
         check_model_dir(str(tmp_path))
     check_model_dir(str(tmp_path), tokenizer=str(tiny_model_dir))
+    check_model_dir(str(tmp_path), needs_tokenizer=False)  # --skip-tokenizer-init
     with pytest.raises(UserError, match="no config.json"):
         check_model_dir(str(tmp_path / ".."))
 
