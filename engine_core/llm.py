@@ -40,13 +40,19 @@ class LLM:
                 raise ValueError(f"lora_request must be one per prompt ({len(prompts)}), got "
                                  f"{len(loras)}")
         ids: list[str] = []
-        for prompt, params, lora in zip(prompts, params_list, loras, strict=True):
-            request_id = f"offline-{self._counter}"
-            self._counter += 1
-            self.engine.add_request(request_id, prompt,
-                                    params.clone(output_kind=RequestOutputKind.FINAL_ONLY),
-                                    lora_request=lora)
-            ids.append(request_id)
+        try:
+            for prompt, params, lora in zip(prompts, params_list, loras, strict=True):
+                request_id = f"offline-{self._counter}"
+                self._counter += 1
+                self.engine.add_request(request_id, prompt,
+                                        params.clone(output_kind=RequestOutputKind.FINAL_ONLY),
+                                        lora_request=lora)
+                ids.append(request_id)
+        except Exception:
+            # All or nothing (vLLM's LLM too): a bad prompt takes back the ones before it, which
+            # would otherwise run in the engine with nobody waiting for them.
+            self.engine.take_back_requests(ids)
+            raise
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm,
                   unit="req") as bar:

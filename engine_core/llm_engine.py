@@ -105,6 +105,13 @@ class LLMEngine:
         child_ids = self.output_processor.abort_requests(ids)
         self.engine_core.abort_requests(child_ids)
 
+    def take_back_requests(self, request_ids: Iterable[str]) -> None:
+        """Remove requests added but not yet stepped (a batch that is all or nothing failed
+        part way): as abort_request, but not counted as aborted in the metrics."""
+        child_ids = self.output_processor.abort_requests(list(request_ids),
+                                                         count_as_aborted=False)
+        self.engine_core.abort_requests(child_ids)
+
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
 

@@ -9,6 +9,7 @@ import torch
 
 from engine_core import LLM, EngineArgs, LLMEngine, RequestOutputKind, SamplingParams
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine, run_to_completion
+from tests.engine.test_metrics import counter
 
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "zu ba ki lo me"]
 
@@ -168,6 +169,24 @@ def test_offline_llm_generate_returns_outputs_in_prompt_order(tiny_model_dir: Pa
     outs = llm.generate(PROMPTS, greedy(6), use_tqdm=False)
     assert [o.prompt for o in outs] == PROMPTS
     assert all(o.finished and len(o.outputs[0].token_ids) == 6 for o in outs)
+
+
+def test_offline_llm_generate_with_a_bad_prompt_adds_none_of_the_batch(
+        tiny_model_dir: Path) -> None:
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="prompt_token_ids must be in"):
+        llm.generate([PROMPTS[0], PROMPTS[1], {"prompt_token_ids": [10**6]}], greedy(4),
+                     use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    assert not llm.engine.engine_core.scheduler.has_unfinished_requests()
+    # Taken back, not aborted: they never ran.
+    assert counter(llm.engine, "strand:request_success", finished_reason="abort") == 0
+    # vLLM's skip_tokenizer_init case through LLM: a text prompt refused, token ids served.
+    raw = LLM(str(tiny_model_dir), dtype="float32", device="cpu", skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="cannot pass text prompts when"):
+        raw.generate("abc", use_tqdm=False)
+    out = raw.generate({"prompt_token_ids": [1, 2, 3]}, greedy(4), use_tqdm=False)[0]
+    assert out.outputs[0].text == "" and len(out.outputs[0].token_ids) == 4
 
 
 def test_get_stats_reports_load_cache_and_throughput(tiny_model_dir: Path, caplog) -> None:
