@@ -59,3 +59,10 @@ def log_capacity(num_blocks: int, block_size: int, max_model_len: int) -> None:
     logger.info("KV cache: %d blocks of %d tokens (%d tokens); maximum concurrency at "
                 "max_model_len %d: %.2fx", num_blocks, block_size, tokens, max_model_len,
                 tokens / max_model_len)
+    if tokens < max_model_len:
+        # vLLM refuses to start here; this engine starts and refuses, by name, each request
+        # that could never fit. Said once now, so the first such refusal is no surprise.
+        logger.warning("the KV cache holds %d tokens, fewer than max_model_len (%d): a request "
+                       "whose prompt + max_tokens needs more is refused; the estimated maximum "
+                       "model length is %d (raise the KV cache budget or lower max_model_len)",
+                       tokens, max_model_len, tokens)

@@ -48,6 +48,17 @@ def test_logs_block_count_and_max_concurrency(llama_dir: Path,
     # 32 usable blocks x 16 tokens = 512 tokens = 2 requests of max_model_len 256.
     assert "33 blocks of 16 tokens" in caplog.text
     assert "max_model_len 256: 2.00x" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_cache_smaller_than_max_model_len_warns_with_the_estimated_maximum(
+        llama_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runner = _runner(llama_dir, block_size=16, num_gpu_blocks_override=9)
+    with caplog.at_level(logging.WARNING):
+        runner.determine_num_blocks()
+    # 8 usable blocks x 16 tokens = 128 tokens, half of max_model_len 256.
+    assert "the KV cache holds 128 tokens, fewer than max_model_len (256)" in caplog.text
+    assert "the estimated maximum model length is 128" in caplog.text
 
 
 def test_kv_cache_is_one_tensor_per_layer_in_the_paged_layout(llama_dir: Path) -> None:
