@@ -44,6 +44,15 @@ def build_tiny_model(path: Path, **overrides: Any) -> Path:
     return path
 
 
+def copy_without_tokenizer(model_dir: Path, into: Path) -> Path:
+    """The model's directory without any tokenizer file (for skip_tokenizer_init)."""
+    import shutil
+
+    shutil.copytree(model_dir, into, ignore=shutil.ignore_patterns(
+        "tokenizer*", "special_tokens_map.json"))
+    return into
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama (hidden 64, GQA 4/2, vocab 512) with a trained BPE tokenizer."""

@@ -3,7 +3,6 @@ sampling, stream_interval, metrics, and the batch queue giving the same outputs.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from engine_core import LLMEngine
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
 from tests.conformance.conftest import make_engine, run_to_completion
+from tests.conftest import copy_without_tokenizer
 
 PROMPTS = ["kalo mi ne ru sa", "to vi el an", "or is th qu ing ber con", "dra fel"]
 
@@ -90,9 +90,7 @@ def test_skip_tokenizer_initialization(tiny_model_dir: Path, tmp_path: Path) -> 
     """vLLM's test: with skip_tokenizer_init no tokenizer is loaded (here the model's directory
     has no tokenizer files at all), a text prompt is refused, and a token-id prompt gives token
     ids with text "" (detokenize=True notwithstanding) and logprobs without decoded tokens."""
-    model = tmp_path / "no-tokenizer"
-    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns(
-        "tokenizer*", "special_tokens_map.json"))
+    model = copy_without_tokenizer(tiny_model_dir, tmp_path / "no-tokenizer")
     with pytest.raises(Exception):  # noqa: B017 - whatever the loader says: the files are gone
         make_engine(model)
     engine = make_engine(model, skip_tokenizer_init=True)

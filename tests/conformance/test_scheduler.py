@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import DuplicateRequestError
 from engine_core.engine_core import EngineCore
 from engine_core.sampling_params import SamplingParams
+from tests.conftest import copy_without_tokenizer
 from tests.core.conftest import (
     FakeRunner,
     RunResult,
@@ -312,9 +312,7 @@ def test_schedule_skip_tokenizer_init(tiny_model_dir: Path, tmp_path: Path) -> N
     """vLLM's: an engine built with skip_tokenizer_init schedules every new request (nothing
     waits on a tokenizer or a grammar). Here the model's directory has no tokenizer at all and
     the structured-output compiler is never built."""
-    model = tmp_path / "no-tokenizer"
-    shutil.copytree(tiny_model_dir, model, ignore=shutil.ignore_patterns(
-        "tokenizer*", "special_tokens_map.json"))
+    model = copy_without_tokenizer(tiny_model_dir, tmp_path / "no-tokenizer")
     core = EngineCore.from_engine_args(EngineArgs(
         model=str(model), skip_tokenizer_init=True, dtype="float32", device="cpu",
         num_gpu_blocks_override=64, max_model_len=128))

@@ -4,7 +4,6 @@ them, and a text prompt is INVALID_ARGUMENT in vLLM's words."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import grpc
@@ -13,20 +12,15 @@ import pytest
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services.client import EngineClient, RequestError
 from tests.conformance.conftest import make_engine, run_to_completion
+from tests.conftest import copy_without_tokenizer
 from tests.e2e.conftest import start_stack
 
 PROMPT = {"prompt_token_ids": [1, 2, 3, 4]}
 
 
-def _without_tokenizer(model_dir: Path, into: Path) -> Path:
-    shutil.copytree(model_dir, into, ignore=shutil.ignore_patterns(
-        "tokenizer*", "special_tokens_map.json"))
-    return into
-
-
 def test_a_stack_without_a_tokenizer_serves_token_ids(tiny_model_dir: Path,
                                                       tmp_path: Path) -> None:
-    model = _without_tokenizer(tiny_model_dir, tmp_path / "no-tokenizer")
+    model = copy_without_tokenizer(tiny_model_dir, tmp_path / "no-tokenizer")
     params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1,
                             output_kind=RequestOutputKind.FINAL_ONLY)
     engine = make_engine(model, skip_tokenizer_init=True)
