@@ -64,9 +64,7 @@ class ModelConfig:
 
     @property
     def first_eos_token_id(self) -> int | None:
-        if isinstance(self.eos_token_id, list):
-            return self.eos_token_id[0] if self.eos_token_id else None
-        return self.eos_token_id
+        return _first_eos(self.eos_token_id)
 
 
 def load_model_config(model_dir: str, dtype: str = "auto") -> ModelConfig:
@@ -85,7 +83,11 @@ def model_limits(model_dir: str) -> tuple[int, int]:
 def config_eos_token_id(model_dir: str) -> int | None:
     """config.json's EOS (the first, where it lists several): what a stage without a tokenizer
     (skip_tokenizer_init) stops on, as ModelConfig.first_eos_token_id."""
-    eos = _read_config(model_dir).get("eos_token_id")
+    return _first_eos(_read_config(model_dir).get("eos_token_id"))
+
+
+def _first_eos(eos: object) -> int | None:
+    """config.json's eos_token_id: an id, a list of them (the first), or absent."""
     if isinstance(eos, list):
         eos = eos[0] if eos else None
     return eos if isinstance(eos, int) and not isinstance(eos, bool) else None

@@ -144,7 +144,7 @@ class LinkServer:
             _end(writer, grpc.StatusCode.UNAUTHENTICATED,
                  "missing or wrong api key: send metadata 'authorization: Bearer <key>'")
             return None
-        error = protocol_mismatch(self.stage, str(hello.get("protocol") or "") or None)
+        error = protocol_mismatch(self.stage, str(hello.get("protocol") or ""))
         if error is not None:
             _end(writer, grpc.StatusCode.FAILED_PRECONDITION, error)
             return None

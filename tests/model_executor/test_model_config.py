@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_core.model_executor.model_config import load_model_config
+from engine_core.model_executor.model_config import config_eos_token_id, load_model_config
 from tests.model_executor.conftest import build_model_dir
 
 
@@ -94,3 +94,12 @@ def test_missing_required_field_is_named(tmp_path: Path) -> None:
     path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="'hidden_size'"):
         load_model_config(str(tmp_path))
+
+
+@pytest.mark.parametrize(("eos", "expected"), [(2, 2), ([7, 2], 7), ([], None), (None, None),
+                                               (True, None)])
+def test_config_eos_is_the_first_of_a_list_as_the_loaded_config_says(
+        tmp_path: Path, eos: object, expected: int | None) -> None:
+    # What a stage without a tokenizer stops on (skip_tokenizer_init), read without the weights.
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": eos}))
+    assert config_eos_token_id(str(tmp_path)) == expected
