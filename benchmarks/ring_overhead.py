@@ -12,9 +12,10 @@ Two measurements on the same model, engine flags and thread count, in one run:
    process's CPU milliseconds per lone request of step 1.
 3. Throughput over the ring against in process, as offline.py measures it (the whole workload
    at once, FINAL_ONLY outputs: LLMEngine's add-all-then-step loop against one Generate stream
-   per request on the auto-stepping stack), alternating the two `--throughput-repeats` times:
-   this VM's speed drifts by 5-20% within minutes, so one run of each cannot tell 0.94x from
-   0.98x; the median of the per-pair ratios can.
+   per request on the auto-stepping stack), `--throughput-repeats` pairs, the order within a pair
+   alternating (in process first, then the ring first): this VM's speed drifts by 5-20% within
+   minutes, so one run of each cannot tell 0.94x from 0.98x; the median of the per-pair ratios
+   over an even number of pairs can.
    Around each run, where the CPU went (benchmarks/ring_throughput.py): each process's CPU
    seconds, and the engine's threads' time waiting for a core. On a machine whose engine uses
    every core, the ring's run loses about the CPU seconds spent outside the engine.
@@ -117,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-ttft", type=int, default=20,
                         help="sequential single requests timed for TTFT, each side")
     parser.add_argument("--ttft-prompt-len", type=int, default=32)
-    parser.add_argument("--throughput-repeats", type=int, default=3,
-                        help="in-process / ring throughput pairs, alternating (0: skip)")
+    parser.add_argument("--throughput-repeats", type=int, default=4,
+                        help="in-process / ring throughput pairs, each the other way round from "
+                             "the one before (0: skip; an even count cancels a steady drift)")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--add-hold-ms", type=float, default=None,
                         help="the engine stage's --add-hold-ms (default: the stage's own)")

@@ -1,10 +1,16 @@
 """Throughput over the ring against in process, in alternating pairs, with where each run's CPU
 went (benchmarks/cpu_accounting.py): the ratio, and what explains it.
 
-Each pair is LLMEngine's add-all-then-step loop in this process, then the same workload as one
+Each pair is LLMEngine's add-all-then-step loop in this process and the same workload as one
 FINAL_ONLY Generate stream per request on the auto-stepping stack. Around each run: its wall time,
 each process's CPU seconds, and the engine's threads' time waiting for a core (this process's in
 process, the engine stage's over the ring).
+
+The order within a pair alternates (in process first, then the ring first: ABBA). This VM's
+speed drifts within minutes, mostly downwards under sustained load: with the in-process run
+always first, every pair's ring ran on the slower machine (sessions 21-22: the first pair's
+in-process run was the fastest run of the six each time, and that pair the lowest ratio). An
+even number of pairs cancels a steady drift.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.common import format_table, log
-from benchmarks.cpu_accounting import ThreadClock, cpu_seconds, thread_times_since
+from benchmarks.cpu_accounting import ThreadClock, ThreadTimes, cpu_seconds, thread_times_since
 from benchmarks.cpu_pinning import pin_process
 from benchmarks.datasets import SampleRequest
 
@@ -51,6 +57,7 @@ class PairRun:
     ring_cpu_s: dict[str, float]  # each process's CPU seconds in the ring's run, the client's too
     in_process_wait_s: float  # the engine's threads waiting for a core (run queue), each run
     ring_wait_s: float
+    ring_first: bool = False  # which of the two ran first
 
     @property
     def ratio(self) -> float:
@@ -79,29 +86,43 @@ def throughput_pairs(engine: Any, client: Any, requests: list[SampleRequest], re
     warm_up_streams(client, requests)
     me = os.getpid()
     engines = [name for name in stages if name.startswith(ENGINE)]
-    pairs = []
-    for i in range(repeats):
-        log(f"throughput pair {i + 1}/{repeats}: in process, then over the ring")
+
+    def in_process() -> tuple[Any, ThreadTimes]:
         place.engine_side()
         start = ThreadClock(me)
-        local = run_loop("strand", engine, requests)
-        local_run = thread_times_since(start)
+        result = run_loop("strand", engine, requests)
+        return result, thread_times_since(start)
+
+    def over_ring() -> tuple[Any, dict[str, ThreadTimes], float]:
         place.client_side()
         # The stages to the nanosecond; the client (this process) in ticks, so that its threads
         # that end within the run still count.
         clocks = {name: ThreadClock(pid) for name, pid in stages.items()}
         client_cpu = cpu_seconds(me)
-        ring = run_streams("strand-gateway", target, requests)
-        runs = {name: thread_times_since(clock) for name, clock in clocks.items()}
+        result = run_streams("strand-gateway", target, requests)
+        return (result, {name: thread_times_since(clock) for name, clock in clocks.items()},
+                cpu_seconds(me) - client_cpu)
+
+    pairs = []
+    for i in range(repeats):
+        ring_first = i % 2 == 1
+        log(f"throughput pair {i + 1}/{repeats}: "
+            + ("over the ring, then in process" if ring_first else "in process, then over the ring"))
+        if ring_first:
+            ring, runs, client_cpu_s = over_ring()
+            local, local_run = in_process()
+        else:
+            local, local_run = in_process()
+            ring, runs, client_cpu_s = over_ring()
         if local.num_failed or ring.num_failed:
             raise RuntimeError(f"failed requests: in process {local.num_failed}, "
                                f"ring {ring.num_failed}")
         pairs.append(PairRun(
             local.output_tokens_per_s, ring.output_tokens_per_s, local.elapsed_s,
             ring.elapsed_s, local_run.cpu_s,
-            {**{name: run.cpu_s for name, run in runs.items()},
-             "client": cpu_seconds(me) - client_cpu},
-            local_run.wait_s, sum(runs[name].wait_s for name in engines)))
+            {**{name: run.cpu_s for name, run in runs.items()}, "client": client_cpu_s},
+            local_run.wait_s, sum(runs[name].wait_s for name in engines), ring_first))
+    place.client_side()  # as after a pair that ended with the ring (the caller's client runs on)
     return pairs
 
 
@@ -109,6 +130,7 @@ def pairs_to_json(pairs: list[PairRun]) -> dict[str, Any]:
     ratios = [p.ratio for p in pairs]
     return {"in_process_tok_s": [p.in_process_tok_s for p in pairs],
             "ring_tok_s": [p.ring_tok_s for p in pairs], "ratios": ratios,
+            "first": ["ring" if p.ring_first else "in process" for p in pairs],
             "ratio_median": statistics.median(ratios),
             "in_process_s": [p.in_process_s for p in pairs],
             "ring_s": [p.ring_s for p in pairs],
@@ -120,13 +142,14 @@ def pairs_to_json(pairs: list[PairRun]) -> dict[str, Any]:
 
 
 def pairs_table(tp: dict[str, Any]) -> str:
-    rows = [[str(i + 1), f"{a:.1f}", f"{b:.1f}", f"{r:.3f}", f"{rs - ls:+.2f}", f"{o:.2f}",
+    rows = [[str(i + 1), first, f"{a:.1f}", f"{b:.1f}", f"{r:.3f}", f"{rs - ls:+.2f}", f"{o:.2f}",
              f"{lw:.2f} / {rw:.2f}"]
-            for i, (a, b, r, ls, rs, o, lw, rw) in enumerate(zip(
-                tp["in_process_tok_s"], tp["ring_tok_s"], tp["ratios"], tp["in_process_s"],
-                tp["ring_s"], tp["others_cpu_s"], tp["in_process_engine_wait_s"],
-                tp["ring_engine_wait_s"], strict=True))]
-    rows.append(["median", "", "", f"{tp['ratio_median']:.3f}", "", "", ""])
-    return format_table(["pair", "in process tok/s", "ring tok/s", "ratio", "ring - in process s",
+            for i, (first, a, b, r, ls, rs, o, lw, rw) in enumerate(zip(
+                tp["first"], tp["in_process_tok_s"], tp["ring_tok_s"], tp["ratios"],
+                tp["in_process_s"], tp["ring_s"], tp["others_cpu_s"],
+                tp["in_process_engine_wait_s"], tp["ring_engine_wait_s"], strict=True))]
+    rows.append(["median", "", "", "", f"{tp['ratio_median']:.3f}", "", "", ""])
+    return format_table(["pair", "first", "in process tok/s", "ring tok/s", "ratio",
+                         "ring - in process s",
                          "CPU s outside the engine (ring)",
                          "engine threads' run-queue wait s (in process / ring)"], rows)

@@ -57,6 +57,16 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def append(self, later: CompletionOutput) -> None:
+        """A later DELTA of this sample appended: its text, tokens and logprobs follow ours."""
+        self.text += later.text
+        self.token_ids = [*self.token_ids, *later.token_ids]  # ours may be shared with a caller
+        if later.logprobs:
+            self.logprobs = [*(self.logprobs or []), *later.logprobs]
+        self.cumulative_logprob = later.cumulative_logprob
+        self.finish_reason = later.finish_reason
+        self.stop_reason = later.stop_reason
+
 
 @dataclass(slots=True)
 class RequestOutput:
@@ -71,3 +81,32 @@ class RequestOutput:
     error: str | None = None  # set with finish_reason "error": why the request ended
     extra: dict[str, object] = field(default_factory=dict)
     lora_request: LoRARequest | None = None  # the adapter it ran with (vLLM's field)
+
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
+        """Merge a later output of the same request into this one (vLLM's RequestOutput.add).
+
+        aggregate (DELTA outputs): each completion's text, token ids and logprobs are appended,
+        so nothing is lost; otherwise (CUMULATIVE, FINAL_ONLY: each carries everything) a
+        completion is replaced by its later self. Completions match by index: with n > 1 a
+        streamed output carries only the samples that moved, and the others stay.
+        """
+        self.finished |= next_output.finished
+        for completion in next_output.outputs:
+            for i, mine in enumerate(self.outputs):
+                if mine.index == completion.index:
+                    if aggregate:
+                        mine.append(completion)
+                    else:
+                        self.outputs[i] = completion
+                    break
+            else:
+                self.outputs.append(completion)
+        if next_output.prompt_logprobs is not None:
+            if aggregate and self.prompt_logprobs is not None:
+                self.prompt_logprobs.extend(next_output.prompt_logprobs)  # positions computed later
+            else:
+                self.prompt_logprobs = next_output.prompt_logprobs
+        self.num_cached_tokens = next_output.num_cached_tokens
+        self.metrics = next_output.metrics or self.metrics  # the later times
+        self.error = next_output.error or self.error
+        self.extra.update(next_output.extra)

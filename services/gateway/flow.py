@@ -47,7 +47,6 @@ from services.gateway.clients import (
 from services.gateway.control import GatewayControl
 from services.gateway.live import (
     LiveRequest,
-    StreamQueue,
     abort_output,
     error_output,
     finish_reason_of,
@@ -59,6 +58,7 @@ from services.gateway.reconcile import LOST_REASON, RECONCILE_S, Reconciler
 from services.gateway.request_span import fail_request_span, start_request_span
 from services.gateway.self_step import SELF_STEP_AFTER_S, SelfStepper
 from services.gateway.step_runner import StepRunner
+from services.gateway.stream_outputs import StreamOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class GatewayFlow:
 
     async def add_request(self, client: str, public_id: str, prompt: pb.Prompt,
                           params: pb.SamplingParams, arrival_time: float | None = None,
-                          priority: int = 0, queue: StreamQueue | None = None,
+                          priority: int = 0, queue: StreamOutputs | None = None,
                           lora_request: pb.LoRARequest | None = None) -> str:
         """Add the client's request; its internal id (the stages' name for it)."""
         request_id = internal_id(client, public_id)
@@ -303,7 +303,7 @@ class GatewayFlow:
                 live.end_span(output, finish_reason_of(output))
             output.request_id = live.public_id
             if live.queue is not None:
-                live.queue.put_nowait(output)
+                live.queue.put(output)
                 streamed.append((live.client, live.public_id))
             else:
                 self.outboxes.get(live.client).put(output)
@@ -359,7 +359,7 @@ class GatewayFlow:
                 live.end_span(None, "abort")
                 if live.queue is not None:
                     # vLLM's streams end with a final output whose finish_reason is "abort".
-                    live.queue.put_nowait(abort_output(live.public_id, live.num_outputs))
+                    live.queue.put(abort_output(live.public_id, live.num_outputs))
 
     async def get_num_unfinished_requests(self, client: str) -> int:
         # The caller's requests that have not ended. The detokenizer would say the same for

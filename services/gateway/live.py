@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -15,9 +14,7 @@ from services.gateway.request_span import (
     add_preemption_events,
     end_request_span,
 )
-
-# A Generate stream receives RequestOutputs, then None when the request ends without one.
-StreamQueue = asyncio.Queue[pb.RequestOutput | None]
+from services.gateway.stream_outputs import StreamOutputs
 
 
 @dataclass(slots=True)
@@ -28,7 +25,7 @@ class LiveRequest:
     cumulative: bool  # output_kind CUMULATIVE: token_ids are totals, not deltas
     num_prompt_tokens: int
     final_only: bool = False  # output_kind FINAL_ONLY: nothing to stream before the end
-    queue: StreamQueue | None = None  # set for Generate requests
+    queue: StreamOutputs | None = None  # set for Generate requests
     num_outputs: int = 1  # n: the completions of its RequestOutputs
     aborted: bool = False  # by an Abort call (maybe while the stages were still taking it)
     num_completion_tokens: dict[int, int] = field(default_factory=dict)  # per output index

@@ -22,8 +22,8 @@ from services.common.tracing import context_from_metadata, server_span
 from services.gateway.clients import client_identity
 from services.gateway.engine_control import ENGINE_CONTROL_METHODS, EngineControlRpcs
 from services.gateway.flow import GatewayFlow
-from services.gateway.live import StreamQueue
 from services.gateway.replica_reports import replica_infos
+from services.gateway.stream_outputs import StreamOutputs
 
 T = TypeVar("T")
 _CONTROL_METHODS = frozenset({"ResetPrefixCache", "ClearKvCache", "LookupKvCache",
@@ -179,7 +179,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
     async def Generate(self, request: gpb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RequestOutput]:
         request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
-        queue: StreamQueue = asyncio.Queue()
+        # A client reading slower than its DELTA outputs come gets them merged, not queued.
+        queue = StreamOutputs(aggregate=request.params.output_kind == pb.DELTA)
 
         async def add() -> str:
             return await self.flow.add_request(self.client(context), request_id,
@@ -193,9 +194,6 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
         try:
             while True:
                 output = await queue.get()
-                if output is None:
-                    finished = True
-                    return
                 finished = output.finished
                 yield output
                 if finished:

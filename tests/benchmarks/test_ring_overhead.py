@@ -38,6 +38,7 @@ def test_a_run_reports_ttft_cpu_and_alternating_throughput_pairs(
     assert "CPU ms / lone request" in stdout.getvalue()
     pairs = data["throughput"]
     assert len(pairs["ratios"]) == 2
+    assert pairs["first"] == ["in process", "ring"]  # the order alternates against drift
     assert pairs["ratios"] == [b / a for a, b in zip(pairs["in_process_tok_s"],
                                                      pairs["ring_tok_s"], strict=True)]
     assert "median" in stdout.getvalue()

@@ -4,9 +4,12 @@ stream_interval."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from engine_core.outputs import RequestOutput
+from engine_core.output_collector import RequestOutputCollector
+from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from engine_core.processing.output_processor import OutputProcessor
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import RequestOutputKind
@@ -197,6 +200,44 @@ def test_stream_interval_final_only_unchanged(tokenizer: Tokenizer) -> None:
     assert [len(s) for s in steps][-1] == 1 and sum(len(s) for s in steps) == 1
 
 
-def test_request_output_collector() -> None:
-    pytest.skip("missing feature: AsyncLLM's RequestOutputCollector (no asyncio engine client "
-                "in engine_core)")
+def _collector_outputs(count: int) -> list[RequestOutput]:
+    """vLLM's case: one token a step, the cumulative logprob idx + 1, the last one finished."""
+    return [RequestOutput(
+        request_id="my-request-id", prompt=None, prompt_token_ids=[1, 2, 3],
+        outputs=[CompletionOutput(index=0, text="a", token_ids=[idx],
+                                  cumulative_logprob=idx + 1.0,
+                                  logprobs=[{7: Logprob(float(-idx)), 8: Logprob(-1.0)}],
+                                  finish_reason="length" if idx == count - 1 else None)],
+        finished=idx == count - 1) for idx in range(count)]
+
+
+@pytest.mark.parametrize("num_to_put", [1, 2, 3])
+def test_request_output_collector(num_to_put: int) -> None:
+    """vLLM's RequestOutputCollector: DELTA outputs put before a get merge into one."""
+    async def run() -> RequestOutput:
+        collector = RequestOutputCollector(DELTA, request_id="my-request-id-int")
+        for output in _collector_outputs(3)[:num_to_put]:
+            collector.put(output)
+        got = await collector.get()
+        assert not collector.ready.is_set()
+        assert collector.output is None
+        return got
+
+    output = asyncio.run(run())
+    completion = output.outputs[0]
+    assert output.finished == (num_to_put == 3)
+    assert completion.finish_reason == ("length" if num_to_put == 3 else None)
+    assert completion.text == "a" * num_to_put
+    assert completion.token_ids == list(range(num_to_put))
+    assert completion.logprobs is not None and len(completion.logprobs) == num_to_put
+    assert completion.cumulative_logprob == 1.0 * num_to_put  # the last one's
+
+
+def test_request_output_collector_get_nowait() -> None:
+    collector = RequestOutputCollector(DELTA)
+    assert collector.get_nowait() is None
+    for output in _collector_outputs(3):
+        collector.put(output)
+    merged = collector.get_nowait()
+    assert merged is not None and merged.finished and merged.outputs[0].text == "aaa"
+    assert collector.get_nowait() is None and not collector.ready.is_set()

@@ -40,8 +40,9 @@ def test_processed_prompt_round_trips_with_and_without_text() -> None:
         assert processed_from_pb(processed_to_pb(processed)) == processed
 
 
-def test_request_output_round_trips_every_field() -> None:
-    out = RequestOutput(
+def full_request_output() -> RequestOutput:
+    """A RequestOutput with every field set (n=2, logprobs, prompt logprobs, metrics, extra)."""
+    return RequestOutput(
         request_id="r", prompt="hi", prompt_token_ids=[1, 2],
         outputs=[
             CompletionOutput(index=0, text="ab", token_ids=[7, 8], cumulative_logprob=-1.25,
@@ -58,6 +59,10 @@ def test_request_output_round_trips_every_field() -> None:
                                first_token_time=11.0, last_token_time=12.0, finished_time=12.0,
                                preemption_times=[11.5]),
         error=None, extra={"note": "kept", "count": 3})
+
+
+def test_request_output_round_trips_every_field() -> None:
+    out = full_request_output()
     assert request_output_from_pb(request_output_to_pb(out)) == out
 
 

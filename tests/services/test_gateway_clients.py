@@ -15,6 +15,7 @@ from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError
 from services.gateway.clients import CLIENT_METADATA, client_identity, internal_id, output_bytes
 from services.gateway.flow import GatewayFlow
+from services.gateway.stream_outputs import StreamOutputs
 from tests.services.test_gateway_flow import FakeStage, SlowTokenizer, StepEngine, _output
 
 PROMPT = pb.Prompt(text="x")
@@ -158,9 +159,9 @@ def test_a_request_the_engine_lost_ends_with_an_error_and_self_steps_do_not_spin
     async def run() -> tuple[list[pb.RequestOutput | None], int]:
         flow, engine, _ = _stages(self_step_after=0.05)
         engine.num_unfinished = 0  # the engine holds nothing (removed behind our back)
-        queue: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
+        queue = StreamOutputs(aggregate=True)
         await flow.add_request("c", "gone", PROMPT, PARAMS, queue=queue)
-        await flow.add_request("c", "adding", PROMPT, PARAMS, queue=asyncio.Queue())
+        await flow.add_request("c", "adding", PROMPT, PARAMS, queue=StreamOutputs(aggregate=True))
         flow._live[internal_id("c", "adding")].child_ids = []  # its add still in flight
         flow.start()
         last = await asyncio.wait_for(queue.get(), 5)
@@ -214,8 +215,8 @@ def test_a_request_removed_from_the_engine_in_auto_mode_ends_with_an_error() -> 
         async def subscribed(timeout: float) -> None:
             return None
         flow.feed.wait_subscribed = subscribed  # type: ignore[method-assign]
-        gone: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
-        kept: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
+        gone = StreamOutputs(aggregate=True)
+        kept = StreamOutputs(aggregate=True)
         await flow.add_request("c", "gone", PROMPT, PARAMS, queue=gone)
         await flow.add_request("c", "kept", PROMPT, PARAMS, queue=kept)
         engine.held = {internal_id("c", "kept")}  # "gone" was aborted past the gateway

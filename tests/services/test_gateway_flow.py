@@ -16,6 +16,7 @@ from services._proto.strand.v1 import types_pb2 as pb
 from services.detokenizer.routes import Routes
 from services.gateway.clients import internal_id
 from services.gateway.flow import GatewayFlow
+from services.gateway.stream_outputs import StreamOutputs
 
 
 class FakeStage:
@@ -137,7 +138,7 @@ def test_an_aborted_stream_ends_with_a_final_abort_output() -> None:
         tokenizer = SlowTokenizer()
         tokenizer.release.set()
         flow = _flow(tokenizer, FakeStage("engine"), FakeStage("detokenizer"))
-        queue: asyncio.Queue[pb.RequestOutput | None] = asyncio.Queue()
+        queue = StreamOutputs(aggregate=True)
         await flow.add_request("me", "s", pb.Prompt(text="x"), pb.SamplingParams(n=1),
                                queue=queue)
         await flow.abort("me", ["s"])
@@ -168,3 +169,29 @@ def test_routes_send_each_output_to_its_gateway_and_the_step_batch_to_the_steppe
         (4, []), (0, ["a"])]
     assert [(b.step_id, [o.request_id for o in b.outputs]) for b in two if b] == [
         (0, ["b"]), (0, ["b"])]
+
+
+def test_a_stream_read_late_gets_its_outputs_merged_and_another_stream_is_untouched() -> None:
+    async def run() -> tuple[list[pb.RequestOutput], list[pb.RequestOutput]]:
+        tokenizer = SlowTokenizer()
+        tokenizer.release.set()
+        flow = _flow(tokenizer, FakeStage("engine"), FakeStage("detokenizer"))
+        slow, prompt = StreamOutputs(aggregate=True), StreamOutputs(aggregate=True)
+        await flow.add_request("me", "slow", pb.Prompt(text="x"), pb.SamplingParams(),
+                               queue=slow)
+        await flow.add_request("you", "quick", pb.Prompt(text="x"), pb.SamplingParams(),
+                               queue=prompt)
+        s, q = internal_id("me", "slow"), internal_id("you", "quick")
+        read: list[pb.RequestOutput] = []
+        for token in range(4):  # four steps' batches; only "quick" is read between them
+            last = token == 3
+            flow._on_batch(dpb.OutputBatch(outputs=[_output(s, token, last),
+                                                    _output(q, token, last)]))
+            read.append(await prompt.get())
+        return [await slow.get()], read
+
+    slow, quick = asyncio.run(run())
+    assert len(slow) == 1 and list(slow[0].outputs[0].token_ids) == [0, 1, 2, 3]
+    assert slow[0].finished and slow[0].outputs[0].finish_reason == "length"
+    assert slow[0].request_id == "slow"  # the client's own id, as each output had
+    assert [list(o.outputs[0].token_ids) for o in quick] == [[0], [1], [2], [3]]
