@@ -18,11 +18,13 @@ from engine_core.sampling_params import RequestOutputKind, SamplingParams  # noq
 from engine_core.structured_output.params import StructuredOutputsParams  # noqa: E402
 
 if TYPE_CHECKING:
+    from engine_core.async_llm import AsyncLLM
     from engine_core.llm import LLM
     from engine_core.llm_engine import LLMEngine
 
 __all__ = [
     "LLM",
+    "AsyncLLM",
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",
@@ -45,4 +47,8 @@ def __getattr__(name: str) -> Any:
         from engine_core.llm import LLM
 
         return LLM
+    if name == "AsyncLLM":
+        from engine_core.async_llm import AsyncLLM
+
+        return AsyncLLM
     raise AttributeError(name)

@@ -1,0 +1,229 @@
+"""AsyncLLM: vLLM's asyncio engine API in process, over LLMEngine.
+
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=...))
+    async for output in llm.generate("Hello", SamplingParams(max_tokens=8), "req-1"): ...
+    llm.shutdown()
+
+The engine steps on a thread of its own, back to back while requests are unfinished; it releases
+the GIL in its kernels, so the event loop runs on between steps' Python parts. Everything that
+touches the engine (adds, aborts, resets) is a command run on that thread between two steps: the
+engine is never used from two threads. Each step's outputs go to the loop in one callback and
+into one RequestOutputCollector per request, so a consumer that lags gets its outputs merged
+(engine_core/output_collector.py) and never holds the engine back.
+
+A generate() left early (break, cancellation) aborts its request; abort() ends a stream with a
+last output whose finish_reason is "abort", as vLLM's do. If a step raises, every stream gets the
+error (EngineDeadError) and the engine takes no more requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from engine_core.config import EngineArgs
+from engine_core.errors import DuplicateRequestError
+from engine_core.llm_engine import LLMEngine, PromptType
+from engine_core.lora.request import LoRARequest
+from engine_core.output_collector import RequestOutputCollector
+from engine_core.outputs import CompletionOutput, RequestOutput
+from engine_core.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's step raised: no request can go on (vLLM's name)."""
+
+
+class AsyncLLM:
+    def __init__(self, make_engine: Callable[[], LLMEngine]) -> None:
+        """Builds the engine on the stepping thread (on CPU, torch's OpenMP threads belong to
+        the thread that loads the model: engine_core.py's warning) and returns once it is
+        loaded; what loading raises is raised here."""
+        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
+        self._collectors: dict[str, tuple[RequestOutputCollector, int]] = {}  # id -> (it, n)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.dead_error: EngineDeadError | None = None
+        self._closed = False
+        loaded: Future[LLMEngine] = Future()
+        self._thread = threading.Thread(target=self._run, args=(make_engine, loaded),
+                                        name="strand-async-llm", daemon=True)
+        self._thread.start()
+        self.engine = loaded.result()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:
+        return cls(lambda: LLMEngine.from_engine_args(args))
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._closed
+
+    @property
+    def errored(self) -> bool:
+        return self.dead_error is not None
+
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None,
+                       request_id: str, *, lora_request: LoRARequest | None = None,
+                       priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """The request's RequestOutputs as its sampling_params.output_kind says, until it
+        finishes. Bad input raises ValueError (naming the field) before any output."""
+        params = sampling_params or SamplingParams()
+        self._bind_loop()
+        if request_id in self._collectors:
+            raise DuplicateRequestError(f"request_id {request_id!r} is already in use")
+        collector = RequestOutputCollector(params.output_kind, request_id)
+        # Registered before the add: the first step after it may already answer.
+        self._collectors[request_id] = (collector, params.n)
+        try:
+            await self._call(lambda: self.engine.add_request(
+                request_id, prompt, params, lora_request=lora_request, priority=priority))
+        except BaseException:
+            self._collectors.pop(request_id, None)
+            raise
+        finished = False
+        try:
+            while not finished:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:  # left early: the request must not run on unread
+                self._collectors.pop(request_id, None)
+                self._submit(lambda: self.engine.abort_request(request_id))
+
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """End the requests; each one's stream gets a last output with finish_reason "abort".
+        Ids that are not live are ignored, as LLMEngine.abort_request ignores them."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+
+        def abort_live() -> list[str]:
+            live = [i for i in ids if self.engine.output_processor.has_request(i)]
+            self.engine.abort_request(live)
+            return live
+
+        for rid in await self._call(abort_live):
+            entry = self._collectors.pop(rid, None)
+            if entry is not None:
+                entry[0].put(_abort_output(rid, entry[1]))
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        return await self._call(lambda: self.engine.reset_prefix_cache(
+            reset_running_requests, reset_connector))
+
+    async def get_num_unfinished_requests(self) -> int:
+        return await self._call(self.engine.get_num_unfinished_requests)
+
+    def shutdown(self) -> None:
+        """Stop the stepping thread (requests still running end with the engine) and the
+        engine's workers."""
+        if self._closed:
+            return
+        self._closed = True
+        self._commands.put(None)
+        self._thread.join()
+        self.engine.shutdown()
+
+    # The loop's side.
+
+    def _bind_loop(self) -> None:
+        if self.dead_error is not None:
+            raise self.dead_error
+        if self._closed:
+            raise RuntimeError("AsyncLLM is shut down")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._collectors:
+                raise RuntimeError("AsyncLLM serves one event loop at a time: streams of "
+                                   "another loop are still open")
+            self._loop = loop  # nothing in flight on the old one (a later asyncio.run, say)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        self._bind_loop()
+        return await asyncio.wrap_future(self._submit(fn))
+
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+        done: Future[T] = Future()
+        self._commands.put((fn, done))
+        return done
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            entry = self._collectors.get(output.request_id)
+            if entry is None:
+                continue  # its stream was left or aborted: nothing more for it
+            entry[0].put(output)
+            if output.finished:
+                del self._collectors[output.request_id]
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        self.dead_error = error
+        for collector, _ in self._collectors.values():
+            collector.put(error)
+        self._collectors.clear()
+
+    # The engine's thread.
+
+    def _run(self, make_engine: Callable[[], LLMEngine], loaded: Future[LLMEngine]) -> None:
+        _execute(make_engine, loaded)
+        if loaded.exception() is not None:
+            return
+        self.engine = loaded.result()
+        while True:
+            # Wait for a command only while there is nothing to step.
+            for command in self._pending_commands(wait=not self.engine.has_unfinished_requests()):
+                if command is None:
+                    return
+                _execute(*command)
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - every stream must hear of it
+                self._die(EngineDeadError(f"the engine's step failed: {exc!r}"))
+                return
+            if outputs:
+                self._post(self._dispatch, outputs)
+
+    def _pending_commands(self, wait: bool) -> list[_Command | None]:
+        commands = [self._commands.get()] if wait else []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _die(self, error: EngineDeadError) -> None:
+        """Every stream gets the error; every later command fails with it until shut down."""
+        self._post(self._fail_all, error)
+        while (command := self._commands.get()) is not None:
+            command[1].set_exception(error)
+
+    def _post(self, fn: Callable[[Any], None], arg: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, arg)
+
+
+_Command = tuple[Callable[[], Any], "Future[Any]"]
+
+
+def _execute(fn: Callable[[], Any], done: Future[Any]) -> None:
+    if done.set_running_or_notify_cancel():
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            done.set_exception(exc)
+
+
+def _abort_output(request_id: str, n: int) -> RequestOutput:
+    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],
+                         outputs=[CompletionOutput(index=i, text="", token_ids=[],
+                                                   finish_reason="abort") for i in range(n)],
+                         finished=True)
