@@ -129,6 +129,13 @@ class AsyncLLM:
         self._commands.put(None)
         self._thread.join()
         self.engine.shutdown()
+        if self._collectors:  # no stream is left waiting for an output that cannot come
+            error = EngineDeadError("AsyncLLM was shut down before the request finished")
+            loop = self._loop
+            if loop is not None and loop.is_running() and not _in_loop(loop):
+                loop.call_soon_threadsafe(self._end_streams, error)
+            else:
+                self._end_streams(error)
 
     # The loop's side.
 
@@ -164,6 +171,9 @@ class AsyncLLM:
 
     def _fail_all(self, error: EngineDeadError) -> None:
         self.dead_error = error
+        self._end_streams(error)
+
+    def _end_streams(self, error: EngineDeadError) -> None:
         for collector, _ in self._collectors.values():
             collector.put(error)
         self._collectors.clear()
@@ -220,6 +230,13 @@ def _execute(fn: Callable[[], Any], done: Future[Any]) -> None:
             done.set_result(fn())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             done.set_exception(exc)
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _abort_output(request_id: str, n: int) -> RequestOutput:

@@ -37,6 +37,24 @@ async def collect(llm: AsyncLLM, request_id: str, prompt: list[int], params: Sam
     return [out async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id)]
 
 
+async def running(llm: AsyncLLM, request_id: str, prompt: list[int], params: SamplingParams
+                  ) -> asyncio.Task[list[RequestOutput]]:
+    """A stream collected by a task, returned once its first output is in (the request runs)."""
+    first = asyncio.Event()
+
+    async def consume() -> list[RequestOutput]:
+        outputs = []
+        async for out in llm.generate({"prompt_token_ids": prompt}, params, request_id):
+            outputs.append(out)
+            first.set()
+        return outputs
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait([asyncio.create_task(first.wait()), task],
+                       return_when=asyncio.FIRST_COMPLETED)
+    return task
+
+
 def test_concurrent_streams_give_the_in_process_engines_tokens(
         llm: AsyncLLM, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     reference = make_engine(tiny_model_dir)
@@ -73,10 +91,8 @@ def test_a_delta_stream_concatenates_and_only_its_last_output_is_finished(llm: A
 
 def test_abort_ends_its_stream_with_an_abort_output_and_the_others_run_on(llm: AsyncLLM) -> None:
     async def run() -> list[list[RequestOutput]]:
-        tasks = [asyncio.create_task(collect(llm, f"a{i}", p, greedy(40, DELTA)))
+        tasks = [await running(llm, f"a{i}", p, greedy(400, DELTA))
                  for i, p in enumerate(PROMPTS)]
-        while await llm.get_num_unfinished_requests() < len(PROMPTS):
-            await asyncio.sleep(0.005)
         await llm.abort(["a1", "a3", "not-live"])  # an id that is not live is ignored
         return list(await asyncio.gather(*tasks))
 
@@ -86,9 +102,9 @@ def test_abort_ends_its_stream_with_an_abort_output_and_the_others_run_on(llm: A
         reason = stream[-1].outputs[0].finish_reason
         assert stream[-1].finished
         if i in (1, 3):
-            assert reason == "abort" and tokens < 40
+            assert reason == "abort" and tokens < 400
         else:
-            assert reason == "length" and tokens == 40
+            assert reason == "length" and tokens == 400
     assert not llm.engine.has_unfinished_requests()
     assert_pool_whole(llm.engine)
 
@@ -97,9 +113,8 @@ def test_leaving_a_stream_early_aborts_its_request(llm: AsyncLLM) -> None:
     async def run() -> int:
         async for _ in llm.generate({"prompt_token_ids": PROMPTS[0]}, greedy(200, DELTA), "l"):
             break  # the consumer leaves after its first output
-        cancelled = asyncio.create_task(collect(llm, "c", PROMPTS[1], greedy(200, DELTA)))
-        await asyncio.sleep(0.05)
-        cancelled.cancel()
+        cancelled = await running(llm, "c", PROMPTS[1], greedy(1000, DELTA))
+        cancelled.cancel()  # the consumer's task is cancelled mid-stream
         with pytest.raises(asyncio.CancelledError):
             await cancelled
         for _ in range(200):
@@ -130,9 +145,7 @@ def test_bad_input_raises_before_any_output_and_changes_nothing(llm: AsyncLLM) -
     async def run() -> None:
         with pytest.raises(ValueError, match="prompt_token_ids"):
             await collect(llm, "bad", [1, 10**9], greedy(4))
-        live = asyncio.create_task(collect(llm, "live", PROMPTS[0], greedy(50, DELTA)))
-        while await llm.get_num_unfinished_requests() == 0:
-            await asyncio.sleep(0.005)
+        live = await running(llm, "live", PROMPTS[0], greedy(400, DELTA))
         with pytest.raises(DuplicateRequestError):
             await collect(llm, "live", PROMPTS[1], greedy(4))
         assert (await live)[-1].outputs[0].finish_reason == "length"
@@ -170,6 +183,19 @@ def test_after_shutdown_generate_refuses(tiny_model_dir: Path) -> None:
     llm.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         asyncio.run(collect(llm, "x", PROMPTS[0], greedy(2)))
+
+
+def test_shutdown_ends_the_streams_still_open(tiny_model_dir: Path) -> None:
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model_dir), device="cpu"))
+
+    async def run() -> list[RequestOutput]:
+        stream = llm.generate({"prompt_token_ids": PROMPTS[0]}, greedy(1000, DELTA), "open")
+        first = await anext(stream)
+        llm.shutdown()  # from the loop's own thread, mid-stream
+        return [first, *[out async for out in stream]]
+
+    with pytest.raises(EngineDeadError, match="shut down before the request finished"):
+        asyncio.run(run())
 
 
 def test_a_model_that_cannot_load_raises_from_the_constructor(tmp_path: Path) -> None:
