@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from engine_core.config import EngineArgs
+from engine_core.core.add_burst import AddBursts
 from engine_core.errors import DuplicateRequestError
 from engine_core.llm_engine import LLMEngine, PromptType
 from engine_core.lora.request import LoRARequest
@@ -50,6 +52,7 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_error: EngineDeadError | None = None
         self._closed = False
+        self._bursts = AddBursts()
         loaded: Future[LLMEngine] = Future()
         self._thread = threading.Thread(target=self._run, args=(make_engine, loaded),
                                         name="strand-async-llm", daemon=True)
@@ -82,7 +85,8 @@ class AsyncLLM:
         self._collectors[request_id] = (collector, params.n)
         try:
             await self._call(lambda: self.engine.add_request(
-                request_id, prompt, params, lora_request=lora_request, priority=priority))
+                request_id, prompt, params, lora_request=lora_request, priority=priority),
+                is_add=True)
         except BaseException:
             self._collectors.pop(request_id, None)
             raise
@@ -151,13 +155,13 @@ class AsyncLLM:
                                    "another loop are still open")
             self._loop = loop  # nothing in flight on the old one (a later asyncio.run, say)
 
-    async def _call(self, fn: Callable[[], T]) -> T:
+    async def _call(self, fn: Callable[[], T], is_add: bool = False) -> T:
         self._bind_loop()
-        return await asyncio.wrap_future(self._submit(fn))
+        return await asyncio.wrap_future(self._submit(fn, is_add))
 
-    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+    def _submit(self, fn: Callable[[], T], is_add: bool = False) -> Future[T]:
         done: Future[T] = Future()
-        self._commands.put((fn, done))
+        self._commands.put((fn, done, is_add))
         return done
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
@@ -187,10 +191,14 @@ class AsyncLLM:
         self.engine = loaded.result()
         while True:
             # Wait for a command only while there is nothing to step.
-            for command in self._pending_commands(wait=not self.engine.has_unfinished_requests()):
-                if command is None:
+            if self._run_commands(not self.engine.has_unfinished_requests()):
+                return
+            # A burst of adds (many generate() calls at once) joins one step, as a loop that
+            # adds them all and then steps would (engine_core/core/add_burst.py).
+            held_since = time.monotonic()
+            while self._bursts.hold(time.monotonic(), held_since):
+                if self._run_commands(True, timeout=self._bursts.quiet_s):
                     return
-                _execute(*command)
             if not self.engine.has_unfinished_requests():
                 continue
             try:
@@ -201,19 +209,32 @@ class AsyncLLM:
             if outputs:
                 self._post(self._dispatch, outputs)
 
-    def _pending_commands(self, wait: bool) -> list[_Command | None]:
-        commands = [self._commands.get()] if wait else []
-        while True:
-            try:
+    def _run_commands(self, wait: bool, timeout: float | None = None) -> bool:
+        """Run the commands that came (waiting for one first); True once told to stop."""
+        commands: list[_Command | None] = []
+        try:
+            if wait:
+                commands.append(self._commands.get(timeout=timeout))
+            while True:
                 commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
+        except queue.Empty:
+            pass
+        for command in commands:
+            if command is None:
+                return True
+            fn, done, is_add = command
+            if is_add:
+                self._bursts.note_add(time.monotonic(),
+                                      engine_was_idle=not self.engine.has_unfinished_requests())
+            _execute(fn, done)
+        return False
 
     def _die(self, error: EngineDeadError) -> None:
         """Every stream gets the error; every later command fails with it until shut down."""
         self._post(self._fail_all, error)
         while (command := self._commands.get()) is not None:
-            command[1].set_exception(error)
+            if command[1].set_running_or_notify_cancel():
+                command[1].set_exception(error)
 
     def _post(self, fn: Callable[[Any], None], arg: Any) -> None:
         loop = self._loop
@@ -221,7 +242,7 @@ class AsyncLLM:
             loop.call_soon_threadsafe(fn, arg)
 
 
-_Command = tuple[Callable[[], Any], "Future[Any]"]
+_Command = tuple[Callable[[], Any], "Future[Any]", bool]  # (what, its result, is it an add)
 
 
 def _execute(fn: Callable[[], Any], done: Future[Any]) -> None:

@@ -7,11 +7,11 @@ import asyncio
 
 import grpc
 
+from engine_core.core.add_burst import ADD_QUIET_S, MAX_ADD_HOLD_S
 from services._proto.strand.v1 import engine_pb2, engine_pb2_grpc
 from services.common.errors import run_main, setup_logging
 from services.common.server import run_server
 from services.common.stage_args import checked_engine_args, make_parser, parse_stage_args
-from services.engine.add_burst import ADD_QUIET_S, MAX_ADD_HOLD_S
 from services.engine.servicer import EngineServicer
 
 

@@ -23,6 +23,7 @@ import grpc
 from opentelemetry import context as otel_context
 
 from engine_core.config import EngineArgs
+from engine_core.core.add_burst import ADD_QUIET_S, AddBursts
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from engine_core.model_executor.model_config import dtype_name
@@ -32,7 +33,6 @@ from services._proto.strand.v1 import engine_pb2_grpc
 from services.common.convert import core_outputs_to_pb
 from services.common.status import StageError, error_to_pb, status_of
 from services.common.tracing import carrier_from_context, context_from_carrier, server_span
-from services.engine.add_burst import ADD_QUIET_S, AddBursts
 from services.engine.core_calls import CoreCalls
 from services.engine.core_thread import CoreThread
 from services.engine.kv_events_hub import KvEventsHub

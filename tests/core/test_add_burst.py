@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.add_burst import AddBursts
+from engine_core.core.add_burst import AddBursts
 
 
 def test_nothing_is_held_before_any_add() -> None:

@@ -1,4 +1,4 @@
-"""When the auto-stepping engine should hold its next step for more adds.
+"""When an auto-stepping engine (the engine stage, AsyncLLM) holds its next step for more adds.
 
 A burst of requests (a client opening many streams at once) arrives as one add message each.
 Stepped at once, each add would wait for the step before it on the core's one thread, and the
