@@ -78,6 +78,8 @@ class AsyncLLM:
         finishes. Bad input raises ValueError (naming the field) before any output."""
         params = sampling_params or SamplingParams()
         self._bind_loop()
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         if request_id in self._collectors:
             raise DuplicateRequestError(f"request_id {request_id!r} is already in use")
         collector = RequestOutputCollector(params.output_kind, request_id)

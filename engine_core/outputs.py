@@ -101,12 +101,14 @@ class RequestOutput:
                     break
             else:
                 self.outputs.append(completion)
+        # New lists and dicts, as CompletionOutput.append makes: ours may be shared with a caller.
         if next_output.prompt_logprobs is not None:
-            if aggregate and self.prompt_logprobs is not None:
-                self.prompt_logprobs.extend(next_output.prompt_logprobs)  # positions computed later
+            if aggregate and self.prompt_logprobs is not None:  # positions computed later
+                self.prompt_logprobs = [*self.prompt_logprobs, *next_output.prompt_logprobs]
             else:
                 self.prompt_logprobs = next_output.prompt_logprobs
         self.num_cached_tokens = next_output.num_cached_tokens
         self.metrics = next_output.metrics or self.metrics  # the later times
         self.error = next_output.error or self.error
-        self.extra.update(next_output.extra)
+        if next_output.extra:
+            self.extra = {**self.extra, **next_output.extra}

@@ -148,6 +148,8 @@ def test_bad_input_raises_before_any_output_and_changes_nothing(llm: AsyncLLM) -
         live = await running(llm, "live", PROMPTS[0], greedy(400, DELTA))
         with pytest.raises(DuplicateRequestError):
             await collect(llm, "live", PROMPTS[1], greedy(4))
+        with pytest.raises(ValueError, match="request_id must be a str, got list"):
+            await collect(llm, ["x"], PROMPTS[1], greedy(4))  # type: ignore[arg-type]
         assert (await live)[-1].outputs[0].finish_reason == "length"
 
     asyncio.run(run())
