@@ -37,6 +37,10 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None
     # When it was preempted since its previous output (time.time()); None: never.
     preempted_times: list[float] | None = None
+    # Tokens of earlier steps that came with this output (the engine stage holds a FINAL_ONLY
+    # request's tokens until it has something to say): each one's step time, oldest first.
+    # They lead new_token_ids; this step's own tokens follow. None: all are this step's.
+    held_times: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -60,6 +60,7 @@ class Request:
     # Chained hashes of the full blocks of all_token_ids, appended as blocks fill.
     block_hashes: list[bytes] = field(default_factory=list)
     first_scheduled_time: float | None = None
+    scheduled_time_reported: bool = False  # its first output carried first_scheduled_time
     # Preemptions (time.time()) its next output reports (then emptied).
     unreported_preemptions: list[float] = field(default_factory=list)
 
@@ -81,6 +82,14 @@ class Request:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
+
+    def take_first_scheduled_time(self) -> float | None:
+        """first_scheduled_time for the request's first output, None for every later one (an
+        output reports an event once, as its preemptions)."""
+        if self.scheduled_time_reported:
+            return None
+        self.scheduled_time_reported = True
+        return self.first_scheduled_time
 
     def take_preemption_times(self) -> list[float] | None:
         """The preemption times not yet reported in an output (None when there are none)."""

@@ -358,7 +358,7 @@ class Scheduler:
                 req_id, new_token_ids, new_logprobs, new_prompt_logprobs,
                 request.get_finish_reason() if finished else None, request.stop_reason,
                 request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
-                request.first_scheduled_time, request.take_preemption_times()))
+                request.take_first_scheduled_time(), request.take_preemption_times()))
             if finished:
                 if was_preempted:
                     stopped_preempted.append(request)

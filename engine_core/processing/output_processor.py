@@ -87,6 +87,9 @@ class OutputProcessor:
             if parent is None or parent.children[output.request_id].finished:
                 continue
             previous_token_time = parent.metrics.last_token_time
+            if output.held_times and previous_token_time is not None:
+                previous_token_time = self._record_held_steps(previous_token_time,
+                                                              output.held_times)
             if parent.update(output, timestamp):
                 result.reqs_to_abort.append(output.request_id)
             touched[parent.request_id] = parent
@@ -100,6 +103,16 @@ class OutputProcessor:
                 self._record_finished(parent)
                 self._remove(parent, result.reqs_to_abort)
         return result
+
+    def _record_held_steps(self, previous: float, times: list[float]) -> float:
+        """The inter-token latencies of steps whose tokens the engine stage held (each would
+        have been recorded on its own step); returns the last of their times."""
+        for current in times:
+            if current > previous:  # tokens of one step (n > 1's siblings) count once
+                if self.stats is not None:
+                    self.stats.next_token(previous, current)
+                previous = current
+        return previous
 
     def _record_token_step(self, parent: ParentRequest, previous: float | None) -> None:
         assert self.stats is not None

@@ -75,9 +75,12 @@ class ParentRequest:
         if output.preempted_times:
             metrics.preemption_times.extend(output.preempted_times)
         if output.new_token_ids:
+            held = output.held_times or []
             if metrics.first_token_time is None:
-                metrics.first_token_time = timestamp
-            metrics.last_token_time = timestamp
+                metrics.first_token_time = held[0] if held else timestamp
+            # Held tokens of earlier steps lead; this step's own follow (if any).
+            own = len(output.new_token_ids) > len(held)
+            metrics.last_token_time = timestamp if own else held[-1]
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
         needs_abort = self.children[output.request_id].update(output)
         if self.finished:

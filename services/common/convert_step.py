@@ -84,7 +84,7 @@ def _has_extras(out: EngineCoreOutput) -> bool:
     # stop_reason is only ever set with a finish_reason.
     return (out.finish_reason is not None or out.first_scheduled_time is not None
             or out.new_logprobs is not None or out.new_prompt_logprobs is not None
-            or bool(out.preempted_times))
+            or bool(out.preempted_times) or bool(out.held_times))
 
 
 def _extras_to_pb(index: int, out: EngineCoreOutput) -> pb.EngineCoreOutputExtras:
@@ -100,6 +100,8 @@ def _extras_to_pb(index: int, out: EngineCoreOutput) -> pb.EngineCoreOutputExtra
         msg.first_scheduled_time = out.first_scheduled_time
     if out.preempted_times:
         msg.preempted_times.extend(out.preempted_times)
+    if out.held_times:
+        msg.held_times.extend(out.held_times)
     return msg
 
 
@@ -115,3 +117,5 @@ def _extras_from_pb(msg: pb.EngineCoreOutputExtras, out: EngineCoreOutput) -> No
         out.first_scheduled_time = msg.first_scheduled_time
     if msg.preempted_times:
         out.preempted_times = list(msg.preempted_times)
+    if msg.held_times:
+        out.held_times = list(msg.held_times)

@@ -14,6 +14,7 @@ from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import core_request_from_pb, lora_request_from_pb
 from services.common.convert_kv_events import kv_event_batch_to_pb
+from services.engine.final_only_hold import FinalOnlyHold
 
 
 class CoreCalls:
@@ -24,6 +25,8 @@ class CoreCalls:
         self.num_unfinished = 0  # after the last call: read from the loop without a core call
         # Run on the core's thread after every call (the KV events hub takes new events).
         self.after_call: Callable[[], None] = lambda: None
+        # FINAL_ONLY requests' tokens until they end (final_only_hold.py); None sends every step's.
+        self.hold: FinalOnlyHold | None = FinalOnlyHold()
 
     def handle(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
         kind = msg.WhichOneof("kind")
@@ -66,7 +69,10 @@ class CoreCalls:
         return self._state(msg.seq, epb.EngineState())
 
     def _on_abort(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
-        self.core.abort_requests(list(msg.abort.request_ids))
+        request_ids = list(msg.abort.request_ids)
+        self.core.abort_requests(request_ids)
+        if self.hold is not None:
+            self.hold.forget(request_ids)
         return self._state(msg.seq, epb.EngineState())
 
     def _on_reset_prefix_cache(self, msg: epb.EngineRequest, span: Any) -> epb.EngineResponse:
@@ -119,6 +125,8 @@ class CoreCalls:
         except Exception:
             self.core.abort_requests(added)
             raise
+        if self.hold is not None:
+            self.hold.added(requests)
         span.set_attribute("gen_ai.request.ids", added)
 
     def lora(self, call: epb.EngineLoraCall) -> epb.EngineLoraResult:
@@ -150,6 +158,8 @@ class CoreCalls:
 
     def abort_all(self) -> None:
         self.core.abort_requests(list(self.core.scheduler.requests))
+        if self.hold is not None:
+            self.hold.clear()
         self.after_call()
         self.num_unfinished = self.core.get_num_unfinished_requests()
 
@@ -167,6 +177,11 @@ class CoreCalls:
             self.stats_logger.count(prompt_tokens_of(core.last_scheduler_output),
                                     sum(len(o.new_token_ids) for o in outputs.outputs))
             self.stats_logger.log_if_due(core.get_stats())
+        if self.hold is None:
+            return outputs
+        outputs = self.hold.apply(outputs)
+        # After apply: a request that ended this step has left the core, its output not this.
+        self.hold.prune(core.scheduler.requests)
         return outputs
 
     def log_stats_if_due(self) -> None:

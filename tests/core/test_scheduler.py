@@ -286,6 +286,9 @@ def test_output_carries_logprob_rows_cache_info_and_schedule_time() -> None:
     assert lp.logprob_token_ids == [[by_id["lp"].new_token_ids[0]]]
     assert by_id["lp"].num_cached_tokens == 0
     assert by_id["lp"].first_scheduled_time is not None
+    # Reported once, as preemptions are: a later output of the request does not repeat it.
+    _, later = step(scheduler, runner)
+    assert [o.first_scheduled_time for o in later] == [None, None]
 
 
 def test_prompt_logprobs_arrive_with_each_prefill_chunk() -> None:

@@ -182,7 +182,7 @@ class LogprobsLists(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., row_lengths: _Optional[_Iterable[int]] = ..., sampled_token_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineCoreOutputExtras(_message.Message):
-    __slots__ = ("index", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "first_scheduled_time", "preempted_times")
+    __slots__ = ("index", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "first_scheduled_time", "preempted_times", "held_times")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NEW_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class EngineCoreOutputExtras(_message.Message):
     STOP_STR_FIELD_NUMBER: _ClassVar[int]
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_TIMES_FIELD_NUMBER: _ClassVar[int]
+    HELD_TIMES_FIELD_NUMBER: _ClassVar[int]
     index: int
     new_logprobs: LogprobsLists
     new_prompt_logprobs: LogprobsLists
@@ -199,7 +200,8 @@ class EngineCoreOutputExtras(_message.Message):
     stop_str: str
     first_scheduled_time: float
     preempted_times: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, index: _Optional[int] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ...) -> None: ...
+    held_times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ..., held_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("values",)
