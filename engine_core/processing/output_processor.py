@@ -107,11 +107,13 @@ class OutputProcessor:
     def _record_held_steps(self, previous: float, times: list[float]) -> float:
         """The inter-token latencies of steps whose tokens the engine stage held (each would
         have been recorded on its own step); returns the last of their times."""
+        latencies = []
         for current in times:
             if current > previous:  # tokens of one step (n > 1's siblings) count once
-                if self.stats is not None:
-                    self.stats.next_token(previous, current)
+                latencies.append(current - previous)
                 previous = current
+        if self.stats is not None:
+            self.stats.next_tokens(latencies)
         return previous
 
     def _record_token_step(self, parent: ParentRequest, previous: float | None) -> None:

@@ -202,3 +202,35 @@ def test_do_log_stats_is_quiet_without_log_stats(tiny_model_dir: Path,
     with caplog.at_level(logging.INFO, logger="strand.stats"):
         engine.do_log_stats()
     assert not [r for r in caplog.records if r.name == "strand.stats"]
+
+
+def test_many_observations_at_once_count_as_one_at_a_time() -> None:
+    """observe_many (a request's held steps' latencies) leaves a histogram as observe would."""
+    import random
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import Histogram as PromHistogram
+
+    from engine_core.metrics.request_metrics import ITL_BUCKETS, observe_many
+
+    rng = random.Random(5)
+    values = [rng.choice([rng.random() / 10, rng.choice(ITL_BUCKETS), 200.0, 0.0])
+              for _ in range(500)]
+    histograms = []
+    for _ in range(2):
+        registry = CollectorRegistry()
+        histograms.append((registry, PromHistogram("h", "h", buckets=ITL_BUCKETS,
+                                                   registry=registry)))
+    for value in values:
+        histograms[0][1].observe(value)
+    observe_many(histograms[1][1], values[:250])
+    observe_many(histograms[1][1], values[250:])
+    observe_many(histograms[1][1], [])
+
+    def samples(registry: CollectorRegistry) -> dict[str, float]:
+        return {f"{s.name}{sorted(s.labels.items())}": s.value for m in registry.collect()
+                for s in m.samples if not s.name.endswith("_created")}
+
+    one_by_one, batched = samples(histograms[0][0]), samples(histograms[1][0])
+    assert batched == pytest.approx(one_by_one)
+    assert one_by_one["h_count[]"] == 500

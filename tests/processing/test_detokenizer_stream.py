@@ -67,7 +67,8 @@ def _random_case(rng: random.Random, tokenizer: Tokenizer) -> tuple[list[int], l
     ids = [pick() for _ in range(rng.randrange(1, 40))]
     chunks, i = [], 0
     while i < len(ids):
-        step = rng.randrange(1, 4)
+        # Mostly a token or a few a step; sometimes many (what the engine stage held).
+        step = rng.randrange(1, 4) if rng.random() < 0.8 else rng.randrange(4, 40)
         chunks.append(ids[i:i + step])
         i += step
     return prompt, chunks
@@ -124,7 +125,9 @@ def test_a_prompt_ending_mid_character_keeps_the_window(tokenizer: Tokenizer) ->
     assert detok.output_text == " lo"
 
 
-def test_a_stream_error_hands_the_sequence_to_the_window(tokenizer: Tokenizer) -> None:
+@pytest.mark.parametrize("one_first", [True, False])
+def test_a_stream_error_hands_the_sequence_to_the_window(tokenizer: Tokenizer,
+                                                         one_first: bool) -> None:
     class Failing:
         def step(self, backend: object, token_id: int) -> str | None:
             raise Exception("Invalid prefix encountered")  # noqa: TRY002 - tokenizers' own
@@ -133,6 +136,9 @@ def test_a_stream_error_hands_the_sequence_to_the_window(tokenizer: Tokenizer) -
     detok = IncrementalDetokenizer(tokenizer, [], SamplingParams())
     detok.update(ids[:3], stop_terminated=False, finished=False)
     detok._stream = Failing()  # type: ignore[assignment]
-    detok.update(ids[3:], stop_terminated=False, finished=True)
+    if one_first:  # the error on a lone token, else inside a run of many
+        detok.update(ids[3:4], stop_terminated=False, finished=False)
+    detok.update(ids[4:] if one_first else ids[3:], stop_terminated=False, finished=True)
     assert detok._stream is None
     assert detok.output_text == "kalo mi 中文 ne"
+    assert detok.num_output_tokens == len(ids)
