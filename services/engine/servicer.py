@@ -256,18 +256,19 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await asyncio.sleep(self._bursts.quiet_s)
 
     def _auto_steps(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Steps on the core's thread, back to back while they are long (see BACK_TO_BACK_MIN_S),
+        """Steps on the core's thread, back to back while they are long (see BACK_TO_BACK_MIN_S)
+        or have no message for the loop to send (every output held: final_only_hold.py),
         nothing else waits for the thread, the detokenizer keeps up (one step's message at most
         on its way to the hub) and work remains; each message goes to the loop the moment its
         step ends (core_thread.py). Whether work remains."""
         while True:
             started = time.perf_counter()
             msg, more = self._auto_step_once()
-            long_step = time.perf_counter() - started >= self.back_to_back_min_s
+            go_on = msg is None or time.perf_counter() - started >= self.back_to_back_min_s
             if msg is not None:
                 self._posted += 1
                 loop.call_soon_threadsafe(self._deliver, msg)
-            if not (more and long_step and self.hub.active and not self.thread.others_waiting
+            if not (more and go_on and self.hub.active and not self.thread.others_waiting
                     and self._posted - self._delivered <= 1):
                 return more
 
