@@ -124,19 +124,23 @@ def preempting_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         yield s
 
 
+# FINAL_ONLY: the engine stage holds the tokens between the first and the last output
+# (services/engine/final_only_hold.py), across the preemptions too.
+@pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])
 def test_preemption_under_kv_pressure_matches_step_for_step(
-        tiny_model_dir: Path, preempting_stack: Stack) -> None:
+        tiny_model_dir: Path, preempting_stack: Stack, kind: RequestOutputKind) -> None:
     import torch
 
     torch.set_num_threads(1)
     local = LLMEngine.from_engine_args(EngineArgs(
         model=str(tiny_model_dir), max_num_seqs=int(ENGINE_FLAGS[1]), block_size=16,
         num_gpu_blocks_override=9, max_num_batched_tokens=32))
-    params = SamplingParams(temperature=0.0, max_tokens=24)
+    params = SamplingParams(temperature=0.0, max_tokens=24, output_kind=kind)
     prompts = [{"prompt_token_ids": [1 + i, *range(100 + 40 * i, 139 + 40 * i)]}
                for i in range(3)]
     runs = {}
     with EngineClient(preempting_stack.gateway_address, timeout=60) as remote:
+        assert remote.reset_prefix_cache()  # an earlier case's blocks would be hits here only
         for name, engine in (("local", local), ("remote", remote)):
             for i, prompt in enumerate(prompts):
                 engine.add_request(f"p{i}", prompt, params)

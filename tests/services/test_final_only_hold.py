@@ -202,6 +202,74 @@ def test_the_engine_stage_sends_a_final_only_request_twice(tiny_model_dir: Path)
     assert tokens(held, "d") == tokens(plain, "d")
 
 
+def test_an_abort_in_the_engine_stage_drops_what_it_held(tiny_model_dir: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                  kv_cache_memory=8 * 1024**2))
+    calls = CoreCalls(core, None, "tiny")
+    assert calls.hold is not None
+    reqs = [EngineCoreRequest(rid, [3, 4, 5], SamplingParams(
+        temperature=0.0, max_tokens=20, output_kind=FINAL), None) for rid in ("a", "b")]
+    calls.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+        requests=[core_request_to_pb(r) for r in reqs])), _Span())
+    for _ in range(4):
+        calls.step(_Span())
+    assert calls.hold.num_held_tokens("a") == 3 and len(calls.hold) == 2
+    calls.handle(epb.EngineRequest(seq=2, abort=epb.EngineAbort(request_ids=["a"])), _Span())
+    assert len(calls.hold) == 1
+    calls.abort_all()  # the detokenizer went away
+    assert len(calls.hold) == 0
+
+
+def test_tokens_held_across_a_preemption_reach_the_detokenizer_whole(tiny_model_dir: Path,
+                                                                     tokenizer: Tokenizer) -> None:
+    """A real core short of KV blocks preempts a decoding request while its tokens are held:
+    the output that reports the preemption carries them, and the detokenizer ends with the
+    text, tokens and metrics of the step-by-step path."""
+    import torch
+
+    torch.set_num_threads(1)
+    requests = [EngineCoreRequest(f"p{i}", [1 + i, *range(100 + 30 * i, 119 + 30 * i)],
+                                  SamplingParams(temperature=0.0, max_tokens=50,
+                                                 ignore_eos=True, output_kind=FINAL), None, 0.0)
+                for i in range(2)]
+
+    def run(hold: bool) -> tuple[list[EngineCoreOutputs], int]:
+        core = EngineCore.from_engine_args(EngineArgs(
+            model=str(tiny_model_dir), block_size=16, num_gpu_blocks_override=9,
+            max_num_batched_tokens=64))
+        calls = CoreCalls(core, None, "tiny")
+        if not hold:
+            calls.hold = None
+        calls.handle(epb.EngineRequest(seq=1, add=epb.EngineAddRequests(
+            requests=[core_request_to_pb(r) for r in requests])), _Span())
+        steps = []
+        while core.has_unfinished_requests():
+            steps.append(calls.step(_Span()))
+        return steps, core.scheduler.make_stats().num_preemptions
+
+    plain, preemptions = run(False)
+    held, _ = run(True)
+    assert preemptions > 0
+    assert any(o.preempted_times and o.held_times for s in held for o in s.outputs)
+
+    def seen(steps: list[EngineCoreOutputs]) -> tuple[list[Any], dict[str, float]]:
+        # The steps went through the engine stage's hold (or not): now the detokenizer's side.
+        # The two runs ran at different times: texts, tokens and counts compare, times do not.
+        outputs, samples = _run(tokenizer, steps, requests, None)
+        return ([(rid, [(c.text, c.token_ids, c.finish_reason) for o in outs for c in o.outputs])
+                 for rid, outs in sorted(outputs.items())],
+                {k: v for k, v in samples.items() if k.endswith("_count")})
+
+    assert seen(held) == seen(plain)
+    assert len(seen(held)[0][0][1][0][1]) == 50
+
+
 class _Span:
     def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def add_event(self, name: str, attributes: Any) -> None:
         pass
