@@ -45,7 +45,9 @@ def test_generate_gives_engine_clients_outputs(mode: str, stack: Stack, auto_sta
     target, sync = (stack, client) if mode == "manual" else (auto_stack, auto_client)
     expected = list(sync.generate("The quick brown fox", GREEDY))
     got = _run(target, lambda c: _outputs(c, "The quick brown fox", GREEDY, "async-1"))
-    assert [o.finished for o in got] == [o.finished for o in expected]
+    assert [o.finished for o in got][-1] and not any(o.finished for o in got[:-1])
+    if mode == "manual":  # one output a Step; in auto mode a reader that lags gets them merged
+        assert len(got) == len(expected)
     assert got[-1].request_id == "async-1"
     assert got[-1].outputs[0].token_ids == expected[-1].outputs[0].token_ids
     assert got[-1].outputs[0].text == expected[-1].outputs[0].text
