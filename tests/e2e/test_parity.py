@@ -55,9 +55,10 @@ def test_step_returns_the_outputs_of_each_iteration(in_process: LLMEngine,
     assert len(per_step["local"]) == 4
 
 
-def test_n_greater_than_one_gives_n_seeded_samples(in_process: LLMEngine,
-                                                   client: EngineClient) -> None:
-    params = SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=5)
+@pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])
+def test_n_greater_than_one_gives_n_seeded_samples(in_process: LLMEngine, client: EngineClient,
+                                                   kind: RequestOutputKind) -> None:
+    params = SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=5, output_kind=kind)
     results = {}
     for name, engine in (("local", in_process), ("remote", client)):
         engine.add_request("n2", "sample me", params)
@@ -98,17 +99,23 @@ def test_stop_strings_and_an_abort_mid_stream_match_step_for_step(
         ("ab", "this one is aborted", SamplingParams(temperature=0.0, max_tokens=12)),
         ("ok", {"prompt_token_ids": [1, 50, 51, 52]},
          SamplingParams(temperature=0.0, max_tokens=6, output_kind=RequestOutputKind.DELTA)),
+        # Held in the engine stage between its first and last output; aborted meanwhile.
+        ("fa", "this one is held, then aborted",
+         SamplingParams(temperature=0.0, max_tokens=12, output_kind=RequestOutputKind.FINAL_ONLY)),
+        ("fo", "this one is held to the end",
+         SamplingParams(temperature=0.0, max_tokens=9, output_kind=RequestOutputKind.FINAL_ONLY)),
     ]
     runs = {}
     for name, engine in (("local", in_process), ("remote", client)):
         for request_id, prompt, params in cases:
             engine.add_request(request_id, prompt, params)
-        runs[name] = _steps_until_done(engine, abort_at={2: "ab"})
+        runs[name] = _steps_until_done(engine, abort_at={2: "ab", 4: "fa"})
     assert runs["remote"] == runs["local"]
     finals = {o[0]: o for step in runs["local"] for o in step if o[3]}
     assert finals["st"][4][0][3:] == ("stop", stop)
     assert "ab" not in finals  # LLMEngine.abort_request: no output after the abort
     assert finals["ok"][4][0][3] == "length"
+    assert "fa" not in finals and len(finals["fo"][4][0][2]) == 9
 
 
 # Small enough that three requests of 40 prompt + 24 new tokens cannot all stay resident.
