@@ -12,6 +12,7 @@ from engine_core.core.kv_cache_utils import (
     KVCacheBlock,
 )
 from engine_core.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBuffer
+from engine_core.core.lowest_free_blocks import LowestFreeBlocks
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,11 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.null_block = self.blocks[0]
         self.null_block.ref_cnt = 1  # never freed, never handed out
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
+        # Without caching nothing is evicted: the lowest free ids first keep requests' blocks
+        # together (lowest_free_blocks.py).
+        self.free_block_queue: FreeKVCacheBlockQueue | LowestFreeBlocks = (
+            FreeKVCacheBlockQueue(self.blocks[1:]) if enable_caching
+            else LowestFreeBlocks(self.blocks[1:]))
         # Every cached block by hash; a hash computed twice maps to both blocks (vLLM's map).
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # Set by enable_kv_events(): cache changes recorded for a prefix-aware router.
