@@ -46,6 +46,15 @@ class EngineCoreOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def has_extras(self) -> bool:
+        """Anything besides its tokens and cached-token count (the step message's extras; the
+        engine stage never holds such an output back)."""
+        # stop_reason is only ever set with a finish_reason.
+        return (self.finish_reason is not None or self.first_scheduled_time is not None
+                or self.new_logprobs is not None or self.new_prompt_logprobs is not None
+                or bool(self.preempted_times) or bool(self.held_times))
+
 
 @dataclass(slots=True)
 class EngineCoreOutputs:

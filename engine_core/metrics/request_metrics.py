@@ -123,11 +123,11 @@ def observe_many(histogram: PromHistogram, values: Sequence[float]) -> None:
     first and each bucket touched is incremented once (a third of the time, on the detokenizer's
     last step of a batch). Through prometheus_client's child fields where they are as in its
     releases so far (0.20-0.26); one observe a value otherwise."""
+    if not values:
+        return
     bounds = getattr(histogram, "_upper_bounds", None)
     buckets = getattr(histogram, "_buckets", None)
     total = getattr(histogram, "_sum", None)
-    if not values:
-        return
     if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
         for value in values:
             histogram.observe(value)

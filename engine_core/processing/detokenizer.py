@@ -59,14 +59,14 @@ class IncrementalDetokenizer:
         if stop_terminated and new_token_ids and not self.include_stop_str_in_output:
             new_token_ids = new_token_ids[:-1]
         start_len = len(self.output_text)
-        if len(new_token_ids) > 1 and self._stream is not None:
-            self.output_text += self._step_stream_many(new_token_ids)
-        else:
-            for token_id in new_token_ids:
-                self._ids.append(token_id)
-                self.num_output_tokens += 1
-                self.output_text += (self._step_stream(token_id) if self._stream is not None
-                                     else self._decode_window(final=False))
+        # Joined once: the engine stage's held tokens come 100+ at once.
+        pieces = []
+        for token_id in new_token_ids:
+            self._ids.append(token_id)
+            pieces.append(self._step_stream(token_id) if self._stream is not None
+                          else self._decode_window(final=False))
+        self.num_output_tokens += len(new_token_ids)
+        self.output_text += "".join(pieces)
         if finished:
             self.output_text += self._decode_window(final=True)
         if not self.stop or self.num_output_tokens <= self.min_tokens:
@@ -119,31 +119,6 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return text
-
-    def _step_stream_many(self, token_ids: list[int]) -> str:
-        """_step_stream for each token (the tokens an engine stage held come 100+ at once), with
-        the lookups hoisted out of the loop and the pieces joined once."""
-        stream, backend, ids = self._stream, self.tokenizer.backend, self._ids
-        assert stream is not None
-        pieces: list[str] = []
-        for i, token_id in enumerate(token_ids):
-            ids.append(token_id)
-            self.num_output_tokens += 1
-            try:
-                text = stream.step(backend, token_id)
-            except Exception:  # noqa: BLE001 - as in _step_stream: the window takes over
-                self._stream = None
-                pieces.append(self._decode_window(final=False))
-                for rest in token_ids[i + 1:]:
-                    ids.append(rest)
-                    self.num_output_tokens += 1
-                    pieces.append(self._decode_window(final=False))
-                break
-            if text is not None:
-                pieces.append(text)
-                self._prefix_offset = self._read_offset
-                self._read_offset = len(ids)
-        return "".join(pieces)
 
     def _decode_window(self, final: bool) -> str:
         if self._read_offset >= len(self._ids):

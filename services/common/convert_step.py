@@ -27,7 +27,7 @@ def core_outputs_to_pb(outs: EngineCoreOutputs) -> pb.EngineCoreOutputs:
         num_new_tokens=[len(o.new_token_ids) for o in outputs],
         new_token_ids=[t for o in outputs for t in o.new_token_ids],
         num_cached_tokens=[o.num_cached_tokens for o in outputs],
-        extras=[_extras_to_pb(i, o) for i, o in enumerate(outputs) if _has_extras(o)],
+        extras=[_extras_to_pb(i, o) for i, o in enumerate(outputs) if o.has_extras],
         finished_requests=sorted(outs.finished_requests),
         timestamp=outs.timestamp)
     if outs.scheduler_stats is not None:
@@ -78,13 +78,6 @@ def _outputs_by_count(ids: list[str], counts: list[int], tokens: list[int],
                                         num_cached_tokens=num_cached))
         start += count
     return outputs
-
-
-def _has_extras(out: EngineCoreOutput) -> bool:
-    # stop_reason is only ever set with a finish_reason.
-    return (out.finish_reason is not None or out.first_scheduled_time is not None
-            or out.new_logprobs is not None or out.new_prompt_logprobs is not None
-            or bool(out.preempted_times) or bool(out.held_times))
 
 
 def _extras_to_pb(index: int, out: EngineCoreOutput) -> pb.EngineCoreOutputExtras:

@@ -102,10 +102,7 @@ class FinalOnlyHold:
 
     def _holds(self, held: _Held, output: EngineCoreOutput) -> bool:
         # Anything besides plain tokens (a finish, scheduling events) goes out at once.
-        plain = (output.finish_reason is None and output.first_scheduled_time is None
-                 and not output.preempted_times and output.new_logprobs is None
-                 and output.new_prompt_logprobs is None)
-        return (plain and held.sent_first
+        return (not output.has_extras and held.sent_first
                 and len(held.token_ids) + len(output.new_token_ids) <= self.max_tokens)
 
     @staticmethod
