@@ -2,8 +2,9 @@
 
 Two measurements on the same model, engine flags and thread count, in one run:
 
-1. TTFT at low load: one request at a time (nothing else in flight), `--num-ttft` times. In
-   process: `LLMEngine.add_request` then `step()` until the first output token. Over the ring:
+1. TTFT at low load: one request at a time (nothing else in flight), `--num-ttft` times, each
+   after `--ttft-gap-ms` of idle (a user's think time; the floor's gap below). In process:
+   `LLMEngine.add_request` then `step()` until the first output token. Over the ring:
    a `Generate` stream on an auto-stepping stack, until its first output with a token. The
    difference of the medians is what the tokenizer -> engine -> detokenizer -> gateway hops add.
 2. CPU seconds per 1000 output tokens for each process of the stack (user + system time from
@@ -75,9 +76,10 @@ def _params(max_tokens: int) -> SamplingParams:
                           output_kind=RequestOutputKind.DELTA)
 
 
-def ttft_in_process(engine: Any, prompt: list[int], n: int) -> list[float]:
+def ttft_in_process(engine: Any, prompt: list[int], n: int, gap_s: float = 0.0) -> list[float]:
     times = []
     for i in range(n):
+        time.sleep(gap_s)
         start = time.perf_counter()
         engine.add_request(f"ttft-{i}", {"prompt_token_ids": prompt}, _params(2))
         first = None
@@ -90,9 +92,10 @@ def ttft_in_process(engine: Any, prompt: list[int], n: int) -> list[float]:
     return times
 
 
-def ttft_over_ring(client: Any, prompt: list[int], n: int) -> list[float]:
+def ttft_over_ring(client: Any, prompt: list[int], n: int, gap_s: float = 0.0) -> list[float]:
     times = []
     for _ in range(n):
+        time.sleep(gap_s)
         start = time.perf_counter()
         first = None
         for out in client.generate({"prompt_token_ids": prompt}, _params(2)):
@@ -118,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-ttft", type=int, default=20,
                         help="sequential single requests timed for TTFT, each side")
     parser.add_argument("--ttft-prompt-len", type=int, default=32)
+    parser.add_argument("--ttft-gap-ms", type=float, default=20.0,
+                        help="idle time before each lone request, both sides, and between the "
+                             "floor's messages (0: back to back, where nothing has gone idle)")
     parser.add_argument("--throughput-repeats", type=int, default=4,
                         help="in-process / ring throughput pairs, each the other way round from "
                              "the one before (0: skip; an even count cancels a steady drift)")
@@ -169,6 +175,7 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
                             "num_threads": threads, "num_prompts": len(requests),
                             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                             "engine_cpus": sorted(pinned[0]) if pinned else None,
+                            "ttft_gap_ms": args.ttft_gap_ms,
                             # The stack's stages are on this host: they link unless told not to.
                             "stage_transport": "grpc" if transport() == "grpc" else "link"}
 
@@ -177,7 +184,8 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
         model=str(model_dir), dtype=args.dtype, max_num_seqs=256, max_num_batched_tokens=2048,
         enable_prefix_caching=False, kv_cache_memory=kv_memory))
     ttft_in_process(engine, prompt, 3)  # warm-up: first steps allocate and pick kernels
-    local = ttft_in_process(engine, prompt, args.num_ttft)
+    gap_s = args.ttft_gap_ms / 1e3
+    local = ttft_in_process(engine, prompt, args.num_ttft, gap_s)
 
     log("starting an auto-stepping stack")
     os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -196,7 +204,7 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
             pids = {**stages, "client (this benchmark)": os.getpid()}
             log("over the ring: TTFT of single requests")
             clocks = {name: ThreadClock(pid) for name, pid in pids.items()}
-            remote = ttft_over_ring(client, prompt, args.num_ttft)
+            remote = ttft_over_ring(client, prompt, args.num_ttft, gap_s)
             fine = {name: thread_times_since(clock).cpu_s for name, clock in clocks.items()}
             # A lone request's CPU in each process (2 tokens): on a machine whose stages share
             # the engine's cores, much of it lies on the way to the first token.
@@ -221,7 +229,7 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
                                      for name in pids}
     if args.hop_messages > 0:
         log("the floor: one bare stream message after an idle gap")
-        hops = measure_hops(args.hop_messages)
+        hops = measure_hops(args.hop_messages, gap_ms=args.ttft_gap_ms)
         data["grpc_hop_ms"] = hops
         # The hop on the TCP path the stages ran on (services/grpc_tuning.py).
         iomgr = os.environ.get(grpc_tuning.ENV) == grpc_tuning.IOMGR_TCP
@@ -238,7 +246,8 @@ def summary_table(data: dict[str, Any]) -> str:
     ttft = data["ttft_ms"]
     floor = f"{ttft['floor']:.2f}" if "floor" in ttft else "-"
     stage_hops = "link" if data.get("stage_transport") == "link" else "gRPC"
-    lines = [format_table(["TTFT p50 ms", "in process", "ring", "added",
+    gap = data.get("ttft_gap_ms", 0.0)
+    lines = [format_table([f"TTFT p50 ms, after {gap:g} ms idle", "in process", "ring", "added",
                            f"floor (a bare gRPC call + {STAGE_HOPS} {stage_hops} hops)"],
                           [["", f"{ttft['in_process_p50']:.2f}", f"{ttft['ring_p50']:.2f}",
                             f"{ttft['added_p50']:.2f}", floor]])]
@@ -270,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.hop_messages < 0:
         parser.error(f"--hop-messages must be >= 0, got {args.hop_messages}")
+    if not 0 <= args.ttft_gap_ms <= 10_000:
+        parser.error(f"--ttft-gap-ms must be in [0, 10000], got {args.ttft_gap_ms:g}")
     if args.engine_cpus:
         try:
             split_cpus(parse_cpu_list(args.engine_cpus))

@@ -25,6 +25,7 @@ from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
+from engine_core.cpu_binding import bind_compute_threads
 from engine_core.default_model import gguf_file, resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFailedError
 from engine_core.lora.manager import LoRAManager
@@ -248,6 +249,17 @@ class EngineCore:
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (no-op with one rank)."""
         self.runner.shutdown()
+
+    def bind_compute_threads(self, slot: int = 0) -> list[int] | None:
+        """On CPU, each thread of the team that runs the forward on a CPU of its own
+        (cpu_binding.py): call it on the thread that steps, which must be one this engine owns
+        (threads it starts later inherit its CPU). With a batch queue its worker's team runs the
+        forward. The CPUs bound, or None."""
+        if self.runner.device.type != "cpu":
+            return None
+        if self.batch_queue is not None:
+            return self.batch_queue.call(lambda: bind_compute_threads(slot))
+        return bind_compute_threads(slot)
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Schedule and queue a batch; while the queue has room and work was scheduled, return

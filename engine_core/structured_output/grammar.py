@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import xgrammar as xg
 
+from engine_core.cpu_binding import release_thread
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.structured_output.params import StructuredOutputsParams
 
@@ -114,7 +115,9 @@ class GrammarCache:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        # Started by the engine's thread, which may be bound to one CPU: this one floats.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar",
+                                            initializer=release_thread)
         make_info = info if callable(info) else (lambda: info)
         # xgrammar's own cache is off: this one is bounded by entries and keyed on our spec.
         self._compiler = self._executor.submit(
