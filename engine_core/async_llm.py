@@ -26,7 +26,6 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from engine_core.compute_slice import lengthen_compute_slice, slice_from_env
 from engine_core.config import EngineArgs
 from engine_core.core.add_burst import AddBursts
 from engine_core.cpu_binding import binding_mode
@@ -56,9 +55,8 @@ class AsyncLLM:
         self._closed = False
         self._bursts = AddBursts()
         loaded: Future[LLMEngine] = Future()
-        slice_ns = slice_from_env()  # an unreadable setting is the caller's ValueError
-        binding_mode()
-        self._thread = threading.Thread(target=self._run, args=(make_engine, loaded, slice_ns),
+        binding_mode()  # an unreadable STRAND_CPU_BIND is the caller's ValueError
+        self._thread = threading.Thread(target=self._run, args=(make_engine, loaded),
                                         name="strand-async-llm", daemon=True)
         self._thread.start()
         self.engine = loaded.result()
@@ -190,15 +188,12 @@ class AsyncLLM:
 
     # The engine's thread.
 
-    def _run(self, make_engine: Callable[[], LLMEngine], loaded: Future[LLMEngine],
-             slice_ns: int) -> None:
-        # Before the model loads: its OpenMP team inherits the slice (compute_slice.py).
-        lengthen_compute_slice(slice_ns)
+    def _run(self, make_engine: Callable[[], LLMEngine], loaded: Future[LLMEngine]) -> None:
         _execute(make_engine, loaded)
         if loaded.exception() is not None:
             return
         self.engine = loaded.result()
-        self.engine.engine_core.bind_compute_threads()  # this thread is the engine's own
+        self.engine.engine_core.spread_team_after_idle()  # this thread is the engine's own
         while True:
             # Wait for a command only while there is nothing to step.
             if self._run_commands(not self.engine.has_unfinished_requests()):

@@ -1,20 +1,25 @@
-"""Each of the engine's OpenMP threads on a CPU of its own.
+"""The engine's OpenMP threads spread over CPUs of their own for the first step after an idle gap.
 
 torch's OpenMP team leaves placement to the kernel. Between parallel regions its threads sleep
-after a short spin (openmp_env.py), and every region wakes them again; the kernel places a woken
-thread near its waker, and on a small machine it sometimes put the team's two threads on one CPU
-while the other stayed idle. They then took turns at every barrier and the step ran 2-4x longer,
-until load balancing split them up: 10-14 of 80 lone requests over the ring had a first step of
-16-30 ms instead of 8 (`perf sched` showed both threads on CPU 1 and CPU 0 idle; benchmarks/
-README.md, session 24). In process the stepping thread is the main one, which wakes from its own
-timer, and it did not happen. vLLM's CPU worker binds its threads the same way.
+after a short spin (openmp_env.py), and after an idle gap the kernel sometimes woke the team's two
+threads onto one CPU while the other stayed idle; they then took turns at every barrier and the
+step ran 2-4x longer (`perf sched` showed both threads on CPU 1 and CPU 0 idle). It happened to
+the first step after the gap only, to 5-18 of 60-80 lone requests over the ring (their first
+token 16-30 ms late instead of 8), never to the steps that followed; the engine stage's thread
+is woken by its event loop, while an in-process loop's wakes from its own timer, and the latter
+did not show it (benchmarks/README.md, session 24).
 
-`bind_compute_threads` runs one parallel region in which each thread of the calling thread's team
-binds itself to one CPU, `slot` choosing which of the allowed CPUs (tensor-parallel ranks on one
-host take disjoint ones). Threads the bound thread starts later inherit its one CPU: a helper
-thread that should float calls `release_thread` as it starts. Binding is skipped with one thread,
-when the slot's CPUs are not all allowed, when the user chose OpenMP placement
-(OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY), without libgomp, or with STRAND_CPU_BIND=off.
+Binding each thread to one CPU for good, as vLLM's CPU worker does, ended it, and cost 40-50% of
+decode speed as soon as another process kept a CPU busy: a bound thread cannot move off the busy
+CPU, and the team runs at the pace of its slowest thread. So the team is bound only around the
+first step after the engine was idle (`TeamSpread`, used by EngineCore.step), and floats again
+after it; under steady load there is no such step.
+
+The team's thread ids come from one parallel region in which each thread reports itself
+(`team_spread`): libgomp keeps the same threads for the calling thread's later regions of the
+same size. Nothing is spread with one thread, when the slot's CPUs are not all allowed, when the
+user chose OpenMP placement (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY), without libgomp, or
+with STRAND_CPU_BIND=off.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
+from types import TracebackType
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +36,6 @@ BIND_ENV = "STRAND_CPU_BIND"
 BIND_VALUES = ("auto", "off")
 _USER_PLACEMENT = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 _PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-# The CPUs this process may use, as they were before a thread was bound (release_thread's set).
-_process_cpus: set[int] | None = None
 
 
 def binding_mode() -> str:
@@ -41,10 +46,39 @@ def binding_mode() -> str:
     return value
 
 
-def bind_compute_threads(slot: int = 0) -> list[int] | None:
-    """Bind the calling thread's OpenMP team (torch's thread count), thread i to the i-th CPU of
-    the slot's share of the allowed CPUs. The CPUs bound, or None where it did not bind."""
-    global _process_cpus
+class TeamSpread:
+    """While entered, team thread i runs on cpus[i] only; on exit each thread gets back the CPUs
+    it had (the kernel leaves a running thread where it is)."""
+
+    def __init__(self, thread_ids: list[int], cpus: list[int]) -> None:
+        self.thread_ids = thread_ids
+        self.cpus = cpus
+        self._saved: list[tuple[int, set[int]]] = []
+
+    def __enter__(self) -> TeamSpread:
+        self._saved = []
+        for tid, cpu in zip(self.thread_ids, self.cpus, strict=True):
+            try:
+                before = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, {cpu})
+            except OSError:  # the thread ended, or a sandbox refuses: leave it be
+                continue
+            self._saved.append((tid, before))
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for tid, cpus in self._saved:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                continue
+        self._saved = []
+
+
+def team_spread(slot: int = 0) -> TeamSpread | None:
+    """The calling thread's OpenMP team (torch's thread count), thread i to go on the i-th CPU
+    of the slot's share of the allowed CPUs; None where nothing should be spread."""
     if binding_mode() == "off" or any(name in os.environ for name in _USER_PLACEMENT):
         return None
     import torch
@@ -54,39 +88,27 @@ def bind_compute_threads(slot: int = 0) -> list[int] | None:
     cpus = allowed[slot * threads:(slot + 1) * threads]
     gomp = _libgomp()
     if threads < 2 or len(cpus) < threads or gomp is None:
-        logger.debug("compute threads left unbound (%d threads, %d CPUs allowed, slot %d)",
+        logger.debug("compute threads left to the kernel (%d threads, %d CPUs allowed, slot %d)",
                      threads, len(allowed), slot)
         return None
-    bound: dict[int, int] = {}
+    ids: dict[int, int] = {}
 
-    def bind(_data: int | None) -> None:  # runs on every thread of the team
-        index = int(gomp.omp_get_thread_num())
-        try:
-            os.sched_setaffinity(0, {cpus[index]})
-        except (OSError, IndexError):
-            return
-        bound[index] = cpus[index]
+    def report(_data: int | None) -> None:  # runs on every thread of the team
+        ids[int(gomp.omp_get_thread_num())] = threading.get_native_id()
 
-    _process_cpus = _process_cpus or set(allowed)
-    # The callback object must outlive the call; libgomp runs it on each thread of the team.
-    callback = _PARALLEL_FN(bind)
+    callback = _PARALLEL_FN(report)  # kept alive through the call
     gomp.GOMP_parallel(callback, None, ctypes.c_uint(threads), ctypes.c_uint(0))
-    if len(bound) != threads:
-        logger.warning("bound %d of %d compute threads to their CPUs", len(bound), threads)
-    else:
-        logger.info("compute threads bound to CPUs %s", ",".join(map(str, cpus)))
-    return [bound[i] for i in sorted(bound)]
-
-
-def release_thread() -> None:
-    """Let the calling thread run on every CPU the process had before binding (a helper thread
-    started by a bound one); nothing when no thread was bound."""
-    if _process_cpus is not None:
-        os.sched_setaffinity(0, _process_cpus)
+    if sorted(ids) != list(range(threads)):
+        logger.warning("found %d of %d compute threads: their placement is left to the kernel",
+                       len(ids), threads)
+        return None
+    logger.info("compute threads spread over CPUs %s for a step after idle",
+                ",".join(map(str, cpus)))
+    return TeamSpread([ids[i] for i in range(threads)], cpus)
 
 
 def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp torch loaded (its team is the one to bind), or None."""
+    """The libgomp torch loaded (its team is the one to place), or None."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libgomp" in line}

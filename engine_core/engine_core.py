@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +26,7 @@ from engine_core.core.request import Request, RequestStatus
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.tier_reset import TierReset
-from engine_core.cpu_binding import bind_compute_threads
+from engine_core.cpu_binding import TeamSpread, team_spread
 from engine_core.default_model import gguf_file, resolve_model_dir
 from engine_core.errors import DuplicateRequestError, QueueFullError, WorkerFailedError
 from engine_core.lora.manager import LoRAManager
@@ -67,6 +68,9 @@ class EngineCore:
         # queue). Off by default: on CPU the worker thread's own OpenMP team makes every
         # forward slower (see _warn_other_thread), which outweighs the overlap.
         self.batch_queue: BatchQueue | None = None
+        # spread_team_after_idle's placement, and whether the last step left nothing to run.
+        self._team_spread: TeamSpread | None = None
+        self._idle = True
         if args.max_concurrent_batches > 1 and scheduler.kv_connector is not None:
             # The connector saves a request's blocks from the engine thread when it lets go of
             # them; with a batch in flight those blocks may not be written yet.
@@ -226,11 +230,14 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not flush_only:  # a step that only hands finished ids to the runner ran no batch
             self.last_scheduler_output = scheduler_output
+        spread = self._team_spread if self._idle and not flush_only else None
         try:
-            runner_output = self.runner.execute_model(scheduler_output)
+            with spread or nullcontext():
+                runner_output = self.runner.execute_model(scheduler_output)
         except WorkerFailedError as e:
             return self._fail_all(str(e))
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._idle = not self.scheduler.has_unfinished_requests()
         return self._finish_step(outputs, None if flush_only else scheduler_output)
 
     def _fail_all(self, reason: str) -> EngineCoreOutputs:
@@ -250,16 +257,16 @@ class EngineCore:
         """Stop the tensor-parallel workers (no-op with one rank)."""
         self.runner.shutdown()
 
-    def bind_compute_threads(self, slot: int = 0) -> list[int] | None:
-        """On CPU, each thread of the team that runs the forward on a CPU of its own
-        (cpu_binding.py): call it on the thread that steps, which must be one this engine owns
-        (threads it starts later inherit its CPU). With a batch queue its worker's team runs the
-        forward. The CPUs bound, or None."""
-        if self.runner.device.type != "cpu":
-            return None
-        if self.batch_queue is not None:
-            return self.batch_queue.call(lambda: bind_compute_threads(slot))
-        return bind_compute_threads(slot)
+    def spread_team_after_idle(self) -> bool:
+        """On CPU, bind the team of OpenMP threads that runs the forward one thread per CPU for
+        the first step after the engine was idle (cpu_binding.py says why). Call it on the thread
+        that steps, once the model is loaded; the engine's own threads only (the engine stage,
+        AsyncLLM), since the calling thread is bound for those steps. Whether it took effect (not
+        with a batch queue, whose worker runs the forward)."""
+        if self.runner.device.type != "cpu" or self.batch_queue is not None:
+            return False
+        self._team_spread = team_spread()
+        return self._team_spread is not None
 
     def step_with_batch_queue(self) -> EngineCoreOutputs:
         """Schedule and queue a batch; while the queue has room and work was scheduled, return

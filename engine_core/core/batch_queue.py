@@ -15,13 +15,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
 
-from engine_core.compute_slice import lengthen_compute_slice, slice_from_env
 from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
-
-T = TypeVar("T")
 
 
 class BatchQueue:
@@ -31,10 +27,7 @@ class BatchQueue:
             raise ValueError(f"max_batches must be >= 2 for a batch queue, got {max_batches}")
         self.max_batches = max_batches
         self._execute = execute
-        # The worker runs the model, so its OpenMP team is its own: a long time slice for both.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strand-runner",
-                                          initializer=lengthen_compute_slice,
-                                          initargs=(slice_from_env(),))
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strand-runner")
         # Newest on the left, oldest on the right (vLLM's order).
         self._queue: deque[tuple[Future[ModelRunnerOutput], SchedulerOutput]] = deque()
 
@@ -44,10 +37,6 @@ class BatchQueue:
     @property
     def full(self) -> bool:
         return len(self._queue) >= self.max_batches
-
-    def call(self, fn: Callable[[], T]) -> T:
-        """fn on the worker thread, after the batches before it; its result."""
-        return self._worker.submit(fn).result()
 
     def submit(self, scheduler_output: SchedulerOutput) -> None:
         future = self._worker.submit(self._execute, scheduler_output)

@@ -17,10 +17,8 @@ from multiprocessing.process import BaseProcess
 import torch
 import torch.distributed as dist
 
-from engine_core.compute_slice import lengthen_compute_slice, slice_from_env
 from engine_core.connector.cpu_tier import CPUBlockTier
 from engine_core.connector.offload import OffloadMetadata
-from engine_core.cpu_binding import bind_compute_threads, binding_mode
 from engine_core.distributed import commands
 from engine_core.distributed.commands import Command, broadcast_command
 from engine_core.distributed.parallel_state import (
@@ -39,16 +37,12 @@ def run_worker(init: DistributedInit, rank: int) -> None:
     # The services' log-level variable (services/common/errors.py), as in the engine process.
     logging.basicConfig(level=os.environ.get("STRAND_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
-    # This process's one thread steps the model: its OpenMP team inherits the long slice.
-    lengthen_compute_slice()
     tp = init_tp_group(init, rank)
     try:
         first = broadcast_command(tp, None)
         if first.kind != commands.INIT or first.spec is None:
             raise RuntimeError(f"rank {rank}: the first command must be init, got {first.kind}")
         runner = _build_runner(first.spec, tp)
-        if runner.device.type == "cpu":  # ranks on one host take disjoint CPUs
-            bind_compute_threads(slot=tp.local_rank)
         while _serve_one(runner, tp, broadcast_command(tp, None)):
             pass
     finally:
@@ -124,8 +118,6 @@ def spawn_workers(init: DistributedInit, ranks: list[int]) -> list[BaseProcess]:
     """One process per rank, never forked from the engine (its OpenMP and CUDA state must not
     be inherited): from a fork server that imported this module once (the second engine of a
     process starts its workers in a fraction of a second), else spawned."""
-    slice_from_env()  # an unreadable setting raises here, not in every worker
-    binding_mode()
     ctx: BaseContext
     if "forkserver" in mp.get_all_start_methods():
         server = mp.get_context("forkserver")

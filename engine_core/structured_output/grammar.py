@@ -13,7 +13,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import xgrammar as xg
 
-from engine_core.cpu_binding import release_thread
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.structured_output.params import StructuredOutputsParams
 
@@ -115,9 +114,7 @@ class GrammarCache:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_entries = max_entries
-        # Started by the engine's thread, which may be bound to one CPU: this one floats.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar",
-                                            initializer=release_thread)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         make_info = info if callable(info) else (lambda: info)
         # xgrammar's own cache is off: this one is bounded by entries and keyed on our spec.
         self._compiler = self._executor.submit(

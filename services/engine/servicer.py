@@ -22,7 +22,6 @@ from typing import Any
 import grpc
 from opentelemetry import context as otel_context
 
-from engine_core.compute_slice import lengthen_compute_slice, slice_from_env
 from engine_core.config import EngineArgs
 from engine_core.core.add_burst import ADD_QUIET_S, AddBursts
 from engine_core.engine_core import EngineCore
@@ -50,12 +49,9 @@ MAX_IN_FLIGHT = 256
 BACK_TO_BACK_MIN_S = 0.02
 
 
-def core_executor(slice_ns: int = 0) -> ThreadPoolExecutor:
-    """One thread: the core is not thread-safe, and the loop must stay free for health checks.
-    With `slice_ns`, the thread and its OpenMP team take a long time slice as they start, so the
-    event loop and the other stages run the moment they wake (engine_core/compute_slice.py)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-core",
-                              initializer=lengthen_compute_slice, initargs=(slice_ns,))
+def core_executor() -> ThreadPoolExecutor:
+    # One thread: the core is not thread-safe, and the loop must stay free for health checks.
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-core")
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -98,11 +94,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                                               max_waiting_requests=4 * engine_args.max_num_seqs)
         # Before the thread exists: its first allocation picks its malloc arena for good.
         tune_cpu_allocator()
-        executor = core_executor(slice_from_env())
+        executor = core_executor()
         core = executor.submit(EngineCore.from_engine_args, engine_args).result()
-        # Its threads never stack on one CPU (cpu_binding.py); a first tensor-parallel rank
-        # takes the first share of the CPUs, its workers the next.
-        executor.submit(core.bind_compute_threads).result()
+        # The first step after idle on one CPU per thread (cpu_binding.py); a bad
+        # STRAND_CPU_BIND is the ValueError here, before the stage serves.
+        executor.submit(core.spread_team_after_idle).result()
         stats = StatsLogger(engine_args.stats_interval_s) if engine_args.log_stats else None
         return cls(core, core.model_config.model_dir, executor, stats, auto_step, name,
                    add_quiet_s)

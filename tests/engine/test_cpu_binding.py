@@ -1,5 +1,6 @@
-"""The engine's OpenMP team bound one thread per CPU (cpu_binding.py says why), in a thread of its
-own so the test process's threads keep their CPUs."""
+"""The engine's OpenMP team spread one thread per CPU for the first step after idle
+(cpu_binding.py says why), each test in a thread of its own so the test process's threads keep
+their CPUs."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ import pytest
 import torch
 
 from engine_core import cpu_binding
+from engine_core.config import EngineArgs
+from engine_core.sampling_params import SamplingParams
 
 CPUS = sorted(os.sched_getaffinity(0))
-needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="binding needs two CPUs")
+needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="spreading needs two CPUs")
 
 
-def _in_thread(fn: Callable[[], Any]) -> Any:
-    """fn on a new thread with a 2-thread torch team; its result."""
+def _in_thread(fn: Callable[[], Any], threads: int = 2) -> Any:
+    """fn on a new thread with a torch team of `threads`; its result."""
     box: dict[str, Any] = {}
 
     def run() -> None:
-        torch.set_num_threads(2)
+        torch.set_num_threads(threads)
         try:
             box["result"] = fn()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
@@ -38,91 +41,95 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     return box["result"]
 
 
-def _single_cpu_threads() -> dict[int, set[int]]:
-    out = {}
-    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
-        try:
-            cpus = os.sched_getaffinity(int(tid))
-        except OSError:  # the thread ended meanwhile
-            continue
-        if len(cpus) == 1 and cpus != set(CPUS):
-            out[int(tid)] = cpus
-    return out
-
-
 @needs_two_cpus
-def test_each_thread_of_the_team_gets_a_cpu_of_its_own() -> None:
+def test_the_team_is_on_one_cpu_each_while_spread_and_floats_after() -> None:
     a = torch.randn(256, 256)
 
-    def body() -> tuple[list[int] | None, set[int], dict[int, set[int]], torch.Tensor, set[int]]:
-        before = _single_cpu_threads()
-        cpus = cpu_binding.bind_compute_threads()
-        mine = os.sched_getaffinity(0)
-        team = {t: c for t, c in _single_cpu_threads().items() if t not in before}
-        child: dict[str, set[int]] = {}
-        helper = threading.Thread(target=lambda: child.setdefault("cpus", os.sched_getaffinity(0)))
-        helper.start()
-        helper.join()
-        return cpus, mine, team, a @ a, child["cpus"]
+    def body() -> dict[str, Any]:
+        spread = cpu_binding.team_spread()
+        assert spread is not None
+        seen: dict[str, Any] = {"ids": spread.thread_ids, "cpus": spread.cpus,
+                                "me": threading.get_native_id()}
+        with spread:
+            seen["inside"] = [os.sched_getaffinity(tid) for tid in spread.thread_ids]
+            seen["product"] = a @ a
+        seen["after"] = [os.sched_getaffinity(tid) for tid in spread.thread_ids]
+        return seen
 
-    cpus, mine, team, product, inherited = _in_thread(body)
-    assert cpus == CPUS[:2]
-    assert mine == {CPUS[0]}
-    # The calling thread and one worker, on the two CPUs.
-    assert sorted(next(iter(c)) for c in team.values()) == CPUS[:2]
-    torch.testing.assert_close(product, a @ a)  # the bound team still computes
-    assert inherited == {CPUS[0]}  # a thread the bound one starts inherits its CPU
-
-
-@needs_two_cpus
-def test_a_helper_thread_floats_again_after_release() -> None:
-    def body() -> set[int]:
-        cpu_binding.bind_compute_threads()
-        seen: dict[str, set[int]] = {}
-
-        def helper() -> None:
-            cpu_binding.release_thread()
-            seen["cpus"] = os.sched_getaffinity(0)
-        thread = threading.Thread(target=helper)
-        thread.start()
-        thread.join()
-        return seen["cpus"]
-
-    assert _in_thread(body) == set(CPUS)
+    seen = _in_thread(body)
+    assert seen["cpus"] == CPUS[:2]
+    assert seen["ids"][0] == seen["me"] and len(set(seen["ids"])) == 2  # the caller and a worker
+    assert seen["inside"] == [{CPUS[0]}, {CPUS[1]}]
+    torch.testing.assert_close(seen["product"], a @ a)  # the spread team still computes
+    assert seen["after"] == [set(CPUS), set(CPUS)]
 
 
 @pytest.mark.parametrize("env", [{"STRAND_CPU_BIND": "off"}, {"OMP_PROC_BIND": "close"},
                                  {"GOMP_CPU_AFFINITY": "0-1"}])
-def test_the_users_choice_leaves_the_threads_where_they_are(
+def test_the_users_choice_leaves_placement_to_the_kernel(
         env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert _in_thread(lambda: (cpu_binding.bind_compute_threads(),
-                               os.sched_getaffinity(0))) == (None, set(CPUS))
+    assert _in_thread(cpu_binding.team_spread) is None
 
 
-def test_a_slot_past_the_allowed_cpus_binds_nothing() -> None:
-    assert _in_thread(lambda: (cpu_binding.bind_compute_threads(slot=len(CPUS)),
-                               os.sched_getaffinity(0))) == (None, set(CPUS))
-
-
-def test_one_thread_is_left_to_the_scheduler() -> None:
-    def body() -> tuple[list[int] | None, set[int]]:
-        torch.set_num_threads(1)
-        return cpu_binding.bind_compute_threads(), os.sched_getaffinity(0)
-    assert _in_thread(body) == (None, set(CPUS))
+def test_a_slot_past_the_allowed_cpus_or_one_thread_spreads_nothing() -> None:
+    assert _in_thread(lambda: cpu_binding.team_spread(slot=len(CPUS))) is None
+    assert _in_thread(cpu_binding.team_spread, threads=1) is None
 
 
 def test_an_unknown_mode_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRAND_CPU_BIND", "yes")
     with pytest.raises(ValueError, match="STRAND_CPU_BIND must be one of auto, off, got 'yes'"):
-        cpu_binding.bind_compute_threads()
+        cpu_binding.team_spread()
 
 
 @needs_two_cpus
-def test_the_engine_stage_binds_its_core_thread_and_leaves_its_loop_free(
-        tiny_model_dir: Path) -> None:
-    from engine_core.config import EngineArgs
+def test_only_the_first_step_after_idle_runs_spread(tiny_model_dir: Path) -> None:
+    from engine_core.engine_core import EngineCore
+
+    def body() -> list[set[int]]:
+        core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                      kv_cache_memory=8 * 1024**2))
+        placements: list[set[int]] = []
+        execute = core.runner.execute_model
+
+        def recording(scheduler_output: Any) -> Any:
+            placements.append(os.sched_getaffinity(0))
+            return execute(scheduler_output)
+        core.runner.execute_model = recording  # type: ignore[method-assign]
+        try:
+            assert core.spread_team_after_idle()
+            params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+            for name in ("a", "b"):  # two requests, one after the other: two idle gaps
+                core.add_request(_request(core, name, params))
+                while core.has_unfinished_requests():
+                    core.step()
+        finally:
+            core.shutdown()
+        return placements
+
+    placements = _in_thread(body)
+    # Three steps a request (the prompt, then two decodes); the first of each on one CPU.
+    assert placements == [{CPUS[0]}, set(CPUS), set(CPUS)] * 2
+
+
+def test_with_a_batch_queue_nothing_is_spread(tiny_model_dir: Path) -> None:
+    from engine_core.engine_core import EngineCore
+
+    def body() -> bool:
+        core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                      kv_cache_memory=8 * 1024**2,
+                                                      max_concurrent_batches=2))
+        try:
+            return core.spread_team_after_idle()
+        finally:
+            core.shutdown()
+    assert _in_thread(body) is False
+
+
+@needs_two_cpus
+def test_the_engine_stage_spreads_its_core_threads_team(tiny_model_dir: Path) -> None:
     from services.engine.servicer import EngineServicer
 
     own = torch.get_num_threads()
@@ -133,31 +140,18 @@ def test_the_engine_stage_binds_its_core_thread_and_leaves_its_loop_free(
     finally:
         torch.set_num_threads(own)
     try:
-        core_cpus = servicer.thread.submit(os.sched_getaffinity, 0).result()
-        assert core_cpus == {CPUS[0]}
-        assert os.sched_getaffinity(0) == set(CPUS)  # this (the event loop's) thread floats
+        spread = servicer.core._team_spread
+        assert spread is not None and spread.cpus == CPUS[:2]
+        core_thread = servicer.thread.submit(threading.get_native_id).result()
+        assert spread.thread_ids[0] == core_thread
+        # At rest every thread floats.
+        assert all(os.sched_getaffinity(tid) == set(CPUS) for tid in spread.thread_ids)
     finally:
         servicer.close()
 
 
-@needs_two_cpus
-def test_with_a_batch_queue_the_worker_that_runs_the_forward_is_bound(
-        tiny_model_dir: Path) -> None:
-    from engine_core.config import EngineArgs
-    from engine_core.engine_core import EngineCore
+def _request(core: Any, request_id: str, params: SamplingParams) -> Any:
+    from engine_core.core.engine_io import EngineCoreRequest
 
-    def body() -> tuple[list[int] | None, set[int], set[int]]:
-        core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
-                                                      kv_cache_memory=8 * 1024**2,
-                                                      max_concurrent_batches=2))
-        try:
-            cpus = core.bind_compute_threads()
-            assert core.batch_queue is not None
-            worker = core.batch_queue.call(lambda: os.sched_getaffinity(0))
-            return cpus, worker, os.sched_getaffinity(0)
-        finally:
-            core.shutdown()
-
-    cpus, worker, caller = _in_thread(body)
-    assert cpus == CPUS[:2] and worker == {CPUS[0]}
-    assert caller == set(CPUS)  # the thread that schedules floats
+    return EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 5, 9, 13, 17],
+                             sampling_params=params, eos_token_id=None)
