@@ -9,9 +9,9 @@ token 16-30 ms late instead of 8), never to the steps that followed; the engine 
 is woken by its event loop, while an in-process loop's wakes from its own timer, and the latter
 did not show it (benchmarks/README.md, session 24).
 
-Binding each thread to one CPU for good, as vLLM's CPU worker does, ended it, and cost 40-50% of
-decode speed as soon as another process kept a CPU busy: a bound thread cannot move off the busy
-CPU, and the team runs at the pace of its slowest thread. So the team is bound only around the
+Binding each thread to one CPU for good, as vLLM's CPU worker does, ended it, and made requests
+take 1.4-1.5x as long while other processes kept the CPUs busy: a bound thread cannot move off a
+busy CPU, and the team runs at the pace of its slowest thread. So the team is bound only around the
 first step after the engine was idle (`TeamSpread`, used by EngineCore.step), and floats again
 after it; under steady load there is no such step.
 
