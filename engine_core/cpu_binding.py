@@ -57,13 +57,18 @@ class TeamSpread:
 
     def __enter__(self) -> TeamSpread:
         self._saved = []
-        for tid, cpu in zip(self.thread_ids, self.cpus, strict=True):
+        try:
+            before = [os.sched_getaffinity(tid) for tid in self.thread_ids]
+        except OSError:  # a thread ended (the team was rebuilt): leave them be
+            return self
+        if any(cpu not in cpus for cpu, cpus in zip(self.cpus, before, strict=True)):
+            return self  # someone placed the threads since (taskset): theirs to place
+        for tid, cpu, cpus in zip(self.thread_ids, self.cpus, before, strict=True):
             try:
-                before = os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, {cpu})
-            except OSError:  # the thread ended, or a sandbox refuses: leave it be
+            except OSError:  # a sandbox refuses: leave it be
                 continue
-            self._saved.append((tid, before))
+            self._saved.append((tid, cpus))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -24,6 +24,12 @@ def test_a_run_reports_ttft_cpu_and_alternating_throughput_pairs(
                             "--output-json", str(out)])
     data = json.loads(out.read_text())
     assert data["ttft_ms"]["ring_p50"] > 0 and data["ttft_ms"]["in_process_p50"] > 0
+    # Lone requests after the floor's idle gap, and the tail beside the median.
+    assert data["ttft_gap_ms"] == 20.0
+    assert data["ttft_ms"]["ring_p90"] >= data["ttft_ms"]["ring_p50"]
+    assert data["ttft_ms"]["in_process_p90"] >= data["ttft_ms"]["in_process_p50"]
+    assert "TTFT p50 ms, after 20 ms idle" in stdout.getvalue()
+    assert "TTFT p90 ms: " in stdout.getvalue()
     hop = data["grpc_hop_ms"]
     # The stack's stages are on this host, so they link: the floor counts four link hops.
     assert data["stage_transport"] == "link"
@@ -100,3 +106,9 @@ def test_a_bare_hop_is_timed_between_two_processes() -> None:
     assert 0 < hops["grpc_unix_busy_ms"] < 1000 and 0 < hops["grpc_unix_after_gap_ms"] < 1000
     with pytest.raises(ValueError, match="count must be >= 1"):
         measure_hops(count=0)
+
+
+def test_the_idle_gap_refuses_a_bad_value_by_name() -> None:
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        ring_overhead.main(["--ttft-gap-ms", "-5"])
+    assert "--ttft-gap-ms must be in [0, 10000], got -5" in err.getvalue()

@@ -155,3 +155,18 @@ def _request(core: Any, request_id: str, params: SamplingParams) -> Any:
 
     return EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 5, 9, 13, 17],
                              sampling_params=params, eos_token_id=None)
+
+
+@needs_two_cpus
+def test_threads_placed_elsewhere_since_are_left_where_they_are() -> None:
+    def body() -> tuple[set[int], set[int]]:
+        spread = cpu_binding.team_spread()
+        assert spread is not None
+        os.sched_setaffinity(0, {CPUS[1]})  # as `taskset -p` would, after the engine started
+        try:
+            with spread:
+                inside = os.sched_getaffinity(0)
+            return inside, os.sched_getaffinity(0)
+        finally:
+            os.sched_setaffinity(0, set(CPUS))
+    assert _in_thread(body) == ({CPUS[1]}, {CPUS[1]})
