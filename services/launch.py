@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import UserError
+from services.common.ports import free_ports
 from services.common.server import READINESS
 from services.common.stage_auth import STAGE_TOKEN_ENV, new_stage_token, stage_token
 from services.common.stage_link import transport
@@ -96,9 +97,7 @@ def check_port_free(host: str, port: int, flag: str = "--port") -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(host, 1)[0]
 
 
 def wait_healthy(address: str, timeout: float, process: subprocess.Popen[bytes] | None = None,
@@ -349,8 +348,10 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
     for health."""
     transport()  # a bad STRAND_STAGE_TRANSPORT: one ValueError here, not a failing stage each
     names = ["tokenizer", *config.engine_names, "detokenizer"]
-    ports = {name: free_port(config.host) for name in names}
-    ports["gateway"] = config.gateway_port or free_port(config.host)
+    # Chosen together: distinct, and out of the way of the stages' own connections (ports.py).
+    chosen = free_ports(config.host, len(names) + 1)
+    ports = dict(zip(names, chosen, strict=False))
+    ports["gateway"] = config.gateway_port or chosen[-1]
     stack = Stack(config, ports)
     stack.metrics_ports = metrics_ports(
         config.host, config.metrics_port,
@@ -382,7 +383,7 @@ def metrics_ports(host: str, first: int | None,
     if first is None:
         return {}
     if first == 0:
-        return {name: free_port(host) for name in names}
+        return dict(zip(names, free_ports(host, len(names)), strict=True))
     if not 0 < first <= 65535 - len(names) + 1:
         raise ValueError(f"metrics_port must be in [1, {65535 - len(names) + 1}] "
                          f"({len(names)} ports from it), got {first}")
