@@ -5,7 +5,7 @@ after a short spin (openmp_env.py), and after an idle gap the kernel sometimes w
 threads onto one CPU while the other stayed idle; they then took turns at every barrier and the
 step ran 2-4x longer (`perf sched` showed both threads on CPU 1 and CPU 0 idle). It happened to
 the first step after the gap only, to 5-18 of 60-80 lone requests over the ring (their first
-token 16-30 ms late instead of 8), never to the steps that followed; the engine stage's thread
+token 16-47 ms late instead of 8-9), never to the steps that followed; the engine stage's thread
 is woken by its event loop, while an in-process loop's wakes from its own timer, and the latter
 did not show it (benchmarks/README.md, session 24).
 
@@ -17,8 +17,8 @@ after it; under steady load there is no such step.
 
 The team's thread ids come from one parallel region in which each thread reports itself
 (`team_spread`): libgomp keeps the same threads for the calling thread's later regions of the
-same size. Nothing is spread with one thread, when the slot's CPUs are not all allowed, when the
-user chose OpenMP placement (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY), without libgomp, or
+same size. Nothing is spread with one thread, with fewer allowed CPUs than threads, when the user
+chose OpenMP placement (OMP_PROC_BIND, OMP_PLACES, GOMP_CPU_AFFINITY), without libgomp, or
 with STRAND_CPU_BIND=off.
 """
 
@@ -81,20 +81,20 @@ class TeamSpread:
         self._saved = []
 
 
-def team_spread(slot: int = 0) -> TeamSpread | None:
-    """The calling thread's OpenMP team (torch's thread count), thread i to go on the i-th CPU
-    of the slot's share of the allowed CPUs; None where nothing should be spread."""
+def team_spread() -> TeamSpread | None:
+    """The calling thread's OpenMP team (torch's thread count), thread i to go on the i-th
+    allowed CPU; None where nothing should be spread."""
     if binding_mode() == "off" or any(name in os.environ for name in _USER_PLACEMENT):
         return None
     import torch
 
     threads = torch.get_num_threads()
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    cpus = allowed[slot * threads:(slot + 1) * threads]
+    cpus = allowed[:threads]
     gomp = _libgomp()
     if threads < 2 or len(cpus) < threads or gomp is None:
-        logger.debug("compute threads left to the kernel (%d threads, %d CPUs allowed, slot %d)",
-                     threads, len(allowed), slot)
+        logger.debug("compute threads left to the kernel (%d threads, %d CPUs allowed)",
+                     threads, len(allowed))
         return None
     ids: dict[int, int] = {}
 

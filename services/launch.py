@@ -349,9 +349,9 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
     transport()  # a bad STRAND_STAGE_TRANSPORT: one ValueError here, not a failing stage each
     names = ["tokenizer", *config.engine_names, "detokenizer"]
     # Chosen together: distinct, and out of the way of the stages' own connections (ports.py).
-    chosen = free_ports(config.host, len(names) + 1)
-    ports = dict(zip(names, chosen, strict=False))
-    ports["gateway"] = config.gateway_port or chosen[-1]
+    *stage_ports, gateway_port = free_ports(config.host, len(names) + 1)
+    ports = dict(zip(names, stage_ports, strict=True))
+    ports["gateway"] = config.gateway_port or gateway_port
     stack = Stack(config, ports)
     stack.metrics_ports = metrics_ports(
         config.host, config.metrics_port,

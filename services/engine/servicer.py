@@ -24,6 +24,7 @@ from opentelemetry import context as otel_context
 
 from engine_core.config import EngineArgs
 from engine_core.core.add_burst import ADD_QUIET_S, AddBursts
+from engine_core.cpu_binding import binding_mode
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from engine_core.model_executor.model_config import dtype_name
@@ -92,12 +93,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             # instead of a queue that grows until clients time out.
             engine_args = dataclasses.replace(engine_args,
                                               max_waiting_requests=4 * engine_args.max_num_seqs)
+        binding_mode()  # an unreadable STRAND_CPU_BIND: a ValueError before the model loads
         # Before the thread exists: its first allocation picks its malloc arena for good.
         tune_cpu_allocator()
         executor = core_executor()
         core = executor.submit(EngineCore.from_engine_args, engine_args).result()
-        # The first step after idle on one CPU per thread (cpu_binding.py); a bad
-        # STRAND_CPU_BIND is the ValueError here, before the stage serves.
+        # The first step after idle on one CPU per thread (cpu_binding.py).
         executor.submit(core.spread_team_after_idle).result()
         stats = StatsLogger(engine_args.stats_interval_s) if engine_args.log_stats else None
         return cls(core, core.model_config.model_dir, executor, stats, auto_step, name,

@@ -73,8 +73,11 @@ def test_the_users_choice_leaves_placement_to_the_kernel(
     assert _in_thread(cpu_binding.team_spread) is None
 
 
-def test_a_slot_past_the_allowed_cpus_or_one_thread_spreads_nothing() -> None:
-    assert _in_thread(lambda: cpu_binding.team_spread(slot=len(CPUS))) is None
+def test_fewer_allowed_cpus_than_threads_or_one_thread_spreads_nothing() -> None:
+    def on_one_cpu() -> cpu_binding.TeamSpread | None:
+        os.sched_setaffinity(0, {CPUS[0]})  # this thread only: it ends with the test
+        return cpu_binding.team_spread()
+    assert _in_thread(on_one_cpu) is None
     assert _in_thread(cpu_binding.team_spread, threads=1) is None
 
 

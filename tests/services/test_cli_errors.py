@@ -152,6 +152,16 @@ def test_a_stage_alone_checks_its_model_path_first(
         f"strand {stage}: error: model directory {missing!r} does not exist (--model)"]
 
 
+def test_an_engine_stage_with_a_bad_cpu_binding_says_so_before_loading(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        strand_here: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    monkeypatch.setenv("STRAND_CPU_BIND", "yes")
+    result = strand_here("engine", "--model", str(tiny_model_dir), "--port", "0")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "strand engine: error: STRAND_CPU_BIND must be one of auto, off, got 'yes'"]
+
+
 class _Unavailable(grpc.RpcError):
     def __init__(self, details: str) -> None:
         self._details = details
