@@ -3,8 +3,9 @@
 A port is chosen before its service binds it (the service is another process, started later).
 A port that `bind(0)` hands out lies in the ephemeral range, the same range the kernel takes
 ports from for outgoing connections: the stages connect to each other and the gateway to them
-over loopback while the others are still starting, and one such connection took a port chosen
-for an engine ("cannot listen on 127.0.0.1:48685", seen once with two stacks on one host). Below
+over loopback while the others are still starting. An engine once found its chosen port taken
+("cannot listen on 127.0.0.1:48685", two stacks on one host), most likely by such a connection
+(not caught in the act); two `bind(0)` calls may also hand out the same port. Below
 the range no outgoing connection takes a port, and the ports chosen together are held until all
 are chosen, so no two services of a stack get the same one; the ports handed out lately are
 not handed out again (a stack's metrics ports are chosen after its stage ports, by then free).
