@@ -36,6 +36,10 @@ class ThreadTimes:
 class ThreadClock:
     """One process's per-thread schedstat counters (nanoseconds, finer than /proc's 10 ms ticks).
 
+    A thread on a core is counted up to its last tick or switch (up to 4 ms behind at HZ=250):
+    fine for processes that sleep between requests, wrong for a busy caller timing a short run of
+    its own, whose reading can come out 0 (that caller reads time.process_time instead).
+
     `since` adds up each thread's growth, not the difference of two sums over the live threads:
     a thread that ends between the snapshots would take its whole lifetime's counts out of the
     second sum, and a run could come out negative. Here such a thread's last share is lost (its
