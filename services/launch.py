@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engine_core.ports import free_ports
 from services.common.errors import UserError
-from services.common.ports import free_ports
 from services.common.server import READINESS
 from services.common.stage_auth import STAGE_TOKEN_ENV, new_stage_token, stage_token
 from services.common.stage_link import transport

@@ -13,7 +13,6 @@ step runs under the group's timeout.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -36,6 +35,7 @@ from engine_core.errors import WorkerFailedError
 from engine_core.lora.manager import apply_mirrored
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.ports import free_ports
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,10 +45,9 @@ LOAD_TIMEOUT_S = 1800.0  # a worker loading its shard or profiling memory
 
 
 def free_port(host: str) -> int:
-    """An ephemeral port for the group's store on a single node (the OS picks an unused one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free port for the group's store on a single node, below the ephemeral range: the
+    workers' own connections take ports from that range while the store is not yet bound."""
+    return free_ports(host, 1)[0]
 
 
 class TPDriverRunner(ModelRunner):

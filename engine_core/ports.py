@@ -1,6 +1,8 @@
-"""Free ports for a stack's services, from outside the kernel's ephemeral range.
+"""Free ports for a stack's services and a process group's store, from outside the kernel's
+ephemeral range.
 
-A port is chosen before its service binds it (the service is another process, started later).
+A port is chosen before its service binds it (the service is another process, started later;
+torch.distributed's store is bound by rank 0 after the workers are spawned).
 A port that `bind(0)` hands out lies in the ephemeral range, the same range the kernel takes
 ports from for outgoing connections: the stages connect to each other and the gateway to them
 over loopback while the others are still starting. An engine once found its chosen port taken

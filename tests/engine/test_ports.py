@@ -1,4 +1,5 @@
-"""A stack's ports: distinct, free, and out of the kernel's range for outgoing connections."""
+"""Ports chosen ahead of their listeners: distinct, free, and out of the kernel's range for
+outgoing connections (a stack's services, a process group's store)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import socket
 
 import pytest
 
-from services.common import ports
+from engine_core import ports
 
 
 def test_ports_chosen_together_are_distinct_free_and_below_the_ephemeral_range() -> None:
@@ -31,3 +32,14 @@ def test_without_room_below_the_range_the_kernel_picks(monkeypatch: pytest.Monke
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST_PORT + 10, 65535))
     (port,) = ports.free_ports("127.0.0.1", 1)
     assert real_low <= port <= real_high  # bind(0)'s pick, not one of the ten below
+
+
+def test_a_process_groups_store_port_is_below_the_ephemeral_range() -> None:
+    from engine_core.distributed.driver import free_port
+
+    low, _high = ports.ephemeral_range()
+    port = free_port("127.0.0.1")
+    if low - ports.LOWEST_PORT >= 200:
+        assert ports.LOWEST_PORT <= port < low
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
