@@ -153,6 +153,47 @@ def test_the_engine_stage_spreads_its_core_threads_team(tiny_model_dir: Path) ->
         servicer.close()
 
 
+@needs_two_cpus
+def test_async_llm_spreads_its_own_threads_team_for_the_first_step_after_idle(
+        tiny_model_dir: Path) -> None:
+    """AsyncLLM steps on a thread of its own: that thread leads the spread team, everything
+    floats at rest, and each request after an idle gap starts with its first step spread."""
+    import asyncio
+
+    from engine_core.async_llm import AsyncLLM
+
+    own = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        llm = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                   kv_cache_memory=8 * 1024**2))
+    finally:
+        torch.set_num_threads(own)
+    core = llm.engine.engine_core
+    placements: list[set[int]] = []
+    execute = core.runner.execute_model
+
+    def recording(scheduler_output: Any) -> Any:
+        placements.append(os.sched_getaffinity(0))
+        return execute(scheduler_output)
+    core.runner.execute_model = recording  # type: ignore[method-assign]
+
+    async def two_requests() -> None:
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        for name in ("a", "b"):  # one after the other: the engine goes idle between them
+            async for _ in llm.generate({"prompt_token_ids": [1, 5, 9, 13, 17]}, params, name):
+                pass
+    try:
+        asyncio.run(two_requests())  # its thread spreads before it takes the first command
+        spread = core._team_spread
+        assert spread is not None and spread.cpus == CPUS[:2]
+        assert spread.thread_ids[0] == llm._thread.native_id
+        assert all(os.sched_getaffinity(tid) == set(CPUS) for tid in spread.thread_ids)
+    finally:
+        llm.shutdown()
+    assert placements == [{CPUS[0]}, set(CPUS), set(CPUS)] * 2
+
+
 def _request(core: Any, request_id: str, params: SamplingParams) -> Any:
     from engine_core.core.engine_io import EngineCoreRequest
 
