@@ -7,7 +7,7 @@ detokenizer, so a slow detokenizer slows the engine instead of growing memory.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from services._proto.strand.v1 import engine_pb2 as epb
 
@@ -49,7 +49,17 @@ class OutputsHub:
         await sub.queue.put(msg)
         return not sub.closed
 
-    async def stream(self) -> AsyncIterator[epb.EngineStepOutputs]:
+    def offer(self, msg: epb.EngineStepOutputs) -> bool:
+        """Queue one step's outputs if there is room now (True); False when a put must wait.
+        With no subscriber they are taken and lost, as `put` loses them."""
+        sub = self._current
+        if sub is not None:
+            if sub.queue.full():
+                return False
+            sub.queue.put_nowait(msg)
+        return True
+
+    async def stream(self) -> AsyncGenerator[epb.EngineStepOutputs, None]:
         """A new subscription (ending the previous one), for as long as the caller reads."""
         if self._current is not None:
             self._end(self._current)

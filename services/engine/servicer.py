@@ -277,7 +277,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 return more
 
     def _deliver(self, msg: epb.EngineStepOutputs) -> None:
-        """On the loop: a step's message into the hub, in the order the steps ran."""
+        """On the loop: a step's message into the hub, in the order the steps ran: at once when
+        no earlier put waits and the hub has room (a task would first need a turn of the loop of
+        its own, on the way to every token), else by a task that waits for room."""
+        if not self._deliveries and self.hub.offer(msg):
+            self._delivered += 1
+            return
+
         async def put() -> None:
             await self.hub.put(msg)
             self._delivered += 1
