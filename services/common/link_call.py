@@ -66,6 +66,17 @@ class LinkCall:
             write_frame(writer, Kind.MESSAGE, request.SerializeToString())
         return cls(reader, writer, response_type, max_message_bytes)
 
+    def send_now(self, message: Any) -> bool:
+        """Write message's frame at once if the socket's buffer is empty (True: it is sent, no
+        turn of the loop first); False when bytes still wait there, for `write`, which waits
+        for room."""
+        if self._ended is not None:
+            raise self._ended
+        if self._writer.transport.get_write_buffer_size():
+            return False
+        write_frame(self._writer, Kind.MESSAGE, message.SerializeToString())
+        return True
+
     async def write(self, message: Any) -> None:
         if self._ended is not None:
             raise self._ended

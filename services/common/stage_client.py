@@ -56,6 +56,7 @@ class StageClient:
         self.stub = stub_factory(self.channel)
         self.on_lost = on_lost
         self._call: Any = None
+        self._writes_waiting = 0  # write tasks not yet done: later messages queue behind them
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._seq = itertools.count(1)
         self._write_lock = asyncio.Lock()
@@ -69,12 +70,15 @@ class StageClient:
         msg.seq = seq
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
-        # The write runs in a task of its own, shielded: a caller cancelled mid-write (a client
-        # that hung up) must not cancel the write, which would make grpc.aio cancel the whole
-        # shared stream and fail every other request on it. The message is then sent anyway.
-        write = asyncio.get_running_loop().create_task(self._write(msg))
         try:
-            await asyncio.shield(write)
+            if not self._send_now(msg):
+                # The write runs in a task of its own, shielded: a caller cancelled mid-write (a
+                # client that hung up) must not cancel the write, which would make grpc.aio
+                # cancel the whole shared stream and fail every other request on it. The
+                # message is then sent anyway.
+                self._writes_waiting += 1
+                write = asyncio.get_running_loop().create_task(self._write(msg))
+                await asyncio.shield(write)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             self._pending.pop(seq, None)
             raise StageUnavailable(self.stage, _detail(exc)) from exc
@@ -92,10 +96,23 @@ class StageClient:
             raise error_from_pb(resp.error)
         return resp
 
+    def _send_now(self, msg: Any) -> bool:
+        """A linked stream's frame written in the caller's turn when no earlier write waits and
+        the socket has room: the write task's own turn of the loop came first on the way to
+        every request's first token (the gateway's add, the tokenizer's). Nothing to cancel:
+        it is in the socket's buffer when this returns True."""
+        call = self._call
+        if self._writes_waiting or not isinstance(call, LinkCall):
+            return False
+        return call.send_now(msg)
+
     async def _write(self, msg: Any) -> None:
-        async with self._write_lock:
-            call = await self._session()
-            await call.write(msg)
+        try:
+            async with self._write_lock:
+                call = await self._session()
+                await call.write(msg)
+        finally:
+            self._writes_waiting -= 1
 
     async def _session(self) -> Any:
         if self._call is None:

@@ -37,11 +37,13 @@ class EchoEngine(engine_pb2_grpc.EngineServicer):
 
     def __init__(self) -> None:
         self.sessions_ended = asyncio.Event()
+        self.seqs: list[int] = []  # the Session messages in the order they came
 
     async def Session(self, request_iterator: AsyncIterator[epb.EngineRequest],
                       context: Any) -> AsyncIterator[epb.EngineResponse]:
         try:
             async for msg in request_iterator:
+                self.seqs.append(msg.seq)
                 yield epb.EngineResponse(seq=msg.seq)
         finally:
             self.sessions_ended.set()
@@ -128,6 +130,56 @@ def test_session_and_subscription_answer_alike_on_either_transport(transport: st
         finally:
             await client.close()
     asyncio.run(_with_stage(body))
+
+
+def test_linked_calls_are_written_in_their_callers_turn_and_arrive_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the stream is open, a call's frame goes into the socket in the caller's own turn
+    (no write task), unless an earlier write still waits for room: then it queues behind it.
+    Large messages fill the socket so that both ways are taken; the stage sees every message in
+    the order of the calls."""
+    monkeypatch.setenv(TRANSPORT_ENV, "auto")
+    big = [f"request-{i:06d}" for i in range(2000)]  # ~30 KB a message
+
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        tasks = 0
+        write = client._write
+
+        async def counted(msg: Any) -> None:
+            nonlocal tasks
+            tasks += 1
+            await write(msg)
+        client._write = counted  # type: ignore[method-assign]
+        try:
+            await client.call(epb.EngineRequest(query=epb.EngineQuery()))  # opens the stream
+            assert tasks == 1
+            assert (await client.call(epb.EngineRequest(query=epb.EngineQuery()))).seq == 2
+            assert tasks == 1  # written in the call's own turn
+            # A write that had to wait (the socket full, here once by fiat): the call after it
+            # queues behind it even if the socket has room by then.
+            link = client._call
+            send_now = link.send_now
+            refused: list[Any] = []
+
+            def refuse_once(msg: Any) -> bool:
+                if not refused:
+                    refused.append(msg)
+                    return False
+                return bool(send_now(msg))
+            link.send_now = refuse_once
+            await asyncio.gather(*(client.call(epb.EngineRequest(query=epb.EngineQuery()))
+                                   for _ in range(2)))
+            link.send_now = send_now
+            assert tasks == 3 and servicer.seqs == [1, 2, 3, 4]
+            answers = await asyncio.gather(*(client.call(epb.EngineRequest(
+                query=epb.EngineQuery(request_ids=big))) for _ in range(200)))
+            assert sorted(a.seq for a in answers) == list(range(5, 205))
+            assert 3 < tasks < 203  # some waited for room, some went at once
+            assert servicer.seqs == list(range(1, 205))
+        finally:
+            await client.close()
+    asyncio.run(_with_stage(body, max_message_bytes=1 << 20))
 
 
 def test_an_abort_in_the_handler_reaches_the_caller_with_its_code(transport: str) -> None:
