@@ -14,6 +14,11 @@ into one RequestOutputCollector per request, so a consumer that lags gets its ou
 A generate() left early (break, cancellation) aborts its request; abort() ends a stream with a
 last output whose finish_reason is "abort", as vLLM's do. If a step raises, every stream gets the
 error (EngineDeadError) and the engine takes no more requests.
+
+Its OpenMP team is the only one the process should have: the constructor lets go of the
+caller's thread's team (libgomp.py), which torch work done on that thread before leaves behind;
+torch work on other threads while the engine runs brings a second team back, and with it slower
+steps (9% on 2 CPUs, benchmarks/README.md session 25). Run such work in another process.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from engine_core.config import EngineArgs
 from engine_core.core.add_burst import AddBursts
 from engine_core.cpu_binding import binding_mode
 from engine_core.errors import DuplicateRequestError
+from engine_core.libgomp import release_idle_team
 from engine_core.llm_engine import LLMEngine, PromptType
 from engine_core.lora.request import LoRARequest
 from engine_core.output_collector import RequestOutputCollector
@@ -60,6 +66,9 @@ class AsyncLLM:
                                         name="strand-async-llm", daemon=True)
         self._thread.start()
         self.engine = loaded.result()
+        # The caller's own OpenMP team, if torch work on this thread left one, would double the
+        # process's compute threads and shorten every team's spin (libgomp.py): let it go.
+        release_idle_team()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:

@@ -30,12 +30,13 @@ import os
 import threading
 from types import TracebackType
 
+from engine_core.libgomp import PARALLEL_FN, loaded_libgomp
+
 logger = logging.getLogger(__name__)
 
 BIND_ENV = "STRAND_CPU_BIND"
 BIND_VALUES = ("auto", "off")
 _USER_PLACEMENT = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
-_PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def binding_mode() -> str:
@@ -91,7 +92,7 @@ def team_spread() -> TeamSpread | None:
     threads = torch.get_num_threads()
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     cpus = allowed[:threads]
-    gomp = _libgomp()
+    gomp = loaded_libgomp()
     if threads < 2 or len(cpus) < threads or gomp is None:
         logger.debug("compute threads left to the kernel (%d threads, %d CPUs allowed)",
                      threads, len(allowed))
@@ -101,7 +102,7 @@ def team_spread() -> TeamSpread | None:
     def report(_data: int | None) -> None:  # runs on every thread of the team
         ids[int(gomp.omp_get_thread_num())] = threading.get_native_id()
 
-    callback = _PARALLEL_FN(report)  # kept alive through the call
+    callback = PARALLEL_FN(report)  # kept alive through the call
     gomp.GOMP_parallel(callback, None, ctypes.c_uint(threads), ctypes.c_uint(0))
     if sorted(ids) != list(range(threads)):
         logger.warning("found %d of %d compute threads: their placement is left to the kernel",
@@ -110,23 +111,3 @@ def team_spread() -> TeamSpread | None:
     logger.info("compute threads spread over CPUs %s for a step after idle",
                 ",".join(map(str, cpus)))
     return TeamSpread([ids[i] for i in range(threads)], cpus)
-
-
-def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp torch loaded (its team is the one to place), or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libgomp" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-            lib.GOMP_parallel.restype = None
-            lib.GOMP_parallel.argtypes = [_PARALLEL_FN, ctypes.c_void_p, ctypes.c_uint,
-                                          ctypes.c_uint]
-            lib.omp_get_thread_num.restype = ctypes.c_int
-            return lib
-        except (OSError, AttributeError):
-            continue
-    return None

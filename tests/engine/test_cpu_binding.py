@@ -214,3 +214,57 @@ def test_threads_placed_elsewhere_since_are_left_where_they_are() -> None:
         finally:
             os.sched_setaffinity(0, set(CPUS))
     assert _in_thread(body) == ({CPUS[1]}, {CPUS[1]})
+
+
+def _live_threads() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _wait_until_gone(tids: set[int], timeout: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while tids & _live_threads():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@needs_two_cpus
+def test_a_threads_idle_team_is_let_go_and_comes_back_on_demand() -> None:
+    from engine_core.libgomp import release_idle_team
+
+    a = torch.randn(256, 256)
+
+    def body() -> tuple[bool, bool, bool]:
+        spread = cpu_binding.team_spread()  # runs a region: the team exists, its ids known
+        assert spread is not None
+        workers = set(spread.thread_ids[1:])
+        released = release_idle_team()
+        gone = _wait_until_gone(workers)
+        again = bool(torch.allclose(a @ a, (a.double() @ a.double()).float(), atol=1e-3))
+        return released, gone, again
+
+    released, gone, again = _in_thread(body)
+    assert released and gone and again
+
+
+@needs_two_cpus
+def test_async_llm_lets_go_of_its_callers_team(tiny_model_dir: Path) -> None:
+    """Torch work on the caller's thread before AsyncLLM leaves a team beside the engine's;
+    the constructor lets it go, so the process keeps one team of compute threads."""
+    from engine_core.async_llm import AsyncLLM
+
+    def body() -> bool:
+        spread = cpu_binding.team_spread()  # the caller's own team, as torch work leaves it
+        assert spread is not None
+        workers = set(spread.thread_ids[1:])
+        llm = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model_dir),
+                                                   kv_cache_memory=8 * 1024**2))
+        try:
+            return _wait_until_gone(workers)
+        finally:
+            llm.shutdown()
+
+    assert _in_thread(body) is True
