@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ from engine_core.sampling_params import SamplingParams
 
 CPUS = sorted(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="spreading needs two CPUs")
+T = TypeVar("T")
 
 
 def _in_thread(fn: Callable[[], Any], threads: int = 2) -> Any:
@@ -39,6 +40,28 @@ def _in_thread(fn: Callable[[], Any], threads: int = 2) -> Any:
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def _built_with_two_threads(build: Callable[[], T]) -> T:
+    """build() with a torch team of two, this thread's count restored after."""
+    own = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return build()
+    finally:
+        torch.set_num_threads(own)
+
+
+def _recorded_placements(core: Any) -> list[set[int]]:
+    """The CPUs each of the core's steps ran its model on, from now on."""
+    placements: list[set[int]] = []
+    execute = core.runner.execute_model
+
+    def recording(scheduler_output: Any) -> Any:
+        placements.append(os.sched_getaffinity(0))
+        return execute(scheduler_output)
+    core.runner.execute_model = recording
+    return placements
 
 
 @needs_two_cpus
@@ -94,13 +117,7 @@ def test_only_the_first_step_after_idle_runs_spread(tiny_model_dir: Path) -> Non
     def body() -> list[set[int]]:
         core = EngineCore.from_engine_args(EngineArgs(model=str(tiny_model_dir),
                                                       kv_cache_memory=8 * 1024**2))
-        placements: list[set[int]] = []
-        execute = core.runner.execute_model
-
-        def recording(scheduler_output: Any) -> Any:
-            placements.append(os.sched_getaffinity(0))
-            return execute(scheduler_output)
-        core.runner.execute_model = recording  # type: ignore[method-assign]
+        placements = _recorded_placements(core)
         try:
             assert core.spread_team_after_idle()
             params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
@@ -135,13 +152,8 @@ def test_with_a_batch_queue_nothing_is_spread(tiny_model_dir: Path) -> None:
 def test_the_engine_stage_spreads_its_core_threads_team(tiny_model_dir: Path) -> None:
     from services.engine.servicer import EngineServicer
 
-    own = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        servicer = EngineServicer.from_engine_args(EngineArgs(model=str(tiny_model_dir),
-                                                              kv_cache_memory=8 * 1024**2))
-    finally:
-        torch.set_num_threads(own)
+    servicer = _built_with_two_threads(lambda: EngineServicer.from_engine_args(EngineArgs(
+        model=str(tiny_model_dir), kv_cache_memory=8 * 1024**2)))
     try:
         spread = servicer.core._team_spread
         assert spread is not None and spread.cpus == CPUS[:2]
@@ -162,21 +174,10 @@ def test_async_llm_spreads_its_own_threads_team_for_the_first_step_after_idle(
 
     from engine_core.async_llm import AsyncLLM
 
-    own = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        llm = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model_dir),
-                                                   kv_cache_memory=8 * 1024**2))
-    finally:
-        torch.set_num_threads(own)
+    llm = _built_with_two_threads(lambda: AsyncLLM.from_engine_args(EngineArgs(
+        model=str(tiny_model_dir), kv_cache_memory=8 * 1024**2)))
     core = llm.engine.engine_core
-    placements: list[set[int]] = []
-    execute = core.runner.execute_model
-
-    def recording(scheduler_output: Any) -> Any:
-        placements.append(os.sched_getaffinity(0))
-        return execute(scheduler_output)
-    core.runner.execute_model = recording  # type: ignore[method-assign]
+    placements = _recorded_placements(core)
 
     async def two_requests() -> None:
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
