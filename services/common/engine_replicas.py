@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -93,8 +93,18 @@ class EngineReplicas:
         client = self.clients.get(name)
         if client is None:
             raise ValueError(f"engine must be one of {self.names}, got {name!r}")
+        return await self._marking(name, client.call(msg))
+
+    def send(self, name: str, msg: Any) -> Awaitable[Any]:
+        """`call`, its frame written in this turn where it can be (StageClient.send)."""
+        client = self.clients.get(name)
+        if client is None:
+            raise ValueError(f"engine must be one of {self.names}, got {name!r}")
+        return self._marking(name, client.send(msg))
+
+    async def _marking(self, name: str, answer: Awaitable[Any]) -> Any:
         try:
-            return await client.call(msg)
+            return await answer
         except StageUnavailable as exc:
             self._set(name, False, exc.message)
             raise

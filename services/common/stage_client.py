@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -37,6 +38,16 @@ _RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
 # No stage call may wait forever: past this the caller gets DEADLINE_EXCEEDED (generous: one
 # manual step of a large batch on a slow CPU takes tens of seconds).
 CALL_TIMEOUT_S = 120.0
+
+
+@dataclass(slots=True)
+class _Started:
+    """A call past its first, immediate part (StageClient._start)."""
+
+    msg: Any
+    future: asyncio.Future[Any] | None  # None: refused before it was sent (error says why)
+    write: asyncio.Task[None] | None  # the write still to come, when it could not go at once
+    error: BaseException | None  # why it cannot be sent
 
 
 class StageClient:
@@ -64,21 +75,45 @@ class StageClient:
 
     async def call(self, msg: Any) -> Any:
         """Send msg (its seq is set here) and await the matching answer; StageError on error."""
+        return await self._answer(self._start(msg))
+
+    def send(self, msg: Any) -> asyncio.Task[Any]:
+        """`call` as a task, for a caller that runs it beside other work: the frame is written
+        in this turn where the link lets it (a task's own first turn comes later), the answer
+        awaited in the task. Errors come out of the task."""
+        return asyncio.get_running_loop().create_task(self._answer(self._start(msg)))
+
+    def _start(self, msg: Any) -> _Started:
+        """The part of a call that runs at once: its seq, its answer's future, its frame written
+        or its write task made (in order behind any earlier one). Raises nothing."""
         if self._closing:
-            raise StageUnavailable(self.stage, "this stage is shutting down")
-        seq = next(self._seq)
-        msg.seq = seq
+            return _Started(msg, None, None, StageUnavailable(self.stage,
+                                                              "this stage is shutting down"))
+        msg.seq = next(self._seq)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = future
+        self._pending[msg.seq] = future
         try:
-            if not self._send_now(msg):
-                # The write runs in a task of its own, shielded: a caller cancelled mid-write (a
-                # client that hung up) must not cancel the write, which would make grpc.aio
-                # cancel the whole shared stream and fail every other request on it. The
-                # message is then sent anyway.
-                self._writes_waiting += 1
-                write = asyncio.get_running_loop().create_task(self._write(msg))
-                await asyncio.shield(write)
+            if self._send_now(msg):
+                return _Started(msg, future, None, None)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as exc:
+            return _Started(msg, future, None, exc)
+        # The write runs in a task of its own, shielded: a caller cancelled mid-write (a client
+        # that hung up) must not cancel the write, which would make grpc.aio cancel the whole
+        # shared stream and fail every other request on it. The message is then sent anyway.
+        self._writes_waiting += 1
+        write = asyncio.get_running_loop().create_task(self._write(msg))
+        return _Started(msg, future, write, None)
+
+    async def _answer(self, started: _Started) -> Any:
+        seq, future = started.msg.seq, started.future
+        if future is None:
+            assert started.error is not None
+            raise started.error
+        try:
+            if started.error is not None:
+                raise started.error
+            if started.write is not None:
+                await asyncio.shield(started.write)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             self._pending.pop(seq, None)
             raise StageUnavailable(self.stage, _detail(exc)) from exc

@@ -215,8 +215,9 @@ class GatewayFlow:
                                      lora_request=lora_request)
         if arrival_time is not None:
             process.arrival_time = arrival_time
-        call = asyncio.get_running_loop().create_task(self.tokenizer.call(tpb.TokenizerRequest(
-            process=process, trace_context=carrier_from_context(trace.set_span_in_context(span)))))
+        # Written in this turn where the link lets it (StageClient.send), answered in the task.
+        call = self.tokenizer.send(tpb.TokenizerRequest(
+            process=process, trace_context=carrier_from_context(trace.set_span_in_context(span))))
         try:
             resp = await asyncio.shield(call)
         except asyncio.CancelledError:

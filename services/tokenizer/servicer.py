@@ -178,9 +178,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 raise
             return children
         # The engine's add first: it is on the way to the first token (the detokenizer keeps
-        # outputs that beat the state), and each call's write waits for the one before it.
+        # outputs that beat the state). Both are written in this turn where the links let them
+        # (StageClient.send), not in their tasks' first turns after it.
         results: tuple[Any, Any] = await asyncio.gather(
-            self.engines.call(engine, engine_add), self.detokenizer.call(detok_add),
+            self.engines.send(engine, engine_add), self.detokenizer.send(detok_add),
             return_exceptions=True)
         added, detok = results
         for result in (detok, added):

@@ -31,6 +31,9 @@ class FakeStage:
         self.sent.append(msg)
         return await self.answer(msg)
 
+    def send(self, msg: Any) -> asyncio.Task[Any]:
+        return asyncio.get_running_loop().create_task(self.call(msg))
+
     async def answer(self, msg: Any) -> Any:
         return None
 

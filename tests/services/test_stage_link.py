@@ -24,7 +24,7 @@ from services.common.link_server import LinkRegistry, LinkServer
 from services.common.server import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
 from services.common.stage_client import StageClient
 from services.common.stage_link import TRANSPORT_ENV, TRANSPORTS, link_port, stream_method
-from services.common.status import StageError
+from services.common.status import StageError, StageUnavailable
 from services.common.subscriber import Subscriber
 from services.launch import StackConfig, launch_stack
 
@@ -180,6 +180,36 @@ def test_linked_calls_are_written_in_their_callers_turn_and_arrive_in_order(
         finally:
             await client.close()
     asyncio.run(_with_stage(body, max_message_bytes=1 << 20))
+
+
+def test_send_writes_in_the_callers_turn_and_answers_in_its_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """StageClient.send: the frame goes out before the caller's next await (where the link
+    lets it), the answer comes out of the task; a refusal comes out of the task too."""
+    monkeypatch.setenv(TRANSPORT_ENV, "auto")
+
+    async def body(address: str, servicer: EchoEngine) -> None:
+        client = StageClient("engine", address, engine_pb2_grpc.EngineStub)
+        try:
+            await client.call(epb.EngineRequest(query=epb.EngineQuery()))  # opens the stream
+            link = client._call
+            written: list[int] = []
+            send_now = link.send_now
+
+            def recording(msg: Any) -> bool:
+                written.append(msg.seq)
+                return bool(send_now(msg))
+            link.send_now = recording
+            task = client.send(epb.EngineRequest(query=epb.EngineQuery()))
+            assert written == [2]  # before this coroutine gave up its turn
+            assert (await task).seq == 2
+            await client.close()
+            refused = client.send(epb.EngineRequest(query=epb.EngineQuery()))
+            with pytest.raises(StageUnavailable, match="shutting down"):
+                await refused
+        finally:
+            await client.close()
+    asyncio.run(_with_stage(body))
 
 
 def test_an_abort_in_the_handler_reaches_the_caller_with_its_code(transport: str) -> None:

@@ -44,6 +44,9 @@ class FakeStage:
             self.log.append("children=" + ",".join(r.request_id for r in msg.add.requests))
         return SimpleNamespace()
 
+    def send(self, msg: Any) -> asyncio.Task[Any]:
+        return asyncio.get_running_loop().create_task(self.call(msg))
+
 
 class FakeEngines:
     def __init__(self, stage: FakeStage, auto: bool) -> None:
@@ -57,6 +60,9 @@ class FakeEngines:
 
     async def call(self, name: str, msg: Any) -> Any:
         return await self.stage.call(msg)
+
+    def send(self, name: str, msg: Any) -> asyncio.Task[Any]:
+        return self.stage.send(msg)
 
 
 class OneReplica:
