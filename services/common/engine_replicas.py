@@ -90,17 +90,17 @@ class EngineReplicas:
 
     async def call(self, name: str, msg: Any) -> Any:
         """One replica's answer; a replica found down leaves the rotation at once."""
-        client = self.clients.get(name)
-        if client is None:
-            raise ValueError(f"engine must be one of {self.names}, got {name!r}")
-        return await self._marking(name, client.call(msg))
+        return await self._marking(name, self._client(name).call(msg))
 
     def send(self, name: str, msg: Any) -> Awaitable[Any]:
         """`call`, its frame written in this turn where it can be (StageClient.send)."""
+        return self._marking(name, self._client(name).send(msg))
+
+    def _client(self, name: str) -> StageClient:
         client = self.clients.get(name)
         if client is None:
             raise ValueError(f"engine must be one of {self.names}, got {name!r}")
-        return self._marking(name, client.send(msg))
+        return client
 
     async def _marking(self, name: str, answer: Awaitable[Any]) -> Any:
         try:
