@@ -96,8 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     front_ms: list[float] = []
     cpu_ms: list[float] = []
     try:
-        # A Generate call per request, as the front itself makes them (AsyncEngineClient).
-        with EngineClient(stack.gateway_address, timeout=None, multiplex=False) as client:
+        with EngineClient(stack.gateway_address, timeout=None) as client:
             ttft_over_ring(client, prompt, 3)  # warm-up: connections, first steps
             ttft_over_front(stack.address("openai"), str(model_dir), prompt, 3)
             for i in range(args.rounds):

@@ -4,10 +4,9 @@ Two measurements on the same model, engine flags and thread count, in one run:
 
 1. TTFT at low load: one request at a time (nothing else in flight), `--num-ttft` times, each
    after `--ttft-gap-ms` of idle (a user's think time; the floor's gap below). In process:
-   `LLMEngine.add_request` then `step()` until the first output token. Over the ring, on an
-   auto-stepping stack, until the first output with a token, two ways alternating request by
-   request: EngineClient's default (each request a message on one open GenerateStream call)
-   and a `Generate` call per request. The difference of the medians is what the services add.
+   `LLMEngine.add_request` then `step()` until the first output token. Over the ring:
+   a `Generate` stream on an auto-stepping stack, until its first output with a token. The
+   difference of the medians is what the tokenizer -> engine -> detokenizer -> gateway hops add.
 2. CPU seconds per 1000 output tokens for each process of the stack (user + system time from
    /proc, read before and after), under the benchmark's workload sent as concurrent Generate
    streams: where the services spend the machine's cores besides the engine. Also each
@@ -23,10 +22,10 @@ Two measurements on the same model, engine flags and thread count, in one run:
    every core, the ring's run loses about the CPU seconds spent outside the engine.
 
 4. The floor under TTFT added, between bare processes after the idle a lone request finds
-   (benchmarks/grpc_hop.py): the client's first and last hops (a message's round trip on an
-   open stream; for Generate, a new gRPC call answered once), and one stream message for each
-   of the four hops between stages, over the local link (the stages are on one host) or gRPC
-   under STRAND_STAGE_TRANSPORT=grpc. What the ring adds beyond it is Strand's own code.
+   (benchmarks/grpc_hop.py): the client's new gRPC call answered once (its first and last
+   hops), and one stream message for each of the four hops between stages, over the local link
+   (the stages are on one host) or gRPC under STRAND_STAGE_TRANSPORT=grpc. What the ring adds
+   beyond it is Strand's own code.
 
 With `--engine-cpus 0` the engine runs on CPU 0 in both runs (the in-process loop, and the
 engine stage) and the other stages and the client on the remaining CPUs (benchmarks/cpu_pinning.py):
@@ -94,29 +93,17 @@ def ttft_in_process(engine: Any, prompt: list[int], n: int, gap_s: float = 0.0) 
 
 
 def ttft_over_ring(client: Any, prompt: list[int], n: int, gap_s: float = 0.0) -> list[float]:
-    return [_ttft_once(client, prompt, gap_s) for _ in range(n)]
-
-
-def ttft_over_ring_both(stream: Any, calls: Any, prompt: list[int], n: int,
-                        gap_s: float = 0.0) -> tuple[list[float], list[float]]:
-    """n lone requests each way, alternating which goes first: (on the stream, a call each)."""
-    on_stream: list[float] = []
-    on_calls: list[float] = []
-    for i in range(n):
-        for client, times in ((stream, on_stream), (calls, on_calls))[::1 if i % 2 else -1]:
-            times.append(_ttft_once(client, prompt, gap_s))
-    return on_stream, on_calls
-
-
-def _ttft_once(client: Any, prompt: list[int], gap_s: float) -> float:
-    time.sleep(gap_s)
-    start = time.perf_counter()
-    first = None
-    for out in client.generate({"prompt_token_ids": prompt}, _params(2)):
-        if first is None and out.outputs and out.outputs[0].token_ids:
-            first = time.perf_counter() - start
-    assert first is not None, "no token came back"
-    return first
+    times = []
+    for _ in range(n):
+        time.sleep(gap_s)
+        start = time.perf_counter()
+        first = None
+        for out in client.generate({"prompt_token_ids": prompt}, _params(2)):
+            if first is None and out.outputs and out.outputs[0].token_ids:
+                first = time.perf_counter() - start
+        assert first is not None, "no token came back"
+        times.append(first)
+    return times
 
 
 def _p90(values: list[float]) -> float:
@@ -216,19 +203,16 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
     place = Placement(pinned, stages)
     place.client_side()
     try:
-        with EngineClient(stack.gateway_address, timeout=None) as client, \
-                EngineClient(stack.gateway_address, timeout=None, multiplex=False) as calls:
-            ttft_over_ring_both(client, calls, prompt, 3)
+        with EngineClient(stack.gateway_address, timeout=None) as client:
+            ttft_over_ring(client, prompt, 3)
             pids = {**stages, "client (this benchmark)": os.getpid()}
-            log("over the ring: TTFT of single requests, GenerateStream and Generate "
-                "alternating")
+            log("over the ring: TTFT of single requests")
             clocks = {name: ThreadClock(pid) for name, pid in pids.items()}
-            remote, remote_calls = ttft_over_ring_both(client, calls, prompt, args.num_ttft,
-                                                       gap_s)
+            remote = ttft_over_ring(client, prompt, args.num_ttft, gap_s)
             fine = {name: thread_times_since(clock).cpu_s for name, clock in clocks.items()}
             # A lone request's CPU in each process (2 tokens): on a machine whose stages share
             # the engine's cores, much of it lies on the way to the first token.
-            data["cpu_ms_per_lone_request"] = {name: 1e3 * spent / (2 * args.num_ttft)
+            data["cpu_ms_per_lone_request"] = {name: 1e3 * spent / args.num_ttft
                                                for name, spent in fine.items()}
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             log(f"over the ring: {len(requests)} concurrent Generate streams")
@@ -244,11 +228,7 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
                        "ring_p50": 1e3 * statistics.median(remote),
                        "added_p50": 1e3 * (statistics.median(remote) - statistics.median(local)),
                        # The tail: a first step that runs long shows here, not in the median.
-                       "in_process_p90": 1e3 * _p90(local), "ring_p90": 1e3 * _p90(remote),
-                       "generate_call_p50": 1e3 * statistics.median(remote_calls),
-                       "generate_call_p90": 1e3 * _p90(remote_calls),
-                       "generate_call_added_p50": 1e3 * (statistics.median(remote_calls)
-                                                         - statistics.median(local))}
+                       "in_process_p90": 1e3 * _p90(local), "ring_p90": 1e3 * _p90(remote)}
     data["workload"] = {"output_tokens": tokens, "duration_s": duration,
                         "output_tok_per_s": tokens / duration}
     data["cpu_s_per_1000_tokens"] = {name: 1000 * (after[name] - before[name]) / max(tokens, 1)
@@ -261,11 +241,8 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
         iomgr = os.environ.get(grpc_tuning.ENV) == grpc_tuning.IOMGR_TCP
         stage_hop = hops["link_after_gap_ms" if data["stage_transport"] == "link" else
                          "grpc_iomgr_after_gap_ms" if iomgr else "grpc_after_gap_ms"]
-        # The client's two hops: a message's round trip on an open stream (a new call's for
-        # Generate) on a bare server.
-        data["ttft_ms"]["floor"] = hops["grpc_stream_round_trip_ms"] + STAGE_HOPS * stage_hop
-        data["ttft_ms"]["generate_call_floor"] = (hops["grpc_new_call_ms"]
-                                                  + STAGE_HOPS * stage_hop)
+        # The client's two hops are one new call: its round trip on a bare server.
+        data["ttft_ms"]["floor"] = hops["grpc_new_call_ms"] + STAGE_HOPS * stage_hop
     if pairs:
         data["throughput"] = pairs_to_json(pairs)
     return data
@@ -276,21 +253,13 @@ def summary_table(data: dict[str, Any]) -> str:
     floor = f"{ttft['floor']:.2f}" if "floor" in ttft else "-"
     stage_hops = "link" if data.get("stage_transport") == "link" else "gRPC"
     gap = data.get("ttft_gap_ms", 0.0)
-    rows = [["GenerateStream", f"{ttft['in_process_p50']:.2f}", f"{ttft['ring_p50']:.2f}",
-             f"{ttft['added_p50']:.2f}", floor]]
-    if "generate_call_p50" in ttft:
-        call_floor = (f"{ttft['generate_call_floor']:.2f}" if "generate_call_floor" in ttft
-                      else "-")
-        rows.append(["a Generate call each", "", f"{ttft['generate_call_p50']:.2f}",
-                     f"{ttft['generate_call_added_p50']:.2f}", call_floor])
     lines = [format_table([f"TTFT p50 ms, after {gap:g} ms idle", "in process", "ring", "added",
-                           f"floor (client's round trip + {STAGE_HOPS} {stage_hops} hops)"],
-                          rows)]
+                           f"floor (a bare gRPC call + {STAGE_HOPS} {stage_hops} hops)"],
+                          [["", f"{ttft['in_process_p50']:.2f}", f"{ttft['ring_p50']:.2f}",
+                            f"{ttft['added_p50']:.2f}", floor]])]
     if "ring_p90" in ttft:
-        calls = (f", {ttft['generate_call_p90']:.2f} with a Generate call each"
-                 if "generate_call_p90" in ttft else "")
         lines.append(f"TTFT p90 ms: {ttft['in_process_p90']:.2f} in process, "
-                     f"{ttft['ring_p90']:.2f} over the ring{calls}")
+                     f"{ttft['ring_p90']:.2f} over the ring")
     if "grpc_hop_ms" in data:
         hop = data["grpc_hop_ms"]
         lines.append(f"one bare gRPC stream message: {hop['grpc_after_gap_ms']:.3f} ms after "
@@ -298,9 +267,7 @@ def summary_table(data: dict[str, Any]) -> str:
                      f"(its iomgr TCP path: {hop['grpc_iomgr_after_gap_ms']:.3f} and "
                      f"{hop['grpc_iomgr_busy_ms']:.3f} ms); a plain socket after the idle: "
                      f"{hop['socket_after_gap_ms']:.3f} ms, the stages' local link "
-                     f"{hop['link_after_gap_ms']:.3f} ms; client round trips after the idle: "
-                     f"{hop['grpc_stream_round_trip_ms']:.3f} ms on an open stream, "
-                     f"{hop['grpc_new_call_ms']:.3f} ms a new call")
+                     f"{hop['link_after_gap_ms']:.3f} ms")
     cpu, lone = data["cpu_s_per_1000_tokens"], data["cpu_ms_per_lone_request"]
     lines.append(format_table(["process", "CPU s / 1000 output tokens",
                                "CPU ms / lone request"],
