@@ -31,9 +31,8 @@ from services.common.convert import (
     prompt_to_pb,
     request_output_from_pb,
 )
-from services.common.tracing import carrier_from_context, metadata_from_context
+from services.common.tracing import metadata_from_context
 from services.gateway.clients import CLIENT_METADATA
-from services.generate_mux import GenerateMux, StreamError
 
 MAX_MESSAGE_BYTES = 256 * 1024**2
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -93,20 +92,13 @@ class GatewayConnection:
 class EngineClient(GatewayConnection):
     def __init__(self, target: str, api_key: str | None = None,
                  root_certificates: bytes | None = None, timeout: float | None = 300.0,
-                 client_id: str | None = None, multiplex: bool = True) -> None:
+                 client_id: str | None = None) -> None:
         """client_id: this client's identity at the gateway (metadata x-strand-client; requests
         belong to the client that added them). Default: one of its own, so two EngineClients
         never see each other's outputs; clients that must share requests (a front that aborts
-        on a fresh connection) pass the same value.
-
-        multiplex: in auto mode generate() sends its requests on one GenerateStream call
-        (services/generate_mux.py), a message each instead of a call's set-up each; False, or
-        a gateway without GenerateStream: a Generate call per request."""
+        on a fresh connection) pass the same value."""
         super().__init__(make_channel(grpc, target, root_certificates), target, api_key,
                          timeout, client_id)
-        self._multiplex = multiplex
-        self._mux: GenerateMux | None = None
-        self._mux_lock = threading.Lock()
 
     # -- LLMEngine's methods ------------------------------------------------------------------
 
@@ -218,9 +210,6 @@ class EngineClient(GatewayConnection):
         if self._auto_step is None:
             self.get_server_info()
         msg = generate_request(prompt, params, request_id, lora_request)
-        if self._auto_step and self._multiplex:
-            if (yield from self._generate_on_stream(msg)):
-                return
         call = self._stub.Generate(msg, metadata=self._metadata())
         try:
             if self._auto_step:
@@ -230,42 +219,6 @@ class EngineClient(GatewayConnection):
                 yield from self._generate_manual(call)
         finally:
             call.cancel()
-
-    def _generate_on_stream(self, msg: gpb.GenerateRequest
-                            ) -> Generator[RequestOutput, None, bool]:
-        """The request on the client's GenerateStream call; False when the gateway has none
-        (nothing was yielded: the caller falls back to Generate)."""
-        if not msg.request_id:
-            msg.request_id = f"gen-{uuid.uuid4().hex}"
-        mux = self._open_mux()
-        ended = False
-        try:
-            inbox = mux.open(msg, carrier_from_context())
-            for response in mux.responses(msg.request_id, inbox):
-                if response.WhichOneof("kind") == "refused":
-                    ended = True
-                    raise translate(StreamError.refused(response.refused.error), self._target)
-                ended = response.output.finished
-                yield request_output_from_pb(response.output)
-        except grpc.RpcError as exc:
-            ended = True  # the call under it ended: the gateway aborted what ran on it
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
-                self._multiplex = False
-                return False
-            if exc.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-                raise translate(exc, self._target) from exc
-        finally:
-            if ended:
-                mux.release(msg.request_id)
-            else:  # the caller stopped iterating: the request must not run on
-                mux.cancel(msg.request_id)
-        return True
-
-    def _open_mux(self) -> GenerateMux:
-        with self._mux_lock:
-            if self._mux is None or self._mux.broken is not None:
-                self._mux = GenerateMux(self._stub, self._auth)
-            return self._mux
 
     def _generate_manual(self, call: Any) -> Generator[RequestOutput, None, None]:
         try:
@@ -302,8 +255,6 @@ class EngineClient(GatewayConnection):
                     return
 
     def close(self) -> None:
-        if self._mux is not None:
-            self._mux.close()
         self._channel.close()
 
     def __enter__(self) -> EngineClient:

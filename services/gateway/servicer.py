@@ -16,14 +16,12 @@ from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import gateway_pb2_grpc
-from services._proto.strand.v1 import inference_pb2 as ipb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError, status_of
 from services.common.tracing import context_from_metadata, server_span
 from services.gateway.clients import client_identity
 from services.gateway.engine_control import ENGINE_CONTROL_METHODS, EngineControlRpcs
 from services.gateway.flow import GatewayFlow
-from services.gateway.generate_stream import GenerateStreamSession
 from services.gateway.replica_reports import replica_infos
 from services.gateway.stream_outputs import StreamOutputs
 
@@ -204,14 +202,6 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             if not finished:
                 # The client went away (cancelled, deadline): the request must not run on.
                 asyncio.get_running_loop().create_task(self._abort_quietly(internal))
-
-    async def GenerateStream(self, request_iterator: AsyncIterator[ipb.GenerateStreamRequest],
-                             context: grpc.aio.ServicerContext
-                             ) -> AsyncIterator[ipb.GenerateStreamResponse]:
-        session = GenerateStreamSession(self.flow, self.client(context),
-                                        context_from_metadata(context.invocation_metadata()))
-        async for response in session.serve(request_iterator):
-            yield response
 
     async def _abort_quietly(self, request_id: str) -> None:
         try:

@@ -26,23 +26,13 @@ from services._proto.strand.v1 import gateway_pb2 as strand_dot_v1_dot_gateway__
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19strand/v1/inference.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto\"\xe1\x01\n\x15GenerateStreamRequest\x12.\n\x08generate\x18\x01 \x01(\x0b\x32\x1a.strand.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x02 \x01(\tH\x00\x12I\n\rtrace_context\x18\x03 \x03(\x0b\x32\x32.strand.v1.GenerateStreamRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"{\n\x16GenerateStreamResponse\x12*\n\x06output\x18\x01 \x01(\x0b\x32\x18.strand.v1.RequestOutputH\x00\x12-\n\x07refused\x18\x02 \x01(\x0b\x32\x1a.strand.v1.GenerateRefusedH\x00\x42\x06\n\x04kind\"K\n\x0fGenerateRefused\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x15.strand.v1.StageError2\xcb\x04\n\tInference\x12I\n\nAddRequest\x12\x1c.strand.v1.AddRequestRequest\x1a\x1d.strand.v1.AddRequestResponse\x12\x37\n\x04Step\x12\x16.strand.v1.StepRequest\x1a\x17.strand.v1.StepResponse\x12:\n\x05\x41\x62ort\x12\x17.strand.v1.AbortRequest\x1a\x18.strand.v1.AbortResponse\x12\x42\n\x08Generate\x12\x1a.strand.v1.GenerateRequest\x1a\x18.strand.v1.RequestOutput0\x01\x12Y\n\x0eGenerateStream\x12 .strand.v1.GenerateStreamRequest\x1a!.strand.v1.GenerateStreamResponse(\x01\x30\x01\x12j\n\x15HasUnfinishedRequests\x12\'.strand.v1.HasUnfinishedRequestsRequest\x1a(.strand.v1.HasUnfinishedRequestsResponse\x12s\n\x18GetNumUnfinishedRequests\x12*.strand.v1.GetNumUnfinishedRequestsRequest\x1a+.strand.v1.GetNumUnfinishedRequestsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19strand/v1/inference.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto2\xf0\x03\n\tInference\x12I\n\nAddRequest\x12\x1c.strand.v1.AddRequestRequest\x1a\x1d.strand.v1.AddRequestResponse\x12\x37\n\x04Step\x12\x16.strand.v1.StepRequest\x1a\x17.strand.v1.StepResponse\x12:\n\x05\x41\x62ort\x12\x17.strand.v1.AbortRequest\x1a\x18.strand.v1.AbortResponse\x12\x42\n\x08Generate\x12\x1a.strand.v1.GenerateRequest\x1a\x18.strand.v1.RequestOutput0\x01\x12j\n\x15HasUnfinishedRequests\x12\'.strand.v1.HasUnfinishedRequestsRequest\x1a(.strand.v1.HasUnfinishedRequestsResponse\x12s\n\x18GetNumUnfinishedRequests\x12*.strand.v1.GetNumUnfinishedRequestsRequest\x1a+.strand.v1.GetNumUnfinishedRequestsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strand.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATESTREAMREQUEST_TRACECONTEXTENTRY']._loaded_options = None
-  _globals['_GENERATESTREAMREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=89
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=314
-  _globals['_GENERATESTREAMREQUEST_TRACECONTEXTENTRY']._serialized_start=255
-  _globals['_GENERATESTREAMREQUEST_TRACECONTEXTENTRY']._serialized_end=306
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=316
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=439
-  _globals['_GENERATEREFUSED']._serialized_start=441
-  _globals['_GENERATEREFUSED']._serialized_end=516
-  _globals['_INFERENCE']._serialized_start=519
-  _globals['_INFERENCE']._serialized_end=1106
+  _globals['_INFERENCE']._serialized_start=89
+  _globals['_INFERENCE']._serialized_end=585
 # @@protoc_insertion_point(module_scope)

@@ -4,7 +4,6 @@ import grpc
 import warnings
 
 from services._proto.strand.v1 import gateway_pb2 as strand_dot_v1_dot_gateway__pb2
-from services._proto.strand.v1 import inference_pb2 as strand_dot_v1_dot_inference__pb2
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -56,11 +55,6 @@ class InferenceStub:
                 request_serializer=strand_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_types__pb2.RequestOutput.FromString,
                 _registered_method=True)
-        self.GenerateStream = channel.stream_stream(
-                '/strand.v1.Inference/GenerateStream',
-                request_serializer=strand_dot_v1_dot_inference__pb2.GenerateStreamRequest.SerializeToString,
-                response_deserializer=strand_dot_v1_dot_inference__pb2.GenerateStreamResponse.FromString,
-                _registered_method=True)
         self.HasUnfinishedRequests = channel.unary_unary(
                 '/strand.v1.Inference/HasUnfinishedRequests',
                 request_serializer=strand_dot_v1_dot_gateway__pb2.HasUnfinishedRequestsRequest.SerializeToString,
@@ -104,19 +98,6 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GenerateStream(self, request_iterator, context):
-        """Many requests on one long-lived stream (the shape of Triton's ModelStreamInfer): each
-        `generate` message adds a request, whose outputs come back tagged with its request_id, as
-        Generate would stream them; `cancel` aborts one (it then ends with finish_reason "abort");
-        a request the gateway refuses gets a `refused` answer and the stream goes on. A client
-        that half-closes gets the rest of its requests' outputs, then the end; a cancelled call
-        aborts every request still running on it. A new call costs a round trip's worth of set-up
-        on each side; a message on an open stream does not.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def HasUnfinishedRequests(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -151,11 +132,6 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=strand_dot_v1_dot_gateway__pb2.GenerateRequest.FromString,
                     response_serializer=strand_dot_v1_dot_types__pb2.RequestOutput.SerializeToString,
-            ),
-            'GenerateStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.GenerateStream,
-                    request_deserializer=strand_dot_v1_dot_inference__pb2.GenerateStreamRequest.FromString,
-                    response_serializer=strand_dot_v1_dot_inference__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'HasUnfinishedRequests': grpc.unary_unary_rpc_method_handler(
                     servicer.HasUnfinishedRequests,
@@ -276,33 +252,6 @@ class Inference:
             '/strand.v1.Inference/Generate',
             strand_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
             strand_dot_v1_dot_types__pb2.RequestOutput.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def GenerateStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/strand.v1.Inference/GenerateStream',
-            strand_dot_v1_dot_inference__pb2.GenerateStreamRequest.SerializeToString,
-            strand_dot_v1_dot_inference__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
