@@ -17,7 +17,8 @@ so the rest is gRPC's own thread hand-offs. The default path is measured over a 
 stages' local link (services/common/stage_link.py), its own server and call code, after the gap:
 the hop the ring's internal edges take between stages on one host. Last, what a client's
 request pays before any handler work: a new server-streaming call answered with one message, its
-round trip after the gap (what a Generate costs on a bare grpc.aio server).
+round trip after the gap (what a Generate costs on a bare grpc.aio server), and one message's
+round trip on an open bidirectional stream (what a request on GenerateStream's call costs).
 
     python -m benchmarks.grpc_hop --messages 300 --gap-ms 20 --rounds 3
 """
@@ -41,7 +42,7 @@ from services import grpc_tuning
 _METHOD = "/strand.bench.Hop/Echo"
 _PAYLOAD = b"x" * 100  # about one small stage message
 _WARM = 20  # messages that warm the connection, not timed
-_KINDS = ("grpc", "socket", "link", "grpc_call")
+_KINDS = ("grpc", "socket", "link", "grpc_call", "grpc_stream_trip")
 
 
 def _raw(data: bytes) -> bytes:
@@ -177,6 +178,27 @@ async def _grpc_calls(port: int, count: int, gap_s: float) -> list[float]:
         return trips
 
 
+async def _grpc_stream_trips(port: int, count: int, gap_s: float) -> list[float]:
+    """Round trips (not one way) of one message each on an open bidirectional stream: what a
+    request costs on GenerateStream's call before any handler work."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(_address(port, None)) as channel:
+        call = channel.stream_stream(_METHOD, request_serializer=_raw,
+                                     response_deserializer=_raw)()
+        trips = []
+        for i in range(count + _WARM):
+            if gap_s:
+                await asyncio.sleep(gap_s)
+            sent = time.monotonic_ns()
+            await call.write(_PAYLOAD)
+            await call.read()
+            if i >= _WARM:
+                trips.append((time.monotonic_ns() - sent) / 1e6)
+        await call.done_writing()
+        return trips
+
+
 async def _socket_hops(port: int, count: int, gap_s: float) -> list[float]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
@@ -236,8 +258,9 @@ def _hops(kind: str, transport: str, count: int, gap_ms: float, unix: bool = Fal
 def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dict[str, float]:
     """p50 one-way milliseconds (the median over rounds): gRPC on its default TCP path back to
     back and after the gap, the same on its iomgr path and over a Unix socket, a plain socket
-    after the gap, the stages' local link after the gap; and a new server-streaming call's
-    round trip after the gap (grpc_new_call_ms)."""
+    after the gap, the stages' local link after the gap; and round trips after the gap: a new
+    server-streaming call's (grpc_new_call_ms), one message's on an open bidirectional stream
+    (grpc_stream_round_trip_ms)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if rounds < 1:
@@ -259,6 +282,8 @@ def measure_hops(count: int = 300, gap_ms: float = 20.0, rounds: int = 1) -> dic
         runs.setdefault("link_after_gap_ms", []).append(_hops("link", "default", count, gap_ms))
         runs.setdefault("grpc_new_call_ms", []).append(_hops("grpc", "default", count, gap_ms,
                                                              client="grpc_call"))
+        runs.setdefault("grpc_stream_round_trip_ms", []).append(
+            _hops("grpc", "default", count, gap_ms, client="grpc_stream_trip"))
     return {**{name: statistics.median(values) for name, values in runs.items()},
             "gap_ms": gap_ms, "rounds": rounds}
 
@@ -292,7 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         clients = {"grpc": lambda: _grpc_hops(args.port, args.messages, gap_s, args.unix),
                    "socket": lambda: _socket_hops(args.port, args.messages, gap_s),
                    "link": lambda: _link_hops(args.port, args.messages, gap_s),
-                   "grpc_call": lambda: _grpc_calls(args.port, args.messages, gap_s)}
+                   "grpc_call": lambda: _grpc_calls(args.port, args.messages, gap_s),
+                   "grpc_stream_trip": lambda: _grpc_stream_trips(args.port, args.messages,
+                                                                  gap_s)}
         print(json.dumps(asyncio.run(clients[args.client]())))
         return
     hops = measure_hops(args.messages, args.gap_ms, args.rounds)
@@ -305,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
           f"a plain socket after the same idle: "
           f"{hops['socket_after_gap_ms']:.3f} ms; the stages' local link after it: "
           f"{hops['link_after_gap_ms']:.3f} ms; a new server-streaming call answered once, "
-          f"round trip after the idle: {hops['grpc_new_call_ms']:.3f} ms")
+          f"round trip after the idle: {hops['grpc_new_call_ms']:.3f} ms; one message on an "
+          f"open stream, round trip after it: {hops['grpc_stream_round_trip_ms']:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -267,7 +267,9 @@ def summary_table(data: dict[str, Any]) -> str:
                      f"(its iomgr TCP path: {hop['grpc_iomgr_after_gap_ms']:.3f} and "
                      f"{hop['grpc_iomgr_busy_ms']:.3f} ms); a plain socket after the idle: "
                      f"{hop['socket_after_gap_ms']:.3f} ms, the stages' local link "
-                     f"{hop['link_after_gap_ms']:.3f} ms")
+                     f"{hop['link_after_gap_ms']:.3f} ms; the client's round trips after the "
+                     f"idle: {hop['grpc_new_call_ms']:.3f} ms a new call (Generate's), "
+                     f"{hop['grpc_stream_round_trip_ms']:.3f} ms a message on an open stream")
     cpu, lone = data["cpu_s_per_1000_tokens"], data["cpu_ms_per_lone_request"]
     lines.append(format_table(["process", "CPU s / 1000 output tokens",
                                "CPU ms / lone request"],

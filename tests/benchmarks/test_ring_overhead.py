@@ -103,6 +103,7 @@ def test_a_bare_hop_is_timed_between_two_processes() -> None:
     assert 0 < hops["socket_after_gap_ms"] < 1000 and 0 < hops["link_after_gap_ms"] < 1000
     # A new call's round trip: two messages' ways at least, and its setup.
     assert hops["grpc_new_call_ms"] > hops["grpc_busy_ms"]
+    assert hops["grpc_stream_round_trip_ms"] > hops["grpc_busy_ms"]
     assert 0 < hops["grpc_unix_busy_ms"] < 1000 and 0 < hops["grpc_unix_after_gap_ms"] < 1000
     with pytest.raises(ValueError, match="count must be >= 1"):
         measure_hops(count=0)
