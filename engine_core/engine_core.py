@@ -337,6 +337,10 @@ class EngineCore:
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()
 
+    def decodes_only(self) -> bool:
+        """Whether the next step, as things stand, only decodes (Scheduler.decodes_only)."""
+        return self.scheduler.decodes_only()
+
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool:
         return self.scheduler.reset_prefix_cache(reset_running_requests, reset_connector)

@@ -142,6 +142,12 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def decodes_only(self) -> bool:
+        """Whether the next step, as things stand, admits nothing and computes one token per
+        running request: nothing waits, and every running request has its prompt computed."""
+        return len(self.waiting) == 0 and all(
+            r.num_computed_tokens >= r.num_prompt_tokens for r in self.running)
+
     # ---- one step: decide ----------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:

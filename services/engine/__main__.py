@@ -30,13 +30,21 @@ def _main(argv: list[str] | None) -> None:
                              "so a burst of requests joins one step (an add to an idle engine "
                              "steps at once; 0: every add steps at once; "
                              f"at most {1e3 * MAX_ADD_HOLD_S:g}; default %(default)g)")
+    parser.add_argument("--spare-core", choices=("auto", "off"), default="auto",
+                        help="auto mode: after a short step that carried a request's first "
+                             "token, run the next decode step on one thread fewer so the "
+                             "token's way out finds a free CPU (auto: when the engine computes "
+                             "on the CPU with a thread on every CPU it may use, at low load; "
+                             "default %(default)s)")
     args, options = parse_stage_args(parser, argv)
     if not 0 <= args.add_hold_ms <= 1e3 * MAX_ADD_HOLD_S:
         parser.error(f"--add-hold-ms must be in [0, {1e3 * MAX_ADD_HOLD_S:g}], "
                      f"got {args.add_hold_ms:g}")
     servicer = EngineServicer.from_engine_args(checked_engine_args(args), args.auto_step,
                                                name=f"{args.host}:{args.port}",
-                                               add_quiet_s=args.add_hold_ms / 1e3)
+                                               add_quiet_s=args.add_hold_ms / 1e3,
+                                               spare_core=None if args.spare_core == "auto"
+                                               else False)
 
     def register(server: grpc.aio.Server) -> list[str]:
         engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)

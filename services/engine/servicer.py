@@ -20,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import torch
 from opentelemetry import context as otel_context
 
 from engine_core.config import EngineArgs
 from engine_core.core.add_burst import ADD_QUIET_S, AddBursts
+from engine_core.core.engine_io import EngineCoreOutputs
 from engine_core.cpu_binding import binding_mode
 from engine_core.engine_core import EngineCore
 from engine_core.model_executor.cpu_allocator import tune_cpu_allocator
@@ -38,6 +40,7 @@ from services.engine.core_calls import CoreCalls
 from services.engine.core_thread import CoreThread
 from services.engine.kv_events_hub import KvEventsHub
 from services.engine.outputs_hub import OutputsHub
+from services.engine.spare_core import SpareCore, fills_cpus
 
 # Session messages whose core calls are queued but not yet answered (one stage's stream).
 MAX_IN_FLIGHT = 256
@@ -60,7 +63,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                  executor: ThreadPoolExecutor | None = None,
                  stats_logger: StatsLogger | None = None, auto_step: bool = False,
                  name: str = "engine", add_quiet_s: float = ADD_QUIET_S,
-                 back_to_back_min_s: float = BACK_TO_BACK_MIN_S) -> None:
+                 back_to_back_min_s: float = BACK_TO_BACK_MIN_S,
+                 num_threads: int | None = None, spare_core: bool | None = None) -> None:
+        """num_threads: torch's on the core's thread (default: this thread's). spare_core:
+        spare_core.py; None: where the steps fill the CPUs."""
         self.core = core
         self.model_name = model_name
         self.auto_step = auto_step
@@ -82,11 +88,16 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self._posted = 0
         self._delivered = 0
         self._deliveries: deque[asyncio.Task[None]] = deque()
+        threads = num_threads if num_threads is not None else torch.get_num_threads()
+        if spare_core is None:
+            spare_core = fills_cpus(core.runner.device.type, threads,
+                                    core.args.tensor_parallel_size)
+        self.spare_core = SpareCore(threads, spare_core)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, auto_step: bool = False,
-                         name: str = "engine", add_quiet_s: float = ADD_QUIET_S
-                         ) -> EngineServicer:
+                         name: str = "engine", add_quiet_s: float = ADD_QUIET_S,
+                         spare_core: bool | None = None) -> EngineServicer:
         """Load the model on the thread that will run every step."""
         if engine_args.max_waiting_requests is None:
             # A service is bounded by default: overload is answered RESOURCE_EXHAUSTED at once
@@ -101,8 +112,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         # The first step after idle on one CPU per thread (cpu_binding.py).
         executor.submit(core.spread_team_after_idle).result()
         stats = StatsLogger(engine_args.stats_interval_s) if engine_args.log_stats else None
+        threads = executor.submit(torch.get_num_threads).result()
         return cls(core, core.model_config.model_dir, executor, stats, auto_step, name,
-                   add_quiet_s)
+                   add_quiet_s, num_threads=threads, spare_core=spare_core)
 
     @property
     def hub(self) -> OutputsHub:
@@ -267,8 +279,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         step ends (core_thread.py). Whether work remains."""
         while True:
             started = time.perf_counter()
-            msg, more = self._auto_step_once()
-            go_on = msg is None or time.perf_counter() - started >= self.back_to_back_min_s
+            # After a first token at low load, a core for its way out (spare_core.py).
+            self.spare_core.before_step(self.core.decodes_only())
+            msg, more, outputs = self._auto_step_once()
+            short = time.perf_counter() - started < self.back_to_back_min_s
+            self.spare_core.after_step(outputs, short, self.core.get_num_unfinished_requests())
+            go_on = msg is None or not short
             if msg is not None:
                 self._posted += 1
                 loop.call_soon_threadsafe(self._deliver, msg)
@@ -289,15 +305,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             self._delivered += 1
         self._deliveries.append(asyncio.get_running_loop().create_task(put()))
 
-    def _auto_step_once(self) -> tuple[epb.EngineStepOutputs | None, bool]:
+    def _auto_step_once(self) -> tuple[epb.EngineStepOutputs | None, bool, EngineCoreOutputs]:
         """One step and its message, both on the core's thread: the event loop only queues it
-        (and gRPC sends it while the next step computes)."""
+        (and gRPC sends it while the next step computes); whether work remains; the outputs."""
         with server_span("engine_step", otel_context.Context()) as span:
             outputs = self.calls.step(span)
         msg = None
         if outputs.outputs or outputs.finished_requests:
             msg = epb.EngineStepOutputs(outputs=core_outputs_to_pb(outputs))
-        return msg, self.core.has_unfinished_requests()
+        return msg, self.core.has_unfinished_requests(), outputs
 
     def close(self) -> None:
         self._closed = True

@@ -76,6 +76,21 @@ def test_long_prompt_is_split_across_steps_under_the_budget() -> None:
     assert sampled_per_step[2] == expected_tokens(request.prompt_token_ids, 1)
 
 
+def test_decodes_only_once_nothing_waits_and_every_prompt_is_computed() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    runner = FakeRunner(scheduler)
+    assert scheduler.decodes_only()  # nothing at all: nothing to prefill
+    scheduler.add_request(make_request("long", 20, max_tokens=4))
+    assert not scheduler.decodes_only()  # it waits
+    step(scheduler, runner)
+    step(scheduler, runner)
+    assert not scheduler.decodes_only()  # running, 16 of its 20 prompt tokens computed
+    step(scheduler, runner)  # the last 4, and its first token
+    assert scheduler.decodes_only()
+    scheduler.add_request(make_request("new", 3, max_tokens=2))
+    assert not scheduler.decodes_only()
+
+
 def test_long_prefill_threshold_caps_one_chunk() -> None:
     scheduler = make_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=5)
     scheduler.add_request(make_request("r", 12))
