@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--add-hold-ms", type=float, default=None,
                         help="the engine stage's --add-hold-ms (default: the stage's own)")
+    parser.add_argument("--spare-core", choices=("auto", "off"), default="auto",
+                        help="the engine stage's --spare-core (default: %(default)s)")
     parser.add_argument("--engine-cpus", default=None,
                         help="a CPU list (e.g. 0 or 0-1): the engine on these CPUs in both runs, "
                              "the other stages and the client on the rest (threads default to "
@@ -194,7 +196,9 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
     log("starting an auto-stepping stack")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     hold = [] if args.add_hold_ms is None else ["--add-hold-ms", str(args.add_hold_ms)]
+    hold += ["--spare-core", args.spare_core]
     data["add_hold_ms"] = args.add_hold_ms
+    data["spare_core"] = args.spare_core
     stack = launch_stack(StackConfig(model=str(model_dir), engine_args=settings.engine_flags(),
                                      engine_stage_args=hold,
                                      gateway_args=["--auto-step"],
