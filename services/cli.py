@@ -112,6 +112,11 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
                              "long, so a burst joins one step (a lone add to an idle engine "
                              "steps at once; 0: every add does; the engine's "
                              "default: 2)")
+    parser.add_argument("--spare-core", choices=("auto", "off"), default="auto",
+                        help="with --auto-step on a CPU engine whose threads take every CPU: "
+                             "the decode step right after a first token runs on one thread "
+                             "fewer at low load, leaving a core for that token's way out "
+                             "(default %(default)s)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the gateway's private key (PEM)")
@@ -231,6 +236,8 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
             parser.error(f"--add-hold-ms must be in [0, {1e3 * MAX_ADD_HOLD_S:g}], "
                          f"got {args.add_hold_ms:g}")
         engine_stage_args = ["--add-hold-ms", str(args.add_hold_ms)]
+    if args.spare_core != "auto":
+        engine_stage_args += ["--spare-core", args.spare_core]
     return StackConfig(model=model, engine_args=_engine_flags(args, parser),
                        gateway_args=gateway_args, engine_stage_args=engine_stage_args,
                        host=args.host, gateway_port=args.port,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli import _engine_flags, _stack_parser
+from services.cli import _engine_flags, _stack_parser, stack_config
 from services.common.stage_args import DEFAULT_PORTS, make_parser, parse_stage_args
 
 
@@ -47,3 +47,22 @@ def test_max_pending_calls_is_a_flag_with_a_lower_bound(capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         parse_stage_args(make_parser("gateway", engine_flags=False), ["--max-pending-calls", "0"])
     assert "max_pending_calls must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_serve_passes_spare_core_off_to_the_engine_stage_only_when_asked() -> None:
+    parser = _stack_parser("strand serve")
+    off = stack_config(parser.parse_args(["--model", "m", "--spare-core", "off"]), parser, "m")
+    assert off.engine_stage_args == ["--spare-core", "off"]
+    default = stack_config(parser.parse_args(["--model", "m"]), parser, "m")
+    assert default.engine_stage_args == []
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "m", "--spare-core", "on"])
+
+
+def test_the_engine_stage_refuses_an_unknown_spare_core_mode(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from services.engine.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--spare-core", "sometimes"])
+    assert "--spare-core: invalid choice: 'sometimes'" in capsys.readouterr().err
