@@ -4,12 +4,14 @@ request's first token runs on one thread fewer, at low load.
 A lone request's first token leaves the engine in a step message and then needs a CPU in the
 detokenizer, in the gateway and in the client, one after the other. The engine starts its next
 step a few tenths of a millisecond after the message, and its OpenMP team took every core: on a
-2-core VM (benchmarks/README.md, session 26) the token then spent 0.8-2.9 ms (medians of 80
-requests) between the gateway and the client, and the contended step ran several times its own
-length. With that one step on one thread fewer, a core stays free for the token's way out: the
-client's TTFT fell 0.5 and 1.2 ms at the median (p90 1.2 and 0.9 ms) and a 2-token request's
-last token came as soon as before. In-process `LLMEngine`, the yardstick, runs no next step
-while its caller takes the first token.
+2-core VM (benchmarks/README.md, session 26) the token then spent 0.6-2.9 ms (run medians of
+60-100 requests) between the gateway and the client, and the contended step ran several times its own
+length. With that one step on one thread fewer, a core stays free for the token's way out:
+beside a stack without it, lone requests alternating between the two, the client's TTFT was
+0.2-1.2 ms lower at the median and 0.5-3.4 ms lower at p90 (five runs), its last token
+within 0.5 ms of before; in `benchmarks/ring_overhead.py` the p90 fell ~2 ms, the median moved
+within the noise. In-process `LLMEngine`, the yardstick, runs no next step while its caller
+takes the first token.
 
 Only that one step, and only where it helps and costs little:
 - it follows a step that carried some request's first token (TTFT is the wait with nothing
