@@ -58,15 +58,17 @@ class SpareCore:
         self.num_threads = num_threads  # the steps' own
         self.enabled = enabled
         self._after_first = False  # the step before carried a first token, at low load
-        self._reduced = False  # torch runs on num_threads - 1 now
+        self._reduced = False  # the step under way runs on num_threads - 1
 
     def before_step(self, decodes_only: bool) -> None:
-        spare = self._after_first and decodes_only
+        if self._after_first and decodes_only:
+            torch.set_num_threads(self.num_threads - 1)
+            self._reduced = True
         self._after_first = False
-        if spare != self._reduced:
-            torch.set_num_threads(self.num_threads - 1 if spare else self.num_threads)
-            self._reduced = spare
 
     def after_step(self, outputs: EngineCoreOutputs, short: bool, num_unfinished: int) -> None:
+        if self._reduced:  # that one step only: whatever the thread does next has them all
+            torch.set_num_threads(self.num_threads)
+            self._reduced = False
         self._after_first = (self.enabled and short and num_unfinished <= LOW_LOAD_REQUESTS
                              and carries_first_token(outputs))

@@ -47,6 +47,7 @@ def test_only_the_decode_step_after_a_first_token_runs_on_one_thread_fewer(
     spare.before_step(True)
     seen.append(torch.get_num_threads())
     assert seen == [2, 1, 2, 2]
+    assert torch.get_num_threads() == 2  # between steps, every thread
 
 
 @pytest.mark.parametrize(("short", "num_unfinished", "decodes_only", "enabled"), [
@@ -105,7 +106,9 @@ def test_auto_mode_spares_a_thread_for_the_step_after_the_first_token_and_keeps_
             await servicer.answer(_add_msg("a", 4))
         counts.clear()
         seen = asyncio.run(asyncio.wait_for(_auto_stream(servicer, add), 60))
+        idle_threads = servicer.thread.submit(torch.get_num_threads).result()
         servicer.close()
+        assert idle_threads == 2  # between steps the core's thread has all of them
         streams[spare_core] = [t for m in seen for t in _outputs(m)[0].new_token_ids]
         if spare_core:
             assert counts == [2, 1, 2, 2]  # prefill, the step after its token, the rest
