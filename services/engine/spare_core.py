@@ -8,7 +8,7 @@ step a few tenths of a millisecond after the message, and its OpenMP team took e
 60-100 requests) between the gateway and the client, and the contended step ran several times its own
 length. With that one step on one thread fewer, a core stays free for the token's way out:
 beside a stack without it, lone requests alternating between the two, the client's TTFT was
-0.2-1.2 ms lower at the median and 0.5-3.4 ms lower at p90 (five runs), its last token
+0.2-1.2 ms lower at the median and 0.5-3.4 ms lower at p90 (six runs), its last token
 within 0.5 ms of before; in `benchmarks/ring_overhead.py` the p90 fell ~2 ms, the median moved
 within the noise. In-process `LLMEngine`, the yardstick, runs no next step while its caller
 takes the first token.
