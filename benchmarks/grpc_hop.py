@@ -18,7 +18,8 @@ stages' local link (services/common/stage_link.py), its own server and call code
 the hop the ring's internal edges take between stages on one host. Last, what a client's
 request pays before any handler work: a new server-streaming call answered with one message, its
 round trip after the gap (what a Generate costs on a bare grpc.aio server), and one message's
-round trip on an open bidirectional stream (what a request on GenerateStream's call costs).
+round trip on an open bidirectional stream (what a request would cost sent as a message on a
+long-lived call instead).
 
     python -m benchmarks.grpc_hop --messages 300 --gap-ms 20 --rounds 3
 """
@@ -180,7 +181,7 @@ async def _grpc_calls(port: int, count: int, gap_s: float) -> list[float]:
 
 async def _grpc_stream_trips(port: int, count: int, gap_s: float) -> list[float]:
     """Round trips (not one way) of one message each on an open bidirectional stream: what a
-    request costs on GenerateStream's call before any handler work."""
+    request sent on a long-lived call would cost before any handler work."""
     import grpc
 
     async with grpc.aio.insecure_channel(_address(port, None)) as channel:

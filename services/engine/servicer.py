@@ -280,8 +280,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         while True:
             started = time.perf_counter()
             # After a first token at low load, a core for its way out (spare_core.py).
-            self.spare_core.before_step(self.core.decodes_only())
-            msg, more, outputs = self._auto_step_once()
+            self.spare_core.before_step(self.core.decodes_only)
+            try:
+                msg, more, outputs = self._auto_step_once()
+            finally:
+                self.spare_core.restore()
             short = time.perf_counter() - started < self.back_to_back_min_s
             self.spare_core.after_step(outputs, short, self.core.get_num_unfinished_requests())
             go_on = msg is None or not short

@@ -5,8 +5,8 @@ A lone request's first token leaves the engine in a step message and then needs 
 detokenizer, in the gateway and in the client, one after the other. The engine starts its next
 step a few tenths of a millisecond after the message, and its OpenMP team took every core: on a
 2-core VM (benchmarks/README.md, session 26) the token then spent 0.6-2.9 ms (run medians of
-60-100 requests) between the gateway and the client, and the contended step ran several times its own
-length. With that one step on one thread fewer, a core stays free for the token's way out:
+60-100 requests) between the gateway and the client, and the contended step ran several times
+its own length. With that one step on one thread fewer, a core stays free for the token's way out:
 beside a stack without it, lone requests alternating between the two, the client's TTFT was
 0.2-1.2 ms lower at the median and 0.5-3.4 ms lower at p90 (six runs), its last token
 within 0.5 ms of before; in `benchmarks/ring_overhead.py` the p90 fell ~2 ms, the median moved
@@ -30,6 +30,7 @@ travels) moved the TTFT by less than it delayed the second token.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -51,8 +52,8 @@ def carries_first_token(outputs: EngineCoreOutputs) -> bool:
 
 
 class SpareCore:
-    """Both calls run on the core's thread, which the steps' OpenMP team belongs to (torch's
-    thread count is that thread's)."""
+    """Every call runs on the core's thread, which the steps' OpenMP team belongs to (torch's
+    thread count is that thread's): before_step, the step, restore (in a finally), after_step."""
 
     def __init__(self, num_threads: int, enabled: bool) -> None:
         self.num_threads = num_threads  # the steps' own
@@ -60,15 +61,19 @@ class SpareCore:
         self._after_first = False  # the step before carried a first token, at low load
         self._reduced = False  # the step under way runs on num_threads - 1
 
-    def before_step(self, decodes_only: bool) -> None:
-        if self._after_first and decodes_only:
+    def before_step(self, decodes_only: Callable[[], bool]) -> None:
+        """decodes_only is asked only after a first token (it looks at every running request)."""
+        if self._after_first and decodes_only():
             torch.set_num_threads(self.num_threads - 1)
             self._reduced = True
         self._after_first = False
 
-    def after_step(self, outputs: EngineCoreOutputs, short: bool, num_unfinished: int) -> None:
-        if self._reduced:  # that one step only: whatever the thread does next has them all
+    def restore(self) -> None:
+        """After the step, however it ended: whatever the thread does next has every thread."""
+        if self._reduced:
             torch.set_num_threads(self.num_threads)
             self._reduced = False
+
+    def after_step(self, outputs: EngineCoreOutputs, short: bool, num_unfinished: int) -> None:
         self._after_first = (self.enabled and short and num_unfinished <= LOW_LOAD_REQUESTS
                              and carries_first_token(outputs))

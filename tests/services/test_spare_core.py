@@ -39,15 +39,33 @@ def test_only_the_decode_step_after_a_first_token_runs_on_one_thread_fewer(
         threads_restored: None) -> None:
     torch.set_num_threads(2)
     spare = SpareCore(2, enabled=True)
-    seen = []
-    for outputs, decodes_only in ((_first(), True), (_later(), True), (_later(), True)):
+    seen: list[int] = []
+    asked: list[int] = []
+
+    def decodes_only() -> bool:
+        asked.append(len(seen))
+        return True
+    for outputs in (_first(), _later(), _later()):
         spare.before_step(decodes_only)
         seen.append(torch.get_num_threads())
+        spare.restore()
         spare.after_step(outputs, short=True, num_unfinished=1)
-    spare.before_step(True)
+    spare.before_step(decodes_only)
     seen.append(torch.get_num_threads())
     assert seen == [2, 1, 2, 2]
+    assert asked == [1]  # the running requests are looked at only after a first token
+    spare.restore()
     assert torch.get_num_threads() == 2  # between steps, every thread
+
+
+def test_a_step_that_fails_gives_its_threads_back(threads_restored: None) -> None:
+    torch.set_num_threads(2)
+    spare = SpareCore(2, enabled=True)
+    spare.after_step(_first(), short=True, num_unfinished=1)
+    spare.before_step(lambda: True)
+    assert torch.get_num_threads() == 1
+    spare.restore()  # the servicer's finally, whatever the step raised
+    assert torch.get_num_threads() == 2
 
 
 @pytest.mark.parametrize(("short", "num_unfinished", "decodes_only", "enabled"), [
@@ -62,7 +80,7 @@ def test_no_thread_is_spared_beyond_low_load_decode_steps(
     torch.set_num_threads(2)
     spare = SpareCore(2, enabled=enabled)
     spare.after_step(_first(), short=short, num_unfinished=num_unfinished)
-    spare.before_step(decodes_only)
+    spare.before_step(lambda: decodes_only)
     assert torch.get_num_threads() == 2
 
 
@@ -73,7 +91,7 @@ def test_a_step_with_only_later_tokens_spares_nothing(threads_restored: None) ->
         "r", [], first_scheduled_time=1.0)])  # a chunk's prompt logprobs: no token yet
     for outputs in (_later(), prompt_logprobs_only):
         spare.after_step(outputs, short=True, num_unfinished=1)
-        spare.before_step(True)
+        spare.before_step(lambda: True)
         assert torch.get_num_threads() == 2
 
 
