@@ -7,10 +7,11 @@ step a few tenths of a millisecond after the message, and its OpenMP team took e
 2-core VM (benchmarks/README.md, session 26) the token then spent 0.6-2.9 ms (run medians of
 60-100 requests) between the gateway and the client, and the contended step ran several times
 its own length. With that one step on one thread fewer, a core stays free for the token's way out:
-beside a stack without it, lone requests alternating between the two, the client's TTFT was
-0.2-1.2 ms lower at the median and 0.5-3.4 ms lower at p90 (six runs), its last token
-within 0.5 ms of before; in `benchmarks/ring_overhead.py` the p90 fell ~2 ms, the median moved
-within the noise. In-process `LLMEngine`, the yardstick, runs no next step while its caller
+beside a stack without it, lone requests alternating between the two, eleven runs: the
+client's TTFT p50 from 1.23 ms lower to 0.09 higher (median 0.52 lower), p90 from 3.39 lower to
+0.71 higher (median 0.90 lower), the last token of a short request median 0.40 ms sooner; in
+one slower phase it gained nothing for three runs. In `benchmarks/ring_overhead.py` the p90 fell
+~2 ms, the median moved within the noise. In-process `LLMEngine`, the yardstick, runs no next step while its caller
 takes the first token.
 
 Only that one step, and only where it helps and costs little:
