@@ -142,6 +142,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH",
                         help="with --openai-port: LoRA adapters served by model name "
                              "(needs --enable-lora)")
+    parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
+                        help="with --openai-port: the model names clients use, the first "
+                             "listed first (default: --model as given, e.g. smollm2)")
     return parser
 
 
@@ -218,13 +221,7 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
     from services.launch import StackConfig
 
     gateway_args = ["--auto-step"] if args.auto_step else []
-    if args.lora_modules:
-        from services.openai.lora_modules import parse_lora_modules
-
-        if args.openai_port is None:
-            raise ValueError("--lora-modules needs --openai-port (they are the OpenAI front's "
-                             "model names)")
-        parse_lora_modules(args.lora_modules)
+    openai_args = _openai_flags(args)
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
     data_parallel_size, engine_addresses = _replica_args(args, parser)
@@ -246,8 +243,28 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
                        openai_port=args.openai_port, metrics_port=args.metrics_port or None,
                        data_parallel_size=data_parallel_size,
                        engine_addresses=engine_addresses, router_policy=args.router_policy,
-                       openai_args=(["--lora-modules", *args.lora_modules]
-                                    if args.lora_modules else []))
+                       openai_args=openai_args)
+
+
+def _openai_flags(args: argparse.Namespace) -> list[str]:
+    """The OpenAI front's model names: the LoRA modules, and the served names (by default the
+    --model argument as typed, as vLLM does: `--model smollm2` is "smollm2", not the directory
+    it resolves to)."""
+    from services.openai.lora_modules import parse_lora_modules
+    from services.openai.served_names import check_served_names
+
+    for flag, given in (("--lora-modules", args.lora_modules),
+                        ("--served-model-name", args.served_model_name)):
+        if given and args.openai_port is None:
+            raise ValueError(f"{flag} needs --openai-port (they are the OpenAI front's model "
+                             "names)")
+    if args.openai_port is None:
+        return []
+    lora = parse_lora_modules(args.lora_modules)
+    names = args.served_model_name or ([args.model] if args.model else [])
+    check_served_names(names, lora)
+    flags = ["--served-model-name", *names] if names else []
+    return flags + (["--lora-modules", *args.lora_modules] if args.lora_modules else [])
 
 
 def serve(argv: list[str]) -> None:

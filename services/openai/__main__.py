@@ -23,8 +23,9 @@ def _main(argv: list[str] | None) -> None:
                         help="required of HTTP clients (Bearer) and passed to the gateway")
     parser.add_argument("--gateway-tls-cert", default=None,
                         help="the gateway's certificate (PEM), when it serves TLS")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients use (default: the gateway's model)")
+    parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
+                        help="the model names clients use; the first is listed first and "
+                             "answers a request that names none (default: the gateway's model)")
     parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH",
                         help="LoRA adapters served by model name (the engine needs "
                              "--enable-lora); /v1/models lists them")
@@ -37,12 +38,15 @@ def _main(argv: list[str] | None) -> None:
     from services.common.tracing import init_tracing, shutdown_tracing
     from services.openai.app import FrontConfig, create_app
     from services.openai.lora_modules import parse_lora_modules
+    from services.openai.served_names import check_served_names
 
+    lora_modules = parse_lora_modules(args.lora_modules)
+    check_served_names(args.served_model_name, lora_modules)
     roots = Path(args.gateway_tls_cert).read_bytes() if args.gateway_tls_cert else None
     app = create_app(FrontConfig(gateway=args.gateway_addr, api_key=args.api_key,
                                  root_certificates=roots,
-                                 served_model_name=args.served_model_name,
-                                 lora_modules=parse_lora_modules(args.lora_modules)))
+                                 served_model_names=args.served_model_name,
+                                 lora_modules=lora_modules))
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -35,7 +35,9 @@ class FrontConfig:
     gateway: str  # host:port of the strand gateway
     api_key: str | None = None  # required of HTTP clients and passed on to the gateway
     root_certificates: bytes | None = None  # the gateway's TLS roots, when it serves TLS
-    served_model_name: str | None = None  # None: the model the gateway reports
+    # The names clients use, the first the one /v1/models lists first and a request naming none
+    # is answered with (vLLM's --served-model-name); empty: the model the gateway reports.
+    served_model_names: list[str] = field(default_factory=list)
     # --lora-modules: model name -> the adapter a request naming it runs with.
     lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
 
@@ -43,7 +45,7 @@ class FrontConfig:
 class Front:
     def __init__(self, config: FrontConfig) -> None:
         self.config = config
-        self._model: str | None = config.served_model_name
+        self._names: list[str] = list(config.served_model_names)
         self._info: dict[str, Any] | None = None
         self._client_id = f"openai-front-{uuid.uuid4().hex}"
 
@@ -69,24 +71,27 @@ class Front:
     async def info(self) -> dict[str, Any]:
         if self._info is None:
             self._info = await self.client().get_server_info()
-            self._model = self._model or str(self._info["model"])
+            self._names = self._names or [str(self._info["model"])]
         return self._info
 
-    async def model_name(self) -> str:
+    async def model_names(self) -> list[str]:
         await self.info()
-        assert self._model is not None
-        return self._model
+        return self._names
 
     async def check_model(self, requested: str | None) -> tuple[str, LoRARequest | None]:
-        """(the model name answered with, the adapter when the name is a LoRA module)."""
-        served = await self.model_name()
-        if requested is not None and requested in self.config.lora_modules:
+        """(the model name answered with, the adapter when the name is a LoRA module). As in
+        vLLM, a request naming one of the served names is answered with the name it used."""
+        names = await self.model_names()
+        if requested is None:
+            return names[0], None
+        if requested in self.config.lora_modules:
             return requested, self.config.lora_modules[requested]
-        # The gateway reports the model path normalised ("./models/tiny" -> "models/tiny"):
-        # either spelling of the path names it.
-        if requested is not None and os.path.normpath(requested) != os.path.normpath(served):
-            raise model_not_found(requested)
-        return served, None
+        # A name that is a path may be spelled differently ("./models/tiny/" for the gateway's
+        # "models/tiny"): either spelling names it.
+        for name in names:
+            if os.path.normpath(requested) == os.path.normpath(name):
+                return name, None
+        raise model_not_found(requested)
 
 
 def create_app(config: FrontConfig) -> FastAPI:
@@ -128,16 +133,16 @@ def create_app(config: FrontConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         info = await front.info()
-        base = await front.model_name()
+        names = await front.model_names()
         created = int(time.time())
+        served = [{"id": name, "object": "model", "created": created, "owned_by": "strand",
+                   "root": info["model"], "max_model_len": info["max_model_len"]}
+                  for name in names]
         adapters = [{"id": name, "object": "model", "created": created, "owned_by": "strand",
-                     "root": lora.lora_path, "parent": base,
+                     "root": lora.lora_path, "parent": names[0],
                      "max_model_len": info["max_model_len"]}
                     for name, lora in config.lora_modules.items()]
-        return {"object": "list", "data": [{
-            "id": base, "object": "model", "created": created,
-            "owned_by": "strand", "root": info["model"],
-            "max_model_len": info["max_model_len"]}, *adapters]}
+        return {"object": "list", "data": [*served, *adapters]}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:

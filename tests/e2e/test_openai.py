@@ -214,6 +214,32 @@ def test_the_model_path_may_be_spelled_differently(client: openai.OpenAI,
     assert resp.model == model_name
 
 
+def test_served_model_names_are_what_clients_name(openai_stack: Stack,
+                                                  model_name: str) -> None:
+    # A second front on the same gateway, as `strand serve --model smollm2` starts one: the
+    # names given, not the directory the model resolved to.
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.openai", "--port", str(port),
+         "--gateway-addr", openai_stack.gateway_address,
+         "--served-model-name", "tiny", "tiny-alias"], cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        _get_until_listening(f"{url}/models", process)
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60) as c:
+            models = c.models.list().data
+            assert [m.id for m in models] == ["tiny", "tiny-alias"]
+            assert {m.model_extra["root"] for m in models} == {model_name}  # type: ignore[index]
+            resp = c.completions.create(model="tiny-alias", prompt="Hi", max_tokens=1)
+            assert resp.model == "tiny-alias"  # answered with the name it was asked by
+            with pytest.raises(openai.NotFoundError):
+                c.completions.create(model=model_name, prompt="Hi", max_tokens=1)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 def test_health(openai_stack: Stack) -> None:
     with urllib.request.urlopen(f"http://{openai_stack.address('openai')}/health") as resp:
         assert resp.status == 200

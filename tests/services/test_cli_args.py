@@ -66,3 +66,33 @@ def test_the_engine_stage_refuses_an_unknown_spare_core_mode(
     with pytest.raises(SystemExit):
         main(["--spare-core", "sometimes"])
     assert "--spare-core: invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def _openai_args(argv: list[str]) -> list[str]:
+    parser = _stack_parser("strand serve")
+    return stack_config(parser.parse_args(argv), parser, "/cache/resolved-dir").openai_args
+
+
+def test_serve_names_the_served_model_as_typed_like_vllm() -> None:
+    # `--model smollm2` resolves to a cache directory; clients still say "smollm2".
+    assert _openai_args(["--model", "smollm2", "--openai-port", "0"]) == [
+        "--served-model-name", "smollm2"]
+    assert _openai_args(["--model", "smollm2", "--openai-port", "0",
+                         "--served-model-name", "a", "b"]) == ["--served-model-name", "a", "b"]
+    # No --model (the tiny random model): the gateway's own name; no front: nothing.
+    assert _openai_args(["--openai-port", "0"]) == []
+    assert _openai_args(["--model", "smollm2"]) == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--served-model-name", "a"], "--served-model-name needs --openai-port"),
+    (["--openai-port", "0", "--served-model-name", "a", "a"],
+     "--served-model-name names must be unique, got 'a' twice"),
+    (["--openai-port", "0", "--served-model-name", " "],
+     "--served-model-name names must be non-empty"),
+    (["--openai-port", "0", "--served-model-name", "sql", "--lora-modules", "sql=/a"],
+     "--served-model-name 'sql' is also a --lora-modules name"),
+])
+def test_bad_served_model_names_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _openai_args(["--model", "m", *argv])
