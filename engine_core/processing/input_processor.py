@@ -17,7 +17,7 @@ from engine_core.processing.request_limits import (
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
-_PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt"}
+PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt"}
 
 
 @dataclass(slots=True)
@@ -142,9 +142,9 @@ class InputProcessor:
                 "prompt must be a str or a dict with 'prompt', 'prompt_token_ids' or 'messages', "
                 f"got {type(prompt).__name__}"
             )
-        unknown = sorted(set(prompt) - _PROMPT_KEYS)
+        unknown = sorted(set(prompt) - PROMPT_KEYS)
         if unknown:
-            raise ValueError(f"prompt has unknown keys {unknown}; allowed: {sorted(_PROMPT_KEYS)}")
+            raise ValueError(f"prompt has unknown keys {unknown}; allowed: {sorted(PROMPT_KEYS)}")
         salt = prompt.get("cache_salt")
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine_core.processing.input_processor import PROMPT_KEYS
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
 from services._proto.strand.v1 import types_pb2 as pb
@@ -124,12 +125,17 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
         return pb.Prompt(text=prompt)
     if not isinstance(prompt, dict):
         raise ValueError(f"prompt must be a str or a dict, got {type(prompt).__name__}")
+    unknown = sorted(set(prompt) - PROMPT_KEYS)
+    if unknown:  # refused as in process, not dropped on the way
+        raise ValueError(f"prompt has unknown keys {unknown}; allowed: {sorted(PROMPT_KEYS)}")
     msg = pb.Prompt()
     if "prompt_token_ids" in prompt:
         msg.token_ids.ids.extend(int(t) for t in prompt["prompt_token_ids"])
     elif "messages" in prompt:
         chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt["messages"]]
         msg.chat.messages.extend(chat)
+        if "add_generation_prompt" in prompt:
+            msg.chat.add_generation_prompt = bool(prompt["add_generation_prompt"])
     elif "prompt" in prompt:
         msg.text = prompt["prompt"]
     else:
@@ -154,6 +160,8 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
     else:
         result = {"messages": [{"role": m.role, "content": m.content}
                                for m in msg.chat.messages]}
+        if msg.chat.HasField("add_generation_prompt"):
+            result["add_generation_prompt"] = msg.chat.add_generation_prompt
     if msg.HasField("cache_salt"):
         result["cache_salt"] = msg.cache_salt
     return result

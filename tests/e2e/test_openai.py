@@ -150,6 +150,19 @@ def test_chat_completion(client: openai.OpenAI, model_name: str) -> None:
     assert resp.usage.prompt_tokens > 2
 
 
+def test_add_generation_prompt_reaches_the_template(client: openai.OpenAI,
+                                                   model_name: str) -> None:
+    # The tiny template writes "<|assistant|>\n" after the messages only when asked to.
+    counts = {}
+    for add in (True, False):
+        resp = client.chat.completions.create(
+            model=model_name, messages=CHAT, max_tokens=1,  # type: ignore[arg-type]
+            extra_body={"add_generation_prompt": add})
+        assert resp.usage is not None
+        counts[add] = resp.usage.prompt_tokens
+    assert counts[True] > counts[False]
+
+
 def test_chat_logprobs_with_top_logprobs(client: openai.OpenAI, model_name: str) -> None:
     resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=3,  # type: ignore[arg-type]
                                           logprobs=True, top_logprobs=3,

@@ -80,6 +80,8 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
     {"prompt_token_ids": [4, 5], "cache_salt": "s2"},
     {"messages": [{"role": "system", "content": "be brief"},
                   {"role": "user", "content": "hi"}]},
+    {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
 ])
 def test_prompt_forms_round_trip(prompt: str | dict) -> None:
     assert prompt_from_pb(prompt_to_pb(prompt)) == prompt
@@ -96,4 +98,9 @@ def test_empty_prompt_message_raises_naming_prompt() -> None:
 
 def test_dict_prompt_without_known_key_raises() -> None:
     with pytest.raises(ValueError, match="prompt must have one of the keys"):
-        prompt_to_pb({"text": "hi"})
+        prompt_to_pb({"cache_salt": "s"})
+
+
+def test_unknown_prompt_keys_are_refused_not_dropped() -> None:
+    with pytest.raises(ValueError, match=r"prompt has unknown keys \['cache_slat'\]"):
+        prompt_to_pb({"prompt": "hi", "cache_slat": "s"})
