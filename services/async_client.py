@@ -31,6 +31,8 @@ from services.client import (
     generate_request,
     make_channel,
     server_info_dict,
+    tokenize_message,
+    tokenized_dict,
     translate,
 )
 from services.common.convert import PromptType, request_output_from_pb
@@ -84,6 +86,17 @@ class AsyncEngineClient(GatewayConnection):
     async def has_unfinished_requests(self) -> bool:
         return bool((await self._call(self._stub.HasUnfinishedRequests,
                                       gpb.HasUnfinishedRequestsRequest())).value)
+
+    async def tokenize(self, prompt: PromptType, add_special_tokens: bool | None = None,
+                       return_token_strs: bool = False) -> dict[str, Any]:
+        """EngineClient.tokenize (vLLM's /tokenize) on this channel."""
+        return tokenized_dict(await self._call(self._stub.Tokenize, tokenize_message(
+            prompt, add_special_tokens, return_token_strs)))
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """EngineClient.detokenize (vLLM's /detokenize) on this channel."""
+        resp = await self._call(self._stub.Detokenize, pb.DetokenizeRequest(tokens=token_ids))
+        return str(resp.prompt)
 
     async def get_server_info(self) -> dict[str, Any]:
         info = await self._call(self._control.GetServerInfo, gpb.GetServerInfoRequest())

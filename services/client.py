@@ -197,6 +197,19 @@ class EngineClient(GatewayConnection):
                  "kv_blocks_free": load.kv_blocks_free,
                  "tokens_in_flight": load.tokens_in_flight} for load in resp.loads]
 
+    def tokenize(self, prompt: PromptType, add_special_tokens: bool | None = None,
+                 return_token_strs: bool = False) -> dict[str, Any]:
+        """vLLM's /tokenize over gRPC: {"tokens", "count", "max_model_len", "token_strs"} for a
+        prompt as a request would carry it (add_special_tokens None: true for text, false for
+        chat messages, whose template writes its own); nothing is added to the engine."""
+        return tokenized_dict(self._call(self._stub.Tokenize, tokenize_message(
+            prompt, add_special_tokens, return_token_strs)))
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """vLLM's /detokenize over gRPC: the text of token ids, special tokens included."""
+        resp = self._call(self._stub.Detokenize, pb.DetokenizeRequest(tokens=token_ids))
+        return str(resp.prompt)
+
     def get_server_info(self) -> dict[str, Any]:
         info = self._call(self._control.GetServerInfo, gpb.GetServerInfoRequest())
         self._auto_step = info.auto_step
@@ -314,6 +327,20 @@ def generate_request(prompt: PromptType, params: SamplingParams | None, request_
     if lora_request is not None:
         msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
     return msg
+
+
+def tokenize_message(prompt: PromptType, add_special_tokens: bool | None,
+                     return_token_strs: bool) -> pb.TokenizeRequest:
+    msg = pb.TokenizeRequest(prompt=prompt_to_pb(prompt), return_token_strs=return_token_strs)
+    if add_special_tokens is not None:
+        msg.add_special_tokens = add_special_tokens
+    return msg
+
+
+def tokenized_dict(resp: pb.TokenizeResponse) -> dict[str, Any]:
+    return {"tokens": list(resp.tokens), "count": resp.count,
+            "max_model_len": resp.max_model_len,
+            "token_strs": list(resp.token_strs) if resp.token_strs else None}
 
 
 def server_info_dict(info: gpb.GetServerInfoResponse) -> dict[str, Any]:

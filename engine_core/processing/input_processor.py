@@ -91,6 +91,37 @@ class InputProcessor:
         )
         return ProcessedPrompt(request=request, prompt=text)
 
+    def tokenize(self, prompt: str | dict[str, Any],
+                 add_special_tokens: bool | None = None) -> list[int]:
+        """The prompt's token ids as a request would carry them (vLLM's /tokenize), without a
+        request: text encoded with the tokenizer's special tokens (add_special_tokens, default
+        True), chat messages rendered by the template, which writes its own (default False),
+        token ids checked against the vocab. ValueError naming the field; no length limit
+        (a caller compares the count with max_model_len)."""
+        check_prompt_size(prompt, self.limits, self.max_model_len)
+        _, token_ids, _ = self._tokenize(prompt, add_special_tokens)
+        self._check_vocab(token_ids, "prompt_token_ids")
+        return token_ids
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens included (vLLM's /detokenize); ValueError for an
+        id outside the vocab."""
+        bound = self.limits.prompt_bytes_bound(self.max_model_len)
+        if len(token_ids) > bound:
+            raise ValueError(f"tokens must be at most {bound} ids, got {len(token_ids)}")
+        ids = [int(t) for t in token_ids]
+        self._check_vocab(ids, "tokens")
+        return self._tokenizer_for("detokenize").decode(ids, skip_special_tokens=False)
+
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary entry (vLLM's return_token_strs)."""
+        return self._tokenizer_for("return_token_strs").convert_ids_to_tokens(list(token_ids))
+
+    def _tokenizer_for(self, what: str) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(f"{what} needs a tokenizer, but {NO_TOKENIZER}")
+        return self.tokenizer
+
     def _validate_params(self, params: SamplingParams | None) -> SamplingParams:
         if params is None:
             return SamplingParams()
@@ -134,9 +165,11 @@ class InputProcessor:
                     f"{params.allowed_token_ids}")
         return params
 
-    def _tokenize(self, prompt: object) -> tuple[str | None, list[int], str | None]:
+    def _tokenize(self, prompt: object, add_special_tokens: bool | None = None
+                  ) -> tuple[str | None, list[int], str | None]:
+        """(text, token ids, cache salt); add_special_tokens None: the default for the kind."""
         if isinstance(prompt, str):
-            return prompt, self._encode_text(prompt), None
+            return prompt, self._encode_text(prompt, add_special_tokens), None
         if not isinstance(prompt, dict):
             raise ValueError(
                 "prompt must be a str or a dict with 'prompt', 'prompt_token_ids' or 'messages', "
@@ -160,12 +193,12 @@ class InputProcessor:
             tokenizer = self._text_tokenizer()
             text = tokenizer.apply_chat_template(messages, add_generation_prompt)
             # The template writes its own bos; encoding must not add a second one.
-            return text, tokenizer.encode(text, add_special_tokens=False), salt
+            return text, tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), salt
         if "prompt" in prompt:
             text = prompt["prompt"]
             if not isinstance(text, str):
                 raise ValueError(f"prompt must be a str, got {type(text).__name__}")
-            return text, self._encode_text(text), salt
+            return text, self._encode_text(text, add_special_tokens), salt
         raise ValueError("prompt dict needs one of 'prompt', 'prompt_token_ids' or 'messages'")
 
     def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
@@ -179,11 +212,11 @@ class InputProcessor:
                              f"({self.max_model_len})")
         return token_ids[-keep:]
 
-    def _encode_text(self, text: str) -> list[int]:
+    def _encode_text(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         tokenizer = self._text_tokenizer()
         if not text:
             raise ValueError("prompt must not be empty")
-        return tokenizer.encode(text)
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens is not False)
 
     def _text_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
@@ -195,16 +228,17 @@ class InputProcessor:
     def _validate_token_ids(self, token_ids: list[int]) -> None:
         if not token_ids:
             raise ValueError("prompt must not be empty (prompt_token_ids has no tokens)")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt_token_ids must be in [0, {self.vocab_size}) (the vocab), got {bad[:8]}"
-            )
+        self._check_vocab(token_ids, "prompt_token_ids")
         if len(token_ids) > self.max_model_len:
             raise ValueError(
                 f"prompt is {len(token_ids)} tokens, longer than max_model_len "
                 f"({self.max_model_len})"
             )
+
+    def _check_vocab(self, token_ids: list[int], field: str) -> None:
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{field} must be in [0, {self.vocab_size}) (the vocab), got {bad[:8]}")
 
 
 NO_TOKENIZER = "skip_tokenizer_init is True (no tokenizer is loaded)"

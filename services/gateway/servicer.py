@@ -107,6 +107,18 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             return gpb.GetNumUnfinishedRequestsResponse(value=num)
         return await self._traced("GetNumUnfinishedRequests", context, body)
 
+    async def Tokenize(self, request: pb.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        async def body() -> pb.TokenizeResponse:
+            return await self.flow.tokenizer_lookup(tokenize=request)  # type: ignore[no-any-return]
+        return await self._traced("Tokenize", context, body)
+
+    async def Detokenize(self, request: pb.DetokenizeRequest,
+                         context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
+        async def body() -> pb.DetokenizeResponse:
+            return await self.flow.tokenizer_lookup(detokenize=request)  # type: ignore[no-any-return]
+        return await self._traced("Detokenize", context, body)
+
     async def ClearKvCache(self, request: gpb.ClearKvCacheRequest,
                            context: grpc.aio.ServicerContext) -> gpb.ClearKvCacheResponse:
         async def body() -> gpb.ClearKvCacheResponse:

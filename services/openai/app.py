@@ -24,7 +24,13 @@ from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai import params as convert
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
-from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from services.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    _Sampling,
+)
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
 from services.openai.tracing import end_request_span, start_request_span
@@ -158,9 +164,30 @@ def create_app(config: FrontConfig) -> FastAPI:
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}")
         params = convert.chat_params(req)
-        return await _serve(front, req, shaper, [convert.chat_prompt(req)], params, lora, request)
+        prompt = convert.chat_prompt(req.messages, req.add_generation_prompt)
+        return await _serve(front, req, shaper, [prompt], params, lora, request)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
+        await front.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("give exactly one of prompt and messages", "prompt")
+        prompt: PromptType = req.prompt if req.prompt is not None else convert.chat_prompt(
+            req.messages or [], req.add_generation_prompt)
+        return await front.client().tokenize(prompt, req.add_special_tokens,
+                                             req.return_token_strs)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
+        await front.check_model(req.model)
+        return {"prompt": await front.client().detokenize(req.tokens)}
 
     return app
+
+
+# Paths that take the API key: vLLM's /v1/ routes, and the tokenizer's, which reach the gateway
+# with the front's own key.
+_KEYED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 class ApiKeyCheck:
@@ -173,7 +200,7 @@ class ApiKeyCheck:
         self.expected = f"Bearer {key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"].startswith(_KEYED_PREFIXES):
             given = dict(scope["headers"]).get(b"authorization")
             if given != self.expected:
                 response = OpenAIError(401, "invalid or missing API key", param=None,

@@ -24,11 +24,11 @@ def completion_prompts(req: CompletionRequest) -> list[PromptType]:
             for p in prompt]
 
 
-def chat_prompt(req: ChatCompletionRequest) -> PromptType:
+def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool) -> PromptType:
     """The engine renders the model's chat template from {"messages": [...]}."""
-    messages = [{"role": str(m.get("role", "")), "content": _text_content(m.get("content"), i)}
-                for i, m in enumerate(req.messages)]
-    return {"messages": messages, "add_generation_prompt": req.add_generation_prompt}
+    texts = [{"role": str(m.get("role", "")), "content": _text_content(m.get("content"), i)}
+             for i, m in enumerate(messages)]
+    return {"messages": texts, "add_generation_prompt": add_generation_prompt}
 
 
 def _text_content(content: Any, index: int) -> str:

@@ -60,3 +60,23 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+
+
+class TokenizeRequest(BaseModel):
+    """/tokenize (vLLM's): a text `prompt` or chat `messages`, exactly one."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True  # chat only
+    add_special_tokens: bool | None = None  # None: true for a prompt, false for messages
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]

@@ -117,6 +117,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         answers.put_nowait(await self.answer(msg))
 
     async def answer(self, msg: tpb.TokenizerRequest) -> tpb.TokenizerResponse:
+        kind = msg.WhichOneof("kind")
+        if kind in ("tokenize", "detokenize"):
+            return await self._lookup(msg, kind)
         req = msg.process
         parent = context_from_carrier(msg.trace_context)
         with server_span("strand.v1.Tokenizer/Process", parent,
@@ -133,6 +136,36 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 self.metrics.added()
             span.set_attribute("gen_ai.usage.prompt_tokens", added.num_prompt_tokens)
             return tpb.TokenizerResponse(seq=msg.seq, added=added)
+
+    async def _lookup(self, msg: tpb.TokenizerRequest, kind: str) -> tpb.TokenizerResponse:
+        """Tokenize / Detokenize: the processor's answer, nothing sent on (long prompts on the
+        tokenize thread, as adds)."""
+        with server_span(f"strand.v1.Tokenizer/{kind.capitalize()}",
+                         context_from_carrier(msg.trace_context)):
+            try:
+                if kind == "tokenize":
+                    inline = processes_inline(msg.tokenize.prompt)
+                    tokenized = await self._off_loop(inline, self._tokenize, msg.tokenize)
+                    return tpb.TokenizerResponse(seq=msg.seq, tokenized=tokenized)
+                inline = len(msg.detokenize.tokens) <= INLINE_MAX_TOKEN_IDS
+                text = await self._off_loop(inline, self.processor.detokenize,
+                                            msg.detokenize.tokens)
+                return tpb.TokenizerResponse(seq=msg.seq,
+                                             detokenized=pb.DetokenizeResponse(prompt=text))
+            except Exception as exc:  # answered in-stream: the session stays open
+                return tpb.TokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
+
+    async def _off_loop(self, inline: bool, fn: Any, *args: Any) -> Any:
+        if inline:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _tokenize(self, req: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        add_special = req.add_special_tokens if req.HasField("add_special_tokens") else None
+        ids = self.processor.tokenize(prompt_from_pb(req.prompt), add_special)
+        strs = self.processor.token_strs(ids) if req.return_token_strs else []
+        return pb.TokenizeResponse(tokens=ids, count=len(ids),
+                                   max_model_len=self.processor.max_model_len, token_strs=strs)
 
     async def _add(self, req: tpb.ProcessRequest, carrier: dict[str, str]) -> tpb.AddedRequest:
         params = params_from_pb(req.params) if req.HasField("params") else None

@@ -253,6 +253,51 @@ def test_served_model_names_are_what_clients_name(openai_stack: Stack,
         process.wait(timeout=10)
 
 
+def _post(url: str, body: dict, api_key: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_tokenize_counts_what_a_chat_request_carries(client: openai.OpenAI, openai_stack: Stack,
+                                                     model_name: str) -> None:
+    base = f"http://{openai_stack.address('openai')}"
+    resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=1)  # type: ignore[arg-type]
+    status, body = _post(f"{base}/tokenize", {"model": model_name, "messages": CHAT,
+                                              "return_token_strs": True})
+    assert status == 200 and resp.usage is not None
+    assert body["count"] == resp.usage.prompt_tokens == len(body["tokens"])
+    assert len(body["token_strs"]) == body["count"]
+    status, text = _post(f"{base}/tokenize", {"prompt": "Say hello", "add_special_tokens": False})
+    assert status == 200 and text["token_strs"] is None
+    status, back = _post(f"{base}/detokenize", {"model": model_name, "tokens": text["tokens"]})
+    assert (status, back) == (200, {"prompt": "Say hello"})
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/tokenize", {"prompt": "a", "messages": CHAT}, "prompt"),
+    ("/tokenize", {}, "prompt"),
+    ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+])
+def test_tokenize_refusals_are_400s_naming_the_field(openai_stack: Stack, path: str,
+                                                    body: dict, param: str) -> None:
+    status, answer = _post(f"http://{openai_stack.address('openai')}{path}", body)
+    assert status == 400 and answer["error"]["param"] == param
+
+
+def test_tokenize_of_an_unknown_model_is_a_404(openai_stack: Stack) -> None:
+    status, answer = _post(f"http://{openai_stack.address('openai')}/tokenize",
+                           {"model": "no-such-model", "prompt": "a"})
+    assert status == 404 and answer["error"]["code"] == "model_not_found"
+
+
 def test_health(openai_stack: Stack) -> None:
     with urllib.request.urlopen(f"http://{openai_stack.address('openai')}/health") as resp:
         assert resp.status == 200
@@ -345,6 +390,13 @@ def test_a_wrong_api_key_is_a_401(front_without_gateway: str) -> None:
         with pytest.raises(openai.AuthenticationError) as info:
             c.models.list()
     assert info.value.response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_tokenize_needs_the_api_key_too(front_without_gateway: str) -> None:
+    base = front_without_gateway.removesuffix("/v1")
+    for path, body in (("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [1]})):
+        status, answer = _post(f"{base}{path}", body)
+        assert status == 401 and answer["error"]["code"] == "invalid_api_key"
 
 
 def _get(url: str, api_key: str | None = None) -> tuple[int, dict[str, dict[str, str]]]:

@@ -26,7 +26,7 @@ from services._proto.strand.v1 import gateway_pb2 as strand_dot_v1_dot_gateway__
 from services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19strand/v1/inference.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto2\xf0\x03\n\tInference\x12I\n\nAddRequest\x12\x1c.strand.v1.AddRequestRequest\x1a\x1d.strand.v1.AddRequestResponse\x12\x37\n\x04Step\x12\x16.strand.v1.StepRequest\x1a\x17.strand.v1.StepResponse\x12:\n\x05\x41\x62ort\x12\x17.strand.v1.AbortRequest\x1a\x18.strand.v1.AbortResponse\x12\x42\n\x08Generate\x12\x1a.strand.v1.GenerateRequest\x1a\x18.strand.v1.RequestOutput0\x01\x12j\n\x15HasUnfinishedRequests\x12\'.strand.v1.HasUnfinishedRequestsRequest\x1a(.strand.v1.HasUnfinishedRequestsResponse\x12s\n\x18GetNumUnfinishedRequests\x12*.strand.v1.GetNumUnfinishedRequestsRequest\x1a+.strand.v1.GetNumUnfinishedRequestsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19strand/v1/inference.proto\x12\tstrand.v1\x1a\x17strand/v1/gateway.proto\x1a\x15strand/v1/types.proto2\x80\x05\n\tInference\x12I\n\nAddRequest\x12\x1c.strand.v1.AddRequestRequest\x1a\x1d.strand.v1.AddRequestResponse\x12\x37\n\x04Step\x12\x16.strand.v1.StepRequest\x1a\x17.strand.v1.StepResponse\x12:\n\x05\x41\x62ort\x12\x17.strand.v1.AbortRequest\x1a\x18.strand.v1.AbortResponse\x12\x42\n\x08Generate\x12\x1a.strand.v1.GenerateRequest\x1a\x18.strand.v1.RequestOutput0\x01\x12j\n\x15HasUnfinishedRequests\x12\'.strand.v1.HasUnfinishedRequestsRequest\x1a(.strand.v1.HasUnfinishedRequestsResponse\x12s\n\x18GetNumUnfinishedRequests\x12*.strand.v1.GetNumUnfinishedRequestsRequest\x1a+.strand.v1.GetNumUnfinishedRequestsResponse\x12\x43\n\x08Tokenize\x12\x1a.strand.v1.TokenizeRequest\x1a\x1b.strand.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.strand.v1.DetokenizeRequest\x1a\x1d.strand.v1.DetokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strand.v1.inference_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INFERENCE']._serialized_start=89
-  _globals['_INFERENCE']._serialized_end=585
+  _globals['_INFERENCE']._serialized_end=729
 # @@protoc_insertion_point(module_scope)

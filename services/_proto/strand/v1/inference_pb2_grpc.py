@@ -65,6 +65,16 @@ class InferenceStub:
                 request_serializer=strand_dot_v1_dot_gateway__pb2.GetNumUnfinishedRequestsRequest.SerializeToString,
                 response_deserializer=strand_dot_v1_dot_gateway__pb2.GetNumUnfinishedRequestsResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/strand.v1.Inference/Tokenize',
+                request_serializer=strand_dot_v1_dot_types__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_types__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/strand.v1.Inference/Detokenize',
+                request_serializer=strand_dot_v1_dot_types__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=strand_dot_v1_dot_types__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -110,6 +120,19 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The tokenizer stage's view of a prompt (vLLM's /tokenize and /detokenize): nothing is added.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +165,16 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GetNumUnfinishedRequests,
                     request_deserializer=strand_dot_v1_dot_gateway__pb2.GetNumUnfinishedRequestsRequest.FromString,
                     response_serializer=strand_dot_v1_dot_gateway__pb2.GetNumUnfinishedRequestsResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=strand_dot_v1_dot_types__pb2.TokenizeRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_types__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=strand_dot_v1_dot_types__pb2.DetokenizeRequest.FromString,
+                    response_serializer=strand_dot_v1_dot_types__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +339,60 @@ class Inference:
             '/strand.v1.Inference/GetNumUnfinishedRequests',
             strand_dot_v1_dot_gateway__pb2.GetNumUnfinishedRequestsRequest.SerializeToString,
             strand_dot_v1_dot_gateway__pb2.GetNumUnfinishedRequestsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Inference/Tokenize',
+            strand_dot_v1_dot_types__pb2.TokenizeRequest.SerializeToString,
+            strand_dot_v1_dot_types__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strand.v1.Inference/Detokenize',
+            strand_dot_v1_dot_types__pb2.DetokenizeRequest.SerializeToString,
+            strand_dot_v1_dot_types__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

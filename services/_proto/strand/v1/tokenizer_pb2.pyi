@@ -26,7 +26,7 @@ class ProcessRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ...) -> None: ...
 
 class TokenizerRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "process")
+    __slots__ = ("seq", "trace_context", "process", "tokenize", "detokenize")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,10 +37,14 @@ class TokenizerRequest(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZE_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     process: ProcessRequest
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., process: _Optional[_Union[ProcessRequest, _Mapping]] = ...) -> None: ...
+    tokenize: _types_pb2.TokenizeRequest
+    detokenize: _types_pb2.DetokenizeRequest
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., process: _Optional[_Union[ProcessRequest, _Mapping]] = ..., tokenize: _Optional[_Union[_types_pb2.TokenizeRequest, _Mapping]] = ..., detokenize: _Optional[_Union[_types_pb2.DetokenizeRequest, _Mapping]] = ...) -> None: ...
 
 class AddedRequest(_message.Message):
     __slots__ = ("child_ids", "num_prompt_tokens", "output_kind")
@@ -53,11 +57,15 @@ class AddedRequest(_message.Message):
     def __init__(self, child_ids: _Optional[_Iterable[str]] = ..., num_prompt_tokens: _Optional[int] = ..., output_kind: _Optional[int] = ...) -> None: ...
 
 class TokenizerResponse(_message.Message):
-    __slots__ = ("seq", "added", "error")
+    __slots__ = ("seq", "added", "error", "tokenized", "detokenized")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ADDED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZED_FIELD_NUMBER: _ClassVar[int]
+    DETOKENIZED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     added: AddedRequest
     error: _types_pb2.StageError
-    def __init__(self, seq: _Optional[int] = ..., added: _Optional[_Union[AddedRequest, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ...) -> None: ...
+    tokenized: _types_pb2.TokenizeResponse
+    detokenized: _types_pb2.DetokenizeResponse
+    def __init__(self, seq: _Optional[int] = ..., added: _Optional[_Union[AddedRequest, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.StageError, _Mapping]] = ..., tokenized: _Optional[_Union[_types_pb2.TokenizeResponse, _Mapping]] = ..., detokenized: _Optional[_Union[_types_pb2.DetokenizeResponse, _Mapping]] = ...) -> None: ...

@@ -141,6 +141,40 @@ class Prompt(_message.Message):
     cache_salt: str
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
+class TokenizeRequest(_message.Message):
+    __slots__ = ("prompt", "add_special_tokens", "return_token_strs")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
+    prompt: Prompt
+    add_special_tokens: bool
+    return_token_strs: bool
+    def __init__(self, prompt: _Optional[_Union[Prompt, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ..., return_token_strs: _Optional[bool] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("tokens", "count", "max_model_len", "token_strs")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_STRS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    count: int
+    max_model_len: int
+    token_strs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., count: _Optional[int] = ..., max_model_len: _Optional[int] = ..., token_strs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("prompt",)
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    def __init__(self, prompt: _Optional[str] = ...) -> None: ...
+
 class EngineCoreRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority", "cache_salt", "lora_request")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
