@@ -131,6 +131,8 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
     msg = pb.Prompt()
     if "prompt_token_ids" in prompt:
         msg.token_ids.ids.extend(int(t) for t in prompt["prompt_token_ids"])
+        if prompt.get("prompt") is not None:
+            msg.token_ids_text = prompt["prompt"]
     elif "messages" in prompt:
         chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt["messages"]]
         msg.chat.messages.extend(chat)
@@ -157,6 +159,8 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
         result = {"prompt": msg.text}
     elif kind == "token_ids":
         result = {"prompt_token_ids": list(msg.token_ids.ids)}
+        if msg.HasField("token_ids_text"):
+            result["prompt"] = msg.token_ids_text
     else:
         result = {"messages": [{"role": m.role, "content": m.content}
                                for m in msg.chat.messages]}

@@ -93,3 +93,14 @@ def test_server_info_describes_the_model(client: EngineClient, stack: Stack) -> 
     assert info["auto_step"] is False
     assert (info["dtype"], info["kv_cache_dtype"]) == ("float32", "float32")
     assert {"python", "grpc", "protobuf", "torch"} <= set(info["versions"])
+
+
+def test_outputs_name_the_prompt_as_in_process(client: EngineClient) -> None:
+    # LLMEngine gives RequestOutput.prompt: the text, the text given with token ids, or None.
+    params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
+    ids = client.tokenize("kalo mi")["tokens"]
+    for prompt, expected in (("kalo mi", "kalo mi"),
+                             ({"prompt_token_ids": ids, "prompt": "kalo mi"}, "kalo mi"),
+                             ({"prompt_token_ids": ids}, None)):
+        final = list(client.generate(prompt, params))[-1]
+        assert final.prompt == expected, prompt

@@ -78,6 +78,7 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
     {"prompt": "text with salt", "cache_salt": "s1"},
     {"prompt_token_ids": [1, 2, 3]},
     {"prompt_token_ids": [4, 5], "cache_salt": "s2"},
+    {"prompt_token_ids": [4, 5], "prompt": "the text they came from"},
     {"messages": [{"role": "system", "content": "be brief"},
                   {"role": "user", "content": "hi"}]},
     {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
