@@ -23,6 +23,7 @@ from engine_core.sampling_params import SamplingParams
 from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai import params as convert
+from services.openai.echo import prepare_echo
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
 from services.openai.protocol import (
     ChatCompletionRequest,
@@ -153,10 +154,13 @@ def create_app(config: FrontConfig) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         model, lora = await front.check_model(req.model)
-        shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}")
         params = convert.completion_params(req)
-        return await _serve(front, req, shaper, convert.completion_prompts(req), params, lora,
-                            request)
+        prompts = convert.completion_prompts(req)
+        echo = (await prepare_echo(front.client(), prompts, convert.echo_only(req),
+                                   req.logprobs is not None) if req.echo else None)
+        shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}",
+                        echo=echo)
+        return await _serve(front, req, shaper, prompts, params, lora, request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:

@@ -51,9 +51,17 @@ def _text_content(content: Any, index: int) -> str:
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    if req.echo:
-        raise bad_request("echo is not supported", "echo")
-    return _params(req, req.max_tokens, req.logprobs)
+    """With echo, the prompt's logprobs are asked for too; max_tokens 0 with echo samples one
+    token that is not shown (services/openai/echo.py)."""
+    max_tokens = 1 if echo_only(req) else req.max_tokens
+    params = _params(req, max_tokens, req.logprobs)
+    if req.echo and req.logprobs is not None:
+        params = params.clone(prompt_logprobs=req.logprobs)
+    return params
+
+
+def echo_only(req: CompletionRequest) -> bool:
+    return req.echo and req.max_tokens == 0
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
+from services.openai.echo import Echo, Position
 from services.openai.errors import OpenAIError
 
 DONE = "data: [DONE]\n\n"
@@ -33,18 +34,26 @@ def _token(lp: Logprob | None, token_id: int) -> str:
     return lp.decoded_token if lp is not None and lp.decoded_token is not None else f"<{token_id}>"
 
 
-def completion_logprobs(output: CompletionOutput, text_offset: int) -> dict[str, Any] | None:
-    """Completions' legacy shape: tokens, token_logprobs, top_logprobs, text_offset."""
-    if output.logprobs is None:
-        return None
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    for token_id, position in zip(output.token_ids, output.logprobs, strict=False):
-        sampled = position.get(token_id)
-        text = _token(sampled, token_id)
+def completion_logprobs(token_ids: list[int], rows: list[Position], text_offset: int,
+                        first_token: str | None = None) -> dict[str, Any]:
+    """Completions' legacy shape: tokens, token_logprobs, top_logprobs, text_offset. A row
+    that is None (an echoed prompt's first token) has null logprobs, its text first_token."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    for token_id, position in zip(token_ids, rows, strict=False):
+        if position is None:
+            text = first_token if first_token is not None else f"<{token_id}>"
+            token_logprobs.append(None)
+            top.append(None)
+        else:
+            sampled = position.get(token_id)
+            text = _token(sampled, token_id)
+            token_logprobs.append(sampled.logprob if sampled is not None else None)
+            top.append({_token(lp, tid): lp.logprob for tid, lp in
+                        sorted(position.items(), key=lambda kv: kv[1].rank or 0)})
         tokens.append(text)
-        token_logprobs.append(sampled.logprob if sampled is not None else None)
-        top.append({_token(lp, tid): lp.logprob for tid, lp in
-                    sorted(position.items(), key=lambda kv: kv[1].rank or 0)})
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
@@ -84,6 +93,7 @@ class Shaper:
     completion_tokens: dict[int, int] = field(default_factory=dict)  # choice -> tokens so far
     text_offsets: dict[int, int] = field(default_factory=dict)  # choice -> chars so far
     started: set[int] = field(default_factory=set)  # chat choices that sent their role
+    echo: Echo | None = None  # completions' echo: the prompts before the text
 
     @property
     def object(self) -> str:
@@ -101,25 +111,46 @@ class Shaper:
             choices.append((index, c))
         return choices
 
-    def _logprobs(self, index: int, c: CompletionOutput) -> dict[str, Any] | None:
-        if self.chat:
-            return chat_logprobs(c, self.num_top_logprobs)
+    def _completion(self, job: int, index: int, out: RequestOutput, c: CompletionOutput
+                    ) -> tuple[str, dict[str, Any] | None] | None:
+        """A completion choice's next (text, logprobs), the echoed prompt first; None while an
+        echoing stream has nothing to show for it yet."""
+        rows: list[Position] = list(c.logprobs or [])
+        parts = ((c.text, c.token_ids, rows, None) if self.echo is None
+                 else self.echo.choice(job, index, out, c))
+        if parts is None:
+            return None
+        text, token_ids, rows, first_token = parts
         offset = self.text_offsets.get(index, 0)
-        self.text_offsets[index] = offset + len(c.text)
-        return completion_logprobs(c, offset)
+        self.text_offsets[index] = offset + len(text)
+        if c.logprobs is None:
+            return text, None
+        return text, completion_logprobs(token_ids, rows, offset, first_token)
+
+    def _choice(self, job: int, index: int, out: RequestOutput, c: CompletionOutput,
+                key: str) -> dict[str, Any] | None:
+        """One choice's fields; chat's text under `key` ("message" or "delta")."""
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(c)}
+        if self.chat:
+            choice["logprobs"] = chat_logprobs(c, self.num_top_logprobs)
+            choice[key] = {"role": "assistant", "content": c.text}
+            return choice
+        part = self._completion(job, index, out, c)
+        if part is None:
+            return None
+        choice["text"], choice["logprobs"] = part
+        choice["stop_reason"] = c.stop_reason
+        return choice
 
     def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         """The whole (non-streamed) response from each job's final output."""
         choices = []
         for job, out in enumerate(outputs):
+            if self.echo is not None:
+                self.echo.collect(job, out)
             for index, c in self._count(job, out):
-                choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(index, c),
-                                          "finish_reason": finish_reason(c)}
-                if self.chat:
-                    choice["message"] = {"role": "assistant", "content": c.text}
-                else:
-                    choice["text"] = c.text
-                    choice["stop_reason"] = c.stop_reason
+                choice = self._choice(job, index, out, c, "message")
+                assert choice is not None  # a final output has its tokens
                 choices.append(choice)
         choices.sort(key=lambda ch: ch["index"])
         return {"id": self.id, "object": self.object, "created": self.created,
@@ -128,18 +159,16 @@ class Shaper:
     def chunks(self, job: int, out: RequestOutput, include_usage: bool) -> list[str]:
         """SSE events for one streamed (DELTA) output: one chunk per choice that moved."""
         events = []
+        if self.echo is not None:
+            self.echo.collect(job, out)
         for index, c in self._count(job, out):
-            choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(index, c),
-                                      "finish_reason": finish_reason(c)}
+            choice = self._choice(job, index, out, c, "delta")
+            if choice is None:
+                continue
             if self.chat:
-                delta: dict[str, Any] = {"content": c.text}
-                if index not in self.started:
-                    self.started.add(index)
-                    delta["role"] = "assistant"
-                choice["delta"] = delta
-            else:
-                choice["text"] = c.text
-                choice["stop_reason"] = c.stop_reason
+                if index in self.started:
+                    del choice["delta"]["role"]  # the role goes with a choice's first chunk
+                self.started.add(index)
             events.append(sse(self._chunk([choice], include_usage)))
         return events
 

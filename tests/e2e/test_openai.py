@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from services.client import EngineClient
 from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
 from tests.conftest import build_tiny_model
 from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished
@@ -134,6 +135,48 @@ def test_streamed_completion_equals_the_whole_one(client: openai.OpenAI,
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 6
     assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(client: openai.OpenAI,
+                                                     model_name: str) -> None:
+    greedy = {"model": model_name, "prompt": "kalo mi sona", "temperature": 0.0, "logprobs": 1,
+              "extra_body": {"ignore_eos": True}}
+    plain = client.completions.create(max_tokens=3, **greedy).choices[0]  # type: ignore[call-overload]
+    echoed = client.completions.create(max_tokens=3, echo=True, **greedy)  # type: ignore[call-overload]
+    scored = client.completions.create(max_tokens=0, echo=True, **greedy)  # type: ignore[call-overload]
+    assert echoed.usage is not None and scored.usage is not None
+    num_prompt = echoed.usage.prompt_tokens
+    assert echoed.choices[0].text == "kalo mi sona" + plain.text
+    assert scored.choices[0].text == "kalo mi sona"  # max_tokens 0: the prompt alone
+    lp, prompt_lp = echoed.choices[0].logprobs, scored.choices[0].logprobs
+    assert lp is not None and prompt_lp is not None and plain.logprobs is not None
+    assert lp.token_logprobs is not None and prompt_lp.token_logprobs is not None
+    assert len(lp.token_logprobs) == num_prompt + 3
+    assert prompt_lp.token_logprobs == lp.token_logprobs[:num_prompt]
+    assert prompt_lp.token_logprobs[0] is None and prompt_lp.top_logprobs[0] is None  # type: ignore[index]
+    assert all(x is not None and x <= 0.0 for x in prompt_lp.token_logprobs[1:])
+    # The same tokens' logprobs; computed beside the prompt's they may differ in the last bit.
+    assert lp.token_logprobs[num_prompt:] == pytest.approx(plain.logprobs.token_logprobs, abs=1e-5)
+    assert lp.text_offset == sorted(lp.text_offset)  # type: ignore[arg-type]
+    assert lp.tokens is not None and "".join(lp.tokens[1:]).endswith(echoed.choices[0].text[-3:])
+    streamed = list(client.completions.create(max_tokens=3, echo=True, stream=True, **greedy))  # type: ignore[call-overload]
+    assert streamed[0].choices[0].text.startswith("kalo mi sona")
+    assert "".join(ch.text for c in streamed for ch in c.choices) == echoed.choices[0].text
+
+
+def test_echo_of_token_ids_is_their_text(client: openai.OpenAI, model_name: str,
+                                         openai_stack: Stack) -> None:
+    with EngineClient(openai_stack.gateway_address, timeout=60) as engine:
+        ids = engine.tokenize("kalo mi")["tokens"]
+        text = engine.detokenize(ids)
+    resp = client.completions.create(model=model_name, prompt=ids, max_tokens=0, echo=True)
+    assert resp.choices[0].text == text
+
+
+def test_max_tokens_zero_needs_echo(client: openai.OpenAI, model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=0)
+    assert info.value.response.json()["error"]["param"] == "max_tokens"
 
 
 def test_chat_completion(client: openai.OpenAI, model_name: str) -> None:
