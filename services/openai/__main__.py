@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from services.common.errors import run_main, setup_logging
+from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,9 +30,14 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--lora-modules", nargs="*", default=[], metavar="NAME=PATH",
                         help="LoRA adapters served by model name (the engine needs "
                              "--enable-lora); /v1/models lists them")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="the largest HTTP request body taken; a larger one is a 413, "
+                             "refused unread (default %(default)s)")
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
     args = parser.parse_args(argv)
+    if args.max_body_bytes < 1:
+        parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
 
     import uvicorn
 
@@ -46,7 +52,8 @@ def _main(argv: list[str] | None) -> None:
     app = create_app(FrontConfig(gateway=args.gateway_addr, api_key=args.api_key,
                                  root_certificates=roots,
                                  served_model_names=args.served_model_name,
-                                 lora_modules=lora_modules))
+                                 lora_modules=lora_modules,
+                                 max_body_bytes=args.max_body_bytes))
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -23,6 +23,7 @@ from engine_core.sampling_params import SamplingParams
 from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai import params as convert
+from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from services.openai.echo import prepare_echo
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
 from services.openai.protocol import (
@@ -47,6 +48,7 @@ class FrontConfig:
     served_model_names: list[str] = field(default_factory=list)
     # --lora-modules: model name -> the adapter a request naming it runs with.
     lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body is a 413, unread
 
 
 class Front:
@@ -118,6 +120,9 @@ def create_app(config: FrontConfig) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a byte offset, not a field
+            error = first.get("ctx", {}).get("error", "invalid JSON")
+            return bad_request(f"body is not valid JSON: {error}", None).response()
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
         return bad_request(message, loc[0] if loc else None).response()
@@ -126,6 +131,8 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def _any(request: Request, exc: Exception) -> JSONResponse:
         return from_exception(exc).response()
 
+    # Added first, so inside the key check: a client without the key is refused unread.
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(ApiKeyCheck, key=config.api_key)
 

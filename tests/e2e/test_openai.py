@@ -341,6 +341,33 @@ def test_tokenize_of_an_unknown_model_is_a_404(openai_stack: Stack) -> None:
     assert status == 404 and answer["error"]["code"] == "model_not_found"
 
 
+def test_an_oversized_body_is_a_413_before_it_is_read(openai_stack: Stack) -> None:
+    host, port = openai_stack.address("openai").rsplit(":", 1)
+    declared = 300 * 1024**2
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n{" % declared)
+        answer = ""
+        while not answer.endswith("}}"):
+            received = sock.recv(4096).decode()
+            assert received, f"the front closed the connection after {answer!r}"
+            answer += received
+    assert answer.startswith("HTTP/1.1 413")
+    assert f"request body must be at most {32 * 1024**2} bytes, got {declared}" in answer
+    status, body = _post(f"http://{openai_stack.address('openai')}/v1/completions", {"x": 1})
+    assert status == 400  # the front serves on
+
+
+def test_a_body_that_is_not_json_names_the_body(openai_stack: Stack) -> None:
+    request = urllib.request.Request(f"http://{openai_stack.address('openai')}/v1/completions",
+                                     b"{not json", {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    error = json.loads(info.value.read())["error"]
+    assert info.value.code == 400 and error["message"].startswith("body is not valid JSON")
+
+
 def test_health(openai_stack: Stack) -> None:
     with urllib.request.urlopen(f"http://{openai_stack.address('openai')}/health") as resp:
         assert resp.status == 200
