@@ -63,6 +63,14 @@ def from_exception(exc: BaseException) -> OpenAIError:
         details = str(exc.details())  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE:
             return unavailable(f"the strand gateway is unavailable: {details}")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # The engine's queue is full (--max-waiting-requests): OpenAI's overload status,
+            # which its SDK retries with back-off.
+            return OpenAIError(429, details, type_="rate_limit_error",
+                               code="rate_limit_exceeded")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return OpenAIError(504, f"the strand gateway did not answer in time: {details}",
+                               type_="server_error", code="timeout")
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             # The engine sleeps (Control/Sleep): nothing wrong with the request; retry after
             # WakeUp, as after any 503.

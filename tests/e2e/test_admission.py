@@ -3,10 +3,13 @@ full (not a bare CANCELLED after a timeout), and nothing of it is left in any st
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import openai
 import pytest
 
 from engine_core.config import EngineArgs
@@ -14,7 +17,8 @@ from engine_core.errors import QueueFullError
 from engine_core.llm_engine import LLMEngine
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
-from services.launch import Stack
+from services.launch import REPO_ROOT, Stack, free_port
+from services.openai.health import wait_http_healthy
 from tests.e2e.conftest import engine_num_unfinished, start_stack
 from tests.e2e.metrics_scrape import scrape, value
 
@@ -53,6 +57,32 @@ def test_beyond_the_waiting_bound_adds_are_resource_exhausted(small_stack: Stack
         client.add_request("w3", "three, later", PARAMS)  # room again once they ran
         while client.has_unfinished_requests():
             client.step()
+
+
+def test_the_openai_front_answers_a_full_queue_with_429(small_stack: Stack) -> None:
+    port = free_port()
+    front = subprocess.Popen(
+        [sys.executable, "-m", "services.openai", "--port", str(port),
+         "--gateway-addr", small_stack.gateway_address], cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http_healthy(f"http://127.0.0.1:{port}/health", 60, front)
+        with EngineClient(small_stack.gateway_address, timeout=30) as client:
+            client.add_request("w1", "one", PARAMS)
+            client.add_request("w2", "two", PARAMS)  # the queue is full
+            with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               max_retries=0) as oai:
+                with pytest.raises(openai.RateLimitError) as err:
+                    oai.completions.create(model=small_stack.config.model, prompt="three",
+                                           max_tokens=2)
+            error = err.value.response.json()["error"]
+            assert error["code"] == "rate_limit_exceeded"
+            assert "waiting queue is full" in error["message"]
+            while client.has_unfinished_requests():
+                client.step()
+    finally:
+        front.terminate()
+        front.wait(timeout=10)
 
 
 def test_in_process_the_bound_is_off_unless_set(tiny_model_dir: Path) -> None:
