@@ -144,6 +144,17 @@ def create_app(config: FrontConfig) -> FastAPI:
             return from_exception(exc).response()
         return Response(status_code=200)
 
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """vLLM's /version: this front's package version (the gateway's stages report theirs
+        in GetServerInfo)."""
+        from importlib import metadata
+
+        try:
+            return {"version": metadata.version("strand")}
+        except metadata.PackageNotFoundError:
+            return {"version": "unknown"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         info = await front.info()

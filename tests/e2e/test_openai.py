@@ -7,6 +7,7 @@ and compare runs of greedy decoding with each other, never on what the text says
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import socket
@@ -366,6 +367,11 @@ def test_a_body_that_is_not_json_names_the_body(openai_stack: Stack) -> None:
         urllib.request.urlopen(request, timeout=30)
     error = json.loads(info.value.read())["error"]
     assert info.value.code == 400 and error["message"].startswith("body is not valid JSON")
+
+
+def test_version(openai_stack: Stack) -> None:
+    status, body = _get(f"http://{openai_stack.address('openai')}/version")
+    assert status == 200 and body == {"version": importlib.metadata.version("strand")}
 
 
 def test_health(openai_stack: Stack) -> None:
