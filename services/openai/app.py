@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -127,9 +128,19 @@ def create_app(config: FrontConfig) -> FastAPI:
         message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
         return bad_request(message, loc[0] if loc else None).response()
 
+    async def _known(request: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc).response()
+
+    # What a request may meet on its way (refused input, the gateway's statuses) is answered
+    # where the route is: Starlette's handler for Exception answers too, but then re-raises
+    # for the server's log, and uvicorn closes the connection: a keep-alive client's next
+    # request on it failed with a connection error.
+    for known in (ValueError, grpc.RpcError, ConnectionError):
+        app.add_exception_handler(known, _known)
+
     @app.exception_handler(Exception)
     async def _any(request: Request, exc: Exception) -> JSONResponse:
-        return from_exception(exc).response()
+        return from_exception(exc).response()  # a bug: a 500, logged, the connection closed
 
     # Added first, so inside the key check: a client without the key is refused unread.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
@@ -178,7 +189,8 @@ def create_app(config: FrontConfig) -> FastAPI:
                                    req.logprobs is not None) if req.echo else None)
         shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}",
                         echo=echo)
-        return await _serve(front, req, shaper, prompts, params, lora, request)
+        return await _serve(front, req, shaper, convert.salted(prompts, req.cache_salt), params,
+                            lora, request)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
@@ -187,7 +199,8 @@ def create_app(config: FrontConfig) -> FastAPI:
                         id=f"chatcmpl-{uuid.uuid4().hex}")
         params = convert.chat_params(req)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt)
-        return await _serve(front, req, shaper, [prompt], params, lora, request)
+        return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt), params,
+                            lora, request)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:

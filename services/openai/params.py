@@ -24,6 +24,14 @@ def completion_prompts(req: CompletionRequest) -> list[PromptType]:
             for p in prompt]
 
 
+def salted(prompts: list[PromptType], cache_salt: str | None) -> list[PromptType]:
+    """The prompts with the request's cache_salt (vLLM's field), which the engine checks."""
+    if cache_salt is None:
+        return prompts
+    return [{"prompt": p, "cache_salt": cache_salt} if isinstance(p, str)
+            else {**p, "cache_salt": cache_salt} for p in prompts]
+
+
 def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool) -> PromptType:
     """The engine renders the model's chat template from {"messages": [...]}."""
     texts = [{"role": str(m.get("role", "")), "content": _text_content(m.get("content"), i)}
@@ -53,6 +61,8 @@ def _text_content(content: Any, index: int) -> str:
 def completion_params(req: CompletionRequest) -> SamplingParams:
     """With echo, the prompt's logprobs are asked for too; max_tokens 0 with echo samples one
     token that is not shown (services/openai/echo.py)."""
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported", "suffix")
     max_tokens = 1 if echo_only(req) else req.max_tokens
     params = _params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
@@ -65,11 +75,24 @@ def echo_only(req: CompletionRequest) -> bool:
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+    _refuse_tools(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens or req.max_tokens
     return _params(req, max_tokens, logprobs)
+
+
+def _refuse_tools(req: ChatCompletionRequest) -> None:
+    """Fields a chat template would need and this front does not pass it: a 400 naming the
+    field, not a reply that silently ignored them."""
+    if req.continue_final_message:
+        raise bad_request("continue_final_message is not supported", "continue_final_message")
+    for name in ("tools", "functions", "function_call"):
+        if getattr(req, name):
+            raise bad_request(f"{name} is not supported (no tool calling)", name)
+    if req.tool_choice not in (None, "none"):
+        raise bad_request("tool_choice is not supported (no tool calling)", "tool_choice")
 
 
 def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -91,7 +114,10 @@ def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> Sam
             min_tokens=req.min_tokens, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias,
-            skip_special_tokens=req.skip_special_tokens, output_kind=kind,
+            skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
+            truncate_prompt_tokens=req.truncate_prompt_tokens, output_kind=kind,
             structured_outputs=structured)
     except ValueError as exc:
         raise bad_request(str(exc)) from None

@@ -35,7 +35,12 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    cache_salt: str | None = None  # the prefix cache is shared only among requests with it
     # Output constraints (services/openai/structured.py): vLLM's object, its older guided_*
     # fields, and OpenAI's response_format.
     structured_outputs: dict[str, Any] | None = None
@@ -51,6 +56,7 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None
     echo: bool = False
+    suffix: str | None = None  # refused when set (params.py): not dropped unseen
 
 
 class ChatCompletionRequest(_Sampling):
@@ -60,6 +66,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # Refused when used (params.py) rather than dropped: the template would never see them.
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
 
 
 class TokenizeRequest(BaseModel):

@@ -7,6 +7,7 @@ and compare runs of greedy decoding with each other, never on what the text says
 
 from __future__ import annotations
 
+import http.client
 import importlib.metadata
 import json
 import re
@@ -180,6 +181,43 @@ def test_max_tokens_zero_needs_echo(client: openai.OpenAI, model_name: str) -> N
     assert info.value.response.json()["error"]["param"] == "max_tokens"
 
 
+def test_vllms_extra_fields_reach_the_engine(client: openai.OpenAI, model_name: str,
+                                             openai_stack: Stack) -> None:
+    only = client.completions.create(model=model_name, prompt="Hi", max_tokens=3,
+                                     extra_body={"allowed_token_ids": [40], "ignore_eos": True})
+    with EngineClient(openai_stack.gateway_address, timeout=60) as engine:
+        assert only.choices[0].text == engine.detokenize([40, 40, 40])
+    cut = client.completions.create(model=model_name, prompt="kalo mi sona pona", max_tokens=1,
+                                    extra_body={"truncate_prompt_tokens": 2, "cache_salt": "s"})
+    assert cut.usage is not None and cut.usage.prompt_tokens == 2
+    # Refused by the engine's own checks, naming the field: so they were passed on.
+    for extra, param in (({"cache_salt": ""}, "cache_salt"), ({"bad_words": [" "]}, "bad_words")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=model_name, prompt="Hi", max_tokens=1,
+                                      extra_body=extra)
+        assert info.value.response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"continue_final_message": True}, "continue_final_message"),
+])
+def test_chat_fields_it_cannot_honour_are_refused(client: openai.OpenAI, model_name: str,
+                                                 extra: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=1,  # type: ignore[arg-type]
+                                       extra_body=extra)
+    assert info.value.response.json()["error"]["param"] == param
+
+
+def test_suffix_is_refused(client: openai.OpenAI, model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="Hi", suffix="end", max_tokens=1)
+    assert info.value.response.json()["error"]["param"] == "suffix"
+
+
 def test_chat_completion(client: openai.OpenAI, model_name: str) -> None:
     resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=5,  # type: ignore[arg-type]
                                           n=2, temperature=0.8, seed=3,
@@ -251,6 +289,24 @@ def test_engine_refusal_is_a_400_naming_the_field(client: openai.OpenAI,
                                   stream=True)
     error = info.value.response.json()["error"]
     assert error["param"] == "prompt_token_ids" and "vocab" in error["message"]
+
+
+def test_a_refused_request_keeps_its_connection(openai_stack: Stack, model_name: str) -> None:
+    # Refused past the front (the engine's vocab bound): the 400 must not close the keep-alive
+    # connection under the client's next request.
+    host, port = openai_stack.address("openai").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for prompt, status in (([1, 999_999], 400), ("Hi", 200), ([1, 999_999], 400)):
+            conn.request("POST", "/v1/completions", json.dumps(
+                {"model": model_name, "prompt": prompt, "max_tokens": 1}),
+                {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == status
+            assert resp.getheader("connection") != "close"
+    finally:
+        conn.close()
 
 
 def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
