@@ -188,7 +188,7 @@ def create_app(config: FrontConfig) -> FastAPI:
         echo = (await prepare_echo(front.client(), prompts, convert.echo_only(req),
                                    req.logprobs is not None) if req.echo else None)
         shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}",
-                        echo=echo)
+                        echo=echo, prompt_logprobs=req.prompt_logprobs is not None)
         return await _serve(front, req, shaper, convert.salted(prompts, req.cache_salt), params,
                             lora, request)
 
@@ -196,7 +196,8 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         model, lora = await front.check_model(req.model)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
-                        id=f"chatcmpl-{uuid.uuid4().hex}")
+                        id=f"chatcmpl-{uuid.uuid4().hex}",
+                        prompt_logprobs=req.prompt_logprobs is not None)
         params = convert.chat_params(req)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt)
         return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt), params,

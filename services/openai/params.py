@@ -66,7 +66,7 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     max_tokens = 1 if echo_only(req) else req.max_tokens
     params = _params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
-        params = params.clone(prompt_logprobs=req.logprobs)
+        params = params.clone(prompt_logprobs=max(req.logprobs, req.prompt_logprobs or 0))
     return params
 
 
@@ -103,6 +103,9 @@ def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> Sam
     except ValueError:
         raise bad_request("logit_bias keys must be token ids", "logit_bias") from None
     kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs are not available when stream is enabled",
+                          "prompt_logprobs")
     structured = structured_outputs_of(req)
     try:
         return SamplingParams(
@@ -118,6 +121,7 @@ def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> Sam
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
             truncate_prompt_tokens=req.truncate_prompt_tokens, output_kind=kind,
+            prompt_logprobs=req.prompt_logprobs,
             structured_outputs=structured)
     except ValueError as exc:
         raise bad_request(str(exc)) from None

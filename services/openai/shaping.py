@@ -60,6 +60,15 @@ def completion_logprobs(token_ids: list[int], rows: list[Position], text_offset:
             "text_offset": offsets}
 
 
+def prompt_logprobs_json(out: RequestOutput) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs field: per prompt position, token id -> logprob, rank and
+    decoded token (None at the first position, which nothing precedes)."""
+    return [None if position is None else
+            {str(tid): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+             for tid, lp in position.items()}
+            for position in out.prompt_logprobs or []]
+
+
 def chat_logprobs(output: CompletionOutput, num_top: int) -> dict[str, Any] | None:
     """Chat's shape: content = [{token, logprob, bytes, top_logprobs: [...]}, ...]."""
     if output.logprobs is None:
@@ -94,6 +103,7 @@ class Shaper:
     text_offsets: dict[int, int] = field(default_factory=dict)  # choice -> chars so far
     started: set[int] = field(default_factory=set)  # chat choices that sent their role
     echo: Echo | None = None  # completions' echo: the prompts before the text
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs asked for: in each choice
 
     @property
     def object(self) -> str:
@@ -151,10 +161,15 @@ class Shaper:
             for index, c in self._count(job, out):
                 choice = self._choice(job, index, out, c, "message")
                 assert choice is not None  # a final output has its tokens
+                if self.prompt_logprobs and not self.chat:  # vLLM: per completion choice
+                    choice["prompt_logprobs"] = prompt_logprobs_json(out)
                 choices.append(choice)
         choices.sort(key=lambda ch: ch["index"])
-        return {"id": self.id, "object": self.object, "created": self.created,
+        body = {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "choices": choices, "usage": self.usage()}
+        if self.prompt_logprobs and self.chat:  # vLLM: once, for the one prompt
+            body["prompt_logprobs"] = prompt_logprobs_json(outputs[0])
+        return body
 
     def chunks(self, job: int, out: RequestOutput, include_usage: bool) -> list[str]:
         """SSE events for one streamed (DELTA) output: one chunk per choice that moved."""

@@ -166,6 +166,30 @@ def test_echo_puts_the_prompt_and_its_logprobs_first(client: openai.OpenAI,
     assert "".join(ch.text for c in streamed for ch in c.choices) == echoed.choices[0].text
 
 
+def test_prompt_logprobs_score_each_prompt_token(client: openai.OpenAI,
+                                                model_name: str) -> None:
+    greedy = {"model": model_name, "prompt": "kalo mi sona", "temperature": 0.0,
+              "max_tokens": 0, "echo": True, "logprobs": 1}
+    echoed = client.completions.create(**greedy).choices[0].logprobs  # type: ignore[call-overload]
+    resp = client.completions.create(model=model_name, prompt="kalo mi sona", max_tokens=1,
+                                     extra_body={"prompt_logprobs": 1})
+    rows = resp.choices[0].model_extra["prompt_logprobs"]  # type: ignore[index]
+    assert echoed is not None and rows[0] is None and len(rows) == resp.usage.prompt_tokens  # type: ignore[union-attr]
+    # Each row holds the prompt token (its logprob the echo's) and the top one (rank 1).
+    assert all(1 <= len(row) <= 2 and any(e["rank"] == 1 for e in row.values())
+               for row in rows[1:])
+    scored = [max((e["logprob"] for e in row.values() if e["decoded_token"] == token),
+                  default=None) for row, token in zip(rows[1:], echoed.tokens[1:], strict=True)]  # type: ignore[index, arg-type]
+    assert scored == pytest.approx(echoed.token_logprobs[1:], abs=1e-5)  # type: ignore[index]
+    chat = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=1,  # type: ignore[arg-type]
+                                          extra_body={"prompt_logprobs": 0})
+    assert len(chat.model_extra["prompt_logprobs"]) == chat.usage.prompt_tokens  # type: ignore[index, union-attr]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=1, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+    assert info.value.response.json()["error"]["param"] == "prompt_logprobs"
+
+
 def test_echo_of_token_ids_is_their_text(client: openai.OpenAI, model_name: str,
                                          openai_stack: Stack) -> None:
     with EngineClient(openai_stack.gateway_address, timeout=60) as engine:
