@@ -272,6 +272,8 @@ async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[P
             return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
         return JSONResponse(shaper.response(work.result()))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    shaper.continuous_usage = bool(include_usage and req.stream_options
+                                   and req.stream_options.continuous_usage_stats)
     first: tuple[int, RequestOutput] | None
     try:
         # The first output before the response starts: bad input is still a 400, not a stream.

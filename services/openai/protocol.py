@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk (with include_usage)
 
 
 class _Sampling(BaseModel):

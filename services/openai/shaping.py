@@ -104,6 +104,7 @@ class Shaper:
     started: set[int] = field(default_factory=set)  # chat choices that sent their role
     echo: Echo | None = None  # completions' echo: the prompts before the text
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs asked for: in each choice
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
 
     @property
     def object(self) -> str:
@@ -196,5 +197,7 @@ class Shaper:
                                  "created": self.created, "model": self.model,
                                  "choices": choices}
         if include_usage:
-            chunk["usage"] = None  # OpenAI: null on every chunk but the last
+            # OpenAI: null on every chunk but the last; vLLM's continuous_usage_stats: the
+            # counts so far on each.
+            chunk["usage"] = self.usage() if self.continuous_usage else None
         return chunk

@@ -242,6 +242,17 @@ def test_suffix_is_refused(client: openai.OpenAI, model_name: str) -> None:
     assert info.value.response.json()["error"]["param"] == "suffix"
 
 
+def test_continuous_usage_stats_count_on_every_chunk(client: openai.OpenAI,
+                                                     model_name: str) -> None:
+    chunks = list(client.completions.create(  # type: ignore[call-overload]
+        model=model_name, prompt="Hello", max_tokens=4, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 4
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)
+
+
 def test_chat_completion(client: openai.OpenAI, model_name: str) -> None:
     resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=5,  # type: ignore[arg-type]
                                           n=2, temperature=0.8, seed=3,
