@@ -63,6 +63,20 @@ class LLM:
                         bar.update(1)
         return [finished[i] for i in ids]
 
+    def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+             ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list
+        of them, each rendered with the model's chat template, then generate()."""
+        conversations = ([messages] if messages and isinstance(messages[0], dict)
+                         else list(messages))
+        prompts: list[PromptType] = [{"messages": conversation,
+                                      "add_generation_prompt": add_generation_prompt}
+                                     for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
+
 
 def _broadcast(params: SamplingParams | Sequence[SamplingParams] | None,
                n: int) -> list[SamplingParams]:

@@ -171,6 +171,20 @@ def test_offline_llm_generate_returns_outputs_in_prompt_order(tiny_model_dir: Pa
     assert all(o.finished and len(o.outputs[0].token_ids) == 6 for o in outs)
 
 
+def test_offline_llm_chat_renders_each_conversation_with_the_template(
+        tiny_model_dir: Path) -> None:
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    hi = [{"role": "user", "content": "kalo"}]
+    bye = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "mi"}]
+    outs = llm.chat([hi, bye], greedy(4), use_tqdm=False)
+    template = llm.get_tokenizer().apply_chat_template
+    assert [o.prompt for o in outs] == [template(hi, True), template(bye, True)]
+    one = llm.chat(hi, greedy(4), use_tqdm=False, add_generation_prompt=False)[0]
+    assert one.prompt == template(hi, False) != outs[0].prompt
+    assert outs[0].outputs[0].token_ids == llm.generate(
+        {"messages": hi}, greedy(4), use_tqdm=False)[0].outputs[0].token_ids
+
+
 def test_offline_llm_generate_with_a_bad_prompt_adds_none_of_the_batch(
         tiny_model_dir: Path) -> None:
     llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
