@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -37,6 +38,8 @@ from services.openai.protocol import (
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
 from services.openai.tracing import end_request_span, start_request_span
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -182,6 +185,7 @@ def create_app(config: FrontConfig) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
+        _warn_ignored(req, "/v1/completions")
         model, lora = await front.check_model(req.model)
         params = convert.completion_params(req)
         prompts = convert.completion_prompts(req)
@@ -194,6 +198,7 @@ def create_app(config: FrontConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+        _warn_ignored(req, "/v1/chat/completions")
         model, lora = await front.check_model(req.model)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -219,6 +224,13 @@ def create_app(config: FrontConfig) -> FastAPI:
         return {"prompt": await front.client().detokenize(req.tokens)}
 
     return app
+
+
+def _warn_ignored(req: _Sampling, path: str) -> None:
+    """vLLM's warning for fields it does not know: the request is served without them."""
+    if req.model_extra:
+        log.warning("%s: the request's fields %s are not known and were ignored", path,
+                    sorted(req.model_extra))
 
 
 # Paths that take the API key: vLLM's /v1/ routes, and the tokenizer's, which reach the gateway

@@ -1,5 +1,5 @@
 """The request bodies of /v1/completions and /v1/chat/completions (OpenAI's fields plus vLLM's
-extra sampling fields). Unknown fields are ignored, as vLLM does."""
+extra sampling fields). Unknown fields are ignored with a warning naming them, as vLLM does."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept aside (model_extra), so the front can log them as ignored.
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     n: int = 1

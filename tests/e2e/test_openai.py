@@ -236,6 +236,22 @@ def test_chat_fields_it_cannot_honour_are_refused(client: openai.OpenAI, model_n
     assert info.value.response.json()["error"]["param"] == param
 
 
+def test_unknown_fields_are_served_without_and_named_in_the_log(client: openai.OpenAI,
+                                                               model_name: str,
+                                                               openai_stack: Stack) -> None:
+    resp = client.completions.create(model=model_name, prompt="Hi", max_tokens=1,
+                                     extra_body={"frobnicate": 1, "zeal": "x"})
+    assert resp.choices[0].finish_reason == "length"
+    assert openai_stack.config.log_dir is not None
+    log = openai_stack.config.log_dir / "openai.log"
+    for _ in range(50):  # the front's stderr reaches the file on its own schedule
+        if "['frobnicate', 'zeal'] are not known and were ignored" in log.read_text():
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"no warning in {log}")
+
+
 def test_suffix_is_refused(client: openai.OpenAI, model_name: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=model_name, prompt="Hi", suffix="end", max_tokens=1)
