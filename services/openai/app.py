@@ -17,7 +17,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry.trace import Span
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
@@ -25,9 +24,11 @@ from engine_core.sampling_params import SamplingParams
 from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai import params as convert
+from services.openai.api_key import ApiKeyCheck
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from services.openai.echo import prepare_echo
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
+from services.openai.metrics import FrontMetrics, HttpMetrics
 from services.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -149,6 +150,13 @@ def create_app(config: FrontConfig) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(ApiKeyCheck, key=config.api_key)
+    metrics = FrontMetrics()
+    app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: refusals counted too
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.text()
+        return Response(body, media_type=content_type)
 
     @app.get("/health")
     async def health() -> Response:
@@ -231,31 +239,6 @@ def _warn_ignored(req: _Sampling, path: str) -> None:
     if req.model_extra:
         log.warning("%s: the request's fields %s are not known and were ignored", path,
                     sorted(req.model_extra))
-
-
-# Paths that take the API key: vLLM's /v1/ routes, and the tokenizer's, which reach the gateway
-# with the front's own key.
-_KEYED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
-
-
-class ApiKeyCheck:
-    """401 for a /v1/ request without `Authorization: Bearer <key>`. Plain ASGI: Starlette's
-    @app.middleware("http") runs every response (streams included) through a task group and a
-    memory stream of its own, which cost a request more than its check."""
-
-    def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(_KEYED_PREFIXES):
-            given = dict(scope["headers"]).get(b"authorization")
-            if given != self.expected:
-                response = OpenAIError(401, "invalid or missing API key", param=None,
-                                       code="invalid_api_key").response()
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.client import EngineClient
 from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
@@ -474,6 +475,43 @@ def test_a_body_that_is_not_json_names_the_body(openai_stack: Stack) -> None:
         urllib.request.urlopen(request, timeout=30)
     error = json.loads(info.value.read())["error"]
     assert info.value.code == 400 and error["message"].startswith("body is not valid JSON")
+
+
+def _front_metrics(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    url = f"http://{stack.address('openai')}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_requests_by_route_and_status(client: openai.OpenAI, model_name: str,
+                                                    openai_stack: Stack) -> None:
+    ok = ("strand:openai_requests_total", (("route", "/v1/completions"), ("status", "200")))
+    refused = ("strand:openai_requests_total", (("route", "/v1/completions"), ("status", "400")))
+    probed = ("strand:openai_requests_total", (("route", "other"), ("status", "404")))
+    before = _front_metrics(openai_stack)
+    client.completions.create(model=model_name, prompt="Hi", max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=1, temperature=9)
+    for path in ("/no/such/path", "/v1/../etc/passwd-ish"):
+        assert _get_status(f"http://{openai_stack.address('openai')}{path}") == 404
+    after = _front_metrics(openai_stack)
+    assert after[ok] - before.get(ok, 0) == 1
+    assert after[refused] - before.get(refused, 0) == 1
+    assert after[probed] - before.get(probed, 0) == 2
+    duration = ("strand:openai_request_duration_seconds_count", (("route", "/v1/completions"),))
+    assert after[duration] - before.get(duration, 0) == 2
+    assert ("process_cpu_seconds_total", ()) in after
+
+
+def _get_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def test_version(openai_stack: Stack) -> None:
