@@ -43,13 +43,16 @@ def render_chat_template(
     messages: list[dict[str, str]],
     add_generation_prompt: bool = True,
     special_tokens: dict[str, str] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """Render `messages`; ValueError naming chat_template for a broken or unsafe template."""
+    """Render `messages` (and `tools`, for a template that lists them, as transformers passes
+    them); ValueError naming chat_template for a broken or unsafe template."""
     try:
         compiled = _compile(template)
         return compiled.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
             **(special_tokens or {}),
         )
     except SecurityError as exc:

@@ -17,7 +17,8 @@ from engine_core.processing.request_limits import (
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
-PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt"}
+PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt",
+               "tools"}
 
 
 @dataclass(slots=True)
@@ -191,7 +192,8 @@ class InputProcessor:
             messages = _check_messages(prompt["messages"])
             add_generation_prompt = bool(prompt.get("add_generation_prompt", True))
             tokenizer = self._text_tokenizer()
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt,
+                                                 _check_tools(prompt.get("tools")))
             # The template writes its own bos; encoding must not add a second one.
             return text, tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), salt
         if "prompt" in prompt:
@@ -266,6 +268,15 @@ def _check_messages(messages: object) -> list[dict[str, str]]:
         ):
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content'")
     return messages
+
+
+def _check_tools(tools: object) -> list[dict[str, Any]] | None:
+    """The template's `tools` (OpenAI's function specs), as given: a list of dicts or None."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("tools must be a list of dicts (OpenAI's tool specs)")
+    return tools
 
 
 def bad_words_token_ids(tokenizer: Tokenizer, bad_words: list[str]) -> list[list[int]]:

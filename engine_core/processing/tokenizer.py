@@ -99,7 +99,8 @@ class Tokenizer:
         return None if token_id is None else int(token_id)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         if not self.chat_template:
             raise ValueError("chat_template: the tokenizer has none, so 'messages' cannot be used")
@@ -112,6 +113,7 @@ class Tokenizer:
                 "eos_token": self.eos_token or "",
                 "unk_token": self.unk_token or "",
             },
+            tools=tools,
         )
 
     def _id_of(self, token: str | None) -> int | None:

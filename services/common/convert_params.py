@@ -138,6 +138,8 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
         msg.chat.messages.extend(chat)
         if "add_generation_prompt" in prompt:
             msg.chat.add_generation_prompt = bool(prompt["add_generation_prompt"])
+        if prompt.get("tools") is not None:
+            msg.chat.tools_json = json.dumps(prompt["tools"])
     elif "prompt" in prompt:
         msg.text = prompt["prompt"]
     else:
@@ -166,6 +168,11 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
                                for m in msg.chat.messages]}
         if msg.chat.HasField("add_generation_prompt"):
             result["add_generation_prompt"] = msg.chat.add_generation_prompt
+        if msg.chat.tools_json:
+            try:
+                result["tools"] = json.loads(msg.chat.tools_json)
+            except ValueError as exc:
+                raise ValueError(f"tools must be JSON: {exc}") from None
     if msg.HasField("cache_salt"):
         result["cache_salt"] = msg.cache_salt
     return result

@@ -38,6 +38,7 @@ from services.openai.protocol import (
 )
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
+from services.openai.tools import named_tool
 from services.openai.tracing import end_request_span, start_request_span
 
 log = logging.getLogger(__name__)
@@ -208,11 +209,12 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         _warn_ignored(req, "/v1/chat/completions")
         model, lora = await front.check_model(req.model)
+        tool = named_tool(req)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}",
-                        prompt_logprobs=req.prompt_logprobs is not None)
-        params = convert.chat_params(req)
-        prompt = convert.chat_prompt(req.messages, req.add_generation_prompt)
+                        prompt_logprobs=req.prompt_logprobs is not None, tool=tool)
+        params = convert.chat_params(req, tool)
+        prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools)
         return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt), params,
                             lora, request)
 

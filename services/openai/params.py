@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from engine_core.structured_output.params import StructuredOutputsParams
 from services.common.convert import PromptType
 from services.openai.errors import bad_request
 from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.openai.structured import structured_outputs_of
+from services.openai.tools import NamedTool
 
 
 def completion_prompts(req: CompletionRequest) -> list[PromptType]:
@@ -32,11 +34,16 @@ def salted(prompts: list[PromptType], cache_salt: str | None) -> list[PromptType
             else {**p, "cache_salt": cache_salt} for p in prompts]
 
 
-def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool) -> PromptType:
-    """The engine renders the model's chat template from {"messages": [...]}."""
+def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> PromptType:
+    """The engine renders the model's chat template from {"messages": [...]} (and the tools,
+    for a template that lists them)."""
     texts = [{"role": str(m.get("role", "")), "content": _text_content(m.get("content"), i)}
              for i, m in enumerate(messages)]
-    return {"messages": texts, "add_generation_prompt": add_generation_prompt}
+    prompt: dict[str, Any] = {"messages": texts, "add_generation_prompt": add_generation_prompt}
+    if tools:
+        prompt["tools"] = tools
+    return prompt
 
 
 def _text_content(content: Any, index: int) -> str:
@@ -74,28 +81,20 @@ def echo_only(req: CompletionRequest) -> bool:
     return req.echo and req.max_tokens == 0
 
 
-def chat_params(req: ChatCompletionRequest) -> SamplingParams:
-    _refuse_tools(req)
+def chat_params(req: ChatCompletionRequest, tool: NamedTool | None = None) -> SamplingParams:
+    """tool: a named tool choice, whose parameters schema constrains the reply."""
+    if req.continue_final_message:
+        raise bad_request("continue_final_message is not supported", "continue_final_message")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    return _params(req, max_tokens, logprobs)
+    structured = None if tool is None else StructuredOutputsParams(json=tool.parameters)
+    return _params(req, max_tokens, logprobs, structured)
 
 
-def _refuse_tools(req: ChatCompletionRequest) -> None:
-    """Fields a chat template would need and this front does not pass it: a 400 naming the
-    field, not a reply that silently ignored them."""
-    if req.continue_final_message:
-        raise bad_request("continue_final_message is not supported", "continue_final_message")
-    for name in ("tools", "functions", "function_call"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported (no tool calling)", name)
-    if req.tool_choice not in (None, "none"):
-        raise bad_request("tool_choice is not supported (no tool calling)", "tool_choice")
-
-
-def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None,
+            structured: StructuredOutputsParams | None = None) -> SamplingParams:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
         logit_bias = ({int(k): float(v) for k, v in req.logit_bias.items()}
@@ -106,7 +105,7 @@ def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None) -> Sam
     if req.prompt_logprobs is not None and req.stream:
         raise bad_request("prompt_logprobs are not available when stream is enabled",
                           "prompt_logprobs")
-    structured = structured_outputs_of(req)
+    structured = structured or structured_outputs_of(req)
     try:
         return SamplingParams(
             n=req.n, temperature=1.0 if req.temperature is None else req.temperature,

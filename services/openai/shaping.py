@@ -11,6 +11,7 @@ from typing import Any
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from services.openai.echo import Echo, Position
 from services.openai.errors import OpenAIError
+from services.openai.tools import NamedTool
 
 DONE = "data: [DONE]\n\n"
 
@@ -101,10 +102,11 @@ class Shaper:
     prompt_tokens: dict[int, int] = field(default_factory=dict)  # job -> prompt length
     completion_tokens: dict[int, int] = field(default_factory=dict)  # choice -> tokens so far
     text_offsets: dict[int, int] = field(default_factory=dict)  # choice -> chars so far
-    started: set[int] = field(default_factory=set)  # chat choices that sent their role
+    started: set[int] = field(default_factory=set)  # chat choices already begun
     echo: Echo | None = None  # completions' echo: the prompts before the text
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs asked for: in each choice
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
+    tool: NamedTool | None = None  # a named tool choice: each choice's text is its arguments
 
     @property
     def object(self) -> str:
@@ -144,7 +146,7 @@ class Shaper:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(c)}
         if self.chat:
             choice["logprobs"] = chat_logprobs(c, self.num_top_logprobs)
-            choice[key] = {"role": "assistant", "content": c.text}
+            choice[key] = self._chat_text(index, c.text, streamed=key == "delta")
             return choice
         part = self._completion(job, index, out, c)
         if part is None:
@@ -152,6 +154,19 @@ class Shaper:
         choice["text"], choice["logprobs"] = part
         choice["stop_reason"] = c.stop_reason
         return choice
+
+    def _chat_text(self, index: int, text: str, streamed: bool) -> dict[str, Any]:
+        """A chat choice's message (or a stream's next delta, the role in its first): its
+        text, or with a named tool its call, the text the call's arguments."""
+        first = index not in self.started
+        self.started.add(index)
+        if self.tool is not None:
+            if streamed:
+                return self.tool.delta(index, text, first)
+            return self.tool.message(index, text)
+        if streamed and not first:
+            return {"content": text}
+        return {"role": "assistant", "content": text}
 
     def response(self, outputs: list[RequestOutput]) -> dict[str, Any]:
         """The whole (non-streamed) response from each job's final output."""
@@ -181,10 +196,6 @@ class Shaper:
             choice = self._choice(job, index, out, c, "delta")
             if choice is None:
                 continue
-            if self.chat:
-                if index in self.started:
-                    del choice["delta"]["role"]  # the role goes with a choice's first chunk
-                self.started.add(index)
             events.append(sse(self._chunk([choice], include_usage)))
         return events
 

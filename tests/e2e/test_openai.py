@@ -223,9 +223,19 @@ def test_vllms_extra_fields_reach_the_engine(client: openai.OpenAI, model_name: 
         assert info.value.response.json()["error"]["param"] == param
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+    "additionalProperties": False}}}
+
+
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [TOOL]}, "tool_choice"),  # OpenAI's default "auto" needs a parser
+    ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
+    ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"}, "tools"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}},
+      "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"continue_final_message": True}, "continue_final_message"),
 ])
@@ -251,6 +261,43 @@ def test_unknown_fields_are_served_without_and_named_in_the_log(client: openai.O
         time.sleep(0.1)
     else:
         raise AssertionError(f"no warning in {log}")
+
+
+def test_a_named_tool_choice_answers_with_a_call_to_it(client: openai.OpenAI,
+                                                      model_name: str) -> None:
+    named = {"type": "function", "function": {"name": "f"}}
+    resp = client.chat.completions.create(  # type: ignore[call-overload]
+        model=model_name, messages=CHAT, tools=[TOOL], tool_choice=named, max_tokens=40,
+        temperature=0.0)
+    message = resp.choices[0].message
+    assert message.content == "" and message.tool_calls is not None
+    [call] = message.tool_calls
+    assert call.type == "function" and call.function.name == "f"  # type: ignore[union-attr]
+    assert call.id.startswith("chatcmpl-tool-")
+    arguments = call.function.arguments  # type: ignore[union-attr]
+    assert arguments.lstrip().startswith("{")  # the schema holds from the first token
+    if resp.choices[0].finish_reason == "stop":  # random weights: it may run out of tokens
+        assert set(json.loads(arguments)) == {"n"}
+    chunks = list(client.chat.completions.create(  # type: ignore[call-overload]
+        model=model_name, messages=CHAT, tools=[TOOL], tool_choice=named,
+        max_tokens=40, temperature=0.0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    assert calls[0].id and calls[0].function.name == "f"  # type: ignore[union-attr]
+    assert all(c.id is None for c in calls[1:])
+    assert "".join(c.function.arguments or "" for c in calls) == arguments  # type: ignore[union-attr]
+    plain = client.chat.completions.create(  # type: ignore[call-overload]
+        model=model_name, messages=CHAT, tools=[TOOL], tool_choice="none", max_tokens=3)
+    assert plain.choices[0].message.tool_calls is None
+
+
+def test_tool_calls_in_the_history_are_refused(client: openai.OpenAI, model_name: str) -> None:
+    history = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "3"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_name, messages=history, max_tokens=1)  # type: ignore[arg-type]
+    assert "messages[1]: tool calls" in info.value.response.json()["error"]["message"]
 
 
 def test_suffix_is_refused(client: openai.OpenAI, model_name: str) -> None:

@@ -3,6 +3,8 @@ would carry, each kind's special-token default, and bad input refused by field."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from engine_core.processing.input_processor import InputProcessor
@@ -76,3 +78,16 @@ def test_without_a_tokenizer_only_token_ids_are_counted() -> None:
         processor.token_strs([1])
     with pytest.raises(ValueError, match="You cannot pass text prompts"):
         processor.tokenize("kalo")
+
+
+def test_tools_reach_the_chat_template(tokenizer: Tokenizer) -> None:
+    listing = copy.copy(tokenizer)
+    listing.chat_template = ("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+                             "{% for m in messages %}{{ m.content }}{% endfor %}")
+    processor = InputProcessor(listing, MAX_MODEL_LEN, TINY_VOCAB_SIZE)
+    tools = [{"type": "function", "function": {"name": "kalo"}}]
+    processed = processor.process("r", {**CHAT, "tools": tools})
+    assert processed.prompt == "[kalo]kalo"
+    assert processor.process("r", CHAT).prompt == "kalo"
+    with pytest.raises(ValueError, match="tools must be a list of dicts"):
+        processor.process("r", {**CHAT, "tools": "kalo"})

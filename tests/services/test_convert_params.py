@@ -83,6 +83,8 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
                   {"role": "user", "content": "hi"}]},
     {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
     {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "hi"}],
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
 ])
 def test_prompt_forms_round_trip(prompt: str | dict) -> None:
     assert prompt_from_pb(prompt_to_pb(prompt)) == prompt
