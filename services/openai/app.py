@@ -224,7 +224,7 @@ def create_app(config: FrontConfig) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt and messages", "prompt")
         prompt: PromptType = req.prompt if req.prompt is not None else convert.chat_prompt(
-            req.messages or [], req.add_generation_prompt)
+            req.messages or [], req.add_generation_prompt, req.tools)
         return await front.client().tokenize(prompt, req.add_special_tokens,
                                              req.return_token_strs)
 

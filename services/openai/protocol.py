@@ -86,6 +86,7 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True  # chat only
+    tools: list[dict[str, Any]] | None = None  # chat only: rendered by the template
     add_special_tokens: bool | None = None  # None: true for a prompt, false for messages
     return_token_strs: bool = False
 
