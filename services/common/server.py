@@ -137,18 +137,16 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """UNAUTHENTICATED for any call without the bearer token (health and reflection stay open)."""
 
     def __init__(self, api_key: str) -> None:
-        self._expected = f"Bearer {api_key}"
+        self._expected = f"Bearer {api_key}".encode()
 
     async def intercept_service(self, continuation: Callable[..., Awaitable[grpc.RpcMethodHandler]],
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method: str = details.method  # type: ignore[attr-defined]
         metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
         given = metadata.get("authorization", "")
-        if isinstance(given, bytes):
-            given = given.decode("latin-1")
+        given = given if isinstance(given, bytes) else given.encode()
         # compare_digest: the time taken does not tell how much of a guessed key was right.
-        if method.startswith(_OPEN_METHODS) or hmac.compare_digest(given.encode(),
-                                                                   self._expected.encode()):
+        if method.startswith(_OPEN_METHODS) or hmac.compare_digest(given, self._expected):
             return await continuation(details)
         handler = await continuation(details)
         return _rejecting_handler(handler)

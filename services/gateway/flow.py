@@ -228,15 +228,10 @@ class GatewayFlow:
             raise
         return resp.added  # type: ignore[no-any-return]
 
-    async def tokenizer_lookup(self, tokenize: pb.TokenizeRequest | None = None,
-                               detokenize: pb.DetokenizeRequest | None = None
-                               ) -> pb.TokenizeResponse | pb.DetokenizeResponse:
-        """Tokenize or Detokenize, answered by the tokenizer stage alone."""
-        msg = (tpb.TokenizerRequest(tokenize=tokenize) if tokenize is not None
-               else tpb.TokenizerRequest(detokenize=detokenize))
+    async def tokenizer_lookup(self, msg: tpb.TokenizerRequest) -> tpb.TokenizerResponse:
+        """A Tokenize or Detokenize message, answered by the tokenizer stage alone."""
         msg.trace_context.update(carrier_from_context())  # the caller's RPC span
-        resp = await self.tokenizer.call(msg)
-        return resp.tokenized if tokenize is not None else resp.detokenized  # type: ignore[no-any-return]
+        return await self.tokenizer.call(msg)  # type: ignore[no-any-return]
 
     async def step(self, client: str, max_response_bytes: int | None = None
                    ) -> tuple[list[pb.RequestOutput], list[str], int]:

@@ -16,6 +16,7 @@ from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import gateway_pb2_grpc
+from services._proto.strand.v1 import tokenizer_pb2 as tpb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.status import StageError, status_of
 from services.common.tracing import context_from_metadata, server_span
@@ -110,13 +111,15 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
     async def Tokenize(self, request: pb.TokenizeRequest,
                        context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         async def body() -> pb.TokenizeResponse:
-            return await self.flow.tokenizer_lookup(tokenize=request)  # type: ignore[no-any-return]
+            answer = await self.flow.tokenizer_lookup(tpb.TokenizerRequest(tokenize=request))
+            return answer.tokenized
         return await self._traced("Tokenize", context, body)
 
     async def Detokenize(self, request: pb.DetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> pb.DetokenizeResponse:
         async def body() -> pb.DetokenizeResponse:
-            return await self.flow.tokenizer_lookup(detokenize=request)  # type: ignore[no-any-return]
+            answer = await self.flow.tokenizer_lookup(tpb.TokenizerRequest(detokenize=request))
+            return answer.detokenized
         return await self._traced("Detokenize", context, body)
 
     async def ClearKvCache(self, request: gpb.ClearKvCacheRequest,

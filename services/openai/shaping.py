@@ -104,7 +104,7 @@ class Shaper:
     text_offsets: dict[int, int] = field(default_factory=dict)  # choice -> chars so far
     started: set[int] = field(default_factory=set)  # chat choices already begun
     echo: Echo | None = None  # completions' echo: the prompts before the text
-    prompt_logprobs: bool = False  # vLLM's prompt_logprobs asked for: in each choice
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs: per completion choice, once a chat
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
     tool: NamedTool | None = None  # a named tool choice: each choice's text is its arguments
 

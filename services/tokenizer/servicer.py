@@ -156,6 +156,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 return tpb.TokenizerResponse(seq=msg.seq, error=error_to_pb(exc))
 
     async def _off_loop(self, inline: bool, fn: Any, *args: Any) -> Any:
+        """fn(*args) on the loop when inline (a small prompt), else on the tokenize thread."""
         if inline:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -172,11 +173,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         arrival = req.arrival_time if req.HasField("arrival_time") else None
         args = (req.request_id, prompt_from_pb(req.prompt), params, arrival, req.priority, None,
                 optional_lora_from_pb(req))
-        if processes_inline(req.prompt):
-            processed = self._process(*args)
-        else:
-            processed = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._process, *args)
+        processed = await self._off_loop(processes_inline(req.prompt), self._process, *args)
         request = processed.request
         lora = request.lora_request
         engine = self.router.route(request.prompt_token_ids, request.cache_salt,
