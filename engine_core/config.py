@@ -49,7 +49,7 @@ class EngineArgs:
     # what needs one (text prompts, stop strings, bad_words, structured outputs) is refused.
     skip_tokenizer_init: bool = False
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    # None: weights in dtype. "gguf" (vLLM's name): a .gguf model's Q8_0/Q4_0/Q4_1 linear
+    # None: weights in dtype. "gguf" (vLLM's name): a .gguf model's Q8_0/Q4_0/Q4_1/K-quant linear
     # weights stay in their blocks and are read packed (the rest as with None).
     quantization: str | None = None
     # vLLM's name: what the paged KV cache holds. "auto": the model's dtype. "bfloat16": K and V
@@ -267,8 +267,9 @@ _HELP = {
                            "token ids only (text prompts, stop strings, bad_words and "
                            "structured outputs are refused)",
     "dtype": "auto (the checkpoint's), float32, bfloat16 or float16",
-    "quantization": "gguf: keep a .gguf model's Q8_0/Q4_0/Q4_1 linear weights packed and read "
-                    "them so (fewer bytes per decode step); default: dequantize to --dtype",
+    "quantization": "gguf: keep a .gguf model's linear weights packed (Q8_0, Q4_0, Q4_1, Q5_0, "
+                    "Q5_1, Q4_K, Q5_K, Q6_K) and read them so (fewer bytes per decode step); "
+                    "default: dequantize to --dtype",
     "kv_cache_dtype": "what the KV cache holds: auto (the model's dtype) or bfloat16 (half of "
                       "float32's bytes; K/V rounded to bfloat16 as they are written)",
     "device": "auto (cuda when available), cpu or cuda",

@@ -58,7 +58,7 @@ class ModelConfig:
     model_dir: str
     # Fields of the families past Llama (arch_config.py); the defaults are Llama's.
     arch: ArchOptions = field(default_factory=ArchOptions)
-    # EngineArgs.quantization: "gguf" keeps gguf_file's Q8_0/Q4_0/Q4_1 linear weights packed.
+    # EngineArgs.quantization: "gguf" keeps gguf_file's linear weights packed (gguf/quantized.py).
     quantization: str | None = None
     gguf_file: str | None = None  # the .gguf model_dir was converted from (with quantization)
 

@@ -19,11 +19,12 @@ namespace gguf {
 
 // x's rows per 32-value block: d = max|x| / 127, q = round(x / d) (ties to even), so x ~ d * q
 // with an error of at most d / 2 per value. s = d * sum(q), for the 4-bit types' offsets;
-// qsum = sum(q) itself, for the exact integer correction of the tiled Q8_0 product (gguf_tiled.cpp).
+// qsum = sum(q) itself, for the exact integer correction of the tiled Q8_0 product (gguf_tiled.cpp);
+// qsum_lo the same over a block's first 16 values (Q8_F's two halves are scaled apart).
 struct QuantizedRows {
   std::vector<int8_t> q;  // [M, K]
   std::vector<float> d, s;  // [M, K / 32]
-  std::vector<int32_t> qsum;  // [M, K / 32]
+  std::vector<int32_t> qsum, qsum_lo;  // [M, K / 32]
 };
 
 inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRows& out) {
@@ -33,6 +34,7 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRows& o
   out.d.resize(M * nb);
   out.s.resize(M * nb);
   out.qsum.resize(M * nb);
+  out.qsum_lo.resize(M * nb);
   for (int64_t i = 0; i < M * nb; ++i) {
     const float* xb = x + i * kBlock;  // rows are K long and K % 32 == 0: block i of the flat x
     float amax = 0.f;
@@ -45,18 +47,20 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantizedRows& o
     if (!finite) {  // a NaN or infinity: the block's scale is NaN, so every output it meets is
       std::memset(q, 0, kBlock);  // NaN, as the float product's would be (not a silent 0)
       out.d[i] = out.s[i] = std::numeric_limits<float>::quiet_NaN();
-      out.qsum[i] = 0;
+      out.qsum[i] = out.qsum_lo[i] = 0;
       continue;
     }
     const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    int32_t sum = 0;
+    int32_t sum = 0, sum_lo = 0;
     for (int64_t j = 0; j < kBlock; ++j) {
       q[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
       sum += q[j];
+      if (j == 15) sum_lo = sum;
     }
     out.d[i] = d;
     out.s[i] = d * static_cast<float>(sum);
     out.qsum[i] = sum;
+    out.qsum_lo[i] = sum_lo;
   }
 }
 

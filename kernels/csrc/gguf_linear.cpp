@@ -39,7 +39,9 @@ using namespace strand;
 constexpr int64_t kBlock = 32;
 constexpr int kChunks = kBlock / kLanes;  // register-wide vectors per block: 2 (AVX-512) or 4
 // GGML's type numbers (gguf.GGMLQuantizationType), as Python passes them.
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+// Strand's Q4_F and Q8_F (kernels/gguf_transcode.py) are read over 16-row tiles only
+// (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_F = 1003, kQ8_F = 1008 };
 
 // kLanes bytes to floats. GCC lowers a vector-extension conversion from 8-bit lanes into one
 // scalar load and convert per lane (16 of each a block, 4x the time of the product itself), so
@@ -86,6 +88,12 @@ inline float half_at(const uint8_t* p) {
 #endif
 }
 
+inline float float_at(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
+}
+
 // One block's quants as float vectors (w[c] holds weights c*kLanes .. c*kLanes + kLanes - 1),
 // its scale d and the offset m every weight gets (w = d * q + m).
 template <int64_t Q>
@@ -127,6 +135,16 @@ struct Block<kQ4_1> {
     d = half_at(b);
     m = half_at(b + 2);
     unpack_nibbles<4>(b, w);
+  }
+};
+
+template <>
+struct Block<kQ4_F> {
+  static constexpr int64_t kBytes = 8 + kBlock / 2;
+  static inline void unpack(const uint8_t* b, vl* w, float& d, float& m) {
+    d = float_at(b);
+    m = float_at(b + 4);
+    unpack_nibbles<8>(b, w);
   }
 };
 
@@ -237,13 +255,18 @@ void gemv_by_m(const QuantizedRows& x, const uint8_t* w, float* sums, int64_t M,
   }
 }
 
+constexpr int64_t kQ8FBytes = 12 + kBlock;  // float32 d_lo, d_hi, m, then 32 int8 quants
+
 int64_t block_bytes(int64_t qtype) {
   switch (qtype) {
     case kQ8_0: return Block<kQ8_0>::kBytes;
     case kQ4_0: return Block<kQ4_0>::kBytes;
     case kQ4_1: return Block<kQ4_1>::kBytes;
+    case kQ4_F: return Block<kQ4_F>::kBytes;
+    case kQ8_F: return kQ8FBytes;
   }
-  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
+  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8, "
+               "Q4_F=1003, Q8_F=1008 are)");
   return 0;
 }
 
@@ -297,6 +320,20 @@ void dequantize_rows(const uint8_t* w, float* out, int64_t N, int64_t K) {
       }
   });
 }
+// Q8_F: w = d * q + m, d_lo for quants 0..15 and d_hi for 16..31.
+void dequantize_q8f(const uint8_t* w, float* out, int64_t N, int64_t K) {
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + (n * nb + b) * kQ8FBytes;
+        const float d[2] = {float_at(blk), float_at(blk + 4)}, m = float_at(blk + 8);
+        float* o = out + n * K + b * kBlock;
+        for (int c = 0; c < kChunks; ++c)
+          store_l(o + c * kLanes, load_i8(blk + 12 + c * kLanes) * d[c * kLanes / 16] + m);
+      }
+  });
+}
 }  // namespace
 
 void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
@@ -304,6 +341,8 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
   const int64_t M = x.size(0);
   STRAND_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
   if (packed.dim() == 3) return gguf_tiled_linear_small(out, x, packed, qtype, bias);
+  STRAND_CHECK(qtype != kQ4_F && qtype != kQ8_F, "Q4_F and Q8_F weights are read over 16-row "
+               "tiles (gguf_tile), not as rows");
   check_packed(packed, qtype, x.size(1));
   if (x.scalar_type() == at::kBFloat16)
     linear_typed<bf16>(out, x, packed, qtype, bias);
@@ -326,6 +365,8 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
   switch (qtype) {
     case kQ8_0: dequantize_rows<kQ8_0>(w, o, N, K); break;
     case kQ4_0: dequantize_rows<kQ4_0>(w, o, N, K); break;
+    case kQ4_F: dequantize_rows<kQ4_F>(w, o, N, K); break;
+    case kQ8_F: dequantize_q8f(w, o, N, K); break;
     default: dequantize_rows<kQ4_1>(w, o, N, K);
   }
 }

@@ -75,6 +75,7 @@ inline F32 fzero() { return {_mm512_setzero_ps()}; }
 inline F32 halves(const uint8_t* p) {  // 16 float16 values
   return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
 }
+inline F32 floats(const uint8_t* p) { return {_mm512_loadu_ps((const float*)p)}; }  // 16 float32
 inline F32 to_f32(I32 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline F32 mul(F32 a, float b) { return {_mm512_mul_ps(a.v, _mm512_set1_ps(b))}; }
 inline F32 fma(F32 a, F32 b, F32 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
@@ -139,6 +140,9 @@ inline F32 fzero() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
 inline F32 halves(const uint8_t* p) {
   return {{_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))}};
+}
+inline F32 floats(const uint8_t* p) {
+  return {{_mm256_loadu_ps((const float*)p), _mm256_loadu_ps((const float*)(p + 32))}};
 }
 inline F32 to_f32(I32 a) { return {{_mm256_cvtepi32_ps(a.v[0]), _mm256_cvtepi32_ps(a.v[1])}}; }
 inline F32 mul(F32 a, float b) {
@@ -209,6 +213,11 @@ inline F32 halves(const uint8_t* p) {
     std::memcpy(&h, p + 2 * r, 2);
     a.v[r] = c10::detail::fp16_ieee_to_fp32_value(h);
   }
+  return a;
+}
+inline F32 floats(const uint8_t* p) {
+  F32 a;
+  std::memcpy(a.v, p, sizeof(a.v));
   return a;
 }
 inline F32 to_f32(I32 a) {

@@ -12,7 +12,8 @@
 #include "gguf_tile_simd.h"
 #include "gguf_tiled.h"
 
-// GGUF Q8_0 / Q4_0 / Q4_1 weights regrouped at load into tiles of 16 rows, so that a decode
+// GGUF Q8_0 / Q4_0 / Q4_1 weights (and Strand's Q4_F / Q8_F, llama.cpp's K-quants rewritten
+// exactly at load: kernels/gguf_transcode.py) regrouped at load into tiles of 16 rows, so that a decode
 // step's integer dot products take 16 rows per instruction (gguf_tile_simd.h) instead of one
 // block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
 // on load: its AMX/VNNI buffer regroups every weight into 16-row tiles). Profiled on one thread,
@@ -25,7 +26,9 @@
 //           each row's quants, row r's at 4r..4r+3. Q4's byte i holds quant i (low nibble) and
 //           quant i + 16 (high), so chunk c's low nibbles are quants 4c..4c+3 and its high
 //           nibbles quants 16+4c..19+4c;
-//   then the 16 rows' float16 scales d, then (Q4_1) their float16 offsets m.
+//   then the 16 rows' float16 scales d, then (Q4_1) their float16 offsets m; Q4_F: the 16 rows'
+//   float32 d, then their float32 m; Q8_F: float32 d_lo, d_hi (the scales of quants 0..15 and
+//   16..31), then m.
 // kernels/gguf_linear_ref.py (tile_ref, untile_ref) is the pure-torch statement of it.
 namespace {
 using namespace strand;
@@ -37,21 +40,24 @@ constexpr int64_t kBlock = 32, kTileRows = 16;
 // machine (bimodal timings, best of many): SmolLM2's Q4_1 layers 5.9-6.9 ms at 1 KB ahead
 // against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
 constexpr int64_t kPrefetchTileBlocks = 4;
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_F = 1003, kQ8_F = 1008 };
 
-struct Format {  // a GGUF block: head bytes (d, and Q4_1's m) then quant bytes
-  int64_t head, quants;
+struct Format {  // a block: head bytes (fields of `field` bytes: d, m, ...) then quant bytes
+  int64_t head, quants, field;
   int64_t bytes() const { return head + quants; }
 };
 
 Format format(int64_t qtype) {
   switch (qtype) {
-    case kQ8_0: return {2, 32};
-    case kQ4_0: return {2, 16};
-    case kQ4_1: return {4, 16};
+    case kQ8_0: return {2, 32, 2};
+    case kQ4_0: return {2, 16, 2};
+    case kQ4_1: return {4, 16, 2};
+    case kQ4_F: return {8, 16, 4};
+    case kQ8_F: return {12, 32, 4};
   }
-  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8 are)");
-  return {0, 0};
+  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8, "
+               "Q4_F=1003, Q8_F=1008 are)");
+  return {0, 0, 0};
 }
 
 // One tile-block from (tile = true) or to the 16 rows' blocks: rows[r] is row r's block.
@@ -63,10 +69,10 @@ void move_tile_block(uint8_t* tile_block, uint8_t* const* rows, const Format& f,
       uint8_t* g = rows[r] + f.head + c * 4;
       std::memcpy(tile ? t : g, tile ? g : t, 4);
     }
-    for (int64_t h = 0; h < f.head / 2; ++h) {  // d (and m): 2 bytes each, grouped by kind
-      uint8_t* t = tile_block + quant_bytes + h * 2 * kTileRows + r * 2;
-      uint8_t* g = rows[r] + h * 2;
-      std::memcpy(tile ? t : g, tile ? g : t, 2);
+    for (int64_t h = 0; h < f.head / f.field; ++h) {  // d (and m, ...), grouped by kind
+      uint8_t* t = tile_block + quant_bytes + (h * kTileRows + r) * f.field;
+      uint8_t* g = rows[r] + h * f.field;
+      std::memcpy(tile ? t : g, tile ? g : t, f.field);
     }
   }
 }
@@ -87,12 +93,14 @@ void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format
 
 // sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
 // rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
-// offset part (Q4_0: -8 d_w, Q4_1: m_w, times d_x * sum q_x).
+// offset part (Q4_0: -8 d_w, Q4_1, Q4_F, Q8_F: m_w, times d_x * sum q_x). Q8_F scales the two
+// halves of a block (quants 0..15 and 16..31, the `lo` and `hi` sums) by their own d.
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1) {
-  constexpr bool kQ8 = Q == kQ8_0;
-  constexpr int64_t kQuant = kQ8 ? 32 : 16, kHead = Q == kQ4_1 ? 4 : 2;
+  constexpr bool kQ8 = Q == kQ8_0 || Q == kQ8_F, kF32 = Q == kQ4_F || Q == kQ8_F;
+  constexpr int64_t kQuant = kQ8 ? 32 : 16;
+  constexpr int64_t kHead = Q == kQ8_F ? 12 : Q == kQ4_F ? 8 : Q == kQ4_1 ? 4 : 2;
   constexpr int64_t kTileBlock = kTileRows * (kQuant + kHead), kScales = kTileRows * kQuant;
   const int64_t nb = K / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
@@ -125,7 +133,23 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           }
         }
       }
-      const tile::F32 d = tile::halves(p + kScales);
+      if constexpr (Q == kQ8_F) {
+        const tile::F32 d_lo = tile::floats(p + kScales), d_hi = tile::floats(p + kScales + 64);
+        const tile::F32 off = tile::floats(p + kScales + 128);
+        for (int m = 0; m < M; ++m) {
+          const int64_t xb = m * nb + b;
+          tile::I32 l = lo[m], h = hi[m];
+          if (tile::kQ8Excess) {
+            l = tile::isub(l, tile::kQ8Excess * x.qsum_lo[xb]);
+            h = tile::isub(h, tile::kQ8Excess * (x.qsum[xb] - x.qsum_lo[xb]));
+          }
+          acc[m] = tile::fma(tile::to_f32(l), tile::mul(d_lo, x.d[xb]), acc[m]);
+          acc[m] = tile::fma(tile::to_f32(h), tile::mul(d_hi, x.d[xb]), acc[m]);
+          acc[m] = tile::fma(off, x.s[xb], acc[m]);
+        }
+        continue;
+      }
+      const tile::F32 d = kF32 ? tile::floats(p + kScales) : tile::halves(p + kScales);
       for (int m = 0; m < M; ++m) {
         tile::I32 s = tile::iadd(lo[m], hi[m]);
         const int64_t xb = m * nb + b;
@@ -133,6 +157,8 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
         if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
         if constexpr (Q == kQ4_1) acc[m] = tile::fma(tile::halves(p + kScales + 32), x.s[xb],
+                                                     acc[m]);
+        if constexpr (Q == kQ4_F) acc[m] = tile::fma(tile::floats(p + kScales + 64), x.s[xb],
                                                      acc[m]);
       }
     }
@@ -176,6 +202,8 @@ void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles,
   switch (qtype) {
     case kQ8_0: tiles_by_m<kQ8_0>(xq, w, sums.data(), M, K, N); break;
     case kQ4_0: tiles_by_m<kQ4_0>(xq, w, sums.data(), M, K, N); break;
+    case kQ4_F: tiles_by_m<kQ4_F>(xq, w, sums.data(), M, K, N); break;
+    case kQ8_F: tiles_by_m<kQ8_F>(xq, w, sums.data(), M, K, N); break;
     default: tiles_by_m<kQ4_1>(xq, w, sums.data(), M, K, N);
   }
   const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
@@ -222,6 +250,8 @@ void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::T
   switch (qtype) {
     case kQ8_0: tiles_into_by_m<kQ8_0>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ4_0: tiles_into_by_m<kQ4_0>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ4_F: tiles_into_by_m<kQ4_F>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ8_F: tiles_into_by_m<kQ8_F>(o, x, w, b, M, K, N, t0, t1); break;
     default: tiles_into_by_m<kQ4_1>(o, x, w, b, M, K, N, t0, t1);
   }
 }

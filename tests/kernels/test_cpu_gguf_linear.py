@@ -1,5 +1,5 @@
-"""The GGUF-packed linear kernels (Q8_0, Q4_0, Q4_1) against the pure-torch reference, on random
-blocks; the reference against the `gguf` package's own dequantization. CI runs this file again
+"""The GGUF-packed linear kernels (Q8_0, Q4_0, Q4_1; Strand's Q4_F and Q8_F, read over tiles
+only, in test_cpu_gguf_tiles.py) against the pure-torch reference, on random blocks; the reference against the `gguf` package's own dequantization. CI runs this file again
 under STRAND_CPU_ISA=avx2, so both the AVX-512 (VNNI where the CPU has it) and the AVX2 integer
 dot products are compared.
 
@@ -19,32 +19,44 @@ from kernels import cpu_gguf_linear
 from kernels._cpu_build import KERNELS
 from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
-    NAMES,
+    Q4_0,
     Q4_1,
+    Q4_F,
     Q8_0,
+    Q8_F,
     dequantize_ref,
     gguf_linear_int8_ref,
     gguf_linear_ref,
     int8_rounding_bound,
 )
 
-QTYPES = sorted(NAMES)
+QTYPES = [Q4_0, Q4_1, Q8_0]  # GGML's own, read as rows too
 needs_kernels = pytest.mark.skipif(KERNELS.module() is None,
                                    reason=f"CPU kernels unavailable: "
                                           f"{KERNELS.unavailable_reason()}")
 
 
 def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
-    """[n, k / 32 * block bytes] random blocks: random quants, scales (and Q4_1's offsets) drawn
-    as float16 of a model's magnitude (random bytes there would be NaN or huge)."""
+    """[n, k / 32 * block bytes] random blocks: random quants, scales (and offsets) drawn as
+    float16 of a model's magnitude (random bytes there would be NaN or huge); Q4_F and Q8_F
+    hold them as float32, as the K-quants' transcoding does (kernels/gguf_transcode.py)."""
     g = torch.Generator().manual_seed(seed)
     blocks = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[qtype]), generator=g,
                            dtype=torch.uint8)
-    d = (torch.rand(n, k // 32, 1, generator=g) * 0.05 + 1e-3).half()
-    blocks[..., :2] = d.view(torch.uint8)
+
+    def field(offset: bool) -> torch.Tensor:
+        if offset:
+            return ((torch.rand(n, k // 32, 1, generator=g) - 0.5) * 0.2).half()
+        return (torch.rand(n, k // 32, 1, generator=g) * 0.05 + 1e-3).half()
+
+    if qtype in (Q4_F, Q8_F):
+        kinds = [False, True] if qtype == Q4_F else [False, False, True]
+        for i, offset in enumerate(kinds):
+            blocks[..., 4 * i:4 * i + 4] = field(offset).float().view(torch.uint8)
+        return blocks.reshape(n, -1)
+    blocks[..., :2] = field(False).view(torch.uint8)
     if qtype == Q4_1:
-        m = ((torch.rand(n, k // 32, 1, generator=g) - 0.5) * 0.2).half()
-        blocks[..., 2:4] = m.view(torch.uint8)
+        blocks[..., 2:4] = field(True).view(torch.uint8)
     return blocks.reshape(n, -1)
 
 

@@ -18,7 +18,9 @@ from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
     NAMES,
     Q4_1,
+    Q4_F,
     Q8_0,
+    Q8_F,
     dequantize_ref,
     gguf_linear_int8_ref,
     gguf_linear_ref,
@@ -27,22 +29,24 @@ from kernels.gguf_linear_ref import (
 )
 from tests.kernels.test_cpu_gguf_linear import _assert_int8_product, needs_kernels, random_packed
 
-QTYPES = sorted(NAMES)
+QTYPES = sorted(NAMES)  # GGML's Q4_0, Q4_1, Q8_0 and Strand's Q4_F, Q8_F
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     packed = random_packed(32, 96, qtype, seed=qtype)
     tiles = tile_ref(packed, qtype)
-    size, head = BLOCK_BYTES[qtype], 4 if qtype == Q4_1 else 2
+    width = 4 if qtype in (Q4_F, Q8_F) else 2  # bytes of each head field (d, m, ...)
+    fields = {Q4_1: 2, Q4_F: 2, Q8_F: 3}.get(qtype, 1)
+    size, head = BLOCK_BYTES[qtype], fields * width
     assert tiles.shape == (2, 3, 16 * size)
     # tile 1, block 2, chunk 3, row 5: row 21's block 2, quant bytes 12..15
     row, block = packed[21].reshape(3, size), tiles[1, 2]
     assert torch.equal(block[3 * 64 + 5 * 4:3 * 64 + 5 * 4 + 4], row[2, head + 12:head + 16])
     quant_bytes = 16 * (size - head)
-    assert torch.equal(block[quant_bytes + 10:quant_bytes + 12], row[2, :2])  # row 21's d
-    if qtype == Q4_1:  # then the 16 offsets m
-        assert torch.equal(block[quant_bytes + 42:quant_bytes + 44], row[2, 2:4])
+    for f in range(fields):  # field f of the 16 rows (d, then m, ...): row 5's is row 21's
+        at = quant_bytes + (16 * f + 5) * width
+        assert torch.equal(block[at:at + width], row[2, f * width:(f + 1) * width])
     assert torch.equal(untile_ref(tiles, qtype), packed)
 
 

@@ -20,8 +20,11 @@ def write_gguf(model_dir: Path, out: Path, quantized: str,
                types: dict[str, str] | None = None) -> None:
     """The HF checkpoint in model_dir as a GGUF file the way llama.cpp writes one: q/k rows
     permuted, 2-D tensors in `quantized` (a GGMLQuantizationType name), or in `types[gguf
-    name]` where given, vectors in F32, a byte-level BPE vocabulary."""
+    name]` where given, vectors in F32, a byte-level BPE vocabulary. The K-quants (which the
+    `gguf` package does not make) are made by tests/model_executor/kquants.py."""
     import gguf
+
+    from tests.model_executor.kquants import QUANTIZERS
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = json.loads((model_dir / "tokenizer.json").read_text())
@@ -59,8 +62,11 @@ def write_gguf(model_dir: Path, out: Path, quantized: str,
             gname = f"blk.{i}.{layer[module]}.{kind}"
         else:
             gname = names[name]
-        qtype = getattr(gguf.GGMLQuantizationType, (types or {}).get(gname, quantized))
-        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        type_name = (types or {}).get(gname, quantized)
+        qtype = getattr(gguf.GGMLQuantizationType, type_name)
+        if a.ndim == 2 and type_name in QUANTIZERS:
+            w.add_tensor(gname, QUANTIZERS[type_name](a), raw_dtype=qtype)
+        elif a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, a)

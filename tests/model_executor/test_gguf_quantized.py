@@ -1,5 +1,7 @@
 """EngineArgs(quantization="gguf"): a GGUF file's Q8_0 / Q4_0 / Q4_1 linear weights stay packed
-and are read so, giving the outputs of the same file dequantized at load (the float path)."""
+and are read so, giving the outputs of the same file dequantized at load (the float path); the
+K-quants and Q5_0 / Q5_1 (a Q4_K_M or Q5_K_M file) are rewritten exactly into the kernels' block
+types (kernels/gguf_transcode.py) and give them too."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from engine_core.model_executor.gguf.quantized import _packed  # noqa: E402
 from engine_core.model_executor.layers import fused_decode  # noqa: E402
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E402
 from engine_core.model_executor.layers.linear import Linear  # noqa: E402
+from kernels import cpu_gguf_linear  # noqa: E402
+from kernels.gguf_linear_ref import NAMES  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
 from tests.greedy_compare import assert_greedy_within_rounding  # noqa: E402
 from tests.model_executor.conftest import count_fused_calls  # noqa: E402
@@ -55,6 +59,22 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # One layer's k in float32: its fused qkv cannot be packed, the rest can.
     out["mixed"] = root / "mixed.gguf"
     write_gguf(model_dir, out["mixed"], "Q8_0", {"blk.0.attn_k.weight": "F32"})
+    # The K-quants need rows of a multiple of 256 weights. A Q4_K_M-like mix (llama.cpp gives
+    # attn_v, some ffn_down and the output Q6_K; Q5_0 where a row is not a multiple of 256):
+    # qkv Q4_K + Q6_K (-> Q8_F), o Q5_0 (-> Q8_0), gate_up Q4_K (-> Q4_F), down Q6_K in layer 0
+    # (-> Q8_F) and Q4_K in layer 1, output Q6_K.
+    wide_dir = build_tiny_model(root / "wide", hidden_size=256, num_heads=4, num_kv_heads=2,
+                                intermediate_size=512)
+    out["Q4_K_M"] = root / "wide-Q4_K_M.gguf"
+    write_gguf(wide_dir, out["Q4_K_M"], "Q4_K", {
+        **{f"blk.{i}.attn_v.weight": "Q6_K" for i in range(2)},
+        **{f"blk.{i}.attn_output.weight": "Q5_0" for i in range(2)},
+        "blk.0.ffn_down.weight": "Q6_K", "output.weight": "Q6_K", "token_embd.weight": "Q8_0"})
+    # Q5_K_M-like: Q5_K, with Q5_1 for q and k (-> every layer Q8_F).
+    out["Q5_K_M"] = root / "wide-Q5_K_M.gguf"
+    write_gguf(wide_dir, out["Q5_K_M"], "Q5_K", {
+        **{f"blk.{i}.attn_{p}.weight": "Q5_1" for i in range(2) for p in "qk"},
+        "token_embd.weight": "Q8_0"})
     return out
 
 
@@ -100,6 +120,28 @@ def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], nam
     assert model.lm_head.qtype == int(getattr(gguf.GGMLQuantizationType,
                                               "Q8_0" if name == "tied-Q4_1" else name))
     assert not any(isinstance(m, Linear) for m in model.modules())
+
+
+def _kind(layer: Any) -> str:
+    return NAMES[layer.qtype] if isinstance(layer, GGUFLinear) else "float"
+
+
+@pytest.mark.parametrize(("name", "kinds"), [
+    ("Q4_K_M", [("Q8_F", "Q8_0", "Q4_F", "Q8_F"), ("Q8_F", "Q8_0", "Q4_F", "Q4_F"), "Q8_F"]),
+    ("Q5_K_M", [("Q8_F",) * 4, ("Q8_F",) * 4, "Q8_F"]),
+])
+def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
+        files: dict[str, Path], name: str, kinds: list[Any]) -> None:
+    packed, engine = _run(files[name], "gguf")
+    dense, _ = _run(files[name], None)
+    _assert_same_outputs(packed, dense)
+    model: Any = _model(engine)
+    if not cpu_gguf_linear.kernels_apply(torch.empty(0, dtype=torch.uint8)):
+        return  # Q4_F / Q8_F are read over the C++ kernels' tiles only: without them, float
+    got = [tuple(_kind(getattr(part, attr)) for part, attr in (
+        (layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"), (layer.mlp, "gate_up_proj"),
+        (layer.mlp, "down_proj"))) for layer in model.model.layers]
+    assert [*got, _kind(model.lm_head)] == kinds
 
 
 def test_decode_steps_take_the_fused_layer_over_packed_blocks(
@@ -195,10 +237,22 @@ def test_a_layer_whose_parts_differ_in_type_stays_dense(files: dict[str, Path]) 
 def test_packing_refuses_parts_of_other_types(files: dict[str, Path]) -> None:
     tensors = {t.name: t for t in gguf.GGUFReader(str(files["mixed"])).tensors}
     k, v = tensors["blk.0.attn_k.weight"], tensors["blk.0.attn_v.weight"]
-    assert _packed([k], [None]) is None  # F32
-    assert _packed([v, None], [None, None]) is None  # a part missing
-    got = _packed([v, tensors["blk.1.attn_v.weight"]], [None, None])
+    cpu = torch.device("cpu")
+    assert _packed([k], [None], cpu) is None  # F32
+    assert _packed([v, None], [None, None], cpu) is None  # a part missing
+    got = _packed([v, tensors["blk.1.attn_v.weight"]], [None, None], cpu)
     assert got is not None and got[0].shape == (2 * v.shape[1], v.data.shape[1])
+
+
+def test_k_quant_layers_stay_float_where_only_tiles_could_read_them(
+        files: dict[str, Path]) -> None:
+    # Q4_F / Q8_F have no row kernel and no Triton kernel: on CUDA, or for a row count that is
+    # not a multiple of 16, the layer keeps its dequantized weight; Q5_0 -> Q8_0 has both.
+    tensors = {t.name: t for t in gguf.GGUFReader(str(files["Q4_K_M"])).tensors}
+    gate, o = tensors["blk.0.ffn_gate.weight"], tensors["blk.0.attn_output.weight"]
+    assert _packed([gate], [None], torch.device("cuda")) is None
+    got = _packed([o], [None], torch.device("cuda"))
+    assert got is not None and NAMES[got[1]] == "Q8_0"
 
 
 def test_quantization_is_checked() -> None:

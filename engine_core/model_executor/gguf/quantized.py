@@ -2,11 +2,15 @@
 
 The model is loaded as always (every tensor dequantized, engine_core/model_executor/gguf), then
 each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is replaced by a
-GGUFLinear over the file's own blocks, and its float copy is dropped. Fused layers take their
+GGUFLinear over the file's own blocks, and its float copy is dropped. The K-quants (Q4_K, Q5_K,
+Q6_K) and Q5_0 / Q5_1, what a Q4_K_M or Q5_K_M file holds, are rewritten exactly into block types
+the kernels read (kernels/gguf_transcode.py: Q4_F, Q8_F, Q8_0), as are the parts of a layer
+whose types differ; Q4_F and Q8_F are read over the CPU's 16-row tiles only, so on CUDA, without
+the C++ kernels or for a row count that is not a multiple of 16 such a layer stays float. Fused layers take their
 parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
 llama.cpp's q/k row permutation is undone on the packed rows as on float ones. A tied lm_head
 reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
-types (F32, F16, K-quants) stay dequantized.
+types (F32, F16, BF16, Q2_K, Q3_K, the IQ types) stay dequantized.
 """
 
 from __future__ import annotations
@@ -22,30 +26,45 @@ from torch import nn
 from engine_core.model_executor.gguf.tensors import hf_name, unpermute
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
-from kernels.gguf_linear_ref import NAMES
+from kernels.gguf_linear_ref import NAMES, Q4_F, Q8_F, TILE_ROWS
+from kernels.gguf_transcode import NATIVE, SOURCE_NAMES, common_type, transcode
 
 logger = logging.getLogger(__name__)
 # Architectures whose GGUF q/k rows llama.cpp's converter permuted (see tensors.unpermute).
 _PERMUTED = ("LlamaForCausalLM", "MistralForCausalLM")
 
 
-def _packed(tensors: list[Any], heads: list[int | None]) -> tuple[torch.Tensor, int, int] | None:
-    """(rows of all parts, GGML type, in_features), or None where the parts cannot be packed
-    together: a part missing, of a type the kernel does not read, or types that differ."""
+def _tiles_only_apply(device: torch.device, rows: int) -> bool:
+    """Whether Q4_F / Q8_F weights are read packed here: over 16-row tiles, by the C++ kernels
+    on CPU."""
+    from kernels._cpu_build import KERNELS
+
+    return device.type == "cpu" and rows % TILE_ROWS == 0 and KERNELS.module() is not None
+
+
+def _packed(tensors: list[Any], heads: list[int | None],
+            device: torch.device) -> tuple[torch.Tensor, int, int] | None:
+    """(rows of all parts, packed type, in_features), or None where the parts cannot be packed
+    together: a part missing, of a type not read packed, or (Q4_F / Q8_F) not readable here."""
     if any(t is None for t in tensors):
         return None
-    types = {int(t.tensor_type) for t in tensors}
-    if len(types) != 1 or next(iter(types)) not in NAMES:
+    types = [int(t.tensor_type) for t in tensors]
+    if any(t not in NATIVE for t in types):
         return None
     in_features = {int(t.shape[0]) for t in tensors}  # GGUF shapes are [in, out]
     if len(in_features) != 1:
         return None
+    target = common_type(types)
+    rows_total = sum(int(t.shape[1]) for t in tensors)
+    if target in (Q4_F, Q8_F) and not _tiles_only_apply(device, rows_total):
+        return None
     parts = []
     for t, h in zip(tensors, heads, strict=True):
-        rows = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+        rows = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
+                         int(t.tensor_type), target)
         parts.append(unpermute(rows, h) if h is not None else rows)
     packed = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=0)))
-    return packed, next(iter(types)), next(iter(in_features))
+    return packed, target, next(iter(in_features))
 
 
 def keep_quantized(model: nn.Module, gguf_file: str) -> int:
@@ -72,10 +91,11 @@ def keep_quantized(model: nn.Module, gguf_file: str) -> int:
     head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     targets.append((model, "lm_head", [head], [None]))
     kinds: Counter[str] = Counter()
+    sources: Counter[str] = Counter()
     float_bytes = packed_bytes = 0
     for parent, attr, names, heads in targets:
         old = getattr(parent, attr)
-        got = _packed([raw.get(n) for n in names], heads)
+        got = _packed([raw.get(n) for n in names], heads, old.weight.device)
         if not isinstance(old, Linear) or got is None:
             continue
         packed, qtype, in_features = got
@@ -85,13 +105,16 @@ def keep_quantized(model: nn.Module, gguf_file: str) -> int:
         new = GGUFLinear(packed.to(old.weight.device), qtype, in_features, old.bias)
         setattr(parent, attr, new)
         kinds[NAMES[qtype]] += 1
+        sources.update(SOURCE_NAMES[int(raw[n].tensor_type)] for n in names)
         float_bytes += old.weight.numel() * old.weight.element_size()
         packed_bytes += packed.numel()
     if kinds:
-        logger.info("kept %d linear weights packed (%s): %.1f MB instead of %.1f MB",
-                    sum(kinds.values()), ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())),
+        logger.info("kept %d linear weights packed (%s; from the file's %s): %.1f MB instead "
+                    "of %.1f MB", sum(kinds.values()),
+                    ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())),
+                    ", ".join(f"{k}: {v}" for k, v in sorted(sources.items())),
                     packed_bytes / 1e6, float_bytes / 1e6)
     else:
-        logger.info("quantization='gguf': no linear weight of %s is Q8_0, Q4_0 or Q4_1; all "
-                    "stay dequantized", gguf_file)
+        logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
+                    " all stay dequantized", gguf_file, ", ".join(SOURCE_NAMES.values()))
     return sum(kinds.values())

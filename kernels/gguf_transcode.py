@@ -1,0 +1,180 @@
+"""llama.cpp's other weight types rewritten at load, exactly, into the block types the packed
+kernels read (kernels/gguf_linear_ref.py states them): what a Q4_K_M or Q5_K_M file holds.
+
+Every type here is, per 32 weights, integer quants q with a scale and an offset: w = d * q + m.
+The K-quants keep their per-32 (Q6_K: per-16) scale as a 6- or 8-bit integer times a float16
+super-block scale; that product, and the offset's dmin * m, are exact in float32 (at most 11 + 8
+significant bits), so a block written with float32 d and m gives the same float32 weights as
+llama.cpp's and the `gguf` package's dequantization, bit for bit:
+  Q4_K (4.5 bits a weight)  -> Q4_F (6):  4-bit quants, float32 d and m per 32;
+  Q5_K, Q6_K, Q5_1          -> Q8_F (11): int8 quants, float32 d per 16 and m per 32;
+  Q5_0                      -> Q8_0 (8.5): q - 16 in int8, the same float16 d.
+A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
+is packed in the one type that holds all of them exactly: Q8_F, or Q8_0 where every part is
+Q8_0 or Q5_0. The bytes read per weight are more than the file's (Q4_F 1.33x Q4_K's) and far
+fewer than float32's (5.3x fewer for Q4_F).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kernels.gguf_linear_ref import BLOCK, NAMES, Q4_0, Q4_1, Q4_F, Q8_0, Q8_F
+
+# GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = 6, 7, 12, 13, 14
+SOURCE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0", Q5_1: "Q5_1",
+                Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
+                Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+# Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
+NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q8_0, Q5_1: Q8_F, Q4_K: Q4_F, Q5_K: Q8_F,
+          Q6_K: Q8_F}
+
+
+class Fields(NamedTuple):
+    """A weight's 32-blocks as numbers: q [B, 32] int8, d [B, 2] float32 (the first and the last
+    16 weights' scale), m [B] float32; w = d * q + m. d16: the float16 scale bytes [B, 2] where
+    the source had one per block (the types Q8_0 keeps as they are)."""
+    q: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+    d16: np.ndarray | None = None
+
+
+def common_type(types: list[int]) -> int:
+    """The packed type every part of a layer goes to: its own where all parts share one, Q8_0
+    where each is Q8_0 or Q5_0, else Q8_F (which holds each type exactly)."""
+    unknown = [t for t in types if t not in NATIVE]
+    if unknown:
+        raise ValueError(f"GGML type {unknown[0]} is not read packed (types read: "
+                         f"{', '.join(SOURCE_NAMES.values())})")
+    targets = {NATIVE[t] for t in types}
+    return targets.pop() if len(targets) == 1 else Q8_F
+
+
+def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
+    """A GGUF tensor's rows ([N, row bytes] uint8, GGML type `ggml_type`) as rows of `target`
+    blocks ([N, K / 32 * block bytes] uint8), the same weights exactly."""
+    if ggml_type not in NATIVE or target not in (NATIVE[ggml_type], Q8_F):
+        raise ValueError(f"{SOURCE_NAMES.get(ggml_type, ggml_type)} rows cannot be written as "
+                         f"{NAMES.get(target, target)}")
+    if target == ggml_type:
+        return rows
+    n = rows.shape[0]
+    f = _fields(rows, ggml_type)
+    packed = _pack_q4f(f) if target == Q4_F else _pack_q8_0(f) if target == Q8_0 else _pack_q8f(f)
+    return packed.reshape(n, -1)
+
+
+def _fields(rows: np.ndarray, ggml_type: int) -> Fields:
+    weights, size = SOURCE_BLOCK[ggml_type]
+    blocks = np.ascontiguousarray(rows).reshape(-1, size)
+    if weights == BLOCK:
+        return _legacy(blocks, ggml_type)
+    return {Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}[ggml_type](blocks)
+
+
+def _half(b: np.ndarray) -> np.ndarray:  # [B, 2] uint8 -> [B] float32
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32).reshape(-1)
+
+
+def _nibbles32(qs: np.ndarray) -> np.ndarray:  # [B, 16] -> [B, 32]: low nibbles, then high
+    return np.concatenate([qs & 15, qs >> 4], axis=1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:  # [B, 4] (a little-endian uint32) -> [B, 32] 0/16
+    bits = np.ascontiguousarray(qh).view("<u4").reshape(-1, 1) >> np.arange(32, dtype=np.uint32)
+    return ((bits & 1) << 4).astype(np.uint8)
+
+
+def _legacy(blocks: np.ndarray, t: int) -> Fields:
+    b = blocks.shape[0]
+    d = _half(blocks[:, :2])
+    zero = np.zeros(b, np.float32)
+    if t == Q8_0:
+        q, m = blocks[:, 2:].view(np.int8), zero
+    elif t == Q4_0:
+        q, m = _nibbles32(blocks[:, 2:]).astype(np.int8) - 8, zero
+    elif t == Q4_1:
+        q, m = _nibbles32(blocks[:, 4:]).astype(np.int8), _half(blocks[:, 2:4])
+    elif t == Q5_0:
+        q = (_nibbles32(blocks[:, 6:]) | _high_bits(blocks[:, 2:6])).astype(np.int8) - 16
+        m = zero
+    else:  # Q5_1
+        q = (_nibbles32(blocks[:, 8:]) | _high_bits(blocks[:, 4:8])).astype(np.int8)
+        m = _half(blocks[:, 2:4])
+    return Fields(np.ascontiguousarray(q), np.repeat(d[:, None], 2, axis=1), m,
+                  np.ascontiguousarray(blocks[:, :2]))
+
+
+def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes -> the 8 sub-blocks' 6-bit scales and mins, [B, 8] each
+    (llama.cpp's get_scale_min_k4: bytes 0-3 scales 0-3, 4-7 mins 0-3, 8-11 the low 4 bits of
+    scales and mins 4-7, whose top 2 bits are the top bits of bytes 0-3 and 4-7)."""
+    s = scales.reshape(-1, 3, 4)
+    lo, mid, hi = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=1)
+    mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=1)
+    return sc, mn
+
+
+def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: per 32-weight sub-block, d * sc and -(dmin * m): [B * 8] float32 each."""
+    d, dmin = _half(blocks[:, :2])[:, None], _half(blocks[:, 2:4])[:, None]
+    sc, mn = _scale_min_k4(blocks[:, 4:16])
+    return ((d * sc.astype(np.float32)).reshape(-1),
+            (-(dmin * mn.astype(np.float32))).reshape(-1))
+
+
+def _k_nibbles(qs: np.ndarray) -> np.ndarray:
+    """[B, 128] -> [B * 8, 32]: per 64 weights, 32 bytes whose low nibbles are the first 32."""
+    q = qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (q & 15).reshape(-1, 32)
+
+
+def _q4_k(blocks: np.ndarray) -> Fields:
+    d, m = _k_scales(blocks)
+    q = _k_nibbles(blocks[:, 16:]).astype(np.int8)
+    return Fields(q, np.repeat(d[:, None], 2, axis=1), m)
+
+
+def _q5_k(blocks: np.ndarray) -> Fields:
+    d, m = _k_scales(blocks)
+    qh = blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    q = _k_nibbles(blocks[:, 48:]) | ((qh & 1) << 4).reshape(-1, 32)
+    return Fields(q.astype(np.int8), np.repeat(d[:, None], 2, axis=1), m)
+
+
+def _q6_k(blocks: np.ndarray) -> Fields:
+    ql, qh = blocks[:, :128], blocks[:, 128:192]
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [B, 16], one per 16 weights
+    d = _half(blocks[:, 208:210])[:, None] * scales
+    # Per 128 weights: 64 bytes of low 4 bits (low nibbles weights 0-63, high 64-127) and 32
+    # bytes of top 2 bits (bits 0-1 weights 0-31, 2-3 32-63, 4-5 64-95, 6-7 96-127).
+    low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+    top = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+    q = (low.reshape(-1, 2, 4, 32) | (top << 4)).astype(np.int8) - 32
+    return Fields(q.reshape(-1, 32), d.reshape(-1, 2), np.zeros(d.size // 2, np.float32))
+
+
+def _f32_bytes(a: np.ndarray) -> np.ndarray:  # [B, k] float32 -> [B, 4k] uint8
+    return np.ascontiguousarray(a, dtype="<f4").view(np.uint8).reshape(a.shape[0], -1)
+
+
+def _pack_q8f(f: Fields) -> np.ndarray:
+    return np.concatenate([_f32_bytes(f.d), _f32_bytes(f.m[:, None]), f.q.view(np.uint8)],
+                          axis=1)
+
+
+def _pack_q4f(f: Fields) -> np.ndarray:
+    q = f.q.view(np.uint8)
+    nibbles = q[:, :16] | (q[:, 16:] << 4)
+    return np.concatenate([_f32_bytes(f.d[:, :1]), _f32_bytes(f.m[:, None]), nibbles], axis=1)
+
+
+def _pack_q8_0(f: Fields) -> np.ndarray:
+    assert f.d16 is not None  # Q8_0 and Q5_0, the two types common_type sends here
+    return np.concatenate([f.d16, f.q.view(np.uint8)], axis=1)

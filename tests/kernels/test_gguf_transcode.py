@@ -1,0 +1,89 @@
+"""llama.cpp's other weight types rewritten into the packed kernels' block types
+(kernels/gguf_transcode.py): bit for bit the weights the `gguf` package's dequantization gives
+(transformers' oracle), on random blocks (every bit pattern of quants and 6-bit scales) and on
+blocks made from weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.gguf_linear_ref import NAMES, Q4_0, Q4_1, Q4_F, Q8_0, Q8_F, dequantize_ref
+from kernels.gguf_transcode import (
+    NATIVE,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    SOURCE_BLOCK,
+    SOURCE_NAMES,
+    common_type,
+    transcode,
+)
+
+gguf = pytest.importorskip("gguf")
+
+# Where each type's float16 fields start: d (and m / dmin); Q6_K's d is its last 2 bytes.
+_HALVES = {Q4_0: [0], Q4_1: [0, 2], Q8_0: [0], Q5_0: [0], Q5_1: [0, 2], Q4_K: [0, 2],
+           Q5_K: [0, 2], Q6_K: [208]}
+
+
+def random_rows(ggml_type: int, n: int, k: int, seed: int) -> np.ndarray:
+    """[n, row bytes]: random bytes, float16 scales of a model's magnitude (either sign)."""
+    rng = np.random.default_rng(seed)
+    weights, size = SOURCE_BLOCK[ggml_type]
+    blocks = rng.integers(0, 256, (n * k // weights, size), dtype=np.uint8)
+    for at in _HALVES[ggml_type]:
+        half = np.asarray(rng.standard_normal(blocks.shape[0]) * 0.02, dtype=np.float16)
+        blocks[:, at:at + 2] = half.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(n, -1)
+
+
+def _oracle(rows: np.ndarray, ggml_type: int) -> torch.Tensor:
+    n = rows.shape[0]
+    return torch.from_numpy(np.asarray(gguf.quants.dequantize(rows, ggml_type)).reshape(n, -1))
+
+
+@pytest.mark.parametrize("ggml_type", sorted(SOURCE_NAMES))
+def test_each_type_is_rewritten_bit_for_bit(ggml_type: int) -> None:
+    rows = random_rows(ggml_type, 24, 512, seed=ggml_type)
+    want = _oracle(rows, ggml_type)
+    for target in sorted({NATIVE[ggml_type], Q8_F}):
+        got = transcode(rows, ggml_type, target)
+        assert got.shape == (24, 512 // 32 * {Q4_0: 18, Q4_1: 20, Q8_0: 34, Q4_F: 24,
+                                               Q8_F: 44}[target])
+        assert torch.equal(dequantize_ref(torch.from_numpy(got), target), want), NAMES[target]
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
+    from tests.model_executor.kquants import QUANTIZERS
+
+    w = np.random.default_rng(1).standard_normal((32, 768)).astype(np.float32) * 0.04
+    rows = QUANTIZERS[name](w)
+    ggml_type = int(getattr(gguf.GGMLQuantizationType, name))
+    want = _oracle(rows, ggml_type)
+    assert float((want - torch.from_numpy(w)).abs().max()) < 0.02  # the blocks hold w
+    got = transcode(rows, ggml_type, NATIVE[ggml_type])
+    assert torch.equal(dequantize_ref(torch.from_numpy(got), NATIVE[ggml_type]), want)
+
+
+@pytest.mark.parametrize(("types", "want"), [
+    ([Q4_K, Q4_K], Q4_F), ([Q6_K], Q8_F), ([Q5_K, Q5_K, Q5_K], Q8_F), ([Q5_0], Q8_0),
+    ([Q5_0, Q5_0, Q8_0], Q8_0), ([Q4_1], Q4_1), ([Q4_K, Q4_K, Q6_K], Q8_F), ([Q4_0, Q8_0], Q8_F),
+    ([Q5_1, Q4_1], Q8_F),
+])
+def test_a_layers_parts_share_the_type_that_holds_each_exactly(types: list[int],
+                                                               want: int) -> None:
+    assert common_type(types) == want
+
+
+def test_types_not_read_packed_are_named() -> None:
+    with pytest.raises(ValueError, match="GGML type 11 is not read packed"):  # Q3_K
+        common_type([Q4_K, 11])
+    with pytest.raises(ValueError, match="Q6_K rows cannot be written as Q4_F"):
+        transcode(random_rows(Q6_K, 1, 256, 0), Q6_K, Q4_F)
+    with pytest.raises(ValueError, match="Q4_K rows cannot be written as Q8_0"):
+        transcode(random_rows(Q4_K, 1, 256, 0), Q4_K, Q8_0)
