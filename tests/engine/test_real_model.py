@@ -1,8 +1,13 @@
 """The real SmolLM2-135M-Instruct GGUF file: Strand's greedy tokens equal HF transformers' loading
-the same file with gguf_file= (which dequantizes it the same way), plain and chat prompts."""
+the same file with gguf_file= (which dequantizes it the same way), plain and chat prompts. The
+same again for a copy in the types a Q4_K_M quantization gives (tests/model_executor/
+gguf_writer.requantize_gguf: Q4_K and Q6_K down projections, Q5_0 output projections), read
+dequantized and packed."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +29,35 @@ HF_PROMPTS: list[str | dict[str, Any]] = [*PROMPTS, "Once upon a time", "import 
                                           "The three primary colors are"]
 
 
-def test_greedy_tokens_equal_hf_on_the_real_model(smollm2_gguf: Path) -> None:
+@pytest.fixture(scope="module")
+def smollm2_k_quants(smollm2_gguf: Path,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """SmolLM2 with what llama-quantize's Q4_K_M makes of it: its down projections (1536
+    weights a row) Q4_K and Q6_K in turn; its 576-weight rows, which no K-quant block divides,
+    Q5_0 (the attention outputs; the rest stay the file's Q4_1 / Q8_0). Its converted
+    directory is removed from the user's cache afterwards (the file is a new one each run)."""
+    from engine_core.model_executor.gguf.convert import cached_dir
+    from tests.model_executor.gguf_writer import requantize_gguf
+
+    out = tmp_path_factory.mktemp("smollm2-k") / "SmolLM2-135M-Instruct.Q4_K_M-like.gguf"
+    requantize_gguf(smollm2_gguf, out, {
+        **{f"blk.{i}.ffn_down.weight": "Q4_K" if i % 2 else "Q6_K" for i in range(30)},
+        **{f"blk.{i}.attn_output.weight": "Q5_0" for i in range(30)}})
+    yield out
+    shutil.rmtree(cached_dir(out), ignore_errors=True)
+
+
+@pytest.fixture(params=["Q4_1", "Q4_K_M-like"])
+def real_file(request: pytest.FixtureRequest) -> Path:
+    name = "smollm2_gguf" if request.param == "Q4_1" else "smollm2_k_quants"
+    path: Path = request.getfixturevalue(name)
+    return path
+
+
+def test_greedy_tokens_equal_hf_on_the_real_model(real_file: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    engine = LLMEngine.from_engine_args(EngineArgs(model=str(smollm2_gguf), dtype="float32"))
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(real_file), dtype="float32"))
     params = SamplingParams(temperature=0.0, max_tokens=16)
     for i, prompt in enumerate(HF_PROMPTS):
         engine.add_request(str(i), prompt, params)
@@ -37,8 +67,8 @@ def test_greedy_tokens_equal_hf_on_the_real_model(smollm2_gguf: Path) -> None:
             if out.finished:
                 ours[out.request_id] = (list(out.prompt_token_ids or []),
                                         list(out.outputs[0].token_ids))
-    tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
+    tok = AutoTokenizer.from_pretrained(real_file.parent, gguf_file=real_file.name)
+    model = AutoModelForCausalLM.from_pretrained(real_file.parent, gguf_file=real_file.name,
                                                  dtype=torch.float32)
     for i, prompt in enumerate(HF_PROMPTS):
         if isinstance(prompt, dict):
@@ -81,15 +111,16 @@ def _greedy(model: str, quantization: str | None,
     return [done[str(i)] for i in range(len(PROMPTS))]
 
 
-def test_packed_q4_1_weights_give_the_dequantized_tokens(smollm2_gguf: Path) -> None:
+def test_packed_weights_give_the_dequantized_tokens(real_file: Path) -> None:
     # quantization="gguf": the Q4_1 layers (and the Q8_0 embedding as the tied lm_head) read in
     # their blocks, each layer's input rounded to int8 blocks as llama.cpp does. The greedy tokens
     # are the dequantized model's up to a near-tie. Measured (one thread, AVX-512 VNNI and AVX2
     # alike): "def fibonacci(n):" parts at its 14th token, where the dequantized model's top two
     # are 0.14 nats apart; the other two match. SmolLM2's final hidden state has outliers (a
     # block's max up to 42x its mean), so the lm_head's int8 input moves logits of ~20 by ~1%:
-    # logprobs move by up to 0.55 nats.
-    packed, dense = _greedy(str(smollm2_gguf), "gguf"), _greedy(str(smollm2_gguf), None)
+    # logprobs move by up to 0.55 nats. The Q4_K_M-like copy reads its K-quant and Q5_0 layers
+    # rewritten exactly (kernels/gguf_transcode.py), so the same rounding is all that differs.
+    packed, dense = _greedy(str(real_file), "gguf"), _greedy(str(real_file), None)
     assert assert_greedy_within_rounding(packed, dense, tol=0.75) <= 1
 
 

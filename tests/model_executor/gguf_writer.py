@@ -74,3 +74,35 @@ def write_gguf(model_dir: Path, out: Path, quantized: str,
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def requantize_gguf(src: Path, out: Path, types: dict[str, str]) -> None:
+    """A copy of the GGUF file src (its metadata and tensors as they are) with the tensors named
+    in `types` dequantized and written again in the type given (a GGMLQuantizationType name):
+    a real model's file in the mix of types a llama.cpp quantization makes."""
+    import gguf
+
+    from tests.model_executor.kquants import QUANTIZERS
+
+    reader = gguf.GGUFReader(str(src))
+    arch = str(reader.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(out), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the header's counts, and what the writer wrote itself
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        shape = [int(n) for n in reversed(t.shape)]  # GGUF lists [in, out]; numpy rows first
+        if t.name not in types:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)  # [rows, bytes]
+            continue
+        a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).reshape(shape)
+        name = types[t.name]
+        qtype = getattr(gguf.GGMLQuantizationType, name)
+        blocks = QUANTIZERS[name](a) if name in QUANTIZERS else gguf.quants.quantize(a, qtype)
+        w.add_tensor(t.name, blocks, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -45,14 +45,20 @@ def _metadata(reader: Any) -> dict[str, Any]:
     return out
 
 
+def cached_dir(path: str | Path) -> Path:
+    """Where the HF directory made from this GGUF file is cached (whether made yet or not)."""
+    src = Path(path).resolve()
+    stat = src.stat()
+    key = hashlib.sha256(f"{_VERSION}|{src}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache_root() / f"{src.stem}-{key.hexdigest()[:12]}"
+
+
 def gguf_to_hf_dir(path: str | Path) -> Path:
     """The HF directory made from this GGUF file (made now if it is not cached)."""
     src = Path(path).resolve()
     if not src.is_file():
         raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
-    stat = src.stat()
-    key = hashlib.sha256(f"{_VERSION}|{src}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    out = cache_root() / f"{src.stem}-{key.hexdigest()[:12]}"
+    out = cached_dir(src)
     if (out / "config.json").is_file():
         return out
     try:
