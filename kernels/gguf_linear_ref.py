@@ -1,22 +1,33 @@
 """Pure-torch reference of the GGUF block formats the CPU kernel reads packed
-(kernels/csrc/gguf_linear.cpp): Q8_0, Q4_0 and Q4_1, llama.cpp's layouts, and two of Strand's own
-that llama.cpp's other types are rewritten into at load, exactly (kernels/gguf_transcode.py).
+(kernels/csrc/gguf_linear.cpp, gguf_tiled.cpp): llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, and
+three of Strand's own that llama.cpp's K-quants are rewritten into at load, exactly
+(kernels/gguf_transcode.py).
 
-A packed weight is [N, K / 32 * block bytes] uint8: each row its K weights as K / 32 blocks of 32.
-Q8_0 (34 bytes): float16 d, 32 int8 q; w = d * q. Q4_0 (18 bytes): float16 d, 16 bytes of
-nibbles; w = d * (q - 8). Q4_1 (20 bytes): float16 d, float16 m, 16 bytes of nibbles; w = d * q + m.
-A block's first 16 weights are its bytes' low nibbles, the last 16 their high nibbles.
-Strand's: Q4_F (24 bytes): float32 d, float32 m, 16 bytes of nibbles; w = d * q + m (Q4_1 with
-float32 d and m, which hold a K-quant's per-32 scale d * sc and offset -dmin * m exactly).
-Q8_F (44 bytes): float32 d_lo, float32 d_hi, float32 m, 32 int8 q; w_j = d * q_j + m with d_lo for
-the block's first 16 weights and d_hi for the last 16 (Q6_K's scales are per 16 weights).
+A packed weight is [N, K / 32 * block bytes] uint8: each row its K weights as K / 32 blocks of 32,
+each block a head (scale d and offset m, float16 or float32), then its 5th (and 6th) bits, then
+its quants. Q8_0 (34 bytes): float16 d, 32 int8 q; w = d * q. Q4_0 (18 bytes): float16 d, 16
+bytes of nibbles; w = d * (q - 8). Q4_1 (20 bytes): float16 d, float16 m, 16 bytes of nibbles;
+w = d * q + m. A block's first 16 weights are its bytes' low nibbles, the last 16 their high
+nibbles. Q5_0 (22 bytes): float16 d, 4 bytes of bit 4 (bit j of the little-endian word is weight
+j's), 16 bytes of nibbles; w = d * (q - 16). Q5_1 (24 bytes): float16 d, float16 m, the same;
+w = d * q + m.
+Strand's: float32 d and m hold a K-quant's per-32 scale d * sc and offset -dmin * m exactly.
+Q4_F (24 bytes): float32 d, float32 m, 16 bytes of nibbles; w = d * q + m (from Q4_K).
+Q5_F (28 bytes): float32 d, float32 m, bit 4's word, nibbles; w = d * q + m (from Q5_K).
+Q6_F (32 bytes): float32 d_lo, float32 d_hi, bit 4's word, bit 5's word, nibbles;
+w_j = d * (q_j - 32), d_lo for weights 0..15 and d_hi for 16..31 (from Q6_K, whose scales are
+per 16 weights).
+Q8_F (44 bytes): float32 d_lo, float32 d_hi, float32 m, 32 int8 q; w_j = d * q_j + m (any of the
+above exactly: what a layer whose parts differ in type is packed in).
 
-On CPU the decode kernel reads the same bytes regrouped into tiles of 16 rows
-(kernels/csrc/gguf_tiled.cpp): [N / 16, K / 32, 16 * block bytes], tile t block b holding the
-quants of rows 16t..16t+15's block b as chunks of 64 bytes (chunk c: each row's quant bytes
-4c..4c+3, row after row), then the 16 rows' d, then (Q4_1) their m, each field as 16 values
-(Q4_F: d, m; Q8_F: d_lo, d_hi, m, 16 float32 values each). tile_ref and untile_ref state that
-layout.
+On CPU the decode kernel reads the same blocks regrouped into tiles of 16 rows
+(kernels/csrc/gguf_tiled.cpp): [N / 16, K / 32, 16 * block bytes], tile t block b holding rows
+16t..16t+15's block b: first their quants as chunks of 64 bytes (chunk c: each row's quant bytes
+4c..4c+3, row after row), so that the low nibbles of chunk c are quants 4c..4c+3 of each row and
+the high nibbles quants 16 + 4c..; then each bit plane as 8 groups of 8 bytes, group g a 64-bit
+mask whose bit 4r + j is row r's bit of quant 4g + j (one bit per lane of the nibble vectors the
+kernel unpacks); then the head's fields, each as the 16 rows' values. tile_ref and untile_ref
+state that layout.
 """
 
 from __future__ import annotations
@@ -26,11 +37,15 @@ import torch.nn.functional as F
 
 BLOCK = 32
 # GGML's type numbers (gguf.GGMLQuantizationType) -> name and bytes per block of 32.
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-# Strand's own (no GGML number; outside GGML's range so that neither is ever taken for one).
-Q4_F, Q8_F = 1003, 1008
-NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_F: "Q4_F", Q8_F: "Q8_F"}
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, Q4_F: 24, Q8_F: 44}
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
+# Strand's own (no GGML number; outside GGML's range so that none is ever taken for one).
+Q4_F, Q5_F, Q6_F, Q8_F = 1003, 1005, 1006, 1008
+NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_F: "Q4_F",
+         Q5_F: "Q5_F", Q6_F: "Q6_F", Q8_F: "Q8_F"}
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_F: 24, Q5_F: 28, Q6_F: 32,
+               Q8_F: 44}
+# The types read over 16-row tiles only (no row kernel, no Triton kernel).
+TILES_ONLY = frozenset({Q5_0, Q5_1, Q4_F, Q5_F, Q6_F, Q8_F})
 
 
 def row_bytes(qtype: int, in_features: int) -> int:
@@ -44,18 +59,41 @@ def row_bytes(qtype: int, in_features: int) -> int:
 
 
 TILE_ROWS = 16
-# A block's head before its quants: (fields, bytes each): d (and m; Q8_F d_lo, d_hi, m).
-_HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q8_0: (1, 2), Q4_F: (2, 4), Q8_F: (3, 4)}
+# A block's head before its quants: (fields, bytes each): d (and m; Q6_F d_lo, d_hi; Q8_F
+# d_lo, d_hi, m); then its bit planes, 4 bytes each (bit 4; Q6_F bit 4 and bit 5).
+_HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q5_0: (1, 2), Q5_1: (2, 2), Q8_0: (1, 2), Q4_F: (2, 4),
+         Q5_F: (2, 4), Q6_F: (2, 4), Q8_F: (3, 4)}
+PLANES = {Q5_0: 1, Q5_1: 1, Q5_F: 1, Q6_F: 2}
+
+
+def _planes_to_tiles(words: torch.Tensor) -> torch.Tensor:
+    """[T, 16 rows, nb, 4] bytes of one plane -> [T, nb, 64]: group g's 8 bytes hold nibble g of
+    each row's word (its bits for quants 4g..4g+3), row 2k's in byte k's low half, 2k+1's high."""
+    t, _, nb, _ = words.shape
+    nib = torch.stack([words & 15, words >> 4], dim=-1).reshape(t, TILE_ROWS, nb, 8)  # [.., g]
+    nib = nib.permute(0, 2, 3, 1).reshape(t, nb, 8, 8, 2)  # [T, nb, g, k, row parity]
+    return (nib[..., 0] | (nib[..., 1] << 4)).reshape(t, nb, 64)
+
+
+def _planes_from_tiles(plane: torch.Tensor) -> torch.Tensor:
+    """_planes_to_tiles' inverse: [T, nb, 64] -> [T, 16 rows, nb, 4]."""
+    t, nb, _ = plane.shape
+    b = plane.reshape(t, nb, 8, 8)
+    nib = torch.stack([b & 15, b >> 4], dim=-1).reshape(t, nb, 8, TILE_ROWS)  # [.., g, r]
+    nib = nib.permute(0, 3, 1, 2).reshape(t, TILE_ROWS, nb, 4, 2)  # [T, r, nb, byte, half]
+    return nib[..., 0] | (nib[..., 1] << 4)
 
 
 def tile_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
     """[N, row bytes] uint8 (N a multiple of 16) -> [N / 16, K / 32, 16 * block bytes]."""
     n, (fields, width), size = packed.shape[0], _HEAD[qtype], BLOCK_BYTES[qtype]
-    head = fields * width
+    head, planes = fields * width, PLANES.get(qtype, 0)
     blocks = packed.reshape(n // TILE_ROWS, TILE_ROWS, -1, size)  # [T, 16, nb, bytes]
-    nb = blocks.shape[2]
-    quants = blocks[..., head:].reshape(n // TILE_ROWS, TILE_ROWS, nb, -1, 4)  # [T, 16, nb, c, 4]
+    nb, quant_at = blocks.shape[2], head + 4 * planes
+    quants = blocks[..., quant_at:].reshape(n // TILE_ROWS, TILE_ROWS, nb, -1, 4)
     parts = [quants.permute(0, 2, 3, 1, 4).reshape(n // TILE_ROWS, nb, -1)]
+    for p in range(planes):
+        parts.append(_planes_to_tiles(blocks[..., head + 4 * p:head + 4 * p + 4]))
     for h in range(0, head, width):  # each field: [T, 16, nb, width] -> [T, nb, 16 * width]
         parts.append(blocks[..., h:h + width].permute(0, 2, 1, 3).reshape(n // TILE_ROWS, nb, -1))
     return torch.cat(parts, dim=-1).contiguous()
@@ -65,12 +103,15 @@ def untile_ref(tiles: torch.Tensor, qtype: int) -> torch.Tensor:
     """tile_ref's inverse: [N / 16, K / 32, 16 * block bytes] -> [N, row bytes]."""
     t, nb, _ = tiles.shape
     (fields, width), size = _HEAD[qtype], BLOCK_BYTES[qtype]
-    head = fields * width
-    quant_bytes = TILE_ROWS * (size - head)
+    head, planes = fields * width, PLANES.get(qtype, 0)
+    quant_bytes = TILE_ROWS * (size - head - 4 * planes)
     quants = tiles[..., :quant_bytes].reshape(t, nb, -1, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
-    heads = [tiles[..., quant_bytes + TILE_ROWS * h:quant_bytes + TILE_ROWS * (h + width)]
+    bits = [_planes_from_tiles(tiles[..., quant_bytes + 64 * p:quant_bytes + 64 * (p + 1)])
+            for p in range(planes)]
+    at = quant_bytes + 64 * planes
+    heads = [tiles[..., at + TILE_ROWS * h:at + TILE_ROWS * (h + width)]
              .reshape(t, nb, TILE_ROWS, width).permute(0, 2, 1, 3) for h in range(0, head, width)]
-    blocks = torch.cat([*heads, quants.reshape(t, TILE_ROWS, nb, -1)], dim=-1)
+    blocks = torch.cat([*heads, *bits, quants.reshape(t, TILE_ROWS, nb, -1)], dim=-1)
     return blocks.reshape(t * TILE_ROWS, nb * size).contiguous()
 
 
@@ -86,22 +127,36 @@ def _nibbles(b: torch.Tensor) -> torch.Tensor:  # [..., 16] uint8 -> [..., 32] f
     return torch.cat([b & 15, b >> 4], dim=-1).float()
 
 
+def _plane(b: torch.Tensor) -> torch.Tensor:  # [..., 4] uint8 (a word) -> [..., 32] 0/1
+    bits = torch.arange(8, dtype=torch.uint8)
+    return ((b[..., :, None] >> bits) & 1).reshape(*b.shape[:-1], 32)
+
+
 def dequantize_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
     """[N, row bytes] uint8 -> [N, K] float32."""
     n = packed.shape[0]
     blocks = packed.reshape(n, -1, BLOCK_BYTES[qtype])  # [N, K / 32, block bytes]
     if qtype == Q8_0:
-        w = _half(blocks[..., :2]) * blocks[..., 2:].contiguous().view(torch.int8).float()
-    elif qtype == Q4_0:
-        w = _half(blocks[..., :2]) * (_nibbles(blocks[..., 2:]) - 8)
-    elif qtype == Q4_1:
-        w = _half(blocks[..., :2]) * _nibbles(blocks[..., 4:]) + _half(blocks[..., 2:4])
-    elif qtype == Q4_F:
-        w = _float(blocks[..., :4]) * _nibbles(blocks[..., 8:]) + _float(blocks[..., 4:8])
-    else:  # Q8_F: d_lo for weights 0..15, d_hi for 16..31
+        return (_half(blocks[..., :2]) * blocks[..., 2:].contiguous().view(torch.int8).float()
+                ).reshape(n, -1)
+    if qtype == Q8_F:  # d_lo for weights 0..15, d_hi for 16..31
         q = blocks[..., 12:].contiguous().view(torch.int8).float().reshape(n, -1, 2, 16)
         d = _float(blocks[..., :8]).reshape(n, -1, 2, 1)
-        w = (d * q).reshape(n, -1, BLOCK) + _float(blocks[..., 8:12])
+        return ((d * q).reshape(n, -1, BLOCK) + _float(blocks[..., 8:12])).reshape(n, -1)
+    fields, width = _HEAD[qtype]
+    at = fields * width
+    q = _nibbles(blocks[..., at + 4 * PLANES.get(qtype, 0):])
+    for p in range(PLANES.get(qtype, 0)):
+        q = q + (_plane(blocks[..., at + 4 * p:at + 4 * p + 4]) << (4 + p)).float()
+    field = _half if width == 2 else _float
+    d = field(blocks[..., :width])
+    if qtype == Q6_F:  # d_lo, d_hi
+        d = field(blocks[..., :2 * width]).reshape(n, -1, 2, 1)
+        return (d * (q.reshape(n, -1, 2, 16) - 32)).reshape(n, -1)
+    if qtype in (Q4_0, Q5_0):
+        w = d * (q - (8 if qtype == Q4_0 else 16))
+    else:  # Q4_1, Q5_1, Q4_F, Q5_F
+        w = d * q + field(blocks[..., width:2 * width])
     return w.reshape(n, -1)
 
 

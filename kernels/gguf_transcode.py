@@ -5,14 +5,17 @@ Every type here is, per 32 weights, integer quants q with a scale and an offset:
 The K-quants keep their per-32 (Q6_K: per-16) scale as a 6- or 8-bit integer times a float16
 super-block scale; that product, and the offset's dmin * m, are exact in float32 (at most 11 + 8
 significant bits), so a block written with float32 d and m gives the same float32 weights as
-llama.cpp's and the `gguf` package's dequantization, bit for bit:
-  Q4_K (4.5 bits a weight)  -> Q4_F (6):  4-bit quants, float32 d and m per 32;
-  Q5_K, Q6_K, Q5_1          -> Q8_F (11): int8 quants, float32 d per 16 and m per 32;
-  Q5_0                      -> Q8_0 (8.5): q - 16 in int8, the same float16 d.
+llama.cpp's and the `gguf` package's dequantization, bit for bit (the per-256 super-blocks
+become per-32 blocks, each with its own float32 scale):
+  Q4_K (4.5 bits a weight)  -> Q4_F (6): 4-bit quants, float32 d and m per 32;
+  Q5_K (5.5)                -> Q5_F (7): Q4_F and a word of fifth bits;
+  Q6_K (6.56)               -> Q6_F (8): nibbles, two words of fifth and sixth bits, float32 d
+                               per 16;
+  Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
-is packed in the one type that holds all of them exactly: Q8_F, or Q8_0 where every part is
-Q8_0 or Q5_0. The bytes read per weight are more than the file's (Q4_F 1.33x Q4_K's) and far
-fewer than float32's (5.3x fewer for Q4_F).
+is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
+and m per 32: 11 bits a weight), or Q8_0 where every part is Q8_0 or Q5_0 (q - 16 in int8, the
+same float16 d).
 """
 
 from __future__ import annotations
@@ -21,17 +24,29 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kernels.gguf_linear_ref import BLOCK, NAMES, Q4_0, Q4_1, Q4_F, Q8_0, Q8_F
+from kernels.gguf_linear_ref import (
+    BLOCK,
+    NAMES,
+    Q4_0,
+    Q4_1,
+    Q4_F,
+    Q5_0,
+    Q5_1,
+    Q5_F,
+    Q6_F,
+    Q8_0,
+    Q8_F,
+)
 
 # GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
-Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = 6, 7, 12, 13, 14
+Q4_K, Q5_K, Q6_K = 12, 13, 14
 SOURCE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0", Q5_1: "Q5_1",
                 Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
                 Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 # Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
-NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q8_0, Q5_1: Q8_F, Q4_K: Q4_F, Q5_K: Q8_F,
-          Q6_K: Q8_F}
+NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q4_K: Q4_F, Q5_K: Q5_F,
+          Q6_K: Q6_F}
 
 
 class Fields(NamedTuple):
@@ -52,21 +67,24 @@ def common_type(types: list[int]) -> int:
         raise ValueError(f"GGML type {unknown[0]} is not read packed (types read: "
                          f"{', '.join(SOURCE_NAMES.values())})")
     targets = {NATIVE[t] for t in types}
-    return targets.pop() if len(targets) == 1 else Q8_F
+    if len(targets) == 1:
+        return targets.pop()
+    return Q8_0 if targets <= {Q8_0, Q5_0} else Q8_F
 
 
 def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
     """A GGUF tensor's rows ([N, row bytes] uint8, GGML type `ggml_type`) as rows of `target`
     blocks ([N, K / 32 * block bytes] uint8), the same weights exactly."""
-    if ggml_type not in NATIVE or target not in (NATIVE[ggml_type], Q8_F):
+    to_q8_0 = target == Q8_0 and ggml_type == Q5_0
+    if ggml_type not in NATIVE or (target not in (NATIVE[ggml_type], Q8_F) and not to_q8_0):
         raise ValueError(f"{SOURCE_NAMES.get(ggml_type, ggml_type)} rows cannot be written as "
                          f"{NAMES.get(target, target)}")
     if target == ggml_type:
         return rows
     n = rows.shape[0]
     f = _fields(rows, ggml_type)
-    packed = _pack_q4f(f) if target == Q4_F else _pack_q8_0(f) if target == Q8_0 else _pack_q8f(f)
-    return packed.reshape(n, -1)
+    pack = {Q4_F: _pack_q4f, Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f}
+    return pack[target](f).reshape(n, -1)
 
 
 def _fields(rows: np.ndarray, ggml_type: int) -> Fields:
@@ -169,10 +187,29 @@ def _pack_q8f(f: Fields) -> np.ndarray:
                           axis=1)
 
 
+def _nibble_bytes(q: np.ndarray) -> np.ndarray:  # [B, 32] -> [B, 16]: byte i holds i, i + 16
+    return (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
+
+
+def _bit_word(q: np.ndarray, bit: int) -> np.ndarray:  # [B, 32] -> [B, 4]: bit j is q_j's
+    return np.packbits((q >> bit) & 1, axis=1, bitorder="little")
+
+
 def _pack_q4f(f: Fields) -> np.ndarray:
+    return np.concatenate([_f32_bytes(f.d[:, :1]), _f32_bytes(f.m[:, None]),
+                           _nibble_bytes(f.q.view(np.uint8))], axis=1)
+
+
+def _pack_q5f(f: Fields) -> np.ndarray:
     q = f.q.view(np.uint8)
-    nibbles = q[:, :16] | (q[:, 16:] << 4)
-    return np.concatenate([_f32_bytes(f.d[:, :1]), _f32_bytes(f.m[:, None]), nibbles], axis=1)
+    return np.concatenate([_f32_bytes(f.d[:, :1]), _f32_bytes(f.m[:, None]), _bit_word(q, 4),
+                           _nibble_bytes(q)], axis=1)
+
+
+def _pack_q6f(f: Fields) -> np.ndarray:
+    q = (f.q.astype(np.int16) + 32).astype(np.uint8)  # Q6_K's q - 32 back to 0..63
+    return np.concatenate([_f32_bytes(f.d), _bit_word(q, 4), _bit_word(q, 5), _nibble_bytes(q)],
+                          axis=1)
 
 
 def _pack_q8_0(f: Fields) -> np.ndarray:

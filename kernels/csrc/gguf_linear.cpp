@@ -39,9 +39,12 @@ using namespace strand;
 constexpr int64_t kBlock = 32;
 constexpr int kChunks = kBlock / kLanes;  // register-wide vectors per block: 2 (AVX-512) or 4
 // GGML's type numbers (gguf.GGMLQuantizationType), as Python passes them.
-// Strand's Q4_F and Q8_F (kernels/gguf_transcode.py) are read over 16-row tiles only
-// (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_F = 1003, kQ8_F = 1008 };
+// Q5_0, Q5_1 and Strand's Q4_F, Q5_F, Q6_F, Q8_F (kernels/gguf_transcode.py) are read over
+// 16-row tiles only (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
+enum QType : int64_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+  kQ4_F = 1003, kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
+};
 
 // kLanes bytes to floats. GCC lowers a vector-extension conversion from 8-bit lanes into one
 // scalar load and convert per lane (16 of each a block, 4x the time of the product itself), so
@@ -264,9 +267,13 @@ int64_t block_bytes(int64_t qtype) {
     case kQ4_1: return Block<kQ4_1>::kBytes;
     case kQ4_F: return Block<kQ4_F>::kBytes;
     case kQ8_F: return kQ8FBytes;
+    case kQ5_0: return 22;
+    case kQ5_1: return 24;
+    case kQ5_F: return 28;
+    case kQ6_F: return 32;
   }
-  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8, "
-               "Q4_F=1003, Q8_F=1008 are)");
+  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q5_0=6, "
+               "Q5_1=7, Q8_0=8, Q4_F=1003, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
   return 0;
 }
 
@@ -334,6 +341,35 @@ void dequantize_q8f(const uint8_t* w, float* out, int64_t N, int64_t K) {
       }
   });
 }
+// The 5- and 6-bit types: head (d, and m or d_hi), bit words, 16 bytes of nibbles; quant j is
+// nibble j | bit j of the first word << 4 (| of the second << 5). The same float32 ops as
+// kernels/gguf_linear_ref.dequantize_ref: d * (q - 16), d * q + m, d_half * (q - 32).
+template <int64_t Q>
+void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
+  constexpr bool kF32 = Q == kQ5_F || Q == kQ6_F;
+  constexpr int64_t kField = kF32 ? 4 : 2, kHead = Q == kQ5_0 ? 2 : 2 * kField;
+  constexpr int64_t kPlanes = Q == kQ6_F ? 2 : 1, kBytes = kHead + 4 * kPlanes + 16;
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + (n * nb + b) * kBytes;
+        const float f0 = kF32 ? float_at(blk) : half_at(blk);
+        const float f1 = Q == kQ5_0 ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
+        uint32_t words[kPlanes];
+        std::memcpy(words, blk + kHead, sizeof(words));
+        const uint8_t* nib = blk + kHead + 4 * kPlanes;
+        float* o = out + n * K + b * kBlock;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          int32_t q = j < 16 ? nib[j] & 15 : nib[j - 16] >> 4;
+          for (int64_t p = 0; p < kPlanes; ++p) q |= static_cast<int32_t>((words[p] >> j) & 1) << (4 + p);
+          if constexpr (Q == kQ5_0) o[j] = f0 * static_cast<float>(q - 16);
+          else if constexpr (Q == kQ6_F) o[j] = (j < 16 ? f0 : f1) * static_cast<float>(q - 32);
+          else o[j] = f0 * static_cast<float>(q) + f1;
+        }
+      }
+  });
+}
 }  // namespace
 
 void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
@@ -341,8 +377,8 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
   const int64_t M = x.size(0);
   STRAND_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
   if (packed.dim() == 3) return gguf_tiled_linear_small(out, x, packed, qtype, bias);
-  STRAND_CHECK(qtype != kQ4_F && qtype != kQ8_F, "Q4_F and Q8_F weights are read over 16-row "
-               "tiles (gguf_tile), not as rows");
+  STRAND_CHECK(qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0, "GGUF type ", qtype,
+               " is read over 16-row tiles (gguf_tile), not as rows (Q4_0, Q4_1, Q8_0 are)");
   check_packed(packed, qtype, x.size(1));
   if (x.scalar_type() == at::kBFloat16)
     linear_typed<bf16>(out, x, packed, qtype, bias);
@@ -367,6 +403,10 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
     case kQ4_0: dequantize_rows<kQ4_0>(w, o, N, K); break;
     case kQ4_F: dequantize_rows<kQ4_F>(w, o, N, K); break;
     case kQ8_F: dequantize_q8f(w, o, N, K); break;
+    case kQ5_0: dequantize_planes<kQ5_0>(w, o, N, K); break;
+    case kQ5_1: dequantize_planes<kQ5_1>(w, o, N, K); break;
+    case kQ5_F: dequantize_planes<kQ5_F>(w, o, N, K); break;
+    case kQ6_F: dequantize_planes<kQ6_F>(w, o, N, K); break;
     default: dequantize_rows<kQ4_1>(w, o, N, K);
   }
 }

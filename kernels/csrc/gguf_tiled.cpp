@@ -12,9 +12,9 @@
 #include "gguf_tile_simd.h"
 #include "gguf_tiled.h"
 
-// GGUF Q8_0 / Q4_0 / Q4_1 weights (and Strand's Q4_F / Q8_F, llama.cpp's K-quants rewritten
-// exactly at load: kernels/gguf_transcode.py) regrouped at load into tiles of 16 rows, so that a decode
-// step's integer dot products take 16 rows per instruction (gguf_tile_simd.h) instead of one
+// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights (and Strand's Q4_F / Q5_F / Q6_F / Q8_F,
+// llama.cpp's K-quants rewritten exactly at load: kernels/gguf_transcode.py) regrouped at load
+// into tiles of 16 rows, so that a decode step's integer dot products take 16 rows per instruction (gguf_tile_simd.h) instead of one
 // block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
 // on load: its AMX/VNNI buffer regroups every weight into 16-row tiles). Profiled on one thread,
 // the row-by-row kernel (gguf_linear.cpp) spent ~12 instructions per 20-byte Q4_1 block (two
@@ -26,9 +26,13 @@
 //           each row's quants, row r's at 4r..4r+3. Q4's byte i holds quant i (low nibble) and
 //           quant i + 16 (high), so chunk c's low nibbles are quants 4c..4c+3 and its high
 //           nibbles quants 16+4c..19+4c;
-//   then the 16 rows' float16 scales d, then (Q4_1) their float16 offsets m; Q4_F: the 16 rows'
-//   float32 d, then their float32 m; Q8_F: float32 d_lo, d_hi (the scales of quants 0..15 and
-//   16..31), then m.
+//   then (Q5_0, Q5_1, Q5_F: one; Q6_F: two) bit planes of 64 bytes: 8 groups of 8 bytes, group g
+//   a 64-bit mask whose bit 4r + j is row r's fifth (sixth) bit of quant 4g + j, i.e. one bit
+//   per byte lane of the nibble vector holding quants 4g..4g+3 (chunk g's low nibbles for g < 4,
+//   chunk g - 4's high ones after);
+//   then the head's fields, each as the 16 rows' values: float16 d (and Q4_1's, Q5_1's m);
+//   float32 d and m (Q4_F, Q5_F); float32 d_lo, d_hi (Q6_F: the scales of quants 0..15 and
+//   16..31); float32 d_lo, d_hi, m (Q8_F).
 // kernels/gguf_linear_ref.py (tile_ref, untile_ref) is the pure-torch statement of it.
 namespace {
 using namespace strand;
@@ -40,37 +44,68 @@ constexpr int64_t kBlock = 32, kTileRows = 16;
 // machine (bimodal timings, best of many): SmolLM2's Q4_1 layers 5.9-6.9 ms at 1 KB ahead
 // against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
 constexpr int64_t kPrefetchTileBlocks = 4;
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_F = 1003, kQ8_F = 1008 };
-
-struct Format {  // a block: head bytes (fields of `field` bytes: d, m, ...) then quant bytes
-  int64_t head, quants, field;
-  int64_t bytes() const { return head + quants; }
+enum QType : int64_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+  kQ4_F = 1003, kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
 };
 
-Format format(int64_t qtype) {
+// A block in rows: `head` bytes of fields (`field` bytes each: d, m, ...), `planes` words of
+// extra bits (4 bytes each), then `quants` bytes (16 of nibbles or 32 of int8).
+struct Format {
+  int64_t head, planes, quants, field;
+  constexpr int64_t bytes() const { return head + 4 * planes + quants; }
+};
+
+constexpr Format format_of(int64_t qtype) {
   switch (qtype) {
-    case kQ8_0: return {2, 32, 2};
-    case kQ4_0: return {2, 16, 2};
-    case kQ4_1: return {4, 16, 2};
-    case kQ4_F: return {8, 16, 4};
-    case kQ8_F: return {12, 32, 4};
+    case kQ8_0: return {2, 0, 32, 2};
+    case kQ4_0: return {2, 0, 16, 2};
+    case kQ4_1: return {4, 0, 16, 2};
+    case kQ5_0: return {2, 1, 16, 2};
+    case kQ5_1: return {4, 1, 16, 2};
+    case kQ4_F: return {8, 0, 16, 4};
+    case kQ5_F: return {8, 1, 16, 4};
+    case kQ6_F: return {8, 2, 16, 4};
+    case kQ8_F: return {12, 0, 32, 4};
+    default: return {0, 0, 0, 0};
   }
-  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q8_0=8, "
-               "Q4_F=1003, Q8_F=1008 are)");
-  return {0, 0, 0};
+}
+
+Format format(int64_t qtype) {
+  const Format f = format_of(qtype);
+  STRAND_CHECK(f.quants != 0, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, "
+               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_F=1003, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
+  return f;
+}
+
+// Nibble i of a little-endian byte string.
+inline uint8_t nibble_at(const uint8_t* p, int64_t i) { return (p[i / 2] >> (4 * (i % 2))) & 15; }
+inline void set_nibble(uint8_t* p, int64_t i, uint8_t v) {
+  const int shift = 4 * (i % 2);
+  p[i / 2] = static_cast<uint8_t>((p[i / 2] & ~(15 << shift)) | (v << shift));
 }
 
 // One tile-block from (tile = true) or to the 16 rows' blocks: rows[r] is row r's block.
 void move_tile_block(uint8_t* tile_block, uint8_t* const* rows, const Format& f, bool tile) {
   const int64_t chunks = f.quants / 4, quant_bytes = kTileRows * f.quants;
+  const int64_t quant_at = f.head + 4 * f.planes, fields_at = quant_bytes + 64 * f.planes;
   for (int64_t r = 0; r < kTileRows; ++r) {
     for (int64_t c = 0; c < chunks; ++c) {
       uint8_t* t = tile_block + c * 64 + r * 4;
-      uint8_t* g = rows[r] + f.head + c * 4;
+      uint8_t* g = rows[r] + quant_at + c * 4;
       std::memcpy(tile ? t : g, tile ? g : t, 4);
     }
+    for (int64_t p = 0; p < f.planes; ++p)  // nibble g of row r's word <-> group g's nibble r
+      for (int64_t g = 0; g < 8; ++g) {
+        uint8_t* t = tile_block + quant_bytes + 64 * p + 8 * g;
+        uint8_t* word = rows[r] + f.head + 4 * p;
+        if (tile)
+          set_nibble(t, r, nibble_at(word, g));
+        else
+          set_nibble(word, g, nibble_at(t, r));
+      }
     for (int64_t h = 0; h < f.head / f.field; ++h) {  // d (and m, ...), grouped by kind
-      uint8_t* t = tile_block + quant_bytes + (h * kTileRows + r) * f.field;
+      uint8_t* t = tile_block + fields_at + (h * kTileRows + r) * f.field;
       uint8_t* g = rows[r] + h * f.field;
       std::memcpy(tile ? t : g, tile ? g : t, f.field);
     }
@@ -91,17 +126,25 @@ void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format
   });
 }
 
+// The 16 rows' field f of a tile-block's head (float16 or float32 values).
+template <int64_t Q>
+inline tile::F32 field(const uint8_t* fields, int f) {
+  if constexpr (format_of(Q).field == 4) return tile::floats(fields + 64 * f);
+  return tile::halves(fields + 32 * f);
+}
+
 // sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
 // rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
-// offset part (Q4_0: -8 d_w, Q4_1, Q4_F, Q8_F: m_w, times d_x * sum q_x). Q8_F scales the two
-// halves of a block (quants 0..15 and 16..31, the `lo` and `hi` sums) by their own d.
+// offset part, times d_x * sum q_x: Q4_0 -8 d_w, Q5_0 -16 d_w, Q6_F -32 d_w, the others m_w.
+// Q6_F and Q8_F scale the two halves of a block (quants 0..15 and 16..31, the `lo` and `hi`
+// sums) by their own d. The 5- and 6-bit quants are nibbles with their bit planes or-ed in.
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1) {
-  constexpr bool kQ8 = Q == kQ8_0 || Q == kQ8_F, kF32 = Q == kQ4_F || Q == kQ8_F;
-  constexpr int64_t kQuant = kQ8 ? 32 : 16;
-  constexpr int64_t kHead = Q == kQ8_F ? 12 : Q == kQ4_F ? 8 : Q == kQ4_1 ? 4 : 2;
-  constexpr int64_t kTileBlock = kTileRows * (kQuant + kHead), kScales = kTileRows * kQuant;
+  constexpr Format kF = format_of(Q);
+  constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
+  constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
+  constexpr int64_t kFields = kPlanes + 64 * kF.planes;
   const int64_t nb = K / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = w + t * nb * kTileBlock;
@@ -126,40 +169,51 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           }
         } else {
           const tile::U8 v = tile::load_chunk(p + c * 64);
-          const tile::U8 w0 = tile::low_nibbles(v), w1 = tile::high_nibbles(v);
+          tile::U8 w0 = tile::low_nibbles(v), w1 = tile::high_nibbles(v);
+          for (int64_t plane = 0; plane < kF.planes; ++plane) {
+            const uint8_t* masks = p + kPlanes + 64 * plane;
+            const uint8_t bit = static_cast<uint8_t>(16 << plane);
+            w0 = tile::or_bits(w0, masks + 8 * c, bit);
+            w1 = tile::or_bits(w1, masks + 8 * (c + 4), bit);
+          }
           for (int m = 0; m < M; ++m) {
             lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
             hi[m] = tile::dot_unsigned(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
           }
         }
       }
-      if constexpr (Q == kQ8_F) {
-        const tile::F32 d_lo = tile::floats(p + kScales), d_hi = tile::floats(p + kScales + 64);
-        const tile::F32 off = tile::floats(p + kScales + 128);
+      const uint8_t* fields = p + kFields;
+      if constexpr (kHalves) {
+        const tile::F32 d_lo = field<Q>(fields, 0), d_hi = field<Q>(fields, 1);
         for (int m = 0; m < M; ++m) {
           const int64_t xb = m * nb + b;
+          const int32_t sum_lo = x.qsum_lo[xb], sum_hi = x.qsum[xb] - x.qsum_lo[xb];
           tile::I32 l = lo[m], h = hi[m];
-          if (tile::kQ8Excess) {
-            l = tile::isub(l, tile::kQ8Excess * x.qsum_lo[xb]);
-            h = tile::isub(h, tile::kQ8Excess * (x.qsum[xb] - x.qsum_lo[xb]));
+          if (kQ8 && tile::kQ8Excess) {
+            l = tile::isub(l, tile::kQ8Excess * sum_lo);
+            h = tile::isub(h, tile::kQ8Excess * sum_hi);
           }
           acc[m] = tile::fma(tile::to_f32(l), tile::mul(d_lo, x.d[xb]), acc[m]);
           acc[m] = tile::fma(tile::to_f32(h), tile::mul(d_hi, x.d[xb]), acc[m]);
-          acc[m] = tile::fma(off, x.s[xb], acc[m]);
+          if constexpr (Q == kQ8_F) {
+            acc[m] = tile::fma(field<Q>(fields, 2), x.s[xb], acc[m]);
+          } else {  // Q6_F: d (q - 32) per half
+            acc[m] = tile::fma(d_lo, -32.f * x.d[xb] * static_cast<float>(sum_lo), acc[m]);
+            acc[m] = tile::fma(d_hi, -32.f * x.d[xb] * static_cast<float>(sum_hi), acc[m]);
+          }
         }
         continue;
       }
-      const tile::F32 d = kF32 ? tile::floats(p + kScales) : tile::halves(p + kScales);
+      const tile::F32 d = field<Q>(fields, 0);
       for (int m = 0; m < M; ++m) {
         tile::I32 s = tile::iadd(lo[m], hi[m]);
         const int64_t xb = m * nb + b;
         if (kQ8 && tile::kQ8Excess) s = tile::isub(s, tile::kQ8Excess * x.qsum[xb]);
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
         if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
-        if constexpr (Q == kQ4_1) acc[m] = tile::fma(tile::halves(p + kScales + 32), x.s[xb],
-                                                     acc[m]);
-        if constexpr (Q == kQ4_F) acc[m] = tile::fma(tile::floats(p + kScales + 64), x.s[xb],
-                                                     acc[m]);
+        if constexpr (Q == kQ5_0) acc[m] = tile::fma(d, -16.f * x.s[xb], acc[m]);
+        if constexpr (Q == kQ4_1 || Q == kQ5_1 || Q == kQ4_F || Q == kQ5_F)
+          acc[m] = tile::fma(field<Q>(fields, 1), x.s[xb], acc[m]);
       }
     }
     for (int m = 0; m < M; ++m) tile::store(sums + m * ld + (t - t0) * kTileRows, acc[m]);
@@ -202,7 +256,11 @@ void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles,
   switch (qtype) {
     case kQ8_0: tiles_by_m<kQ8_0>(xq, w, sums.data(), M, K, N); break;
     case kQ4_0: tiles_by_m<kQ4_0>(xq, w, sums.data(), M, K, N); break;
+    case kQ5_0: tiles_by_m<kQ5_0>(xq, w, sums.data(), M, K, N); break;
+    case kQ5_1: tiles_by_m<kQ5_1>(xq, w, sums.data(), M, K, N); break;
     case kQ4_F: tiles_by_m<kQ4_F>(xq, w, sums.data(), M, K, N); break;
+    case kQ5_F: tiles_by_m<kQ5_F>(xq, w, sums.data(), M, K, N); break;
+    case kQ6_F: tiles_by_m<kQ6_F>(xq, w, sums.data(), M, K, N); break;
     case kQ8_F: tiles_by_m<kQ8_F>(xq, w, sums.data(), M, K, N); break;
     default: tiles_by_m<kQ4_1>(xq, w, sums.data(), M, K, N);
   }
@@ -250,7 +308,11 @@ void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::T
   switch (qtype) {
     case kQ8_0: tiles_into_by_m<kQ8_0>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ4_0: tiles_into_by_m<kQ4_0>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ5_0: tiles_into_by_m<kQ5_0>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ5_1: tiles_into_by_m<kQ5_1>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ4_F: tiles_into_by_m<kQ4_F>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ5_F: tiles_into_by_m<kQ5_F>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ6_F: tiles_into_by_m<kQ6_F>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ8_F: tiles_into_by_m<kQ8_F>(o, x, w, b, M, K, N, t0, t1); break;
     default: tiles_into_by_m<kQ4_1>(o, x, w, b, M, K, N, t0, t1);
   }

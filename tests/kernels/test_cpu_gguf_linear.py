@@ -1,5 +1,5 @@
-"""The GGUF-packed linear kernels (Q8_0, Q4_0, Q4_1; Strand's Q4_F and Q8_F, read over tiles
-only, in test_cpu_gguf_tiles.py) against the pure-torch reference, on random blocks; the reference against the `gguf` package's own dequantization. CI runs this file again
+"""The GGUF-packed linear kernels (Q8_0, Q4_0, Q4_1; Q5_0, Q5_1 and Strand's own types, read
+over tiles only, in test_cpu_gguf_tiles.py) against the pure-torch reference, on random blocks; the reference against the `gguf` package's own dequantization. CI runs this file again
 under STRAND_CPU_ISA=avx2, so both the AVX-512 (VNNI where the CPU has it) and the AVX2 integer
 dot products are compared.
 
@@ -19,9 +19,14 @@ from kernels import cpu_gguf_linear
 from kernels._cpu_build import KERNELS
 from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
+    NAMES,
     Q4_0,
     Q4_1,
     Q4_F,
+    Q5_0,
+    Q5_1,
+    Q5_F,
+    Q6_F,
     Q8_0,
     Q8_F,
     dequantize_ref,
@@ -30,7 +35,8 @@ from kernels.gguf_linear_ref import (
     int8_rounding_bound,
 )
 
-QTYPES = [Q4_0, Q4_1, Q8_0]  # GGML's own, read as rows too
+QTYPES = [Q4_0, Q4_1, Q8_0]  # read as rows too (the others over tiles only)
+GGML_TYPES = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0]  # the `gguf` package's own
 needs_kernels = pytest.mark.skipif(KERNELS.module() is None,
                                    reason=f"CPU kernels unavailable: "
                                           f"{KERNELS.unavailable_reason()}")
@@ -38,7 +44,7 @@ needs_kernels = pytest.mark.skipif(KERNELS.module() is None,
 
 def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
     """[n, k / 32 * block bytes] random blocks: random quants, scales (and offsets) drawn as
-    float16 of a model's magnitude (random bytes there would be NaN or huge); Q4_F and Q8_F
+    float16 of a model's magnitude (random bytes there would be NaN or huge); Strand's own types
     hold them as float32, as the K-quants' transcoding does (kernels/gguf_transcode.py)."""
     g = torch.Generator().manual_seed(seed)
     blocks = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[qtype]), generator=g,
@@ -49,18 +55,18 @@ def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
             return ((torch.rand(n, k // 32, 1, generator=g) - 0.5) * 0.2).half()
         return (torch.rand(n, k // 32, 1, generator=g) * 0.05 + 1e-3).half()
 
-    if qtype in (Q4_F, Q8_F):
-        kinds = [False, True] if qtype == Q4_F else [False, False, True]
-        for i, offset in enumerate(kinds):
-            blocks[..., 4 * i:4 * i + 4] = field(offset).float().view(torch.uint8)
-        return blocks.reshape(n, -1)
-    blocks[..., :2] = field(False).view(torch.uint8)
-    if qtype == Q4_1:
-        blocks[..., 2:4] = field(True).view(torch.uint8)
+    # Each type's head: (fields, float32?, which fields are offsets m).
+    fields, f32, offsets = {Q4_1: (2, False, {1}), Q5_1: (2, False, {1}), Q4_F: (2, True, {1}),
+                            Q5_F: (2, True, {1}), Q6_F: (2, True, set()),
+                            Q8_F: (3, True, {2})}.get(qtype, (1, False, set()))
+    width = 4 if f32 else 2
+    for i in range(fields):
+        value = field(i in offsets)
+        blocks[..., width * i:width * (i + 1)] = (value.float() if f32 else value).view(torch.uint8)
     return blocks.reshape(n, -1)
 
 
-@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("qtype", GGML_TYPES)
 def test_reference_dequantizes_as_the_gguf_package_does(qtype: int) -> None:
     gguf = pytest.importorskip("gguf")
     packed = random_packed(7, 96, qtype, seed=qtype)
@@ -69,7 +75,7 @@ def test_reference_dequantizes_as_the_gguf_package_does(qtype: int) -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("qtype", sorted(NAMES))
 @pytest.mark.parametrize("shape", [(3, 32), (77, 96), (130, 576)])
 def test_kernel_dequantizes_bit_for_bit(qtype: int, shape: tuple[int, int]) -> None:
     n, k = shape

@@ -17,8 +17,12 @@ from kernels import cpu_gguf_linear
 from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
     NAMES,
+    PLANES,
     Q4_1,
     Q4_F,
+    Q5_1,
+    Q5_F,
+    Q6_F,
     Q8_0,
     Q8_F,
     dequantize_ref,
@@ -29,23 +33,32 @@ from kernels.gguf_linear_ref import (
 )
 from tests.kernels.test_cpu_gguf_linear import _assert_int8_product, needs_kernels, random_packed
 
-QTYPES = sorted(NAMES)  # GGML's Q4_0, Q4_1, Q8_0 and Strand's Q4_F, Q8_F
+QTYPES = sorted(NAMES)  # GGML's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Strand's own
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     packed = random_packed(32, 96, qtype, seed=qtype)
     tiles = tile_ref(packed, qtype)
-    width = 4 if qtype in (Q4_F, Q8_F) else 2  # bytes of each head field (d, m, ...)
-    fields = {Q4_1: 2, Q4_F: 2, Q8_F: 3}.get(qtype, 1)
+    width = 4 if qtype in (Q4_F, Q5_F, Q6_F, Q8_F) else 2  # bytes of each head field
+    fields = {Q4_1: 2, Q5_1: 2, Q4_F: 2, Q5_F: 2, Q6_F: 2, Q8_F: 3}.get(qtype, 1)
+    planes = PLANES.get(qtype, 0)
     size, head = BLOCK_BYTES[qtype], fields * width
+    quant_at = head + 4 * planes
     assert tiles.shape == (2, 3, 16 * size)
     # tile 1, block 2, chunk 3, row 5: row 21's block 2, quant bytes 12..15
     row, block = packed[21].reshape(3, size), tiles[1, 2]
-    assert torch.equal(block[3 * 64 + 5 * 4:3 * 64 + 5 * 4 + 4], row[2, head + 12:head + 16])
-    quant_bytes = 16 * (size - head)
+    assert torch.equal(block[3 * 64 + 5 * 4:3 * 64 + 5 * 4 + 4],
+                       row[2, quant_at + 12:quant_at + 16])
+    quant_bytes = 16 * (size - quant_at)
+    for p in range(planes):  # plane p, group g, nibble 5: row 21's bits of quants 4g..4g+3
+        word = int.from_bytes(bytes(row[2, head + 4 * p:head + 4 * p + 4].tolist()), "little")
+        for g in range(8):
+            byte = int(block[quant_bytes + 64 * p + 8 * g + 2])  # rows 4, 5 of the group
+            assert byte >> 4 == (word >> (4 * g)) & 15
+    fields_at = quant_bytes + 64 * planes
     for f in range(fields):  # field f of the 16 rows (d, then m, ...): row 5's is row 21's
-        at = quant_bytes + (16 * f + 5) * width
+        at = fields_at + (16 * f + 5) * width
         assert torch.equal(block[at:at + width], row[2, f * width:(f + 1) * width])
     assert torch.equal(untile_ref(tiles, qtype), packed)
 

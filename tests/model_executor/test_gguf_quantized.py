@@ -61,8 +61,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_gguf(model_dir, out["mixed"], "Q8_0", {"blk.0.attn_k.weight": "F32"})
     # The K-quants need rows of a multiple of 256 weights. A Q4_K_M-like mix (llama.cpp gives
     # attn_v, some ffn_down and the output Q6_K; Q5_0 where a row is not a multiple of 256):
-    # qkv Q4_K + Q6_K (-> Q8_F), o Q5_0 (-> Q8_0), gate_up Q4_K (-> Q4_F), down Q6_K in layer 0
-    # (-> Q8_F) and Q4_K in layer 1, output Q6_K.
+    # qkv Q4_K + Q6_K (-> Q8_F), o Q5_0, gate_up Q4_K (-> Q4_F), down Q6_K in layer 0 (-> Q6_F)
+    # and Q4_K in layer 1, output Q6_K.
     wide_dir = build_tiny_model(root / "wide", hidden_size=256, num_heads=4, num_kv_heads=2,
                                 intermediate_size=512)
     out["Q4_K_M"] = root / "wide-Q4_K_M.gguf"
@@ -70,10 +70,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         **{f"blk.{i}.attn_v.weight": "Q6_K" for i in range(2)},
         **{f"blk.{i}.attn_output.weight": "Q5_0" for i in range(2)},
         "blk.0.ffn_down.weight": "Q6_K", "output.weight": "Q6_K", "token_embd.weight": "Q8_0"})
-    # Q5_K_M-like: Q5_K, with Q5_1 for q and k (-> every layer Q8_F).
+    # Q5_K_M-like: Q5_K, with Q5_1 for q and k (qkv -> Q8_F; the rest Q5_F), o Q5_1.
     out["Q5_K_M"] = root / "wide-Q5_K_M.gguf"
     write_gguf(wide_dir, out["Q5_K_M"], "Q5_K", {
         **{f"blk.{i}.attn_{p}.weight": "Q5_1" for i in range(2) for p in "qk"},
+        **{f"blk.{i}.attn_output.weight": "Q5_1" for i in range(2)},
         "token_embd.weight": "Q8_0"})
     return out
 
@@ -127,14 +128,17 @@ def _kind(layer: Any) -> str:
 
 
 @pytest.mark.parametrize(("name", "kinds"), [
-    ("Q4_K_M", [("Q8_F", "Q8_0", "Q4_F", "Q8_F"), ("Q8_F", "Q8_0", "Q4_F", "Q4_F"), "Q8_F"]),
-    ("Q5_K_M", [("Q8_F",) * 4, ("Q8_F",) * 4, "Q8_F"]),
+    ("Q4_K_M", [("Q8_F", "Q5_0", "Q4_F", "Q6_F"), ("Q8_F", "Q5_0", "Q4_F", "Q4_F"), "Q6_F"]),
+    ("Q5_K_M", [("Q8_F", "Q5_1", "Q5_F", "Q5_F"), ("Q8_F", "Q5_1", "Q5_F", "Q5_F"), "Q5_F"]),
 ])
 def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
         files: dict[str, Path], name: str, kinds: list[Any]) -> None:
     packed, engine = _run(files[name], "gguf")
     dense, _ = _run(files[name], None)
-    _assert_same_outputs(packed, dense)
+    # Each sequence equal up to a near-tie, logprobs within the int8 rounding's reach until then;
+    # the wider random model has closer ties than the others (measured: Q5_K_M's two sequences
+    # part at step 6, where the dequantized model's top two are 0.013 and 0.034 nats apart).
+    assert assert_greedy_within_rounding(packed, dense) <= 2
     model: Any = _model(engine)
     if not cpu_gguf_linear.kernels_apply(torch.empty(0, dtype=torch.uint8)):
         return  # Q4_F / Q8_F are read over the C++ kernels' tiles only: without them, float
@@ -246,13 +250,14 @@ def test_packing_refuses_parts_of_other_types(files: dict[str, Path]) -> None:
 
 def test_k_quant_layers_stay_float_where_only_tiles_could_read_them(
         files: dict[str, Path]) -> None:
-    # Q4_F / Q8_F have no row kernel and no Triton kernel: on CUDA, or for a row count that is
-    # not a multiple of 16, the layer keeps its dequantized weight; Q5_0 -> Q8_0 has both.
+    # Q5_0, Q5_1 and Strand's types have no row kernel and no Triton kernel: on CUDA, or for a
+    # row count that is not a multiple of 16, the layer keeps its dequantized weight.
     tensors = {t.name: t for t in gguf.GGUFReader(str(files["Q4_K_M"])).tensors}
     gate, o = tensors["blk.0.ffn_gate.weight"], tensors["blk.0.attn_output.weight"]
     assert _packed([gate], [None], torch.device("cuda")) is None
-    got = _packed([o], [None], torch.device("cuda"))
-    assert got is not None and NAMES[got[1]] == "Q8_0"
+    assert _packed([o], [None], torch.device("cuda")) is None
+    got = _packed([o], [None], torch.device("cpu"))
+    assert got is not None and NAMES[got[1]] == "Q5_0"
 
 
 def test_quantization_is_checked() -> None:

@@ -4,9 +4,10 @@ The model is loaded as always (every tensor dequantized, engine_core/model_execu
 each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is replaced by a
 GGUFLinear over the file's own blocks, and its float copy is dropped. The K-quants (Q4_K, Q5_K,
 Q6_K) and Q5_0 / Q5_1, what a Q4_K_M or Q5_K_M file holds, are rewritten exactly into block types
-the kernels read (kernels/gguf_transcode.py: Q4_F, Q8_F, Q8_0), as are the parts of a layer
-whose types differ; Q4_F and Q8_F are read over the CPU's 16-row tiles only, so on CUDA, without
-the C++ kernels or for a row count that is not a multiple of 16 such a layer stays float. Fused layers take their
+the kernels read (kernels/gguf_transcode.py: Q4_F, Q5_F, Q6_F), as are the parts of a layer
+whose types differ (Q8_F, Q8_0); those and Q5_0 / Q5_1 are read over the CPU's 16-row tiles only,
+so on CUDA, without the C++ kernels or for a row count that is not a multiple of 16 such a layer
+stays float. Fused layers take their
 parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
 llama.cpp's q/k row permutation is undone on the packed rows as on float ones. A tied lm_head
 reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
@@ -26,7 +27,7 @@ from torch import nn
 from engine_core.model_executor.gguf.tensors import hf_name, unpermute
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
-from kernels.gguf_linear_ref import NAMES, Q4_F, Q8_F, TILE_ROWS
+from kernels.gguf_linear_ref import NAMES, TILE_ROWS, TILES_ONLY
 from kernels.gguf_transcode import NATIVE, SOURCE_NAMES, common_type, transcode
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ _PERMUTED = ("LlamaForCausalLM", "MistralForCausalLM")
 
 
 def _tiles_only_apply(device: torch.device, rows: int) -> bool:
-    """Whether Q4_F / Q8_F weights are read packed here: over 16-row tiles, by the C++ kernels
-    on CPU."""
+    """Whether the types read over 16-row tiles only (Q5_0, Q5_1, Strand's) are read packed
+    here: by the C++ kernels on CPU."""
     from kernels._cpu_build import KERNELS
 
     return device.type == "cpu" and rows % TILE_ROWS == 0 and KERNELS.module() is not None
@@ -45,7 +46,8 @@ def _tiles_only_apply(device: torch.device, rows: int) -> bool:
 def _packed(tensors: list[Any], heads: list[int | None],
             device: torch.device) -> tuple[torch.Tensor, int, int] | None:
     """(rows of all parts, packed type, in_features), or None where the parts cannot be packed
-    together: a part missing, of a type not read packed, or (Q4_F / Q8_F) not readable here."""
+    together: a part missing, of a type not read packed, or of one read over tiles only where
+    there are none."""
     if any(t is None for t in tensors):
         return None
     types = [int(t.tensor_type) for t in tensors]
@@ -56,7 +58,7 @@ def _packed(tensors: list[Any], heads: list[int | None],
         return None
     target = common_type(types)
     rows_total = sum(int(t.shape[1]) for t in tensors)
-    if target in (Q4_F, Q8_F) and not _tiles_only_apply(device, rows_total):
+    if target in TILES_ONLY and not _tiles_only_apply(device, rows_total):
         return None
     parts = []
     for t, h in zip(tensors, heads, strict=True):
