@@ -20,11 +20,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import log
 from benchmarks.cpu_peers_setup import ensure_converter_deps
 
-SHAPE = {"num_layers": 12, "hidden_size": 2048, "num_heads": 32, "num_kv_heads": 4,
+SHAPE: dict[str, Any] = {"num_layers": 12, "hidden_size": 2048, "num_heads": 32, "num_kv_heads": 4,
          "vocab_size": 49152, "intermediate_size": 5632}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
