@@ -1,7 +1,7 @@
 """Pure-torch reference of the GGUF block formats the CPU kernel reads packed
-(kernels/csrc/gguf_linear.cpp, gguf_tiled.cpp): llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, and
-three of Strand's own that llama.cpp's K-quants are rewritten into at load, exactly
-(kernels/gguf_transcode.py).
+(kernels/csrc/gguf_linear.cpp, gguf_tiled.cpp): llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+Q4_K, and three of Strand's own that llama.cpp's other K-quants are rewritten into at load,
+exactly (kernels/gguf_transcode.py).
 
 A packed weight is [N, K / 32 * block bytes] uint8: each row its K weights as K / 32 blocks of 32,
 each block a head (scale d and offset m, float16 or float32), then its 5th (and 6th) bits, then
@@ -10,9 +10,10 @@ bytes of nibbles; w = d * (q - 8). Q4_1 (20 bytes): float16 d, float16 m, 16 byt
 w = d * q + m. A block's first 16 weights are its bytes' low nibbles, the last 16 their high
 nibbles. Q5_0 (22 bytes): float16 d, 4 bytes of bit 4 (bit j of the little-endian word is weight
 j's), 16 bytes of nibbles; w = d * (q - 16). Q5_1 (24 bytes): float16 d, float16 m, the same;
-w = d * q + m.
+w = d * q + m. Q4_K (144 bytes per 256 weights, 18 per 32): float16 d, float16 dmin, 12 bytes of
+eight 6-bit scales sc and mins mn, then per 64 weights 32 bytes of nibbles (the low ones the first
+32 weights); w = d * sc * q - dmin * mn per 32.
 Strand's: float32 d and m hold a K-quant's per-32 scale d * sc and offset -dmin * m exactly.
-Q4_F (24 bytes): float32 d, float32 m, 16 bytes of nibbles; w = d * q + m (from Q4_K).
 Q5_F (28 bytes): float32 d, float32 m, bit 4's word, nibbles; w = d * q + m (from Q5_K).
 Q6_F (32 bytes): float32 d_lo, float32 d_hi, bit 4's word, bit 5's word, nibbles;
 w_j = d * (q_j - 32), d_lo for weights 0..15 and d_hi for 16..31 (from Q6_K, whose scales are
@@ -26,8 +27,12 @@ On CPU the decode kernel reads the same blocks regrouped into tiles of 16 rows
 4c..4c+3, row after row), so that the low nibbles of chunk c are quants 4c..4c+3 of each row and
 the high nibbles quants 16 + 4c..; then each bit plane as 8 groups of 8 bytes, group g a 64-bit
 mask whose bit 4r + j is row r's bit of quant 4g + j (one bit per lane of the nibble vectors the
-kernel unpacks); then the head's fields, each as the 16 rows' values. tile_ref and untile_ref
-state that layout.
+kernel unpacks); then the head's fields, each as the 16 rows' values. Q4_K's tiles go by its
+256-weight super-blocks, 8 tile-blocks each: tile-block j = 2g + h holds bytes 16h..16h+15 of
+each row's 32 nibble bytes of group g as 4 chunks (low nibbles: quants 16h + 4c.. of sub-block 2g,
+high: of sub-block 2g + 1), then 32 bytes of the super-block's head laid out by field (the 16
+rows' d, their dmin, then each of the 12 scale bytes as 16 rows' bytes): tile-block j the head's
+bytes 32j..32j+31. tile_ref and untile_ref state these layouts.
 """
 
 from __future__ import annotations
@@ -37,15 +42,16 @@ import torch.nn.functional as F
 
 BLOCK = 32
 # GGML's type numbers (gguf.GGMLQuantizationType) -> name and bytes per block of 32.
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K = 2, 3, 6, 7, 8, 12
 # Strand's own (no GGML number; outside GGML's range so that none is ever taken for one).
-Q4_F, Q5_F, Q6_F, Q8_F = 1003, 1005, 1006, 1008
-NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_F: "Q4_F",
+Q5_F, Q6_F, Q8_F = 1005, 1006, 1008
+NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K",
          Q5_F: "Q5_F", Q6_F: "Q6_F", Q8_F: "Q8_F"}
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_F: 24, Q5_F: 28, Q6_F: 32,
-               Q8_F: 44}
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_K: 18, Q5_F: 28, Q6_F: 32,
+               Q8_F: 44}  # Q4_K's 144 bytes per 256 weights, per 32
+SUPER = {Q4_K: 256}  # weights a block's head covers where not 32: a row's length divides by it
 # The types read over 16-row tiles only (no row kernel, no Triton kernel).
-TILES_ONLY = frozenset({Q5_0, Q5_1, Q4_F, Q5_F, Q6_F, Q8_F})
+TILES_ONLY = frozenset({Q5_0, Q5_1, Q4_K, Q5_F, Q6_F, Q8_F})
 
 
 def row_bytes(qtype: int, in_features: int) -> int:
@@ -53,16 +59,18 @@ def row_bytes(qtype: int, in_features: int) -> int:
     if qtype not in BLOCK_BYTES:
         raise ValueError(f"qtype must be one of {sorted(NAMES)} ({', '.join(NAMES.values())}), "
                          f"got {qtype}")
-    if in_features <= 0 or in_features % BLOCK:
-        raise ValueError(f"in_features must be a positive multiple of {BLOCK}, got {in_features}")
+    multiple = SUPER.get(qtype, BLOCK)
+    if in_features <= 0 or in_features % multiple:
+        raise ValueError(f"in_features must be a positive multiple of {multiple} for "
+                         f"{NAMES[qtype]}, got {in_features}")
     return in_features // BLOCK * BLOCK_BYTES[qtype]
 
 
 TILE_ROWS = 16
 # A block's head before its quants: (fields, bytes each): d (and m; Q6_F d_lo, d_hi; Q8_F
 # d_lo, d_hi, m); then its bit planes, 4 bytes each (bit 4; Q6_F bit 4 and bit 5).
-_HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q5_0: (1, 2), Q5_1: (2, 2), Q8_0: (1, 2), Q4_F: (2, 4),
-         Q5_F: (2, 4), Q6_F: (2, 4), Q8_F: (3, 4)}
+_HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q5_0: (1, 2), Q5_1: (2, 2), Q8_0: (1, 2), Q5_F: (2, 4),
+         Q6_F: (2, 4), Q8_F: (3, 4)}
 PLANES = {Q5_0: 1, Q5_1: 1, Q5_F: 1, Q6_F: 2}
 
 
@@ -84,8 +92,34 @@ def _planes_from_tiles(plane: torch.Tensor) -> torch.Tensor:
     return nib[..., 0] | (nib[..., 1] << 4)
 
 
+def _tile_q4_k(packed: torch.Tensor) -> torch.Tensor:
+    t = packed.shape[0] // TILE_ROWS
+    sb = packed.reshape(t, TILE_ROWS, -1, 144)  # [T, 16, super-blocks, 144]
+    ns = sb.shape[2]
+    qs = sb[..., 16:].reshape(t, TILE_ROWS, ns, 4, 2, 4, 4)  # [.., g, h, c, 4 bytes]
+    chunks = qs.permute(0, 2, 3, 4, 5, 1, 6).reshape(t, ns, 8, 256)
+    by_field = [sb[..., 0:2], sb[..., 2:4], *(sb[..., 4 + k:5 + k] for k in range(12))]
+    head = torch.cat([f.permute(0, 2, 1, 3).reshape(t, ns, -1) for f in by_field], dim=-1)
+    return torch.cat([chunks, head.reshape(t, ns, 8, 32)], dim=-1).reshape(t, ns * 8, 288)
+
+
+def _untile_q4_k(tiles: torch.Tensor) -> torch.Tensor:
+    t = tiles.shape[0]
+    tb = tiles.reshape(t, -1, 8, 288)  # [T, super-blocks, j, 288]
+    ns = tb.shape[1]
+    qs = tb[..., :256].reshape(t, ns, 4, 2, 4, TILE_ROWS, 4).permute(0, 5, 1, 2, 3, 4, 6)
+    head = tb[..., 256:].reshape(t, ns, 256)
+    d, dmin = (head[..., a:a + 32].reshape(t, ns, TILE_ROWS, 2) for a in (0, 32))
+    scales = head[..., 64:].reshape(t, ns, 12, TILE_ROWS).permute(0, 1, 3, 2)
+    rows = torch.cat([d, dmin, scales], dim=-1).permute(0, 2, 1, 3)  # [T, 16, ns, 16]
+    out = torch.cat([rows, qs.reshape(t, TILE_ROWS, ns, 128)], dim=-1)
+    return out.reshape(t * TILE_ROWS, ns * 144).contiguous()
+
+
 def tile_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
     """[N, row bytes] uint8 (N a multiple of 16) -> [N / 16, K / 32, 16 * block bytes]."""
+    if qtype == Q4_K:
+        return _tile_q4_k(packed).contiguous()
     n, (fields, width), size = packed.shape[0], _HEAD[qtype], BLOCK_BYTES[qtype]
     head, planes = fields * width, PLANES.get(qtype, 0)
     blocks = packed.reshape(n // TILE_ROWS, TILE_ROWS, -1, size)  # [T, 16, nb, bytes]
@@ -101,6 +135,8 @@ def tile_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
 
 def untile_ref(tiles: torch.Tensor, qtype: int) -> torch.Tensor:
     """tile_ref's inverse: [N / 16, K / 32, 16 * block bytes] -> [N, row bytes]."""
+    if qtype == Q4_K:
+        return _untile_q4_k(tiles)
     t, nb, _ = tiles.shape
     (fields, width), size = _HEAD[qtype], BLOCK_BYTES[qtype]
     head, planes = fields * width, PLANES.get(qtype, 0)
@@ -132,8 +168,31 @@ def _plane(b: torch.Tensor) -> torch.Tensor:  # [..., 4] uint8 (a word) -> [...,
     return ((b[..., :, None] >> bits) & 1).reshape(*b.shape[:-1], 32)
 
 
+def scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 scale bytes [..., 12] -> its 8 six-bit scales and mins [..., 8] each (llama.cpp's
+    get_scale_min_k4: bytes 0-3 scales 0-3, 4-7 mins 0-3, 8-11 the low 4 bits of scales and mins
+    4-7, whose top 2 bits are the top bits of bytes 0-3 and 4-7)."""
+    lo, mid, hi = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = torch.cat([lo & 63, (hi & 15) | ((lo >> 6) << 4)], dim=-1)
+    mn = torch.cat([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], dim=-1)
+    return sc, mn
+
+
+def _dequantize_q4_k(packed: torch.Tensor) -> torch.Tensor:
+    n = packed.shape[0]
+    sb = packed.reshape(n, -1, 144)
+    sc, mn = scale_min_k4(sb[..., 4:16])
+    d = _half(sb[..., 0:2]) * sc.float()  # [N, ns, 8]: per 32 weights, as llama.cpp does
+    m = _half(sb[..., 2:4]) * mn.float()
+    qs = sb[..., 16:].reshape(n, -1, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(n, -1, 8, 32).float()
+    return (d[..., None] * q - m[..., None]).reshape(n, -1)
+
+
 def dequantize_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
     """[N, row bytes] uint8 -> [N, K] float32."""
+    if qtype == Q4_K:
+        return _dequantize_q4_k(packed)
     n = packed.shape[0]
     blocks = packed.reshape(n, -1, BLOCK_BYTES[qtype])  # [N, K / 32, block bytes]
     if qtype == Q8_0:
@@ -155,7 +214,7 @@ def dequantize_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
         return (d * (q.reshape(n, -1, 2, 16) - 32)).reshape(n, -1)
     if qtype in (Q4_0, Q5_0):
         w = d * (q - (8 if qtype == Q4_0 else 16))
-    else:  # Q4_1, Q5_1, Q4_F, Q5_F
+    else:  # Q4_1, Q5_1, Q5_F
         w = d * q + field(blocks[..., width:2 * width])
     return w.reshape(n, -1)
 

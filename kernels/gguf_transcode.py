@@ -7,11 +7,11 @@ super-block scale; that product, and the offset's dmin * m, are exact in float32
 significant bits), so a block written with float32 d and m gives the same float32 weights as
 llama.cpp's and the `gguf` package's dequantization, bit for bit (the per-256 super-blocks
 become per-32 blocks, each with its own float32 scale):
-  Q4_K (4.5 bits a weight)  -> Q4_F (6): 4-bit quants, float32 d and m per 32;
-  Q5_K (5.5)                -> Q5_F (7): Q4_F and a word of fifth bits;
+  Q5_K (5.5 bits a weight)  -> Q5_F (7): nibbles and a word of fifth bits, float32 d and m
+                               per 32;
   Q6_K (6.56)               -> Q6_F (8): nibbles, two words of fifth and sixth bits, float32 d
                                per 16;
-  Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
+  Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
 is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
 and m per 32: 11 bits a weight), or Q8_0 where every part is Q8_0 or Q5_0 (q - 16 in int8, the
@@ -29,7 +29,7 @@ from kernels.gguf_linear_ref import (
     NAMES,
     Q4_0,
     Q4_1,
-    Q4_F,
+    Q4_K,
     Q5_0,
     Q5_1,
     Q5_F,
@@ -39,13 +39,13 @@ from kernels.gguf_linear_ref import (
 )
 
 # GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
-Q4_K, Q5_K, Q6_K = 12, 13, 14
+Q5_K, Q6_K = 13, 14
 SOURCE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0", Q5_1: "Q5_1",
                 Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
                 Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
 # Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
-NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q4_K: Q4_F, Q5_K: Q5_F,
+NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q4_K: Q4_K, Q5_K: Q5_F,
           Q6_K: Q6_F}
 
 
@@ -83,7 +83,7 @@ def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
         return rows
     n = rows.shape[0]
     f = _fields(rows, ggml_type)
-    pack = {Q4_F: _pack_q4f, Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f}
+    pack = {Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f}
     return pack[target](f).reshape(n, -1)
 
 
@@ -193,11 +193,6 @@ def _nibble_bytes(q: np.ndarray) -> np.ndarray:  # [B, 32] -> [B, 16]: byte i ho
 
 def _bit_word(q: np.ndarray, bit: int) -> np.ndarray:  # [B, 32] -> [B, 4]: bit j is q_j's
     return np.packbits((q >> bit) & 1, axis=1, bitorder="little")
-
-
-def _pack_q4f(f: Fields) -> np.ndarray:
-    return np.concatenate([_f32_bytes(f.d[:, :1]), _f32_bytes(f.m[:, None]),
-                           _nibble_bytes(f.q.view(np.uint8))], axis=1)
 
 
 def _pack_q5f(f: Fields) -> np.ndarray:

@@ -39,11 +39,11 @@ using namespace strand;
 constexpr int64_t kBlock = 32;
 constexpr int kChunks = kBlock / kLanes;  // register-wide vectors per block: 2 (AVX-512) or 4
 // GGML's type numbers (gguf.GGMLQuantizationType), as Python passes them.
-// Q5_0, Q5_1 and Strand's Q4_F, Q5_F, Q6_F, Q8_F (kernels/gguf_transcode.py) are read over
+// Q5_0, Q5_1, Q4_K and Strand's Q5_F, Q6_F, Q8_F (kernels/gguf_transcode.py) are read over
 // 16-row tiles only (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
 enum QType : int64_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
-  kQ4_F = 1003, kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12,
+  kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
 };
 
 // kLanes bytes to floats. GCC lowers a vector-extension conversion from 8-bit lanes into one
@@ -138,16 +138,6 @@ struct Block<kQ4_1> {
     d = half_at(b);
     m = half_at(b + 2);
     unpack_nibbles<4>(b, w);
-  }
-};
-
-template <>
-struct Block<kQ4_F> {
-  static constexpr int64_t kBytes = 8 + kBlock / 2;
-  static inline void unpack(const uint8_t* b, vl* w, float& d, float& m) {
-    d = float_at(b);
-    m = float_at(b + 4);
-    unpack_nibbles<8>(b, w);
   }
 };
 
@@ -265,7 +255,7 @@ int64_t block_bytes(int64_t qtype) {
     case kQ8_0: return Block<kQ8_0>::kBytes;
     case kQ4_0: return Block<kQ4_0>::kBytes;
     case kQ4_1: return Block<kQ4_1>::kBytes;
-    case kQ4_F: return Block<kQ4_F>::kBytes;
+    case kQ4_K: return 18;  // 144 bytes per 256 weights
     case kQ8_F: return kQ8FBytes;
     case kQ5_0: return 22;
     case kQ5_1: return 24;
@@ -273,7 +263,7 @@ int64_t block_bytes(int64_t qtype) {
     case kQ6_F: return 32;
   }
   STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q5_0=6, "
-               "Q5_1=7, Q8_0=8, Q4_F=1003, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
+               "Q5_1=7, Q8_0=8, Q4_K=12, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
   return 0;
 }
 
@@ -285,6 +275,8 @@ int64_t check_packed(const at::Tensor& packed, int64_t qtype, int64_t K) {
               "a packed row of type ", qtype, " holding ", K, " weights takes ",
               K / kBlock * block_bytes(qtype), " bytes (K a multiple of 32), got ",
               packed.size(1));
+  STRAND_CHECK(qtype != kQ4_K || K % 256 == 0, "Q4_K rows are whole 256-weight super-blocks, "
+               "got ", K, " weights");
   return K;
 }
 
@@ -370,6 +362,30 @@ void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
       }
   });
 }
+// Q4_K (kernels/gguf_linear_ref.py): per 256 weights d, dmin, 12 bytes of 6-bit scales and
+// mins, 128 bytes of nibbles; w = (d sc) q - (dmin mn) per 32, llama.cpp's float32 ops.
+void dequantize_q4k(const uint8_t* w, float* out, int64_t N, int64_t K) {
+  const int64_t supers = K / 256;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* sb = w + (n * supers + s) * 144;
+        const uint8_t* b = sb + 4;
+        const float d = half_at(sb), dmin = half_at(sb + 2);
+        float* o = out + n * K + s * 256;
+        for (int64_t j = 0; j < 8; ++j) {
+          const int sc = j < 4 ? b[j] & 63 : (b[j + 4] & 15) | ((b[j - 4] >> 6) << 4);
+          const int mn = j < 4 ? b[j + 4] & 63 : (b[j + 4] >> 4) | ((b[j] >> 6) << 4);
+          const float scale = d * static_cast<float>(sc), min = dmin * static_cast<float>(mn);
+          const uint8_t* qs = sb + 16 + 32 * (j / 2);
+          for (int64_t l = 0; l < 32; ++l) {
+            const int q = j % 2 ? qs[l] >> 4 : qs[l] & 15;
+            o[32 * j + l] = scale * static_cast<float>(q) - min;
+          }
+        }
+      }
+  });
+}
 }  // namespace
 
 void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t qtype,
@@ -401,7 +417,7 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
   switch (qtype) {
     case kQ8_0: dequantize_rows<kQ8_0>(w, o, N, K); break;
     case kQ4_0: dequantize_rows<kQ4_0>(w, o, N, K); break;
-    case kQ4_F: dequantize_rows<kQ4_F>(w, o, N, K); break;
+    case kQ4_K: dequantize_q4k(w, o, N, K); break;
     case kQ8_F: dequantize_q8f(w, o, N, K); break;
     case kQ5_0: dequantize_planes<kQ5_0>(w, o, N, K); break;
     case kQ5_1: dequantize_planes<kQ5_1>(w, o, N, K); break;

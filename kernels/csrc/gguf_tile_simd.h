@@ -82,6 +82,10 @@ inline F32 halves(const uint8_t* p) {  // 16 float16 values
   return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
 }
 inline F32 floats(const uint8_t* p) { return {_mm512_loadu_ps((const float*)p)}; }  // 16 float32
+inline F32 from_u8(const uint8_t* p) {  // 16 unsigned bytes
+  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)))};
+}
+inline F32 mul(F32 a, F32 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline F32 to_f32(I32 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline F32 mul(F32 a, float b) { return {_mm512_mul_ps(a.v, _mm512_set1_ps(b))}; }
 inline F32 fma(F32 a, F32 b, F32 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
@@ -166,6 +170,13 @@ inline F32 halves(const uint8_t* p) {
 inline F32 floats(const uint8_t* p) {
   return {{_mm256_loadu_ps((const float*)p), _mm256_loadu_ps((const float*)(p + 32))}};
 }
+inline F32 from_u8(const uint8_t* p) {
+  return {{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p))),
+           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))}};
+}
+inline F32 mul(F32 a, F32 b) {
+  return {{_mm256_mul_ps(a.v[0], b.v[0]), _mm256_mul_ps(a.v[1], b.v[1])}};
+}
 inline F32 to_f32(I32 a) { return {{_mm256_cvtepi32_ps(a.v[0]), _mm256_cvtepi32_ps(a.v[1])}}; }
 inline F32 mul(F32 a, float b) {
   const __m256 bv = _mm256_set1_ps(b);
@@ -245,6 +256,15 @@ inline F32 halves(const uint8_t* p) {
 inline F32 floats(const uint8_t* p) {
   F32 a;
   std::memcpy(a.v, p, sizeof(a.v));
+  return a;
+}
+inline F32 from_u8(const uint8_t* p) {
+  F32 a;
+  for (int r = 0; r < 16; ++r) a.v[r] = static_cast<float>(p[r]);
+  return a;
+}
+inline F32 mul(F32 a, F32 b) {
+  for (int r = 0; r < 16; ++r) a.v[r] *= b.v[r];
   return a;
 }
 inline F32 to_f32(I32 a) {

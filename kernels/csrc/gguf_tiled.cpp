@@ -12,8 +12,8 @@
 #include "gguf_tile_simd.h"
 #include "gguf_tiled.h"
 
-// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights (and Strand's Q4_F / Q5_F / Q6_F / Q8_F,
-// llama.cpp's K-quants rewritten exactly at load: kernels/gguf_transcode.py) regrouped at load
+// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights (and Strand's Q5_F / Q6_F / Q8_F, llama.cpp's
+// other K-quants rewritten exactly at load: kernels/gguf_transcode.py) regrouped at load
 // into tiles of 16 rows, so that a decode step's integer dot products take 16 rows per instruction (gguf_tile_simd.h) instead of one
 // block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
 // on load: its AMX/VNNI buffer regroups every weight into 16-row tiles). Profiled on one thread,
@@ -31,8 +31,14 @@
 //   per byte lane of the nibble vector holding quants 4g..4g+3 (chunk g's low nibbles for g < 4,
 //   chunk g - 4's high ones after);
 //   then the head's fields, each as the 16 rows' values: float16 d (and Q4_1's, Q5_1's m);
-//   float32 d and m (Q4_F, Q5_F); float32 d_lo, d_hi (Q6_F: the scales of quants 0..15 and
-//   16..31); float32 d_lo, d_hi, m (Q8_F).
+//   float32 d and m (Q5_F); float32 d_lo, d_hi (Q6_F: the scales of quants 0..15 and 16..31);
+//   float32 d_lo, d_hi, m (Q8_F).
+// Q4_K goes by its 256-weight super-blocks, 8 tile-blocks of 288 bytes each (the file's bytes,
+// 144 a row): tile-block j = 2g + h holds, as the 4 chunks above, bytes 16h..16h+15 of each
+// row's 32 nibble bytes of group g (low nibbles: quants 16h + 4c.. of sub-block 2g; high: of
+// sub-block 2g + 1), then 32 bytes of the super-block's head laid out by field: the 16 rows' d
+// (float16), their dmin, then each of the 12 scale bytes as the 16 rows' bytes; tile-block j
+// holds the head's bytes 32j..32j+31.
 // kernels/gguf_linear_ref.py (tile_ref, untile_ref) is the pure-torch statement of it.
 namespace {
 using namespace strand;
@@ -45,9 +51,10 @@ constexpr int64_t kBlock = 32, kTileRows = 16;
 // against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
 constexpr int64_t kPrefetchTileBlocks = 4;
 enum QType : int64_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
-  kQ4_F = 1003, kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12,
+  kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
 };
+constexpr int64_t kSuper = 256, kQ4KBytes = 144, kQ4KTileBlock = 288;
 
 // A block in rows: `head` bytes of fields (`field` bytes each: d, m, ...), `planes` words of
 // extra bits (4 bytes each), then `quants` bytes (16 of nibbles or 32 of int8).
@@ -63,7 +70,7 @@ constexpr Format format_of(int64_t qtype) {
     case kQ4_1: return {4, 0, 16, 2};
     case kQ5_0: return {2, 1, 16, 2};
     case kQ5_1: return {4, 1, 16, 2};
-    case kQ4_F: return {8, 0, 16, 4};
+    case kQ4_K: return {2, 0, 16, 2};  // 18 bytes a row per 32 weights: sizes only (see above)
     case kQ5_F: return {8, 1, 16, 4};
     case kQ6_F: return {8, 2, 16, 4};
     case kQ8_F: return {12, 0, 32, 4};
@@ -74,7 +81,7 @@ constexpr Format format_of(int64_t qtype) {
 Format format(int64_t qtype) {
   const Format f = format_of(qtype);
   STRAND_CHECK(f.quants != 0, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, "
-               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_F=1003, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
+               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
   return f;
 }
 
@@ -112,9 +119,38 @@ void move_tile_block(uint8_t* tile_block, uint8_t* const* rows, const Format& f,
   }
 }
 
+// One Q4_K super-block of 16 rows from (tile = true) or to its 8 tile-blocks.
+void move_q4k_super(uint8_t* tb, uint8_t* const* rows, bool tile) {
+  auto move = [tile](uint8_t* t, uint8_t* g, int64_t n) { std::memcpy(tile ? t : g, tile ? g : t, n); };
+  for (int64_t r = 0; r < kTileRows; ++r) {
+    for (int64_t j = 0; j < 8; ++j)
+      for (int64_t c = 0; c < 4; ++c)
+        move(tb + j * kQ4KTileBlock + c * 64 + r * 4, rows[r] + 16 + 16 * j + 4 * c, 4);
+    // The head by field: byte offset a of the 256 lands in tile-block a / 32 at 256 + a % 32.
+    auto head = [tb](int64_t a) { return tb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
+    move(head(2 * r), rows[r], 2);  // d
+    move(head(32 + 2 * r), rows[r] + 2, 2);  // dmin
+    for (int64_t k = 0; k < 12; ++k) move(head(64 + 16 * k + r), rows[r] + 4 + k, 1);
+  }
+}
+
 // Between [N, nb * bytes] rows and [N / 16, nb, 16 * bytes] tiles, either way.
-void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format& f, bool tile) {
+void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format& f, bool tile,
+              bool q4k) {
   const int64_t row_bytes = nb * f.bytes(), tile_block = kTileRows * f.bytes();
+  if (q4k) {
+    const int64_t supers = nb * kBlock / kSuper;
+    at::parallel_for(0, N / kTileRows, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t s = 0; s < supers; ++s) {
+          uint8_t* blocks[kTileRows];
+          for (int64_t r = 0; r < kTileRows; ++r)
+            blocks[r] = rows + (t * kTileRows + r) * row_bytes + s * kQ4KBytes;
+          move_q4k_super(tiles + (t * nb + 8 * s) * tile_block, blocks, tile);
+        }
+    });
+    return;
+  }
   at::parallel_for(0, N / kTileRows, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t b = 0; b < nb; ++b) {
@@ -133,6 +169,65 @@ inline tile::F32 field(const uint8_t* fields, int f) {
   return tile::halves(fields + 32 * f);
 }
 
+// Q4_K's tiles t0..t1 (the layout above): per super-block its 16 rows' 6-bit scales and mins
+// unpacked from the head's fields, then per 64 weights two sub-blocks' integer sums (the low
+// nibbles are sub-block 2g's, the high 2g + 1's, against their own activation blocks), each
+// scaled by d * sc * d_x, less dmin * mn * d_x * sum q_x: w = d sc q - dmin mn, as llama.cpp.
+template <int M>
+void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld, int64_t K,
+              int64_t t0, int64_t t1) {
+  const int64_t nb = K / kBlock, supers = K / kSuper;
+  for (int64_t t = t0; t < t1; ++t) {
+    tile::F32 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = tile::fzero();
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* sb = w + (t * nb + 8 * s) * kQ4KTileBlock;
+      auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
+      const tile::F32 d = tile::halves(head(0)), dmin = tile::halves(head(32));
+      uint8_t sc[8][kTileRows], mn[8][kTileRows];  // per sub-block, the 16 rows' (get_scale_min_k4)
+      const uint8_t* b[12];
+      for (int64_t k = 0; k < 12; ++k) b[k] = head(64 + 16 * k);
+      for (int64_t r = 0; r < kTileRows; ++r)
+        for (int64_t j = 0; j < 4; ++j) {
+          sc[j][r] = b[j][r] & 63;
+          mn[j][r] = b[j + 4][r] & 63;
+          sc[j + 4][r] = (b[j + 8][r] & 15) | ((b[j][r] >> 6) << 4);
+          mn[j + 4][r] = (b[j + 8][r] >> 4) | ((b[j + 4][r] >> 6) << 4);
+        }
+      for (int64_t g = 0; g < 4; ++g) {
+        tile::I32 sa[M], sbm[M];
+        for (int m = 0; m < M; ++m) sa[m] = sbm[m] = tile::izero();
+        for (int64_t h = 0; h < 2; ++h) {
+          const uint8_t* p = sb + (2 * g + h) * kQ4KTileBlock;
+          for (int64_t line = 0; line < kQ4KTileBlock; line += 64)
+            __builtin_prefetch(p + kPrefetchTileBlocks * kQ4KTileBlock + line, 0, 3);
+          for (int64_t c = 0; c < 4; ++c) {
+            const tile::U8 v = tile::load_chunk(p + c * 64);
+            const tile::U8 wa = tile::low_nibbles(v), wb = tile::high_nibbles(v);
+            for (int m = 0; m < M; ++m) {
+              const int8_t* xa = x.q.data() + m * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
+              sa[m] = tile::dot_unsigned(sa[m], wa, tile::load_word(xa));
+              sbm[m] = tile::dot_unsigned(sbm[m], wb, tile::load_word(xa + kBlock));
+            }
+          }
+        }
+        const tile::F32 scale_a = tile::mul(d, tile::from_u8(sc[2 * g]));
+        const tile::F32 scale_b = tile::mul(d, tile::from_u8(sc[2 * g + 1]));
+        const tile::F32 min_a = tile::mul(dmin, tile::from_u8(mn[2 * g]));
+        const tile::F32 min_b = tile::mul(dmin, tile::from_u8(mn[2 * g + 1]));
+        for (int m = 0; m < M; ++m) {
+          const int64_t xa = m * nb + 8 * s + 2 * g;
+          acc[m] = tile::fma(tile::to_f32(sa[m]), tile::mul(scale_a, x.d[xa]), acc[m]);
+          acc[m] = tile::fma(tile::to_f32(sbm[m]), tile::mul(scale_b, x.d[xa + 1]), acc[m]);
+          acc[m] = tile::fma(min_a, -x.s[xa], acc[m]);
+          acc[m] = tile::fma(min_b, -x.s[xa + 1], acc[m]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) tile::store(sums + m * ld + (t - t0) * kTileRows, acc[m]);
+  }
+}
+
 // sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
 // rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
 // offset part, times d_x * sum q_x: Q4_0 -8 d_w, Q5_0 -16 d_w, Q6_F -32 d_w, the others m_w.
@@ -141,6 +236,7 @@ inline tile::F32 field(const uint8_t* fields, int f) {
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1) {
+  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1);
   constexpr Format kF = format_of(Q);
   constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
   constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
@@ -212,7 +308,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
         if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
         if constexpr (Q == kQ5_0) acc[m] = tile::fma(d, -16.f * x.s[xb], acc[m]);
-        if constexpr (Q == kQ4_1 || Q == kQ5_1 || Q == kQ4_F || Q == kQ5_F)
+        if constexpr (Q == kQ4_1 || Q == kQ5_1 || Q == kQ5_F)
           acc[m] = tile::fma(field<Q>(fields, 1), x.s[xb], acc[m]);
       }
     }
@@ -258,7 +354,7 @@ void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles,
     case kQ4_0: tiles_by_m<kQ4_0>(xq, w, sums.data(), M, K, N); break;
     case kQ5_0: tiles_by_m<kQ5_0>(xq, w, sums.data(), M, K, N); break;
     case kQ5_1: tiles_by_m<kQ5_1>(xq, w, sums.data(), M, K, N); break;
-    case kQ4_F: tiles_by_m<kQ4_F>(xq, w, sums.data(), M, K, N); break;
+    case kQ4_K: tiles_by_m<kQ4_K>(xq, w, sums.data(), M, K, N); break;
     case kQ5_F: tiles_by_m<kQ5_F>(xq, w, sums.data(), M, K, N); break;
     case kQ6_F: tiles_by_m<kQ6_F>(xq, w, sums.data(), M, K, N); break;
     case kQ8_F: tiles_by_m<kQ8_F>(xq, w, sums.data(), M, K, N); break;
@@ -310,7 +406,7 @@ void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::T
     case kQ4_0: tiles_into_by_m<kQ4_0>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ5_0: tiles_into_by_m<kQ5_0>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ5_1: tiles_into_by_m<kQ5_1>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ4_F: tiles_into_by_m<kQ4_F>(o, x, w, b, M, K, N, t0, t1); break;
+    case kQ4_K: tiles_into_by_m<kQ4_K>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ5_F: tiles_into_by_m<kQ5_F>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ6_F: tiles_into_by_m<kQ6_F>(o, x, w, b, M, K, N, t0, t1); break;
     case kQ8_F: tiles_into_by_m<kQ8_F>(o, x, w, b, M, K, N, t0, t1); break;
@@ -325,6 +421,8 @@ int64_t check_tiles(const at::Tensor& tiles, int64_t qtype) {
                   tiles.size(2) == kTileRows * f.bytes(),
               "tiled GGUF weights of type ", qtype, " are a contiguous [N / 16, K / 32, ",
               kTileRows * f.bytes(), "] uint8 tensor");
+  STRAND_CHECK(qtype != kQ4_K || tiles.size(1) % (kSuper / kBlock) == 0,
+               "Q4_K rows are whole 256-weight super-blocks, got ", tiles.size(1) * kBlock);
   return tiles.size(1) * kBlock;
 }
 }  // namespace
@@ -335,7 +433,8 @@ void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype) {
   STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
               "gguf_tile takes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
-  move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, true);
+  move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, true,
+           qtype == kQ4_K);
 }
 
 void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype) {
@@ -344,7 +443,8 @@ void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype) {
   STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
               "gguf_untile writes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
-  move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, false);
+  move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, false,
+           qtype == kQ4_K);
 }
 
 void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,

@@ -22,7 +22,7 @@ from kernels.gguf_linear_ref import (
     NAMES,
     Q4_0,
     Q4_1,
-    Q4_F,
+    Q4_K,
     Q5_0,
     Q5_1,
     Q5_F,
@@ -36,10 +36,16 @@ from kernels.gguf_linear_ref import (
 )
 
 QTYPES = [Q4_0, Q4_1, Q8_0]  # read as rows too (the others over tiles only)
-GGML_TYPES = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0]  # the `gguf` package's own
+GGML_TYPES = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K]  # the `gguf` package's own
 needs_kernels = pytest.mark.skipif(KERNELS.module() is None,
                                    reason=f"CPU kernels unavailable: "
                                           f"{KERNELS.unavailable_reason()}")
+
+
+def width(qtype: int, k: int) -> int:
+    """A row length the type takes: Q4_K's rows are whole 256-weight super-blocks (k rounded up
+    to one), the others' whole blocks of 32."""
+    return -(-k // 256) * 256 if qtype == Q4_K else k
 
 
 def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
@@ -47,6 +53,14 @@ def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
     float16 of a model's magnitude (random bytes there would be NaN or huge); Strand's own types
     hold them as float32, as the K-quants' transcoding does (kernels/gguf_transcode.py)."""
     g = torch.Generator().manual_seed(seed)
+    if qtype == Q4_K:  # per 256 weights: float16 d and dmin, random scales, mins and nibbles
+        assert k % 256 == 0, k
+        blocks = torch.randint(0, 256, (n, k // 256, 144), generator=g, dtype=torch.uint8)
+        blocks[..., 0:2] = (torch.rand(n, k // 256, 1, generator=g) * 2e-3 + 1e-4).half().view(
+            torch.uint8)
+        blocks[..., 2:4] = (torch.rand(n, k // 256, 1, generator=g) * 2e-3).half().view(
+            torch.uint8)
+        return blocks.reshape(n, -1)
     blocks = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[qtype]), generator=g,
                            dtype=torch.uint8)
 
@@ -56,8 +70,8 @@ def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
         return (torch.rand(n, k // 32, 1, generator=g) * 0.05 + 1e-3).half()
 
     # Each type's head: (fields, float32?, which fields are offsets m).
-    fields, f32, offsets = {Q4_1: (2, False, {1}), Q5_1: (2, False, {1}), Q4_F: (2, True, {1}),
-                            Q5_F: (2, True, {1}), Q6_F: (2, True, set()),
+    fields, f32, offsets = {Q4_1: (2, False, {1}), Q5_1: (2, False, {1}), Q5_F: (2, True, {1}),
+                            Q6_F: (2, True, set()),
                             Q8_F: (3, True, {2})}.get(qtype, (1, False, set()))
     width = 4 if f32 else 2
     for i in range(fields):
@@ -69,7 +83,7 @@ def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("qtype", GGML_TYPES)
 def test_reference_dequantizes_as_the_gguf_package_does(qtype: int) -> None:
     gguf = pytest.importorskip("gguf")
-    packed = random_packed(7, 96, qtype, seed=qtype)
+    packed = random_packed(7, width(qtype, 96), qtype, seed=qtype)
     want = gguf.quants.dequantize(packed.numpy(), gguf.GGMLQuantizationType(qtype))
     assert torch.equal(dequantize_ref(packed, qtype), torch.from_numpy(np.asarray(want)))
 
@@ -78,7 +92,7 @@ def test_reference_dequantizes_as_the_gguf_package_does(qtype: int) -> None:
 @pytest.mark.parametrize("qtype", sorted(NAMES))
 @pytest.mark.parametrize("shape", [(3, 32), (77, 96), (130, 576)])
 def test_kernel_dequantizes_bit_for_bit(qtype: int, shape: tuple[int, int]) -> None:
-    n, k = shape
+    n, k = shape[0], width(qtype, shape[1])
     packed = random_packed(n, k, qtype, seed=n + k + qtype)
     got = cpu_gguf_linear.gguf_dequantize(packed, qtype, k)
     assert torch.equal(got, dequantize_ref(packed, qtype))
@@ -173,7 +187,9 @@ def test_any_number_of_rows_matches_the_reference(qtype: int, m: int,
 def test_bad_packed_weights_name_what_is_wrong() -> None:
     packed = random_packed(4, 64, Q8_0, seed=0)
     with pytest.raises(ValueError, match="qtype must be one of"):
-        cpu_gguf_linear.gguf_dequantize(packed, 12, 64)
+        cpu_gguf_linear.gguf_dequantize(packed, 11, 64)  # Q3_K
+    with pytest.raises(ValueError, match="multiple of 256 for Q4_K, got 64"):
+        cpu_gguf_linear.gguf_dequantize(packed, Q4_K, 64)
     with pytest.raises(ValueError, match="multiple of 32"):
         cpu_gguf_linear.gguf_dequantize(packed, Q8_0, 48)
     with pytest.raises(ValueError, match="takes 68 bytes, got 34"):

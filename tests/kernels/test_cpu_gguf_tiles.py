@@ -19,7 +19,7 @@ from kernels.gguf_linear_ref import (
     NAMES,
     PLANES,
     Q4_1,
-    Q4_F,
+    Q4_K,
     Q5_1,
     Q5_F,
     Q6_F,
@@ -31,17 +31,23 @@ from kernels.gguf_linear_ref import (
     tile_ref,
     untile_ref,
 )
-from tests.kernels.test_cpu_gguf_linear import _assert_int8_product, needs_kernels, random_packed
+from tests.kernels.test_cpu_gguf_linear import (
+    _assert_int8_product,
+    needs_kernels,
+    random_packed,
+    width,
+)
 
-QTYPES = sorted(NAMES)  # GGML's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Strand's own
+QTYPES = sorted(NAMES)  # GGML's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Strand's own
+BLOCK_TYPES = [q for q in QTYPES if q != Q4_K]  # a head per block of 32
 
 
-@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     packed = random_packed(32, 96, qtype, seed=qtype)
     tiles = tile_ref(packed, qtype)
-    width = 4 if qtype in (Q4_F, Q5_F, Q6_F, Q8_F) else 2  # bytes of each head field
-    fields = {Q4_1: 2, Q5_1: 2, Q4_F: 2, Q5_F: 2, Q6_F: 2, Q8_F: 3}.get(qtype, 1)
+    width = 4 if qtype in (Q5_F, Q6_F, Q8_F) else 2  # bytes of each head field
+    fields = {Q4_1: 2, Q5_1: 2, Q5_F: 2, Q6_F: 2, Q8_F: 3}.get(qtype, 1)
     planes = PLANES.get(qtype, 0)
     size, head = BLOCK_BYTES[qtype], fields * width
     quant_at = head + 4 * planes
@@ -63,13 +69,31 @@ def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     assert torch.equal(untile_ref(tiles, qtype), packed)
 
 
+def test_q4_k_tiles_go_by_super_block() -> None:
+    packed = random_packed(32, 512, Q4_K, seed=3)
+    tiles = tile_ref(packed, Q4_K)
+    assert tiles.shape == (2, 16, 288)  # 8 tile-blocks per 256 weights, 16 x 18 bytes each
+    row = packed[21].reshape(2, 144)  # tile 1, row 5; its super-block 1 is tile-blocks 8..15
+    for j in range(8):  # tile-block j = 2g + h, chunk 3: bytes 16h + 12.. of group g's 32
+        g, h = divmod(j, 2)
+        at = 16 + 32 * g + 16 * h + 12
+        assert torch.equal(tiles[1, 8 + j, 3 * 64 + 5 * 4:3 * 64 + 5 * 4 + 4], row[1, at:at + 4])
+    head = torch.cat([tiles[1, 8 + j, 256:] for j in range(8)])  # the super-block's, by field
+    assert torch.equal(head[2 * 5:2 * 5 + 2], row[1, 0:2])  # d
+    assert torch.equal(head[32 + 2 * 5:32 + 2 * 5 + 2], row[1, 2:4])  # dmin
+    for k in range(12):
+        assert int(head[64 + 16 * k + 5]) == int(row[1, 4 + k])
+    assert torch.equal(untile_ref(tiles, Q4_K), packed)
+
+
 @needs_kernels
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_tiles_as_the_reference_and_back(qtype: int) -> None:
-    packed = random_packed(48, 576, qtype, seed=7)
-    tiles = cpu_gguf_linear.gguf_tile(packed, qtype, 576)
+    k = width(qtype, 576)
+    packed = random_packed(48, k, qtype, seed=7)
+    tiles = cpu_gguf_linear.gguf_tile(packed, qtype, k)
     assert torch.equal(tiles, tile_ref(packed, qtype))
-    assert torch.equal(cpu_gguf_linear.gguf_dequantize(tiles, qtype, 576),
+    assert torch.equal(cpu_gguf_linear.gguf_dequantize(tiles, qtype, k),
                        dequantize_ref(packed, qtype))
 
 
@@ -79,7 +103,7 @@ def test_kernel_tiles_as_the_reference_and_back(qtype: int) -> None:
 @pytest.mark.parametrize("shape", [(16, 32), (80, 96), (272, 576)])
 def test_small_rows_over_tiles_match_the_int8_reference(qtype: int, m: int,
                                                         shape: tuple[int, int]) -> None:
-    n, k = shape
+    n, k = shape[0], width(qtype, shape[1])
     g = torch.Generator().manual_seed(m * 1000 + n + qtype)
     packed = random_packed(n, k, qtype, seed=m + n + k)
     x = torch.randn(m, k, generator=g) * 3
@@ -113,8 +137,9 @@ def test_extreme_q8_quants_do_not_saturate() -> None:
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_bfloat16_rows_over_tiles(qtype: int) -> None:
     g = torch.Generator().manual_seed(qtype)
-    packed = random_packed(64, 128, qtype, seed=5)
-    x, bias = torch.randn(3, 128, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    k = width(qtype, 128)
+    packed = random_packed(64, k, qtype, seed=5)
+    x, bias = torch.randn(3, k, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
     got = cpu_gguf_linear.gguf_linear_small(x, tile_ref(packed, qtype), qtype, bias)
     assert got.dtype == torch.bfloat16
     want = gguf_linear_int8_ref(x, packed, qtype, bias)
@@ -140,8 +165,9 @@ def test_tiles_split_across_threads_give_the_one_thread_result(qtype: int) -> No
 @needs_kernels
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_a_non_finite_input_makes_its_row_nan_over_tiles(qtype: int) -> None:
-    tiles = tile_ref(random_packed(16, 64, qtype, seed=1), qtype)
-    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    k = width(qtype, 64)
+    tiles = tile_ref(random_packed(16, k, qtype, seed=1), qtype)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(0))
     x[1, 3] = float("nan")
     got = cpu_gguf_linear.gguf_linear_small(x, tiles, qtype)
     assert bool(got[1].isnan().all()) and bool(got[0].isfinite().all())
@@ -163,10 +189,12 @@ def test_many_rows_over_tiles_unpack_whole_tiles(qtype: int, m: int,
 
     monkeypatch.setattr(cpu_gguf_linear, "gguf_dequantize", counting)
     g = torch.Generator().manual_seed(qtype)
-    packed = random_packed(160, 32, qtype, seed=4)
-    x, bias = torch.randn(m, 32, generator=g), torch.randn(160, generator=g)
+    k = width(qtype, 32)
+    monkeypatch.setattr(cpu_gguf_linear, "TILE_BYTES", (8 << 10) * k // 32)  # 64 rows a piece
+    packed = random_packed(160, k, qtype, seed=4)
+    x, bias = torch.randn(m, k, generator=g), torch.randn(160, generator=g)
     with torch.inference_mode():
-        got = cpu_gguf_linear.gguf_linear(x, tile_ref(packed, qtype), qtype, 32, bias)
+        got = cpu_gguf_linear.gguf_linear(x, tile_ref(packed, qtype), qtype, k, bias)
     if m > cpu_gguf_linear.CHUNKED_M:
         assert seen == [64, 64, 32]
         torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4,

@@ -14,7 +14,7 @@ from kernels.gguf_linear_ref import (
     NAMES,
     Q4_0,
     Q4_1,
-    Q4_F,
+    Q4_K,
     Q5_0,
     Q5_1,
     Q5_F,
@@ -25,7 +25,6 @@ from kernels.gguf_linear_ref import (
 )
 from kernels.gguf_transcode import (
     NATIVE,
-    Q4_K,
     Q5_K,
     Q6_K,
     SOURCE_BLOCK,
@@ -82,7 +81,7 @@ def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
 
 
 @pytest.mark.parametrize(("types", "want"), [
-    ([Q4_K, Q4_K], Q4_F), ([Q6_K], Q6_F), ([Q5_K, Q5_K, Q5_K], Q5_F), ([Q5_0], Q5_0),
+    ([Q4_K, Q4_K], Q4_K), ([Q6_K], Q6_F), ([Q5_K, Q5_K, Q5_K], Q5_F), ([Q5_0], Q5_0),
     ([Q5_0, Q5_0, Q8_0], Q8_0), ([Q4_1], Q4_1), ([Q4_K, Q4_K, Q6_K], Q8_F), ([Q4_0, Q8_0], Q8_F),
     ([Q5_1, Q4_1], Q8_F), ([Q5_1], Q5_1),
 ])
@@ -94,7 +93,7 @@ def test_a_layers_parts_share_the_type_that_holds_each_exactly(types: list[int],
 def test_types_not_read_packed_are_named() -> None:
     with pytest.raises(ValueError, match="GGML type 11 is not read packed"):  # Q3_K
         common_type([Q4_K, 11])
-    with pytest.raises(ValueError, match="Q6_K rows cannot be written as Q4_F"):
-        transcode(random_rows(Q6_K, 1, 256, 0), Q6_K, Q4_F)
+    with pytest.raises(ValueError, match="Q6_K rows cannot be written as Q4_K"):
+        transcode(random_rows(Q6_K, 1, 256, 0), Q6_K, Q4_K)
     with pytest.raises(ValueError, match="Q4_K rows cannot be written as Q8_0"):
         transcode(random_rows(Q4_K, 1, 256, 0), Q4_K, Q8_0)

@@ -61,8 +61,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_gguf(model_dir, out["mixed"], "Q8_0", {"blk.0.attn_k.weight": "F32"})
     # The K-quants need rows of a multiple of 256 weights. A Q4_K_M-like mix (llama.cpp gives
     # attn_v, some ffn_down and the output Q6_K; Q5_0 where a row is not a multiple of 256):
-    # qkv Q4_K + Q6_K (-> Q8_F), o Q5_0, gate_up Q4_K (-> Q4_F), down Q6_K in layer 0 (-> Q6_F)
-    # and Q4_K in layer 1, output Q6_K.
+    # qkv Q4_K + Q6_K (-> Q8_F), o Q5_0, gate_up Q4_K, down Q6_K in layer 0 (-> Q6_F) and Q4_K
+    # in layer 1, output Q6_K.
     wide_dir = build_tiny_model(root / "wide", hidden_size=256, num_heads=4, num_kv_heads=2,
                                 intermediate_size=512)
     out["Q4_K_M"] = root / "wide-Q4_K_M.gguf"
@@ -128,7 +128,7 @@ def _kind(layer: Any) -> str:
 
 
 @pytest.mark.parametrize(("name", "kinds"), [
-    ("Q4_K_M", [("Q8_F", "Q5_0", "Q4_F", "Q6_F"), ("Q8_F", "Q5_0", "Q4_F", "Q4_F"), "Q6_F"]),
+    ("Q4_K_M", [("Q8_F", "Q5_0", "Q4_K", "Q6_F"), ("Q8_F", "Q5_0", "Q4_K", "Q4_K"), "Q6_F"]),
     ("Q5_K_M", [("Q8_F", "Q5_1", "Q5_F", "Q5_F"), ("Q8_F", "Q5_1", "Q5_F", "Q5_F"), "Q5_F"]),
 ])
 def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
@@ -141,7 +141,7 @@ def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
     assert assert_greedy_within_rounding(packed, dense) <= 2
     model: Any = _model(engine)
     if not cpu_gguf_linear.kernels_apply(torch.empty(0, dtype=torch.uint8)):
-        return  # Q4_F / Q8_F are read over the C++ kernels' tiles only: without them, float
+        return  # these types are read over the C++ kernels' tiles only: without them, float
     got = [tuple(_kind(getattr(part, attr)) for part, attr in (
         (layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"), (layer.mlp, "gate_up_proj"),
         (layer.mlp, "down_proj"))) for layer in model.model.layers]

@@ -2,12 +2,12 @@
 
 The model is loaded as always (every tensor dequantized, engine_core/model_executor/gguf), then
 each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is replaced by a
-GGUFLinear over the file's own blocks, and its float copy is dropped. The K-quants (Q4_K, Q5_K,
-Q6_K) and Q5_0 / Q5_1, what a Q4_K_M or Q5_K_M file holds, are rewritten exactly into block types
-the kernels read (kernels/gguf_transcode.py: Q4_F, Q5_F, Q6_F), as are the parts of a layer
-whose types differ (Q8_F, Q8_0); those and Q5_0 / Q5_1 are read over the CPU's 16-row tiles only,
-so on CUDA, without the C++ kernels or for a row count that is not a multiple of 16 such a layer
-stays float. Fused layers take their
+GGUFLinear over the file's own blocks, and its float copy is dropped. What a Q4_K_M or Q5_K_M
+file holds besides: Q4_K, Q5_0 and Q5_1 are read as they are; Q5_K and Q6_K are rewritten
+exactly into block types the kernels read (kernels/gguf_transcode.py: Q5_F, Q6_F), as are the
+parts of a layer whose types differ (Q8_F, Q8_0). All but Q8_0, Q4_0 and Q4_1 are read over the
+CPU's 16-row tiles only, so on CUDA, without the C++ kernels or for a row count that is not a
+multiple of 16 such a layer stays float. Fused layers take their
 parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
 llama.cpp's q/k row permutation is undone on the packed rows as on float ones. A tied lm_head
 reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
