@@ -187,8 +187,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
       uint8_t sc[8][kTileRows], mn[8][kTileRows];  // per sub-block, the 16 rows' (get_scale_min_k4)
       const uint8_t* b[12];
       for (int64_t k = 0; k < 12; ++k) b[k] = head(64 + 16 * k);
-      for (int64_t r = 0; r < kTileRows; ++r)
-        for (int64_t j = 0; j < 4; ++j) {
+      for (int64_t j = 0; j < 4; ++j)  // rows innermost: 16-byte vector operations
+        for (int64_t r = 0; r < kTileRows; ++r) {
           sc[j][r] = b[j][r] & 63;
           mn[j][r] = b[j + 4][r] & 63;
           sc[j + 4][r] = (b[j + 8][r] & 15) | ((b[j][r] >> 6) << 4);
