@@ -15,13 +15,19 @@ def default_model_dir() -> Path:
 
 
 def gguf_file(model: str | None) -> str | None:
-    """The .gguf file a --model names (a path or a short name such as `smollm2`), else None."""
+    """The .gguf file a --model names (a path, a short name such as `smollm2`, or the directory
+    it was converted into: what `strand serve` hands its stages), else None."""
     if not model:
         return None
     from engine_core.model_hub import SHORT_NAMES, pull
 
     if model in SHORT_NAMES and not Path(model).exists():
         model = str(pull(model))
+    if Path(model).is_dir():
+        from engine_core.model_executor.gguf.convert import source_of
+
+        source = source_of(model)
+        return None if source is None else str(source)
     return model if model.lower().endswith(".gguf") else None
 
 

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_core.sampling_params import SamplingParams
@@ -112,3 +113,54 @@ def test_demo_runs_the_step_by_step_example_and_shuts_down() -> None:
     for noise in ("out of rotation", "cannot schedule new futures", "nanobind: leaked",
                   "Exception not handled by _handle_exceptions"):
         assert noise not in result.stderr, result.stderr[-2000:]
+
+
+def test_serve_reads_a_gguf_file_packed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `strand serve --model FILE.gguf --quantization gguf`: the stages get the directory the file
+    # was converted into once, and the engine finds the file's blocks from it (a K-quant mix, as
+    # llama.cpp's Q4_K_M has). The tokens are the in-process engine's with the same arguments.
+    pytest.importorskip("gguf")
+    from engine_core import EngineArgs, LLMEngine
+    from tests.conftest import build_tiny_model
+    from tests.model_executor.gguf_writer import write_gguf
+
+    model_dir = build_tiny_model(tmp_path / "hf", hidden_size=256, num_heads=4, num_kv_heads=2,
+                                 intermediate_size=512)
+    path = tmp_path / "tiny.Q4_K_M.gguf"
+    write_gguf(model_dir, path, "Q4_K", {"blk.0.attn_v.weight": "Q6_K",
+                                         "blk.1.ffn_down.weight": "Q6_K",
+                                         "token_embd.weight": "Q8_0"})
+    env = {**ENV, "STRAND_CACHE_DIR": str(tmp_path / "cache")}
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve", "--model", str(path), "--quantization",
+         "gguf", "--port", "0", *ENGINE_FLAGS], stdout=subprocess.PIPE, text=True, env=env,
+        cwd=REPO_ROOT)
+    try:
+        address = None
+        assert process.stdout is not None
+        deadline = time.monotonic() + 120
+        while address is None and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                break
+            if line.startswith("strand gateway ready at "):
+                address = line.split()[-1]
+        assert address is not None, "strand serve did not start with --quantization gguf"
+        with EngineClient(address, timeout=60) as client:
+            served = list(client.generate({"prompt_token_ids": [5, 9, 13, 200]}, params))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    monkeypatch.setenv("STRAND_CACHE_DIR", env["STRAND_CACHE_DIR"])
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(path), quantization="gguf",
+                                                   device="cpu"))
+    assert engine.engine_core.runner.model.lm_head.qtype == 12  # the file's blocks, read packed
+    engine.add_request("0", {"prompt_token_ids": [5, 9, 13, 200]}, params)
+    local = []
+    while engine.has_unfinished_requests():
+        local.extend(engine.step())
+    assert list(served[-1].outputs[0].token_ids) == list(local[-1].outputs[0].token_ids)

@@ -79,3 +79,22 @@ def test_a_gguf_file_loads_as_the_model_it_was_made_from(
     # the oracle, adds none).
     assert (Tokenizer.from_dir(converted).encode(tokenizer_text, add_special_tokens=False)
             == Tokenizer.from_dir(model_dir).encode(tokenizer_text, add_special_tokens=False))
+
+
+def test_a_converted_directory_names_the_file_it_was_made_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `strand serve` hands its stages the converted directory; quantization='gguf' then finds the
+    # file's blocks from it, while the file is there unchanged.
+    from engine_core.default_model import gguf_file
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    path = tmp_path / "tiny-Q8_0.gguf"
+    write_gguf(model_dir, path, "Q8_0")
+    converted = gguf_to_hf_dir(path)
+    assert gguf_file(str(converted)) == str(path.resolve())
+    assert gguf_file(str(model_dir)) is None  # a directory made from no GGUF file
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(converted), quantization="gguf"))
+    assert engine.engine_core.runner.model.lm_head.qtype == 8
+    path.write_bytes(path.read_bytes() + b"\0")  # the file changed since: not its source now
+    assert gguf_file(str(converted)) is None

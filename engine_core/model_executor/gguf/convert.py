@@ -19,7 +19,8 @@ from engine_core.model_executor.gguf.tensors import hf_tensors
 from engine_core.model_executor.gguf.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
-_VERSION = "2"  # bump when the conversion changes: old caches are then made again
+_VERSION = "3"  # bump when the conversion changes: old caches are then made again
+SOURCE_FILE = "gguf_source.json"  # in a converted directory: the .gguf file it was made from
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -53,6 +54,20 @@ def cached_dir(path: str | Path) -> Path:
     return cache_root() / f"{src.stem}-{key.hexdigest()[:12]}"
 
 
+def source_of(directory: str | Path) -> Path | None:
+    """The .gguf file a converted directory was made from, where it is still there unchanged
+    (quantization='gguf' reads its blocks); None for any other directory."""
+    record = Path(directory) / SOURCE_FILE
+    if not record.is_file():
+        return None
+    source = json.loads(record.read_text(encoding="utf-8"))
+    path = Path(source["path"])
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return path if (stat.st_size, stat.st_mtime_ns) == (source["size"], source["mtime_ns"]) else None
+
+
 def gguf_to_hf_dir(path: str | Path) -> Path:
     """The HF directory made from this GGUF file (made now if it is not cached)."""
     src = Path(path).resolve()
@@ -76,6 +91,10 @@ def gguf_to_hf_dir(path: str | Path) -> Path:
     # half-written directory, and a second conversion racing this one just loses the rename.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        stat = src.stat()
+        (tmp / SOURCE_FILE).write_text(json.dumps(
+            {"path": str(src), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}),
+            encoding="utf-8")
         _write(tmp, reader, config, tokenizer, tokenizer_config)
         try:
             tmp.rename(out)
