@@ -98,3 +98,37 @@ def test_a_converted_directory_names_the_file_it_was_made_from(
     assert engine.engine_core.runner.model.lm_head.qtype == 8
     path.write_bytes(path.read_bytes() + b"\0")  # the file changed since: not its source now
     assert gguf_file(str(converted)) is None
+
+
+def test_conversion_streams_tensors_in_pieces_of_rows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A few rows dequantized at a time (the piece here 1024 weights: 16 rows of 64), the file
+    # the same as the whole tensors dequantized at once.
+    from safetensors.torch import load_file
+
+    from engine_core.model_executor.gguf import tensors as gguf_tensors
+
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    path = tmp_path / "tiny-Q4_1.gguf"
+    write_gguf(model_dir, path, "Q4_1")
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "whole"))
+    whole = load_file(str(gguf_to_hf_dir(path) / "model.safetensors"))
+    monkeypatch.setattr(gguf_tensors, "PIECE_WEIGHTS", 1024)
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "pieces"))
+    pieces = load_file(str(gguf_to_hf_dir(path) / "model.safetensors"))
+    assert whole.keys() == pieces.keys()
+    for name, t in whole.items():
+        assert torch.equal(pieces[name], t), name
+
+
+def test_a_streamed_tensor_must_be_the_one_announced(tmp_path: Path) -> None:
+    from engine_core.model_executor.gguf.safetensors_stream import write_streamed
+
+    rows = np.zeros((4, 8), dtype=np.float32)
+    with pytest.raises(ValueError, match="b is not the one the header announced"):
+        write_streamed(tmp_path / "x.safetensors", [("a", (4, 8))], [("b", iter([rows]))])
+    with pytest.raises(ValueError, match="a got 16 values, its shape"):
+        write_streamed(tmp_path / "x.safetensors", [("a", (4, 8))], [("a", iter([rows[:2]]))])
+    with pytest.raises(ValueError, match="was announced but never written"):
+        write_streamed(tmp_path / "x.safetensors", [("a", (4, 8)), ("c", (1,))],
+                       [("a", iter([rows]))])

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from engine_core.model_executor.gguf.config import hf_config
-from engine_core.model_executor.gguf.tensors import hf_tensors
+from engine_core.model_executor.gguf.safetensors_stream import write_streamed
+from engine_core.model_executor.gguf.tensors import hf_shapes, hf_tensors
 from engine_core.model_executor.gguf.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -109,13 +108,11 @@ def gguf_to_hf_dir(path: str | Path) -> Path:
 
 def _write(out: Path, reader: Any, config: dict[str, Any], tokenizer: Any,
            tokenizer_config: dict[str, Any]) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    tensors = {name: torch.from_numpy(np.array(w)) for name, w in hf_tensors(reader, config)}
-    if config["tie_word_embeddings"]:
-        tensors.pop("lm_head.weight", None)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    # One tensor dequantized at a time (safetensors_stream.py); a tied head is the embedding's.
+    dropped = {"lm_head.weight"} if config["tie_word_embeddings"] else set()
+    write_streamed(out / "model.safetensors",
+                   [(n, s) for n, s in hf_shapes(reader) if n not in dropped],
+                   ((n, w) for n, w in hf_tensors(reader, config) if n not in dropped))
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1),
                                                encoding="utf-8")

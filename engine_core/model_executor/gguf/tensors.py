@@ -38,17 +38,40 @@ def unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def hf_tensors(reader: Any, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+def hf_shapes(reader: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """The HF names and shapes of hf_tensors' tensors, in its order, without reading any data
+    (GGUF shapes list the row length first)."""
+    return [(name, tuple(int(n) for n in reversed(t.shape))) for t in reader.tensors
+            if (name := hf_name(t.name)) is not None]
+
+
+# Rows dequantized at a time: gguf's dequantization makes several temporaries the size of its
+# input (a 49152 x 2048 Q6_K table took 3.3 GB at its peak whole); a piece is a few MB.
+PIECE_WEIGHTS = 1 << 22
+
+
+def hf_tensors(reader: Any, config: dict[str, Any]
+               ) -> Iterator[tuple[str, Iterator[np.ndarray]]]:
+    """Each tensor's HF name and its float32 rows, a piece at a time (q/k whole: their rows are
+    un-permuted across heads)."""
     from gguf.quants import dequantize
 
     permute = config["model_type"] in ("llama", "mistral")
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+
+    def pieces(t: Any, head_count: int | None) -> Iterator[np.ndarray]:
+        data = t.data
+        if head_count is not None or data.ndim < 2:
+            w = np.asarray(dequantize(data, t.tensor_type), dtype=np.float32)
+            yield w if head_count is None else unpermute(w, head_count)
+            return
+        step = max(1, PIECE_WEIGHTS // int(t.shape[0]))  # rows of t.shape[0] weights each
+        for start in range(0, data.shape[0], step):
+            yield np.asarray(dequantize(data[start:start + step], t.tensor_type), dtype=np.float32)
+
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
             continue
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         proj = name.split(".")[-2]
-        if permute and proj in heads:
-            w = unpermute(w, heads[proj])
-        yield name, w
+        yield name, pieces(t, heads[proj] if permute and proj in heads else None)
