@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -52,19 +53,39 @@ def load_model(config: ModelConfig, device: torch.device,
     else:
         with torch.device("meta"):
             model = cls(config)
-    model = model.to(dtype=config.dtype).to_empty(device=device)
+    model = model.to(dtype=config.dtype)
+    plan = _plan_packed(model, config, device)
+    # The layers the file's blocks will replace keep their float weight on meta: it is never
+    # made (a 7B model's in float32 is 28 GB), nor read from the checkpoint; only a bias is.
+    planned = {id(p.layer) for p in plan}
+    for module in model.modules():
+        if id(module) not in planned:
+            module.to_empty(device=device, recurse=False)
+        elif isinstance(bias := getattr(module, "bias", None), torch.Tensor):
+            module.bias = torch.nn.Parameter(torch.empty_like(bias, device=device),
+                                             requires_grad=False)
     model.tie_weights()
     for module in model.modules():  # Gemma 3 has two RoPE tables (global and sliding layers)
         if isinstance(module, RotaryEmbedding):
             module.build_cache(device)
     _copy_weights(model, Path(config.model_dir), layout)
-    if config.quantization == "gguf":
-        from engine_core.model_executor.gguf.quantized import keep_quantized
+    if plan:
+        from engine_core.model_executor.gguf.quantized import apply_packed
 
-        if config.gguf_file is None:
-            raise ValueError("quantization='gguf' needs the GGUF file the model was loaded from")
-        keep_quantized(model, config.gguf_file)
+        apply_packed(plan)
     return model.eval().requires_grad_(False)
+
+
+def _plan_packed(model: LlamaForCausalLM, config: ModelConfig, device: torch.device) -> list[Any]:
+    """quantization='gguf': the linear layers the GGUF file's blocks replace
+    (engine_core/model_executor/gguf/quantized.py); none otherwise."""
+    if config.quantization != "gguf":
+        return []
+    from engine_core.model_executor.gguf.quantized import plan_packed
+
+    if config.gguf_file is None:
+        raise ValueError("quantization='gguf' needs the GGUF file the model was loaded from")
+    return plan_packed(model, config.gguf_file, device)
 
 
 def safetensors_files(model_dir: Path) -> dict[str, Path]:
@@ -112,6 +133,8 @@ def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
         with safe_open(str(path), framework="pt") as f:
             for name in names:
                 dest = destinations[name]
+                if dest.is_meta:  # a layer whose packed blocks replace it (_plan_packed)
+                    continue
                 if layout is not None:
                     copy_shard(f, name, dest, layout, path.name)
                     continue

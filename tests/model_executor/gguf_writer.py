@@ -28,7 +28,8 @@ def write_gguf(model_dir: Path, out: Path, quantized: str,
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = json.loads((model_dir / "tokenizer.json").read_text())
-    w = gguf.GGUFWriter(str(out), "llama")
+    arch = config.get("model_type", "llama")  # llama, or qwen2 (q/k/v biases, no permutation)
+    w = gguf.GGUFWriter(str(out), arch)
     w.add_block_count(config["num_hidden_layers"])
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
@@ -55,7 +56,9 @@ def write_gguf(model_dir: Path, out: Path, quantized: str,
         if name.startswith("model.layers."):
             i, rest = name[len("model.layers."):].split(".", 1)
             module, kind = rest.rsplit(".", 1)
-            if module == "self_attn.q_proj":
+            if arch != "llama":
+                pass
+            elif module == "self_attn.q_proj":
                 a = llama_cpp_permute(a, config["num_attention_heads"])
             elif module == "self_attn.k_proj":
                 a = llama_cpp_permute(a, config["num_key_value_heads"])

@@ -189,7 +189,7 @@ def test_the_stack_gives_logits_from_token_ids_once_it_holds_the_ends() -> None:
     with pytest.raises(RuntimeError, match=r"dense lm_head must be \[vocab, 16\]"):
         stack.set_ends(table, torch.ones(16), torch.zeros(10, 8), 0, 1e-6)
     with pytest.raises(RuntimeError, match="Q4_1=3"):  # a GGML type the kernels do not take
-        stack.set_ends(table, torch.ones(16), torch.zeros(10, 18, dtype=torch.uint8), 12, 1e-6)
+        stack.set_ends(table, torch.ones(16), torch.zeros(10, 18, dtype=torch.uint8), 11, 1e-6)
     stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6)
     # Zero projections: every layer adds 0 to the residual stream (token 3's embedding row),
     # which the final norm (weight 2) scales and the lm_head's identity rows take 10 values of.

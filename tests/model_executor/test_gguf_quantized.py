@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -258,6 +258,38 @@ def test_k_quant_layers_stay_float_where_only_tiles_could_read_them(
     assert _packed([o], [None], torch.device("cuda")) is None
     got = _packed([o], [None], torch.device("cpu"))
     assert got is not None and NAMES[got[1]] == "Q5_0"
+
+
+def test_a_packed_layer_keeps_its_bias_and_its_float_weight_is_never_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Qwen2's q/k/v have biases: loaded from the checkpoint into the packed layer. The layers
+    # the blocks replace are planned before the weights are read, so their float weights are
+    # neither made nor read (the loader skips them).
+    from safetensors.torch import load_file
+
+    model_dir = build_tiny_model(tmp_path / "qwen2", arch="qwen2", hidden_size=64, num_heads=4,
+                                 num_kv_heads=2, intermediate_size=128)
+    path = tmp_path / "qwen2-Q8_0.gguf"
+    write_gguf(model_dir, path, "Q8_0")
+    made: list[tuple[int, ...]] = []  # the shapes of the parameters the loader makes
+    real_empty = torch.nn.Module.to_empty
+
+    def to_empty(module: torch.nn.Module, *, device: Any, recurse: bool = True) -> Any:
+        made.extend(tuple(p.shape) for p in module.parameters(recurse=recurse))
+        return real_empty(module, device=device, recurse=recurse)
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", to_empty)
+    dense, _ = _run(path, None)
+    assert made.count((128, 64)) == 2  # q/k/v's 64 + 32 + 32 rows of 64, in both layers
+    made.clear()
+    packed, engine = _run(path, "gguf")
+    assert (128, 64) not in made and (256, 64) not in made  # q/k/v, gate/up: never made
+    _assert_same_outputs(packed, dense)
+    qkv = cast(Any, _model(engine)).model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, GGUFLinear) and qkv.bias is not None
+    want = load_file(str(model_dir / "model.safetensors"))
+    bias = torch.cat([want[f"model.layers.0.self_attn.{n}_proj.bias"] for n in "qkv"])
+    torch.testing.assert_close(qkv.bias.float(), bias.float())
 
 
 def test_quantization_is_checked() -> None:

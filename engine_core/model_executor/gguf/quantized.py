@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -69,8 +70,24 @@ def _packed(tensors: list[Any], heads: list[int | None],
     return packed, target, next(iter(in_features))
 
 
-def keep_quantized(model: nn.Module, gguf_file: str) -> int:
-    """Replaces the linear layers the file holds packed; returns how many were replaced."""
+@dataclass
+class Packing:
+    """One linear layer to be replaced by the file's blocks."""
+    parent: nn.Module
+    attr: str
+    packed: torch.Tensor
+    qtype: int
+    in_features: int
+    sources: list[str]  # the GGML type names of its parts, for the log
+
+    @property
+    def layer(self) -> nn.Module:
+        return cast(nn.Module, getattr(self.parent, self.attr))
+
+
+def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[Packing]:
+    """The linear layers the file holds packed, read from it (the model's own weights are not
+    touched: it may still be on the meta device, its float weights never made)."""
     import gguf
 
     config = cast(Any, model).config
@@ -92,31 +109,49 @@ def keep_quantized(model: nn.Module, gguf_file: str) -> int:
             targets.append((mlp, "down_proj", [f"{p}mlp.down_proj.weight"], [None]))
     head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     targets.append((model, "lm_head", [head], [None]))
-    kinds: Counter[str] = Counter()
-    sources: Counter[str] = Counter()
-    float_bytes = packed_bytes = 0
+    plan = []
     for parent, attr, names, heads in targets:
         old = getattr(parent, attr)
-        got = _packed([raw.get(n) for n in names], heads, old.weight.device)
+        got = _packed([raw.get(n) for n in names], heads, device)
         if not isinstance(old, Linear) or got is None:
             continue
         packed, qtype, in_features = got
         if (packed.shape[0], in_features) != tuple(old.weight.shape):
             raise ValueError(f"GGUF tensors {names} hold [{packed.shape[0]}, {in_features}], the "
                              f"model's {attr} is {list(old.weight.shape)}")
-        new = GGUFLinear(packed.to(old.weight.device), qtype, in_features, old.bias)
-        setattr(parent, attr, new)
-        kinds[NAMES[qtype]] += 1
-        sources.update(SOURCE_NAMES[int(raw[n].tensor_type)] for n in names)
+        plan.append(Packing(parent, attr, packed.to(device), qtype, in_features,
+                            [SOURCE_NAMES[int(raw[n].tensor_type)] for n in names]))
+    if not plan:
+        logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
+                    " all stay dequantized", gguf_file, ", ".join(SOURCE_NAMES.values()))
+    return plan
+
+
+def apply_packed(plan: list[Packing]) -> int:
+    """Replaces each planned layer (its bias, if any, loaded by then) by a GGUFLinear over the
+    file's blocks; returns how many were replaced."""
+    kinds: Counter[str] = Counter()
+    sources: Counter[str] = Counter()
+    float_bytes = packed_bytes = 0
+    for p in plan:
+        old = cast(Linear, p.layer)
+        setattr(p.parent, p.attr, GGUFLinear(p.packed, p.qtype, p.in_features, old.bias))
+        kinds[NAMES[p.qtype]] += 1
+        sources.update(p.sources)
         float_bytes += old.weight.numel() * old.weight.element_size()
-        packed_bytes += packed.numel()
+        packed_bytes += p.packed.numel()
     if kinds:
         logger.info("kept %d linear weights packed (%s; from the file's %s): %.1f MB instead "
                     "of %.1f MB", sum(kinds.values()),
                     ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())),
                     ", ".join(f"{k}: {v}" for k, v in sorted(sources.items())),
                     packed_bytes / 1e6, float_bytes / 1e6)
-    else:
-        logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
-                    " all stay dequantized", gguf_file, ", ".join(SOURCE_NAMES.values()))
     return sum(kinds.values())
+
+
+def keep_quantized(model: nn.Module, gguf_file: str) -> int:
+    """Replaces the linear layers of a loaded model that the file holds packed; returns how many
+    were replaced. (The loader plans before it loads, so that the float weights of these layers
+    are never made: engine_core/model_executor/loader.py.)"""
+    device = next(model.parameters()).device
+    return apply_packed(plan_packed(model, gguf_file, device))
