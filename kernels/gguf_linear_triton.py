@@ -18,6 +18,8 @@ import torch
 from kernels._triton import lazy_jit
 from kernels.gguf_linear_ref import BLOCK_BYTES, Q4_0, Q4_1, Q8_0, row_bytes
 
+TYPES = (Q4_0, Q4_1, Q8_0)
+
 try:
     import triton.language as tl
 except ImportError:  # the module stays importable; launching needs triton
@@ -90,8 +92,9 @@ def gguf_linear_triton(x: torch.Tensor, packed: torch.Tensor, qtype: int,
     if x.dim() != 2:
         raise ValueError(f"x must be [M, in_features], got {tuple(x.shape)}")
     m, k = x.shape
-    if qtype not in (Q4_0, Q4_1, Q8_0):
-        row_bytes(qtype, k)  # raises, naming the types
+    if qtype not in TYPES:
+        raise ValueError(f"qtype must be one of {sorted(TYPES)} (Q4_0, Q4_1, Q8_0: the types "
+                         f"this kernel reads; the others are read over CPU tiles), got {qtype}")
     if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != row_bytes(qtype, k):
         raise ValueError(f"packed must be [N, {row_bytes(qtype, k)}] uint8 for {k} weights a row, "
                          f"got {packed.dtype} {tuple(packed.shape)}")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.gguf_linear_ref import NAMES, Q4_1, Q8_0, gguf_linear_ref
-from kernels.gguf_linear_triton import gguf_linear_triton
+from kernels.gguf_linear_ref import Q4_1, Q5_0, Q8_0, gguf_linear_ref
+from kernels.gguf_linear_triton import TYPES, gguf_linear_triton
 from tests.kernels.conftest import DEVICE
 from tests.kernels.test_cpu_gguf_linear import random_packed
 
-QTYPES = sorted(NAMES)
+QTYPES = sorted(TYPES)  # Q4_0, Q4_1, Q8_0 (the rest are read over CPU tiles only)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -48,7 +48,9 @@ def test_bad_shapes_name_what_is_wrong() -> None:
     with pytest.raises(ValueError, match=r"packed must be \[N, 68\] uint8"):
         gguf_linear_triton(torch.randn(1, 64, device=DEVICE), packed[:, :34], Q8_0)
     with pytest.raises(ValueError, match="qtype must be one of"):
-        gguf_linear_triton(torch.randn(1, 64, device=DEVICE), packed, 12)
+        gguf_linear_triton(torch.randn(1, 64, device=DEVICE), packed, 11)  # Q3_K
+    with pytest.raises(ValueError, match="the others are read over CPU tiles"):
+        gguf_linear_triton(torch.randn(1, 64, device=DEVICE), packed, Q5_0)
     with pytest.raises(ValueError, match="bias must have 4 values"):
         gguf_linear_triton(torch.randn(1, 64, device=DEVICE), packed, Q8_0,
                            torch.zeros(5, device=DEVICE))
