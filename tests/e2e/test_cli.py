@@ -56,6 +56,20 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+def _gateway_address(process: subprocess.Popen[str]) -> str | None:
+    """The address `strand serve` prints once its stack is ready; None if it exits first or
+    takes more than two minutes."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            return None
+        if line.startswith("strand gateway ready at "):
+            return line.split()[-1]
+    return None
+
+
 def test_serve_prints_the_gateway_and_stops_every_service_on_sigterm(tiny_model_dir: Path
                                                                      ) -> None:
     metrics_port = _free_port_run(4)
@@ -64,13 +78,7 @@ def test_serve_prints_the_gateway_and_stops_every_service_on_sigterm(tiny_model_
          "--port", "0", "--metrics-port", str(metrics_port), *ENGINE_FLAGS],
         stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO_ROOT)
     try:
-        address = None
-        assert process.stdout is not None
-        deadline = time.monotonic() + 120
-        while address is None and time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if line.startswith("strand gateway ready at "):
-                address = line.split()[-1]
+        address = _gateway_address(process)
         assert address is not None and address.startswith("127.0.0.1:")
         children = _children(process.pid)
         assert len(children) == 4
@@ -137,15 +145,7 @@ def test_serve_reads_a_gguf_file_packed(tmp_path: Path, monkeypatch: pytest.Monk
          "gguf", "--port", "0", *ENGINE_FLAGS], stdout=subprocess.PIPE, text=True, env=env,
         cwd=REPO_ROOT)
     try:
-        address = None
-        assert process.stdout is not None
-        deadline = time.monotonic() + 120
-        while address is None and time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line and process.poll() is not None:
-                break
-            if line.startswith("strand gateway ready at "):
-                address = line.split()[-1]
+        address = _gateway_address(process)
         assert address is not None, "strand serve did not start with --quantization gguf"
         with EngineClient(address, timeout=60) as client:
             served = list(client.generate({"prompt_token_ids": [5, 9, 13, 200]}, params))
