@@ -25,9 +25,11 @@ On CPU the decode kernel reads the same blocks regrouped into tiles of 16 rows
 (kernels/csrc/gguf_tiled.cpp): [N / 16, K / 32, 16 * block bytes], tile t block b holding rows
 16t..16t+15's block b: first their quants as chunks of 64 bytes (chunk c: each row's quant bytes
 4c..4c+3, row after row), so that the low nibbles of chunk c are quants 4c..4c+3 of each row and
-the high nibbles quants 16 + 4c..; then each bit plane as 8 groups of 8 bytes, group g a 64-bit
-mask whose bit 4r + j is row r's bit of quant 4g + j (one bit per lane of the nibble vectors the
-kernel unpacks); then the head's fields, each as the 16 rows' values. Q4_K's tiles go by its
+the high nibbles quants 16 + 4c..; then the fifth (and sixth) bits as one (two) 64-byte vectors
+laid out as the nibble lanes, byte 4r + j holding row r's bits of quants 4g + j for the 8
+groups g of 4 quants (chunk g's low nibbles for g < 4, chunk g - 4's high ones after): bit g
+(Q6_F: vector g // 4, bits 2k and 2k + 1 the fifth and sixth bits of group 4 (g // 4) + k), which
+the kernel moves into place with one shift and one mask; then the head's fields, each as the 16 rows' values. Q4_K's tiles go by its
 256-weight super-blocks, 8 tile-blocks each: tile-block j = 2g + h holds bytes 16h..16h+15 of
 each row's 32 nibble bytes of group g as 4 chunks (low nibbles: quants 16h + 4c.. of sub-block 2g,
 high: of sub-block 2g + 1), then 32 bytes of the super-block's head laid out by field (the 16
@@ -74,22 +76,48 @@ _HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q5_0: (1, 2), Q5_1: (2, 2), Q8_0: (1, 2), Q
 PLANES = {Q5_0: 1, Q5_1: 1, Q5_F: 1, Q6_F: 2}
 
 
-def _planes_to_tiles(words: torch.Tensor) -> torch.Tensor:
-    """[T, 16 rows, nb, 4] bytes of one plane -> [T, nb, 64]: group g's 8 bytes hold nibble g of
-    each row's word (its bits for quants 4g..4g+3), row 2k's in byte k's low half, 2k+1's high."""
-    t, _, nb, _ = words.shape
-    nib = torch.stack([words & 15, words >> 4], dim=-1).reshape(t, TILE_ROWS, nb, 8)  # [.., g]
-    nib = nib.permute(0, 2, 3, 1).reshape(t, nb, 8, 8, 2)  # [T, nb, g, k, row parity]
-    return (nib[..., 0] | (nib[..., 1] << 4)).reshape(t, nb, 64)
+def _bits(words: torch.Tensor) -> torch.Tensor:  # [..., 4] bytes -> [..., 32] bits, LSB first
+    return (words[..., :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
 
 
-def _planes_from_tiles(plane: torch.Tensor) -> torch.Tensor:
-    """_planes_to_tiles' inverse: [T, nb, 64] -> [T, 16 rows, nb, 4]."""
-    t, nb, _ = plane.shape
-    b = plane.reshape(t, nb, 8, 8)
-    nib = torch.stack([b & 15, b >> 4], dim=-1).reshape(t, nb, 8, TILE_ROWS)  # [.., g, r]
-    nib = nib.permute(0, 3, 1, 2).reshape(t, TILE_ROWS, nb, 4, 2)  # [T, r, nb, byte, half]
-    return nib[..., 0] | (nib[..., 1] << 4)
+def _planes_to_tiles(words: list[torch.Tensor]) -> torch.Tensor:
+    """Each plane's [T, 16 rows, nb, 4] words -> [T, nb, 64 * planes]: per byte lane 4r + j the
+    bits of row r's quants 4g + j, one bit per group g (one plane: bit g; two: bits 2k, 2k + 1
+    of vector g // 4 for g = 4 (g // 4) + k, the fifth bit first)."""
+    t, _, nb, _ = words[0].shape
+    # [T, nb, 16 rows, 8 groups, 4 j] per plane
+    bits = [_bits(w).reshape(t, TILE_ROWS, nb, 8, 4).permute(0, 2, 1, 3, 4) for w in words]
+    if len(bits) == 1:
+        weights = (1 << torch.arange(8, dtype=torch.uint8)).reshape(1, 1, 1, 8, 1)
+        lanes = (bits[0] * weights).sum(dim=3, dtype=torch.uint8)  # [T, nb, 16, 4]
+        return lanes.reshape(t, nb, 64)
+    vectors = []
+    for v in range(2):
+        lane = torch.zeros(t, nb, TILE_ROWS, 4, dtype=torch.uint8)
+        for k in range(4):
+            lane |= (bits[0][:, :, :, 4 * v + k] << (2 * k)) | (bits[1][:, :, :, 4 * v + k]
+                                                               << (2 * k + 1))
+        vectors.append(lane.reshape(t, nb, 64))
+    return torch.cat(vectors, dim=-1)
+
+
+def _planes_from_tiles(lanes: torch.Tensor, planes: int) -> list[torch.Tensor]:
+    """_planes_to_tiles' inverse: [T, nb, 64 * planes] -> each plane's [T, 16, nb, 4] words."""
+    t, nb, _ = lanes.shape
+    shifts = torch.arange(8, dtype=torch.uint8)
+    if planes == 1:
+        per_group = [(lanes.reshape(t, nb, TILE_ROWS, 1, 4) >> shifts.reshape(1, 1, 1, 8, 1)) & 1]
+    else:
+        vec = lanes.reshape(t, nb, 2, TILE_ROWS, 4)
+        k2 = (2 * torch.arange(4, dtype=torch.uint8)).reshape(1, 1, 1, 4, 1)
+        per_group = [torch.cat([(vec[:, :, v, :, None, :] >> (k2 + p)) & 1 for v in range(2)],
+                               dim=3) for p in range(2)]  # [T, nb, 16, 8 groups, 4 j]
+    words = []
+    for bits in per_group:
+        q_bits = bits.permute(0, 2, 1, 3, 4).reshape(t, TILE_ROWS, nb, 4, 8)  # quant 4g + j
+        weights = (1 << shifts).reshape(1, 1, 1, 1, 8)
+        words.append((q_bits * weights).sum(dim=-1, dtype=torch.uint8))
+    return words
 
 
 def _tile_q4_k(packed: torch.Tensor) -> torch.Tensor:
@@ -126,8 +154,9 @@ def tile_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
     nb, quant_at = blocks.shape[2], head + 4 * planes
     quants = blocks[..., quant_at:].reshape(n // TILE_ROWS, TILE_ROWS, nb, -1, 4)
     parts = [quants.permute(0, 2, 3, 1, 4).reshape(n // TILE_ROWS, nb, -1)]
-    for p in range(planes):
-        parts.append(_planes_to_tiles(blocks[..., head + 4 * p:head + 4 * p + 4]))
+    if planes:
+        parts.append(_planes_to_tiles([blocks[..., head + 4 * p:head + 4 * p + 4]
+                                       for p in range(planes)]))
     for h in range(0, head, width):  # each field: [T, 16, nb, width] -> [T, nb, 16 * width]
         parts.append(blocks[..., h:h + width].permute(0, 2, 1, 3).reshape(n // TILE_ROWS, nb, -1))
     return torch.cat(parts, dim=-1).contiguous()
@@ -142,8 +171,8 @@ def untile_ref(tiles: torch.Tensor, qtype: int) -> torch.Tensor:
     head, planes = fields * width, PLANES.get(qtype, 0)
     quant_bytes = TILE_ROWS * (size - head - 4 * planes)
     quants = tiles[..., :quant_bytes].reshape(t, nb, -1, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
-    bits = [_planes_from_tiles(tiles[..., quant_bytes + 64 * p:quant_bytes + 64 * (p + 1)])
-            for p in range(planes)]
+    bits = (_planes_from_tiles(tiles[..., quant_bytes:quant_bytes + 64 * planes], planes)
+            if planes else [])
     at = quant_bytes + 64 * planes
     heads = [tiles[..., at + TILE_ROWS * h:at + TILE_ROWS * (h + width)]
              .reshape(t, nb, TILE_ROWS, width).permute(0, 2, 1, 3) for h in range(0, head, width)]

@@ -45,11 +45,12 @@ inline U8 low_nibbles(U8 a) { return {_mm512_and_si512(a.v, _mm512_set1_epi8(15)
 inline U8 high_nibbles(U8 a) {
   return {_mm512_and_si512(_mm512_srli_epi16(a.v, 4), _mm512_set1_epi8(15))};
 }
-// a with `bit` or-ed into each byte lane i whose bit i is set in the 64-bit mask at p.
-inline U8 or_bits(U8 a, const uint8_t* p, uint8_t bit) {
-  uint64_t k;
-  std::memcpy(&k, p, sizeof(k));
-  return {_mm512_or_si512(a.v, _mm512_maskz_mov_epi8(k, _mm512_set1_epi8(bit)))};
+// a | ((b shifted left by s bits, right by -s) & mask) in each byte lane: 16-bit lanes shift,
+// and the mask keeps only bits that came from the same byte.
+inline U8 or_shifted(U8 a, U8 b, int s, uint8_t mask) {
+  const __m512i sh = s >= 0 ? _mm512_sll_epi16(b.v, _mm_cvtsi32_si128(s))
+                            : _mm512_srl_epi16(b.v, _mm_cvtsi32_si128(-s));
+  return {_mm512_or_si512(a.v, _mm512_and_si512(sh, _mm512_set1_epi8(static_cast<char>(mask))))};
 }
 inline I32 izero() { return {_mm512_setzero_si512()}; }
 inline __m512i dot_us(__m512i acc, __m512i u, __m512i s) {
@@ -114,21 +115,15 @@ inline U8 high_nibbles(U8 a) {
   return {{_mm256_and_si256(_mm256_srli_epi16(a.v[0], 4), m),
            _mm256_and_si256(_mm256_srli_epi16(a.v[1], 4), m)}};
 }
-// 32 bits to 32 bytes, 0xFF where the bit is set (llama.cpp's bytes_from_bits_32): each byte
-// lane takes the mask's byte lane / 8 and is all ones once every other bit is or-ed in.
-inline __m256i bytes_from_bits(uint32_t x) {
-  const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                         0x0101010101010101, 0);
-  const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), pick);
-  return _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
-                           _mm256_set1_epi64x(-1));
-}
-inline U8 or_bits(U8 a, const uint8_t* p, uint8_t bit) {
-  uint32_t k[2];
-  std::memcpy(k, p, sizeof(k));
-  const __m256i b = _mm256_set1_epi8(static_cast<char>(bit));
-  return {{_mm256_or_si256(a.v[0], _mm256_and_si256(bytes_from_bits(k[0]), b)),
-           _mm256_or_si256(a.v[1], _mm256_and_si256(bytes_from_bits(k[1]), b))}};
+inline U8 or_shifted(U8 a, U8 b, int s, uint8_t mask) {
+  const __m128i count = _mm_cvtsi32_si128(s >= 0 ? s : -s);
+  const __m256i m = _mm256_set1_epi8(static_cast<char>(mask));
+  U8 out;
+  for (int h = 0; h < 2; ++h) {
+    const __m256i sh = s >= 0 ? _mm256_sll_epi16(b.v[h], count) : _mm256_srl_epi16(b.v[h], count);
+    out.v[h] = _mm256_or_si256(a.v[h], _mm256_and_si256(sh, m));
+  }
+  return out;
 }
 inline I32 izero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
 inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
@@ -214,9 +209,9 @@ inline U8 high_nibbles(U8 a) {
   for (auto& b : a.v) b >>= 4;
   return a;
 }
-inline U8 or_bits(U8 a, const uint8_t* p, uint8_t bit) {
+inline U8 or_shifted(U8 a, U8 b, int s, uint8_t mask) {
   for (int i = 0; i < 64; ++i)
-    if ((p[i / 8] >> (i % 8)) & 1) a.v[i] |= bit;
+    a.v[i] |= static_cast<uint8_t>((s >= 0 ? b.v[i] << s : b.v[i] >> -s) & mask);
   return a;
 }
 inline I32 izero() { return {}; }

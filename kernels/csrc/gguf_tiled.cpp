@@ -26,10 +26,12 @@
 //           each row's quants, row r's at 4r..4r+3. Q4's byte i holds quant i (low nibble) and
 //           quant i + 16 (high), so chunk c's low nibbles are quants 4c..4c+3 and its high
 //           nibbles quants 16+4c..19+4c;
-//   then (Q5_0, Q5_1, Q5_F: one; Q6_F: two) bit planes of 64 bytes: 8 groups of 8 bytes, group g
-//   a 64-bit mask whose bit 4r + j is row r's fifth (sixth) bit of quant 4g + j, i.e. one bit
-//   per byte lane of the nibble vector holding quants 4g..4g+3 (chunk g's low nibbles for g < 4,
-//   chunk g - 4's high ones after);
+//   then (Q5_0, Q5_1, Q5_F: one; Q6_F: two) 64-byte vectors of the fifth (and sixth) bits, laid
+//   out as the nibble lanes: byte 4r + j holds row r's bits of quants 4g + j for the 8 groups g
+//   of 4 quants (chunk g's low nibbles for g < 4, chunk g - 4's high ones after): bit g; Q6_F
+//   vector g / 4, bits 2k, 2k + 1 the fifth and sixth bits of group 4 (g / 4) + k. One shift
+//   and one mask put a group's bits in place for 64 lanes (AVX2 has no mask-to-bytes move;
+//   expanding a 64-bit mask took it ~10 instructions a group);
 //   then the head's fields, each as the 16 rows' values: float16 d (and Q4_1's, Q5_1's m);
 //   float32 d and m (Q5_F); float32 d_lo, d_hi (Q6_F: the scales of quants 0..15 and 16..31);
 //   float32 d_lo, d_hi, m (Q8_F).
@@ -85,11 +87,8 @@ Format format(int64_t qtype) {
   return f;
 }
 
-// Nibble i of a little-endian byte string.
-inline uint8_t nibble_at(const uint8_t* p, int64_t i) { return (p[i / 2] >> (4 * (i % 2))) & 15; }
-inline void set_nibble(uint8_t* p, int64_t i, uint8_t v) {
-  const int shift = 4 * (i % 2);
-  p[i / 2] = static_cast<uint8_t>((p[i / 2] & ~(15 << shift)) | (v << shift));
+inline void set_bit(uint8_t* p, int64_t bit, int v) {
+  *p = static_cast<uint8_t>((*p & ~(1 << bit)) | (v << bit));
 }
 
 // One tile-block from (tile = true) or to the 16 rows' blocks: rows[r] is row r's block.
@@ -102,14 +101,16 @@ void move_tile_block(uint8_t* tile_block, uint8_t* const* rows, const Format& f,
       uint8_t* g = rows[r] + quant_at + c * 4;
       std::memcpy(tile ? t : g, tile ? g : t, 4);
     }
-    for (int64_t p = 0; p < f.planes; ++p)  // nibble g of row r's word <-> group g's nibble r
-      for (int64_t g = 0; g < 8; ++g) {
-        uint8_t* t = tile_block + quant_bytes + 64 * p + 8 * g;
+    for (int64_t p = 0; p < f.planes; ++p)  // bit q = 4g + j of the word <-> lane 4r + j
+      for (int64_t q = 0; q < kBlock; ++q) {
+        const int64_t g = q / 4, lane = 4 * r + q % 4;
+        const int64_t vec = f.planes == 1 ? 0 : g / 4, bit = f.planes == 1 ? g : 2 * (g % 4) + p;
+        uint8_t* t = tile_block + quant_bytes + 64 * vec + lane;
         uint8_t* word = rows[r] + f.head + 4 * p;
         if (tile)
-          set_nibble(t, r, nibble_at(word, g));
+          set_bit(t, bit, (word[q / 8] >> (q % 8)) & 1);
         else
-          set_nibble(word, g, nibble_at(t, r));
+          set_bit(word + q / 8, q % 8, (*t >> bit) & 1);
       }
     for (int64_t h = 0; h < f.head / f.field; ++h) {  // d (and m, ...), grouped by kind
       uint8_t* t = tile_block + fields_at + (h * kTileRows + r) * f.field;
@@ -266,11 +267,15 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
         } else {
           const tile::U8 v = tile::load_chunk(p + c * 64);
           tile::U8 w0 = tile::low_nibbles(v), w1 = tile::high_nibbles(v);
-          for (int64_t plane = 0; plane < kF.planes; ++plane) {
-            const uint8_t* masks = p + kPlanes + 64 * plane;
-            const uint8_t bit = static_cast<uint8_t>(16 << plane);
-            w0 = tile::or_bits(w0, masks + 8 * c, bit);
-            w1 = tile::or_bits(w1, masks + 8 * (c + 4), bit);
+          if constexpr (kF.planes == 1) {  // group g's bit is bit g: to bit 4
+            const tile::U8 bits = tile::load_chunk(p + kPlanes);
+            w0 = tile::or_shifted(w0, bits, static_cast<int>(4 - c), 16);
+            w1 = tile::or_shifted(w1, bits, static_cast<int>(-c), 16);
+          } else if constexpr (kF.planes == 2) {  // group 4v + k's at bits 2k, 2k + 1: to 4, 5
+            w0 = tile::or_shifted(w0, tile::load_chunk(p + kPlanes), static_cast<int>(4 - 2 * c),
+                                  0x30);
+            w1 = tile::or_shifted(w1, tile::load_chunk(p + kPlanes + 64),
+                                  static_cast<int>(4 - 2 * c), 0x30);
           }
           for (int m = 0; m < M; ++m) {
             lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));

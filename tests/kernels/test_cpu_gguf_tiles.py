@@ -57,11 +57,13 @@ def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     assert torch.equal(block[3 * 64 + 5 * 4:3 * 64 + 5 * 4 + 4],
                        row[2, quant_at + 12:quant_at + 16])
     quant_bytes = 16 * (size - quant_at)
-    for p in range(planes):  # plane p, group g, nibble 5: row 21's bits of quants 4g..4g+3
+    for p in range(planes):  # lane 4 * 5 + j: row 21's fifth (sixth) bit of quant 4g + j
         word = int.from_bytes(bytes(row[2, head + 4 * p:head + 4 * p + 4].tolist()), "little")
         for g in range(8):
-            byte = int(block[quant_bytes + 64 * p + 8 * g + 2])  # rows 4, 5 of the group
-            assert byte >> 4 == (word >> (4 * g)) & 15
+            for j in range(4):
+                vec, bit = (0, g) if planes == 1 else (g // 4, 2 * (g % 4) + p)
+                lane = int(block[quant_bytes + 64 * vec + 4 * 5 + j])
+                assert (lane >> bit) & 1 == (word >> (4 * g + j)) & 1
     fields_at = quant_bytes + 64 * planes
     for f in range(fields):  # field f of the 16 rows (d, then m, ...): row 5's is row 21's
         at = fields_at + (16 * f + 5) * width
