@@ -6,7 +6,9 @@ against the same file dequantized to float32 at load, and the weight bytes each 
         [--out results.json]
 
 Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a Q8_0 embedding
-that the tied lm_head reads), and, unless --no-q8, a Q8_0 copy of the same file packed (every
+that the tied lm_head reads; a Q4_K_M file's Q4_K, Q5_0 and Q6_K layers: benchmarks/wide_gguf.py
+and cpu_peers_setup.py make such files with llama.cpp's own tools), and, unless --no-q8, a Q8_0
+copy of the same file packed (every
 Q4_0/Q4_1 tensor re-quantized to Q8_0 by gguf's quantizer: the same model up to Q8_0's
 rounding). Each row: one request, --prompt random tokens then --tokens greedy decode steps;
 decode tok/s = (tokens - 1) / (time after the first token), median of --repeats after a warm-up;
