@@ -62,6 +62,21 @@ def weight_bytes_per_token(model: Any) -> int:
     return total
 
 
+def gguf_copy_writer(reader: Any, dst: Path, skip: tuple[str, ...] = ()) -> Any:
+    """A GGUFWriter to dst holding reader's metadata (all but the header's counts and the keys
+    in `skip`), for a copy of the file whose tensors the caller adds."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(dst), str(reader.fields["general.architecture"].contents()))
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in skip:
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), vtype, sub_type=sub)
+    return writer
+
+
 def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
     """A copy of src with every Q4_0/Q4_1 tensor re-quantized to `kind` (metadata kept)."""
     import gguf
@@ -70,14 +85,7 @@ def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
     if dst.is_file():
         return dst
     reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst) + ".part", arch)
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
-            continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, f.contents(), vtype, sub_type=sub)
+    writer = gguf_copy_writer(reader, Path(str(dst) + ".part"), ("general.file_type",))
     qtype = getattr(gguf.GGMLQuantizationType, kind)
     # What llama.cpp's tools label the file with ("Q8_0"), no longer the source's type.
     writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{kind}"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from kernels.gguf_linear_ref import (
     BLOCK,
@@ -36,6 +37,7 @@ from kernels.gguf_linear_ref import (
     Q6_F,
     Q8_0,
     Q8_F,
+    scale_min_k4,
 )
 
 # GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
@@ -128,21 +130,10 @@ def _legacy(blocks: np.ndarray, t: int) -> Fields:
                   np.ascontiguousarray(blocks[:, :2]))
 
 
-def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K's 12 bytes -> the 8 sub-blocks' 6-bit scales and mins, [B, 8] each
-    (llama.cpp's get_scale_min_k4: bytes 0-3 scales 0-3, 4-7 mins 0-3, 8-11 the low 4 bits of
-    scales and mins 4-7, whose top 2 bits are the top bits of bytes 0-3 and 4-7)."""
-    s = scales.reshape(-1, 3, 4)
-    lo, mid, hi = s[:, 0], s[:, 1], s[:, 2]
-    sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=1)
-    mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=1)
-    return sc, mn
-
-
 def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K / Q5_K: per 32-weight sub-block, d * sc and -(dmin * m): [B * 8] float32 each."""
     d, dmin = _half(blocks[:, :2])[:, None], _half(blocks[:, 2:4])[:, None]
-    sc, mn = _scale_min_k4(blocks[:, 4:16])
+    sc, mn = (t.numpy() for t in scale_min_k4(torch.from_numpy(np.array(blocks[:, 4:16]))))
     return ((d * sc.astype(np.float32)).reshape(-1),
             (-(dmin * mn.astype(np.float32))).reshape(-1))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -17,6 +17,9 @@ from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.models.llama import LlamaForCausalLM
 from engine_core.model_executor.models.registry import model_class
+
+if TYPE_CHECKING:
+    from engine_core.model_executor.gguf.quantized import Packing
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +79,8 @@ def load_model(config: ModelConfig, device: torch.device,
     return model.eval().requires_grad_(False)
 
 
-def _plan_packed(model: LlamaForCausalLM, config: ModelConfig, device: torch.device) -> list[Any]:
+def _plan_packed(model: LlamaForCausalLM, config: ModelConfig,
+                 device: torch.device) -> list[Packing]:
     """quantization='gguf': the linear layers the GGUF file's blocks replace
     (engine_core/model_executor/gguf/quantized.py); none otherwise."""
     if config.quantization != "gguf":

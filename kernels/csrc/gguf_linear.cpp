@@ -14,6 +14,7 @@
 
 #include "gguf_act.h"
 #include "gguf_dot.h"
+#include "gguf_types.h"
 #include "vec16.h"
 
 // Linear layers whose weights stay in GGUF's block layout (llama.cpp's Q8_0, Q4_0, Q4_1): each
@@ -39,12 +40,8 @@ using namespace strand;
 constexpr int64_t kBlock = 32;
 constexpr int kChunks = kBlock / kLanes;  // register-wide vectors per block: 2 (AVX-512) or 4
 // GGML's type numbers (gguf.GGMLQuantizationType), as Python passes them.
-// Q5_0, Q5_1, Q4_K and Strand's Q5_F, Q6_F, Q8_F (kernels/gguf_transcode.py) are read over
-// 16-row tiles only (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
-enum QType : int64_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12,
-  kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
-};
+// Q5_0, Q5_1, Q4_K and Strand's Q5_F, Q6_F, Q8_F (gguf_types.h) are read over 16-row tiles
+// only (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
 
 // kLanes bytes to floats. GCC lowers a vector-extension conversion from 8-bit lanes into one
 // scalar load and convert per lane (16 of each a block, 4x the time of the product itself), so
@@ -248,24 +245,9 @@ void gemv_by_m(const QuantizedRows& x, const uint8_t* w, float* sums, int64_t M,
   }
 }
 
-constexpr int64_t kQ8FBytes = 12 + kBlock;  // float32 d_lo, d_hi, m, then 32 int8 quants
+constexpr int64_t kQ8FBytes = gguf_format_of(kQ8_F).bytes();  // d_lo, d_hi, m, 32 int8 quants
 
-int64_t block_bytes(int64_t qtype) {
-  switch (qtype) {
-    case kQ8_0: return Block<kQ8_0>::kBytes;
-    case kQ4_0: return Block<kQ4_0>::kBytes;
-    case kQ4_1: return Block<kQ4_1>::kBytes;
-    case kQ4_K: return 18;  // 144 bytes per 256 weights
-    case kQ8_F: return kQ8FBytes;
-    case kQ5_0: return 22;
-    case kQ5_1: return 24;
-    case kQ5_F: return 28;
-    case kQ6_F: return 32;
-  }
-  STRAND_CHECK(false, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, Q5_0=6, "
-               "Q5_1=7, Q8_0=8, Q4_K=12, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
-  return 0;
-}
+int64_t block_bytes(int64_t qtype) { return gguf_format(qtype).bytes(); }
 
 // K, after checking the packed weight's shape against it: [N, K / 32 * block bytes] uint8.
 int64_t check_packed(const at::Tensor& packed, int64_t qtype, int64_t K) {
@@ -338,9 +320,9 @@ void dequantize_q8f(const uint8_t* w, float* out, int64_t N, int64_t K) {
 // kernels/gguf_linear_ref.dequantize_ref: d * (q - 16), d * q + m, d_half * (q - 32).
 template <int64_t Q>
 void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
-  constexpr bool kF32 = Q == kQ5_F || Q == kQ6_F;
-  constexpr int64_t kField = kF32 ? 4 : 2, kHead = Q == kQ5_0 ? 2 : 2 * kField;
-  constexpr int64_t kPlanes = Q == kQ6_F ? 2 : 1, kBytes = kHead + 4 * kPlanes + 16;
+  constexpr GGUFFormat kF = gguf_format_of(Q);
+  constexpr bool kF32 = kF.field == 4;
+  constexpr int64_t kHead = kF.head, kPlanes = kF.planes, kBytes = kF.bytes();
   const int64_t nb = K / kBlock;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)

@@ -11,11 +11,12 @@
 #include "gguf_act.h"
 #include "gguf_tile_simd.h"
 #include "gguf_tiled.h"
+#include "gguf_types.h"
 
-// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights (and Strand's Q5_F / Q6_F / Q8_F, llama.cpp's
-// other K-quants rewritten exactly at load: kernels/gguf_transcode.py) regrouped at load
-// into tiles of 16 rows, so that a decode step's integer dot products take 16 rows per instruction (gguf_tile_simd.h) instead of one
-// block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
+// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights (and Strand's Q5_F / Q6_F / Q8_F,
+// llama.cpp's other K-quants rewritten exactly at load: kernels/gguf_transcode.py) regrouped at
+// load into tiles of 16 rows, so that a decode step's integer dot products take 16 rows per
+// instruction (gguf_tile_simd.h) instead of one block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
 // on load: its AMX/VNNI buffer regroups every weight into 16-row tiles). Profiled on one thread,
 // the row-by-row kernel (gguf_linear.cpp) spent ~12 instructions per 20-byte Q4_1 block (two
 // float16 conversions, broadcasts, the offset's scalar product, a horizontal sum per row) and
@@ -52,40 +53,8 @@ constexpr int64_t kBlock = 32, kTileRows = 16;
 // machine (bimodal timings, best of many): SmolLM2's Q4_1 layers 5.9-6.9 ms at 1 KB ahead
 // against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
 constexpr int64_t kPrefetchTileBlocks = 4;
-enum QType : int64_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12,
-  kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
-};
 constexpr int64_t kSuper = 256, kQ4KBytes = 144, kQ4KTileBlock = 288;
-
-// A block in rows: `head` bytes of fields (`field` bytes each: d, m, ...), `planes` words of
-// extra bits (4 bytes each), then `quants` bytes (16 of nibbles or 32 of int8).
-struct Format {
-  int64_t head, planes, quants, field;
-  constexpr int64_t bytes() const { return head + 4 * planes + quants; }
-};
-
-constexpr Format format_of(int64_t qtype) {
-  switch (qtype) {
-    case kQ8_0: return {2, 0, 32, 2};
-    case kQ4_0: return {2, 0, 16, 2};
-    case kQ4_1: return {4, 0, 16, 2};
-    case kQ5_0: return {2, 1, 16, 2};
-    case kQ5_1: return {4, 1, 16, 2};
-    case kQ4_K: return {2, 0, 16, 2};  // 18 bytes a row per 32 weights: sizes only (see above)
-    case kQ5_F: return {8, 1, 16, 4};
-    case kQ6_F: return {8, 2, 16, 4};
-    case kQ8_F: return {12, 0, 32, 4};
-    default: return {0, 0, 0, 0};
-  }
-}
-
-Format format(int64_t qtype) {
-  const Format f = format_of(qtype);
-  STRAND_CHECK(f.quants != 0, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, "
-               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
-  return f;
-}
+using Format = GGUFFormat;
 
 inline void set_bit(uint8_t* p, int64_t bit, int v) {
   *p = static_cast<uint8_t>((*p & ~(1 << bit)) | (v << bit));
@@ -122,7 +91,9 @@ void move_tile_block(uint8_t* tile_block, uint8_t* const* rows, const Format& f,
 
 // One Q4_K super-block of 16 rows from (tile = true) or to its 8 tile-blocks.
 void move_q4k_super(uint8_t* tb, uint8_t* const* rows, bool tile) {
-  auto move = [tile](uint8_t* t, uint8_t* g, int64_t n) { std::memcpy(tile ? t : g, tile ? g : t, n); };
+  auto move = [tile](uint8_t* t, uint8_t* g, int64_t n) {
+    std::memcpy(tile ? t : g, tile ? g : t, n);
+  };
   for (int64_t r = 0; r < kTileRows; ++r) {
     for (int64_t j = 0; j < 8; ++j)
       for (int64_t c = 0; c < 4; ++c)
@@ -166,7 +137,7 @@ void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format
 // The 16 rows' field f of a tile-block's head (float16 or float32 values).
 template <int64_t Q>
 inline tile::F32 field(const uint8_t* fields, int f) {
-  if constexpr (format_of(Q).field == 4) return tile::floats(fields + 64 * f);
+  if constexpr (gguf_format_of(Q).field == 4) return tile::floats(fields + 64 * f);
   return tile::halves(fields + 32 * f);
 }
 
@@ -238,7 +209,7 @@ template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1) {
   if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1);
-  constexpr Format kF = format_of(Q);
+  constexpr Format kF = gguf_format_of(Q);
   constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
   constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
   constexpr int64_t kFields = kPlanes + 64 * kF.planes;
@@ -257,6 +228,9 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       // the chain of dependent dot products the loop waits on.
       tile::I32 lo[M], hi[M];
       for (int m = 0; m < M; ++m) lo[m] = hi[m] = tile::izero();
+      // The fifth (and sixth) bits of the whole block: one vector per plane, read once.
+      const tile::U8 bits0 = kF.planes ? tile::load_chunk(p + kPlanes) : tile::U8{};
+      const tile::U8 bits1 = kF.planes == 2 ? tile::load_chunk(p + kPlanes + 64) : tile::U8{};
       for (int64_t c = 0; c < 4; ++c) {
         if constexpr (kQ8) {
           const tile::U8 w0 = tile::load_chunk(p + c * 64), w1 = tile::load_chunk(p + 256 + c * 64);
@@ -268,14 +242,11 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           const tile::U8 v = tile::load_chunk(p + c * 64);
           tile::U8 w0 = tile::low_nibbles(v), w1 = tile::high_nibbles(v);
           if constexpr (kF.planes == 1) {  // group g's bit is bit g: to bit 4
-            const tile::U8 bits = tile::load_chunk(p + kPlanes);
-            w0 = tile::or_shifted(w0, bits, static_cast<int>(4 - c), 16);
-            w1 = tile::or_shifted(w1, bits, static_cast<int>(-c), 16);
+            w0 = tile::or_shifted(w0, bits0, static_cast<int>(4 - c), 16);
+            w1 = tile::or_shifted(w1, bits0, static_cast<int>(-c), 16);
           } else if constexpr (kF.planes == 2) {  // group 4v + k's at bits 2k, 2k + 1: to 4, 5
-            w0 = tile::or_shifted(w0, tile::load_chunk(p + kPlanes), static_cast<int>(4 - 2 * c),
-                                  0x30);
-            w1 = tile::or_shifted(w1, tile::load_chunk(p + kPlanes + 64),
-                                  static_cast<int>(4 - 2 * c), 0x30);
+            w0 = tile::or_shifted(w0, bits0, static_cast<int>(4 - 2 * c), 0x30);
+            w1 = tile::or_shifted(w1, bits1, static_cast<int>(4 - 2 * c), 0x30);
           }
           for (int m = 0; m < M; ++m) {
             lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
@@ -354,17 +325,7 @@ void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles,
   gguf::quantize_input<T>(x, xq);
   std::vector<float> sums(M * N);
   const uint8_t* w = tiles.data_ptr<uint8_t>();
-  switch (qtype) {
-    case kQ8_0: tiles_by_m<kQ8_0>(xq, w, sums.data(), M, K, N); break;
-    case kQ4_0: tiles_by_m<kQ4_0>(xq, w, sums.data(), M, K, N); break;
-    case kQ5_0: tiles_by_m<kQ5_0>(xq, w, sums.data(), M, K, N); break;
-    case kQ5_1: tiles_by_m<kQ5_1>(xq, w, sums.data(), M, K, N); break;
-    case kQ4_K: tiles_by_m<kQ4_K>(xq, w, sums.data(), M, K, N); break;
-    case kQ5_F: tiles_by_m<kQ5_F>(xq, w, sums.data(), M, K, N); break;
-    case kQ6_F: tiles_by_m<kQ6_F>(xq, w, sums.data(), M, K, N); break;
-    case kQ8_F: tiles_by_m<kQ8_F>(xq, w, sums.data(), M, K, N); break;
-    default: tiles_by_m<kQ4_1>(xq, w, sums.data(), M, K, N);
-  }
+  by_gguf_type(qtype, [&](auto q) { tiles_by_m<decltype(q)::value>(xq, w, sums.data(), M, K, N); });
   const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
   T* o = static_cast<T*>(out.data_ptr());
   for (int64_t m = 0; m < M; ++m)
@@ -406,22 +367,14 @@ void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::T
   T* o = static_cast<T*>(out.data_ptr());
   const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
   const uint8_t* w = tiles.data_ptr<uint8_t>();
-  switch (qtype) {
-    case kQ8_0: tiles_into_by_m<kQ8_0>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ4_0: tiles_into_by_m<kQ4_0>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ5_0: tiles_into_by_m<kQ5_0>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ5_1: tiles_into_by_m<kQ5_1>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ4_K: tiles_into_by_m<kQ4_K>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ5_F: tiles_into_by_m<kQ5_F>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ6_F: tiles_into_by_m<kQ6_F>(o, x, w, b, M, K, N, t0, t1); break;
-    case kQ8_F: tiles_into_by_m<kQ8_F>(o, x, w, b, M, K, N, t0, t1); break;
-    default: tiles_into_by_m<kQ4_1>(o, x, w, b, M, K, N, t0, t1);
-  }
+  by_gguf_type(qtype, [&](auto q) {
+    tiles_into_by_m<decltype(q)::value>(o, x, w, b, M, K, N, t0, t1);
+  });
 }
 
 // K after checking tiles' shape: [N / 16, K / 32, 16 * block bytes] contiguous uint8.
 int64_t check_tiles(const at::Tensor& tiles, int64_t qtype) {
-  const Format f = format(qtype);
+  const Format f = gguf_format(qtype);
   STRAND_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 3 && tiles.is_contiguous() &&
                   tiles.size(2) == kTileRows * f.bytes(),
               "tiled GGUF weights of type ", qtype, " are a contiguous [N / 16, K / 32, ",
@@ -434,7 +387,7 @@ int64_t check_tiles(const at::Tensor& tiles, int64_t qtype) {
 
 void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype) {
   const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
-  const Format f = format(qtype);
+  const Format f = gguf_format(qtype);
   STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
               "gguf_tile takes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
@@ -444,7 +397,7 @@ void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype) {
 
 void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype) {
   const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
-  const Format f = format(qtype);
+  const Format f = gguf_format(qtype);
   STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
                   packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
               "gguf_untile writes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");

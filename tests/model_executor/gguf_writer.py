@@ -85,16 +85,11 @@ def requantize_gguf(src: Path, out: Path, types: dict[str, str]) -> None:
     a real model's file in the mix of types a llama.cpp quantization makes."""
     import gguf
 
+    from benchmarks.quantized import gguf_copy_writer
     from tests.model_executor.kquants import QUANTIZERS
 
     reader = gguf.GGUFReader(str(src))
-    arch = str(reader.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(str(out), arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue  # the header's counts, and what the writer wrote itself
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    w = gguf_copy_writer(reader, out)
     for t in reader.tensors:
         shape = [int(n) for n in reversed(t.shape)]  # GGUF lists [in, out]; numpy rows first
         if t.name not in types:

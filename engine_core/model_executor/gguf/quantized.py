@@ -147,11 +147,3 @@ def apply_packed(plan: list[Packing]) -> int:
                     ", ".join(f"{k}: {v}" for k, v in sorted(sources.items())),
                     packed_bytes / 1e6, float_bytes / 1e6)
     return sum(kinds.values())
-
-
-def keep_quantized(model: nn.Module, gguf_file: str) -> int:
-    """Replaces the linear layers of a loaded model that the file holds packed; returns how many
-    were replaced. (The loader plans before it loads, so that the float weights of these layers
-    are never made: engine_core/model_executor/loader.py.)"""
-    device = next(model.parameters()).device
-    return apply_packed(plan_packed(model, gguf_file, device))

@@ -1,0 +1,66 @@
+// The GGUF block types the CPU kernels read (gguf_linear.cpp over rows, gguf_tiled.cpp over
+// 16-row tiles), by GGML's numbers, and Strand's own (kernels/gguf_transcode.py rewrites llama.cpp's
+// other K-quants into them at load; kernels/gguf_linear_ref.py states every layout).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "check.h"
+
+namespace strand {
+
+enum QType : int64_t {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12,
+  kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
+};
+
+// A block of 32 weights in rows: `head` bytes of fields (`field` bytes each: d, m, ...),
+// `planes` words of extra bits (4 bytes each), then `quants` bytes (16 of nibbles or 32 of int8).
+// Q4_K's head covers 256 weights (144 bytes a row): 18 bytes per 32, for sizes only.
+struct GGUFFormat {
+  int64_t head, planes, quants, field;
+  constexpr int64_t bytes() const { return head + 4 * planes + quants; }
+};
+
+constexpr GGUFFormat gguf_format_of(int64_t qtype) {
+  switch (qtype) {
+    case kQ8_0: return {2, 0, 32, 2};
+    case kQ4_0: return {2, 0, 16, 2};
+    case kQ4_1: return {4, 0, 16, 2};
+    case kQ5_0: return {2, 1, 16, 2};
+    case kQ5_1: return {4, 1, 16, 2};
+    case kQ4_K: return {2, 0, 16, 2};
+    case kQ5_F: return {8, 1, 16, 4};
+    case kQ6_F: return {8, 2, 16, 4};
+    case kQ8_F: return {12, 0, 32, 4};
+    default: return {0, 0, 0, 0};
+  }
+}
+
+// The format of a type the kernels read; an error naming the ones they do for any other.
+inline GGUFFormat gguf_format(int64_t qtype) {
+  const GGUFFormat f = gguf_format_of(qtype);
+  STRAND_CHECK(f.quants != 0, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, "
+               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
+  return f;
+}
+
+// f(std::integral_constant<int64_t, Q>{}) for the type Q a number names (Q4_1 for any other:
+// callers check the type first).
+template <typename F>
+void by_gguf_type(int64_t qtype, F&& f) {
+  switch (qtype) {
+    case kQ8_0: f(std::integral_constant<int64_t, kQ8_0>{}); break;
+    case kQ4_0: f(std::integral_constant<int64_t, kQ4_0>{}); break;
+    case kQ5_0: f(std::integral_constant<int64_t, kQ5_0>{}); break;
+    case kQ5_1: f(std::integral_constant<int64_t, kQ5_1>{}); break;
+    case kQ4_K: f(std::integral_constant<int64_t, kQ4_K>{}); break;
+    case kQ5_F: f(std::integral_constant<int64_t, kQ5_F>{}); break;
+    case kQ6_F: f(std::integral_constant<int64_t, kQ6_F>{}); break;
+    case kQ8_F: f(std::integral_constant<int64_t, kQ8_F>{}); break;
+    default: f(std::integral_constant<int64_t, kQ4_1>{});
+  }
+}
+
+}  // namespace strand
