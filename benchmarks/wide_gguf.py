@@ -64,8 +64,11 @@ def quantize(f32: Path, bin_dir: Path, kind: str) -> Path:
     out = f32.with_name(f"wide-0.6b-{kind}.gguf")
     if not out.is_file():
         log(f"llama-quantize {f32.name} -> {out.name}")
-        subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(out), kind], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(out), kind],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:  # e.g. a --types name llama-quantize does not know: its words
+            tail = done.stderr.strip().splitlines()[-3:]
+            raise SystemExit(f"llama-quantize {kind} failed: " + " | ".join(tail))
     return out
 
 
