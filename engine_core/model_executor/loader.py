@@ -1,11 +1,13 @@
-"""Build a model from a local HF directory: config.json + single or sharded safetensors."""
+"""Build a model from a local HF directory: config.json + single or sharded safetensors, or a
+directory converted from a GGUF file, whose weights are read from the file itself."""
 
 from __future__ import annotations
 
 import json
 import logging
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -27,6 +29,9 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # Checkpoint tensors the engine recomputes itself (old Llama checkpoints saved the RoPE table).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Weights copied a piece of rows at a time: a tensor is never held whole in the checkpoint's
+# dtype beside the model's (a 7B's embedding table is 0.5 GB in float32).
+_PIECE_WEIGHTS = 1 << 22
 
 
 def resolve_device(device: str) -> torch.device:
@@ -92,8 +97,15 @@ def _plan_packed(model: LlamaForCausalLM, config: ModelConfig,
     return plan_packed(model, config.gguf_file, device)
 
 
-def safetensors_files(model_dir: Path) -> dict[str, Path]:
-    """Tensor name -> the file holding it (from the index file when the checkpoint is sharded)."""
+def checkpoint_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the file holding it: a safetensors file (from the index file when the
+    checkpoint is sharded), or the .gguf file a converted directory was made from."""
+    from engine_core.model_executor.gguf.convert import weights_file
+
+    source = weights_file(model_dir)
+    if source is not None:
+        with _open_weights(source, model_dir) as f:
+            return dict.fromkeys(f.keys(), source)
     index = model_dir / SAFETENSORS_INDEX
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
@@ -116,10 +128,32 @@ def safetensors_files(model_dir: Path) -> dict[str, Path]:
     return files
 
 
+def _open_weights(path: Path, model_dir: Path) -> AbstractContextManager[Any]:
+    """safe_open over a safetensors file; a GGUF file read through the same interface."""
+    if path.suffix.lower() != ".gguf":
+        return safe_open(str(path), framework="pt")
+    from engine_core.model_executor.gguf.weights import GGUFWeights
+
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return GGUFWeights(path, config)
+
+
+def _copy_rows(part: Any, dest: torch.Tensor) -> None:
+    """dest (the whole tensor) from a checkpoint slice, a piece of rows at a time."""
+    if dest.dim() < 2:
+        dest.copy_(part[:])
+        return
+    step = max(1, _PIECE_WEIGHTS // max(1, dest[0].numel()))
+    for start in range(0, dest.shape[0], step):
+        stop = min(dest.shape[0], start + step)
+        # copy_ converts the dtype and crosses devices in one go.
+        dest[start:stop].copy_(part[start:stop])
+
+
 def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
                   layout: ShardLayout | None = None) -> None:
     destinations = model.weight_destinations()
-    files = safetensors_files(model_dir)
+    files = checkpoint_files(model_dir)
     missing = [name for name in destinations if name not in files]
     if missing:
         shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5
@@ -134,7 +168,7 @@ def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
     for name in destinations:
         by_file.setdefault(files[name], []).append(name)
     for path, names in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
+        with _open_weights(path, model_dir) as f:
             for name in names:
                 dest = destinations[name]
                 if dest.is_meta:  # a layer whose packed blocks replace it (_plan_packed)
@@ -142,10 +176,10 @@ def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
                 if layout is not None:
                     copy_shard(f, name, dest, layout, path.name)
                     continue
-                shape = tuple(f.get_slice(name).get_shape())
+                part = f.get_slice(name)
+                shape = tuple(part.get_shape())
                 if shape != tuple(dest.shape):
                     raise ValueError(
                         f"tensor {name!r} in {path.name} has shape {list(shape)}, the model "
                         f"expects {list(dest.shape)}")
-                # copy_ converts the dtype and crosses devices in one go.
-                dest.copy_(f.get_tensor(name))
+                _copy_rows(part, dest)

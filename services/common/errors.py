@@ -68,6 +68,16 @@ def run_main(prog: str, body: Callable[[], None]) -> None:
         fail(prog, describe(exc), hint=not isinstance(exc, UserError | ValueError))
 
 
+def _gguf_weights(path: Path) -> bool:
+    """Whether the directory was converted from a GGUF file that holds its weights."""
+    from engine_core.model_executor.gguf.convert import weights_file
+
+    try:
+        return weights_file(path) is not None
+    except FileNotFoundError as exc:  # the file it was converted from is gone: say so
+        raise UserError(str(exc)) from exc
+
+
 def check_model_dir(model: str, tokenizer: str | None = None,
                     needs_tokenizer: bool = True) -> None:
     """UserError unless `model` is a HF model directory with a config, weights and a tokenizer
@@ -81,7 +91,7 @@ def check_model_dir(model: str, tokenizer: str | None = None,
                         f"with config.json, *.safetensors and tokenizer.json)")
     if not (path / "config.json").exists():
         raise UserError(f"--model {model!r} is not a HF model directory: no config.json in it")
-    if not any(path.glob("*.safetensors")):
+    if not any(path.glob("*.safetensors")) and not _gguf_weights(path):
         raise UserError(f"--model {model!r} has no *.safetensors weights")
     tokenizer_dir = Path(tokenizer) if tokenizer else path
     if needs_tokenizer and not (tokenizer_dir / "tokenizer.json").exists():

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors.torch import load_file
 
 
@@ -104,3 +105,14 @@ def requantize_gguf(src: Path, out: Path, types: dict[str, str]) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def gguf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor the engine reads from a GGUF file, under its HF name and dequantized, as the
+    loader reads them (through the converted directory's config)."""
+    from engine_core.model_executor.gguf import gguf_to_hf_dir
+    from engine_core.model_executor.gguf.weights import GGUFWeights
+
+    config = json.loads((gguf_to_hf_dir(path) / "config.json").read_text())
+    with GGUFWeights(path, config) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}

@@ -3,6 +3,7 @@ quantized tensors, a byte-level BPE vocabulary) loads back as the model it was m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,9 @@ from engine_core.default_model import resolve_model_dir  # noqa: E402
 from engine_core.model_executor.gguf import gguf_to_hf_dir  # noqa: E402
 from engine_core.model_executor.gguf.config import hf_config  # noqa: E402
 from engine_core.model_executor.gguf.tensors import hf_name, unpermute  # noqa: E402
+from engine_core.model_executor.gguf.weights import GGUFWeights  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
-from tests.model_executor.gguf_writer import llama_cpp_permute, write_gguf  # noqa: E402
+from tests.model_executor.gguf_writer import gguf_weights, llama_cpp_permute, write_gguf  # noqa: E402
 
 
 def test_unpermute_inverts_llama_cpps_permutation() -> None:
@@ -50,9 +52,10 @@ def test_a_gguf_file_loads_as_the_model_it_was_made_from(
     write_gguf(model_dir, path, quantized)
     converted = gguf_to_hf_dir(path)
     assert resolve_model_dir(str(path)) == str(converted)  # cached: the same directory
+    assert not list(converted.glob("*.safetensors"))  # the weights stay in the file
     from safetensors.torch import load_file
 
-    want, got = (load_file(str(d / "model.safetensors")) for d in (model_dir, converted))
+    want, got = load_file(str(model_dir / "model.safetensors")), gguf_weights(path)
     tol = 0 if quantized == "F32" else 2e-2  # Q8_0: one int8 step of each 32-block's range
     for name, t in want.items():
         torch.testing.assert_close(got[name], t.float(), atol=tol * float(t.abs().max()), rtol=0)
@@ -100,35 +103,101 @@ def test_a_converted_directory_names_the_file_it_was_made_from(
     assert gguf_file(str(converted)) is None
 
 
-def test_conversion_streams_tensors_in_pieces_of_rows(
+def test_tensors_read_in_pieces_of_rows_equal_the_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A few rows dequantized at a time (the piece here 1024 weights: 16 rows of 64), the file
-    # the same as the whole tensors dequantized at once.
-    from safetensors.torch import load_file
-
+    # A few rows dequantized at a time (the piece here 1024 weights: 16 rows of 64), rows and
+    # columns read as a tensor-parallel rank reads them: the same as the whole tensor at once.
     from engine_core.model_executor.gguf import tensors as gguf_tensors
 
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
     path = tmp_path / "tiny-Q4_1.gguf"
     write_gguf(model_dir, path, "Q4_1")
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "whole"))
-    whole = load_file(str(gguf_to_hf_dir(path) / "model.safetensors"))
+    whole = gguf_weights(path)
     monkeypatch.setattr(gguf_tensors, "PIECE_WEIGHTS", 1024)
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "pieces"))
-    pieces = load_file(str(gguf_to_hf_dir(path) / "model.safetensors"))
+    pieces = gguf_weights(path)
     assert whole.keys() == pieces.keys()
     for name, t in whole.items():
         assert torch.equal(pieces[name], t), name
+    config = json.loads((gguf_to_hf_dir(path) / "config.json").read_text())
+    with GGUFWeights(path, config) as f:
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+            part, t = f.get_slice(name), whole[name]
+            assert part.get_shape() == list(t.shape)
+            assert torch.equal(part[5:37], t[5:37]) and torch.equal(part[:, 8:40], t[:, 8:40])
+        with pytest.raises(IndexError, match="contiguous rows or columns"):
+            f.get_slice(name)[0:10:2]
 
 
-def test_a_streamed_tensor_must_be_the_one_announced(tmp_path: Path) -> None:
-    from engine_core.model_executor.gguf.safetensors_stream import write_streamed
+def test_the_tensor_table_equals_ggufs_reader(tmp_path: Path) -> None:
+    # read_tensors walks past the metadata (the vocabulary's strings, arrays of numbers) to
+    # the same tensors, types, shapes and bytes as gguf's own reader.
+    from engine_core.model_executor.gguf.tensor_table import read_tensors
 
-    rows = np.zeros((4, 8), dtype=np.float32)
-    with pytest.raises(ValueError, match="b is not the one the header announced"):
-        write_streamed(tmp_path / "x.safetensors", [("a", (4, 8))], [("b", iter([rows]))])
-    with pytest.raises(ValueError, match="a got 16 values, its shape"):
-        write_streamed(tmp_path / "x.safetensors", [("a", (4, 8))], [("a", iter([rows[:2]]))])
-    with pytest.raises(ValueError, match="was announced but never written"):
-        write_streamed(tmp_path / "x.safetensors", [("a", (4, 8)), ("c", (1,))],
-                       [("a", iter([rows]))])
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    for kind in ("F32", "F16", "BF16", "Q4_1"):
+        path = tmp_path / f"tiny-{kind}.gguf"
+        write_gguf(model_dir, path, kind)
+        ours, theirs = read_tensors(path), gguf.GGUFReader(str(path)).tensors
+        assert [t.name for t in ours] == [t.name for t in theirs] and len(ours) > 10
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.tensor_type == b.tensor_type and np.array_equal(a.shape, b.shape)
+            assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data), a.name
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes((tmp_path / "tiny-F32.gguf").read_bytes()[:200])
+    with pytest.raises(ValueError, match="ends inside its GGUF header|runs past the end"):
+        read_tensors(broken)
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        read_tensors(model_dir / "config.json")
+
+
+def test_a_directory_whose_file_is_gone_says_so_and_old_copies_are_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_core.model_executor.gguf.convert import SOURCE_FILE, cached_dir
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    path = tmp_path / "tiny-Q8_0.gguf"
+    write_gguf(model_dir, path, "Q8_0")
+    # What an earlier version left: the same file's float32 copy in a directory of its own.
+    old = cached_dir(path).parent / f"{path.stem}-0123456789ab"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(b"\0" * 64)
+    (old / SOURCE_FILE).write_text(json.dumps({"path": str(path.resolve())}))
+    other = cached_dir(path).parent / f"{path.stem}-ba9876543210"  # another file of that name
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"\0")
+    (other / SOURCE_FILE).write_text(json.dumps({"path": "/elsewhere/tiny-Q8_0.gguf"}))
+    converted = gguf_to_hf_dir(path)
+    assert not old.exists() and other.is_dir() and converted.is_dir()
+    path.unlink()
+    with pytest.raises(FileNotFoundError, match="holds no weights: they are read from .*"
+                                                "tiny-Q8_0.gguf.*gone or has changed"):
+        LLMEngine.from_engine_args(EngineArgs(model=str(converted)))
+
+
+def test_each_tensor_parallel_rank_reads_its_shard_of_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rank reads its rows (q/k un-permuted first) or columns of each tensor from the file,
+    # as it does from safetensors; loading takes no collective, so no process group is made.
+    from engine_core.distributed.parallel_state import TPGroup
+    from engine_core.model_executor.loader import load_model
+    from engine_core.model_executor.model_config import load_model_config
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    path = tmp_path / "tiny-Q8_0.gguf"
+    write_gguf(model_dir, path, "Q8_0")
+    config = load_model_config(str(gguf_to_hf_dir(path)), "float32")
+    whole = load_model(config, torch.device("cpu")).state_dict()
+    layer = "model.layers.0."
+    for rank in range(2):
+        tp = TPGroup(rank=rank, world_size=2, local_rank=rank, timeout_s=10.0)
+        shard = load_model(config, torch.device("cpu"), tp).state_dict()
+        q = whole[f"{layer}self_attn.qkv_proj.weight"][:64]
+        got_q = shard[f"{layer}self_attn.qkv_proj.weight"][:32]
+        assert torch.equal(got_q, q[32 * rank:32 * (rank + 1)])
+        down = whole[f"{layer}mlp.down_proj.weight"]
+        width = down.shape[1] // 2
+        assert torch.equal(shard[f"{layer}mlp.down_proj.weight"],
+                           down[:, width * rank:width * (rank + 1)])

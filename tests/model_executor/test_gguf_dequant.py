@@ -13,10 +13,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from engine_core.model_executor.gguf import gguf_to_hf_dir  # noqa: E402
 from engine_core.model_executor.gguf.tensors import unpermute  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
-from tests.model_executor.gguf_writer import llama_cpp_permute  # noqa: E402
+from tests.model_executor.gguf_writer import gguf_weights, llama_cpp_permute  # noqa: E402
 
 HEADS, KV_HEADS = 4, 2
 # Byte offsets of each K-quant super-block's float16 scales: (d, dmin) for Q4_K and Q5_K, d at the
@@ -96,7 +95,7 @@ def test_tensor_type_dequantizes_as_gguf_does(tmp_path: Path, monkeypatch: pytes
 
     reader_types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
     assert reader_types["blk.0.attn_q.weight"] == qtype
-    got = load_file(str(gguf_to_hf_dir(path) / "model.safetensors"))
+    got = gguf_weights(path)
     assert set(raws) <= set(got)
     for name, raw in raws.items():
         want = np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32)

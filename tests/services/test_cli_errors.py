@@ -132,6 +132,23 @@ def test_model_dir_check_names_what_is_missing(tiny_model_dir: Path, tmp_path: P
         check_model_dir(str(tmp_path / ".."))
 
 
+def test_a_gguf_directory_passes_while_its_file_is_there(tiny_model_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A directory converted from a GGUF file holds no *.safetensors: its weights are the file's.
+    pytest.importorskip("gguf")
+    from engine_core.model_executor.gguf import gguf_to_hf_dir
+    from tests.model_executor.gguf_writer import write_gguf
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(tiny_model_dir, path, "Q8_0")
+    converted = gguf_to_hf_dir(path)
+    check_model_dir(str(converted))
+    path.unlink()
+    with pytest.raises(UserError, match="holds no weights: they are read from .*tiny.gguf"):
+        check_model_dir(str(converted))
+
+
 def test_client_with_no_server_raises_a_connection_error_naming_the_address() -> None:
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     with EngineClient(address, timeout=10) as client:

@@ -1,4 +1,5 @@
-"""One GGUF file -> one cached HF directory (see the package docstring)."""
+"""One GGUF file -> one cached HF directory of its config and tokenizer; the weights stay in the
+file (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from engine_core.model_executor.gguf.config import hf_config
-from engine_core.model_executor.gguf.safetensors_stream import write_streamed
-from engine_core.model_executor.gguf.tensors import hf_shapes, hf_tensors
 from engine_core.model_executor.gguf.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
-_VERSION = "3"  # bump when the conversion changes: old caches are then made again
+_VERSION = "4"  # bump when the conversion changes: old caches are then made again
 SOURCE_FILE = "gguf_source.json"  # in a converted directory: the .gguf file it was made from
+# What the conversions before version 4 wrote beside the config: every tensor in float32.
+_OLD_WEIGHTS = "model.safetensors"
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -67,6 +68,21 @@ def source_of(directory: str | Path) -> Path | None:
     return path if (stat.st_size, stat.st_mtime_ns) == (source["size"], source["mtime_ns"]) else None
 
 
+def weights_file(directory: str | Path) -> Path | None:
+    """The .gguf file whose tensors a converted directory's model reads; None for a directory
+    holding its own weights (FileNotFoundError where the file is gone or has changed)."""
+    record = Path(directory) / SOURCE_FILE
+    if not record.is_file() or (Path(directory) / _OLD_WEIGHTS).is_file():
+        return None
+    source = source_of(directory)
+    if source is None:
+        made_from = json.loads(record.read_text(encoding="utf-8"))["path"]
+        raise FileNotFoundError(
+            f"{str(directory)!r} holds no weights: they are read from {made_from!r}, which is "
+            "gone or has changed since; load the .gguf file itself")
+    return source
+
+
 def gguf_to_hf_dir(path: str | Path) -> Path:
     """The HF directory made from this GGUF file (made now if it is not cached)."""
     src = Path(path).resolve()
@@ -94,7 +110,7 @@ def gguf_to_hf_dir(path: str | Path) -> Path:
         (tmp / SOURCE_FILE).write_text(json.dumps(
             {"path": str(src), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}),
             encoding="utf-8")
-        _write(tmp, reader, config, tokenizer, tokenizer_config)
+        _write(tmp, config, tokenizer, tokenizer_config)
         try:
             tmp.rename(out)
         except OSError:
@@ -103,16 +119,30 @@ def gguf_to_hf_dir(path: str | Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s in %.1f s", src.name, time.monotonic() - start)
+    _remove_old_copies(src, keep=out)
     return out
 
 
-def _write(out: Path, reader: Any, config: dict[str, Any], tokenizer: Any,
+def _remove_old_copies(src: Path, keep: Path) -> None:
+    """Deletes the float32 copies earlier versions made of this same file: a 7B model's was
+    28 GB that nothing reads any more."""
+    for other in cache_root().glob(f"{src.stem}-*"):
+        if other == keep or not (other / _OLD_WEIGHTS).is_file():
+            continue
+        record = other / SOURCE_FILE
+        try:
+            made_from = json.loads(record.read_text(encoding="utf-8")).get("path")
+        except (OSError, ValueError):
+            continue
+        if made_from == str(src):
+            size = (other / _OLD_WEIGHTS).stat().st_size
+            shutil.rmtree(other, ignore_errors=True)
+            logger.info("removed %s, an older conversion's float32 copy of %s (%.1f GB)",
+                        other, src.name, size / 1e9)
+
+
+def _write(out: Path, config: dict[str, Any], tokenizer: Any,
            tokenizer_config: dict[str, Any]) -> None:
-    # One tensor dequantized at a time (safetensors_stream.py); a tied head is the embedding's.
-    dropped = {"lm_head.weight"} if config["tie_word_embeddings"] else set()
-    write_streamed(out / "model.safetensors",
-                   [(n, s) for n, s in hf_shapes(reader) if n not in dropped],
-                   ((n, w) for n, w in hf_tensors(reader, config) if n not in dropped))
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1),
                                                encoding="utf-8")

@@ -1,8 +1,8 @@
 """EngineArgs quantization="gguf": a GGUF file's linear weights kept in their blocks.
 
-The model is loaded as always (every tensor dequantized, engine_core/model_executor/gguf), then
-each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is replaced by a
-GGUFLinear over the file's own blocks, and its float copy is dropped. What a Q4_K_M or Q5_K_M
+Each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is planned on the
+meta model (its float weight never made nor read) and replaced by a GGUFLinear over the file's
+own blocks; the other tensors are loaded dequantized as always (weights.py). What a Q4_K_M or Q5_K_M
 file holds besides: Q4_K, Q5_0 and Q5_1 are read as they are; Q5_K and Q6_K are rewritten
 exactly into block types the kernels read (kernels/gguf_transcode.py: Q5_F, Q6_F), as are the
 parts of a layer whose types differ (Q8_F, Q8_0). All but Q8_0, Q4_0 and Q4_1 are read over the
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine_core.model_executor.gguf.tensor_table import read_tensors
 from engine_core.model_executor.gguf.tensors import hf_name, unpermute
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from engine_core.model_executor.layers.linear import Linear
@@ -88,10 +89,8 @@ class Packing:
 def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[Packing]:
     """The linear layers the file holds packed, read from it (the model's own weights are not
     touched: it may still be on the meta device, its float weights never made)."""
-    import gguf
-
     config = cast(Any, model).config
-    raw = {name: t for t in gguf.GGUFReader(gguf_file).tensors
+    raw = {name: t for t in read_tensors(gguf_file)
            if (name := hf_name(t.name)) is not None}
     permute = config.architecture in _PERMUTED
     qk_heads = ([config.num_heads, config.num_kv_heads, None] if permute else [None] * 3)
