@@ -59,6 +59,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("cos_sin"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"))
       .def("add_layer", &DecodeStack::add_layer)
+      .def("add_part", &DecodeStack::add_part, py::arg("projection"), py::arg("w"),
+           py::arg("qtype"))
       .def("forward", &DecodeStack::forward, release)
       .def("set_ends", &DecodeStack::set_ends, py::arg("embedding"), py::arg("norm"),
            py::arg("head_weight"), py::arg("qtype"), py::arg("eps"))

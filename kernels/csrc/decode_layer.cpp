@@ -69,6 +69,19 @@ void panels_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& panels,
   out.copy_(sums);
 }
 
+// out[:, col ...] = x @ w.T (+ b[col ...]) for a projection's part after its first
+// (DecodeStack::add_part): the kernel the layer's Python calls for that part, into a new tensor
+// then the part's columns, as the Python concatenates them.
+int64_t part_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                  const c10::optional<at::Tensor>& b, int64_t qtype, int64_t col) {
+  const int64_t rows = w.size(0) * (w.dim() == 3 ? 16 : 1);
+  at::Tensor part = at::empty({x.size(0), rows}, out.options());
+  project(part, x, w, b.has_value() ? c10::optional<at::Tensor>(b->narrow(0, col, rows))
+                                    : c10::nullopt, qtype);
+  out.narrow(1, col, rows).copy_(part);
+  return col + rows;
+}
+
 // out = x @ w.T (+ b), choosing as the layers' Python does: the packed copy (when there is one)
 // for more than kSmallRows rows: float32 panels (3-D, kernels/cpu_linear_panels.py) into the
 // buffer, or oneDNN's copy, its result taking the buffer's place; else project() into the buffer.
@@ -91,6 +104,17 @@ DecodeStack::DecodeStack(at::Tensor cos_sin, int64_t num_heads, int64_t num_kv_h
   phased_ = phased == nullptr || std::string(phased) != "0";
   STRAND_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
               "num_heads must be a positive multiple of num_kv_heads");
+}
+
+void DecodeStack::add_part(int64_t projection, at::Tensor w, int64_t qtype) {
+  STRAND_CHECK(!layers_.empty() && projection >= 0 && projection < 4,
+              "add_part takes a projection 0..3 of a layer already added");
+  Layer& L = layers_.back();
+  const at::Tensor* firsts[4] = {&L.qkv_w, &L.o_w, &L.gate_up_w, &L.down_w};
+  STRAND_CHECK(L.qtypes[projection] != 0 && firsts[projection]->dim() == 3 && qtype != 0 &&
+                  w.dim() == 3 && w.size(1) == firsts[projection]->size(1),
+              "add_part: a projection's parts are GGUF 16-row tiles of the same input length");
+  L.more[projection].push_back({w, qtype});
 }
 
 void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
@@ -235,6 +259,11 @@ void DecodeStack::forward_layers(Buffers& b, const at::Tensor& hidden,
     // Projection i of the layer into `out` (oneDNN's result may take the buffer's place).
     const auto product = [&](at::Tensor& out, const at::Tensor& x, int i, const at::Tensor& w,
                              const c10::optional<at::Tensor>& bias) {
+      if (!L.more[i].empty()) {  // parts of different types (add_part): tiles, so M <= 4
+        int64_t col = part_into(out, x, w, bias, L.qtypes[i], 0);
+        for (const Part& p : L.more[i]) col = part_into(out, x, p.w, bias, p.qtype, col);
+        return;
+      }
       project_into(out, x, w, L.batch_w.empty() ? at::Tensor() : L.batch_w[i], bias,
                    L.qtypes[i]);
     };

@@ -115,16 +115,23 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
   const bool dense = all_dense_;
   // A chunk of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1), or 15 groups of 8
   // dense rows (138 KB of bfloat16).
-  const auto product_chunks = [&](const at::Tensor& w) {
-    return strand::chunk_count(units_of(w, dense), threads, 1);
+  // A projection's units: its first weight's and those of its parts of other types (add_part),
+  // which every layer has alike (each layer's rows are the first one's).
+  const auto projection_units = [&](const Layer& W, int64_t proj, const at::Tensor& w) {
+    int64_t units = units_of(w, dense);
+    for (const Part& p : W.more[proj]) units += p.w.size(0);
+    return units;
+  };
+  const auto product_chunks = [&](int64_t proj, const at::Tensor& w) {
+    return strand::chunk_count(projection_units(first, proj, w), threads, 1);
   };
   int64_t chunks[kAllKinds];
   for (int64_t k = 0; k < kAllKinds; ++k) chunks[k] = 1;
-  chunks[kQkv] = product_chunks(first.qkv_w);
+  chunks[kQkv] = product_chunks(0, first.qkv_w);
   chunks[kAttn] = static_cast<int64_t>(attn.size());
-  chunks[kO] = product_chunks(first.o_w);
-  chunks[kGateUp] = product_chunks(first.gate_up_w);
-  chunks[kDown] = product_chunks(first.down_w);
+  chunks[kO] = product_chunks(1, first.o_w);
+  chunks[kGateUp] = product_chunks(2, first.gate_up_w);
+  chunks[kDown] = product_chunks(3, first.down_w);
   // The head as the standalone tiled product splits it (gguf_tiled.cpp: at least 4 tiles a
   // chunk), in the same order of sums: the same logits.
   if (logits != nullptr) chunks[kHead] = strand::chunk_count(units_of(head_.w, false), threads, 4);
@@ -143,14 +150,30 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
     const auto product = [&](at::Tensor& out, const QuantizedRows& x, const strand::SmallX& xd,
                              const at::Tensor& w, int64_t qtype,
-                             const c10::optional<at::Tensor>& bias) {
-      const int64_t units = units_of(w, dense), n = chunks[kind];
+                             const c10::optional<at::Tensor>& bias, int64_t proj = -1) {
+      const std::vector<Part>* more = proj >= 0 ? &W.more[proj] : nullptr;
+      const int64_t units = more ? projection_units(W, proj, w) : units_of(w, dense);
+      const int64_t n = chunks[kind];
       const int64_t u0 = strand::chunk_begin(units, n, i), u1 = strand::chunk_begin(units, n, i + 1);
-      if (dense)
+      if (dense) {
         strand::small_rows(out, xd, w, bias, u0 * strand::kSmallUnit,
                            std::min(w.size(0), u1 * strand::kSmallUnit));
-      else
-        strand::gguf::tiled_rows(out, x, w, qtype, bias, u0, u1);
+        return;
+      }
+      // The chunk's tiles [u0, u1) over the parts: the first weight's, then each add_part's, its
+      // rows the output's next columns.
+      int64_t first_tile = 0;
+      const auto part = [&](const at::Tensor& tiles, int64_t type) {
+        const int64_t count = tiles.size(0);
+        const int64_t t0 = std::max(u0, first_tile), t1 = std::min(u1, first_tile + count);
+        if (t0 < t1)
+          strand::gguf::tiled_rows(out, x, tiles, type, bias, t0 - first_tile, t1 - first_tile,
+                                   first_tile * 16);
+        first_tile += count;
+      };
+      part(w, qtype);
+      if (more)
+        for (const Part& p : *more) part(p.w, p.qtype);
     };
     switch (kind) {
       case kNormIn:
@@ -160,7 +183,7 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
           add_rms_norm(b.normed, b.res_a, b.out, b.res_b, W.input_norm, eps_);
         prepare(b.normed, x_hidden, d_hidden);
         break;
-      case kQkv: product(b.qkv, x_hidden, d_hidden, W.qkv_w, W.qtypes[0], W.qkv_b); break;
+      case kQkv: product(b.qkv, x_hidden, d_hidden, W.qkv_w, W.qtypes[0], W.qkv_b, 0); break;
       case kRotary:
         rotary_neox(b.q, positions, cos_sin_);
         rotary_neox(b.k, positions, cos_sin_);
@@ -172,19 +195,19 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
                               scale_, attn[i].r, attn[i].g0, attn[i].g1);
         break;
       case kAttnQuant: prepare(b.attn_rows, x_attn, d_attn); break;
-      case kO: product(b.o, x_attn, d_attn, W.o_w, W.qtypes[1], W.o_b); break;
+      case kO: product(b.o, x_attn, d_attn, W.o_w, W.qtypes[1], W.o_b, 1); break;
       case kNormPost:
         add_rms_norm(b.normed2, b.res_b, b.o, res, W.post_norm, eps_);
         prepare(b.normed2, x_hidden, d_hidden);
         break;
       case kGateUp:
-        product(b.gate_up, x_hidden, d_hidden, W.gate_up_w, W.qtypes[2], c10::nullopt);
+        product(b.gate_up, x_hidden, d_hidden, W.gate_up_w, W.qtypes[2], c10::nullopt, 2);
         break;
       case kSilu:
         silu_and_mul(b.act, b.gate_up);
         prepare(b.act, x_act, d_act);
         break;
-      case kDown: product(b.out, x_act, d_act, W.down_w, W.qtypes[3], c10::nullopt); break;
+      case kDown: product(b.out, x_act, d_act, W.down_w, W.qtypes[3], c10::nullopt, 3); break;
       case kHeadNorm:  // as the op-by-op step's head (decode_layer.cpp); only with GGUF tiles
         add_rms_norm(b.normed, b.res_a, b.out, b.res_b, head_.norm, head_.eps);
         strand::gguf::quantize_any(b.normed, x_hidden);

@@ -27,6 +27,10 @@ class DecodeStack {
   void add_layer(at::Tensor input_norm, at::Tensor qkv_w, c10::optional<at::Tensor> qkv_b,
                  at::Tensor o_w, c10::optional<at::Tensor> o_b, at::Tensor post_norm,
                  at::Tensor gate_up_w, at::Tensor down_w, std::vector<int64_t> qtypes);
+  // The last added layer's projection `projection` (0 qkv, 1 o, 2 gate_up, 3 down) goes on with
+  // more rows in GGUF 16-row tiles of another type (a Q4_K_M file's q and k in Q4_K, its v in
+  // Q6_K): its output's next columns. Only for a projection whose first part is tiles too.
+  void add_part(int64_t projection, at::Tensor w, int64_t qtype);
   // hidden [M, H] (the embeddings), one kv cache per layer ([2, blocks, block_size, kv_heads,
   // head_dim]); returns (the last layer's output, the residual stream), new tensors.
   std::vector<at::Tensor> forward(at::Tensor hidden, at::Tensor positions,
@@ -53,6 +57,10 @@ class DecodeStack {
   at::Tensor logits(at::Tensor input_ids, at::Tensor positions, std::vector<at::Tensor> kv_caches,
                     at::Tensor slots, at::Tensor block_table, at::Tensor seq_lens);
 
+  struct Part {
+    at::Tensor w;  // GGUF 16-row tiles
+    int64_t qtype;
+  };
   struct Layer {
     at::Tensor input_norm, qkv_w;
     c10::optional<at::Tensor> qkv_b;
@@ -61,6 +69,7 @@ class DecodeStack {
     at::Tensor post_norm, gate_up_w, down_w;
     std::vector<int64_t> qtypes;
     std::vector<at::Tensor> batch_w;  // set_batch_weights: the packed copies, or empty
+    std::vector<Part> more[4];  // add_part: each projection's rows after its first weight's
   };
   // Every intermediate of a layer at M rows, and views of them; made once per M and reused by
   // every layer of every step, so a layer creates no tensor (each at::empty, narrow or select

@@ -333,42 +333,43 @@ void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles,
       store_scalar(o + m * N + n, sums[m * N + n] + (b ? to_float(b[n]) : 0.f));
 }
 
-// out[:, 16 t0 .. 16 t1) (+ bias) of tiles t0..t1, a tile at a time through a 16-lane buffer.
+// out[:, 16 t0 .. 16 t1) (+ bias) of tiles t0..t1, a tile at a time through a 16-lane buffer;
+// out's rows are ld apart (out and bias already offset to the part's first column).
 template <int64_t Q, int M, typename T>
 void tiles_into(T* out, const gguf::QuantizedRows& x, const uint8_t* w, const T* bias, int64_t K,
-                int64_t N, int64_t t0, int64_t t1) {
+                int64_t ld, int64_t t0, int64_t t1) {
   float sums[M * kTileRows];
   for (int64_t t = t0; t < t1; ++t) {
     tiles_task<Q, M>(x, w, sums, kTileRows, K, t, t + 1);
     for (int m = 0; m < M; ++m)
       for (int64_t r = 0; r < kTileRows; ++r) {
         const int64_t n = t * kTileRows + r;
-        store_scalar(out + m * N + n, sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
+        store_scalar(out + m * ld + n, sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
       }
   }
 }
 
 template <int64_t Q, typename T>
 void tiles_into_by_m(T* out, const gguf::QuantizedRows& x, const uint8_t* w, const T* bias,
-                     int64_t M, int64_t K, int64_t N, int64_t t0, int64_t t1) {
+                     int64_t M, int64_t K, int64_t ld, int64_t t0, int64_t t1) {
   switch (M) {
-    case 1: tiles_into<Q, 1>(out, x, w, bias, K, N, t0, t1); break;
-    case 2: tiles_into<Q, 2>(out, x, w, bias, K, N, t0, t1); break;
-    case 3: tiles_into<Q, 3>(out, x, w, bias, K, N, t0, t1); break;
-    default: tiles_into<Q, 4>(out, x, w, bias, K, N, t0, t1);
+    case 1: tiles_into<Q, 1>(out, x, w, bias, K, ld, t0, t1); break;
+    case 2: tiles_into<Q, 2>(out, x, w, bias, K, ld, t0, t1); break;
+    case 3: tiles_into<Q, 3>(out, x, w, bias, K, ld, t0, t1); break;
+    default: tiles_into<Q, 4>(out, x, w, bias, K, ld, t0, t1);
   }
 }
 
 template <typename T>
 void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::Tensor& tiles,
                       int64_t qtype, const c10::optional<at::Tensor>& bias, int64_t t0,
-                      int64_t t1) {
-  const int64_t M = out.size(0), K = tiles.size(1) * kBlock, N = tiles.size(0) * kTileRows;
-  T* o = static_cast<T*>(out.data_ptr());
-  const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
+                      int64_t t1, int64_t col0) {
+  const int64_t M = out.size(0), K = tiles.size(1) * kBlock, ld = out.size(1);
+  T* o = static_cast<T*>(out.data_ptr()) + col0;
+  const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) + col0 : nullptr;
   const uint8_t* w = tiles.data_ptr<uint8_t>();
   by_gguf_type(qtype, [&](auto q) {
-    tiles_into_by_m<decltype(q)::value>(o, x, w, b, M, K, N, t0, t1);
+    tiles_into_by_m<decltype(q)::value>(o, x, w, b, M, K, ld, t0, t1);
   });
 }
 
@@ -419,11 +420,11 @@ void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int
 namespace strand {
 namespace gguf {
 void tiled_rows(at::Tensor out, const QuantizedRows& x, const at::Tensor& tiles, int64_t qtype,
-                const c10::optional<at::Tensor>& bias, int64_t t0, int64_t t1) {
+                const c10::optional<at::Tensor>& bias, int64_t t0, int64_t t1, int64_t col0) {
   if (out.scalar_type() == at::kBFloat16)
-    tiled_rows_typed<bf16>(out, x, tiles, qtype, bias, t0, t1);
+    tiled_rows_typed<bf16>(out, x, tiles, qtype, bias, t0, t1, col0);
   else
-    tiled_rows_typed<float>(out, x, tiles, qtype, bias, t0, t1);
+    tiled_rows_typed<float>(out, x, tiles, qtype, bias, t0, t1, col0);
 }
 
 void quantize_any(const at::Tensor& x, QuantizedRows& out) {

@@ -124,12 +124,17 @@ def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], nam
 
 
 def _kind(layer: Any) -> str:
-    return NAMES[layer.qtype] if isinstance(layer, GGUFLinear) else "float"
+    if not isinstance(layer, GGUFLinear):
+        return "float"
+    return "+".join(NAMES[q] for _, q in layer.parts())
 
 
 @pytest.mark.parametrize(("name", "kinds"), [
-    ("Q4_K_M", [("Q8_F", "Q5_0", "Q4_K", "Q6_F"), ("Q8_F", "Q5_0", "Q4_K", "Q4_K"), "Q6_F"]),
-    ("Q5_K_M", [("Q8_F", "Q5_1", "Q5_F", "Q5_F"), ("Q8_F", "Q5_1", "Q5_F", "Q5_F"), "Q5_F"]),
+    # q and k in Q4_K, v in Q6_K: each part in its own type (Q4_K, then Q6_F).
+    ("Q4_K_M", [("Q4_K+Q6_F", "Q5_0", "Q4_K", "Q6_F"), ("Q4_K+Q6_F", "Q5_0", "Q4_K", "Q4_K"),
+                "Q6_F"]),
+    ("Q5_K_M", [("Q5_1+Q5_F", "Q5_1", "Q5_F", "Q5_F"), ("Q5_1+Q5_F", "Q5_1", "Q5_F", "Q5_F"),
+                "Q5_F"]),
 ])
 def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
         files: dict[str, Path], name: str, kinds: list[Any]) -> None:
@@ -164,24 +169,36 @@ def test_decode_steps_take_the_fused_layer_over_packed_blocks(
     assert fused == plain  # the same kernels in the same order: bit for bit
 
 
-@pytest.mark.parametrize(("name", "num_requests"), [("Q4_1", 1), ("Q8_0", 3)])
+@pytest.mark.parametrize(("name", "num_requests"), [("Q4_1", 1), ("Q8_0", 3), ("Q4_K_M", 1),
+                                                  ("Q4_K_M", 3)])
 def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
         files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str,
         num_requests: int) -> None:
     # Every projection is 16-row tiles here, so the C++ step runs as phases whose chunks any
     # thread takes (kernels/csrc/decode_phased.cpp): 3 threads (more than the 2 kv heads of one
-    # request, and as many as 3 requests) must give the 1-thread and the layer-by-layer outputs.
+    # request, and as many as 3 requests) must give the 1-thread, the op-by-op
+    # (STRAND_DECODE_PHASED=0) and the layer-by-layer outputs. Q4_K_M's qkv is two parts of
+    # different types (Q4_K q and k, Q6_F v): a chunk may span both.
     threads = torch.get_num_threads()
+    calls: list[str] = []
     try:
-        torch.set_num_threads(1)
-        one, _ = _run(files[name], "gguf", num_requests)
-        torch.set_num_threads(3)
-        three, _ = _run(files[name], "gguf", num_requests)
+        with monkeypatch.context() as mp:
+            count_fused_calls(mp, calls)
+            torch.set_num_threads(1)
+            one, _ = _run(files[name], "gguf", num_requests)
+            torch.set_num_threads(3)
+            three, _ = _run(files[name], "gguf", num_requests)
+            mp.setenv("STRAND_DECODE_PHASED", "0")  # read when a stack is made
+            op_by_op, _ = _run(files[name], "gguf", num_requests)
         monkeypatch.setattr(fused_decode, "applies", lambda *a: False)
         plain, _ = _run(files[name], "gguf", num_requests)
     finally:
         torch.set_num_threads(threads)
+    from kernels._cpu_build import KERNELS
+
+    assert calls or KERNELS.module() is None
     assert three == one
+    assert op_by_op == plain
     assert three == plain
 
 
@@ -245,7 +262,8 @@ def test_packing_refuses_parts_of_other_types(files: dict[str, Path]) -> None:
     assert _packed([k], [None], cpu) is None  # F32
     assert _packed([v, None], [None, None], cpu) is None  # a part missing
     got = _packed([v, tensors["blk.1.attn_v.weight"]], [None, None], cpu)
-    assert got is not None and got[0].shape == (2 * v.shape[1], v.data.shape[1])
+    assert got is not None and len(got[0]) == 1  # one type: one run of rows
+    assert got[0][0][0].shape == (2 * v.shape[1], v.data.shape[1])
 
 
 def test_k_quant_layers_stay_float_where_only_tiles_could_read_them(
@@ -257,7 +275,26 @@ def test_k_quant_layers_stay_float_where_only_tiles_could_read_them(
     assert _packed([gate], [None], torch.device("cuda")) is None
     assert _packed([o], [None], torch.device("cuda")) is None
     got = _packed([o], [None], torch.device("cpu"))
-    assert got is not None and NAMES[got[1]] == "Q5_0"
+    assert got is not None and NAMES[got[0][0][1]] == "Q5_0"
+
+
+def test_parts_of_different_types_keep_their_own_where_tiles_read_them(
+        files: dict[str, Path]) -> None:
+    # Q4_K_M's qkv: q and k (Q4_K) one run, v (Q6_K -> Q6_F) another, fewer bytes than all
+    # rewritten into Q8_F; where tiles cannot read them (CUDA) no packed type holds them all.
+    tensors = {t.name: t for t in gguf.GGUFReader(str(files["Q4_K_M"])).tensors}
+    qkv = [tensors[f"blk.0.attn_{p}.weight"] for p in "qkv"]
+    heads = [4, 2, None]
+    got = _packed(qkv, heads, torch.device("cpu"))
+    if not cpu_gguf_linear.kernels_apply(torch.empty(0, dtype=torch.uint8)):
+        assert got is None
+        return
+    assert got is not None
+    parts, in_features = got
+    assert [(NAMES[q], p.shape[0]) for p, q in parts] == [("Q4_K", 256 + 128), ("Q6_F", 128)]
+    own = sum(p.numel() for p, _ in parts)
+    assert own < 0.6 * (256 + 2 * 128) * in_features * 11 / 8  # Q8_F: 11 bits a weight
+    assert _packed(qkv, heads, torch.device("cuda")) is None
 
 
 def test_a_packed_layer_keeps_its_bias_and_its_float_weight_is_never_made(

@@ -4,12 +4,14 @@ Each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is p
 meta model (its float weight never made nor read) and replaced by a GGUFLinear over the file's
 own blocks; the other tensors are loaded dequantized as always (weights.py). What a Q4_K_M or Q5_K_M
 file holds besides: Q4_K, Q5_0 and Q5_1 are read as they are; Q5_K and Q6_K are rewritten
-exactly into block types the kernels read (kernels/gguf_transcode.py: Q5_F, Q6_F), as are the
-parts of a layer whose types differ (Q8_F, Q8_0). All but Q8_0, Q4_0 and Q4_1 are read over the
-CPU's 16-row tiles only, so on CUDA, without the C++ kernels or for a row count that is not a
-multiple of 16 such a layer stays float. Fused layers take their
+exactly into block types the kernels read (kernels/gguf_transcode.py: Q5_F, Q6_F). All but Q8_0,
+Q4_0 and Q4_1 are read over the CPU's 16-row tiles only, so on CUDA, without the C++ kernels or
+for a row count that is not a multiple of 16 such a layer stays float. Fused layers take their
 parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
-llama.cpp's q/k row permutation is undone on the packed rows as on float ones. A tied lm_head
+llama.cpp's q/k row permutation is undone on the packed rows as on float ones. Parts of
+different types (a Q4_K_M file's Q4_K q and k and Q6_K v) each keep their own type where the
+tiles read them (GGUFLinear's `more`); elsewhere all are rewritten into the one type that holds
+them exactly (Q8_F, 11 bits a weight, or Q8_0). A tied lm_head
 reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
 types (F32, F16, BF16, Q2_K, Q3_K, the IQ types) stay dequantized.
 """
@@ -45,10 +47,29 @@ def _tiles_only_apply(device: torch.device, rows: int) -> bool:
     return device.type == "cpu" and rows % TILE_ROWS == 0 and KERNELS.module() is not None
 
 
+Parts = list[tuple[torch.Tensor, int]]  # (rows' blocks, packed type) in the output's order
+
+
+def _runs(types: list[int], rows: list[int], device: torch.device) -> list[int] | None:
+    """Each part's packed type where the parts can each keep their own (consecutive parts of
+    one type are then one run): every run read over 16-row tiles here. None where the types
+    differ and they cannot: then all take common_type."""
+    targets = [NATIVE[t] for t in types]
+    if len(set(targets)) == 1:
+        return targets
+    run_rows: list[int] = []
+    for i, n in enumerate(rows):
+        if i and targets[i] == targets[i - 1]:
+            run_rows[-1] += n
+        else:
+            run_rows.append(n)
+    return targets if all(_tiles_only_apply(device, n) for n in run_rows) else None
+
+
 def _packed(tensors: list[Any], heads: list[int | None],
-            device: torch.device) -> tuple[torch.Tensor, int, int] | None:
-    """(rows of all parts, packed type, in_features), or None where the parts cannot be packed
-    together: a part missing, of a type not read packed, or of one read over tiles only where
+            device: torch.device) -> tuple[Parts, int] | None:
+    """(each run of parts' rows and packed type, in_features), or None where the parts cannot
+    be packed: a part missing, of a type not read packed, or of one read over tiles only where
     there are none."""
     if any(t is None for t in tensors):
         return None
@@ -58,17 +79,22 @@ def _packed(tensors: list[Any], heads: list[int | None],
     in_features = {int(t.shape[0]) for t in tensors}  # GGUF shapes are [in, out]
     if len(in_features) != 1:
         return None
-    target = common_type(types)
-    rows_total = sum(int(t.shape[1]) for t in tensors)
-    if target in TILES_ONLY and not _tiles_only_apply(device, rows_total):
+    rows = [int(t.shape[1]) for t in tensors]
+    targets = _runs(types, rows, device) or [common_type(types)] * len(types)
+    if any(t in TILES_ONLY for t in targets) and not _tiles_only_apply(device, sum(rows)):
         return None
-    parts = []
-    for t, h in zip(tensors, heads, strict=True):
-        rows = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
-                         int(t.tensor_type), target)
-        parts.append(unpermute(rows, h) if h is not None else rows)
-    packed = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=0)))
-    return packed, target, next(iter(in_features))
+    parts: Parts = []
+    for t, h, target in zip(tensors, heads, targets, strict=True):
+        blocks = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
+                           int(t.tensor_type), target)
+        blocks = unpermute(blocks, h) if h is not None else blocks
+        if parts and parts[-1][1] == target:  # the run goes on: its rows concatenate
+            parts[-1] = (np.concatenate([parts[-1][0], blocks], axis=0), target)
+        else:
+            parts.append((blocks, target))
+    # Copies: a run of one part is still a view of the file's read-only memory map.
+    return ([(torch.from_numpy(np.array(b, order="C")), q) for b, q in parts],
+            next(iter(in_features)))
 
 
 @dataclass
@@ -76,8 +102,7 @@ class Packing:
     """One linear layer to be replaced by the file's blocks."""
     parent: nn.Module
     attr: str
-    packed: torch.Tensor
-    qtype: int
+    parts: Parts  # the first run's rows and type, then any in other types
     in_features: int
     sources: list[str]  # the GGML type names of its parts, for the log
 
@@ -114,11 +139,12 @@ def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[
         got = _packed([raw.get(n) for n in names], heads, device)
         if not isinstance(old, Linear) or got is None:
             continue
-        packed, qtype, in_features = got
-        if (packed.shape[0], in_features) != tuple(old.weight.shape):
-            raise ValueError(f"GGUF tensors {names} hold [{packed.shape[0]}, {in_features}], the "
+        parts, in_features = got
+        rows = sum(p.shape[0] for p, _ in parts)
+        if (rows, in_features) != tuple(old.weight.shape):
+            raise ValueError(f"GGUF tensors {names} hold [{rows}, {in_features}], the "
                              f"model's {attr} is {list(old.weight.shape)}")
-        plan.append(Packing(parent, attr, packed.to(device), qtype, in_features,
+        plan.append(Packing(parent, attr, [(p.to(device), q) for p, q in parts], in_features,
                             [SOURCE_NAMES[int(raw[n].tensor_type)] for n in names]))
     if not plan:
         logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
@@ -134,11 +160,12 @@ def apply_packed(plan: list[Packing]) -> int:
     float_bytes = packed_bytes = 0
     for p in plan:
         old = cast(Linear, p.layer)
-        setattr(p.parent, p.attr, GGUFLinear(p.packed, p.qtype, p.in_features, old.bias))
-        kinds[NAMES[p.qtype]] += 1
+        (first, qtype), more = p.parts[0], p.parts[1:]
+        setattr(p.parent, p.attr, GGUFLinear(first, qtype, p.in_features, old.bias, more))
+        kinds["+".join(NAMES[q] for _, q in p.parts)] += 1
         sources.update(p.sources)
         float_bytes += old.weight.numel() * old.weight.element_size()
-        packed_bytes += p.packed.numel()
+        packed_bytes += sum(blocks.numel() for blocks, _ in p.parts)
     if kinds:
         logger.info("kept %d linear weights packed (%s; from the file's %s): %.1f MB instead "
                     "of %.1f MB", sum(kinds.values()),

@@ -117,6 +117,8 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
             or cos_sin.shape[1] % 2 or cos_sin.shape[1] > model.config.head_dim):
         return None
     layers: list[tuple[object, ...]] = []
+    # Per layer: (projection, tiles, GGML type) of each part after a projection's first.
+    more: list[list[tuple[int, torch.Tensor, int]]] = []
     linears: list[object] = []  # every layer's four projections, in the stack's order
     sizes: set[tuple[int, int, int, float, float]] = set()
     for decoder_layer in model.model.layers:
@@ -147,12 +149,16 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
         layers.append((norm1.weight.contiguous(), qkv_w, qkv_b, o_w, o_b,
                        norm2.weight.contiguous(), gate_up_w, down_w,
                        [qkv_q, o_q, gate_up_q, down_q]))
+        more.append([(i, w, q) for i, lin in enumerate(four) if isinstance(lin, GGUFLinear)
+                     for w, q in lin.parts()[1:]])
     if len(sizes) != 1:
         return None  # the stack's buffers take one set of sizes for every layer
     heads, kv_heads, head_dim, eps, scale = sizes.pop()
     stack = module.DecodeStack(cos_sin, heads, kv_heads, head_dim, eps, scale)
-    for args in layers:
+    for args, parts in zip(layers, more, strict=True):
         stack.add_layer(*args)
+        for projection, w, qtype in parts:  # rows in other types after the first weight's
+            stack.add_part(projection, w, qtype)
     ends = _ends(model, dtype)
     if ends is not None:
         stack.set_ends(*ends)
@@ -201,6 +207,8 @@ def _ends(model: LlamaForCausalLM, dtype: torch.dtype
         return None
     if type(lm_head) not in (Linear, GGUFLinear) or lm_head.bias is not None:
         return None
+    if isinstance(lm_head, GGUFLinear) and lm_head.more_types:
+        return None  # the stack's head is one weight
     projection = _projection(lm_head, dtype)
     if projection is None:
         return None
