@@ -83,7 +83,7 @@ def _packed(tensors: list[Any], heads: list[int | None],
     targets = _runs(types, rows, device) or [common_type(types)] * len(types)
     if any(t in TILES_ONLY for t in targets) and not _tiles_only_apply(device, sum(rows)):
         return None
-    parts: Parts = []
+    parts: list[tuple[np.ndarray, int]] = []
     for t, h, target in zip(tensors, heads, targets, strict=True):
         blocks = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
                            int(t.tensor_type), target)
