@@ -52,7 +52,8 @@ def weight_bytes_per_token(model: Any) -> int:
     total = 0
     for module in model.modules():
         if isinstance(module, GGUFLinear):
-            total += module.packed.nbytes + (0 if module.bias is None else module.bias.nbytes)
+            total += (sum(blocks.nbytes for blocks, _ in module.parts())
+                      + (0 if module.bias is None else module.bias.nbytes))
         elif isinstance(module, Linear):
             total += sum(p.nbytes for p in module.parameters(recurse=False))
         elif isinstance(module, RMSNorm):
