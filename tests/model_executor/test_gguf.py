@@ -22,6 +22,15 @@ from tests.conftest import build_tiny_model  # noqa: E402
 from tests.model_executor.gguf_writer import gguf_weights, llama_cpp_permute, write_gguf  # noqa: E402
 
 
+def _tiny_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> tuple[Path, Path]:
+    """A tiny Llama and its GGUF file in `kind`; converted directories under tmp_path."""
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
+    path = tmp_path / f"tiny-{kind}.gguf"
+    write_gguf(model_dir, path, kind)
+    return model_dir, path
+
+
 def test_unpermute_inverts_llama_cpps_permutation() -> None:
     w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
     assert np.array_equal(unpermute(llama_cpp_permute(w, 8), 8), w)
@@ -46,10 +55,7 @@ def test_metadata_errors_name_the_key() -> None:
 @pytest.mark.parametrize("quantized", ["F32", "Q8_0"])
 def test_a_gguf_file_loads_as_the_model_it_was_made_from(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantized: str) -> None:
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
-    path = tmp_path / f"tiny-{quantized}.gguf"
-    write_gguf(model_dir, path, quantized)
+    model_dir, path = _tiny_gguf(tmp_path, monkeypatch, quantized)
     converted = gguf_to_hf_dir(path)
     assert resolve_model_dir(str(path)) == str(converted)  # cached: the same directory
     assert not list(converted.glob("*.safetensors"))  # the weights stay in the file
@@ -90,10 +96,7 @@ def test_a_converted_directory_names_the_file_it_was_made_from(
     # file's blocks from it, while the file is there unchanged.
     from engine_core.default_model import gguf_file
 
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
-    path = tmp_path / "tiny-Q8_0.gguf"
-    write_gguf(model_dir, path, "Q8_0")
+    model_dir, path = _tiny_gguf(tmp_path, monkeypatch, "Q8_0")
     converted = gguf_to_hf_dir(path)
     assert gguf_file(str(converted)) == str(path.resolve())
     assert gguf_file(str(model_dir)) is None  # a directory made from no GGUF file
@@ -109,10 +112,7 @@ def test_tensors_read_in_pieces_of_rows_equal_the_whole(
     # columns read as a tensor-parallel rank reads them: the same as the whole tensor at once.
     from engine_core.model_executor.gguf import tensors as gguf_tensors
 
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
-    path = tmp_path / "tiny-Q4_1.gguf"
-    write_gguf(model_dir, path, "Q4_1")
+    model_dir, path = _tiny_gguf(tmp_path, monkeypatch, "Q4_1")
     whole = gguf_weights(path)
     monkeypatch.setattr(gguf_tensors, "PIECE_WEIGHTS", 1024)
     pieces = gguf_weights(path)
@@ -155,10 +155,7 @@ def test_a_directory_whose_file_is_gone_says_so_and_old_copies_are_removed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from engine_core.model_executor.gguf.convert import SOURCE_FILE, cached_dir
 
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
-    path = tmp_path / "tiny-Q8_0.gguf"
-    write_gguf(model_dir, path, "Q8_0")
+    model_dir, path = _tiny_gguf(tmp_path, monkeypatch, "Q8_0")
     # What an earlier version left: the same file's float32 copy in a directory of its own.
     old = cached_dir(path).parent / f"{path.stem}-0123456789ab"
     old.mkdir(parents=True)
@@ -184,10 +181,7 @@ def test_each_tensor_parallel_rank_reads_its_shard_of_the_file(
     from engine_core.model_executor.loader import load_model
     from engine_core.model_executor.model_config import load_model_config
 
-    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2)
-    path = tmp_path / "tiny-Q8_0.gguf"
-    write_gguf(model_dir, path, "Q8_0")
+    model_dir, path = _tiny_gguf(tmp_path, monkeypatch, "Q8_0")
     config = load_model_config(str(gguf_to_hf_dir(path)), "float32")
     whole = load_model(config, torch.device("cpu")).state_dict()
     layer = "model.layers.0."
