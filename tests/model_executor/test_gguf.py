@@ -156,17 +156,18 @@ def test_a_directory_whose_file_is_gone_says_so_and_old_copies_are_removed(
     from engine_core.model_executor.gguf.convert import SOURCE_FILE, cached_dir
 
     model_dir, path = _tiny_gguf(tmp_path, monkeypatch, "Q8_0")
-    # What an earlier version left: the same file's float32 copy in a directory of its own.
-    old = cached_dir(path).parent / f"{path.stem}-0123456789ab"
-    old.mkdir(parents=True)
-    (old / "model.safetensors").write_bytes(b"\0" * 64)
-    (old / SOURCE_FILE).write_text(json.dumps({"path": str(path.resolve())}))
+    # What earlier versions left: the same file's float32 copy in a directory of their own
+    # (version 2's had no record of its source: it is found by its key).
+    olds = [cached_dir(path, version) for version in ("2", "3")]
+    for old in olds:
+        old.mkdir(parents=True)
+        (old / "model.safetensors").write_bytes(b"\0" * 64)
+    (olds[1] / SOURCE_FILE).write_text(json.dumps({"path": str(path.resolve())}))
     other = cached_dir(path).parent / f"{path.stem}-ba9876543210"  # another file of that name
     other.mkdir()
     (other / "model.safetensors").write_bytes(b"\0")
-    (other / SOURCE_FILE).write_text(json.dumps({"path": "/elsewhere/tiny-Q8_0.gguf"}))
     converted = gguf_to_hf_dir(path)
-    assert not old.exists() and other.is_dir() and converted.is_dir()
+    assert not any(old.exists() for old in olds) and other.is_dir() and converted.is_dir()
     path.unlink()
     with pytest.raises(FileNotFoundError, match="holds no weights: they are read from .*"
                                                 "tiny-Q8_0.gguf.*gone or has changed"):

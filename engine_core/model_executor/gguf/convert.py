@@ -21,6 +21,7 @@ _VERSION = "4"  # bump when the conversion changes: old caches are then made aga
 SOURCE_FILE = "gguf_source.json"  # in a converted directory: the .gguf file it was made from
 # What the conversions before version 4 wrote beside the config: every tensor in float32.
 _OLD_WEIGHTS = "model.safetensors"
+_OLD_VERSIONS = ("2", "3")
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -46,11 +47,12 @@ def _metadata(reader: Any) -> dict[str, Any]:
     return out
 
 
-def cached_dir(path: str | Path) -> Path:
-    """Where the HF directory made from this GGUF file is cached (whether made yet or not)."""
+def cached_dir(path: str | Path, version: str = _VERSION) -> Path:
+    """Where the HF directory made from this GGUF file is cached (whether made yet or not), by
+    this conversion's version or an earlier one's."""
     src = Path(path).resolve()
     stat = src.stat()
-    key = hashlib.sha256(f"{_VERSION}|{src}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    key = hashlib.sha256(f"{version}|{src}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     return cache_root() / f"{src.stem}-{key.hexdigest()[:12]}"
 
 
@@ -124,21 +126,16 @@ def gguf_to_hf_dir(path: str | Path) -> Path:
 
 
 def _remove_old_copies(src: Path, keep: Path) -> None:
-    """Deletes the float32 copies earlier versions made of this same file: a 7B model's was
-    28 GB that nothing reads any more."""
-    for other in cache_root().glob(f"{src.stem}-*"):
+    """Deletes the float32 copies earlier versions made of this same file (their directories
+    are keyed as this one's, by their own version): a 7B model's was 28 GB nothing reads now."""
+    for version in _OLD_VERSIONS:
+        other = cached_dir(src, version)
         if other == keep or not (other / _OLD_WEIGHTS).is_file():
             continue
-        record = other / SOURCE_FILE
-        try:
-            made_from = json.loads(record.read_text(encoding="utf-8")).get("path")
-        except (OSError, ValueError):
-            continue
-        if made_from == str(src):
-            size = (other / _OLD_WEIGHTS).stat().st_size
-            shutil.rmtree(other, ignore_errors=True)
-            logger.info("removed %s, an older conversion's float32 copy of %s (%.1f GB)",
-                        other, src.name, size / 1e9)
+        size = (other / _OLD_WEIGHTS).stat().st_size
+        shutil.rmtree(other, ignore_errors=True)
+        logger.info("removed %s, an older conversion's float32 copy of %s (%.1f GB)", other,
+                    src.name, size / 1e9)
 
 
 def _write(out: Path, config: dict[str, Any], tokenizer: Any,
