@@ -15,9 +15,9 @@ eight 6-bit scales sc and mins mn, then per 64 weights 32 bytes of nibbles (the 
 32 weights); w = d * sc * q - dmin * mn per 32.
 Strand's: float32 d and m hold a K-quant's per-32 scale d * sc and offset -dmin * m exactly.
 Q5_F (28 bytes): float32 d, float32 m, bit 4's word, nibbles; w = d * q + m (from Q5_K).
-Q6_F (32 bytes): float32 d_lo, float32 d_hi, bit 4's word, bit 5's word, nibbles;
-w_j = d * (q_j - 32), d_lo for weights 0..15 and d_hi for 16..31 (from Q6_K, whose scales are
-per 16 weights).
+Q6_F (28 bytes, 7 bits a weight): float16 d, int8 sc_lo, int8 sc_hi, bit 4's word, bit 5's
+word, nibbles; w_j = (d * sc) * (q_j - 32), sc_lo for weights 0..15 and sc_hi for 16..31 (from
+Q6_K: its super-block's d and its per-16 scales; d * sc is exact in float32).
 Q8_F (44 bytes): float32 d_lo, float32 d_hi, float32 m, 32 int8 q; w_j = d * q_j + m (any of the
 above exactly: what a layer whose parts differ in type is packed in).
 
@@ -29,7 +29,8 @@ the high nibbles quants 16 + 4c..; then the fifth (and sixth) bits as one (two) 
 laid out as the nibble lanes, byte 4r + j holding row r's bits of quants 4g + j for the 8
 groups g of 4 quants (chunk g's low nibbles for g < 4, chunk g - 4's high ones after): bit g
 (Q6_F: vector g // 4, bits 2k and 2k + 1 the fifth and sixth bits of group 4 (g // 4) + k), which
-the kernel moves into place with one shift and one mask; then the head's fields, each as the 16 rows' values. Q4_K's tiles go by its
+the kernel moves into place with one shift and one mask; then the head's fields, each as the 16 rows' values
+(Q6_F: d, then the (sc_lo, sc_hi) pairs). Q4_K's tiles go by its
 256-weight super-blocks, 8 tile-blocks each: tile-block j = 2g + h holds bytes 16h..16h+15 of
 each row's 32 nibble bytes of group g as 4 chunks (low nibbles: quants 16h + 4c.. of sub-block 2g,
 high: of sub-block 2g + 1), then 32 bytes of the super-block's head laid out by field (the 16
@@ -49,7 +50,7 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K = 2, 3, 6, 7, 8, 12
 Q5_F, Q6_F, Q8_F = 1005, 1006, 1008
 NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K",
          Q5_F: "Q5_F", Q6_F: "Q6_F", Q8_F: "Q8_F"}
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_K: 18, Q5_F: 28, Q6_F: 32,
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_K: 18, Q5_F: 28, Q6_F: 28,
                Q8_F: 44}  # Q4_K's 144 bytes per 256 weights, per 32
 SUPER = {Q4_K: 256}  # weights a block's head covers where not 32: a row's length divides by it
 # The types read over 16-row tiles only (no row kernel, no Triton kernel).
@@ -69,10 +70,11 @@ def row_bytes(qtype: int, in_features: int) -> int:
 
 
 TILE_ROWS = 16
-# A block's head before its quants: (fields, bytes each): d (and m; Q6_F d_lo, d_hi; Q8_F
-# d_lo, d_hi, m); then its bit planes, 4 bytes each (bit 4; Q6_F bit 4 and bit 5).
+# A block's head before its quants: (fields, bytes each): d (and m; Q6_F d and its two int8
+# scales as one field; Q8_F d_lo, d_hi, m); then its bit planes, 4 bytes each (bit 4; Q6_F bit
+# 4 and bit 5).
 _HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q5_0: (1, 2), Q5_1: (2, 2), Q8_0: (1, 2), Q5_F: (2, 4),
-         Q6_F: (2, 4), Q8_F: (3, 4)}
+         Q6_F: (2, 2), Q8_F: (3, 4)}
 PLANES = {Q5_0: 1, Q5_1: 1, Q5_F: 1, Q6_F: 2}
 
 
@@ -238,8 +240,9 @@ def dequantize_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
         q = q + (_plane(blocks[..., at + 4 * p:at + 4 * p + 4]) << (4 + p)).float()
     field = _half if width == 2 else _float
     d = field(blocks[..., :width])
-    if qtype == Q6_F:  # d_lo, d_hi
-        d = field(blocks[..., :2 * width]).reshape(n, -1, 2, 1)
+    if qtype == Q6_F:  # d * sc_lo, d * sc_hi
+        sc = blocks[..., 2:4].contiguous().view(torch.int8).float()
+        d = (d * sc).reshape(n, -1, 2, 1)
         return (d * (q.reshape(n, -1, 2, 16) - 32)).reshape(n, -1)
     if qtype in (Q4_0, Q5_0):
         w = d * (q - (8 if qtype == Q4_0 else 16))

@@ -9,8 +9,8 @@ llama.cpp's and the `gguf` package's dequantization, bit for bit (the per-256 su
 become per-32 blocks, each with its own float32 scale):
   Q5_K (5.5 bits a weight)  -> Q5_F (7): nibbles and a word of fifth bits, float32 d and m
                                per 32;
-  Q6_K (6.56)               -> Q6_F (8): nibbles, two words of fifth and sixth bits, float32 d
-                               per 16;
+  Q6_K (6.56)               -> Q6_F (7): nibbles, two words of fifth and sixth bits, the
+                               super-block's float16 d and the two int8 scales of its 16s;
   Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
 is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
@@ -54,11 +54,13 @@ NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q4_K: Q4_K
 class Fields(NamedTuple):
     """A weight's 32-blocks as numbers: q [B, 32] int8, d [B, 2] float32 (the first and the last
     16 weights' scale), m [B] float32; w = d * q + m. d16: the float16 scale bytes [B, 2] where
-    the source had one per block (the types Q8_0 keeps as they are)."""
+    the source had one per block (the types Q8_0 keeps as they are; Q6_K's super-block d, with
+    sc [B, 2] int8 its two scales: d = d16 * sc)."""
     q: np.ndarray
     d: np.ndarray
     m: np.ndarray
     d16: np.ndarray | None = None
+    sc: np.ndarray | None = None
 
 
 def common_type(types: list[int]) -> int:
@@ -166,7 +168,9 @@ def _q6_k(blocks: np.ndarray) -> Fields:
     low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
     top = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
     q = (low.reshape(-1, 2, 4, 32) | (top << 4)).astype(np.int8) - 32
-    return Fields(q.reshape(-1, 32), d.reshape(-1, 2), np.zeros(d.size // 2, np.float32))
+    d16 = np.repeat(np.ascontiguousarray(blocks[:, 208:210]), 8, axis=0)  # [B * 8, 2] bytes
+    return Fields(q.reshape(-1, 32), d.reshape(-1, 2), np.zeros(d.size // 2, np.float32), d16,
+                  np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(-1, 2))
 
 
 def _f32_bytes(a: np.ndarray) -> np.ndarray:  # [B, k] float32 -> [B, 4k] uint8
@@ -193,9 +197,10 @@ def _pack_q5f(f: Fields) -> np.ndarray:
 
 
 def _pack_q6f(f: Fields) -> np.ndarray:
+    assert f.d16 is not None and f.sc is not None  # from Q6_K, the one type sent here
     q = (f.q.astype(np.int16) + 32).astype(np.uint8)  # Q6_K's q - 32 back to 0..63
-    return np.concatenate([_f32_bytes(f.d), _bit_word(q, 4), _bit_word(q, 5), _nibble_bytes(q)],
-                          axis=1)
+    return np.concatenate([f.d16, f.sc.view(np.uint8), _bit_word(q, 4), _bit_word(q, 5),
+                           _nibble_bytes(q)], axis=1)
 
 
 def _pack_q8_0(f: Fields) -> np.ndarray:

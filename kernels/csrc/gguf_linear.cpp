@@ -317,7 +317,7 @@ void dequantize_q8f(const uint8_t* w, float* out, int64_t N, int64_t K) {
 }
 // The 5- and 6-bit types: head (d, and m or d_hi), bit words, 16 bytes of nibbles; quant j is
 // nibble j | bit j of the first word << 4 (| of the second << 5). The same float32 ops as
-// kernels/gguf_linear_ref.dequantize_ref: d * (q - 16), d * q + m, d_half * (q - 32).
+// kernels/gguf_linear_ref.dequantize_ref: d * (q - 16), d * q + m, (d * sc_half) * (q - 32).
 template <int64_t Q>
 void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
   constexpr GGUFFormat kF = gguf_format_of(Q);
@@ -329,7 +329,12 @@ void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = w + (n * nb + b) * kBytes;
         const float f0 = kF32 ? float_at(blk) : half_at(blk);
-        const float f1 = Q == kQ5_0 ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
+        float f1 = Q == kQ5_0 ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
+        [[maybe_unused]] float d_lo = f0;
+        if constexpr (Q == kQ6_F) {  // d times the int8 scale of each half
+          d_lo = f0 * static_cast<float>(static_cast<int8_t>(blk[2]));
+          f1 = f0 * static_cast<float>(static_cast<int8_t>(blk[3]));
+        }
         uint32_t words[kPlanes];
         std::memcpy(words, blk + kHead, sizeof(words));
         const uint8_t* nib = blk + kHead + 4 * kPlanes;
@@ -338,7 +343,7 @@ void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
           int32_t q = j < 16 ? nib[j] & 15 : nib[j - 16] >> 4;
           for (int64_t p = 0; p < kPlanes; ++p) q |= static_cast<int32_t>((words[p] >> j) & 1) << (4 + p);
           if constexpr (Q == kQ5_0) o[j] = f0 * static_cast<float>(q - 16);
-          else if constexpr (Q == kQ6_F) o[j] = (j < 16 ? f0 : f1) * static_cast<float>(q - 32);
+          else if constexpr (Q == kQ6_F) o[j] = (j < 16 ? d_lo : f1) * static_cast<float>(q - 32);
           else o[j] = f0 * static_cast<float>(q) + f1;
         }
       }

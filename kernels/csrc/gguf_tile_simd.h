@@ -86,6 +86,12 @@ inline F32 floats(const uint8_t* p) { return {_mm512_loadu_ps((const float*)p)};
 inline F32 from_u8(const uint8_t* p) {  // 16 unsigned bytes
   return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)))};
 }
+// Byte K of 16 two-byte pairs (Q6_F's scales of quants 0..15 and 16..31), signed.
+template <int K>
+inline F32 from_i8_pair(const uint8_t* p) {
+  const __m512i w = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i*)p));
+  return {_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(w, 24 - 8 * K), 24))};
+}
 inline F32 mul(F32 a, F32 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline F32 to_f32(I32 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline F32 mul(F32 a, float b) { return {_mm512_mul_ps(a.v, _mm512_set1_ps(b))}; }
@@ -168,6 +174,14 @@ inline F32 floats(const uint8_t* p) {
 inline F32 from_u8(const uint8_t* p) {
   return {{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p))),
            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))))}};
+}
+template <int K>
+inline F32 from_i8_pair(const uint8_t* p) {
+  const auto eight = [](const uint8_t* q) {
+    const __m256i w = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)q));
+    return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(w, 24 - 8 * K), 24));
+  };
+  return {{eight(p), eight(p + 16)}};
 }
 inline F32 mul(F32 a, F32 b) {
   return {{_mm256_mul_ps(a.v[0], b.v[0]), _mm256_mul_ps(a.v[1], b.v[1])}};
@@ -256,6 +270,12 @@ inline F32 floats(const uint8_t* p) {
 inline F32 from_u8(const uint8_t* p) {
   F32 a;
   for (int r = 0; r < 16; ++r) a.v[r] = static_cast<float>(p[r]);
+  return a;
+}
+template <int K>
+inline F32 from_i8_pair(const uint8_t* p) {
+  F32 a;
+  for (int r = 0; r < 16; ++r) a.v[r] = static_cast<float>(static_cast<int8_t>(p[2 * r + K]));
   return a;
 }
 inline F32 mul(F32 a, F32 b) {

@@ -34,8 +34,8 @@
 //   and one mask put a group's bits in place for 64 lanes (AVX2 has no mask-to-bytes move;
 //   expanding a 64-bit mask took it ~10 instructions a group);
 //   then the head's fields, each as the 16 rows' values: float16 d (and Q4_1's, Q5_1's m);
-//   float32 d and m (Q5_F); float32 d_lo, d_hi (Q6_F: the scales of quants 0..15 and 16..31);
-//   float32 d_lo, d_hi, m (Q8_F).
+//   float32 d and m (Q5_F); float16 d, then the int8 scale pairs (Q6_F: of quants 0..15 and
+//   16..31, each times d); float32 d_lo, d_hi, m (Q8_F).
 // Q4_K goes by its 256-weight super-blocks, 8 tile-blocks of 288 bytes each (the file's bytes,
 // 144 a row): tile-block j = 2g + h holds, as the 4 chunks above, bytes 16h..16h+15 of each
 // row's 32 nibble bytes of group g (low nibbles: quants 16h + 4c.. of sub-block 2g; high: of
@@ -256,7 +256,15 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       }
       const uint8_t* fields = p + kFields;
       if constexpr (kHalves) {
-        const tile::F32 d_lo = field<Q>(fields, 0), d_hi = field<Q>(fields, 1);
+        tile::F32 d_lo, d_hi;
+        if constexpr (Q == kQ6_F) {  // float16 d times each half's int8 scale: exact in float32
+          const tile::F32 d = field<Q>(fields, 0);
+          d_lo = tile::mul(d, tile::from_i8_pair<0>(fields + 32));
+          d_hi = tile::mul(d, tile::from_i8_pair<1>(fields + 32));
+        } else {
+          d_lo = field<Q>(fields, 0);
+          d_hi = field<Q>(fields, 1);
+        }
         for (int m = 0; m < M; ++m) {
           const int64_t xb = m * nb + b;
           const int32_t sum_lo = x.qsum_lo[xb], sum_hi = x.qsum[xb] - x.qsum_lo[xb];

@@ -32,7 +32,7 @@ constexpr GGUFFormat gguf_format_of(int64_t qtype) {
     case kQ5_1: return {4, 1, 16, 2};
     case kQ4_K: return {2, 0, 16, 2};
     case kQ5_F: return {8, 1, 16, 4};
-    case kQ6_F: return {8, 2, 16, 4};
+    case kQ6_F: return {4, 2, 16, 2};  // float16 d, then int8 scales (lo, hi) as one field
     case kQ8_F: return {12, 0, 32, 4};
     default: return {0, 0, 0, 0};
   }

@@ -26,7 +26,6 @@ from kernels.gguf_linear_ref import (
     Q5_0,
     Q5_1,
     Q5_F,
-    Q6_F,
     Q8_0,
     Q8_F,
     dequantize_ref,
@@ -69,9 +68,9 @@ def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
             return ((torch.rand(n, k // 32, 1, generator=g) - 0.5) * 0.2).half()
         return (torch.rand(n, k // 32, 1, generator=g) * 0.05 + 1e-3).half()
 
-    # Each type's head: (fields, float32?, which fields are offsets m).
+    # Each type's head: (fields, float32?, which fields are offsets m). Q6_F's float16 d is
+    # followed by its two int8 scales, left random (any int8).
     fields, f32, offsets = {Q4_1: (2, False, {1}), Q5_1: (2, False, {1}), Q5_F: (2, True, {1}),
-                            Q6_F: (2, True, set()),
                             Q8_F: (3, True, {2})}.get(qtype, (1, False, set()))
     width = 4 if f32 else 2
     for i in range(fields):

@@ -46,7 +46,7 @@ BLOCK_TYPES = [q for q in QTYPES if q != Q4_K]  # a head per block of 32
 def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     packed = random_packed(32, 96, qtype, seed=qtype)
     tiles = tile_ref(packed, qtype)
-    width = 4 if qtype in (Q5_F, Q6_F, Q8_F) else 2  # bytes of each head field
+    width = 4 if qtype in (Q5_F, Q8_F) else 2  # bytes of each head field (Q6_F: d, sc pair)
     fields = {Q4_1: 2, Q5_1: 2, Q5_F: 2, Q6_F: 2, Q8_F: 3}.get(qtype, 1)
     planes = PLANES.get(qtype, 0)
     size, head = BLOCK_BYTES[qtype], fields * width
