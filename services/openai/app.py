@@ -38,7 +38,7 @@ from services.openai.protocol import (
 )
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
-from services.openai.tools import named_tool
+from services.openai.tools import tool_choice
 from services.openai.tracing import end_request_span, start_request_span
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         _warn_ignored(req, "/v1/chat/completions")
         model, lora = await front.check_model(req.model)
-        tool = named_tool(req)
+        tool = tool_choice(req)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}",
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool)

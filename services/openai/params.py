@@ -10,7 +10,7 @@ from services.common.convert import PromptType
 from services.openai.errors import bad_request
 from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.openai.structured import structured_outputs_of
-from services.openai.tools import NamedTool
+from services.openai.tools import ToolChoice
 
 
 def completion_prompts(req: CompletionRequest) -> list[PromptType]:
@@ -81,15 +81,16 @@ def echo_only(req: CompletionRequest) -> bool:
     return req.echo and req.max_tokens == 0
 
 
-def chat_params(req: ChatCompletionRequest, tool: NamedTool | None = None) -> SamplingParams:
-    """tool: a named tool choice, whose parameters schema constrains the reply."""
+def chat_params(req: ChatCompletionRequest, tool: ToolChoice | None = None) -> SamplingParams:
+    """tool: forced tool calls (a named function, or "required"), whose schema constrains
+    the reply."""
     if req.continue_final_message:
         raise bad_request("continue_final_message is not supported", "continue_final_message")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    structured = None if tool is None else StructuredOutputsParams(json=tool.parameters)
+    structured = None if tool is None else StructuredOutputsParams(json=tool.schema)
     return _params(req, max_tokens, logprobs, structured)
 
 

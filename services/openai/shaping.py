@@ -11,7 +11,7 @@ from typing import Any
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from services.openai.echo import Echo, Position
 from services.openai.errors import OpenAIError
-from services.openai.tools import NamedTool
+from services.openai.tools import ToolChoice
 
 DONE = "data: [DONE]\n\n"
 
@@ -106,7 +106,7 @@ class Shaper:
     echo: Echo | None = None  # completions' echo: the prompts before the text
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: per completion choice, once a chat
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
-    tool: NamedTool | None = None  # a named tool choice: each choice's text is its arguments
+    tool: ToolChoice | None = None  # forced tool calls: each choice's text is their JSON
 
     @property
     def object(self) -> str:
@@ -157,7 +157,7 @@ class Shaper:
 
     def _chat_text(self, index: int, text: str, streamed: bool) -> dict[str, Any]:
         """A chat choice's message (or a stream's next delta, the role in its first): its
-        text, or with a named tool its call, the text the call's arguments."""
+        text, or with forced tool calls the calls its text holds (tools.py)."""
         first = index not in self.started
         self.started.add(index)
         if self.tool is not None:

@@ -1,14 +1,21 @@
-"""Tool calls with a named function (`tool_choice: {"type": "function", "function": {"name":
-...}}`, what clients such as instructor send): the tools go to the chat template, and the reply
-is constrained to the named function's parameters schema (structured outputs), then answered
-as that function's tool call, as vLLM does. `tool_choice: "none"` renders the tools and
-constrains nothing. "auto" and "required" need a parser of the model's own tool-call format,
-which Strand does not have: refused by name, as vLLM refuses "auto" without
---tool-call-parser. A history with tool calls or tool results is refused too: the chat
-messages carry text only, and dropping the calls would change the conversation."""
+"""Tool calls that structured outputs can force, as vLLM answers them: the tools go to the chat
+template, and the reply is constrained by a JSON schema, then answered as tool calls.
+- A named function (`tool_choice: {"type": "function", "function": {"name": ...}}`, what
+  clients such as instructor send): the reply is the function's parameters, its one call.
+- `tool_choice: "required"`: the reply is a JSON array of at least one {"name", "parameters"}
+  object, each name one of the tools' and its parameters that tool's schema (vLLM's schema,
+  the tools' $defs gathered at its top), each element one call. A reply cut short by max_tokens
+  is answered as the text it is (finish_reason "length"); a stream sends each call as its
+  element of the array completes.
+`tool_choice: "none"` renders the tools and constrains nothing. "auto" (OpenAI's default when
+tools are given) needs a parser of the model's own tool-call format, which Strand does not have:
+refused by name, as vLLM refuses "auto" without --tool-call-parser. A history with tool calls or
+tool results is refused too: the chat messages carry text only, and dropping the calls would
+change the conversation."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +31,10 @@ class NamedTool:
     name: str
     parameters: dict[str, Any]
     ids: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        return self.parameters
 
     def call_id(self, index: int) -> str:
         return self.ids.setdefault(index, f"chatcmpl-tool-{uuid.uuid4().hex}")
@@ -43,8 +54,93 @@ class NamedTool:
             "function": {"name": self.name, "arguments": arguments}}]}
 
 
-def named_tool(req: ChatCompletionRequest) -> NamedTool | None:
-    """The request's named tool choice (None: no tool call), or a 400 naming the field."""
+@dataclass(slots=True)
+class RequiredTools:
+    """tool_choice "required": each choice's text is a JSON array of calls (`schema`)."""
+
+    schema: dict[str, Any]
+    streamed: dict[int, str] = field(default_factory=dict)  # choice -> its text so far
+    sent: dict[int, int] = field(default_factory=dict)  # choice -> calls already streamed
+
+    def message(self, index: int, text: str) -> dict[str, Any]:
+        """A whole response's assistant message: the array's calls; the text itself where it
+        is not a whole array (cut short by max_tokens)."""
+        calls, whole = _calls(text)
+        if not whole:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": "",
+                "tool_calls": [_call(c) for c in calls]}
+
+    def delta(self, index: int, text: str, first: bool) -> dict[str, Any]:
+        """A stream's delta: the calls whose elements the text so far completes, each whole."""
+        self.streamed[index] = self.streamed.get(index, "") + text
+        calls, _ = _calls(self.streamed[index])
+        start = self.sent.get(index, 0)
+        self.sent[index] = len(calls)
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if len(calls) > start:
+            delta["tool_calls"] = [{"index": k, **_call(c)}
+                                   for k, c in enumerate(calls[start:], start=start)]
+        return delta
+
+
+ToolChoice = NamedTool | RequiredTools
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+            "function": {"name": call["name"],
+                         "arguments": json.dumps(call["parameters"], ensure_ascii=False)}}
+
+
+def _calls(text: str) -> tuple[list[dict[str, Any]], bool]:
+    """The array's elements that `text` completes (objects with a name and parameters), and
+    whether it is the whole array."""
+    decoder = json.JSONDecoder()
+    calls: list[dict[str, Any]] = []
+    at = len(text) - len(text.lstrip())
+    if not text.startswith("[", at):
+        return calls, False
+    at += 1
+    while True:
+        at += len(text[at:]) - len(text[at:].lstrip(" \t\n\r,"))
+        if text.startswith("]", at):
+            return calls, bool(calls) and not text[at + 1:].strip()
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:  # the element is not complete yet
+            return calls, False
+        if not (isinstance(value, dict) and isinstance(value.get("name"), str)
+                and "parameters" in value):
+            return calls, False
+        calls.append(value)
+
+
+def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's schema for tool_choice "required": an array of one or more calls, each a tool's
+    name and its parameters; the tools' $defs gathered at the top (a 400 where two tools
+    define one name differently)."""
+    defs: dict[str, Any] = {}
+    variants = []
+    for tool in tools:
+        function = tool["function"]
+        parameters = dict(function.get("parameters") or {"type": "object", "properties": {}})
+        for name, definition in parameters.pop("$defs", {}).items():
+            if defs.setdefault(name, definition) != definition:
+                raise bad_request(f"tools define $defs {name!r} differently: tool_choice "
+                                  '"required" needs one definition of it', "tools")
+        variants.append({"properties": {"name": {"type": "string", "enum": [function["name"]]},
+                                        "parameters": parameters},
+                         "required": ["name", "parameters"]})
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "object", "anyOf": variants}}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def tool_choice(req: ChatCompletionRequest) -> ToolChoice | None:
+    """The request's forced tool calls (None: none), or a 400 naming the field."""
     if req.functions or req.function_call:
         older = "functions" if req.functions else "function_call"
         raise bad_request(f"{older} is not supported (the older API): use tools and "
@@ -54,12 +150,18 @@ def named_tool(req: ChatCompletionRequest) -> NamedTool | None:
     choice = req.tool_choice
     if (choice is None and not tools) or choice == "none":
         return None
-    if choice is None or choice in ("auto", "required"):
-        shown = "auto" if choice is None else choice
-        raise bad_request(f'tool_choice "{shown}" needs a parser of the model\'s tool-call '
-                          'format, which Strand does not have: name the function '
-                          '({"type": "function", "function": {"name": ...}}) or send "none"',
-                          "tool_choice")
+    if choice == "required":
+        if not tools:
+            raise bad_request('tool_choice "required" needs tools', "tool_choice")
+        if _constrained(req):
+            raise bad_request('tool_choice "required" constrains the reply itself: drop '
+                              "response_format / structured_outputs", "tool_choice")
+        return RequiredTools(required_schema(tools))
+    if choice is None or choice == "auto":
+        raise bad_request('tool_choice "auto" needs a parser of the model\'s tool-call '
+                          'format, which Strand does not have: send "required", name the '
+                          'function ({"type": "function", "function": {"name": ...}}) or send '
+                          '"none"', "tool_choice")
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function"
             and isinstance(name, str)):

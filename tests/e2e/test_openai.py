@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -230,7 +231,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"tools": [TOOL]}, "tool_choice"),  # OpenAI's default "auto" needs a parser
-    ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # and "required" tools
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tool_choice"),
     ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"}, "tools"),
@@ -289,6 +290,45 @@ def test_a_named_tool_choice_answers_with_a_call_to_it(client: openai.OpenAI,
     plain = client.chat.completions.create(  # type: ignore[call-overload]
         model=model_name, messages=CHAT, tools=[TOOL], tool_choice="none", max_tokens=3)
     assert plain.choices[0].message.tool_calls is None
+
+
+TOOL_G = {"type": "function", "function": {"name": "g", "parameters": {
+    "type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"],
+    "additionalProperties": False}}}
+
+
+def _whitespace_tokens(model_dir: str) -> list[int]:
+    """The tiny model's tokens that are only whitespace (byte-level BPE spells a space, tab,
+    newline and carriage return as these characters)."""
+    vocab = json.loads((Path(model_dir) / "tokenizer.json").read_text())["model"]["vocab"]
+    return [i for token, i in vocab.items() if token and set(token) <= set("\u0120\u0109\u010a\u010d")]
+
+
+def test_a_required_tool_choice_answers_with_calls_to_the_tools(client: openai.OpenAI,
+                                                                model_name: str) -> None:
+    # vLLM's "required": the reply is held to a JSON array of {"name", "parameters"} calls.
+    # The random weights would fill the JSON's optional whitespace to max_tokens: biased away.
+    bias = dict.fromkeys(map(str, _whitespace_tokens(model_name)), -100)
+    kwargs = {"model": model_name, "messages": CHAT, "tools": [TOOL, TOOL_G],
+              "tool_choice": "required", "max_tokens": 200, "temperature": 0.0,
+              "logit_bias": bias}
+    resp = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    choice = resp.choices[0]
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))  # type: ignore[call-overload]
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls
+                for c in ch.choices[0].delta.tool_calls]
+    calls = choice.message.tool_calls
+    assert choice.finish_reason == "stop" and choice.message.content == "" and calls
+    keys = {"f": {"n"}, "g": {"b"}}
+    for call in calls:
+        assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
+        assert set(json.loads(call.function.arguments)) == keys[call.function.name]  # type: ignore[union-attr]
+    assert [(c.index, c.function.name, c.function.arguments) for c in streamed] == [  # type: ignore[union-attr]
+        (i, c.function.name, c.function.arguments) for i, c in enumerate(calls)]  # type: ignore[union-attr]
+    cut = client.chat.completions.create(**{**kwargs, "max_tokens": 3})  # type: ignore[call-overload]
+    assert cut.choices[0].finish_reason == "length"
+    assert cut.choices[0].message.tool_calls is None
+    assert (cut.choices[0].message.content or "").startswith("[")  # held from the first token
 
 
 def test_tool_calls_in_the_history_are_refused(client: openai.OpenAI, model_name: str) -> None:
