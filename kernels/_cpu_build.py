@@ -142,6 +142,13 @@ class CpuKernels:
         say(f"built the CPU kernels in {time.monotonic() - start:.0f} s")
         return module
 
+    def built(self) -> ModuleType | None:
+        """The module where it is loaded or built already (never a build: for callers with a
+        fast enough fallback, which must not keep a first start waiting on a compile)."""
+        if self._module is None and not is_cached():
+            return None
+        return self.module()
+
     def unavailable_reason(self) -> str | None:
         self.module()
         return self._error

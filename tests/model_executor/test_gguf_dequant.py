@@ -105,3 +105,30 @@ def test_tensor_type_dequantizes_as_gguf_does(tmp_path: Path, monkeypatch: pytes
             want = unpermute(want, KV_HEADS)
         assert np.isfinite(want).all() and want.std() > 0
         assert np.array_equal(got[name].numpy(), want), name
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K"])
+def test_rows_the_cpu_kernels_dequantize_are_ggufs_bit_for_bit(kind: str) -> None:
+    # The types the C++ kernels read as the file has them are dequantized by them at load
+    # (where they are built): the same floats as gguf's own dequantization.
+    from engine_core.model_executor.gguf import tensors
+    from engine_core.model_executor.gguf.tensor_table import GGUFTensor
+    from kernels._cpu_build import KERNELS
+
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(int(qtype))
+    rows, width = 40, 512
+    blocks = rng.integers(0, 256, (rows, width // block, size), dtype=np.uint8)
+    halves = (0, 2) if kind in ("Q4_1", "Q5_1", "Q4_K") else (0,)  # d (and m or dmin)
+    for offset in halves:
+        scale = rng.uniform(-2e-2, 2e-2, blocks.shape[:2]).astype(np.float16)
+        blocks[..., offset:offset + 2] = scale[..., None].view(np.uint8)
+    data = blocks.reshape(rows, -1)
+    t = GGUFTensor("blk.0.ffn_up.weight", qtype, np.array([width, rows], dtype=np.uint64), data)
+    want = np.asarray(gguf.quants.dequantize(data, qtype), dtype=np.float32)
+    assert np.isfinite(want).all() and want.std() > 0
+    assert np.array_equal(tensors.dequantized_rows(t, 0, rows), want)
+    assert np.array_equal(tensors.dequantized_rows(t, 7, 29), want[7:29])
+    if KERNELS.module() is not None:  # built: the load takes the kernel's path
+        assert tensors._kernel_dequantize(int(qtype)) is not None
