@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
@@ -29,18 +30,27 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # transformers' filter, not jinja2's: jinja2's escapes <, >, & and ' for HTML, so a tool
+    # spec or a call's arguments would read differently from the text the model was trained on.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     # trim_blocks/lstrip_blocks match transformers, so a template renders the same text in both.
     env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env.from_string(source)
 
 
 def render_chat_template(
     template: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     special_tokens: dict[str, str] | None = None,
     tools: list[dict[str, Any]] | None = None,

@@ -257,7 +257,10 @@ def _refuse_what_needs_text(params: SamplingParams) -> None:
         raise ValueError(f"structured_outputs need a tokenizer, but {NO_TOKENIZER}")
 
 
-def _check_messages(messages: object) -> list[dict[str, str]]:
+def _check_messages(messages: object) -> list[dict[str, Any]]:
+    """{'role', 'content'} dicts; an assistant's may carry 'tool_calls' (OpenAI's list of
+    {"id", "type", "function": {"name", "arguments"}}), a tool's 'tool_call_id' and 'name':
+    the chat template reads them."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
     for i, message in enumerate(messages):
@@ -267,6 +270,14 @@ def _check_messages(messages: object) -> list[dict[str, str]]:
             and isinstance(message.get("content"), str)
         ):
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content'")
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)):
+            raise ValueError(f"messages[{i}].tool_calls must be a list of "
+                             "{'id', 'type', 'function': {'name', 'arguments'}} dicts")
+        for key in ("tool_call_id", "name"):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise ValueError(f"messages[{i}].{key} must be a str")
     return messages
 
 

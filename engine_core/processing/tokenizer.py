@@ -99,7 +99,7 @@ class Tokenizer:
         return None if token_id is None else int(token_id)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
         if not self.chat_template:

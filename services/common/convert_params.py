@@ -119,6 +119,32 @@ def params_from_pb(msg: pb.SamplingParams, validated: bool = False) -> SamplingP
     return SamplingParams(**kwargs)
 
 
+def _chat_message_to_pb(m: dict[str, Any]) -> pb.ChatMessage:
+    msg = pb.ChatMessage(role=m["role"], content=m["content"])
+    if m.get("tool_calls"):
+        msg.tool_calls_json = json.dumps(m["tool_calls"])
+    if m.get("tool_call_id") is not None:
+        msg.tool_call_id = m["tool_call_id"]
+    if m.get("name") is not None:
+        msg.name = m["name"]
+    return msg
+
+
+def _chat_message_from_pb(msg: pb.ChatMessage) -> dict[str, Any]:
+    """A message as the template reads it: the fields OpenAI's message had, no empty ones."""
+    m: dict[str, Any] = {"role": msg.role, "content": msg.content}
+    if msg.tool_calls_json:
+        try:
+            m["tool_calls"] = json.loads(msg.tool_calls_json)
+        except ValueError as exc:
+            raise ValueError(f"tool_calls must be JSON: {exc}") from None
+    if msg.tool_call_id:
+        m["tool_call_id"] = msg.tool_call_id
+    if msg.name:
+        m["name"] = msg.name
+    return m
+
+
 def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
     """str | {"prompt": str} | {"prompt_token_ids": [...]} | {"messages": [...]}, + cache_salt."""
     if isinstance(prompt, str):
@@ -134,8 +160,7 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
         if prompt.get("prompt") is not None:
             msg.token_ids_text = prompt["prompt"]
     elif "messages" in prompt:
-        chat = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in prompt["messages"]]
-        msg.chat.messages.extend(chat)
+        msg.chat.messages.extend(_chat_message_to_pb(m) for m in prompt["messages"])
         if "add_generation_prompt" in prompt:
             msg.chat.add_generation_prompt = bool(prompt["add_generation_prompt"])
         if prompt.get("tools") is not None:
@@ -164,8 +189,7 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
         if msg.HasField("token_ids_text"):
             result["prompt"] = msg.token_ids_text
     else:
-        result = {"messages": [{"role": m.role, "content": m.content}
-                               for m in msg.chat.messages]}
+        result = {"messages": [_chat_message_from_pb(m) for m in msg.chat.messages]}
         if msg.chat.HasField("add_generation_prompt"):
             result["add_generation_prompt"] = msg.chat.add_generation_prompt
         if msg.chat.tools_json:

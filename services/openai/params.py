@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
@@ -38,12 +39,46 @@ def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None) -> PromptType:
     """The engine renders the model's chat template from {"messages": [...]} (and the tools,
     for a template that lists them)."""
-    texts = [{"role": str(m.get("role", "")), "content": _text_content(m.get("content"), i)}
-             for i, m in enumerate(messages)]
+    texts = [_message(m, i) for i, m in enumerate(messages)]
     prompt: dict[str, Any] = {"messages": texts, "add_generation_prompt": add_generation_prompt}
     if tools:
         prompt["tools"] = tools
     return prompt
+
+
+def _message(m: dict[str, Any], index: int) -> dict[str, Any]:
+    """A message as the template reads it: role and text; an assistant's tool calls, each
+    call's arguments as an object (vLLM parses OpenAI's JSON string so, for the templates that
+    write them out); a tool message's tool_call_id and name."""
+    out: dict[str, Any] = {"role": str(m.get("role", "")),
+                           "content": _text_content(m.get("content"), index)}
+    calls = m.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_tool_call(c, index, j) for j, c in enumerate(
+            calls if isinstance(calls, list) else [calls])]
+    for key in ("tool_call_id", "name"):
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                raise bad_request(f"messages[{index}].{key} must be a string", "messages")
+            out[key] = m[key]
+    return out
+
+
+def _tool_call(call: Any, index: int, j: int) -> dict[str, Any]:
+    where = f"messages[{index}].tool_calls[{j}]"
+    function = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
+        raise bad_request(f'{where} must be {{"id": ..., "type": "function", "function": '
+                          '{"name": ..., "arguments": "<JSON>"}}', "messages")
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise bad_request(f"{where}.function.arguments must be a JSON object",
+                              "messages") from None
+    return {"id": str(call.get("id", "")), "type": "function",
+            "function": {"name": function["name"], "arguments": arguments}}
 
 
 def _text_content(content: Any, index: int) -> str:

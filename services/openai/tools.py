@@ -9,9 +9,8 @@ template, and the reply is constrained by a JSON schema, then answered as tool c
   element of the array completes.
 `tool_choice: "none"` renders the tools and constrains nothing. "auto" (OpenAI's default when
 tools are given) needs a parser of the model's own tool-call format, which Strand does not have:
-refused by name, as vLLM refuses "auto" without --tool-call-parser. A history with tool calls or
-tool results is refused too: the chat messages carry text only, and dropping the calls would
-change the conversation."""
+refused by name, as vLLM refuses "auto" without --tool-call-parser. Tool calls and tool results
+in the history go to the chat template (params.py), for a template that writes them out."""
 
 from __future__ import annotations
 
@@ -145,7 +144,6 @@ def tool_choice(req: ChatCompletionRequest) -> ToolChoice | None:
         older = "functions" if req.functions else "function_call"
         raise bad_request(f"{older} is not supported (the older API): use tools and "
                           "tool_choice", older)
-    _check_history(req.messages)
     tools = _check_tools(req.tools)
     choice = req.tool_choice
     if (choice is None and not tools) or choice == "none":
@@ -189,13 +187,6 @@ def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
             raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object",
                               "tools")
     return tools or []
-
-
-def _check_history(messages: list[dict[str, Any]]) -> None:
-    for i, message in enumerate(messages):
-        if message.get("role") == "tool" or message.get("tool_calls"):
-            raise bad_request(f"messages[{i}]: tool calls and tool results in the history are "
-                              "not supported (the chat messages carry text only)", "messages")
 
 
 def _constrained(req: ChatCompletionRequest) -> bool:

@@ -331,13 +331,28 @@ def test_a_required_tool_choice_answers_with_calls_to_the_tools(client: openai.O
     assert (cut.choices[0].message.content or "").startswith("[")  # held from the first token
 
 
-def test_tool_calls_in_the_history_are_refused(client: openai.OpenAI, model_name: str) -> None:
+def test_tool_calls_and_results_in_the_history_reach_the_template(client: openai.OpenAI,
+                                                                   model_name: str,
+                                                                   openai_stack: Stack) -> None:
+    # OpenAI's arguments string goes to the template as an object (the tiny template writes
+    # each call as "<|call|>NAME ARGUMENTS-JSON" and has a tool role).
     history = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "1", "content": "3"}]
+        "id": "1", "type": "function", "function": {"name": "f", "arguments": '{"n": 3}'}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "three"}]
+    resp = client.chat.completions.create(model=model_name, messages=history, max_tokens=1)  # type: ignore[arg-type]
+    assert resp.choices[0].finish_reason in ("length", "stop")
+    base = f"http://{openai_stack.address('openai')}"
+    _, tokenized = _post(f"{base}/tokenize", {"model": model_name, "messages": history})
+    _, detokenized = _post(f"{base}/detokenize", {"model": model_name,
+                                                  "tokens": tokenized["tokens"]})
+    prompt = detokenized["prompt"]
+    assert '<|assistant|>\n<|call|>f {"n": 3}<|end|>\n<|tool|>\nthree<|end|>' in prompt
+    bad = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "1", "type": "function", "function": {"name": "f", "arguments": "{n: 3"}}]}]
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model_name, messages=history, max_tokens=1)  # type: ignore[arg-type]
-    assert "messages[1]: tool calls" in info.value.response.json()["error"]["message"]
+        client.chat.completions.create(model=model_name, messages=bad, max_tokens=1)  # type: ignore[arg-type]
+    assert ("messages[1].tool_calls[0].function.arguments must be a JSON object"
+            in info.value.response.json()["error"]["message"])
 
 
 def test_suffix_is_refused(client: openai.OpenAI, model_name: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,47 @@ def test_rendering_matches_transformers(
         MESSAGES, tokenize=False, add_generation_prompt=add_generation_prompt
     )
     assert tokenizer.apply_chat_template(MESSAGES, add_generation_prompt) == expected
+
+
+# A conversation with a tool call and its result, as the OpenAI front hands it on: the call's
+# arguments an object (params.py parses OpenAI's JSON string, as vLLM does).
+TOOL_TURNS: list[dict[str, Any]] = [
+    {"role": "user", "content": "3 < 4?"},
+    {"role": "assistant", "content": "", "tool_calls": [{
+        "id": "c1", "type": "function",
+        "function": {"name": "cmp", "arguments": {"a": 3, "b": "<4> & é"}}}]},
+    {"role": "tool", "content": "true", "tool_call_id": "c1", "name": "cmp"},
+]
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+    "name": "cmp", "description": "a < b, 'quoted' & café",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+# A template that writes tools, calls and results out as the Hermes-style ones do.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|system|>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|end|>\n"
+    "{% endif %}{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}"
+    "{% if m.role == 'tool' %} ({{ m.tool_call_id }}){% endif %}<|end|>\n{% endfor %}")
+
+
+@pytest.mark.parametrize("template", ["tiny", "tools"])
+def test_tool_calls_and_results_render_as_transformers_renders_them(
+    tiny_tokenizer_dir: Path, tokenizer: Tokenizer, template: str
+) -> None:
+    # tojson as transformers defines it: JSON as the model was trained on, not HTML-escaped
+    # (jinja2's own filter writes "<" as "\u003c").
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    source = tokenizer.chat_template if template == "tiny" else TOOL_TEMPLATE
+    assert source is not None
+    expected = hf.apply_chat_template(TOOL_TURNS, tools=TOOLS, tokenize=False,
+                                      chat_template=source)
+    got = render_chat_template(source, TOOL_TURNS, add_generation_prompt=False, tools=TOOLS,
+                               special_tokens={"bos_token": "<s>"})
+    assert got == expected
+    assert '{"a": 3, "b": "<4> & é"}' in got
+    if template == "tools":
+        assert "\"a < b, 'quoted' & café\"" in got and "(c1)" in got
 
 
 def test_raise_exception_in_a_template_becomes_value_error(tokenizer: Tokenizer) -> None:

@@ -85,6 +85,11 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
     {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True},
     {"messages": [{"role": "user", "content": "hi"}],
      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    {"messages": [{"role": "user", "content": "hi"},  # a tool call and its result
+                  {"role": "assistant", "content": "", "tool_calls": [{
+                      "id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": {"n": 1}}}]},
+                  {"role": "tool", "content": "2", "tool_call_id": "c1", "name": "f"}]},
 ])
 def test_prompt_forms_round_trip(prompt: str | dict) -> None:
     assert prompt_from_pb(prompt_to_pb(prompt)) == prompt
