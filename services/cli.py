@@ -145,6 +145,9 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
                         help="with --openai-port: the model names clients use, the first "
                              "listed first (default: --model as given, e.g. smollm2)")
+    from services.openai.tool_flags import add_tool_flags
+
+    add_tool_flags(parser, prefix="with --openai-port: ")
     return parser
 
 
@@ -219,8 +222,10 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
                  ) -> StackConfig:
     """What `strand serve` starts, from its flags (checked here)."""
     from services.launch import StackConfig
+    from services.openai.tool_flags import check_tool_flags
 
     gateway_args = ["--auto-step"] if args.auto_step else []
+    check_tool_flags(parser, args)
     openai_args = _openai_flags(args)
     if args.api_key:
         gateway_args += ["--api-key", args.api_key]
@@ -252,9 +257,11 @@ def _openai_flags(args: argparse.Namespace) -> list[str]:
     it resolves to)."""
     from services.openai.lora_modules import parse_lora_modules
     from services.openai.served_names import check_served_names
+    from services.openai.tool_flags import tool_flags
 
     for flag, given in (("--lora-modules", args.lora_modules),
-                        ("--served-model-name", args.served_model_name)):
+                        ("--served-model-name", args.served_model_name),
+                        ("--enable-auto-tool-choice", args.enable_auto_tool_choice)):
         if given and args.openai_port is None:
             raise ValueError(f"{flag} needs --openai-port (they are the OpenAI front's model "
                              "names)")
@@ -264,6 +271,7 @@ def _openai_flags(args: argparse.Namespace) -> list[str]:
     names = args.served_model_name or ([args.model] if args.model else [])
     check_served_names(names, lora)
     flags = ["--served-model-name", *names] if names else []
+    flags += tool_flags(args)
     return flags + (["--lora-modules", *args.lora_modules] if args.lora_modules else [])
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from services.common.errors import run_main, setup_logging
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES
+from services.openai.tool_flags import add_tool_flags, check_tool_flags
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,9 +36,11 @@ def _main(argv: list[str] | None) -> None:
                              "refused unread (default %(default)s)")
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
+    add_tool_flags(parser)
     args = parser.parse_args(argv)
     if args.max_body_bytes < 1:
         parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    check_tool_flags(parser, args)
 
     import uvicorn
 
@@ -53,7 +56,8 @@ def _main(argv: list[str] | None) -> None:
                                  root_certificates=roots,
                                  served_model_names=args.served_model_name,
                                  lora_modules=lora_modules,
-                                 max_body_bytes=args.max_body_bytes))
+                                 max_body_bytes=args.max_body_bytes,
+                                 tool_call_parser=args.tool_call_parser))
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

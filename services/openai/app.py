@@ -55,6 +55,8 @@ class FrontConfig:
     # --lora-modules: model name -> the adapter a request naming it runs with.
     lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body is a 413, unread
+    # --enable-auto-tool-choice --tool-call-parser: tool_choice "auto" parsed so (tool_parser.py)
+    tool_call_parser: str | None = None
 
 
 class Front:
@@ -209,7 +211,7 @@ def create_app(config: FrontConfig) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         _warn_ignored(req, "/v1/chat/completions")
         model, lora = await front.check_model(req.model)
-        tool = tool_choice(req)
+        tool = tool_choice(req, front.config.tool_call_parser)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}",
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool)

@@ -125,7 +125,8 @@ def chat_params(req: ChatCompletionRequest, tool: ToolChoice | None = None) -> S
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens or req.max_tokens
-    structured = None if tool is None else StructuredOutputsParams(json=tool.schema)
+    structured = (None if tool is None or tool.schema is None
+                  else StructuredOutputsParams(json=tool.schema))
     return _params(req, max_tokens, logprobs, structured)
 
 

@@ -146,7 +146,10 @@ class Shaper:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(c)}
         if self.chat:
             choice["logprobs"] = chat_logprobs(c, self.num_top_logprobs)
-            choice[key] = self._chat_text(index, c.text, streamed=key == "delta")
+            choice[key] = self._chat_text(index, c.text, streamed=key == "delta",
+                                          last=c.finish_reason is not None)
+            if self.tool is not None:  # after the text: whether it made calls
+                choice["finish_reason"] = self.tool.finish(index, choice["finish_reason"])
             return choice
         part = self._completion(job, index, out, c)
         if part is None:
@@ -155,14 +158,15 @@ class Shaper:
         choice["stop_reason"] = c.stop_reason
         return choice
 
-    def _chat_text(self, index: int, text: str, streamed: bool) -> dict[str, Any]:
+    def _chat_text(self, index: int, text: str, streamed: bool,
+                   last: bool = False) -> dict[str, Any]:
         """A chat choice's message (or a stream's next delta, the role in its first): its
         text, or with forced tool calls the calls its text holds (tools.py)."""
         first = index not in self.started
         self.started.add(index)
         if self.tool is not None:
             if streamed:
-                return self.tool.delta(index, text, first)
+                return self.tool.delta(index, text, first, last)
             return self.tool.message(index, text)
         if streamed and not first:
             return {"content": text}

@@ -8,8 +8,9 @@ template, and the reply is constrained by a JSON schema, then answered as tool c
   is answered as the text it is (finish_reason "length"); a stream sends each call as its
   element of the array completes.
 `tool_choice: "none"` renders the tools and constrains nothing. "auto" (OpenAI's default when
-tools are given) needs a parser of the model's own tool-call format, which Strand does not have:
-refused by name, as vLLM refuses "auto" without --tool-call-parser. Tool calls and tool results
+tools are given) needs a parser of the model's own tool-call format (tool_parser.py: the front's
+--enable-auto-tool-choice --tool-call-parser); without one it is refused by name, as vLLM
+refuses it. Tool calls and tool results
 in the history go to the chat template (params.py), for a template that writes them out."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from services.openai.errors import bad_request
 from services.openai.protocol import ChatCompletionRequest
+from services.openai.tool_parser import AutoTools
 
 
 @dataclass(slots=True)
@@ -44,7 +46,11 @@ class NamedTool:
             "id": self.call_id(index), "type": "function",
             "function": {"name": self.name, "arguments": arguments}}]}
 
-    def delta(self, index: int, arguments: str, first: bool) -> dict[str, Any]:
+    def finish(self, index: int, reason: str | None) -> str | None:
+        return reason  # OpenAI's, and vLLM's: a named call ends with "stop"
+
+    def delta(self, index: int, arguments: str, first: bool, last: bool = False
+              ) -> dict[str, Any]:
         """A stream's delta: the call's id and name first, then arguments as they come."""
         if not first:
             return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
@@ -70,7 +76,7 @@ class RequiredTools:
         return {"role": "assistant", "content": "",
                 "tool_calls": [_call(c) for c in calls]}
 
-    def delta(self, index: int, text: str, first: bool) -> dict[str, Any]:
+    def delta(self, index: int, text: str, first: bool, last: bool = False) -> dict[str, Any]:
         """A stream's delta: the calls whose elements the text so far completes, each whole."""
         self.streamed[index] = self.streamed.get(index, "") + text
         calls, _ = _calls(self.streamed[index])
@@ -82,8 +88,11 @@ class RequiredTools:
                                    for k, c in enumerate(calls[start:], start=start)]
         return delta
 
+    def finish(self, index: int, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" else reason  # vLLM's, for "required"
 
-ToolChoice = NamedTool | RequiredTools
+
+ToolChoice = NamedTool | RequiredTools | AutoTools
 
 
 def _call(call: dict[str, Any]) -> dict[str, Any]:
@@ -138,8 +147,9 @@ def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     return schema
 
 
-def tool_choice(req: ChatCompletionRequest) -> ToolChoice | None:
-    """The request's forced tool calls (None: none), or a 400 naming the field."""
+def tool_choice(req: ChatCompletionRequest, parser: str | None = None) -> ToolChoice | None:
+    """How the request's reply makes tool calls (None: it makes none), or a 400 naming the
+    field; parser: the front's --tool-call-parser, which "auto" needs."""
     if req.functions or req.function_call:
         older = "functions" if req.functions else "function_call"
         raise bad_request(f"{older} is not supported (the older API): use tools and "
@@ -156,10 +166,14 @@ def tool_choice(req: ChatCompletionRequest) -> ToolChoice | None:
                               "response_format / structured_outputs", "tool_choice")
         return RequiredTools(required_schema(tools))
     if choice is None or choice == "auto":
+        if parser is not None:
+            return AutoTools(parser)
         raise bad_request('tool_choice "auto" needs a parser of the model\'s tool-call '
-                          'format, which Strand does not have: send "required", name the '
-                          'function ({"type": "function", "function": {"name": ...}}) or send '
-                          '"none"', "tool_choice")
+                          'format: start the front with --enable-auto-tool-choice '
+                          '--tool-call-parser hermes (for a model that writes Hermes-style '
+                          '<tool_call> blocks), or send "required", name the function '
+                          '({"type": "function", "function": {"name": ...}}) or send "none"',
+                          "tool_choice")
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function"
             and isinstance(name, str)):

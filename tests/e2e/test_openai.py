@@ -43,7 +43,8 @@ def openai_stack(tmp_path_factory: pytest.TempPathFactory,
     config = StackConfig(model=str(model), engine_args=list(ENGINE_FLAGS),
                          gateway_args=["--auto-step"],
                          log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0,
-                         otlp_traces_endpoint=otlp_receiver.endpoint)
+                         otlp_traces_endpoint=otlp_receiver.endpoint,
+                         openai_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
     with launch_stack(config, timeout=120) as stack:
         yield stack
 
@@ -230,8 +231,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": [TOOL]}, "tool_choice"),  # OpenAI's default "auto" needs a parser
-    ({"tool_choice": "required"}, "tool_choice"),  # and "required" tools
+    ({"tool_choice": "required"}, "tool_choice"),  # "required" needs tools
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tool_choice"),
     ({"tools": [{"type": "function", "function": {}}], "tool_choice": "none"}, "tools"),
@@ -318,7 +318,8 @@ def test_a_required_tool_choice_answers_with_calls_to_the_tools(client: openai.O
     streamed = [c for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls
                 for c in ch.choices[0].delta.tool_calls]
     calls = choice.message.tool_calls
-    assert choice.finish_reason == "stop" and choice.message.content == "" and calls
+    assert choice.finish_reason == "tool_calls"  # vLLM's for "required"
+    assert choice.message.content == "" and calls
     keys = {"f": {"n"}, "g": {"b"}}
     for call in calls:
         assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
@@ -329,6 +330,21 @@ def test_a_required_tool_choice_answers_with_calls_to_the_tools(client: openai.O
     assert cut.choices[0].finish_reason == "length"
     assert cut.choices[0].message.tool_calls is None
     assert (cut.choices[0].message.content or "").startswith("[")  # held from the first token
+
+
+def test_auto_tool_choice_is_parsed_and_text_stays_text(client: openai.OpenAI,
+                                                         model_name: str) -> None:
+    # The front runs --enable-auto-tool-choice --tool-call-parser hermes: OpenAI's default
+    # "auto" is served, nothing constrains the reply, and the random weights write no
+    # <tool_call> block: the reply is its text, streamed the same.
+    kwargs = {"model": model_name, "messages": CHAT, "tools": [TOOL], "max_tokens": 8,
+              "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+    resp = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    choice = resp.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == choice.message.content and "<tool_call>" not in streamed
 
 
 def test_tool_calls_and_results_in_the_history_reach_the_template(client: openai.OpenAI,

@@ -84,8 +84,18 @@ def test_serve_names_the_served_model_as_typed_like_vllm() -> None:
     assert _openai_args(["--model", "smollm2"]) == []
 
 
+def test_serve_hands_the_tool_flags_to_its_front() -> None:
+    tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert _openai_args(["--model", "m", "--openai-port", "0", *tools]) == [
+        "--served-model-name", "m", *tools]
+    with pytest.raises(SystemExit):  # parser.error, as vLLM: the two go together
+        _openai_args(["--model", "m", "--openai-port", "0", "--enable-auto-tool-choice"])
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--served-model-name", "a"], "--served-model-name needs --openai-port"),
+    (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+     "--enable-auto-tool-choice needs --openai-port"),
     (["--openai-port", "0", "--served-model-name", "a", "a"],
      "--served-model-name names must be unique, got 'a' twice"),
     (["--openai-port", "0", "--served-model-name", " "],

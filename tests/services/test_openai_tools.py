@@ -1,5 +1,6 @@
-"""tool_choice "required" as vLLM serves it: the schema the reply is held to, and the reply's
-JSON array answered as tool calls, whole or streamed as each call completes."""
+"""tool_choice "required" and "auto" as vLLM serves them: the schema a "required" reply is held
+to and its JSON array answered as tool calls; an "auto" reply's Hermes-style <tool_call> blocks
+found by the parser; whole or streamed, and the finish reasons."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from services.openai.errors import OpenAIError
 from services.openai.params import chat_params
 from services.openai.protocol import ChatCompletionRequest
+from services.openai.tool_parser import AutoTools
 from services.openai.tools import NamedTool, RequiredTools, required_schema, tool_choice
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -107,3 +109,98 @@ def test_a_stream_sends_each_call_once_its_element_completes() -> None:
     assert sum(len(p) for p in pieces[:first_at + 1]) < len(REPLY) // 2 + 7
     other = RequiredTools({})  # choices of one request stream apart
     assert other.delta(1, REPLY, first=True)["tool_calls"][1]["index"] == 1
+
+
+HERMES = ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {"n": 3}}\n</tool_call>\n'
+          '<tool_call>\n{"name": "g", "arguments": {"s": "é"}}\n</tool_call>')
+
+
+def test_auto_needs_the_fronts_parser_and_then_constrains_nothing() -> None:
+    tool = tool_choice(ChatCompletionRequest(messages=CHAT, tools=[F]), "hermes")
+    assert isinstance(tool, AutoTools)
+    params = chat_params(ChatCompletionRequest(messages=CHAT, tools=[F]), tool)
+    assert params.structured_outputs is None
+    assert isinstance(tool_choice(ChatCompletionRequest(messages=CHAT, tools=[F],
+                                                        tool_choice="auto"), "hermes"), AutoTools)
+    with pytest.raises(OpenAIError, match="--enable-auto-tool-choice --tool-call-parser hermes"):
+        tool_choice(ChatCompletionRequest(messages=CHAT, tools=[F], tool_choice="auto"))
+
+
+def test_a_hermes_reply_is_its_text_and_its_calls() -> None:
+    tool = AutoTools("hermes")
+    message = tool.message(0, HERMES)
+    assert message["content"] == "Let me look."
+    calls = message["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("f", {"n": 3}), ("g", {"s": "é"})]
+    assert tool.finish(0, "stop") == "tool_calls"
+    assert tool.finish(0, "length") == "length"  # cut short: not a clean call
+    only = AutoTools("hermes").message(0, HERMES[len("Let me look.\n"):])
+    assert only["content"] is None and len(only["tool_calls"]) == 2
+
+
+@pytest.mark.parametrize("text", [
+    "no call here",
+    'x <tool_call>{"name": "f", "arguments": {"n": 3}}',  # unclosed: cut short
+    "<tool_call>{not json}</tool_call>",  # as vLLM: the whole reply stays text
+    '<tool_call>{"arguments": {}}</tool_call>',  # no name
+])
+def test_a_reply_without_a_whole_call_is_its_text(text: str) -> None:
+    tool = AutoTools("hermes")
+    assert tool.message(0, text) == {"role": "assistant", "content": text}
+    assert tool.finish(0, "stop") == "stop"
+
+
+@pytest.mark.parametrize("size", [1, 3, 11])
+def test_a_hermes_stream_sends_text_then_each_call_whole(size: int) -> None:
+    tool = AutoTools("hermes")
+    pieces = [HERMES[i:i + size] for i in range(0, len(HERMES), size)]
+    deltas = [tool.delta(0, piece, first=i == 0) for i, piece in enumerate(pieces)]
+    assert deltas[0]["role"] == "assistant"
+    content = "".join(d.get("content", "") for d in deltas)
+    assert content == "Let me look.\n"  # no character of a tag ever went out as text
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in calls] == [(0, "f", {"n": 3}), (1, "g", {"s": "é"})]
+    assert tool.finish(0, "stop") == "tool_calls"
+    plain = AutoTools("hermes")
+    text = "a < b and <tool"  # a "<" that starts no tag goes out; "<tool" waits
+    got = "".join(plain.delta(0, ch, first=i == 0).get("content", "") for i, ch in enumerate(text))
+    assert got == "a < b and " and plain.finish(0, "stop") == "stop"
+    assert plain.delta(0, "", first=False, last=True)["content"] == "<tool"  # then goes out
+
+
+def test_a_stream_drops_nothing_the_model_wrote() -> None:
+    # A call never closed (max_tokens), text after the calls, a block that is no call: what is
+    # not a call reaches the client as text by the stream's end.
+    cut = AutoTools("hermes")
+    first = cut.delta(0, 'ok <tool_call>{"name": "f", "argu', first=True)
+    assert first["content"] == "ok " and "tool_calls" not in first
+    assert cut.delta(0, "ments", first=False, last=True)["content"] == (
+        '<tool_call>{"name": "f", "arguments')
+    assert cut.finish(0, "length") == "length"
+    after = AutoTools("hermes")
+    deltas = [after.delta(0, "<tool_call>{bad}</tool_call>", first=True),
+              after.delta(0, HERMES[HERMES.index("<tool_call>"):], first=False),
+              after.delta(0, " done", first=False, last=True)]
+    assert [c["index"] for d in deltas for c in d.get("tool_calls", [])] == [0, 1]
+    assert deltas[0]["content"] == "<tool_call>{bad}</tool_call>"
+    assert deltas[-1]["content"] == " done"
+
+
+def test_the_tool_flags_go_together(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from services.openai.tool_flags import add_tool_flags, check_tool_flags, tool_flags
+
+    parser = argparse.ArgumentParser()
+    add_tool_flags(parser)
+    for argv, error in ((["--enable-auto-tool-choice"], "needs --tool-call-parser"),
+                        (["--tool-call-parser", "hermes"], "needs --enable-auto-tool-choice")):
+        args = parser.parse_args(argv)
+        with pytest.raises(SystemExit):
+            check_tool_flags(parser, args)
+        assert error in capsys.readouterr().err
+    args = parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    check_tool_flags(parser, args)
+    assert tool_flags(args) == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]

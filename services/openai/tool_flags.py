@@ -1,0 +1,31 @@
+"""vLLM's flags for tool_choice "auto", on the front and on `strand serve` alike."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.openai.tool_parser import PARSERS
+
+
+def add_tool_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help=f"{prefix}answer tool_choice \"auto\" (OpenAI's default when tools "
+                             "are given), the calls found by --tool-call-parser")
+    parser.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                        help=f"{prefix}the model's tool-call format: hermes (<tool_call> JSON "
+                             "blocks: Hermes, Qwen 2.5, Qwen 3)")
+
+
+def check_tool_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """As vLLM: the two go together; parser.error naming the missing one."""
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser")
+    if args.tool_call_parser is not None and not args.enable_auto_tool_choice:
+        parser.error("--tool-call-parser needs --enable-auto-tool-choice")
+
+
+def tool_flags(args: argparse.Namespace) -> list[str]:
+    """The flags again, for the front `strand serve` starts."""
+    if not args.enable_auto_tool_choice:
+        return []
+    return ["--enable-auto-tool-choice", "--tool-call-parser", args.tool_call_parser]

@@ -1,0 +1,119 @@
+"""tool_choice "auto" (OpenAI's default when tools are given): the model decides, in its own
+tool-call format, and a parser finds the calls in its text, as vLLM's --enable-auto-tool-choice
+--tool-call-parser does. Nothing constrains the reply.
+
+`hermes` is the format of the Hermes, Qwen 2.5 and Qwen 3 chat templates: each call a JSON
+object {"name": ..., "arguments": {...}} between <tool_call> and </tool_call>, after any text.
+The text before the first call is the message's content; the calls are its tool_calls and
+finish_reason is "tool_calls" (a reply cut short by max_tokens keeps "length"). A call whose
+JSON does not parse leaves the whole reply as text, as vLLM's parser does. A stream sends the
+text as it comes, holding back what may be the start of a <tool_call> tag, and each call whole
+once its closing tag arrives (a block that is no call goes as text, and by the stream's end
+whatever was held back or never closed: nothing the model wrote is dropped)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+PARSERS = ("hermes",)
+_START, _END = "<tool_call>", "</tool_call>"
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _call(raw: str) -> dict[str, Any] | None:
+    """One call's OpenAI form from the JSON between the tags; None where it is not a call."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return None
+    arguments = value.get("arguments", {})
+    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+            "function": {"name": value["name"],
+                         "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def parse_hermes(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """(content, calls) of a whole reply; (text, []) where it holds no call that parses."""
+    if _START not in text:
+        return text, []
+    calls = [_call(raw) for raw in _CALL.findall(text)]
+    unclosed = text.count(_START) != len(calls)
+    if not calls or unclosed or any(c is None for c in calls):
+        return text, []
+    return text[:text.index(_START)], [c for c in calls if c is not None]
+
+
+def _held_back(text: str) -> int:
+    """How many characters at the end of `text` may begin a <tool_call> tag."""
+    for n in range(min(len(_START) - 1, len(text)), 0, -1):
+        if _START.startswith(text[-n:]):
+            return n
+    return 0
+
+
+@dataclass(slots=True)
+class AutoTools:
+    """tool_choice "auto" under a parser (PARSERS): no schema; each choice's text is parsed."""
+
+    parser: str
+    schema: None = None
+    streamed: dict[int, str] = field(default_factory=dict)  # choice -> its text so far
+    shown: dict[int, int] = field(default_factory=dict)  # choice -> text chars sent as content
+    sent: dict[int, int] = field(default_factory=dict)  # choice -> calls already streamed
+    seen: dict[int, int] = field(default_factory=dict)  # choice -> <tool_call> blocks read
+
+    def message(self, index: int, text: str) -> dict[str, Any]:
+        content, calls = parse_hermes(text)
+        if calls:
+            self.sent[index] = len(calls)
+            return {"role": "assistant", "content": content.strip() or None,
+                    "tool_calls": calls}
+        return {"role": "assistant", "content": text}
+
+    def delta(self, index: int, text: str, first: bool, last: bool = False) -> dict[str, Any]:
+        """The text before any call as content, but for what may begin a tag; each call once
+        its closing tag is in; at the last delta, whatever is left unsent (the held-back
+        characters, or a call never closed) as content: nothing the model wrote is dropped."""
+        whole = self.streamed.get(index, "") + text
+        self.streamed[index] = whole
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        start = whole.find(_START)
+        shown_to = start if start >= 0 else len(whole) - _held_back(whole)
+        content = ""
+        shown = self.shown.get(index, 0)
+        if shown_to > shown:
+            content = whole[shown:shown_to]
+            self.shown[index] = shown = shown_to
+        closed_to = shown
+        if start >= 0:
+            blocks = list(_CALL.finditer(whole, start))
+            if blocks:
+                closed_to = blocks[-1].end()
+            new = []
+            for block in blocks[self.seen.get(index, 0):]:
+                call = _call(block.group(1))
+                if call is None:  # a block that is no call: its text, as the text it is
+                    content += block.group(0)
+                else:
+                    new.append(call)
+            self.seen[index] = len(blocks)
+            if new:
+                done = self.sent.get(index, 0)
+                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(new, start=done)]
+                self.sent[index] = done + len(new)
+        if last:
+            tail = whole[closed_to:]
+            if start < 0 or tail.strip():  # held back, or a call never closed
+                content += tail
+        if content:
+            delta["content"] = content
+        return delta
+
+    def finish(self, index: int, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self.sent.get(index) else reason
