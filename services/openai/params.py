@@ -117,8 +117,8 @@ def echo_only(req: CompletionRequest) -> bool:
 
 
 def chat_params(req: ChatCompletionRequest, tool: ToolChoice | None = None) -> SamplingParams:
-    """tool: forced tool calls (a named function, or "required"), whose schema constrains
-    the reply."""
+    """tool: how the reply makes tool calls (tools.py); a named function's or "required"'s
+    schema constrains it, "auto" nothing."""
     if req.continue_final_message:
         raise bad_request("continue_final_message is not supported", "continue_final_message")
     if req.top_logprobs is not None and not req.logprobs:
