@@ -66,14 +66,17 @@ class LLM:
     def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-             ) -> list[RequestOutput]:
-        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list
-        of them, each rendered with the model's chat template, then generate()."""
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages, an
+        assistant's with OpenAI's tool_calls, a tool's with its tool_call_id) or a list of them,
+        each rendered with the model's chat template (and `tools`, OpenAI's function specs),
+        then generate()."""
         conversations = ([messages] if messages and isinstance(messages[0], dict)
                          else list(messages))
+        extra = {} if tools is None else {"tools": tools}
         prompts: list[PromptType] = [{"messages": conversation,
-                                      "add_generation_prompt": add_generation_prompt}
+                                      "add_generation_prompt": add_generation_prompt, **extra}
                                      for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -278,7 +279,26 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
         for key in ("tool_call_id", "name"):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise ValueError(f"messages[{i}].{key} must be a str")
-    return messages
+    return [_arguments_as_objects(m, i) for i, m in enumerate(messages)]
+
+
+def _arguments_as_objects(message: dict[str, Any], i: int) -> dict[str, Any]:
+    """The message with each tool call's arguments an object, as vLLM hands them to templates
+    (OpenAI sends a JSON string; a template writes `arguments | tojson`); a copy where changed."""
+    calls = message.get("tool_calls")
+    if not calls or all(not isinstance(c["function"].get("arguments"), str) for c in calls):
+        return message
+    parsed = []
+    for j, call in enumerate(calls):
+        arguments = call["function"].get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments must be "
+                                 "JSON") from None
+        parsed.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return {**message, "tool_calls": parsed}
 
 
 def _check_tools(tools: object) -> list[dict[str, Any]] | None:

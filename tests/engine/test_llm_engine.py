@@ -185,6 +185,26 @@ def test_offline_llm_chat_renders_each_conversation_with_the_template(
         {"messages": hi}, greedy(4), use_tqdm=False)[0].outputs[0].token_ids
 
 
+def test_offline_llm_chat_takes_tools_and_tool_calls_as_vllm_does(tiny_model_dir: Path) -> None:
+    # OpenAI's arguments string reaches the template as an object (the tiny template writes a
+    # call as "<|call|>NAME ARGUMENTS-JSON"); the tools reach it too.
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    history = [{"role": "user", "content": "kalo"},
+               {"role": "assistant", "content": "", "tool_calls": [{
+                   "id": "1", "type": "function",
+                   "function": {"name": "f", "arguments": '{"n": 3}'}}]},
+               {"role": "tool", "content": "mi", "tool_call_id": "1"}]
+    out = llm.chat(history, greedy(2), use_tqdm=False, tools=[
+        {"type": "function", "function": {"name": "f"}}])[0]
+    assert '<|assistant|>\n<|call|>f {"n": 3}<|end|>\n<|tool|>\nmi<|end|>' in out.prompt
+    assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"n": 3}'  # not changed
+    bad = [history[0], {**history[1], "tool_calls": [{
+        "id": "1", "type": "function", "function": {"name": "f", "arguments": "{n"}}]}]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments "
+                                         "must be JSON"):
+        llm.chat(bad, greedy(2), use_tqdm=False)
+
+
 def test_offline_llm_generate_with_a_bad_prompt_adds_none_of_the_batch(
         tiny_model_dir: Path) -> None:
     llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
