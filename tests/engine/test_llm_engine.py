@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -189,16 +190,16 @@ def test_offline_llm_chat_takes_tools_and_tool_calls_as_vllm_does(tiny_model_dir
     # OpenAI's arguments string reaches the template as an object (the tiny template writes a
     # call as "<|call|>NAME ARGUMENTS-JSON"); the tools reach it too.
     llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
-    history = [{"role": "user", "content": "kalo"},
-               {"role": "assistant", "content": "", "tool_calls": [{
-                   "id": "1", "type": "function",
-                   "function": {"name": "f", "arguments": '{"n": 3}'}}]},
-               {"role": "tool", "content": "mi", "tool_call_id": "1"}]
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "kalo"},
+        {"role": "assistant", "content": "", "tool_calls": [{
+            "id": "1", "type": "function", "function": {"name": "f", "arguments": '{"n": 3}'}}]},
+        {"role": "tool", "content": "mi", "tool_call_id": "1"}]
     out = llm.chat(history, greedy(2), use_tqdm=False, tools=[
         {"type": "function", "function": {"name": "f"}}])[0]
-    assert '<|assistant|>\n<|call|>f {"n": 3}<|end|>\n<|tool|>\nmi<|end|>' in out.prompt
+    assert '<|assistant|>\n<|call|>f {"n": 3}<|end|>\n<|tool|>\nmi<|end|>' in (out.prompt or "")
     assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"n": 3}'  # not changed
-    bad = [history[0], {**history[1], "tool_calls": [{
+    bad: list[dict[str, Any]] = [history[0], {**history[1], "tool_calls": [{
         "id": "1", "type": "function", "function": {"name": "f", "arguments": "{n"}}]}]
     with pytest.raises(ValueError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments "
                                          "must be JSON"):
