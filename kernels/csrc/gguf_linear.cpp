@@ -391,6 +391,7 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
 }
 
 void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
+  if (packed.dim() == 3 && gguf_dequantize_tiles(out, packed, qtype)) return;
   if (packed.dim() == 3) {  // 16-row tiles (gguf_tiled.cpp): back to rows first
     at::Tensor rows = at::empty({out.size(0), out.size(1) / kBlock * block_bytes(qtype)},
                                 packed.options());

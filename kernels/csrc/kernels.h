@@ -61,6 +61,9 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype);
 // gguf_dequantize take a 3-D tiled tensor as well as GGUF rows).
 void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype);
 void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype);
+// out = the tiles' weights in float32, for the types with bit planes (false for the others:
+// gguf_dequantize then untiles them first).
+bool gguf_dequantize_tiles(at::Tensor out, at::Tensor tiles, int64_t qtype);
 void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
                              c10::optional<at::Tensor> bias);
 
