@@ -282,22 +282,32 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
     return [_arguments_as_objects(m, i) for i, m in enumerate(messages)]
 
 
+def tool_call_arguments(arguments: object, where: str) -> object:
+    """A tool call's arguments as templates read them: OpenAI's JSON string parsed into its
+    object (empty: {}), as vLLM hands them over; ValueError naming `where` for text that is no
+    JSON object."""
+    if not isinstance(arguments, str):
+        return {} if arguments is None else arguments
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}.function.arguments must be a JSON object")
+    return value
+
+
 def _arguments_as_objects(message: dict[str, Any], i: int) -> dict[str, Any]:
-    """The message with each tool call's arguments an object, as vLLM hands them to templates
-    (OpenAI sends a JSON string; a template writes `arguments | tojson`); a copy where changed."""
+    """The message with each tool call's arguments an object (a template writes
+    `arguments | tojson`); a copy where changed."""
     calls = message.get("tool_calls")
     if not calls or all(not isinstance(c["function"].get("arguments"), str) for c in calls):
         return message
-    parsed = []
-    for j, call in enumerate(calls):
-        arguments = call["function"].get("arguments")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
-                raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments must be "
-                                 "JSON") from None
-        parsed.append({**call, "function": {**call["function"], "arguments": arguments}})
+    parsed = [{**call, "function": {**call["function"], "arguments": tool_call_arguments(
+        call["function"].get("arguments"), f"messages[{i}].tool_calls[{j}]")}}
+        for j, call in enumerate(calls)]
     return {**message, "tool_calls": parsed}
 
 

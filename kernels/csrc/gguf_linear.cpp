@@ -328,13 +328,9 @@ void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = w + (n * nb + b) * kBytes;
-        const float f0 = kF32 ? float_at(blk) : half_at(blk);
-        float f1 = Q == kQ5_0 ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
-        [[maybe_unused]] float d_lo = f0;
-        if constexpr (Q == kQ6_F) {  // d times the int8 scale of each half
-          d_lo = f0 * static_cast<float>(static_cast<int8_t>(blk[2]));
-          f1 = f0 * static_cast<float>(static_cast<int8_t>(blk[3]));
-        }
+        const float d = kF32 ? float_at(blk) : half_at(blk);
+        const float m = Q == kQ5_0 || Q == kQ6_F ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
+        const PlaneBlock<Q> block(d, m, blk + 2);  // Q6_F: its scales follow its float16 d
         uint32_t words[kPlanes];
         std::memcpy(words, blk + kHead, sizeof(words));
         const uint8_t* nib = blk + kHead + 4 * kPlanes;
@@ -342,9 +338,7 @@ void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
         for (int64_t j = 0; j < kBlock; ++j) {
           int32_t q = j < 16 ? nib[j] & 15 : nib[j - 16] >> 4;
           for (int64_t p = 0; p < kPlanes; ++p) q |= static_cast<int32_t>((words[p] >> j) & 1) << (4 + p);
-          if constexpr (Q == kQ5_0) o[j] = f0 * static_cast<float>(q - 16);
-          else if constexpr (Q == kQ6_F) o[j] = (j < 16 ? d_lo : f1) * static_cast<float>(q - 32);
-          else o[j] = f0 * static_cast<float>(q) + f1;
+          o[j] = block.weight(q, j < 16);
         }
       }
   });

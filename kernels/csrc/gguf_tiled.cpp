@@ -149,15 +149,11 @@ void dequantize_plane_tiles(const uint8_t* w, float* out, int64_t N, int64_t K) 
         const uint8_t* p = w + (t * nb + b) * kTileBlock;
         const uint8_t* fields = p + kFields;
         for (int64_t r = 0; r < kTileRows; ++r) {
-          const float f0 = field_at<kF.field>(fields, 0, r);
-          float f1 = 0.f, d_lo = f0;
-          if constexpr (Q == kQ6_F) {  // d times the int8 scale of each half
-            const uint8_t* sc = fields + 2 * kTileRows + 2 * r;
-            d_lo = f0 * static_cast<float>(static_cast<int8_t>(sc[0]));
-            f1 = f0 * static_cast<float>(static_cast<int8_t>(sc[1]));
-          } else if constexpr (Q != kQ5_0) {
-            f1 = field_at<kF.field>(fields, 1, r);
-          }
+          float m = 0.f;
+          if constexpr (Q != kQ5_0 && Q != kQ6_F) m = field_at<kF.field>(fields, 1, r);
+          // Q6_F's second field is the row's two int8 scales.
+          const PlaneBlock<Q> block(field_at<kF.field>(fields, 0, r), m,
+                                    fields + 2 * kTileRows + 2 * r);
           float* o = out + (t * kTileRows + r) * K + b * kBlock;
           // Quant 4c + i (chunk c's low nibble, group c) and 16 + 4c + i (its high nibble,
           // group 4 + c): lane 4r + i of chunk c and of the bit vectors.
@@ -175,17 +171,8 @@ void dequantize_plane_tiles(const uint8_t* w, float* out, int64_t N, int64_t K) 
                 lo |= ((bits_lo >> (2 * c)) & 3) << 4;
                 hi |= ((bits_hi >> (2 * c)) & 3) << 4;
               }
-              float* at = o + 4 * c + i;
-              if constexpr (Q == kQ5_0) {
-                at[0] = f0 * static_cast<float>(lo - 16);
-                at[16] = f0 * static_cast<float>(hi - 16);
-              } else if constexpr (Q == kQ6_F) {
-                at[0] = d_lo * static_cast<float>(lo - 32);
-                at[16] = f1 * static_cast<float>(hi - 32);
-              } else {
-                at[0] = f0 * static_cast<float>(lo) + f1;
-                at[16] = f0 * static_cast<float>(hi) + f1;
-              }
+              o[4 * c + i] = block.weight(lo, true);
+              o[16 + 4 * c + i] = block.weight(hi, false);
             }
         }
       }

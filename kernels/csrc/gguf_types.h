@@ -46,6 +46,26 @@ inline GGUFFormat gguf_format(int64_t qtype) {
   return f;
 }
 
+// A block of a bit-plane type (Q5_0, Q5_1, Q5_F, Q6_F) as float32 weights of its quants q
+// (nibble | planes): from its head's d and m (Q6_F: d and its two int8 scales), the one formula
+// the dequantization over rows (gguf_linear.cpp) and over tiles (gguf_tiled.cpp) use, the
+// reference's float32 ops (kernels/gguf_linear_ref.py).
+template <int64_t Q>
+struct PlaneBlock {
+  float lo, hi, m;  // the scale of quants 0..15 and of 16..31; the offset
+  PlaneBlock(float d, float m_or_zero, const uint8_t* sc) : lo(d), hi(d), m(m_or_zero) {
+    if constexpr (Q == kQ6_F) {
+      lo = d * static_cast<float>(static_cast<int8_t>(sc[0]));
+      hi = d * static_cast<float>(static_cast<int8_t>(sc[1]));
+    }
+  }
+  float weight(int32_t q, bool low) const {
+    if constexpr (Q == kQ5_0) return lo * static_cast<float>(q - 16);
+    else if constexpr (Q == kQ6_F) return (low ? lo : hi) * static_cast<float>(q - 32);
+    else return lo * static_cast<float>(q) + m;
+  }
+};
+
 // f(std::integral_constant<int64_t, Q>{}) for the type Q a number names (Q4_1 for any other:
 // callers check the type first).
 template <typename F>

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from engine_core.processing.input_processor import tool_call_arguments
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
 from services.common.convert import PromptType
@@ -70,13 +70,10 @@ def _tool_call(call: Any, index: int, j: int) -> dict[str, Any]:
     if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
         raise bad_request(f'{where} must be {{"id": ..., "type": "function", "function": '
                           '{"name": ..., "arguments": "<JSON>"}}', "messages")
-    arguments = function.get("arguments") or {}
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            raise bad_request(f"{where}.function.arguments must be a JSON object",
-                              "messages") from None
+    try:
+        arguments = tool_call_arguments(function.get("arguments"), where)
+    except ValueError as exc:
+        raise bad_request(str(exc), "messages") from None
     return {"id": str(call.get("id", "")), "type": "function",
             "function": {"name": function["name"], "arguments": arguments}}
 

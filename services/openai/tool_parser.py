@@ -24,6 +24,20 @@ _START, _END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
+def call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's form
+
+
+def openai_call(name: str, arguments: str, id_: str | None = None) -> dict[str, Any]:
+    """A tool call as OpenAI's message carries it (arguments: JSON text; arguments_json)."""
+    return {"id": id_ or call_id(), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def arguments_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # as vLLM writes them: non-ASCII kept
+
+
 def _call(raw: str) -> dict[str, Any] | None:
     """One call's OpenAI form from the JSON between the tags; None where it is not a call."""
     try:
@@ -32,10 +46,7 @@ def _call(raw: str) -> dict[str, Any] | None:
         return None
     if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
         return None
-    arguments = value.get("arguments", {})
-    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-            "function": {"name": value["name"],
-                         "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return openai_call(value["name"], arguments_json(value.get("arguments", {})))
 
 
 def parse_hermes(text: str) -> tuple[str, list[dict[str, Any]]]:

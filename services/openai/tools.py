@@ -16,13 +16,12 @@ in the history go to the chat template (params.py), for a template that writes t
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.openai.errors import bad_request
 from services.openai.protocol import ChatCompletionRequest
-from services.openai.tool_parser import AutoTools
+from services.openai.tool_parser import AutoTools, arguments_json, call_id, openai_call
 
 
 @dataclass(slots=True)
@@ -38,13 +37,12 @@ class NamedTool:
         return self.parameters
 
     def call_id(self, index: int) -> str:
-        return self.ids.setdefault(index, f"chatcmpl-tool-{uuid.uuid4().hex}")
+        return self.ids.setdefault(index, call_id())
 
     def message(self, index: int, arguments: str) -> dict[str, Any]:
         """A whole response's assistant message: the call, no text."""
-        return {"role": "assistant", "content": "", "tool_calls": [{
-            "id": self.call_id(index), "type": "function",
-            "function": {"name": self.name, "arguments": arguments}}]}
+        return {"role": "assistant", "content": "",
+                "tool_calls": [openai_call(self.name, arguments, self.call_id(index))]}
 
     def finish(self, index: int, reason: str | None) -> str | None:
         return reason  # OpenAI's, and vLLM's: a named call ends with "stop"
@@ -54,9 +52,8 @@ class NamedTool:
         """A stream's delta: the call's id and name first, then arguments as they come."""
         if not first:
             return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
-        return {"role": "assistant", "tool_calls": [{
-            "index": 0, "id": self.call_id(index), "type": "function",
-            "function": {"name": self.name, "arguments": arguments}}]}
+        return {"role": "assistant", "tool_calls": [
+            {"index": 0, **openai_call(self.name, arguments, self.call_id(index))}]}
 
 
 @dataclass(slots=True)
@@ -70,22 +67,28 @@ class RequiredTools:
     def message(self, index: int, text: str) -> dict[str, Any]:
         """A whole response's assistant message: the array's calls; the text itself where it
         is not a whole array (cut short by max_tokens)."""
-        calls, whole = _calls(text)
+        calls, whole, _ = _calls(text)
         if not whole:
             return {"role": "assistant", "content": text}
-        return {"role": "assistant", "content": "",
-                "tool_calls": [_call(c) for c in calls]}
+        return {"role": "assistant", "content": "", "tool_calls": [
+            openai_call(c["name"], arguments_json(c["parameters"])) for c in calls]}
 
     def delta(self, index: int, text: str, first: bool, last: bool = False) -> dict[str, Any]:
-        """A stream's delta: the calls whose elements the text so far completes, each whole."""
-        self.streamed[index] = self.streamed.get(index, "") + text
-        calls, _ = _calls(self.streamed[index])
+        """A stream's delta: the calls whose elements the text so far completes, each whole;
+        at the last, where the array is not whole (cut short), the text after the last whole
+        call as content: nothing the model wrote is dropped."""
+        whole_text = self.streamed.get(index, "") + text
+        self.streamed[index] = whole_text
+        calls, whole, done = _calls(whole_text)
         start = self.sent.get(index, 0)
         self.sent[index] = len(calls)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if len(calls) > start:
-            delta["tool_calls"] = [{"index": k, **_call(c)}
-                                   for k, c in enumerate(calls[start:], start=start)]
+            delta["tool_calls"] = [
+                {"index": k, **openai_call(c["name"], arguments_json(c["parameters"]))}
+                for k, c in enumerate(calls[start:], start=start)]
+        if last and not whole and whole_text[done:].strip():
+            delta["content"] = whole_text[done:]
         return delta
 
     def finish(self, index: int, reason: str | None) -> str | None:
@@ -95,33 +98,29 @@ class RequiredTools:
 ToolChoice = NamedTool | RequiredTools | AutoTools
 
 
-def _call(call: dict[str, Any]) -> dict[str, Any]:
-    return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-            "function": {"name": call["name"],
-                         "arguments": json.dumps(call["parameters"], ensure_ascii=False)}}
-
-
-def _calls(text: str) -> tuple[list[dict[str, Any]], bool]:
-    """The array's elements that `text` completes (objects with a name and parameters), and
-    whether it is the whole array."""
+def _calls(text: str) -> tuple[list[dict[str, Any]], bool, int]:
+    """The array's elements that `text` completes (objects with a name and parameters),
+    whether it is the whole array, and where the last complete element ends (0: none)."""
     decoder = json.JSONDecoder()
     calls: list[dict[str, Any]] = []
     at = len(text) - len(text.lstrip())
+    done = 0
     if not text.startswith("[", at):
-        return calls, False
+        return calls, False, done
     at += 1
     while True:
         at += len(text[at:]) - len(text[at:].lstrip(" \t\n\r,"))
         if text.startswith("]", at):
-            return calls, bool(calls) and not text[at + 1:].strip()
+            return calls, bool(calls) and not text[at + 1:].strip(), done
         try:
             value, at = decoder.raw_decode(text, at)
         except ValueError:  # the element is not complete yet
-            return calls, False
+            return calls, False, done
         if not (isinstance(value, dict) and isinstance(value.get("name"), str)
                 and "parameters" in value):
-            return calls, False
+            return calls, False, done
         calls.append(value)
+        done = at
 
 
 def required_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:

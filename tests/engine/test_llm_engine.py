@@ -202,7 +202,7 @@ def test_offline_llm_chat_takes_tools_and_tool_calls_as_vllm_does(tiny_model_dir
     bad: list[dict[str, Any]] = [history[0], {**history[1], "tool_calls": [{
         "id": "1", "type": "function", "function": {"name": "f", "arguments": "{n"}}]}]
     with pytest.raises(ValueError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments "
-                                         "must be JSON"):
+                                         "must be a JSON object"):
         llm.chat(bad, greedy(2), use_tqdm=False)
 
 

@@ -107,6 +107,12 @@ def test_a_stream_sends_each_call_once_its_element_completes() -> None:
     # The first call goes as soon as its object closes, before the rest has been written.
     first_at = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
     assert sum(len(p) for p in pieces[:first_at + 1]) < len(REPLY) // 2 + 7
+    cut = RequiredTools({})  # cut short by max_tokens: the unfinished element comes as text
+    done = cut.delta(0, REPLY[:60], first=True)
+    assert [c["function"]["name"] for c in done["tool_calls"]] == ["f"]
+    tail = cut.delta(0, REPLY[60:70], first=False, last=True)
+    assert tail["content"] == REPLY[REPLY.index("}, {") + 1:70] and "tool_calls" not in tail
+    assert RequiredTools({}).delta(0, "[{", first=True, last=True)["content"] == "[{"
     other = RequiredTools({})  # choices of one request stream apart
     assert other.delta(1, REPLY, first=True)["tool_calls"][1]["index"] == 1
 

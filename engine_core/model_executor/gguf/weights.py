@@ -29,8 +29,7 @@ class GGUFSlice:
 
     def __init__(self, tensor: Any, heads: int | None) -> None:
         self._tensor = tensor
-        self._heads = heads  # q/k of a permuted architecture: rows un-permuted across heads
-        self._whole: np.ndarray | None = None
+        self._heads = heads  # q/k of a permuted architecture: rows un-permuted within heads
 
     def get_shape(self) -> list[int]:
         return list(hf_shape(self._tensor))
@@ -39,9 +38,12 @@ class GGUFSlice:
         t = self._tensor
         if self._heads is None:
             return dequantized_rows(t, start, stop)
-        if self._whole is None:  # a permuted row's place depends on all the head's rows
-            self._whole = unpermute(dequantized_rows(t, 0, int(t.shape[1])), self._heads)
-        return self._whole[start:stop]
+        # A row's place depends on its whole head's rows (never another head's): the heads the
+        # range touches, un-permuted, then the range.
+        head = int(t.shape[1]) // self._heads
+        first, last = start // head * head, -(-stop // head) * head
+        block = unpermute(dequantized_rows(t, first, last), (last - first) // head)
+        return block[start - first:stop - first]
 
     def __getitem__(self, key: slice | tuple[slice, ...]) -> torch.Tensor:
         rows, cols = (key, slice(None)) if isinstance(key, slice) else (key + (slice(None),))[:2]

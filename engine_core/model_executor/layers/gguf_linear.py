@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu_gguf_linear import gguf_linear, gguf_tile, tiles_apply
+from kernels.cpu_gguf_linear import gguf_linear, gguf_tile, out_features, tiles_apply
 from kernels.gguf_linear_ref import NAMES, row_bytes
 
 
@@ -36,10 +36,6 @@ def _layout(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
     if tiles_apply(packed):  # the same bytes in 16-row tiles: the CPU decode kernel's layout
         packed = gguf_tile(packed, qtype, in_features)
     return packed
-
-
-def _rows(packed: torch.Tensor) -> int:
-    return packed.shape[0] * (16 if packed.dim() == 3 else 1)
 
 
 class GGUFLinear(nn.Module):
@@ -60,7 +56,7 @@ class GGUFLinear(nn.Module):
         if self.more_types and any(p.dim() != 3 for p, _ in self.parts()):
             raise ValueError("a layer of parts in different types needs every part in 16-row "
                              "tiles (the CPU kernels, and rows a multiple of 16)")
-        self.out_features = sum(_rows(p) for p, _ in self.parts())
+        self.out_features = sum(out_features(p) for p, _ in self.parts())
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def parts(self) -> list[tuple[torch.Tensor, int]]:
@@ -73,7 +69,7 @@ class GGUFLinear(nn.Module):
             return gguf_linear(x, self.packed, self.qtype, self.in_features, self.bias)
         outs, col = [], 0
         for packed, qtype in self.parts():
-            rows = _rows(packed)
+            rows = out_features(packed)
             bias = None if self.bias is None else self.bias[col:col + rows]
             outs.append(gguf_linear(x, packed, qtype, self.in_features, bias))
             col += rows
