@@ -130,14 +130,14 @@ def _chat_message_to_pb(m: dict[str, Any]) -> pb.ChatMessage:
     return msg
 
 
-def _chat_message_from_pb(msg: pb.ChatMessage) -> dict[str, Any]:
+def _chat_message_from_pb(msg: pb.ChatMessage, i: int) -> dict[str, Any]:
     """A message as the template reads it: the fields OpenAI's message had, no empty ones."""
     m: dict[str, Any] = {"role": msg.role, "content": msg.content}
     if msg.tool_calls_json:
         try:
             m["tool_calls"] = json.loads(msg.tool_calls_json)
         except ValueError as exc:
-            raise ValueError(f"tool_calls must be JSON: {exc}") from None
+            raise ValueError(f"messages[{i}].tool_calls must be JSON: {exc}") from None
     if msg.tool_call_id:
         m["tool_call_id"] = msg.tool_call_id
     if msg.name:
@@ -189,7 +189,8 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
         if msg.HasField("token_ids_text"):
             result["prompt"] = msg.token_ids_text
     else:
-        result = {"messages": [_chat_message_from_pb(m) for m in msg.chat.messages]}
+        result = {"messages": [_chat_message_from_pb(m, i)
+                               for i, m in enumerate(msg.chat.messages)]}
         if msg.chat.HasField("add_generation_prompt"):
             result["add_generation_prompt"] = msg.chat.add_generation_prompt
         if msg.chat.tools_json:

@@ -95,6 +95,13 @@ def test_prompt_forms_round_trip(prompt: str | dict) -> None:
     assert prompt_from_pb(prompt_to_pb(prompt)) == prompt
 
 
+def test_tool_calls_that_are_not_json_are_refused_naming_the_message() -> None:
+    msg = prompt_to_pb({"messages": [{"role": "user", "content": "hi"}]})
+    msg.chat.messages.add(role="assistant", content="", tool_calls_json="[{")
+    with pytest.raises(ValueError, match=r"messages\[1\]\.tool_calls must be JSON"):
+        prompt_from_pb(msg)
+
+
 def test_dict_prompt_with_only_text_comes_back_as_text() -> None:
     assert prompt_from_pb(prompt_to_pb({"prompt": "hello"})) == "hello"
 
