@@ -48,13 +48,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",
         py::arg("out"), py::arg("x"), py::arg("packed"), py::arg("qtype"),
         py::arg("bias") = py::none(), release);
+  m.def("gguf_tiled_linear", &gguf_tiled_linear,
+        "x @ w.T (+ bias) for any number of rows of x, w in GGUF 16-row tiles (gguf_tile), x "
+        "rounded to int8 blocks once",
+        py::arg("out"), py::arg("x"), py::arg("tiles"), py::arg("qtype"),
+        py::arg("bias") = py::none(), release);
   m.def("gguf_dequantize", &gguf_dequantize,
         "GGUF Q8_0 / Q4_0 / Q4_1 blocks (rows or 16-row tiles) to float32 rows", release);
   m.def("gguf_tile", &gguf_tile, "GGUF rows regrouped into 16-row tiles for the decode kernel");
   m.def("gguf_untile", &gguf_untile, "16-row tiles back to GGUF rows");
   py::class_<DecodeStack>(m, "DecodeStack",
                           "a model's Llama-family decoder layers for decode steps of 1 to 64 "
-                          "rows (past 4: dense weights)")
+                          "rows (past 4: dense weights or GGUF tiles)")
       .def(py::init<at::Tensor, int64_t, int64_t, int64_t, double, double>(),
            py::arg("cos_sin"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("eps"), py::arg("scale"))

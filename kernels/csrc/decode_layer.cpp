@@ -21,8 +21,9 @@
 // A decode batch of 5 or more rows (32 requests, say) takes the same path with the kernel the
 // layer-by-layer path runs for its dense projections: linear_batch where it is chosen
 // (kernels/cpu_linear_batch.py: the avx2 level), else the packed weights (set_batch_weights):
-// float32 panels (linear_panels.cpp) at the avx512 level, oneDNN's copies otherwise. SmolLM2's 30 layers of Python calls were ~12 ms of a ~165 ms step of 32
-// rows on one thread, serial at any thread count.
+// float32 panels (linear_panels.cpp) at the avx512 level, oneDNN's copies otherwise; GGUF tiles
+// take their int8 kernel at any row count (gguf_tiled.cpp). SmolLM2's 30 layers of Python calls
+// were ~12 ms of a ~165 ms step of 32 rows on one thread, serial at any thread count.
 void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                      const c10::optional<at::Tensor>& b, int64_t qtype) {
   const int64_t M = x.size(0);
@@ -31,8 +32,11 @@ void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
       linear_small(out, x, w, b);
     else
       linear_batch(out, x, w, b);
+  } else if (w.dim() == 3) {  // 16-row tiles: any number of rows, as GGUFLinear runs them
+    gguf_tiled_linear(out, x, w, qtype, b);
   } else {
-    STRAND_CHECK(M <= kSmallRows, "GGUF projections take 1 to ", kSmallRows, " rows, got ", M);
+    STRAND_CHECK(M <= kSmallRows, "GGUF projections over rows take 1 to ", kSmallRows,
+                 " rows, got ", M);
     gguf_linear_small(out, x, w, qtype, b);
   }
 }
@@ -197,8 +201,6 @@ DecodeStack::Buffers& DecodeStack::run(const at::Tensor& hidden, const at::Tenso
                                        const at::Tensor& seq_lens, at::Tensor* logits) {
   const int64_t M = hidden.size(0);
   STRAND_CHECK(M >= 1 && M <= kMaxDecodeRows, "DecodeStack takes 1 to ", kMaxDecodeRows,
-              " rows, got ", M);
-  STRAND_CHECK(M <= kSmallRows || !all_tiled_, "a stack of GGUF tiles takes 1 to ", kSmallRows,
               " rows, got ", M);
   STRAND_CHECK(!layers_.empty() && hidden.size(1) == hidden_, "hidden must be [M, ", hidden_,
               "] for a stack of at least one layer");

@@ -11,8 +11,8 @@
 constexpr int64_t kSmallRows = 4, kMaxDecodeRows = 64;
 
 namespace strand {
-// out = x @ w.T (+ b) for a few rows: w dense (qtype 0, linear_small) or GGUF blocks
-// (gguf_linear_small, rows or tiles).
+// out = x @ w.T (+ b) for a step's rows: w dense (qtype 0: linear_small, linear_batch past
+// kSmallRows), GGUF rows (gguf_linear_small, up to kSmallRows) or tiles (gguf_tiled_linear).
 void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
              const c10::optional<at::Tensor>& b, int64_t qtype);
 }  // namespace strand

@@ -373,7 +373,7 @@ void gguf_linear_small(at::Tensor out, at::Tensor x, at::Tensor packed, int64_t 
                        c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0);
   STRAND_CHECK(M >= 1 && M <= 4, "gguf_linear_small takes 1 to 4 rows, got ", M);
-  if (packed.dim() == 3) return gguf_tiled_linear_small(out, x, packed, qtype, bias);
+  if (packed.dim() == 3) return gguf_tiled_linear(out, x, packed, qtype, bias);
   block_bytes(qtype);  // an unknown type: named as such
   STRAND_CHECK(qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0, "GGUF type ", qtype,
                " is read over 16-row tiles (gguf_tile), not as rows (Q4_0, Q4_1, Q8_0 are)");

@@ -220,7 +220,7 @@ inline tile::F32 field(const uint8_t* fields, int f) {
 // scaled by d * sc * d_x, less dmin * mn * d_x * sum q_x: w = d sc q - dmin mn, as llama.cpp.
 template <int M>
 void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld, int64_t K,
-              int64_t t0, int64_t t1) {
+              int64_t t0, int64_t t1, int64_t m0) {
   const int64_t nb = K / kBlock, supers = K / kSuper;
   for (int64_t t = t0; t < t1; ++t) {
     tile::F32 acc[M];
@@ -250,7 +250,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
             const tile::U8 v = tile::load_chunk(p + c * 64);
             const tile::U8 wa = tile::low_nibbles(v), wb = tile::high_nibbles(v);
             for (int m = 0; m < M; ++m) {
-              const int8_t* xa = x.q.data() + m * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
+              const int8_t* xa =
+                  x.q.data() + (m0 + m) * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
               sa[m] = tile::dot_unsigned(sa[m], wa, tile::load_word(xa));
               sbm[m] = tile::dot_unsigned(sbm[m], wb, tile::load_word(xa + kBlock));
             }
@@ -261,7 +262,7 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
         const tile::F32 min_a = tile::mul(dmin, tile::from_u8(mn[2 * g]));
         const tile::F32 min_b = tile::mul(dmin, tile::from_u8(mn[2 * g + 1]));
         for (int m = 0; m < M; ++m) {
-          const int64_t xa = m * nb + 8 * s + 2 * g;
+          const int64_t xa = (m0 + m) * nb + 8 * s + 2 * g;
           acc[m] = tile::fma(tile::to_f32(sa[m]), tile::mul(scale_a, x.d[xa]), acc[m]);
           acc[m] = tile::fma(tile::to_f32(sbm[m]), tile::mul(scale_b, x.d[xa + 1]), acc[m]);
           acc[m] = tile::fma(min_a, -x.s[xa], acc[m]);
@@ -280,8 +281,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
 // sums) by their own d. The 5- and 6-bit quants are nibbles with their bit planes or-ed in.
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
-                int64_t K, int64_t t0, int64_t t1) {
-  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1);
+                int64_t K, int64_t t0, int64_t t1, int64_t m0) {
+  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0);
   constexpr Format kF = gguf_format_of(Q);
   constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
   constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
@@ -296,7 +297,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       for (int64_t line = 0; line < kTileBlock; line += 64)
         __builtin_prefetch(p + kPrefetchTileBlocks * kTileBlock + line, 0, 3);
       const int8_t* xq[M];
-      for (int m = 0; m < M; ++m) xq[m] = x.q.data() + m * K + b * kBlock;
+      for (int m = 0; m < M; ++m) xq[m] = x.q.data() + (m0 + m) * K + b * kBlock;
       // Two chains of integer sums per row of x (the low and high halves of a block) halve
       // the chain of dependent dot products the loop waits on.
       tile::I32 lo[M], hi[M];
@@ -339,7 +340,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           d_hi = field<Q>(fields, 1);
         }
         for (int m = 0; m < M; ++m) {
-          const int64_t xb = m * nb + b;
+          const int64_t xb = (m0 + m) * nb + b;
           const int32_t sum_lo = x.qsum_lo[xb], sum_hi = x.qsum[xb] - x.qsum_lo[xb];
           tile::I32 l = lo[m], h = hi[m];
           if (kQ8 && tile::kQ8Excess) {
@@ -360,7 +361,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       const tile::F32 d = field<Q>(fields, 0);
       for (int m = 0; m < M; ++m) {
         tile::I32 s = tile::iadd(lo[m], hi[m]);
-        const int64_t xb = m * nb + b;
+        const int64_t xb = (m0 + m) * nb + b;
         if (kQ8 && tile::kQ8Excess) s = tile::isub(s, tile::kQ8Excess * x.qsum[xb]);
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
         if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
@@ -373,72 +374,84 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
   }
 }
 
-template <int64_t Q, int M>
-void tiles_gemv(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
-                int64_t N) {
-  // At least 4 tiles (64 rows) a chunk, as the row kernels (linear_small.cpp says why); chunks
-  // claimed by whichever thread is free (claim_chunks.h).
-  at::internal::lazy_init_num_threads();
-  const int64_t tiles = N / kTileRows;
-  const int64_t chunks = chunk_count(tiles, at::get_num_threads(), 4);
-  claim_for(chunks, [&](int64_t i) {
-    const int64_t t0 = chunk_begin(tiles, chunks, i), t1 = chunk_begin(tiles, chunks, i + 1);
-    tiles_task<Q, M>(x, w, sums + t0 * kTileRows, N, K, t0, t1);
-  });
-}
+// Rows of x one tiles_task takes together: each row's sums are its own chain of instructions,
+// and more rows a pass reuse each unpacked chunk of weights more (4: 12 accumulator vectors).
+constexpr int64_t kRowGroup = 4;
 
-template <int64_t Q>
-void tiles_by_m(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t M, int64_t K,
-                int64_t N) {
-  switch (M) {
-    case 1: tiles_gemv<Q, 1>(x, w, sums, K, N); break;
-    case 2: tiles_gemv<Q, 2>(x, w, sums, K, N); break;
-    case 3: tiles_gemv<Q, 3>(x, w, sums, K, N); break;
-    default: tiles_gemv<Q, 4>(x, w, sums, K, N);
+// f(std::integral_constant<int, m>{}) for m = rows (1..kRowGroup).
+template <typename F>
+void by_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{});
   }
 }
 
+// sums[m * ld + 16 (t - t0) + r] for all M rows of x over tiles t0..t1. Past kRowGroup rows, a
+// tile at a time, its rows kRowGroup at a time: the tile is read from memory once a call and
+// from cache for the other groups, and x is rounded once for them all. A decode batch of 32
+// rows unpacked every weight to float32 per call for the GEMM library instead: SmolLM2's
+// linears took 147 ms a step on one thread, 29 GMAC/s against the int8 kernel's 124 at 4 rows.
+// Each row's sums are the same instructions whatever the other rows, so a row's outputs do not
+// depend on the rows beside it.
+template <int64_t Q>
+void tiles_rows(const gguf::QuantizedRows& x, int64_t M, const uint8_t* w, float* sums,
+                int64_t ld, int64_t K, int64_t t0, int64_t t1) {
+  if (M <= kRowGroup) {
+    by_rows(M, [&](auto m) { tiles_task<Q, decltype(m)::value>(x, w, sums, ld, K, t0, t1, 0); });
+    return;
+  }
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t m0 = 0; m0 < M; m0 += kRowGroup)
+      by_rows(std::min(kRowGroup, M - m0), [&](auto m) {
+        tiles_task<Q, decltype(m)::value>(x, w, sums + m0 * ld + (t - t0) * kTileRows, ld, K, t,
+                                          t + 1, m0);
+      });
+}
+
+// out[:, 16 t0 .. 16 t1) (+ bias) of tiles t0..t1, a tile and kRowGroup rows at a time through
+// a buffer; out's rows are ld apart (out and bias already offset to the part's first column).
+template <int64_t Q, typename T>
+void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* w, const T* bias,
+                int64_t K, int64_t ld, int64_t t0, int64_t t1) {
+  float sums[kRowGroup * kTileRows];
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t m0 = 0; m0 < M; m0 += kRowGroup) {
+      const int64_t rows = std::min(kRowGroup, M - m0);
+      by_rows(rows, [&](auto m) {
+        tiles_task<Q, decltype(m)::value>(x, w, sums, kTileRows, K, t, t + 1, m0);
+      });
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          const int64_t n = t * kTileRows + r;
+          store_scalar(out + (m0 + m) * ld + n,
+                       sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
+        }
+    }
+}
+
+// out = x @ w.T (+ bias), x rounded once a call; chunks of at least 4 tiles (64 rows: the row
+// kernels' reason, linear_small.cpp), claimed by whichever thread is free (claim_chunks.h).
 template <typename T>
 void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles, int64_t qtype,
                   const c10::optional<at::Tensor>& bias) {
-  const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kTileRows;
-  gguf::QuantizedRows xq;  // once per call: every tile reads it
+  const int64_t M = x.size(0), K = x.size(1), tiles_n = tiles.size(0);
+  gguf::QuantizedRows xq;
   gguf::quantize_input<T>(x, xq);
-  std::vector<float> sums(M * N);
   const uint8_t* w = tiles.data_ptr<uint8_t>();
-  by_gguf_type(qtype, [&](auto q) { tiles_by_m<decltype(q)::value>(xq, w, sums.data(), M, K, N); });
   const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
   T* o = static_cast<T*>(out.data_ptr());
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n)
-      store_scalar(o + m * N + n, sums[m * N + n] + (b ? to_float(b[n]) : 0.f));
-}
-
-// out[:, 16 t0 .. 16 t1) (+ bias) of tiles t0..t1, a tile at a time through a 16-lane buffer;
-// out's rows are ld apart (out and bias already offset to the part's first column).
-template <int64_t Q, int M, typename T>
-void tiles_into(T* out, const gguf::QuantizedRows& x, const uint8_t* w, const T* bias, int64_t K,
-                int64_t ld, int64_t t0, int64_t t1) {
-  float sums[M * kTileRows];
-  for (int64_t t = t0; t < t1; ++t) {
-    tiles_task<Q, M>(x, w, sums, kTileRows, K, t, t + 1);
-    for (int m = 0; m < M; ++m)
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const int64_t n = t * kTileRows + r;
-        store_scalar(out + m * ld + n, sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
-      }
-  }
-}
-
-template <int64_t Q, typename T>
-void tiles_into_by_m(T* out, const gguf::QuantizedRows& x, const uint8_t* w, const T* bias,
-                     int64_t M, int64_t K, int64_t ld, int64_t t0, int64_t t1) {
-  switch (M) {
-    case 1: tiles_into<Q, 1>(out, x, w, bias, K, ld, t0, t1); break;
-    case 2: tiles_into<Q, 2>(out, x, w, bias, K, ld, t0, t1); break;
-    case 3: tiles_into<Q, 3>(out, x, w, bias, K, ld, t0, t1); break;
-    default: tiles_into<Q, 4>(out, x, w, bias, K, ld, t0, t1);
-  }
+  at::internal::lazy_init_num_threads();
+  const int64_t chunks = chunk_count(tiles_n, at::get_num_threads(), 4);
+  by_gguf_type(qtype, [&](auto q) {
+    claim_for(chunks, [&](int64_t i) {
+      tiles_into<decltype(q)::value>(o, xq, M, w, b, K, tiles_n * kTileRows,
+                                     chunk_begin(tiles_n, chunks, i),
+                                     chunk_begin(tiles_n, chunks, i + 1));
+    });
+  });
 }
 
 template <typename T>
@@ -450,7 +463,7 @@ void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::T
   const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) + col0 : nullptr;
   const uint8_t* w = tiles.data_ptr<uint8_t>();
   by_gguf_type(qtype, [&](auto q) {
-    tiles_into_by_m<decltype(q)::value>(o, x, w, b, M, K, ld, t0, t1);
+    tiles_into<decltype(q)::value>(o, x, M, w, b, K, ld, t0, t1);
   });
 }
 
@@ -505,11 +518,11 @@ bool gguf_dequantize_tiles(at::Tensor out, at::Tensor tiles, int64_t qtype) {
   return true;
 }
 
-void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
-                             c10::optional<at::Tensor> bias) {
+void gguf_tiled_linear(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
+                       c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0), K = check_tiles(tiles, qtype);
-  STRAND_CHECK(M >= 1 && M <= 4 && x.size(1) == K, "gguf_linear_small over tiles takes 1 to 4 rows"
-              " of ", K, " values, got [", M, ", ", x.size(1), "]");
+  STRAND_CHECK(M >= 1 && x.size(1) == K, "gguf_tiled_linear takes [M >= 1, ", K, "], got [", M,
+               ", ", x.size(1), "]");
   if (x.scalar_type() == at::kBFloat16)
     tiled_linear<bf16>(out, x, tiles, qtype, bias);
   else

@@ -64,8 +64,9 @@ void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype);
 // out = the tiles' weights in float32, for the types with bit planes (false for the others:
 // gguf_dequantize then untiles them first).
 bool gguf_dequantize_tiles(at::Tensor out, at::Tensor tiles, int64_t qtype);
-void gguf_tiled_linear_small(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
-                             c10::optional<at::Tensor> bias);
+// Any number of rows over tiles, x rounded once (a decode batch's 32 rows, a prefill's).
+void gguf_tiled_linear(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
+                       c10::optional<at::Tensor> bias);
 
 // decode_layer.cpp: the DecodeStack class (decode_stack.h)
 

@@ -113,15 +113,17 @@ def _greedy(model: str, quantization: str | None,
 
 def test_packed_weights_give_the_dequantized_tokens(real_file: Path) -> None:
     # quantization="gguf": the Q4_1 layers (and the Q8_0 embedding as the tied lm_head) read in
-    # their blocks, each layer's input rounded to int8 blocks as llama.cpp does. The greedy tokens
-    # are the dequantized model's up to a near-tie. Measured (one thread, AVX-512 VNNI and AVX2
-    # alike): "def fibonacci(n):" parts at its 14th token, where the dequantized model's top two
-    # are 0.14 nats apart; the other two match. SmolLM2's final hidden state has outliers (a
-    # block's max up to 42x its mean), so the lm_head's int8 input moves logits of ~20 by ~1%:
-    # logprobs move by up to 0.55 nats. The Q4_K_M-like copy reads its K-quant and Q5_0 layers
-    # rewritten exactly (kernels/gguf_transcode.py), so the same rounding is all that differs.
+    # their blocks, each layer's input rounded to int8 blocks as llama.cpp (and vLLM's GGUF
+    # kernels) do, the prompt's rows too. The greedy tokens are the dequantized model's up to a
+    # near-tie. Measured (AVX-512 VNNI): the Q4_1 file parts at "The capital of France is"'s
+    # 6th token, where the dequantized model's top two are 0.22 nats apart; the Q4_K_M-like
+    # copy there (0.10 apart) and at "def fibonacci(n):"'s 14th (0.38). Logprobs move by up to
+    # 0.63 nats: SmolLM2's final hidden state has outliers (a block's max up to 42x its mean),
+    # so the lm_head's int8 input moves logits of ~20 by ~1%. The Q4_K_M-like copy reads its
+    # K-quant and Q5_0 layers rewritten exactly (kernels/gguf_transcode.py), so the same
+    # rounding is all that differs.
     packed, dense = _greedy(str(real_file), "gguf"), _greedy(str(real_file), None)
-    assert assert_greedy_within_rounding(packed, dense, tol=0.75) <= 1
+    assert assert_greedy_within_rounding(packed, dense, tol=0.75) <= 2
 
 
 def test_a_bfloat16_kv_cache_gives_the_float32_cache_s_tokens(smollm2_gguf: Path) -> None:

@@ -175,13 +175,54 @@ def test_a_non_finite_input_makes_its_row_nan_over_tiles(qtype: int) -> None:
     assert bool(got[1].isnan().all()) and bool(got[0].isfinite().all())
 
 
+@needs_kernels
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("m", [2, 20])
-def test_many_rows_over_tiles_unpack_whole_tiles(qtype: int, m: int,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # 8 KB float32 pieces of 64 rows x 32 weights: 160 rows take 64 + 64 + 32, each a slice of
-    # whole tiles; 2 rows take the decode kernel (with the C++ kernels) or the reference.
-    monkeypatch.setattr(cpu_gguf_linear, "TILE_BYTES", 8 << 10)
+@pytest.mark.parametrize("m", [5, 13, 33, 70])
+def test_many_rows_over_tiles_match_the_int8_reference(qtype: int, m: int) -> None:
+    # A decode batch's or a prefill's rows take the int8 kernel too, kRowGroup (4) rows a pass
+    # over each tile: 13 and 33 end in a short group; nothing is unpacked to float32.
+    n, k = 80, width(qtype, 256)
+    g = torch.Generator().manual_seed(m * 100 + qtype)
+    packed = random_packed(n, k, qtype, seed=m + qtype)
+    x = torch.randn(m, k, generator=g) * 3
+    x[m // 2, :32] = 0.0
+    bias = torch.randn(n, generator=g) if m % 2 else None
+    got = cpu_gguf_linear.gguf_linear(x, tile_ref(packed, qtype), qtype, k, bias)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    _assert_int8_product(got, x, packed, qtype, bias)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it(qtype: int) -> None:
+    # Each row is its own chain of instructions: a request's logits in a batch of 37 (split
+    # 4 + ... + 1 between passes) are bit for bit its logits alone or in a batch of 3, at any
+    # thread count, in float32 and bfloat16.
+    k = width(qtype, 128)
+    tiles = tile_ref(random_packed(1008, k, qtype, seed=11), qtype)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(qtype))
+    threads = torch.get_num_threads()
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = x.to(dtype)
+        batch = cpu_gguf_linear.gguf_linear(xs, tiles, qtype, k)
+        torch.set_num_threads(2)
+        try:
+            two = cpu_gguf_linear.gguf_linear(xs, tiles, qtype, k)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(batch, two)
+        for i in (0, 17, 36):
+            assert torch.equal(batch[i], cpu_gguf_linear.gguf_linear(xs[i:i + 1], tiles, qtype,
+                                                                     k)[0])
+        assert torch.equal(batch[34:], cpu_gguf_linear.gguf_linear(xs[34:], tiles, qtype, k))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_without_the_kernels_many_rows_over_tiles_unpack_whole_tiles(
+        qtype: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without the C++ kernels (or off CPU) tiles are unpacked in pieces of whole tiles, 8 KB of
+    # float32 here: 160 rows take 64 + 64 + 32.
+    monkeypatch.setattr(cpu_gguf_linear, "kernels_apply", lambda packed: False)
     seen: list[int] = []
     real = cpu_gguf_linear.gguf_dequantize
 
@@ -194,15 +235,20 @@ def test_many_rows_over_tiles_unpack_whole_tiles(qtype: int, m: int,
     k = width(qtype, 32)
     monkeypatch.setattr(cpu_gguf_linear, "TILE_BYTES", (8 << 10) * k // 32)  # 64 rows a piece
     packed = random_packed(160, k, qtype, seed=4)
-    x, bias = torch.randn(m, k, generator=g), torch.randn(160, generator=g)
+    x, bias = torch.randn(20, k, generator=g), torch.randn(160, generator=g)
     with torch.inference_mode():
         got = cpu_gguf_linear.gguf_linear(x, tile_ref(packed, qtype), qtype, k, bias)
-    if m > cpu_gguf_linear.CHUNKED_M:
-        assert seen == [64, 64, 32]
-        torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4,
-                                   rtol=1e-4)
-    elif cpu_gguf_linear.kernels_apply(packed):
-        _assert_int8_product(got, x, packed, qtype, bias)
+    assert seen == [64, 64, 32]
+    torch.testing.assert_close(got, gguf_linear_ref(x, packed, qtype, bias), atol=1e-4, rtol=1e-4)
+
+
+@needs_kernels
+def test_the_tiled_kernel_names_what_is_wrong() -> None:
+    tiles = tile_ref(random_packed(16, 64, Q8_0, seed=0), Q8_0)
+    with pytest.raises(ValueError, match=r"takes \[M >= 1, in\] and 3-D tiles"):
+        cpu_gguf_linear.gguf_tiled_linear(torch.randn(0, 64), tiles, Q8_0)
+    with pytest.raises(ValueError, match="bias must have 16 values"):
+        cpu_gguf_linear.gguf_tiled_linear(torch.randn(5, 64), tiles, Q8_0, torch.randn(15))
 
 
 def test_bad_tiles_name_what_is_wrong() -> None:

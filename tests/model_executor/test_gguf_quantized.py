@@ -26,9 +26,9 @@ from tests.greedy_compare import assert_greedy_within_rounding  # noqa: E402
 from tests.model_executor.conftest import count_fused_calls  # noqa: E402
 from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 
-# 3 requests prefill 11 tokens in one step (the packed kernel, 4 rows at a time) and decode
-# through the fused C++ layer; 5 prefill 18 tokens (past 16: the unpacked weight) and decode
-# layer by layer.
+# 3 requests prefill 11 tokens in one step (the packed kernel over tiles, 4 rows a pass) and
+# decode through the fused C++ layer; 5 prefill 18 tokens and decode 5 rows a step (past
+# SMALL_M: the stack's batch, where every weight is tiles).
 PROMPTS = [[5, 9, 13, 200, 7, 8, 30], [100, 101, 102], [42], [17, 18, 19, 20, 21], [3, 3]]
 
 
@@ -170,7 +170,7 @@ def test_decode_steps_take_the_fused_layer_over_packed_blocks(
 
 
 @pytest.mark.parametrize(("name", "num_requests"), [("Q4_1", 1), ("Q8_0", 3), ("Q4_K_M", 1),
-                                                  ("Q4_K_M", 3)])
+                                                  ("Q4_K_M", 3), ("Q8_0", 5), ("Q4_K_M", 5)])
 def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
         files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str,
         num_requests: int) -> None:
@@ -178,7 +178,8 @@ def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
     # thread takes (kernels/csrc/decode_phased.cpp): 3 threads (more than the 2 kv heads of one
     # request, and as many as 3 requests) must give the 1-thread, the op-by-op
     # (STRAND_DECODE_PHASED=0) and the layer-by-layer outputs. Q4_K_M's qkv is two parts of
-    # different types (Q4_K q and k, Q6_F v): a chunk may span both.
+    # different types (Q4_K q and k, Q6_F v): a chunk may span both. 5 requests are a decode
+    # batch past SMALL_M rows, which the stack takes over tiles too (2 row passes a tile).
     threads = torch.get_num_threads()
     calls: list[str] = []
     try:

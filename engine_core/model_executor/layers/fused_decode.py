@@ -16,8 +16,9 @@ the final norm's and the lm_head's wrappers) was 0.45-0.7 ms of a ~10 ms one-thr
 SmolLM2's packed Q4_1, ~10x its cost in a tight loop (kernels/csrc/decode_ends.cpp says why),
 and at two threads the lm_head was a parallel region of its own after the step's one.
 
-Decode batches of SMALL_M < m <= BATCH_M requests of a model whose projections are all dense
-take it too, with the kernel the layer-by-layer path runs for those rows: the layers' packed
+Decode batches of SMALL_M < m <= BATCH_M requests of a model whose projections are all GGUF
+tiles take it too (their int8 kernel takes any rows), and those of a model whose projections
+are all dense, with the kernel the layer-by-layer path runs for those rows: the layers' packed
 weights (float32 panels at the avx2 and avx512 levels, for bfloat16 layers too where oneDNN has
 no bfloat16 kernels; oneDNN's copies otherwise: kernels/cpu_linear.py), handed to the stack once
 (set_batch_weights), or linear_batch where the panels are switched off at the avx2 level
@@ -63,8 +64,8 @@ class _Fused:
 # model -> its layers in C++ (None: some layer cannot take the fused call), made once.
 _STACKS: weakref.WeakKeyDictionary[nn.Module, _Fused | None] = weakref.WeakKeyDictionary()
 # model -> whether its stack takes decode batches past SMALL_M rows: every projection (the
-# head's too) dense, and linear_batch chosen or the packed weights handed over (the GGUF
-# kernels of a quantized stack take up to SMALL_M rows).
+# head's too) dense, and linear_batch chosen or the packed weights handed over; or every one
+# GGUF tiles (the GGUF kernel over rows takes up to SMALL_M rows).
 _BATCH: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
@@ -162,12 +163,15 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     ends = _ends(model, dtype)
     if ends is not None:
         stack.set_ends(*ends)
-    # Decode batches past SMALL_M rows only where every projection, the head's too, is dense.
-    dense = (all(q == 0 for args in layers for q in cast(list[int], args[-1]))
-             and (ends is None or ends[3] == 0))
+    # Decode batches past SMALL_M rows where every projection, the head's too, is dense (their
+    # batch kernel handed over), or every one is GGUF tiles (whose kernel takes any rows).
+    qtypes = [q for args in layers for q in cast(list[int], args[-1])]
+    dense = all(q == 0 for q in qtypes) and (ends is None or ends[3] == 0)
+    tiled = (all(isinstance(lin, GGUFLinear) and lin.packed.dim() == 3 for lin in linears)
+             and (ends is None or (ends[3] != 0 and ends[2].dim() == 3)))
     head = model.lm_head if ends is not None else None
-    _BATCH[model] = dense and (cpu_linear_batch.takes(dtype)
-                               or _hand_over_packed(stack, linears, head, dtype))
+    _BATCH[model] = tiled or (dense and (cpu_linear_batch.takes(dtype)
+                                         or _hand_over_packed(stack, linears, head, dtype)))
     return _Fused(stack, ends is not None)
 
 

@@ -1,14 +1,14 @@
 """A linear layer whose weight stays in a GGUF file's blocks (Q8_0, Q4_0, Q4_1): EngineArgs
 quantization="gguf" (engine_core/model_executor/gguf/quantized.py puts them in place).
 
-A decode step of up to SMALL_M rows reads the blocks as they are (kernels/cpu_gguf_linear.py),
-its input rounded to int8 blocks for integer dot products as llama.cpp does; on CPU the blocks
-are regrouped at load into 16-row tiles (the same bytes) that the kernel reads 16 rows a vector
-instruction (kernels/csrc/gguf_tiled.cpp). The step is a read of the weights, and this is 3.8x
-(Q8_0) to 6.4x (Q4_1) fewer bytes than float32; up to 16 rows take 4 at a time. More rows unpack the weight to float32 once per call
-for the GEMM library. On CUDA up to 64 rows take a Triton kernel over the blocks
-(kernels/gguf_linear_triton.py); elsewhere (or without the C++ kernels) the weight is unpacked by
-the pure-torch reference, per call.
+On CPU the blocks are regrouped at load into 16-row tiles (the same bytes) that the kernel
+reads 16 rows a vector instruction (kernels/csrc/gguf_tiled.cpp), with the input rounded to int8
+blocks for integer dot products as llama.cpp does (kernels/cpu_gguf_linear.py): a decode step
+reads 3.8x (Q8_0) to 6.4x (Q4_1) fewer bytes than float32, and a decode batch or a prefill reads
+each tile once for all its rows. A weight whose rows are not a multiple of 16 stays in GGUF rows:
+up to 16 rows take 4 at a time, more unpack the weight to float32 once per call. On CUDA up to 64
+rows take a Triton kernel over the blocks (kernels/gguf_linear_triton.py); elsewhere (or without
+the C++ kernels) the weight is unpacked by the pure-torch reference, per call.
 
 A fused layer whose parts the file holds in different types (a Q4_K_M file's q and k in Q4_K, its
 v in Q6_K) keeps each run of parts in its own type (`more`): the output's columns are the

@@ -1,0 +1,77 @@
+"""benchmarks/quantized_batch.py: the multiply-adds it counts, llama-batched-bench's row as it
+reads it, one tiny run beside a stand-in llama-batched-bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from benchmarks import quantized_batch  # noqa: E402
+from tests.conftest import build_tiny_model  # noqa: E402
+from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
+
+# llama-batched-bench's table as it prints it (llama.cpp build 0c1e570), one row.
+ROW = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |"
+       "    S t/s |\n|-------|--------|------|--------|----------|----------|----------|---------"
+       "-|----------|----------|\n|   128 |     64 |   32 |   6144 |    4.440 |   922.52 |    "
+       "3.849 |   532.06 |    8.289 |   741.20 |")
+
+
+@pytest.fixture(scope="module")
+def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bench-qb")
+    model_dir = build_tiny_model(root / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,
+                                 intermediate_size=128)
+    path = root / "tiny-Q4_1.gguf"
+    write_gguf(model_dir, path, "Q4_1")
+    return path
+
+
+def test_llama_batched_bench_s_row_is_read_as_the_three_rates() -> None:
+    assert quantized_batch.parse_batched_row(ROW) == {
+        "prefill_tok_s": 922.52, "decode_tok_s": 532.06, "total_tok_s": 741.2}
+    with pytest.raises(ValueError, match="no result row"):
+        quantized_batch.parse_batched_row(ROW.splitlines()[0])
+
+
+def test_one_tiny_run_beside_llama_batched_bench(
+        q4_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bin_dir.mkdir()
+    fake = bin_dir / "llama-batched-bench"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncat <<"END"\n{ROW}\nEND\n')
+    fake.chmod(0o755)
+    out = tmp_path / "r.json"
+    quantized_batch.main(["--model", str(q4_file), "--requests", "6", "--prompt", "5",
+                          "--tokens", "3", "--threads", "1", "--repeats", "2",
+                          "--llama-cpp", str(bin_dir), "--out", str(out)])
+    lines = calls.read_text().splitlines()
+    assert lines == [f"-m {q4_file} -t 1 -npp 5 -ntg 3 -npl 6 -c 112"] * 2
+    data = json.loads(out.read_text())
+    strand, llama = data["results"]["strand"], data["results"]["llama.cpp"]
+    assert len(strand["runs"]) == 2 and llama["decode_tok_s"] == 532.06
+    # The tiny model's linears: 2 layers of qkv (64 -> 128), o, gate_up (64 -> 256), down; the
+    # lm_head 64 -> 512 (the vocabulary).
+    assert strand["macs"] == [2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64), 64 * 512]
+    for key in ("total_tok_s", "prefill_tok_s", "decode_tok_s"):
+        assert 0 < strand[key] and 0 < data["bounds"][key]
+    text = capsys.readouterr().out
+    assert "Strand / llama.cpp" in text and "bound (linears only)" in text
+
+
+@pytest.mark.parametrize("flags", [["--tokens", "1"], ["--requests", "0"]])
+def test_bad_sizes_are_refused(q4_file: Path, flags: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        quantized_batch.main(["--model", str(q4_file), *flags])
+
+
+def test_a_directory_without_llama_batched_bench_is_refused(q4_file: Path,
+                                                           tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        quantized_batch.main(["--model", str(q4_file), "--llama-cpp", str(tmp_path)])
