@@ -28,32 +28,51 @@ struct QuantizedRows {
   std::vector<int32_t> qsum, qsum_lo;  // [M, K / 32]
 };
 
-// Block i of x (32 values from xb) into out's entries i.
+// Block i of x (32 values from xb) into out's entries i, in two 16-lane vectors (vec16.h): the
+// scalar loop (a max the compiler may not reorder, a libm rounding per value) was 7% of a
+// 32-request decode step of SmolLM2 on one thread.
 template <typename T>
 inline void quantize_block(const T* xb, int64_t i, QuantizedRows& out) {
-  constexpr int64_t kBlock = 32;
-  float v[kBlock];
+  typedef int32_t i32x16 __attribute__((vector_size(64)));
+  typedef int8_t i8x16 __attribute__((vector_size(16)));
+  const v16 lo = load(xb), hi = load(xb + 16);
+  const i32x16 abs_mask = i32x16{} + 0x7FFFFFFF;
+  const v16 a_lo = (v16)((i32x16)lo & abs_mask), a_hi = (v16)((i32x16)hi & abs_mask);
+  const v16 inf = splat(__builtin_huge_valf());
+  const i32x16 finite_lanes = (a_lo < inf) & (a_hi < inf);  // NaN < inf is false too
+  const v16 m = a_lo > a_hi ? a_lo : a_hi;
   float amax = 0.f;
   bool finite = true;
-  for (int64_t j = 0; j < kBlock; ++j) {
-    v[j] = to_float(xb[j]);
-    amax = std::max(amax, std::fabs(v[j]));
-    finite = finite && std::isfinite(v[j]);
+  for (int j = 0; j < 16; ++j) {
+    amax = std::max(amax, m[j]);
+    finite = finite && finite_lanes[j] != 0;
   }
-  int8_t* q = out.q.data() + i * kBlock;
+  int8_t* q = out.q.data() + i * 32;
   if (!finite) {  // a NaN or infinity: the block's scale is NaN, so every output it meets is
-    std::memset(q, 0, kBlock);  // NaN, as the float product's would be (not a silent 0)
+    std::memset(q, 0, 32);  // NaN, as the float product's would be (not a silent 0)
     out.d[i] = out.s[i] = std::numeric_limits<float>::quiet_NaN();
     out.qsum[i] = out.qsum_lo[i] = 0;
     return;
   }
   const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-  int32_t sum = 0, sum_lo = 0;
-  for (int64_t j = 0; j < kBlock; ++j) {
-    q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
-    sum += q[j];
-    if (j == 15) sum_lo = sum;
+  // Rounded to nearest, ties to even, lane by lane (the compiler makes one vector rounding of
+  // it); the product is rounded to float first, as a separate op (no fused multiply-add).
+  v16 r_lo = lo * id, r_hi = hi * id;
+  for (int j = 0; j < 16; ++j) {
+    r_lo[j] = std::nearbyint(r_lo[j]);
+    r_hi[j] = std::nearbyint(r_hi[j]);
   }
+  const i32x16 q_lo = __builtin_convertvector(r_lo, i32x16);
+  const i32x16 q_hi = __builtin_convertvector(r_hi, i32x16);
+  const i8x16 b_lo = __builtin_convertvector(q_lo, i8x16), b_hi = __builtin_convertvector(q_hi, i8x16);
+  std::memcpy(q, &b_lo, 16);
+  std::memcpy(q + 16, &b_hi, 16);
+  int32_t sum_lo = 0, sum = 0;
+  for (int j = 0; j < 16; ++j) {
+    sum_lo += q_lo[j];
+    sum += q_hi[j];
+  }
+  sum += sum_lo;
   out.d[i] = d;
   out.s[i] = d * static_cast<float>(sum);
   out.qsum[i] = sum;
