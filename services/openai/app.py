@@ -38,7 +38,7 @@ from services.openai.protocol import (
 )
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
-from services.openai.tools import tool_choice
+from services.openai.tools import said_of_tools, tool_choice
 from services.openai.tracing import end_request_span, start_request_span
 
 log = logging.getLogger(__name__)
@@ -217,8 +217,11 @@ def create_app(config: FrontConfig) -> FastAPI:
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool)
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools)
-        return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt), params,
-                            lora, request)
+        try:
+            return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt),
+                                params, lora, request)
+        except (OpenAIError, ValueError) as exc:  # a RequestError is a ValueError
+            raise said_of_tools(from_exception(exc), tool) from None
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.openai.errors import bad_request
+from services.openai.errors import OpenAIError, bad_request
 from services.openai.protocol import ChatCompletionRequest
 from services.openai.tool_parser import AutoTools, arguments_json, call_id, openai_call
 
@@ -187,6 +187,17 @@ def tool_choice(req: ChatCompletionRequest, parser: str | None = None) -> ToolCh
             return NamedTool(name, parameters)
     raise bad_request(f"tool_choice names {name!r}, which is not among tools "
                       f"{[t['function']['name'] for t in tools]}", "tool_choice")
+
+
+def said_of_tools(error: OpenAIError, tool: ToolChoice | None) -> OpenAIError:
+    """The engine's refusal of the schema a named or "required" tool choice made from the tools
+    (which it names structured_outputs.json, the field that carried it), said of the tools:
+    the client sent no structured_outputs."""
+    prefix = "structured_outputs.json is invalid: "
+    if not isinstance(tool, NamedTool | RequiredTools) or not error.message.startswith(prefix):
+        return error
+    return bad_request("tools: the function parameters are not a JSON schema the reply can be "
+                       f"held to: {error.message[len(prefix):]}", "tools")
 
 
 def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -792,6 +792,23 @@ def test_response_format_json_schema_holds_on_chat(client: openai.OpenAI,
     assert json.loads(resp.choices[0].message.content) in ({"ok": True}, {"ok": False})
 
 
+def test_a_tools_schema_the_engine_refuses_is_a_400_naming_tools(client: openai.OpenAI,
+                                                                model_name: str) -> None:
+    # The reply is held to a schema made of the tools' parameters, which the engine refuses
+    # under the field that carried it: the client sent tools, so the 400 says tools.
+    bad = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": 5}}}
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                tools=[bad], tool_choice=choice)  # type: ignore[arg-type]
+        error = info.value.response.json()["error"]
+        assert error["param"] == "tools", error
+        assert error["message"].startswith("tools: the function parameters are not a JSON "
+                                           "schema"), error
+
+
 def test_invalid_schema_is_a_400_naming_structured_outputs(client: openai.OpenAI,
                                                            model_name: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:

@@ -13,7 +13,13 @@ from services.openai.errors import OpenAIError
 from services.openai.params import chat_params
 from services.openai.protocol import ChatCompletionRequest
 from services.openai.tool_parser import AutoTools
-from services.openai.tools import NamedTool, RequiredTools, required_schema, tool_choice
+from services.openai.tools import (
+    NamedTool,
+    RequiredTools,
+    required_schema,
+    said_of_tools,
+    tool_choice,
+)
 
 CHAT = [{"role": "user", "content": "hi"}]
 F_PARAMETERS = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -210,3 +216,18 @@ def test_the_tool_flags_go_together(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
     check_tool_flags(parser, args)
     assert tool_flags(args) == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
+def test_the_engines_refusal_of_a_tools_schema_is_said_of_the_tools() -> None:
+    refused = OpenAIError(400, "structured_outputs.json is invalid: properties must be an object",
+                          param="structured_outputs")
+    for tool in (_choice(tools=[F], tool_choice="required"),
+                 _choice(tools=[F], tool_choice={"type": "function", "function": {"name": "f"}})):
+        said = said_of_tools(refused, tool)
+        assert said.param == "tools" and said.status == 400
+        assert said.message == ("tools: the function parameters are not a JSON schema the reply "
+                                "can be held to: properties must be an object")
+    # A client's own structured outputs, or another refusal, stay as they are.
+    assert said_of_tools(refused, None) is refused
+    other = OpenAIError(400, "temperature must be in [0, 2]", param="temperature")
+    assert said_of_tools(other, _choice(tools=[F], tool_choice="required")) is other
