@@ -179,8 +179,9 @@ def test_a_non_finite_input_makes_its_row_nan_over_tiles(qtype: int) -> None:
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("m", [5, 13, 33, 70])
 def test_many_rows_over_tiles_match_the_int8_reference(qtype: int, m: int) -> None:
-    # A decode batch's or a prefill's rows take the int8 kernel too, kRowGroup (4) rows a pass
-    # over each tile: 13 and 33 end in a short group; nothing is unpacked to float32.
+    # A decode batch's or a prefill's rows take the int8 kernel too, kRowGroup rows a pass over
+    # each tile (8 with AVX-512, 4 else): 13, 33 and 70 end in a short group; nothing is
+    # unpacked to float32.
     n, k = 80, width(qtype, 256)
     g = torch.Generator().manual_seed(m * 100 + qtype)
     packed = random_packed(n, k, qtype, seed=m + qtype)
@@ -195,8 +196,8 @@ def test_many_rows_over_tiles_match_the_int8_reference(qtype: int, m: int) -> No
 @needs_kernels
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it(qtype: int) -> None:
-    # Each row is its own chain of instructions: a request's logits in a batch of 37 (split
-    # 4 + ... + 1 between passes) are bit for bit its logits alone or in a batch of 3, at any
+    # Each row is its own chains of instructions: a request's logits in a batch of 37 (split
+    # 8 + 8 + 8 + 8 + 5 or 4 + ... + 1 between passes) are bit for bit its logits alone or in a batch of 3, at any
     # thread count, in float32 and bfloat16.
     k = width(qtype, 128)
     tiles = tile_ref(random_packed(1008, k, qtype, seed=11), qtype)
