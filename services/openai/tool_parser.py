@@ -9,33 +9,28 @@ finish_reason is "tool_calls" (a reply cut short by max_tokens keeps "length"). 
 JSON does not parse leaves the whole reply as text, as vLLM's parser does. A stream sends the
 text as it comes, holding back what may be the start of a <tool_call> tag, and each call whole
 once its closing tag arrives (a block that is no call goes as text, and by the stream's end
-whatever was held back or never closed: nothing the model wrote is dropped)."""
+whatever was held back or never closed: nothing the model wrote is dropped).
+
+`llama3_json` is Llama 3.1, 3.2 and 3.3's (llama3_json.py): a reply that is calls is JSON
+objects {"name": ..., "parameters": {...}} (or "arguments"), after an optional <|python_tag|>,
+separated by ";"; any other reply is text. A stream sends text as it comes and a reply that
+begins as a call whole at its end (its calls, or its text where they do not parse)."""
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-PARSERS = ("hermes",)
+from services.openai.llama3_json import begins_as_call, parse_llama3_json
+from services.openai.tool_call import arguments_json, call_id, openai_call
+
+__all__ = ["PARSERS", "AutoTools", "arguments_json", "call_id", "openai_call", "parse_hermes"]
+
+PARSERS = ("hermes", "llama3_json")
 _START, _END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def call_id() -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's form
-
-
-def openai_call(name: str, arguments: str, id_: str | None = None) -> dict[str, Any]:
-    """A tool call as OpenAI's message carries it (arguments: JSON text; arguments_json)."""
-    return {"id": id_ or call_id(), "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-
-
-def arguments_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)  # as vLLM writes them: non-ASCII kept
 
 
 def _call(raw: str) -> dict[str, Any] | None:
@@ -80,7 +75,10 @@ class AutoTools:
     seen: dict[int, int] = field(default_factory=dict)  # choice -> <tool_call> blocks read
 
     def message(self, index: int, text: str) -> dict[str, Any]:
-        content, calls = parse_hermes(text)
+        if self.parser == "llama3_json":
+            content, calls = parse_llama3_json(text)
+        else:
+            content, calls = parse_hermes(text)
         if calls:
             self.sent[index] = len(calls)
             return {"role": "assistant", "content": content.strip() or None,
@@ -94,6 +92,8 @@ class AutoTools:
         whole = self.streamed.get(index, "") + text
         self.streamed[index] = whole
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if self.parser == "llama3_json":
+            return self._json_delta(index, whole, delta, last)
         start = whole.find(_START)
         shown_to = start if start >= 0 else len(whole) - _held_back(whole)
         content = ""
@@ -122,6 +122,24 @@ class AutoTools:
             tail = whole[closed_to:]
             if start < 0 or tail.strip():  # held back, or a call never closed
                 content += tail
+        if content:
+            delta["content"] = content
+        return delta
+
+    def _json_delta(self, index: int, whole: str, delta: dict[str, Any],
+                    last: bool) -> dict[str, Any]:
+        """llama3_json: text as it comes; a reply that begins as a call held to its end."""
+        opening = begins_as_call(whole)
+        if opening is not False and not last:
+            return delta  # a call (sent whole at the end), or not yet known
+        if opening and last:
+            _, calls = parse_llama3_json(whole)
+            if calls:
+                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                self.sent[index] = len(calls)
+                return delta
+        content = whole[self.shown.get(index, 0):]
+        self.shown[index] = len(whole)
         if content:
             delta["content"] = content
         return delta
