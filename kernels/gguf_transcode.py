@@ -11,6 +11,10 @@ become per-32 blocks, each with its own float32 scale):
                                per 32;
   Q6_K (6.56)               -> Q6_F (7): nibbles, two words of fifth and sixth bits, the
                                super-block's float16 d and the two int8 scales of its 16s;
+  Q3_K (3.44)               -> Q6_F (7) too: the same form (float16 d times a 6-bit signed
+                               scale per 16 weights, times q in -4..3, which Q6_F's q - 32
+                               holds), so a Q3_K_M or Q3_K_L file's layers stay packed at
+                               twice their bytes rather than float32's 9x;
   Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
 is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
@@ -41,14 +45,15 @@ from kernels.gguf_linear_ref import (
 )
 
 # GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
-Q5_K, Q6_K = 13, 14
+Q3_K, Q5_K, Q6_K = 11, 13, 14
 SOURCE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0", Q5_1: "Q5_1",
-                Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+                Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
-                Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210)}
+                Q5_1: (32, 24), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176),
+                Q6_K: (256, 210)}
 # Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
-NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q4_K: Q4_K, Q5_K: Q5_F,
-          Q6_K: Q6_F}
+NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q3_K: Q6_F, Q4_K: Q4_K,
+          Q5_K: Q5_F, Q6_K: Q6_F}
 
 
 class Fields(NamedTuple):
@@ -96,7 +101,7 @@ def _fields(rows: np.ndarray, ggml_type: int) -> Fields:
     blocks = np.ascontiguousarray(rows).reshape(-1, size)
     if weights == BLOCK:
         return _legacy(blocks, ggml_type)
-    return {Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}[ggml_type](blocks)
+    return {Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}[ggml_type](blocks)
 
 
 def _half(b: np.ndarray) -> np.ndarray:  # [B, 2] uint8 -> [B] float32
@@ -173,6 +178,31 @@ def _q6_k(blocks: np.ndarray) -> Fields:
                   np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).reshape(-1, 2))
 
 
+def _q3_k_scales(packed: np.ndarray) -> np.ndarray:
+    """[B, 12] -> [B, 16] int8: the 16 six-bit scales less 32, as llama.cpp unpacks them: the
+    low 4 bits of scale i in byte i's low nibble (i < 8) or byte i - 8's high one, the top 2
+    bits of scale 4k + i in bits 2k, 2k + 1 of byte 8 + i."""
+    lo = np.concatenate([packed[:, 0:8] & 15, packed[:, 0:8] >> 4], axis=1)  # scales 0..15
+    top = (packed[:, 8:12, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3  # [B, i, k]
+    top = top.transpose(0, 2, 1).reshape(-1, 16)  # scale 4k + i
+    return ((lo | (top << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
+def _q3_k(blocks: np.ndarray) -> Fields:
+    hmask, qs, d = blocks[:, :32], blocks[:, 32:96], _half(blocks[:, 108:110])
+    sc = _q3_k_scales(blocks[:, 96:108])  # [B, 16], one per 16 weights
+    # Per 128 weights h: 32 bytes of 2-bit quants (bits 2j, 2j + 1: weights 32j + l of the
+    # 128), and the third bit of weight 128h + 32j + l in bit 4h + j of hmask[l]; the quant is
+    # (2 bits) - 4 where that bit is clear.
+    low = (qs.reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+    bit = (hmask.reshape(-1, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)) & 1
+    q = low.astype(np.int8) - 4 * (1 - bit.astype(np.int8))  # [B, 2, 4, 32]: -4..3
+    dsc = d[:, None] * sc.astype(np.float32)
+    d16 = np.repeat(np.ascontiguousarray(blocks[:, 108:110]), 8, axis=0)
+    return Fields(np.ascontiguousarray(q.reshape(-1, 32)), dsc.reshape(-1, 2),
+                  np.zeros(dsc.size // 2, np.float32), d16, sc.reshape(-1, 2))
+
+
 def _f32_bytes(a: np.ndarray) -> np.ndarray:  # [B, k] float32 -> [B, 4k] uint8
     return np.ascontiguousarray(a, dtype="<f4").view(np.uint8).reshape(a.shape[0], -1)
 
@@ -197,8 +227,8 @@ def _pack_q5f(f: Fields) -> np.ndarray:
 
 
 def _pack_q6f(f: Fields) -> np.ndarray:
-    assert f.d16 is not None and f.sc is not None  # from Q6_K, the one type sent here
-    q = (f.q.astype(np.int16) + 32).astype(np.uint8)  # Q6_K's q - 32 back to 0..63
+    assert f.d16 is not None and f.sc is not None  # from Q6_K or Q3_K, the types sent here
+    q = (f.q.astype(np.int16) + 32).astype(np.uint8)  # q - 32 (Q3_K's -4..3) to 0..63
     return np.concatenate([f.d16, f.sc.view(np.uint8), _bit_word(q, 4), _bit_word(q, 5),
                            _nibble_bytes(q)], axis=1)
 

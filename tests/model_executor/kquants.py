@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K and Q6_K blocks made from float weights, for test files (the `gguf` package
+"""Q3_K, Q4_K, Q5_K and Q6_K blocks made from float weights, for test files (the `gguf` package
 dequantizes the K-quants but does not make them; llama.cpp's llama-quantize does, and is not
 built here). A plain min/max rounding per sub-block, not llama.cpp's search for the best
 scales: what matters to the tests is valid blocks that hold weights close to the model's, read
@@ -82,4 +82,29 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     return blocks.reshape(n, -1)
 
 
-QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
+def quantize_q3_k(w: np.ndarray) -> np.ndarray:
+    """[N, K] float -> [N, K / 256 * 110] uint8 Q3_K blocks: 16 six-bit signed scales of 16
+    weights, quants -4..3 (2 bits in qs, the third in hmask: set for 0..3)."""
+    n = w.shape[0]
+    x = w.reshape(-1, 16, 16).astype(np.float32)
+    scale = np.abs(x).max(axis=2) / 4  # [B, 16]
+    d = (scale.max(axis=1) / 31).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scale / np.where(d > 0, d, 1.0)[:, None]), -32, 31).astype(np.int16)
+    step = (d[:, None] * sc)[..., None]
+    q = (np.clip(np.rint(x / np.where(step > 0, step, 1.0)), -4, 3) + 4).astype(np.uint8)
+    q = q.reshape(-1, 2, 4, 32)  # per 128 weights h, runs j of 32 weights l
+    qs = ((q & 3) << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)).sum(
+        axis=2).astype(np.uint8).reshape(-1, 64)
+    hmask = ((q >> 2) << np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)).sum(
+        axis=(1, 2)).astype(np.uint8)
+    s6 = (sc + 32).astype(np.uint8)  # [B, 16], 0..63
+    scales = np.concatenate([
+        (s6[:, 0:8] & 15) | ((s6[:, 8:16] & 15) << 4),
+        (s6[:, 0:4] >> 4) | ((s6[:, 4:8] >> 4) << 2) | ((s6[:, 8:12] >> 4) << 4)
+        | ((s6[:, 12:16] >> 4) << 6)], axis=1)
+    blocks = np.concatenate([hmask, qs, scales, _f16(d)], axis=1)
+    return blocks.reshape(n, -1)
+
+
+QUANTIZERS = {"Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
+              "Q6_K": quantize_q6_k}

@@ -70,6 +70,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         **{f"blk.{i}.attn_v.weight": "Q6_K" for i in range(2)},
         **{f"blk.{i}.attn_output.weight": "Q5_0" for i in range(2)},
         "blk.0.ffn_down.weight": "Q6_K", "output.weight": "Q6_K", "token_embd.weight": "Q8_0"})
+    # Q3_K_M-like: Q3_K (-> Q6_F), with attn_v, attn_output and one ffn_down Q4_K, output Q6_K.
+    out["Q3_K_M"] = root / "wide-Q3_K_M.gguf"
+    write_gguf(wide_dir, out["Q3_K_M"], "Q3_K", {
+        **{f"blk.{i}.attn_v.weight": "Q4_K" for i in range(2)},
+        **{f"blk.{i}.attn_output.weight": "Q4_K" for i in range(2)},
+        "blk.0.ffn_down.weight": "Q4_K", "output.weight": "Q6_K", "token_embd.weight": "Q8_0"})
     # Q5_K_M-like: Q5_K, with Q5_1 for q and k (qkv -> Q8_F; the rest Q5_F), o Q5_1.
     out["Q5_K_M"] = root / "wide-Q5_K_M.gguf"
     write_gguf(wide_dir, out["Q5_K_M"], "Q5_K", {
@@ -135,6 +141,9 @@ def _kind(layer: Any) -> str:
                 "Q6_F"]),
     ("Q5_K_M", [("Q5_1+Q5_F", "Q5_1", "Q5_F", "Q5_F"), ("Q5_1+Q5_F", "Q5_1", "Q5_F", "Q5_F"),
                 "Q5_F"]),
+    # Q3_K rewritten into Q6_F (the same form: d times a signed scale per 16, times q).
+    ("Q3_K_M", [("Q6_F+Q4_K", "Q4_K", "Q6_F", "Q4_K"), ("Q6_F+Q4_K", "Q4_K", "Q6_F", "Q6_F"),
+                "Q6_F"]),
 ])
 def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
         files: dict[str, Path], name: str, kinds: list[Any]) -> None:
