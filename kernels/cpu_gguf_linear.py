@@ -177,10 +177,10 @@ def gguf_tiled_linear(x: torch.Tensor, tiles: torch.Tensor, qtype: int,
     """x @ w.T + bias for any number of rows over 16-row tiles, x rounded to int8 blocks once
     and each tile read once a call: [M, K] -> [M, N] in x's dtype. Products of many rows (a
     decode batch, a prefill) unpacked the weight to float32 per call for the GEMM library
-    before: one thread, SmolLM2's Q4_K_M layers at 32 rows 150 ms against 23 ms here, at 512
-    rows 1367 against 359 (29-50 GMAC/s against 186-194: VNNI's int8 products are 4x float32's
-    FMAs a cycle, and nothing is unpacked to memory). As llama.cpp, which rounds a prefill's
-    activations too (its Q8_K), the outputs are the int8 product's
+    before: one thread, SmolLM2's Q4_K_M layers at 32 rows 150 ms against 18 ms here, at 512
+    rows 1367 against 280 (29-50 GMAC/s against 238-248 with AVX-512 VNNI: its int8 products
+    are 4x float32's FMAs a cycle, and nothing is unpacked to memory). As llama.cpp, which
+    rounds a prefill's activations too (its Q8_K), the outputs are the int8 product's
     (gguf_linear_ref.gguf_linear_int8_ref), within int8_rounding_bound of the float one."""
     from kernels._cpu_build import KERNELS
 
