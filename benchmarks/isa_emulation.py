@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,16 @@ def isa_env(isa: str) -> dict[str, str]:
     if isa == "native":
         return {}
     return {STRAND_ISA_ENV: isa, **torch_isa_env(isa)}
+
+
+def run_capped(isa: str, module: str, argv: list[str] | None) -> None:
+    """Runs `python -m module argv` again in this process's place with the caps of `isa` set,
+    unless they are already: the libraries read their caps once, when they load."""
+    caps = isa_env(isa)
+    if any(os.environ.get(k) != v for k, v in caps.items()):
+        os.execve(sys.executable, [sys.executable, "-m", module,
+                                   *(sys.argv[1:] if argv is None else argv)],
+                  {**os.environ, **caps})
 
 
 def zmm_users(bin_dir: Path) -> dict[str, int]:

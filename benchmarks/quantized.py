@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import random
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -177,12 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="avx2: every library capped at AVX2 (benchmarks/isa_emulation.py)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    caps = isa_emulation.isa_env(args.isa)
-    if any(os.environ.get(k) != v for k, v in caps.items()):
-        # The libraries read their caps once, when they load: run again with them set.
-        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.quantized",
-                                   *(sys.argv[1:] if argv is None else argv)],
-                  {**os.environ, **caps})
+    isa_emulation.run_capped(args.isa, "benchmarks.quantized", argv)
     for name in ("repeats", "prompt", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")

@@ -114,12 +114,19 @@ def gguf_dequantize(packed: torch.Tensor, qtype: int, in_features: int,
 def gguf_linear_small(x: torch.Tensor, packed: torch.Tensor, qtype: int,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T + bias for 1..SMALL_M rows, w read packed: [M, K] -> [M, N] in x's dtype."""
-    from kernels._cpu_build import KERNELS
-
-    module = KERNELS.require()
     if x.dim() != 2 or not 1 <= x.shape[0] <= SMALL_M:
         raise ValueError(f"gguf_linear_small takes [M, in] with 1 <= M <= {SMALL_M}, got "
                          f"{tuple(x.shape)}")
+    return _run_kernel("gguf_linear_small", x, packed, qtype, bias)
+
+
+def _run_kernel(name: str, x: torch.Tensor, packed: torch.Tensor, qtype: int,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """The C++ kernel `name` into a new [M, N] of x's dtype, after the checks every packed
+    product makes (x's and bias's dtypes, the weight's layout, the bias's length)."""
+    from kernels._cpu_build import KERNELS
+
+    module = KERNELS.require()
     if x.dtype not in _DTYPES or (bias is not None and bias.dtype != x.dtype):
         raise ValueError(f"x must be float32 or bfloat16 and bias of x's dtype, got {x.dtype}"
                          f" and {None if bias is None else bias.dtype}")
@@ -128,8 +135,8 @@ def gguf_linear_small(x: torch.Tensor, packed: torch.Tensor, qtype: int,
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must have {n} values, got {tuple(bias.shape)}")
     out = torch.empty(x.shape[0], n, dtype=x.dtype)
-    module.gguf_linear_small(out, x.contiguous(), packed, qtype,
-                             None if bias is None else bias.contiguous())
+    getattr(module, name)(out, x.contiguous(), packed, qtype,
+                          None if bias is None else bias.contiguous())
     return out
 
 
@@ -182,23 +189,10 @@ def gguf_tiled_linear(x: torch.Tensor, tiles: torch.Tensor, qtype: int,
     are 4x float32's FMAs a cycle, and nothing is unpacked to memory). As llama.cpp, which
     rounds a prefill's activations too (its Q8_K), the outputs are the int8 product's
     (gguf_linear_ref.gguf_linear_int8_ref), within int8_rounding_bound of the float one."""
-    from kernels._cpu_build import KERNELS
-
-    module = KERNELS.require()
     if x.dim() != 2 or x.shape[0] < 1 or tiles.dim() != 3:
         raise ValueError(f"gguf_tiled_linear takes [M >= 1, in] and 3-D tiles, got "
                          f"{tuple(x.shape)} and {tuple(tiles.shape)}")
-    if x.dtype not in _DTYPES or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"x must be float32 or bfloat16 and bias of x's dtype, got {x.dtype}"
-                         f" and {None if bias is None else bias.dtype}")
-    _check(tiles, qtype, x.shape[1])
-    n = out_features(tiles)
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must have {n} values, got {tuple(bias.shape)}")
-    out = torch.empty(x.shape[0], n, dtype=x.dtype)
-    module.gguf_tiled_linear(out, x.contiguous(), tiles, qtype,
-                             None if bias is None else bias.contiguous())
-    return out
+    return _run_kernel("gguf_tiled_linear", x, tiles, qtype, bias)
 
 
 # Float32 weight rows unpacked at a time for products of many rows: a tile of at most ~8 MB is

@@ -10,18 +10,6 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from benchmarks import quantized  # noqa: E402
-from tests.conftest import build_tiny_model  # noqa: E402
-from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bench-q")
-    model_dir = build_tiny_model(root / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,
-                                 intermediate_size=128)
-    path = root / "tiny-Q4_1.gguf"
-    write_gguf(model_dir, path, "Q4_1")
-    return path
 
 
 def test_requantize_turns_4_bit_tensors_into_q8_0_and_keeps_the_rest(

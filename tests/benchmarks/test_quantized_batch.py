@@ -11,24 +11,12 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from benchmarks import quantized_batch  # noqa: E402
-from tests.conftest import build_tiny_model  # noqa: E402
-from tests.model_executor.gguf_writer import write_gguf  # noqa: E402
 
 # llama-batched-bench's table as it prints it (llama.cpp build 0c1e570), one row.
 ROW = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |"
        "    S t/s |\n|-------|--------|------|--------|----------|----------|----------|---------"
        "-|----------|----------|\n|   128 |     64 |   32 |   6144 |    4.440 |   922.52 |    "
        "3.849 |   532.06 |    8.289 |   741.20 |")
-
-
-@pytest.fixture(scope="module")
-def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bench-qb")
-    model_dir = build_tiny_model(root / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,
-                                 intermediate_size=128)
-    path = root / "tiny-Q4_1.gguf"
-    write_gguf(model_dir, path, "Q4_1")
-    return path
 
 
 def test_llama_batched_bench_s_row_is_read_as_the_three_rates() -> None:
