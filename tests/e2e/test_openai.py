@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -796,13 +797,14 @@ def test_a_tools_schema_the_engine_refuses_is_a_400_naming_tools(client: openai.
                                                                 model_name: str) -> None:
     # The reply is held to a schema made of the tools' parameters, which the engine refuses
     # under the field that carried it: the client sent tools, so the 400 says tools.
-    bad = {"type": "function", "function": {"name": "f", "parameters": {
+    bad: Any = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": 5}}}
-    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+    choices: list[Any] = ["required", {"type": "function", "function": {"name": "f"}}]
+    for choice in choices:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(
                 model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-                tools=[bad], tool_choice=choice)  # type: ignore[arg-type]
+                tools=[bad], tool_choice=choice)
         error = info.value.response.json()["error"]
         assert error["param"] == "tools", error
         assert error["message"].startswith("tools: the function parameters are not a JSON "
