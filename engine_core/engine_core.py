@@ -7,6 +7,7 @@ tokenized), token ids go out as EngineCoreOutput (not yet detokenized).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -114,6 +115,13 @@ class EngineCore:
                 raise ValueError(f"quantization='gguf' needs a .gguf model file, got model="
                                  f"{args.model!r}")
             model_config.quantization, model_config.gguf_file = "gguf", source
+        elif args.quantization is None and (source := gguf_file(args.model)) is not None:
+            # vLLM reads a .gguf model's blocks whatever the flags; here that is opt-in (the
+            # default is transformers' gguf_file= result, the HF oracle's), so say what it costs.
+            logger.info("%s: every weight dequantized to %s at load, as transformers' gguf_file="
+                        " does; --quantization gguf keeps the linear weights in their blocks, "
+                        "as llama.cpp and vLLM read them (about the file's size in memory)",
+                        os.path.basename(source), str(model_config.dtype).removeprefix("torch."))
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         cache_config = args.cache_config()
         if args.cpu_threads is not None:

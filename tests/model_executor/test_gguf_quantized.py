@@ -364,3 +364,23 @@ def test_sleep_level_2_reloads_the_packed_weights(files: dict[str, Path]) -> Non
                 after[out.request_id] = list(out.outputs[0].token_ids)
     assert [after[f"again-{i}"] for i in range(3)] == [tokens for tokens, _ in before]
     assert sum(isinstance(m, GGUFLinear) for m in _model(engine).modules()) == 2 * 4 + 1
+
+
+def test_a_gguf_file_loaded_dequantized_says_how_to_keep_its_blocks(
+        files: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    # vLLM reads a .gguf model packed without being asked; here the default is transformers'
+    # dequantized result, so the log says so and names the flag.
+    with caplog.at_level("INFO", logger="engine_core.engine_core"):
+        LLMEngine.from_engine_args(EngineArgs(model=str(files["Q8_0"]), device="cpu",
+                                              num_gpu_blocks_override=8, block_size=4))
+    hint = [r.getMessage() for r in caplog.records if "dequantized to" in r.getMessage()]
+    assert hint == ["tiny-Q8_0.gguf: every weight dequantized to float32 at load, as "
+                    "transformers' gguf_file= does; --quantization gguf keeps the linear weights "
+                    "in their blocks, as llama.cpp and vLLM read them (about the file's size in "
+                    "memory)"]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="engine_core.engine_core"):
+        LLMEngine.from_engine_args(EngineArgs(model=str(files["Q8_0"]), device="cpu",
+                                              quantization="gguf", num_gpu_blocks_override=8,
+                                              block_size=4))
+    assert not [r for r in caplog.records if "dequantized to" in r.getMessage()]
