@@ -3,7 +3,7 @@ llama-batched-bench on the same file, in one run.
 
     python -m benchmarks.quantized_batch [--model smollm2|FILE.gguf] [--requests 32]
         [--prompt 128] [--tokens 64] [--threads 2] [--repeats 3] [--llama-cpp DIR]
-        [--isa native|avx2] [--out results.json]
+        [--kv-cache-dtype auto|bfloat16] [--isa native|avx2] [--out results.json]
 
 The workload is llama-batched-bench's (-npp PROMPT -ntg TOKENS -npl REQUESTS): REQUESTS
 requests of PROMPT random tokens each, all added at once, each decoding TOKENS greedy tokens.
@@ -18,7 +18,9 @@ The bounds are what the linear layers' multiply-adds take at this machine's best
 rate (torch._int_mm, oneDNN's VNNI kernel where the CPU has it, at the same thread count):
 a decode step also reads every weight once, so its bound is the larger of that and the weights'
 bytes at the measured copy rate. Attention and everything outside the linear layers are left
-out, so the bounds are optimistic (above any achievable rate). --isa avx2 measures an AVX2-only
+out, so the bounds are optimistic (above any achievable rate). llama.cpp keeps its KV cache in
+float16, Strand in the model's dtype (float32 here) unless --kv-cache-dtype bfloat16: 16 bits a
+value as llama.cpp's (the decode step's attention reads half the bytes). --isa avx2 measures an AVX2-only
 CPU on a wider one (benchmarks/isa_emulation.py; --llama-cpp must then be a build without
 AVX-512).
 """
@@ -83,7 +85,8 @@ def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
     n, p, t = args.requests, args.prompt, args.tokens
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=path, dtype="float32", quantization="gguf", cpu_threads=args.threads,
-        max_model_len=p + t + 8, enable_prefix_caching=False, max_num_seqs=n))
+        max_model_len=p + t + 8, enable_prefix_caching=False, max_num_seqs=n,
+        kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=t, ignore_eos=True)
     runs: list[dict[str, float]] = []
@@ -163,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--llama-cpp", type=Path, default=None,
                         help="directory holding llama-batched-bench: llama.cpp on the same file")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
+                        help="Strand's KV cache: the model's dtype, or 16 bits as llama.cpp's")
     parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
                         help="avx2: every library capped at AVX2 (benchmarks/isa_emulation.py)")
     parser.add_argument("--out", type=Path, default=None)
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     if source is None:
         parser.error(f"--model must name a .gguf file, got {args.model!r}")
     log(f"Strand, {args.requests} requests of {args.prompt} + {args.tokens} tokens, "
-        f"{args.threads} threads: {Path(source).name}")
+        f"{args.threads} threads, KV cache {args.kv_cache_dtype}: {Path(source).name}")
     results: dict[str, Any] = {"strand": measure_strand(source, args)}
     if args.llama_cpp is not None:
         log("llama.cpp's llama-batched-bench on the same file")
@@ -212,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.out, {"benchmark": "quantized_batch", "model": source,
                           "requests": args.requests, "prompt": args.prompt,
                           "tokens": args.tokens, "threads": args.threads, "isa": args.isa,
+                          "kv_cache_dtype": args.kv_cache_dtype,
                           "results": results, "bounds": bound})
 
 

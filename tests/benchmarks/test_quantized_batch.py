@@ -38,10 +38,12 @@ def test_one_tiny_run_beside_llama_batched_bench(
     out = tmp_path / "r.json"
     quantized_batch.main(["--model", str(q4_file), "--requests", "6", "--prompt", "5",
                           "--tokens", "3", "--threads", "1", "--repeats", "2",
-                          "--llama-cpp", str(bin_dir), "--out", str(out)])
+                          "--kv-cache-dtype", "bfloat16", "--llama-cpp", str(bin_dir),
+                          "--out", str(out)])
     lines = calls.read_text().splitlines()
     assert lines == [f"-m {q4_file} -t 1 -npp 5 -ntg 3 -npl 6 -c 112"] * 2
     data = json.loads(out.read_text())
+    assert data["kv_cache_dtype"] == "bfloat16"
     strand, llama = data["results"]["strand"], data["results"]["llama.cpp"]
     assert len(strand["runs"]) == 2 and llama["decode_tok_s"] == 532.06
     # The tiny model's linears: 2 layers of qkv (64 -> 128), o, gate_up (64 -> 256), down; the
