@@ -11,6 +11,7 @@ from services.common.convert import PromptType
 from services.openai.errors import bad_request
 from services.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from services.openai.structured import structured_outputs_of
+from services.openai.tool_parser import AutoTools
 from services.openai.tools import ToolChoice
 
 
@@ -124,7 +125,12 @@ def chat_params(req: ChatCompletionRequest, tool: ToolChoice | None = None) -> S
     max_tokens = req.max_completion_tokens or req.max_tokens
     structured = (None if tool is None or tool.schema is None
                   else StructuredOutputsParams(json=tool.schema))
-    return _params(req, max_tokens, logprobs, structured)
+    params = _params(req, max_tokens, logprobs, structured)
+    if isinstance(tool, AutoTools) and tool.parser == "mistral":
+        # Its calls follow the [TOOL_CALLS] control token, which the reply must keep (vLLM's
+        # mistral parser asks the same of every request that sends tools).
+        params.skip_special_tokens = False
+    return params
 
 
 def _params(req: _Sampling, max_tokens: int | None, logprobs: int | None,

@@ -13,8 +13,9 @@ def add_tool_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
                              "are given), the calls found by --tool-call-parser")
     parser.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                         help=f"{prefix}the model's tool-call format: hermes (<tool_call> JSON "
-                             "blocks: Hermes, Qwen 2.5, Qwen 3) or llama3_json (JSON calls: "
-                             "Llama 3.1, 3.2, 3.3)")
+                             "blocks: Hermes, Qwen 2.5, Qwen 3), llama3_json (JSON calls: "
+                             "Llama 3.1, 3.2, 3.3) or mistral ([TOOL_CALLS]: Mistral 7B v0.3, "
+                             "Nemo, Small 3.2)")
 
 
 def check_tool_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -14,7 +14,11 @@ whatever was held back or never closed: nothing the model wrote is dropped).
 `llama3_json` is Llama 3.1, 3.2 and 3.3's (llama3_json.py): a reply that is calls is JSON
 objects {"name": ..., "parameters": {...}} (or "arguments"), after an optional <|python_tag|>,
 separated by ";"; any other reply is text. A stream sends text as it comes and a reply that
-begins as a call whole at its end (its calls, or its text where they do not parse)."""
+begins as a call whole at its end (its calls, or its text where they do not parse).
+
+`mistral` is Mistral's (mistral.py): the calls after the [TOOL_CALLS] control token, a JSON array
+of them or each as name[ARGS]{...}; the text before it is the content. A stream sends that text
+as it comes and the calls at the reply's end."""
 
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.openai.llama3_json import begins_as_call, parse_llama3_json
+from services.openai.mistral import TOOL_CALLS, held_back, parse_mistral
 from services.openai.tool_call import arguments_json, call_id, openai_call
 
 __all__ = ["PARSERS", "AutoTools", "arguments_json", "call_id", "openai_call", "parse_hermes"]
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "mistral")
 _START, _END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -75,10 +80,9 @@ class AutoTools:
     seen: dict[int, int] = field(default_factory=dict)  # choice -> <tool_call> blocks read
 
     def message(self, index: int, text: str) -> dict[str, Any]:
-        if self.parser == "llama3_json":
-            content, calls = parse_llama3_json(text)
-        else:
-            content, calls = parse_hermes(text)
+        parse = {"llama3_json": parse_llama3_json, "mistral": parse_mistral}.get(
+            self.parser, parse_hermes)
+        content, calls = parse(text)
         if calls:
             self.sent[index] = len(calls)
             return {"role": "assistant", "content": content.strip() or None,
@@ -94,6 +98,8 @@ class AutoTools:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if self.parser == "llama3_json":
             return self._json_delta(index, whole, delta, last)
+        if self.parser == "mistral":
+            return self._mistral_delta(index, whole, delta, last)
         start = whole.find(_START)
         shown_to = start if start >= 0 else len(whole) - _held_back(whole)
         content = ""
@@ -140,6 +146,27 @@ class AutoTools:
                 return delta
         content = whole[self.shown.get(index, 0):]
         self.shown[index] = len(whole)
+        if content:
+            delta["content"] = content
+        return delta
+
+    def _mistral_delta(self, index: int, whole: str, delta: dict[str, Any],
+                       last: bool) -> dict[str, Any]:
+        """mistral: the text before [TOOL_CALLS] as it comes, but for what may begin the tag;
+        the calls after it at the reply's end (or, where they do not parse, their text)."""
+        at = whole.find(TOOL_CALLS)
+        shown = self.shown.get(index, 0)
+        shown_to = at if at >= 0 else len(whole) - held_back(whole)
+        content = whole[shown:shown_to] if shown_to > shown else ""
+        self.shown[index] = shown = max(shown, shown_to)
+        if last:
+            calls = parse_mistral(whole)[1] if at >= 0 else []
+            if calls:
+                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                self.sent[index] = len(calls)
+            else:
+                content += whole[shown:]
+                self.shown[index] = len(whole)
         if content:
             delta["content"] = content
         return delta

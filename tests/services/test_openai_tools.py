@@ -213,13 +213,13 @@ def test_the_tool_flags_go_together(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             check_tool_flags(parser, args)
         assert error in capsys.readouterr().err
-    for name in ("hermes", "llama3_json"):
+    for name in ("hermes", "llama3_json", "mistral"):
         args = parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", name])
         check_tool_flags(parser, args)
         assert tool_flags(args) == ["--enable-auto-tool-choice", "--tool-call-parser", name]
     with pytest.raises(SystemExit):  # a format there is no parser of
-        parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "mistral"])
-    assert "invalid choice: 'mistral'" in capsys.readouterr().err
+        parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"])
+    assert "invalid choice: 'pythonic'" in capsys.readouterr().err
 
 
 def test_the_engines_refusal_of_a_tools_schema_is_said_of_the_tools() -> None:
