@@ -268,7 +268,7 @@ _HELP = {
                            "structured outputs are refused)",
     "dtype": "auto (the checkpoint's), float32, bfloat16 or float16",
     "quantization": "gguf: keep a .gguf model's linear weights packed (Q8_0, Q4_0, Q4_1, Q5_0, "
-                    "Q5_1, Q3_K, Q4_K, Q5_K, Q6_K) and read them so (fewer bytes per step); "
+                    "Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) and read them so; "
                     "default: dequantize to --dtype",
     "kv_cache_dtype": "what the KV cache holds: auto (the model's dtype) or bfloat16 (half of "
                       "float32's bytes; K/V rounded to bfloat16 as they are written)",

@@ -15,6 +15,10 @@ become per-32 blocks, each with its own float32 scale):
                                scale per 16 weights, times q in -4..3, which Q6_F's q - 32
                                holds), so a Q3_K_M or Q3_K_L file's layers stay packed at
                                twice their bytes rather than float32's 9x;
+  IQ4_NL (4.5)              -> Q8_0 (8.5): its 4-bit codes are indices into a table of 16 int8
+                               values, times a float16 d per 32: Q8_0's form once looked up;
+  IQ4_XS (4.25)             -> Q8_F (11): the same codes, times a float16 d times a 6-bit
+                               signed scale per 32;
   Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
 is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
@@ -45,15 +49,19 @@ from kernels.gguf_linear_ref import (
 )
 
 # GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
-Q3_K, Q5_K, Q6_K = 11, 13, 14
+Q3_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 11, 13, 14, 20, 23
 SOURCE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0", Q5_1: "Q5_1",
-                Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+                Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL",
+                IQ4_XS: "IQ4_XS"}
 SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
                 Q5_1: (32, 24), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176),
-                Q6_K: (256, 210)}
+                Q6_K: (256, 210), IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
 # Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
 NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q3_K: Q6_F, Q4_K: Q4_K,
-          Q5_K: Q5_F, Q6_K: Q6_F}
+          Q5_K: Q5_F, Q6_K: Q6_F, IQ4_NL: Q8_0, IQ4_XS: Q8_F}
+# IQ4_NL's and IQ4_XS's 16 levels (llama.cpp's kvalues_iq4nl).
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      np.int8)
 
 
 class Fields(NamedTuple):
@@ -84,7 +92,7 @@ def common_type(types: list[int]) -> int:
 def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
     """A GGUF tensor's rows ([N, row bytes] uint8, GGML type `ggml_type`) as rows of `target`
     blocks ([N, K / 32 * block bytes] uint8), the same weights exactly."""
-    to_q8_0 = target == Q8_0 and ggml_type == Q5_0
+    to_q8_0 = target == Q8_0 and ggml_type in (Q5_0, IQ4_NL)
     if ggml_type not in NATIVE or (target not in (NATIVE[ggml_type], Q8_F) and not to_q8_0):
         raise ValueError(f"{SOURCE_NAMES.get(ggml_type, ggml_type)} rows cannot be written as "
                          f"{NAMES.get(target, target)}")
@@ -99,6 +107,8 @@ def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
 def _fields(rows: np.ndarray, ggml_type: int) -> Fields:
     weights, size = SOURCE_BLOCK[ggml_type]
     blocks = np.ascontiguousarray(rows).reshape(-1, size)
+    if ggml_type in (IQ4_NL, IQ4_XS):
+        return _iq4(blocks, ggml_type)
     if weights == BLOCK:
         return _legacy(blocks, ggml_type)
     return {Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}[ggml_type](blocks)
@@ -135,6 +145,24 @@ def _legacy(blocks: np.ndarray, t: int) -> Fields:
         m = _half(blocks[:, 2:4])
     return Fields(np.ascontiguousarray(q), np.repeat(d[:, None], 2, axis=1), m,
                   np.ascontiguousarray(blocks[:, :2]))
+
+
+def _iq4(blocks: np.ndarray, t: int) -> Fields:
+    """IQ4_NL (per 32: float16 d, 16 bytes of codes) and IQ4_XS (per 256: float16 d, the high 2
+    bits of 8 scales as a uint16, their low 4 bits as nibbles, 128 bytes of codes): the codes'
+    levels as int8 quants, d per 32 (IQ4_XS: d * (scale - 32), exact in float32)."""
+    if t == IQ4_NL:
+        codes, d16 = blocks[:, 2:], np.ascontiguousarray(blocks[:, :2])
+        d = _half(d16)
+    else:
+        codes, d16 = blocks[:, 8:].reshape(-1, 16), None
+        high = (blocks[:, 2:4].view("<u2").astype(np.uint32) >> (2 * np.arange(8))) & 3
+        low = (blocks[:, 4:8, None] >> np.array([0, 4], np.uint8)).reshape(-1, 8) & 15
+        scales = (low | (high << 4)).astype(np.float32) - 32  # [B, 8], one per 32
+        d = (_half(blocks[:, :2])[:, None] * scales).reshape(-1)
+    q = IQ4_LEVELS[_nibbles32(codes)]
+    return Fields(np.ascontiguousarray(q), np.repeat(d[:, None], 2, axis=1),
+                  np.zeros(d.size, np.float32), d16)
 
 
 def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,5 +262,5 @@ def _pack_q6f(f: Fields) -> np.ndarray:
 
 
 def _pack_q8_0(f: Fields) -> np.ndarray:
-    assert f.d16 is not None  # Q8_0 and Q5_0, the two types common_type sends here
+    assert f.d16 is not None  # Q8_0, Q5_0 and IQ4_NL, the types common_type sends here
     return np.concatenate([f.d16, f.q.view(np.uint8)], axis=1)

@@ -24,6 +24,8 @@ from kernels.gguf_linear_ref import (
     dequantize_ref,
 )
 from kernels.gguf_transcode import (
+    IQ4_NL,
+    IQ4_XS,
     NATIVE,
     Q3_K,
     Q5_K,
@@ -39,7 +41,7 @@ gguf = pytest.importorskip("gguf")
 # Where each type's float16 fields start: d (and m / dmin); Q6_K's and Q3_K's d are their last
 # 2 bytes.
 _HALVES = {Q4_0: [0], Q4_1: [0, 2], Q8_0: [0], Q5_0: [0], Q5_1: [0, 2], Q4_K: [0, 2],
-           Q5_K: [0, 2], Q6_K: [208], Q3_K: [108]}
+           Q5_K: [0, 2], Q6_K: [208], Q3_K: [108], IQ4_NL: [0], IQ4_XS: [0]}
 
 
 def random_rows(ggml_type: int, n: int, k: int, seed: int) -> np.ndarray:
@@ -62,14 +64,14 @@ def _oracle(rows: np.ndarray, ggml_type: int) -> torch.Tensor:
 def test_each_type_is_rewritten_bit_for_bit(ggml_type: int) -> None:
     rows = random_rows(ggml_type, 24, 512, seed=ggml_type)
     want = _oracle(rows, ggml_type)
-    targets = {NATIVE[ggml_type], Q8_F} | ({Q8_0} if ggml_type == Q5_0 else set())
+    targets = {NATIVE[ggml_type], Q8_F} | ({Q8_0} if ggml_type in (Q5_0, IQ4_NL) else set())
     for target in sorted(targets):
         got = transcode(rows, ggml_type, target)
         assert got.shape == (24, 512 // 32 * BLOCK_BYTES[target])
         assert torch.equal(dequantize_ref(torch.from_numpy(got), target), want), NAMES[target]
 
 
-@pytest.mark.parametrize("name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
     from tests.model_executor.kquants import QUANTIZERS
 
@@ -87,7 +89,8 @@ def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
     ([Q4_K, Q4_K], Q4_K), ([Q6_K], Q6_F), ([Q5_K, Q5_K, Q5_K], Q5_F), ([Q5_0], Q5_0),
     ([Q5_0, Q5_0, Q8_0], Q8_0), ([Q4_1], Q4_1), ([Q4_K, Q4_K, Q6_K], Q8_F), ([Q4_0, Q8_0], Q8_F),
     ([Q5_1, Q4_1], Q8_F), ([Q5_1], Q5_1), ([Q3_K], Q6_F), ([Q3_K, Q3_K, Q6_K], Q6_F),
-    ([Q3_K, Q4_K], Q8_F),
+    ([Q3_K, Q4_K], Q8_F), ([IQ4_NL], Q8_0), ([IQ4_NL, Q5_0, Q8_0], Q8_0), ([IQ4_XS], Q8_F),
+    ([IQ4_XS, IQ4_NL], Q8_F),
 ])
 def test_a_layers_parts_share_the_type_that_holds_each_exactly(types: list[int],
                                                                want: int) -> None:

@@ -1,4 +1,4 @@
-"""Q3_K, Q4_K, Q5_K and Q6_K blocks made from float weights, for test files (the `gguf` package
+"""Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks made from float weights, for test files (the `gguf` package
 dequantizes the K-quants but does not make them; llama.cpp's llama-quantize does, and is not
 built here). A plain min/max rounding per sub-block, not llama.cpp's search for the best
 scales: what matters to the tests is valid blocks that hold weights close to the model's, read
@@ -106,5 +106,41 @@ def quantize_q3_k(w: np.ndarray) -> np.ndarray:
     return blocks.reshape(n, -1)
 
 
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                       113], np.float32)
+
+
+def _iq4_codes(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """x [B, 32] -> [B, 16] bytes: each weight's nearest level (times step [B]), code j in byte
+    j's low nibble and code j + 16 in byte j's high one."""
+    levels = IQ4_LEVELS[None, None, :] * step[:, None, None]
+    codes = np.abs(x[:, :, None] - levels).argmin(axis=2).astype(np.uint8)
+    return codes[:, :16] | (codes[:, 16:] << 4)
+
+
+def quantize_iq4_nl(w: np.ndarray) -> np.ndarray:
+    """[N, K] float -> [N, K / 32 * 18] uint8 IQ4_NL blocks: a float16 d per 32, 4-bit codes."""
+    n = w.shape[0]
+    x = w.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(x).max(axis=1) / 127).astype(np.float16).astype(np.float32)
+    return np.concatenate([_f16(d), _iq4_codes(x, d)], axis=1).reshape(n, -1)
+
+
+def quantize_iq4_xs(w: np.ndarray) -> np.ndarray:
+    """[N, K] float -> [N, K / 256 * 136] uint8 IQ4_XS blocks: a float16 d per 256, a 6-bit
+    scale (+ 32) per 32 (low 4 bits as nibbles, high 2 in a uint16), 4-bit codes."""
+    n = w.shape[0]
+    x = w.reshape(-1, 8, 32).astype(np.float32)
+    scale = np.abs(x).max(axis=2) / 127  # [B, 8]
+    d = (scale.max(axis=1) / 31).astype(np.float16).astype(np.float32)
+    ls = np.clip(np.rint(scale / np.where(d > 0, d, 1.0)[:, None]), -32, 31).astype(np.int16)
+    codes = _iq4_codes(x.reshape(-1, 32), (d[:, None] * ls).reshape(-1)).reshape(-1, 128)
+    s6 = (ls + 32).astype(np.uint16)
+    high = ((s6 >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1).astype("<u2")
+    low = ((s6[:, 0::2] & 15) | ((s6[:, 1::2] & 15) << 4)).astype(np.uint8)
+    return np.concatenate([_f16(d), high.view(np.uint8).reshape(-1, 2), low, codes],
+                          axis=1).reshape(n, -1)
+
+
 QUANTIZERS = {"Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
-              "Q6_K": quantize_q6_k}
+              "Q6_K": quantize_q6_k, "IQ4_NL": quantize_iq4_nl, "IQ4_XS": quantize_iq4_xs}
