@@ -15,11 +15,10 @@ become per-32 blocks, each with its own float32 scale):
                                scale per 16 weights, times q in -4..3, which Q6_F's q - 32
                                holds), so a Q3_K_M or Q3_K_L file's layers stay packed at
                                twice their bytes rather than float32's 9x;
-  IQ4_NL (4.5)              -> Q8_0 (8.5): its 4-bit codes are indices into a table of 16 int8
-                               values, times a float16 d per 32: Q8_0's form once looked up;
-  IQ4_XS (4.25)             -> Q8_F (11): the same codes, times a float16 d times a 6-bit
-                               signed scale per 32;
-  Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1: read as they are.
+  IQ4_XS (4.25)             -> IQ4_F (5): its 4-bit codes (indices into 16 int8 levels) kept,
+                               its float16 d times a 6-bit signed scale per 32 as a float32 d;
+  Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1, IQ4_NL: read as they are (IQ4_NL's codes looked up in
+                               the kernel's registers; in a mix of types, as Q8_0 or Q8_F).
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
 is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
 and m per 32: 11 bits a weight), or Q8_0 where every part is Q8_0 or Q5_0 (q - 16 in int8, the
@@ -35,6 +34,9 @@ import torch
 
 from kernels.gguf_linear_ref import (
     BLOCK,
+    IQ4_F,
+    IQ4_LEVELS,
+    IQ4_NL,
     NAMES,
     Q4_0,
     Q4_1,
@@ -49,7 +51,7 @@ from kernels.gguf_linear_ref import (
 )
 
 # GGML's numbers (gguf.GGMLQuantizationType) and block bytes of the types read here.
-Q3_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 11, 13, 14, 20, 23
+Q3_K, Q5_K, Q6_K, IQ4_XS = 11, 13, 14, 23
 SOURCE_NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q5_0: "Q5_0", Q5_1: "Q5_1",
                 Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL",
                 IQ4_XS: "IQ4_XS"}
@@ -58,10 +60,8 @@ SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
                 Q6_K: (256, 210), IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
 # Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
 NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q3_K: Q6_F, Q4_K: Q4_K,
-          Q5_K: Q5_F, Q6_K: Q6_F, IQ4_NL: Q8_0, IQ4_XS: Q8_F}
-# IQ4_NL's and IQ4_XS's 16 levels (llama.cpp's kvalues_iq4nl).
-IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                      np.int8)
+          Q5_K: Q5_F, Q6_K: Q6_F, IQ4_NL: IQ4_NL, IQ4_XS: IQ4_F}
+_LEVELS = np.array(IQ4_LEVELS, np.int8)
 
 
 class Fields(NamedTuple):
@@ -74,11 +74,12 @@ class Fields(NamedTuple):
     m: np.ndarray
     d16: np.ndarray | None = None
     sc: np.ndarray | None = None
+    codes: np.ndarray | None = None  # IQ4's [B, 16] code bytes (q: their levels)
 
 
 def common_type(types: list[int]) -> int:
     """The packed type every part of a layer goes to: its own where all parts share one, Q8_0
-    where each is Q8_0 or Q5_0, else Q8_F (which holds each type exactly)."""
+    where each is Q8_0, Q5_0 or IQ4_NL, else Q8_F (which holds each type exactly)."""
     unknown = [t for t in types if t not in NATIVE]
     if unknown:
         raise ValueError(f"GGML type {unknown[0]} is not read packed (types read: "
@@ -86,7 +87,7 @@ def common_type(types: list[int]) -> int:
     targets = {NATIVE[t] for t in types}
     if len(targets) == 1:
         return targets.pop()
-    return Q8_0 if targets <= {Q8_0, Q5_0} else Q8_F
+    return Q8_0 if targets <= {Q8_0, Q5_0, IQ4_NL} else Q8_F
 
 
 def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
@@ -100,7 +101,8 @@ def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
         return rows
     n = rows.shape[0]
     f = _fields(rows, ggml_type)
-    pack = {Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f}
+    pack = {Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f,
+            IQ4_F: _pack_iq4f}
     return pack[target](f).reshape(n, -1)
 
 
@@ -160,9 +162,9 @@ def _iq4(blocks: np.ndarray, t: int) -> Fields:
         low = (blocks[:, 4:8, None] >> np.array([0, 4], np.uint8)).reshape(-1, 8) & 15
         scales = (low | (high << 4)).astype(np.float32) - 32  # [B, 8], one per 32
         d = (_half(blocks[:, :2])[:, None] * scales).reshape(-1)
-    q = IQ4_LEVELS[_nibbles32(codes)]
+    q = _LEVELS[_nibbles32(codes)]
     return Fields(np.ascontiguousarray(q), np.repeat(d[:, None], 2, axis=1),
-                  np.zeros(d.size, np.float32), d16)
+                  np.zeros(d.size, np.float32), d16, codes=np.ascontiguousarray(codes))
 
 
 def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,6 +261,11 @@ def _pack_q6f(f: Fields) -> np.ndarray:
     q = (f.q.astype(np.int16) + 32).astype(np.uint8)  # q - 32 (Q3_K's -4..3) to 0..63
     return np.concatenate([f.d16, f.sc.view(np.uint8), _bit_word(q, 4), _bit_word(q, 5),
                            _nibble_bytes(q)], axis=1)
+
+
+def _pack_iq4f(f: Fields) -> np.ndarray:
+    assert f.codes is not None  # from IQ4_XS, the one type sent here
+    return np.concatenate([_f32_bytes(f.d[:, :1]), f.codes], axis=1)
 
 
 def _pack_q8_0(f: Fields) -> np.ndarray:

@@ -301,6 +301,25 @@ void dequantize_rows(const uint8_t* w, float* out, int64_t N, int64_t K) {
       }
   });
 }
+// IQ4_NL / IQ4_F: w = d * level[code], code j the low nibble of byte j, code 16 + j its high
+// one (kernels/gguf_linear_ref.dequantize_ref's float32 ops).
+template <int64_t Q>
+void dequantize_iq4(const uint8_t* w, float* out, int64_t N, int64_t K) {
+  constexpr GGUFFormat kF = gguf_format_of(Q);
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + (n * nb + b) * kF.bytes();
+        const float d = kF.field == 4 ? float_at(blk) : half_at(blk);
+        float* o = out + n * K + b * kBlock;
+        for (int64_t j = 0; j < 16; ++j) {
+          o[j] = d * static_cast<float>(kIQ4Levels[blk[kF.head + j] & 15]);
+          o[16 + j] = d * static_cast<float>(kIQ4Levels[blk[kF.head + j] >> 4]);
+        }
+      }
+  });
+}
 // Q8_F: w = d * q + m, d_lo for quants 0..15 and d_hi for 16..31.
 void dequantize_q8f(const uint8_t* w, float* out, int64_t N, int64_t K) {
   const int64_t nb = K / kBlock;
@@ -402,6 +421,8 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
     case kQ4_0: dequantize_rows<kQ4_0>(w, o, N, K); break;
     case kQ4_K: dequantize_q4k(w, o, N, K); break;
     case kQ8_F: dequantize_q8f(w, o, N, K); break;
+    case kIQ4_NL: dequantize_iq4<kIQ4_NL>(w, o, N, K); break;
+    case kIQ4_F: dequantize_iq4<kIQ4_F>(w, o, N, K); break;
     case kQ5_0: dequantize_planes<kQ5_0>(w, o, N, K); break;
     case kQ5_1: dequantize_planes<kQ5_1>(w, o, N, K); break;
     case kQ5_F: dequantize_planes<kQ5_F>(w, o, N, K); break;

@@ -52,6 +52,11 @@ inline U8 or_shifted(U8 a, U8 b, int s, uint8_t mask) {
                             : _mm512_srl_epi16(b.v, _mm_cvtsi32_si128(-s));
   return {_mm512_or_si512(a.v, _mm512_and_si512(sh, _mm512_set1_epi8(static_cast<char>(mask))))};
 }
+// Each byte (a code 0..15) replaced by table[code]: 16 signed levels (IQ4's), by vpshufb.
+inline U8 lookup16(U8 codes, const int8_t* table) {
+  const __m512i t = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)table));
+  return {_mm512_shuffle_epi8(t, codes.v)};
+}
 inline I32 izero() { return {_mm512_setzero_si512()}; }
 inline __m512i dot_us(__m512i acc, __m512i u, __m512i s) {
 #if defined(__AVX512VNNI__)
@@ -130,6 +135,10 @@ inline U8 or_shifted(U8 a, U8 b, int s, uint8_t mask) {
     out.v[h] = _mm256_or_si256(a.v[h], _mm256_and_si256(sh, m));
   }
   return out;
+}
+inline U8 lookup16(U8 codes, const int8_t* table) {
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)table));
+  return {{_mm256_shuffle_epi8(t, codes.v[0]), _mm256_shuffle_epi8(t, codes.v[1])}};
 }
 inline I32 izero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
 inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
@@ -227,6 +236,10 @@ inline U8 or_shifted(U8 a, U8 b, int s, uint8_t mask) {
   for (int i = 0; i < 64; ++i)
     a.v[i] |= static_cast<uint8_t>((s >= 0 ? b.v[i] << s : b.v[i] >> -s) & mask);
   return a;
+}
+inline U8 lookup16(U8 codes, const int8_t* table) {
+  for (auto& b : codes.v) b = static_cast<uint8_t>(table[b & 15]);
+  return codes;
 }
 inline I32 izero() { return {}; }
 inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {

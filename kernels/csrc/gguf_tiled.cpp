@@ -14,7 +14,8 @@
 #include "gguf_tiled.h"
 #include "gguf_types.h"
 
-// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K weights (and Strand's Q5_F / Q6_F / Q8_F,
+// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / IQ4_NL weights (and Strand's IQ4_F / Q5_F / Q6_F /
+// Q8_F,
 // llama.cpp's other K-quants rewritten exactly at load: kernels/gguf_transcode.py) regrouped at
 // load into tiles of 16 rows, so that a decode step's integer dot products take 16 rows per
 // instruction (gguf_tile_simd.h) instead of one block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
@@ -285,6 +286,8 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
   if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0);
   constexpr Format kF = gguf_format_of(Q);
   constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
+  // IQ4's codes become signed levels by a table lookup in registers: signed products, as Q8_0's.
+  constexpr bool kIQ4 = Q == kIQ4_NL || Q == kIQ4_F, kSigned = kQ8 || kIQ4;
   constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
   constexpr int64_t kFields = kPlanes + 64 * kF.planes;
   const int64_t nb = K / kBlock;
@@ -321,6 +324,15 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           } else if constexpr (kF.planes == 2) {  // group 4v + k's at bits 2k, 2k + 1: to 4, 5
             w0 = tile::or_shifted(w0, bits0, static_cast<int>(4 - 2 * c), 0x30);
             w1 = tile::or_shifted(w1, bits1, static_cast<int>(4 - 2 * c), 0x30);
+          }
+          if constexpr (kIQ4) {
+            w0 = tile::lookup16(w0, kIQ4Levels);
+            w1 = tile::lookup16(w1, kIQ4Levels);
+            for (int m = 0; m < M; ++m) {
+              lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
+              hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            }
+            continue;
           }
           for (int m = 0; m < M; ++m) {
             lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
@@ -362,7 +374,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       for (int m = 0; m < M; ++m) {
         tile::I32 s = tile::iadd(lo[m], hi[m]);
         const int64_t xb = (m0 + m) * nb + b;
-        if (kQ8 && tile::kQ8Excess) s = tile::isub(s, tile::kQ8Excess * x.qsum[xb]);
+        if (kSigned && tile::kQ8Excess) s = tile::isub(s, tile::kQ8Excess * x.qsum[xb]);
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
         if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
         if constexpr (Q == kQ5_0) acc[m] = tile::fma(d, -16.f * x.s[xb], acc[m]);

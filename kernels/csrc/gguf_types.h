@@ -11,9 +11,13 @@
 namespace strand {
 
 enum QType : int64_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12,
-  kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kIQ4_NL = 20,
+  kIQ4_F = 1004, kQ5_F = 1005, kQ6_F = 1006, kQ8_F = 1008
 };
+
+// The 16 int8 levels an IQ4 code indexes (llama.cpp's kvalues_iq4nl): w = d * level.
+alignas(16) constexpr int8_t kIQ4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
 
 // A block of 32 weights in rows: `head` bytes of fields (`field` bytes each: d, m, ...),
 // `planes` words of extra bits (4 bytes each), then `quants` bytes (16 of nibbles or 32 of int8).
@@ -31,6 +35,8 @@ constexpr GGUFFormat gguf_format_of(int64_t qtype) {
     case kQ5_0: return {2, 1, 16, 2};
     case kQ5_1: return {4, 1, 16, 2};
     case kQ4_K: return {2, 0, 16, 2};
+    case kIQ4_NL: return {2, 0, 16, 2};  // Q4_0's bytes; the codes index kIQ4Levels
+    case kIQ4_F: return {4, 0, 16, 4};  // the same with a float32 d (from IQ4_XS)
     case kQ5_F: return {8, 1, 16, 4};
     case kQ6_F: return {4, 2, 16, 2};  // float16 d, then int8 scales (lo, hi) as one field
     case kQ8_F: return {12, 0, 32, 4};
@@ -42,7 +48,8 @@ constexpr GGUFFormat gguf_format_of(int64_t qtype) {
 inline GGUFFormat gguf_format(int64_t qtype) {
   const GGUFFormat f = gguf_format_of(qtype);
   STRAND_CHECK(f.quants != 0, "GGUF type ", qtype, " is not packed here (Q4_0=2, Q4_1=3, "
-               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q5_F=1005, Q6_F=1006, Q8_F=1008 are)");
+               "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, IQ4_NL=20, IQ4_F=1004, Q5_F=1005, Q6_F=1006, "
+               "Q8_F=1008 are)");
   return f;
 }
 
@@ -76,6 +83,8 @@ void by_gguf_type(int64_t qtype, F&& f) {
     case kQ5_0: f(std::integral_constant<int64_t, kQ5_0>{}); break;
     case kQ5_1: f(std::integral_constant<int64_t, kQ5_1>{}); break;
     case kQ4_K: f(std::integral_constant<int64_t, kQ4_K>{}); break;
+    case kIQ4_NL: f(std::integral_constant<int64_t, kIQ4_NL>{}); break;
+    case kIQ4_F: f(std::integral_constant<int64_t, kIQ4_F>{}); break;
     case kQ5_F: f(std::integral_constant<int64_t, kQ5_F>{}); break;
     case kQ6_F: f(std::integral_constant<int64_t, kQ6_F>{}); break;
     case kQ8_F: f(std::integral_constant<int64_t, kQ8_F>{}); break;

@@ -19,6 +19,8 @@ from kernels import cpu_gguf_linear
 from kernels._cpu_build import KERNELS
 from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
+    IQ4_F,
+    IQ4_NL,
     NAMES,
     Q4_0,
     Q4_1,
@@ -35,7 +37,7 @@ from kernels.gguf_linear_ref import (
 )
 
 QTYPES = [Q4_0, Q4_1, Q8_0]  # read as rows too (the others over tiles only)
-GGML_TYPES = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K]  # the `gguf` package's own
+GGML_TYPES = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, IQ4_NL]  # the `gguf` package's own
 needs_kernels = pytest.mark.skipif(KERNELS.module() is None,
                                    reason=f"CPU kernels unavailable: "
                                           f"{KERNELS.unavailable_reason()}")
@@ -71,7 +73,8 @@ def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
     # Each type's head: (fields, float32?, which fields are offsets m). Q6_F's float16 d is
     # followed by its two int8 scales, left random (any int8).
     fields, f32, offsets = {Q4_1: (2, False, {1}), Q5_1: (2, False, {1}), Q5_F: (2, True, {1}),
-                            Q8_F: (3, True, {2})}.get(qtype, (1, False, set()))
+                            Q8_F: (3, True, {2}), IQ4_F: (1, True, set())
+                            }.get(qtype, (1, False, set()))
     width = 4 if f32 else 2
     for i in range(fields):
         value = field(i in offsets)

@@ -16,6 +16,7 @@ from engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from kernels import cpu_gguf_linear
 from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
+    IQ4_F,
     NAMES,
     PLANES,
     Q4_1,
@@ -46,7 +47,7 @@ BLOCK_TYPES = [q for q in QTYPES if q != Q4_K]  # a head per block of 32
 def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     packed = random_packed(32, 96, qtype, seed=qtype)
     tiles = tile_ref(packed, qtype)
-    width = 4 if qtype in (Q5_F, Q8_F) else 2  # bytes of each head field (Q6_F: d, sc pair)
+    width = 4 if qtype in (Q5_F, Q8_F, IQ4_F) else 2  # bytes a head field (Q6_F: d, sc pair)
     fields = {Q4_1: 2, Q5_1: 2, Q5_F: 2, Q6_F: 2, Q8_F: 3}.get(qtype, 1)
     planes = PLANES.get(qtype, 0)
     size, head = BLOCK_BYTES[qtype], fields * width

@@ -11,6 +11,7 @@ import torch
 
 from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
+    IQ4_F,
     NAMES,
     Q4_0,
     Q4_1,
@@ -89,7 +90,7 @@ def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
     ([Q4_K, Q4_K], Q4_K), ([Q6_K], Q6_F), ([Q5_K, Q5_K, Q5_K], Q5_F), ([Q5_0], Q5_0),
     ([Q5_0, Q5_0, Q8_0], Q8_0), ([Q4_1], Q4_1), ([Q4_K, Q4_K, Q6_K], Q8_F), ([Q4_0, Q8_0], Q8_F),
     ([Q5_1, Q4_1], Q8_F), ([Q5_1], Q5_1), ([Q3_K], Q6_F), ([Q3_K, Q3_K, Q6_K], Q6_F),
-    ([Q3_K, Q4_K], Q8_F), ([IQ4_NL], Q8_0), ([IQ4_NL, Q5_0, Q8_0], Q8_0), ([IQ4_XS], Q8_F),
+    ([Q3_K, Q4_K], Q8_F), ([IQ4_NL], IQ4_NL), ([IQ4_NL, Q5_0, Q8_0], Q8_0), ([IQ4_XS], IQ4_F),
     ([IQ4_XS, IQ4_NL], Q8_F),
 ])
 def test_a_layers_parts_share_the_type_that_holds_each_exactly(types: list[int],

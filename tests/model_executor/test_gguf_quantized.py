@@ -76,7 +76,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         **{f"blk.{i}.attn_v.weight": "Q4_K" for i in range(2)},
         **{f"blk.{i}.attn_output.weight": "Q4_K" for i in range(2)},
         "blk.0.ffn_down.weight": "Q4_K", "output.weight": "Q6_K", "token_embd.weight": "Q8_0"})
-    # IQ4_XS (-> Q8_F), one layer's attn_output IQ4_NL (-> Q8_0), output Q6_K.
+    # IQ4_XS (-> IQ4_F), one layer's attn_output IQ4_NL (read as it is), output Q6_K.
     out["IQ4_XS"] = root / "wide-IQ4_XS.gguf"
     write_gguf(wide_dir, out["IQ4_XS"], "IQ4_XS", {
         "blk.0.attn_output.weight": "IQ4_NL", "output.weight": "Q6_K",
@@ -149,8 +149,10 @@ def _kind(layer: Any) -> str:
     # Q3_K rewritten into Q6_F (the same form: d times a signed scale per 16, times q).
     ("Q3_K_M", [("Q6_F+Q4_K", "Q4_K", "Q6_F", "Q4_K"), ("Q6_F+Q4_K", "Q4_K", "Q6_F", "Q6_F"),
                 "Q6_F"]),
-    # The IQ4 codes looked up into int8: IQ4_NL into Q8_0, IQ4_XS (a scale per 32) into Q8_F.
-    ("IQ4_XS", [("Q8_F", "Q8_0", "Q8_F", "Q8_F"), ("Q8_F", "Q8_F", "Q8_F", "Q8_F"), "Q6_F"]),
+    # The IQ4 codes kept (looked up in the kernel): IQ4_NL as it is, IQ4_XS as IQ4_F (a float32
+    # d per 32).
+    ("IQ4_XS", [("IQ4_F", "IQ4_NL", "IQ4_F", "IQ4_F"), ("IQ4_F", "IQ4_F", "IQ4_F", "IQ4_F"),
+                "Q6_F"]),
 ])
 def test_k_quant_files_are_read_packed_and_give_the_dequantized_outputs(
         files: dict[str, Path], name: str, kinds: list[Any]) -> None:
