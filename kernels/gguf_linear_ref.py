@@ -1,6 +1,6 @@
 """Pure-torch reference of the GGUF block formats the CPU kernel reads packed
-(kernels/csrc/gguf_linear.cpp, gguf_tiled.cpp): llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
-Q4_K, and three of Strand's own that llama.cpp's other K-quants are rewritten into at load,
+(kernels/csrc/gguf_linear.cpp, gguf_tiled.cpp): llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K
+and IQ4_NL, and four of Strand's own that llama.cpp's other types are rewritten into at load,
 exactly (kernels/gguf_transcode.py).
 
 A packed weight is [N, K / 32 * block bytes] uint8: each row its K weights as K / 32 blocks of 32,

@@ -3,9 +3,9 @@
 Each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is planned on the
 meta model (its float weight never made nor read) and replaced by a GGUFLinear over the file's
 own blocks; the other tensors are loaded dequantized as always (weights.py). What a Q4_K_M or Q5_K_M
-file holds besides: Q4_K, Q5_0 and Q5_1 are read as they are; Q5_K, Q6_K, Q3_K (a Q3_K_M
-file's), IQ4_NL and IQ4_XS are rewritten exactly into block types the kernels read
-(kernels/gguf_transcode.py: Q5_F, Q6_F, Q6_F, Q8_0, Q8_F). All but Q8_0,
+file holds besides: Q4_K, Q5_0, Q5_1 and IQ4_NL are read as they are; Q5_K, Q6_K, Q3_K (a
+Q3_K_M file's) and IQ4_XS are rewritten exactly into block types the kernels read
+(kernels/gguf_transcode.py: Q5_F, Q6_F, Q6_F, IQ4_F). All but Q8_0,
 Q4_0 and Q4_1 are read over the CPU's 16-row tiles only, so on CUDA, without the C++ kernels or
 for a row count that is not a multiple of 16 such a layer stays float. Fused layers take their
 parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
