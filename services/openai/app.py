@@ -214,7 +214,8 @@ def create_app(config: FrontConfig) -> FastAPI:
         tool = tool_choice(req, front.config.tool_call_parser)
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}",
-                        prompt_logprobs=req.prompt_logprobs is not None, tool=tool)
+                        prompt_logprobs=req.prompt_logprobs is not None, tool=tool,
+                        one_call=req.parallel_tool_calls is False)
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools)
         try:

@@ -73,6 +73,7 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True  # false: at most one call a choice (vLLM's filter)
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 

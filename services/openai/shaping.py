@@ -89,6 +89,17 @@ def chat_logprobs(output: CompletionOutput, num_top: int) -> dict[str, Any] | No
     return {"content": content}
 
 
+def first_call_only(part: dict[str, Any]) -> dict[str, Any]:
+    """A message's first tool call, or a delta's calls of index 0 (and none where that leaves
+    none): what vLLM answers to parallel_tool_calls false."""
+    calls = part.get("tool_calls")
+    if not calls:
+        return part
+    kept = calls[:1] if "index" not in calls[0] else [c for c in calls if c["index"] == 0]
+    out = {k: v for k, v in part.items() if k != "tool_calls"}
+    return {**out, "tool_calls": kept} if kept else out
+
+
 @dataclass(slots=True)
 class Shaper:
     """One HTTP request's response: its id, kind and the running counts a stream needs."""
@@ -107,6 +118,7 @@ class Shaper:
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: per completion choice, once a chat
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
     tool: ToolChoice | None = None  # forced tool calls: each choice's text is their JSON
+    one_call: bool = False  # parallel_tool_calls false: only a choice's first call goes out
 
     @property
     def object(self) -> str:
@@ -165,9 +177,9 @@ class Shaper:
         first = index not in self.started
         self.started.add(index)
         if self.tool is not None:
-            if streamed:
-                return self.tool.delta(index, text, first, last)
-            return self.tool.message(index, text)
+            part = (self.tool.delta(index, text, first, last) if streamed
+                    else self.tool.message(index, text))
+            return first_call_only(part) if self.one_call else part
         if streamed and not first:
             return {"content": text}
         return {"role": "assistant", "content": text}

@@ -235,3 +235,43 @@ def test_the_engines_refusal_of_a_tools_schema_is_said_of_the_tools() -> None:
     assert said_of_tools(refused, None) is refused
     other = OpenAIError(400, "temperature must be in [0, 2]", param="temperature")
     assert said_of_tools(other, _choice(tools=[F], tool_choice="required")) is other
+
+
+def test_parallel_tool_calls_false_keeps_a_choices_first_call_only() -> None:
+    # vLLM's filter: the message's first call; a stream's deltas of index 0 only.
+    from services.openai.shaping import first_call_only
+
+    message = AutoTools("hermes").message(0, HERMES)
+    one = first_call_only(message)
+    assert [c["function"]["name"] for c in one["tool_calls"]] == ["f"]
+    assert one["content"] == message["content"]
+    tool = AutoTools("hermes")
+    deltas = [first_call_only(tool.delta(0, HERMES[i:i + 7], first=i == 0))
+              for i in range(0, len(HERMES), 7)]
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "f")]
+    assert all(d.get("tool_calls") != [] for d in deltas)  # a delta left empty drops the key
+    assert first_call_only({"role": "assistant", "content": "hi"}) == {"role": "assistant",
+                                                                       "content": "hi"}
+
+
+def test_a_shaper_with_parallel_tool_calls_false_answers_one_call() -> None:
+    from engine_core.outputs import CompletionOutput, RequestOutput
+    from services.openai.shaping import Shaper
+
+    def output(text: str, finished: bool) -> RequestOutput:
+        return RequestOutput("r", None, [1, 2], [CompletionOutput(
+            0, text, [3], finish_reason="stop" if finished else None)], finished)
+
+    for one_call, names in ((False, ["f", "g"]), (True, ["f"])):
+        shaper = Shaper(chat=True, model="m", n=1, tool=AutoTools("hermes"), one_call=one_call)
+        message = shaper.response([output(HERMES, True)])["choices"][0]
+        assert [c["function"]["name"] for c in message["message"]["tool_calls"]] == names
+        assert message["finish_reason"] == "tool_calls"
+        streamer = Shaper(chat=True, model="m", n=1, tool=AutoTools("hermes"), one_call=one_call)
+        cut = HERMES.index("</tool_call>") + 20
+        events = (streamer.chunks(0, output(HERMES[:cut], False), False)
+                  + streamer.chunks(0, output(HERMES[cut:], True), False))
+        deltas = [json.loads(e[len("data: "):])["choices"][0]["delta"] for e in events
+                  if e.startswith("data: {")]
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == names
