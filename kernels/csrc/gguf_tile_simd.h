@@ -83,6 +83,13 @@ inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
 }
 inline I32 isub(I32 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 inline I32 iadd(I32 a, I32 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+// A block's sums chunk by chunk, as dot_unsigned (the pair sums below are AVX2's: an AVX-512 CPU
+// without VNNI keeps the per-chunk widening, which is what this machine cannot test).
+constexpr bool kPairSums = false;
+using P16 = I32;
+inline P16 pzero() { return izero(); }
+inline P16 pdot(P16 acc, U8 u, int32_t x) { return dot_unsigned(acc, u, x); }
+inline I32 widen(P16 a) { return a; }
 inline F32 fzero() { return {_mm512_setzero_ps()}; }
 inline F32 halves(const uint8_t* p) {  // 16 float16 values
   return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
@@ -172,6 +179,28 @@ inline I32 isub(I32 a, int32_t c) {
 inline I32 iadd(I32 a, I32 b) {
   return {{_mm256_add_epi32(a.v[0], b.v[0]), _mm256_add_epi32(a.v[1], b.v[1])}};
 }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kPairSums = false;
+using P16 = I32;
+inline P16 pzero() { return izero(); }
+inline P16 pdot(P16 acc, U8 u, int32_t x) { return dot_unsigned(acc, u, x); }
+inline I32 widen(P16 a) { return a; }
+#else
+// Without VNNI (an AVX2-only CPU): vpmaddubsw's int16 pair sums of a block's chunks are added
+// first, and widened by one vpmaddwd a block instead of one a chunk.
+constexpr bool kPairSums = true;
+struct P16 { __m256i v[2]; };
+inline P16 pzero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+inline P16 pdot(P16 acc, U8 u, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x);
+  return {{_mm256_add_epi16(acc.v[0], _mm256_maddubs_epi16(u.v[0], xv)),
+           _mm256_add_epi16(acc.v[1], _mm256_maddubs_epi16(u.v[1], xv))}};
+}
+inline I32 widen(P16 a) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {{_mm256_madd_epi16(a.v[0], one), _mm256_madd_epi16(a.v[1], one)}};
+}
+#endif
 inline F32 fzero() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
 inline F32 halves(const uint8_t* p) {
   return {{_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
@@ -265,6 +294,11 @@ inline I32 iadd(I32 a, I32 b) {
   for (int r = 0; r < 16; ++r) a.v[r] += b.v[r];
   return a;
 }
+constexpr bool kPairSums = false;
+using P16 = I32;
+inline P16 pzero() { return izero(); }
+inline P16 pdot(P16 acc, U8 u, int32_t x) { return dot_unsigned(acc, u, x); }
+inline I32 widen(P16 a) { return a; }
 inline F32 fzero() { return {}; }
 inline F32 halves(const uint8_t* p) {
   F32 a;

@@ -241,8 +241,9 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
           mn[j + 4][r] = (b[j + 8][r] >> 4) | ((b[j + 4][r] >> 6) << 4);
         }
       for (int64_t g = 0; g < 4; ++g) {
-        tile::I32 sa[M], sbm[M];
-        for (int m = 0; m < M; ++m) sa[m] = sbm[m] = tile::izero();
+        // Nibbles (<= 15) by int8 (|x| <= 127): 8 chunks' int16 pair sums stay <= 30480.
+        tile::P16 sa[M], sbm[M];
+        for (int m = 0; m < M; ++m) sa[m] = sbm[m] = tile::pzero();
         for (int64_t h = 0; h < 2; ++h) {
           const uint8_t* p = sb + (2 * g + h) * kQ4KTileBlock;
           for (int64_t line = 0; line < kQ4KTileBlock; line += 64)
@@ -253,8 +254,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
             for (int m = 0; m < M; ++m) {
               const int8_t* xa =
                   x.q.data() + (m0 + m) * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
-              sa[m] = tile::dot_unsigned(sa[m], wa, tile::load_word(xa));
-              sbm[m] = tile::dot_unsigned(sbm[m], wb, tile::load_word(xa + kBlock));
+              sa[m] = tile::pdot(sa[m], wa, tile::load_word(xa));
+              sbm[m] = tile::pdot(sbm[m], wb, tile::load_word(xa + kBlock));
             }
           }
         }
@@ -264,8 +265,10 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
         const tile::F32 min_b = tile::mul(dmin, tile::from_u8(mn[2 * g + 1]));
         for (int m = 0; m < M; ++m) {
           const int64_t xa = (m0 + m) * nb + 8 * s + 2 * g;
-          acc[m] = tile::fma(tile::to_f32(sa[m]), tile::mul(scale_a, x.d[xa]), acc[m]);
-          acc[m] = tile::fma(tile::to_f32(sbm[m]), tile::mul(scale_b, x.d[xa + 1]), acc[m]);
+          acc[m] = tile::fma(tile::to_f32(tile::widen(sa[m])), tile::mul(scale_a, x.d[xa]),
+                             acc[m]);
+          acc[m] = tile::fma(tile::to_f32(tile::widen(sbm[m])), tile::mul(scale_b, x.d[xa + 1]),
+                             acc[m]);
           acc[m] = tile::fma(min_a, -x.s[xa], acc[m]);
           acc[m] = tile::fma(min_b, -x.s[xa + 1], acc[m]);
         }
@@ -288,6 +291,9 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
   constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
   // IQ4's codes become signed levels by a table lookup in registers: signed products, as Q8_0's.
   constexpr bool kIQ4 = Q == kIQ4_NL || Q == kIQ4_F, kSigned = kQ8 || kIQ4;
+  // Unsigned quants of up to 5 bits (<= 31) by int8 (|x| <= 127): a block's 4 chunks' int16
+  // pair sums stay <= 31496, so they are widened once a block (tile::pdot).
+  constexpr bool kPairs = !kSigned && kF.planes < 2;
   constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
   constexpr int64_t kFields = kPlanes + 64 * kF.planes;
   const int64_t nb = K / kBlock;
@@ -305,6 +311,9 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       // the chain of dependent dot products the loop waits on.
       tile::I32 lo[M], hi[M];
       for (int m = 0; m < M; ++m) lo[m] = hi[m] = tile::izero();
+      [[maybe_unused]] tile::P16 plo[kPairs ? M : 1], phi[kPairs ? M : 1];
+      if constexpr (kPairs)
+        for (int m = 0; m < M; ++m) plo[m] = phi[m] = tile::pzero();
       // The fifth (and sixth) bits of the whole block: one vector per plane, read once.
       const tile::U8 bits0 = kF.planes ? tile::load_chunk(p + kPlanes) : tile::U8{};
       const tile::U8 bits1 = kF.planes == 2 ? tile::load_chunk(p + kPlanes + 64) : tile::U8{};
@@ -335,11 +344,21 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
             continue;
           }
           for (int m = 0; m < M; ++m) {
-            lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
-            hi[m] = tile::dot_unsigned(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            if constexpr (kPairs) {
+              plo[m] = tile::pdot(plo[m], w0, tile::load_word(xq[m] + 4 * c));
+              phi[m] = tile::pdot(phi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            } else {
+              lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
+              hi[m] = tile::dot_unsigned(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            }
           }
         }
       }
+      if constexpr (kPairs)
+        for (int m = 0; m < M; ++m) {
+          lo[m] = tile::widen(plo[m]);
+          hi[m] = tile::widen(phi[m]);
+        }
       const uint8_t* fields = p + kFields;
       if constexpr (kHalves) {
         tile::F32 d_lo, d_hi;

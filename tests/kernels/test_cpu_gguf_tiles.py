@@ -278,3 +278,26 @@ def test_gguf_linear_keeps_tiles_on_cpu_where_rows_come_in_sixteens(n: int) -> N
         _assert_int8_product(got, x, packed, Q4_1)
     else:
         torch.testing.assert_close(got, gguf_linear_ref(x, packed, Q4_1), atol=1e-4, rtol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", [q for q in QTYPES if q not in (Q8_0, Q8_F, Q6_F)
+                                   and PLANES.get(q, 0) < 2])
+def test_the_largest_unsigned_quants_by_the_largest_activations_stay_exact(qtype: int) -> None:
+    # Without VNNI, a block's int16 pair sums (vpmaddubsw) are added before they are widened:
+    # every quant at its largest (15, or 31 with the fifth bit) against activations rounding to
+    # +-127 is the largest they get (31 * 127 * 2 * 4 = 31496 < 32767), and must stay exact.
+    from kernels.gguf_linear_ref import _HEAD
+
+    packed = random_packed(32, 256, qtype, seed=3)
+    if qtype == Q4_K:
+        packed.view(32, -1, 144)[..., 16:] = 255
+    else:
+        fields, width = _HEAD[qtype]
+        packed.view(32, -1, BLOCK_BYTES[qtype])[..., fields * width:] = 255
+    x = torch.ones(3, 256)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    got = cpu_gguf_linear.gguf_linear(x, tile_ref(packed, qtype), qtype, 256)
+    want = gguf_linear_int8_ref(x, packed, qtype)  # x's blocks round exactly to +-127
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * float(want.abs().max()), rtol=1e-6)
