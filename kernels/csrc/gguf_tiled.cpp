@@ -337,14 +337,12 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           if constexpr (kIQ4) {
             w0 = tile::lookup16(w0, kIQ4Levels);
             w1 = tile::lookup16(w1, kIQ4Levels);
-            for (int m = 0; m < M; ++m) {
-              lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
-              hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
-            }
-            continue;
           }
           for (int m = 0; m < M; ++m) {
-            if constexpr (kPairs) {
+            if constexpr (kIQ4) {  // signed levels, as Q8_0's quants
+              lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
+              hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            } else if constexpr (kPairs) {
               plo[m] = tile::pdot(plo[m], w0, tile::load_word(xq[m] + 4 * c));
               phi[m] = tile::pdot(phi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
             } else {

@@ -61,11 +61,3 @@ def parse_mistral(text: str) -> tuple[str, list[dict[str, Any]]]:
     if not calls or any(c is None for c in calls):
         return text, []
     return text[:at], [c for c in calls if c is not None]
-
-
-def held_back(text: str) -> int:
-    """How many characters at the end of `text` may begin [TOOL_CALLS]."""
-    for n in range(min(len(TOOL_CALLS) - 1, len(text)), 0, -1):
-        if TOOL_CALLS.startswith(text[-n:]):
-            return n
-    return 0

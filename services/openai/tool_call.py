@@ -19,3 +19,12 @@ def openai_call(name: str, arguments: str, id_: str | None = None) -> dict[str, 
 
 def arguments_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)  # as vLLM writes them: non-ASCII kept
+
+
+def held_back(text: str, tag: str) -> int:
+    """How many characters at the end of a streamed `text` may begin `tag` (<tool_call>,
+    [TOOL_CALLS]): held back until the next piece says whether they do."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0

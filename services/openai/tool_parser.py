@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.openai.llama3_json import begins_as_call, parse_llama3_json
-from services.openai.mistral import TOOL_CALLS, held_back, parse_mistral
-from services.openai.tool_call import arguments_json, call_id, openai_call
+from services.openai.mistral import TOOL_CALLS, parse_mistral
+from services.openai.tool_call import arguments_json, call_id, held_back, openai_call
 
 __all__ = ["PARSERS", "AutoTools", "arguments_json", "call_id", "openai_call", "parse_hermes"]
 
@@ -58,14 +58,6 @@ def parse_hermes(text: str) -> tuple[str, list[dict[str, Any]]]:
     if not calls or unclosed or any(c is None for c in calls):
         return text, []
     return text[:text.index(_START)], [c for c in calls if c is not None]
-
-
-def _held_back(text: str) -> int:
-    """How many characters at the end of `text` may begin a <tool_call> tag."""
-    for n in range(min(len(_START) - 1, len(text)), 0, -1):
-        if _START.startswith(text[-n:]):
-            return n
-    return 0
 
 
 @dataclass(slots=True)
@@ -101,7 +93,7 @@ class AutoTools:
         if self.parser == "mistral":
             return self._mistral_delta(index, whole, delta, last)
         start = whole.find(_START)
-        shown_to = start if start >= 0 else len(whole) - _held_back(whole)
+        shown_to = start if start >= 0 else len(whole) - held_back(whole, _START)
         content = ""
         shown = self.shown.get(index, 0)
         if shown_to > shown:
@@ -156,7 +148,7 @@ class AutoTools:
         the calls after it at the reply's end (or, where they do not parse, their text)."""
         at = whole.find(TOOL_CALLS)
         shown = self.shown.get(index, 0)
-        shown_to = at if at >= 0 else len(whole) - held_back(whole)
+        shown_to = at if at >= 0 else len(whole) - held_back(whole, TOOL_CALLS)
         content = whole[shown:shown_to] if shown_to > shown else ""
         self.shown[index] = shown = max(shown, shown_to)
         if last:
