@@ -313,13 +313,14 @@ def serve(argv: list[str]) -> None:
 def _watch(stack: Stack) -> None:
     """Restart services that exit (with back-off); stop them all on SIGINT/SIGTERM (exit
     code 0)."""
-    from services.launch import Interrupted
+    from services.launch import Interrupted, check_interrupted
     from services.supervisor import Supervisor
 
     supervisor = Supervisor(stack)
     try:
         while True:
             supervisor.tick()
+            check_interrupted()  # a signal whose exception was lost during start-up
             time.sleep(0.2)
     except Interrupted:
         pass

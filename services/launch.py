@@ -48,20 +48,36 @@ class Interrupted(Exception):
 # the middle of Popen would leave a started child that nobody tracks.
 _spawning = False
 _held_signal: int | None = None
+# The last signal raised as Interrupted, until a wait checks it: Python drops an exception
+# raised inside a callback whose errors it ignores (an import lock's weakref callback, seen in
+# CI: "Exception ignored in: <function _get_module_lock.<locals>.cb>"), and serve then started
+# as if no signal had come. The waits raise it again (check_interrupted).
+_raised_signal: int | None = None
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
-    global _held_signal
+    global _held_signal, _raised_signal
     if _spawning:
         _held_signal = signum
         return
+    _raised_signal = signum
     raise Interrupted(signum)
+
+
+def check_interrupted() -> None:
+    """Interrupted for a signal whose exception was raised and lost (see _raised_signal)."""
+    global _raised_signal
+    signum, _raised_signal = _raised_signal, None
+    if signum is not None:
+        raise Interrupted(signum)
 
 
 @contextmanager
 def interrupt_on_signals() -> Iterator[None]:
     """SIGINT/SIGTERM raise Interrupted in the main thread from here on, so a `finally` that
     stops the stack runs whenever they come (before launch, during start-up, or later)."""
+    global _raised_signal
+    _raised_signal = None
     previous = {sig: signal.signal(sig, _raise_interrupted)
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -123,6 +139,7 @@ def wait_healthy(address: str, timeout: float, process: subprocess.Popen[bytes] 
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} at {address} not healthy after {timeout:.0f}s")
+            check_interrupted()
             time.sleep(0.1)
 
 
