@@ -54,12 +54,15 @@ def render_chat_template(
     add_generation_prompt: bool = True,
     special_tokens: dict[str, str] | None = None,
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """Render `messages` (and `tools`, for a template that lists them, as transformers passes
-    them); ValueError naming chat_template for a broken or unsafe template."""
+    them; template_kwargs, vLLM's chat_template_kwargs, as more variables, checked by the
+    caller); ValueError naming chat_template for a broken or unsafe template."""
     try:
         compiled = _compile(template)
         return compiled.render(
+            **(template_kwargs or {}),
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,

@@ -10,6 +10,11 @@ from typing import Any
 
 from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.lora.request import LoRARequest
+from engine_core.processing.chat_kwargs import (
+    REASONING_KEYS,
+    check_template_kwargs,
+    with_reasoning_keys,
+)
 from engine_core.processing.request_limits import (
     RequestLimits,
     check_params,
@@ -19,7 +24,7 @@ from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt",
-               "tools"}
+               "tools", "chat_template_kwargs"}
 
 
 @dataclass(slots=True)
@@ -193,8 +198,9 @@ class InputProcessor:
             messages = _check_messages(prompt["messages"])
             add_generation_prompt = bool(prompt.get("add_generation_prompt", True))
             tokenizer = self._text_tokenizer()
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt,
-                                                 _check_tools(prompt.get("tools")))
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt, _check_tools(prompt.get("tools")),
+                check_template_kwargs(prompt.get("chat_template_kwargs")))
             # The template writes its own bos; encoding must not add a second one.
             return text, tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), salt
         if "prompt" in prompt:
@@ -276,10 +282,10 @@ def _check_messages(messages: object) -> list[dict[str, Any]]:
                 isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)):
             raise ValueError(f"messages[{i}].tool_calls must be a list of "
                              "{'id', 'type', 'function': {'name', 'arguments'}} dicts")
-        for key in ("tool_call_id", "name"):
+        for key in ("tool_call_id", "name", *REASONING_KEYS):
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise ValueError(f"messages[{i}].{key} must be a str")
-    return [_arguments_as_objects(m, i) for i, m in enumerate(messages)]
+    return [with_reasoning_keys(_arguments_as_objects(m, i)) for i, m in enumerate(messages)]
 
 
 def tool_call_arguments(arguments: object, where: str) -> object:

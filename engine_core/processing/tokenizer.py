@@ -101,6 +101,7 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         if not self.chat_template:
             raise ValueError("chat_template: the tokenizer has none, so 'messages' cannot be used")
@@ -114,6 +115,7 @@ class Tokenizer:
                 "unk_token": self.unk_token or "",
             },
             tools=tools,
+            template_kwargs=template_kwargs,
         )
 
     def _id_of(self, token: str | None) -> int | None:

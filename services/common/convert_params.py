@@ -127,6 +127,9 @@ def _chat_message_to_pb(m: dict[str, Any]) -> pb.ChatMessage:
         msg.tool_call_id = m["tool_call_id"]
     if m.get("name") is not None:
         msg.name = m["name"]
+    reasoning = m.get("reasoning") or m.get("reasoning_content")
+    if reasoning:
+        msg.reasoning = reasoning
     return msg
 
 
@@ -142,6 +145,8 @@ def _chat_message_from_pb(msg: pb.ChatMessage, i: int) -> dict[str, Any]:
         m["tool_call_id"] = msg.tool_call_id
     if msg.name:
         m["name"] = msg.name
+    if msg.reasoning:
+        m["reasoning"] = msg.reasoning
     return m
 
 
@@ -165,6 +170,8 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
             msg.chat.add_generation_prompt = bool(prompt["add_generation_prompt"])
         if prompt.get("tools") is not None:
             msg.chat.tools_json = json.dumps(prompt["tools"])
+        if prompt.get("chat_template_kwargs") is not None:
+            msg.chat.template_kwargs_json = json.dumps(prompt["chat_template_kwargs"])
     elif "prompt" in prompt:
         msg.text = prompt["prompt"]
     else:
@@ -198,6 +205,11 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
                 result["tools"] = json.loads(msg.chat.tools_json)
             except ValueError as exc:
                 raise ValueError(f"tools must be JSON: {exc}") from None
+        if msg.chat.template_kwargs_json:
+            try:
+                result["chat_template_kwargs"] = json.loads(msg.chat.template_kwargs_json)
+            except ValueError as exc:
+                raise ValueError(f"chat_template_kwargs must be JSON: {exc}") from None
     if msg.HasField("cache_salt"):
         result["cache_salt"] = msg.cache_salt
     return result

@@ -217,7 +217,8 @@ def create_app(config: FrontConfig) -> FastAPI:
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool,
                         one_call=req.parallel_tool_calls is False)
         params = convert.chat_params(req, tool)
-        prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools)
+        prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools,
+                                     req.chat_template_kwargs)
         try:
             return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt),
                                 params, lora, request)
@@ -230,7 +231,7 @@ def create_app(config: FrontConfig) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt and messages", "prompt")
         prompt: PromptType = req.prompt if req.prompt is not None else convert.chat_prompt(
-            req.messages or [], req.add_generation_prompt, req.tools)
+            req.messages or [], req.add_generation_prompt, req.tools, req.chat_template_kwargs)
         return await front.client().tokenize(prompt, req.add_special_tokens,
                                              req.return_token_strs)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine_core.processing.chat_kwargs import REASONING_KEYS
 from engine_core.processing.input_processor import tool_call_arguments
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
@@ -37,13 +38,17 @@ def salted(prompts: list[PromptType], cache_salt: str | None) -> list[PromptType
 
 
 def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None = None) -> PromptType:
+                tools: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> PromptType:
     """The engine renders the model's chat template from {"messages": [...]} (and the tools,
-    for a template that lists them)."""
+    for a template that lists them, and vLLM's chat_template_kwargs, which the tokenizer
+    stage checks)."""
     texts = [_message(m, i) for i, m in enumerate(messages)]
     prompt: dict[str, Any] = {"messages": texts, "add_generation_prompt": add_generation_prompt}
     if tools:
         prompt["tools"] = tools
+    if template_kwargs is not None:
+        prompt["chat_template_kwargs"] = template_kwargs
     return prompt
 
 
@@ -57,7 +62,7 @@ def _message(m: dict[str, Any], index: int) -> dict[str, Any]:
     if calls:
         out["tool_calls"] = [_tool_call(c, index, j) for j, c in enumerate(
             calls if isinstance(calls, list) else [calls])]
-    for key in ("tool_call_id", "name"):
+    for key in ("tool_call_id", "name", *REASONING_KEYS):
         if m.get(key) is not None:
             if not isinstance(m[key], str):
                 raise bad_request(f"messages[{index}].{key} must be a string", "messages")

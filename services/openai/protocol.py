@@ -69,6 +69,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # vLLM's: more variables for the chat template (Qwen 3's enable_thinking, ...).
+    chat_template_kwargs: dict[str, Any] | None = None
     # Refused when used (params.py) rather than dropped: the template would never see them.
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
@@ -88,6 +90,7 @@ class TokenizeRequest(BaseModel):
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True  # chat only
     tools: list[dict[str, Any]] | None = None  # chat only: rendered by the template
+    chat_template_kwargs: dict[str, Any] | None = None  # chat only: more template variables
     add_special_tokens: bool | None = None  # None: true for a prompt, false for messages
     return_token_strs: bool = False
 

@@ -563,6 +563,23 @@ def test_tokenize_refusals_are_400s_naming_the_field(openai_stack: Stack, path: 
     assert status == 400 and answer["error"]["param"] == param
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_chat_template_kwargs_reach_the_tokenizer_stage(openai_stack: Stack, model_name: str,
+                                                        path: str) -> None:
+    # The tiny model's template reads no extra variable: an unknown one renders as before; one
+    # the server sets itself is refused by the tokenizer stage, naming the field.
+    url = f"http://{openai_stack.address('openai')}{path}"
+    body = {"model": model_name, "messages": CHAT, "max_tokens": 1}
+    status, plain = _post(url, body)
+    status_kw, with_kwargs = _post(url, {**body, "chat_template_kwargs": {"enable_thinking": 0}})
+    assert status == status_kw == 200
+    if path == "/tokenize":
+        assert with_kwargs["tokens"] == plain["tokens"]
+    status, answer = _post(url, {**body, "chat_template_kwargs": {"messages": []}})
+    assert status == 400 and answer["error"]["param"] == "chat_template_kwargs"
+    assert "chat_template_kwargs.messages" in answer["error"]["message"]
+
+
 def test_tokenize_of_an_unknown_model_is_a_404(openai_stack: Stack) -> None:
     status, answer = _post(f"http://{openai_stack.address('openai')}/tokenize",
                            {"model": "no-such-model", "prompt": "a"})

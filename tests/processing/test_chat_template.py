@@ -118,3 +118,33 @@ def test_tokenizer_without_template_refuses_messages(tmp_path: Path) -> None:
     config_file.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="chat_template"):
         Tokenizer.from_dir(str(tmp_path)).apply_chat_template(MESSAGES)
+
+
+# A thinking template in the form of Qwen 3's: it reads chat_template_kwargs' enable_thinking
+# and an earlier turn's reasoning_content.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>\n"
+    "{% if m.role == 'assistant' and m.reasoning_content %}<think>{{ m.reasoning_content }}"
+    "</think>{% endif %}{{ m.content }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}")
+THINKING_TURNS: list[dict[str, Any]] = [
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+    {"role": "user", "content": "and 3+3?"},
+]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_template_kwargs_render_as_transformers_passes_them(
+    tiny_tokenizer_dir: Path, kwargs: dict[str, Any]
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    expected = hf.apply_chat_template(THINKING_TURNS, tokenize=False, add_generation_prompt=True,
+                                      chat_template=THINKING_TEMPLATE, **kwargs)
+    got = render_chat_template(THINKING_TEMPLATE, THINKING_TURNS, template_kwargs=kwargs)
+    assert got == expected
+    assert "<think>two and two</think>4" in got
+    assert got.endswith("<think>\n\n</think>\n\n") == (kwargs.get("enable_thinking") is False)

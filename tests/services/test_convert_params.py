@@ -90,6 +90,9 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
                       "id": "c1", "type": "function",
                       "function": {"name": "f", "arguments": {"n": 1}}}]},
                   {"role": "tool", "content": "2", "tool_call_id": "c1", "name": "f"}]},
+    {"messages": [{"role": "user", "content": "hi"},  # a thinking model's turn and kwargs
+                  {"role": "assistant", "content": "4", "reasoning": "2+2"}],
+     "chat_template_kwargs": {"enable_thinking": False, "depth": [1, {"a": None}]}},
 ])
 def test_prompt_forms_round_trip(prompt: str | dict) -> None:
     assert prompt_from_pb(prompt_to_pb(prompt)) == prompt

@@ -1,0 +1,72 @@
+"""chat_template_kwargs and an earlier turn's reasoning, through the input processor."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from engine_core.processing.chat_kwargs import MAX_KWARGS_CHARS, with_reasoning_keys
+from engine_core.processing.input_processor import InputProcessor
+from engine_core.processing.tokenizer import Tokenizer
+from tests.processing.test_chat_template import THINKING_TEMPLATE
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def processor(tokenizer: Tokenizer) -> InputProcessor:
+    thinking = copy.copy(tokenizer)
+    thinking.chat_template = THINKING_TEMPLATE
+    return InputProcessor(thinking, max_model_len=512, vocab_size=tokenizer.vocab_size)
+
+
+def _text(processor: InputProcessor, prompt: dict[str, Any]) -> str:
+    text = processor.process("r", prompt).prompt
+    assert text is not None
+    return text
+
+
+def test_kwargs_reach_the_template(processor: InputProcessor) -> None:
+    plain = _text(processor, {"messages": USER})
+    off = _text(processor, {"messages": USER,
+                            "chat_template_kwargs": {"enable_thinking": False}})
+    assert off == plain + "<think>\n\n</think>\n\n"
+    assert processor.tokenize({"messages": USER, "chat_template_kwargs": {
+        "enable_thinking": False}}) != processor.tokenize({"messages": USER})
+
+
+@pytest.mark.parametrize("key", ["reasoning", "reasoning_content"])
+def test_an_earlier_turns_reasoning_reaches_the_template_under_either_name(
+        processor: InputProcessor, key: str) -> None:
+    turns = [*USER, {"role": "assistant", "content": "hello", key: "greet back"},
+             {"role": "user", "content": "again"}]
+    assert "<think>greet back</think>hello" in _text(processor, {"messages": turns})
+
+
+def test_both_names_are_given_to_the_template() -> None:
+    message = {"role": "assistant", "content": "x", "reasoning": "r"}
+    assert with_reasoning_keys(message) == {**message, "reasoning_content": "r"}
+    assert with_reasoning_keys({"role": "user", "content": "x"}) == {"role": "user",
+                                                                     "content": "x"}
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"messages": []}, "chat_template_kwargs.messages"),
+    ({"add_generation_prompt": False}, "chat_template_kwargs.add_generation_prompt"),
+    ({"bos_token": "x"}, "chat_template_kwargs.bos_token"),
+    ([1, 2], "chat_template_kwargs must be an object"),
+    ({"x": "y" * MAX_KWARGS_CHARS}, f"at most {MAX_KWARGS_CHARS}"),
+    ({"x": {1, 2}}, "chat_template_kwargs must be JSON"),
+])
+def test_bad_kwargs_are_refused_naming_the_field(processor: InputProcessor, kwargs: Any,
+                                                 words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        processor.process("r", {"messages": USER, "chat_template_kwargs": kwargs})
+
+
+def test_reasoning_that_is_no_string_is_refused(processor: InputProcessor) -> None:
+    turns = [*USER, {"role": "assistant", "content": "x", "reasoning": 3}]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.reasoning must be a str"):
+        processor.process("r", {"messages": turns})
