@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_core.processing.reasoning import REASONING_PARSERS, think_tags
+
 QUANTIZATIONS = (None, "gguf")
 KV_CACHE_DTYPES = ("auto", "bfloat16")
 
@@ -99,6 +101,9 @@ class EngineArgs:
     kv_events_max_buffer: int = 10_000
     # Compiled grammars kept for structured outputs (one per distinct schema/regex/...).
     structured_outputs_cache_size: int = 256
+    # vLLM's --reasoning-parser (deepseek_r1, qwen3): a request's structured outputs constrain
+    # only what follows the reasoning's closing tag (engine_core/processing/reasoning.py).
+    reasoning_parser: str | None = None
     # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
     enable_lora: bool = False
     max_loras: int = 1
@@ -143,6 +148,8 @@ class EngineArgs:
         if self.structured_outputs_cache_size < 1:
             raise ValueError("structured_outputs_cache_size must be >= 1, got "
                              f"{self.structured_outputs_cache_size}")
+        if self.reasoning_parser is not None:
+            think_tags(self.reasoning_parser)
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
@@ -205,8 +212,8 @@ class EngineArgs:
                                     help="JSON object passed to the KV connector")
             else:
                 kind = _cli_type(f.type)
-                parser.add_argument(flag, type=kind, default=default,
-                                    help=_HELP.get(f.name))
+                parser.add_argument(flag, type=kind, default=default, help=_HELP.get(f.name),
+                                    choices=_CHOICES.get(f.name))
         return parser
 
     @classmethod
@@ -278,6 +285,10 @@ _HELP = {
     "kv_events": "record KV cache events for a prefix-aware router (take_kv_events)",
     "kv_events_max_buffer": "most KV events kept between takes (oldest dropped)",
     "structured_outputs_cache_size": "compiled grammars kept for structured outputs (LRU)",
+    "reasoning_parser": "a thinking model's <think> format: deepseek_r1 (DeepSeek R1 and its "
+                        "distills, QwQ) or qwen3 (Qwen 3). Structured outputs constrain only what "
+                        "follows the reasoning, and the OpenAI front answers the reasoning apart "
+                        "from the content",
     "prefix_caching_hash_algo": "sha256 (default) or xxhash (fast, non-cryptographic)",
     "max_num_batched_tokens": "token budget of one step (default: max(2048, max_num_seqs))",
     "max_num_seqs": "most requests running at once",
@@ -322,6 +333,9 @@ _HELP = {
                      "unpinned ones are unloaded beyond it",
     "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",
 }
+
+
+_CHOICES = {"reasoning_parser": sorted(REASONING_PARSERS)}
 
 
 def _cli_type(annotation: object) -> Any:

@@ -272,6 +272,8 @@ def _openai_flags(args: argparse.Namespace) -> list[str]:
     check_served_names(names, lora)
     flags = ["--served-model-name", *names] if names else []
     flags += tool_flags(args)
+    if args.reasoning_parser is not None:  # the engine's flag, which the front reads too
+        flags += ["--reasoning-parser", args.reasoning_parser]
     return flags + (["--lora-modules", *args.lora_modules] if args.lora_modules else [])
 
 

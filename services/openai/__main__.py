@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.common.errors import run_main, setup_logging
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES
-from services.openai.tool_flags import add_tool_flags, check_tool_flags
+from services.openai.tool_flags import add_reasoning_flag, add_tool_flags, check_tool_flags
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,6 +37,7 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
     add_tool_flags(parser)
+    add_reasoning_flag(parser)
     args = parser.parse_args(argv)
     if args.max_body_bytes < 1:
         parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
@@ -57,7 +58,8 @@ def _main(argv: list[str] | None) -> None:
                                  served_model_names=args.served_model_name,
                                  lora_modules=lora_modules,
                                  max_body_bytes=args.max_body_bytes,
-                                 tool_call_parser=args.tool_call_parser))
+                                 tool_call_parser=args.tool_call_parser,
+                                 reasoning_parser=args.reasoning_parser))
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -36,6 +36,7 @@ from services.openai.protocol import (
     TokenizeRequest,
     _Sampling,
 )
+from services.openai.reasoning import reasoning_of
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
 from services.openai.tools import said_of_tools, tool_choice
@@ -57,6 +58,8 @@ class FrontConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a larger request body is a 413, unread
     # --enable-auto-tool-choice --tool-call-parser: tool_choice "auto" parsed so (tool_parser.py)
     tool_call_parser: str | None = None
+    # --reasoning-parser: a thinking model's reasoning answered apart (reasoning.py)
+    reasoning_parser: str | None = None
 
 
 class Front:
@@ -215,7 +218,8 @@ def create_app(config: FrontConfig) -> FastAPI:
         shaper = Shaper(chat=True, model=model, n=req.n, num_top_logprobs=req.top_logprobs or 0,
                         id=f"chatcmpl-{uuid.uuid4().hex}",
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool,
-                        one_call=req.parallel_tool_calls is False)
+                        one_call=req.parallel_tool_calls is False,
+                        reasoning=reasoning_of(req, front.config.reasoning_parser))
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools,
                                      req.chat_template_kwargs)

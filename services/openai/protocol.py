@@ -71,6 +71,7 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
     # vLLM's: more variables for the chat template (Qwen 3's enable_thinking, ...).
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True  # vLLM's: false leaves a reasoning parser's part out
     # Refused when used (params.py) rather than dropped: the template would never see them.
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None

@@ -11,6 +11,7 @@ from typing import Any
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from services.openai.echo import Echo, Position
 from services.openai.errors import OpenAIError
+from services.openai.reasoning import Reasoning
 from services.openai.tools import ToolChoice
 
 DONE = "data: [DONE]\n\n"
@@ -119,6 +120,8 @@ class Shaper:
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats
     tool: ToolChoice | None = None  # forced tool calls: each choice's text is their JSON
     one_call: bool = False  # parallel_tool_calls false: only a choice's first call goes out
+    reasoning: Reasoning | None = None  # --reasoning-parser: the reasoning apart, first
+    tool_started: set[int] = field(default_factory=set)  # choices whose text reached the tool
 
     @property
     def object(self) -> str:
@@ -158,7 +161,9 @@ class Shaper:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(c)}
         if self.chat:
             choice["logprobs"] = chat_logprobs(c, self.num_top_logprobs)
-            choice[key] = self._chat_text(index, c.text, streamed=key == "delta",
+            if self.reasoning is not None:
+                self.reasoning.note_prompt(job, out.prompt)
+            choice[key] = self._chat_text(job, index, c.text, streamed=key == "delta",
                                           last=c.finish_reason is not None)
             if self.tool is not None:  # after the text: whether it made calls
                 choice["finish_reason"] = self.tool.finish(index, choice["finish_reason"])
@@ -170,15 +175,45 @@ class Shaper:
         choice["stop_reason"] = c.stop_reason
         return choice
 
-    def _chat_text(self, index: int, text: str, streamed: bool,
+    def _chat_text(self, job: int, index: int, text: str, streamed: bool,
                    last: bool = False) -> dict[str, Any]:
         """A chat choice's message (or a stream's next delta, the role in its first): its
-        text, or with forced tool calls the calls its text holds (tools.py)."""
+        reasoning apart under a reasoning parser (reasoning.py), then its text, or with tool
+        calls the calls its text holds (tools.py, tool_parser.py)."""
         first = index not in self.started
         self.started.add(index)
+        if self.reasoning is None:
+            return self._content(index, text, streamed, first, last)
+        if streamed:
+            reasoning, text = self.reasoning.delta(job, index, text, last)
+            part = self._content(index, text, streamed, first, last) if text or last else (
+                {"role": "assistant"} if first else {})
+            if not text and part.get("content") == "":
+                del part["content"]  # a delta of reasoning alone
+        else:
+            whole, content = self.reasoning.split(job, text)
+            part = self._content(index, content or "", streamed, first, last)
+            reasoning = whole or ""
+            if part.get("content") == "" and not part.get("tool_calls"):
+                part = {**part, "content": None}  # vLLM's: no text after the reasoning
+        if reasoning and self.reasoning.include:
+            part["reasoning"] = reasoning
+        return part
+
+    def _content(self, index: int, text: str, streamed: bool, first: bool,
+                 last: bool) -> dict[str, Any]:
+        """The text (after any reasoning) as content, or the tool calls it holds."""
         if self.tool is not None:
-            part = (self.tool.delta(index, text, first, last) if streamed
-                    else self.tool.message(index, text))
+            if streamed:
+                tool_first = index not in self.tool_started
+                self.tool_started.add(index)
+                part = self.tool.delta(index, text, tool_first, last)
+                if not first:  # the role went with the reasoning's first delta
+                    part = {k: v for k, v in part.items() if k != "role"}
+                elif "role" not in part:
+                    part = {"role": "assistant", **part}
+            else:
+                part = self.tool.message(index, text)
             return first_call_only(part) if self.one_call else part
         if streamed and not first:
             return {"content": text}

@@ -1,10 +1,16 @@
-"""vLLM's flags for tool_choice "auto", on the front and on `strand serve` alike."""
+"""vLLM's flags for tool_choice "auto" and for a thinking model's reasoning, on the front and on
+`strand serve` alike."""
 
 from __future__ import annotations
 
 import argparse
 
+from engine_core.processing.reasoning import REASONING_PARSERS
 from services.openai.tool_parser import PARSERS
+
+REASONING_HELP = ("a thinking model's <think> format: deepseek_r1 (DeepSeek R1 and its "
+                  "distills, QwQ) or qwen3 (Qwen 3). The reply's reasoning is answered apart "
+                  "from its content, and structured outputs constrain only what follows it")
 
 
 def add_tool_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -31,3 +37,10 @@ def tool_flags(args: argparse.Namespace) -> list[str]:
     if not args.enable_auto_tool_choice:
         return []
     return ["--enable-auto-tool-choice", "--tool-call-parser", args.tool_call_parser]
+
+
+def add_reasoning_flag(parser: argparse.ArgumentParser) -> None:
+    """The front's own --reasoning-parser (`strand serve` has it as an engine flag, which
+    holds structured outputs back until the reasoning ends, and hands it to the front)."""
+    parser.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                        help=REASONING_HELP)

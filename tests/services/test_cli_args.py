@@ -92,6 +92,19 @@ def test_serve_hands_the_tool_flags_to_its_front() -> None:
         _openai_args(["--model", "m", "--openai-port", "0", "--enable-auto-tool-choice"])
 
 
+def test_serve_hands_the_reasoning_parser_to_the_engine_and_its_front() -> None:
+    # One flag, as vLLM's: the engine holds structured outputs back until the reasoning ends,
+    # the front answers the reasoning apart.
+    parser = _stack_parser("strand serve")
+    argv = ["--model", "m", "--openai-port", "0", "--reasoning-parser", "qwen3"]
+    config = stack_config(parser.parse_args(argv), parser, "/cache/resolved-dir")
+    assert config.openai_args[-2:] == ["--reasoning-parser", "qwen3"]
+    assert "--reasoning-parser" in config.engine_args
+    assert config.engine_args[config.engine_args.index("--reasoning-parser") + 1] == "qwen3"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--reasoning-parser", "o1"])
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--served-model-name", "a"], "--served-model-name needs --openai-port"),
     (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
