@@ -38,7 +38,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
-                                              logits_processor_classes=args.logits_processor_classes())
+                                              logits_processor_classes=args.logits_processor_classes(),
+                                              reasoning_parser=args.reasoning_parser)
         # Request metrics go to the core's registry: get_metrics() reads both from one place.
         request_stats = RequestStatsRecorder(engine_core.metrics_registry,
                                              engine_core.model_name, engine_core.max_model_len)

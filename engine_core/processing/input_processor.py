@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from engine_core.processing.chat_kwargs import (
     check_template_kwargs,
     with_reasoning_keys,
 )
+from engine_core.processing.reasoning import prompt_ends_reasoning, think_tags
 from engine_core.processing.request_limits import (
     RequestLimits,
     check_params,
@@ -25,6 +27,10 @@ from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt",
                "tools", "chat_template_kwargs"}
+
+
+# Enough of a token-id prompt's end to hold a closing tag and the whitespace after it.
+_TAIL_TOKENS = 32
 
 
 @dataclass(slots=True)
@@ -43,6 +49,7 @@ class InputProcessor:
         max_logprobs: int = MAX_LOGPROBS,
         logits_processor_classes: Sequence[type] = (),
         limits: RequestLimits | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer  # None: skip_tokenizer_init (token-id prompts only)
         self.max_model_len = max_model_len
@@ -56,6 +63,8 @@ class InputProcessor:
         # Custom logits processors' classes: each validates a request's extra_args up front.
         self.logits_processor_classes = tuple(logits_processor_classes)
         self.limits = limits or RequestLimits()
+        # A thinking model's tags: its structured outputs bind only after the reasoning.
+        self.think_tags = None if reasoning_parser is None else think_tags(reasoning_parser)
 
     def process(
         self,
@@ -83,6 +92,7 @@ class InputProcessor:
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty str, got {cache_salt!r}")
         self._validate_token_ids(token_ids)
+        params = self._after_reasoning(params, text, token_ids)
         if params.max_tokens is None:
             # vLLM: without a limit the request may fill the rest of the context window.
             params = params.clone(max_tokens=max(1, self.max_model_len - len(token_ids)))
@@ -97,6 +107,21 @@ class InputProcessor:
             lora_request=lora_request,
         )
         return ProcessedPrompt(request=request, prompt=text)
+
+    def _after_reasoning(self, params: SamplingParams, text: str | None,
+                         token_ids: list[int]) -> SamplingParams:
+        """Under a reasoning parser, structured outputs that bind only after the closing tag,
+        unless the prompt closed the reasoning itself (vLLM's engine checks the prompt too)."""
+        so = params.structured_outputs
+        if self.think_tags is None or so is None or so.reasoning_end is not None:
+            return params
+        if text is None:  # token ids: their tail's text says how the prompt ends
+            text = self._tokenizer_for("structured_outputs").decode(
+                token_ids[-_TAIL_TOKENS:], skip_special_tokens=False)
+        if prompt_ends_reasoning(text, self.think_tags):
+            return params
+        return params.clone(structured_outputs=dataclasses.replace(
+            so, reasoning_end=self.think_tags.end))
 
     def tokenize(self, prompt: str | dict[str, Any],
                  add_special_tokens: bool | None = None) -> list[int]:

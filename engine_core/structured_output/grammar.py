@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import xgrammar as xg
 
 from engine_core.processing.tokenizer import Tokenizer
-from engine_core.structured_output.params import StructuredOutputsParams
+from engine_core.structured_output.params import CacheKey, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,21 @@ def choice_grammar(choices: list[str]) -> str:
 
 
 def _to_grammar(params: StructuredOutputsParams) -> xg.Grammar:
+    body = _body_grammar(params)
+    if params.reasoning_end is None:
+        return body
+    return xg.Grammar.concat(free_text_until(params.reasoning_end), body)
+
+
+def free_text_until(end: str) -> xg.Grammar:
+    """Any text up to and including the first `end` (xgrammar's any_text, which dispatches on
+    the tag without a per-character rule): a thinking model reasons unconstrained first."""
+    tag = {"type": "structural_tag", "format": {
+        "type": "tag", "begin": "", "content": {"type": "any_text"}, "end": end}}
+    return xg.Grammar.from_structural_tag(json.dumps(tag))
+
+
+def _body_grammar(params: StructuredOutputsParams) -> xg.Grammar:
     kind = params.kind
     if kind in ("json", "json_object"):
         # json_object is vLLM's {"type": "object"}: an object, not any JSON value.
@@ -119,7 +134,7 @@ class GrammarCache:
         # xgrammar's own cache is off: this one is bounded by entries and keyed on our spec.
         self._compiler = self._executor.submit(
             lambda: xg.GrammarCompiler(make_info(), max_threads=1, cache_enabled=False))
-        self._cache: OrderedDict[tuple[str, str, bool], Future[xg.CompiledGrammar]] = \
+        self._cache: OrderedDict[CacheKey, Future[xg.CompiledGrammar]] = \
             OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # compiles started (cache misses), for tests and stats
@@ -170,7 +185,7 @@ class GrammarCache:
         stop = [eos_token_id] if eos_token_id is not None else None
         return xg.GrammarMatcher(self.compile(params), override_stop_tokens=stop)
 
-    def _compile_or_forget(self, key: tuple[str, str, bool],
+    def _compile_or_forget(self, key: CacheKey,
                            grammar: xg.Grammar) -> xg.CompiledGrammar:
         try:
             return self._compile(grammar)

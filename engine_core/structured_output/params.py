@@ -20,6 +20,8 @@ MAX_SPEC_CHARS = 64 * 1024
 MAX_CHOICES = 1024
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# (kind, canonical spec, disable_any_whitespace, reasoning_end)
+CacheKey = tuple[str, str, bool, str | None]
 
 
 @dataclass(slots=True)
@@ -31,6 +33,10 @@ class StructuredOutputsParams:
     json_object: bool = False  # any JSON object, no schema
     # JSON kinds: no whitespace between tokens (vLLM's option; also keeps outputs short).
     disable_any_whitespace: bool = False
+    # The constraint holds only after this text (a thinking model's closing tag): the input
+    # processor sets it under EngineArgs.reasoning_parser, as vLLM's engine lets a model reason
+    # freely before a schema binds its answer. None: from the first token.
+    reasoning_end: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.choice, tuple):
@@ -70,6 +76,10 @@ class StructuredOutputsParams:
             if not isinstance(schema, dict | bool):
                 raise ValueError("structured_outputs.json must be a JSON schema (an object), "
                                  f"got {type(schema).__name__}")
+        if self.reasoning_end is not None and (not isinstance(self.reasoning_end, str)
+                                               or not 0 < len(self.reasoning_end) <= 64):
+            raise ValueError("structured_outputs.reasoning_end must be a str of 1 to 64 "
+                             f"characters, got {self.reasoning_end!r:.80}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None:
@@ -87,7 +97,7 @@ class StructuredOutputsParams:
                                  f"entries, got {len(self.choice)}")
             _check_size("choice", "".join(self.choice))
 
-    def cache_key(self) -> tuple[str, str, bool]:
+    def cache_key(self) -> CacheKey:
         """(kind, canonical spec, options): equal keys compile to the same grammar."""
         kind = self.kind
         if kind == "json":
@@ -99,7 +109,7 @@ class StructuredOutputsParams:
             spec = ""
         else:
             spec = str(getattr(self, kind))
-        return kind, spec, self.disable_any_whitespace
+        return kind, spec, self.disable_any_whitespace, self.reasoning_end
 
     def _given(self) -> list[str]:
         given = [name for name in ("json", "regex", "choice", "grammar")
@@ -113,6 +123,8 @@ class StructuredOutputsParams:
         out: dict[str, Any] = {self.kind: getattr(self, self.kind)}
         if self.disable_any_whitespace:
             out["disable_any_whitespace"] = True
+        if self.reasoning_end is not None:
+            out["reasoning_end"] = self.reasoning_end
         return out
 
 

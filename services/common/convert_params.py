@@ -59,6 +59,8 @@ def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
 
 def structured_to_pb(so: StructuredOutputsParams) -> pb.StructuredOutputsParams:
     msg = pb.StructuredOutputsParams(disable_any_whitespace=so.disable_any_whitespace)
+    if so.reasoning_end is not None:
+        msg.reasoning_end = so.reasoning_end
     kind = so.kind
     if kind == "json":
         msg.json = so.json if isinstance(so.json, str) else json.dumps(so.json)
@@ -75,6 +77,8 @@ def structured_from_pb(msg: pb.StructuredOutputsParams) -> StructuredOutputsPara
     """ValueError naming structured_outputs when no kind (or json_object=false) is set."""
     kind = msg.WhichOneof("kind")
     kwargs: dict[str, Any] = {"disable_any_whitespace": msg.disable_any_whitespace}
+    if msg.HasField("reasoning_end"):
+        kwargs["reasoning_end"] = msg.reasoning_end
     if kind == "choice":
         kwargs["choice"] = list(msg.choice.choices)
     elif kind is not None:

@@ -65,7 +65,8 @@ def _main(argv: list[str] | None) -> None:
                                eos_token_id=(info.eos_token_id if tokenizer is None
                                              else tokenizer.eos_token_id),
                                max_logprobs=engine_args.max_logprobs,
-                               logits_processor_classes=engine_args.logits_processor_classes())
+                               logits_processor_classes=engine_args.logits_processor_classes(),
+                               reasoning_parser=engine_args.reasoning_parser)
 
     route = RouteConfig(engine_addrs, engine_args.block_size, args.router_policy,
                         engine_args.prefix_caching_hash_algo)
