@@ -17,11 +17,14 @@ from dataclasses import dataclass
 class ThinkTags:
     start: str
     end: str
+    # Qwen 3.5 may begin a tool call (<tool_call> then <function=) without closing its
+    # reasoning first: vLLM's qwen3 parser ends the reasoning there.
+    call_ends: bool = False
 
 
 REASONING_PARSERS: dict[str, ThinkTags] = {
     "deepseek_r1": ThinkTags("<think>", "</think>"),
-    "qwen3": ThinkTags("<think>", "</think>"),
+    "qwen3": ThinkTags("<think>", "</think>", call_ends=True),
 }
 
 

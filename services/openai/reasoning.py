@@ -3,7 +3,8 @@ parsers answer it: in the message's (or each delta's) `reasoning` field (vLLM's 
 0.11; `reasoning_content` before), the text after the closing tag as `content`.
 
 The reply's reasoning runs from its start (past an opening tag the model wrote itself) to the
-closing tag; a reply that never closes it (cut short by max_tokens) is all reasoning and has no
+closing tag (with qwen3, or to a tool call Qwen 3.5 began without closing it: <tool_call> then
+<function=); a reply that never closes it (cut short by max_tokens) is all reasoning and has no
 content. A prompt that closed the reasoning already (engine_core/processing/reasoning.py), or
 Qwen 3 asked not to think (chat_template_kwargs enable_thinking false), gives a reply that is
 all content. A stream sends each piece as it comes, holding back only what may begin a tag;
@@ -18,22 +19,44 @@ from engine_core.processing.reasoning import ThinkTags, prompt_ends_reasoning, t
 from services.openai.protocol import ChatCompletionRequest
 from services.openai.tool_call import held_back
 
+_CALL_OPEN, _FUNCTION_OPEN = "<tool_call>", "<function="
+
 
 def _regions(text: str, tags: ThinkTags, final: bool) -> tuple[int, int, int | None]:
     """(reasoning start, reasoning end, content start or None) of a reply so far; a stream's
-    (final False) reasoning ends before what may begin the closing tag, and it waits while
-    the text may still be the opening one."""
+    (final False) reasoning ends before what may begin a closing tag, and it waits while the
+    text may still be the opening one."""
     body = text.lstrip()
     lead = len(text) - len(body)
     if not final and tags.start.startswith(body) and body != tags.start:
         return 0, 0, None  # whitespace, or part of an opening tag: not yet known
     start = lead + len(tags.start) if body.startswith(tags.start) else 0
     end = text.find(tags.end, start)
+    call, undecided = _call_start(text, start, end, final) if tags.call_ends else (None, False)
+    if call is not None:  # a call before any closing tag: the reasoning ends where it begins
+        return start, call, None if undecided else call
     if end >= 0:
         return start, end, end + len(tags.end)
     if final:
         return start, len(text), None
-    return start, len(text) - held_back(text[start:], tags.end), None
+    held = held_back(text[start:], tags.end)
+    if tags.call_ends:
+        held = max(held, held_back(text[start:], _CALL_OPEN))
+    return start, len(text) - held, None
+
+
+def _call_start(text: str, start: int, end: int, final: bool) -> tuple[int | None, bool]:
+    """(where a <tool_call><function=... block begins before the closing tag, whether a
+    stream cannot tell yet that the tag is a call's); (None, False) where none does."""
+    at = text.find(_CALL_OPEN, start)
+    while at >= 0 and (end < 0 or at < end):
+        after = text[at + len(_CALL_OPEN):].lstrip()
+        if after.startswith(_FUNCTION_OPEN):
+            return at, False
+        if not final and _FUNCTION_OPEN.startswith(after):
+            return at, True
+        at = text.find(_CALL_OPEN, at + 1)
+    return None, False
 
 
 @dataclass(slots=True)

@@ -20,8 +20,9 @@ def add_tool_flags(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     parser.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                         help=f"{prefix}the model's tool-call format: hermes (<tool_call> JSON "
                              "blocks: Hermes, Qwen 2.5, Qwen 3), llama3_json (JSON calls: "
-                             "Llama 3.1, 3.2, 3.3) or mistral ([TOOL_CALLS]: Mistral 7B v0.3, "
-                             "Nemo, Small 3.2)")
+                             "Llama 3.1, 3.2, 3.3), mistral ([TOOL_CALLS]: Mistral 7B v0.3, "
+                             "Nemo, Small 3.2) or qwen3_coder (<tool_call><function=...> XML "
+                             "blocks: Qwen3-Coder, Qwen 3.5)")
 
 
 def check_tool_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -16,6 +16,10 @@ objects {"name": ..., "parameters": {...}} (or "arguments"), after an optional <
 separated by ";"; any other reply is text. A stream sends text as it comes and a reply that
 begins as a call whole at its end (its calls, or its text where they do not parse).
 
+`qwen3_coder` is Qwen3-Coder's and Qwen 3.5's (qwen3_xml.py): the same <tool_call> blocks, each
+holding <function=NAME> and one <parameter=NAME> per argument, the values read as the tool's
+schema types them; whole and streamed as hermes.
+
 `mistral` is Mistral's (mistral.py): the calls after the [TOOL_CALLS] control token, a JSON array
 of them or each as name[ARGS]{...}; the text before it is the content. A stream sends that text
 as it comes and the calls at the reply's end."""
@@ -24,16 +28,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.openai.llama3_json import begins_as_call, parse_llama3_json
 from services.openai.mistral import TOOL_CALLS, parse_mistral
+from services.openai.qwen3_xml import parse_xml_call
 from services.openai.tool_call import arguments_json, call_id, held_back, openai_call
 
 __all__ = ["PARSERS", "AutoTools", "arguments_json", "call_id", "openai_call", "parse_hermes"]
 
-PARSERS = ("hermes", "llama3_json", "mistral")
+PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder")
 _START, _END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -49,11 +55,13 @@ def _call(raw: str) -> dict[str, Any] | None:
     return openai_call(value["name"], arguments_json(value.get("arguments", {})))
 
 
-def parse_hermes(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """(content, calls) of a whole reply; (text, []) where it holds no call that parses."""
+def parse_hermes(text: str, read: Callable[[str], dict[str, Any] | None] = _call
+                 ) -> tuple[str, list[dict[str, Any]]]:
+    """(content, calls) of a whole reply; (text, []) where it holds no call that parses. read:
+    one block's call (Hermes' JSON; qwen3_coder's XML)."""
     if _START not in text:
         return text, []
-    calls = [_call(raw) for raw in _CALL.findall(text)]
+    calls = [read(raw) for raw in _CALL.findall(text)]
     unclosed = text.count(_START) != len(calls)
     if not calls or unclosed or any(c is None for c in calls):
         return text, []
@@ -65,6 +73,7 @@ class AutoTools:
     """tool_choice "auto" under a parser (PARSERS): no schema; each choice's text is parsed."""
 
     parser: str
+    tools: list[dict[str, Any]] = field(default_factory=list)  # qwen3_coder types its values
     schema: None = None
     streamed: dict[int, str] = field(default_factory=dict)  # choice -> its text so far
     shown: dict[int, int] = field(default_factory=dict)  # choice -> text chars sent as content
@@ -72,9 +81,12 @@ class AutoTools:
     seen: dict[int, int] = field(default_factory=dict)  # choice -> <tool_call> blocks read
 
     def message(self, index: int, text: str) -> dict[str, Any]:
-        parse = {"llama3_json": parse_llama3_json, "mistral": parse_mistral}.get(
-            self.parser, parse_hermes)
-        content, calls = parse(text)
+        if self.parser == "llama3_json":
+            content, calls = parse_llama3_json(text)
+        elif self.parser == "mistral":
+            content, calls = parse_mistral(text)
+        else:
+            content, calls = parse_hermes(text, self._call)
         if calls:
             self.sent[index] = len(calls)
             return {"role": "assistant", "content": content.strip() or None,
@@ -106,7 +118,7 @@ class AutoTools:
                 closed_to = blocks[-1].end()
             new = []
             for block in blocks[self.seen.get(index, 0):]:
-                call = _call(block.group(1))
+                call = self._call(block.group(1))
                 if call is None:  # a block that is no call: its text, as the text it is
                     content += block.group(0)
                 else:
@@ -162,6 +174,12 @@ class AutoTools:
         if content:
             delta["content"] = content
         return delta
+
+    def _call(self, raw: str) -> dict[str, Any] | None:
+        """One <tool_call> block's call: Hermes' JSON, or qwen3_coder's XML."""
+        if self.parser == "qwen3_coder":
+            return parse_xml_call(raw, self.tools)
+        return _call(raw)
 
     def finish(self, index: int, reason: str | None) -> str | None:
         return "tool_calls" if reason == "stop" and self.sent.get(index) else reason

@@ -166,12 +166,13 @@ def tool_choice(req: ChatCompletionRequest, parser: str | None = None) -> ToolCh
         return RequiredTools(required_schema(tools))
     if choice is None or choice == "auto":
         if parser is not None:
-            return AutoTools(parser)
+            return AutoTools(parser, tools)
         raise bad_request('tool_choice "auto" needs a parser of the model\'s tool-call '
                           'format: start the front with --enable-auto-tool-choice '
                           '--tool-call-parser hermes (a model that writes Hermes-style '
-                          '<tool_call> blocks: Qwen 2.5, Qwen 3), llama3_json (Llama 3.1-3.3) or '
-                          'mistral, or send "required", name the function '
+                          '<tool_call> blocks: Qwen 2.5, Qwen 3), llama3_json (Llama 3.1-3.3), '
+                          'mistral or qwen3_coder (Qwen3-Coder, Qwen 3.5), or send "required", '
+                          'name the function '
                           '({"type": "function", "function": {"name": ...}}) or send "none"',
                           "tool_choice")
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None

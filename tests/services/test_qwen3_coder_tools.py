@@ -1,0 +1,122 @@
+"""--tool-call-parser qwen3_coder as vLLM's parser answers Qwen3-Coder and Qwen 3.5: each
+<tool_call> block's <function=NAME> and its <parameter=NAME> values, each read as the tool's
+schema types it; whole or streamed in any pieces; and the qwen3 reasoning parser ending the
+reasoning where such a call begins."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from services.openai.qwen3_xml import parse_xml_call, typed_value
+from services.openai.reasoning import Reasoning
+from services.openai.tool_parser import AutoTools
+
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"},
+        "celsius": {"type": "boolean"}, "hours": {"type": "array"},
+        "at": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}}}]
+# As Qwen 3.5's chat template writes a call (a newline after each opening tag and before each
+# closing one).
+CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n<parameter=hours>\n[9, 12]\n</parameter>\n"
+        "</function>\n</tool_call>")
+ARGS = {"city": "San Francisco", "days": 3, "hours": [9, 12]}
+
+
+def _arguments(call: dict[str, Any] | None) -> dict[str, Any]:
+    assert call is not None
+    return json.loads(call["function"]["arguments"])
+
+
+@pytest.mark.parametrize(("text", "spec", "value"), [
+    ("42", {"type": "integer"}, 42),
+    ("4.5", {"type": "number"}, 4.5),
+    ("4.0", {"type": "number"}, 4),  # vLLM's: a whole number as an integer
+    ("True", {"type": "boolean"}, True),
+    ("false", {"type": "boolean"}, False),
+    ('{"a": [1, null]}', {"type": "object"}, {"a": [1, None]}),
+    ("{'a': 1}", {"type": "object"}, {"a": 1}),  # a Python literal
+    ("null", {"type": "integer"}, None),
+    ("None", {"anyOf": [{"type": "string"}, {"type": "null"}]}, None),
+    ("null", {"type": "string"}, "null"),  # a string is what it says
+    (" 7 ", {"type": "string"}, " 7 "),
+    ("7", None, "7"),  # a parameter the schema does not list: its text
+    ("7", {"enum": ["7", "8"]}, "7"),  # no type: a string, as vLLM
+    ("seven", {"type": "integer"}, "seven"),  # not its type: the text, not a guess
+    ("maybe", {"type": "boolean"}, "maybe"),
+    ("__import__('os')", {"type": "object"}, "__import__('os')"),  # nothing is evaluated
+    ("1e999", {"type": "integer"}, "1e999"),
+])
+def test_values_are_read_as_their_schema_types(text: str, spec: Any, value: Any) -> None:
+    assert typed_value(text, spec) == value
+
+
+def test_a_block_is_its_function_and_typed_arguments() -> None:
+    raw = CALL[len("<tool_call>"):-len("</tool_call>")]
+    call = parse_xml_call(raw, TOOLS)
+    assert call is not None and call["function"]["name"] == "get_weather"
+    assert _arguments(call) == ARGS
+    multi_line = "<function=f>\n<parameter=code>\nx = 1\n\ny = 2\n</parameter>\n</function>"
+    assert _arguments(parse_xml_call(multi_line, [])) == {"code": "x = 1\n\ny = 2"}
+    assert parse_xml_call('{"name": "f", "arguments": {}}', TOOLS) is None  # Hermes' JSON
+
+
+def test_a_whole_reply_is_its_text_and_its_calls() -> None:
+    tools = AutoTools("qwen3_coder", TOOLS)
+    message = tools.message(0, "Let me look.\n" + CALL + "\n" + CALL)
+    assert message["content"] == "Let me look."
+    assert [_arguments(c) for c in message["tool_calls"]] == [ARGS, ARGS]
+    assert tools.finish(0, "stop") == "tool_calls"
+    plain = AutoTools("qwen3_coder", TOOLS)
+    broken = "<tool_call>\nnot a function\n</tool_call>"
+    assert plain.message(0, broken) == {"role": "assistant", "content": broken}
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 500])
+def test_a_stream_sends_the_text_then_each_call_whole(size: int) -> None:
+    text = "Checking.\n" + CALL + "\n" + CALL
+    tools = AutoTools("qwen3_coder", TOOLS)
+    pieces = [text[i:i + size] for i in range(0, len(text), size)]
+    deltas = [tools.delta(0, p, first=i == 0, last=i == len(pieces) - 1)
+              for i, p in enumerate(pieces)]
+    assert "".join(d.get("content", "") for d in deltas).strip() == "Checking."
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [(c["index"], _arguments(c)) for c in calls] == [(0, ARGS), (1, ARGS)]
+
+
+def test_qwen3_reasoning_ends_where_a_call_begins_without_its_closing_tag() -> None:
+    # Qwen 3.5 may call a tool from inside its reasoning; the call is the content.
+    text = "I should check the weather.\n" + CALL
+    whole = Reasoning("qwen3")
+    whole.note_prompt(0, "<|im_start|>assistant\n<think>\n")
+    assert whole.split(0, text) == ("I should check the weather.\n", CALL)
+    mention = "A <tool_call> tag starts a call."  # mentioned, not made
+    assert whole.split(0, mention) == (mention, None)
+    r1 = Reasoning("deepseek_r1")  # only qwen3 reads it so, as in vLLM
+    r1.note_prompt(0, "x")
+    assert r1.split(0, text) == (text, None)
+    for size in (1, 2, 5, 11):
+        streamed = Reasoning("qwen3")
+        streamed.note_prompt(0, "x")
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        sent = [streamed.delta(0, 0, p, k == len(pieces) - 1) for k, p in enumerate(pieces)]
+        assert "".join(r for r, _ in sent) == "I should check the weather.\n"
+        assert "".join(c for _, c in sent) == CALL
+
+
+def test_a_shaped_reply_has_its_reasoning_then_its_calls() -> None:
+    from engine_core.outputs import CompletionOutput, RequestOutput
+    from services.openai.shaping import Shaper
+
+    shaper = Shaper(chat=True, model="m", n=1, tool=AutoTools("qwen3_coder", TOOLS),
+                    reasoning=Reasoning("qwen3"))
+    out = RequestOutput("r", "<|im_start|>assistant\n", [1], [CompletionOutput(
+        0, "<think>\nweather first\n</think>\n\n" + CALL, [2], finish_reason="stop")], True)
+    choice = shaper.response([out])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning"] == "\nweather first\n"
+    assert [_arguments(c) for c in choice["message"]["tool_calls"]] == [ARGS]
