@@ -68,17 +68,21 @@ class LLM:
              use_tqdm: bool = True, add_generation_prompt: bool = True,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
              tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages, an
         assistant's with OpenAI's tool_calls, a tool's with its tool_call_id) or a list of them,
         each rendered with the model's chat template (and `tools`, OpenAI's function specs, and
         chat_template_kwargs, more template variables such as Qwen 3's enable_thinking), then
-        generate()."""
+        generate(). continue_final_message (with add_generation_prompt False): the model
+        continues the last message, a reply the caller began."""
         conversations = ([messages] if messages and isinstance(messages[0], dict)
                          else list(messages))
         extra: dict[str, Any] = {} if tools is None else {"tools": tools}
         if chat_template_kwargs is not None:
             extra["chat_template_kwargs"] = chat_template_kwargs
+        if continue_final_message:  # the last message is continued, not answered
+            extra["continue_final_message"] = True
         prompts: list[PromptType] = [{"messages": conversation,
                                       "add_generation_prompt": add_generation_prompt, **extra}
                                      for conversation in conversations]

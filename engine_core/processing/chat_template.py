@@ -55,10 +55,43 @@ def render_chat_template(
     special_tokens: dict[str, str] | None = None,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
     """Render `messages` (and `tools`, for a template that lists them, as transformers passes
     them; template_kwargs, vLLM's chat_template_kwargs, as more variables, checked by the
-    caller); ValueError naming chat_template for a broken or unsafe template."""
+    caller); ValueError naming chat_template for a broken or unsafe template.
+
+    continue_final_message: the text ends inside the last message, which the model continues
+    (a reply prefilled by the client), as transformers and vLLM cut it."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true "
+                         "(the one continues the last message, the other opens a new one)")
+    text = _render(template, messages, add_generation_prompt, special_tokens, tools,
+                   template_kwargs)
+    if not continue_final_message:
+        return text
+    return _cut_after_final_message(text, messages[-1].get("content") if messages else None)
+
+
+def _cut_after_final_message(text: str, final: object) -> str:
+    """The text up to the end of the last message's content: what the template writes after
+    it (an end-of-turn token) goes. The content may have lost its edges' whitespace to the
+    template, so it is found stripped."""
+    if not isinstance(final, str) or not final.strip():
+        raise ValueError("continue_final_message needs a last message with text to continue")
+    at = text.rfind(final.strip())
+    if at < 0:
+        raise ValueError("continue_final_message: the chat template does not write the last "
+                         "message's text as it is, so there is no place to continue it")
+    kept = final.lstrip()
+    if text.startswith(kept, at):  # the template kept its trailing whitespace too
+        return text[:at + len(kept)]
+    return text[:at + len(final.strip())]
+
+
+def _render(template: str, messages: list[dict[str, Any]], add_generation_prompt: bool,
+            special_tokens: dict[str, str] | None, tools: list[dict[str, Any]] | None,
+            template_kwargs: dict[str, Any] | None) -> str:
     try:
         compiled = _compile(template)
         return compiled.render(

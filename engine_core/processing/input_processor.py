@@ -26,7 +26,7 @@ from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt",
-               "tools", "chat_template_kwargs"}
+               "tools", "chat_template_kwargs", "continue_final_message"}
 
 
 # Enough of a token-id prompt's end to hold a closing tag and the whitespace after it.
@@ -225,7 +225,8 @@ class InputProcessor:
             tokenizer = self._text_tokenizer()
             text = tokenizer.apply_chat_template(
                 messages, add_generation_prompt, _check_tools(prompt.get("tools")),
-                check_template_kwargs(prompt.get("chat_template_kwargs")))
+                check_template_kwargs(prompt.get("chat_template_kwargs")),
+                bool(prompt.get("continue_final_message", False)))
             # The template writes its own bos; encoding must not add a second one.
             return text, tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), salt
         if "prompt" in prompt:

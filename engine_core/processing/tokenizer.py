@@ -102,6 +102,7 @@ class Tokenizer:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         if not self.chat_template:
             raise ValueError("chat_template: the tokenizer has none, so 'messages' cannot be used")
@@ -116,6 +117,7 @@ class Tokenizer:
             },
             tools=tools,
             template_kwargs=template_kwargs,
+            continue_final_message=continue_final_message,
         )
 
     def _id_of(self, token: str | None) -> int | None:

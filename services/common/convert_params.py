@@ -176,6 +176,8 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
             msg.chat.tools_json = json.dumps(prompt["tools"])
         if prompt.get("chat_template_kwargs") is not None:
             msg.chat.template_kwargs_json = json.dumps(prompt["chat_template_kwargs"])
+        if prompt.get("continue_final_message"):
+            msg.chat.continue_final_message = True
     elif "prompt" in prompt:
         msg.text = prompt["prompt"]
     else:
@@ -214,6 +216,8 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
                 result["chat_template_kwargs"] = json.loads(msg.chat.template_kwargs_json)
             except ValueError as exc:
                 raise ValueError(f"chat_template_kwargs must be JSON: {exc}") from None
+        if msg.chat.continue_final_message:
+            result["continue_final_message"] = True
     if msg.HasField("cache_salt"):
         result["cache_salt"] = msg.cache_salt
     return result

@@ -222,7 +222,7 @@ def create_app(config: FrontConfig) -> FastAPI:
                         reasoning=reasoning_of(req, front.config.reasoning_parser))
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools,
-                                     req.chat_template_kwargs)
+                                     req.chat_template_kwargs, req.continue_final_message)
         try:
             return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt),
                                 params, lora, request)
@@ -235,7 +235,8 @@ def create_app(config: FrontConfig) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt and messages", "prompt")
         prompt: PromptType = req.prompt if req.prompt is not None else convert.chat_prompt(
-            req.messages or [], req.add_generation_prompt, req.tools, req.chat_template_kwargs)
+            req.messages or [], req.add_generation_prompt, req.tools, req.chat_template_kwargs,
+            req.continue_final_message)
         return await front.client().tokenize(prompt, req.add_special_tokens,
                                              req.return_token_strs)
 

@@ -39,7 +39,8 @@ def salted(prompts: list[PromptType], cache_salt: str | None) -> list[PromptType
 
 def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> PromptType:
+                template_kwargs: dict[str, Any] | None = None,
+                continue_final_message: bool = False) -> PromptType:
     """The engine renders the model's chat template from {"messages": [...]} (and the tools,
     for a template that lists them, and vLLM's chat_template_kwargs, which the tokenizer
     stage checks)."""
@@ -49,6 +50,8 @@ def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool,
         prompt["tools"] = tools
     if template_kwargs is not None:
         prompt["chat_template_kwargs"] = template_kwargs
+    if continue_final_message:
+        prompt["continue_final_message"] = True
     return prompt
 
 
@@ -122,8 +125,10 @@ def echo_only(req: CompletionRequest) -> bool:
 def chat_params(req: ChatCompletionRequest, tool: ToolChoice | None = None) -> SamplingParams:
     """tool: how the reply makes tool calls (tools.py); a named function's or "required"'s
     schema constrains it, "auto" nothing."""
-    if req.continue_final_message:
-        raise bad_request("continue_final_message is not supported", "continue_final_message")
+    if req.continue_final_message and req.add_generation_prompt:
+        raise bad_request("continue_final_message needs add_generation_prompt false (the one "
+                          "continues the last message, the other opens a new one)",
+                          "continue_final_message")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

@@ -72,11 +72,13 @@ class ChatCompletionRequest(_Sampling):
     # vLLM's: more variables for the chat template (Qwen 3's enable_thinking, ...).
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning parser's part out
-    # Refused when used (params.py) rather than dropped: the template would never see them.
+    # vLLM's: the reply continues the last message (a prefilled assistant turn); needs
+    # add_generation_prompt false.
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True  # false: at most one call a choice (vLLM's filter)
+    # Refused when used (tools.py) rather than dropped: the older API.
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 
@@ -92,6 +94,7 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True  # chat only
     tools: list[dict[str, Any]] | None = None  # chat only: rendered by the template
     chat_template_kwargs: dict[str, Any] | None = None  # chat only: more template variables
+    continue_final_message: bool = False  # chat only: the text ends inside the last message
     add_special_tokens: bool | None = None  # None: true for a prompt, false for messages
     return_token_strs: bool = False
 

@@ -580,6 +580,21 @@ def test_chat_template_kwargs_reach_the_tokenizer_stage(openai_stack: Stack, mod
     assert "chat_template_kwargs.messages" in answer["error"]["message"]
 
 
+def test_a_prefilled_reply_is_continued(client: openai.OpenAI, openai_stack: Stack,
+                                        model_name: str) -> None:
+    # vLLM's continue_final_message: the prompt ends inside the assistant's begun reply.
+    base = f"http://{openai_stack.address('openai')}"
+    turns = [*CHAT, {"role": "assistant", "content": "Hello there"}]
+    extra = {"add_generation_prompt": False, "continue_final_message": True}
+    status, tokens = _post(f"{base}/tokenize", {"model": model_name, "messages": turns, **extra})
+    assert status == 200
+    status, text = _post(f"{base}/detokenize", {"model": model_name, "tokens": tokens["tokens"]})
+    assert status == 200 and text["prompt"].endswith("<|assistant|>\nHello there")
+    resp = client.chat.completions.create(model=model_name, messages=turns, max_tokens=3,  # type: ignore[arg-type]
+                                          extra_body=extra)
+    assert resp.usage is not None and resp.usage.prompt_tokens == tokens["count"]
+
+
 def test_tokenize_of_an_unknown_model_is_a_404(openai_stack: Stack) -> None:
     status, answer = _post(f"http://{openai_stack.address('openai')}/tokenize",
                            {"model": "no-such-model", "prompt": "a"})

@@ -70,3 +70,12 @@ def test_reasoning_that_is_no_string_is_refused(processor: InputProcessor) -> No
     turns = [*USER, {"role": "assistant", "content": "x", "reasoning": 3}]
     with pytest.raises(ValueError, match=r"messages\[1\]\.reasoning must be a str"):
         processor.process("r", {"messages": turns})
+
+
+def test_a_prefilled_reply_is_continued(processor: InputProcessor) -> None:
+    turns = [*USER, {"role": "assistant", "content": "Hello, I am"}]
+    text = _text(processor, {"messages": turns, "add_generation_prompt": False,
+                             "continue_final_message": True})
+    assert text.endswith("<|assistant|>\nHello, I am")
+    with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt"):
+        processor.process("r", {"messages": turns, "continue_final_message": True})

@@ -148,3 +148,41 @@ def test_template_kwargs_render_as_transformers_passes_them(
     assert got == expected
     assert "<think>two and two</think>4" in got
     assert got.endswith("<think>\n\n</think>\n\n") == (kwargs.get("enable_thinking") is False)
+
+
+PREFILLED: list[dict[str, Any]] = [
+    {"role": "user", "content": "Name a color."},
+    {"role": "assistant", "content": "The color is"},
+]
+
+
+@pytest.mark.parametrize("last", ["The color is", "The color is ", "  (a) "])
+@pytest.mark.parametrize("template", ["tiny", "thinking"])
+def test_continue_final_message_cuts_as_transformers_does(
+    tiny_tokenizer_dir: Path, tokenizer: Tokenizer, template: str, last: str
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    source = tokenizer.chat_template if template == "tiny" else THINKING_TEMPLATE
+    assert source is not None
+    turns = [PREFILLED[0], {"role": "assistant", "content": last}]
+    expected = hf.apply_chat_template(turns, tokenize=False, chat_template=source,
+                                      continue_final_message=True)
+    got = render_chat_template(source, turns, add_generation_prompt=False,
+                               special_tokens={"bos_token": "<s>"},
+                               continue_final_message=True)
+    assert got == expected
+    assert got.rstrip().endswith(last.strip())
+
+
+def test_continue_final_message_refuses_what_it_cannot_continue(tokenizer: Tokenizer) -> None:
+    with pytest.raises(ValueError, match="cannot both be true"):
+        tokenizer.apply_chat_template(PREFILLED, add_generation_prompt=True,
+                                      continue_final_message=True)
+    dropping = "{% for m in messages %}{{ m.role }}{% endfor %}"  # writes no content
+    with pytest.raises(ValueError, match="does not write the last message's text"):
+        render_chat_template(dropping, PREFILLED, add_generation_prompt=False,
+                             continue_final_message=True)
+    with pytest.raises(ValueError, match="needs a last message with text"):
+        render_chat_template(dropping, [{"role": "assistant", "content": " "}],
+                             add_generation_prompt=False, continue_final_message=True)

@@ -93,6 +93,9 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
     {"messages": [{"role": "user", "content": "hi"},  # a thinking model's turn and kwargs
                   {"role": "assistant", "content": "4", "reasoning": "2+2"}],
      "chat_template_kwargs": {"enable_thinking": False, "depth": [1, {"a": None}]}},
+    {"messages": [{"role": "user", "content": "hi"},  # a reply the client began
+                  {"role": "assistant", "content": "Hello"}],
+     "add_generation_prompt": False, "continue_final_message": True},
 ])
 def test_prompt_forms_round_trip(prompt: str | dict) -> None:
     assert prompt_from_pb(prompt_to_pb(prompt)) == prompt
