@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry.trace import Span
+from pydantic import BaseModel
 
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import RequestOutput
@@ -37,8 +38,16 @@ from services.openai.protocol import (
     _Sampling,
 )
 from services.openai.reasoning import reasoning_of
+from services.openai.responses import ResponsesShape, response_base
+from services.openai.responses_input import (
+    ResponsesRequest,
+    chat_request,
+    said_of_responses,
+    sampling_extras,
+)
 from services.openai.shaping import DONE, Shaper, sse
 from services.openai.streams import Job, OutputStream, final_outputs
+from services.openai.structured import constraint_source, said_of_constraint
 from services.openai.tools import said_of_tools, tool_choice
 from services.openai.tracing import end_request_span, start_request_span
 
@@ -207,8 +216,11 @@ def create_app(config: FrontConfig) -> FastAPI:
                                    req.logprobs is not None) if req.echo else None)
         shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}",
                         echo=echo, prompt_logprobs=req.prompt_logprobs is not None)
-        return await _serve(front, req, shaper, convert.salted(prompts, req.cache_salt), params,
-                            lora, request)
+        try:
+            return await _serve(front, req, shaper, convert.salted(prompts, req.cache_salt),
+                                params, lora, request)
+        except (OpenAIError, ValueError) as exc:
+            raise said_of_constraint(from_exception(exc), constraint_source(req)) from None
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
@@ -227,7 +239,35 @@ def create_app(config: FrontConfig) -> FastAPI:
             return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt),
                                 params, lora, request)
         except (OpenAIError, ValueError) as exc:  # a RequestError is a ValueError
-            raise said_of_tools(from_exception(exc), tool) from None
+            error = said_of_tools(from_exception(exc), tool)
+            raise said_of_constraint(error, constraint_source(req)) from None
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(req: ResponsesRequest, request: Request) -> Response:
+        """OpenAI's Responses API over the chat path (responses_input.py, responses.py)."""
+        chat = chat_request(req)
+        _warn_ignored(req, "/v1/responses", set(sampling_extras(req)))
+        model, lora = await front.check_model(chat.model)
+        tool = None
+        try:
+            tool = tool_choice(chat, front.config.tool_call_parser)
+            shaper = Shaper(chat=True, model=model, n=1, id=f"resp_{uuid.uuid4().hex}",
+                            tool=tool, one_call=chat.parallel_tool_calls is False,
+                            reasoning=reasoning_of(chat, front.config.reasoning_parser))
+            params = convert.chat_params(chat, tool)
+            prompt = convert.chat_prompt(chat.messages, True, chat.tools,
+                                         chat.chat_template_kwargs)
+            reshape = ResponsesShape(response_base(req, model, shaper.id))
+            return await _serve(front, chat, shaper, [prompt], params, lora, request, reshape)
+        except (OpenAIError, ValueError) as exc:
+            error = said_of_tools(from_exception(exc), tool)
+            raise said_of_responses(said_of_constraint(error, constraint_source(chat))) from None
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> Response:
+        raise OpenAIError(404, f"no response {response_id!r}: this server keeps none (send "
+                               "the conversation as input)", param="response_id",
+                          code="not_found")
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
@@ -248,19 +288,22 @@ def create_app(config: FrontConfig) -> FastAPI:
     return app
 
 
-def _warn_ignored(req: _Sampling, path: str) -> None:
+def _warn_ignored(req: BaseModel, path: str, taken: set[str] | None = None) -> None:
     """vLLM's warning for fields it does not know: the request is served without them."""
-    if req.model_extra:
+    ignored = sorted(set(req.model_extra or {}) - (taken or set()))
+    if ignored:
         log.warning("%s: the request's fields %s are not known and were ignored", path,
-                    sorted(req.model_extra))
+                    ignored)
 
 
 async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
-                 params: SamplingParams, lora: LoRARequest | None, request: Request) -> Response:
+                 params: SamplingParams, lora: LoRARequest | None, request: Request,
+                 reshape: ResponsesShape | None = None) -> Response:
     span = start_request_span(request, "chat" if shaper.chat else "text_completion",
                               shaper.model)
     try:
-        response = await _respond(front, req, shaper, prompts, params, lora, request, span)
+        response = await _respond(front, req, shaper, prompts, params, lora, request, span,
+                                  reshape)
     except BaseException as exc:
         end_request_span(span, from_exception(exc).status if isinstance(exc, Exception) else 499,
                          exc)
@@ -272,14 +315,16 @@ async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[Pro
 
 async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
                    params: SamplingParams, lora: LoRARequest | None, request: Request,
-                   span: Span) -> Response:
+                   span: Span, reshape: ResponsesShape | None = None) -> Response:
     jobs = [Job(f"{shaper.id}-{i}", p, params, lora) for i, p in enumerate(prompts)]
     stream = OutputStream(front.client(), jobs, span)
     if not req.stream:
         work = asyncio.ensure_future(final_outputs(stream, len(jobs)))
         if not await _finished_before_disconnect(work, request):
             return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
-        return JSONResponse(shaper.response(work.result()))
+        body = shaper.response(work.result())
+        return JSONResponse(body if reshape is None
+                            else reshape.body(body, sum(shaper.cached_tokens.values())))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shaper.continuous_usage = bool(include_usage and req.stream_options
                                    and req.stream_options.continuous_usage_stats)
@@ -292,7 +337,9 @@ async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[P
     except BaseException:
         stream.close()
         raise
-    return StreamingResponse(_events(stream, shaper, first, include_usage, span),
+    events = (_events(stream, shaper, first, include_usage, span) if reshape is None
+              else _response_events(stream, shaper, first, span, reshape))
+    return StreamingResponse(events,
                              media_type="text/event-stream")
 
 
@@ -348,3 +395,32 @@ async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, Reques
         stream.close()  # the client left (cancelled here) or the stream ended: abort the rest
         end_request_span(span, 200, error)
     yield DONE
+
+
+async def _response_events(stream: OutputStream, shaper: Shaper,
+                           first: tuple[int, RequestOutput] | None, span: Span,
+                           reshape: ResponsesShape) -> AsyncIterator[str]:
+    """A /v1/responses stream: its lifecycle events around the chat deltas' item events."""
+    error: BaseException | None = None
+    try:
+        for event in reshape.start():
+            yield event
+        if first is not None:
+            for choice in shaper.moved(first[0], first[1]):
+                for event in reshape.delta(choice):
+                    yield event
+        async for index, output in stream:
+            for choice in shaper.moved(index, output):
+                for event in reshape.delta(choice):
+                    yield event
+        for event in reshape.finish(shaper.usage(), sum(shaper.cached_tokens.values())):
+            yield event
+    except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        error = exc
+        yield reshape.error(from_exception(exc).body()["error"])
+    except BaseException as exc:  # the client left: this generator was cancelled
+        error = exc
+        raise
+    finally:
+        stream.close()
+        end_request_span(span, 200, error)

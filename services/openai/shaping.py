@@ -113,6 +113,7 @@ class Shaper:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: dict[int, int] = field(default_factory=dict)  # job -> prompt length
     completion_tokens: dict[int, int] = field(default_factory=dict)  # choice -> tokens so far
+    cached_tokens: dict[int, int] = field(default_factory=dict)  # job -> prompt tokens cached
     text_offsets: dict[int, int] = field(default_factory=dict)  # choice -> chars so far
     started: set[int] = field(default_factory=set)  # chat choices already begun
     echo: Echo | None = None  # completions' echo: the prompts before the text
@@ -132,6 +133,7 @@ class Shaper:
 
     def _count(self, job: int, out: RequestOutput) -> list[tuple[int, CompletionOutput]]:
         self.prompt_tokens[job] = len(out.prompt_token_ids)
+        self.cached_tokens[job] = max(self.cached_tokens.get(job, 0), out.num_cached_tokens)
         choices = []
         for c in out.outputs:
             index = job * self.n + c.index
@@ -240,15 +242,18 @@ class Shaper:
 
     def chunks(self, job: int, out: RequestOutput, include_usage: bool) -> list[str]:
         """SSE events for one streamed (DELTA) output: one chunk per choice that moved."""
-        events = []
+        return [sse(self._chunk([choice], include_usage)) for choice in self.moved(job, out)]
+
+    def moved(self, job: int, out: RequestOutput) -> list[dict[str, Any]]:
+        """The choices one streamed (DELTA) output moved, each with its delta."""
         if self.echo is not None:
             self.echo.collect(job, out)
+        moved = []
         for index, c in self._count(job, out):
             choice = self._choice(job, index, out, c, "delta")
-            if choice is None:
-                continue
-            events.append(sse(self._chunk([choice], include_usage)))
-        return events
+            if choice is not None:
+                moved.append(choice)
+        return moved
 
     def usage_chunk(self) -> str:
         return sse({**self._chunk([], False), "usage": self.usage()})

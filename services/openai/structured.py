@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_core.structured_output.params import KINDS, StructuredOutputsParams
-from services.openai.errors import bad_request
+from services.openai.errors import OpenAIError, bad_request
 from services.openai.protocol import _Sampling
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -45,6 +45,24 @@ def structured_outputs_of(req: _Sampling) -> StructuredOutputsParams | None:
         return StructuredOutputsParams(**fields)
     except ValueError as exc:
         raise bad_request(str(exc), source) from None
+
+
+def constraint_source(req: _Sampling) -> str | None:
+    """The field the request's constraint came in (what a refusal of it should name)."""
+    if req.response_format is not None and req.response_format.get("type") != "text":
+        return "response_format" if req.structured_outputs is None else "structured_outputs"
+    if req.structured_outputs is not None:
+        return "structured_outputs"
+    return next((name for name in _GUIDED if getattr(req, name) is not None), None)
+
+
+def said_of_constraint(error: OpenAIError, source: str | None) -> OpenAIError:
+    """The engine's refusal of a spec it could not compile (which it names structured_outputs,
+    the field that carried it inside), said of the field the client sent it in."""
+    if source in (None, "structured_outputs") or error.param != "structured_outputs":
+        return error
+    rest = error.message.split(" is invalid: ", 1)[-1]
+    return bad_request(f"{source} is invalid: {rest}", source)
 
 
 def _merge_response_format(fields: dict[str, Any], fmt: dict[str, Any]) -> None:

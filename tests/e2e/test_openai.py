@@ -843,11 +843,22 @@ def test_a_tools_schema_the_engine_refuses_is_a_400_naming_tools(client: openai.
                                            "schema"), error
 
 
-def test_invalid_schema_is_a_400_naming_structured_outputs(client: openai.OpenAI,
-                                                           model_name: str) -> None:
+@pytest.mark.parametrize(("chat", "field"), [
+    (False, "guided_json"), (True, "guided_json"), (True, "structured_outputs"),
+    (True, "response_format")])
+def test_an_invalid_schema_is_a_400_naming_the_field_it_came_in(
+        client: openai.OpenAI, model_name: str, chat: bool, field: str) -> None:
+    # The engine refuses it as structured_outputs.json; the client hears of its own field.
+    schema = {"type": "object", "properties": 5}
+    extra = {"guided_json": schema, "structured_outputs": {"json": schema},
+             "response_format": {"type": "json_schema", "json_schema": {
+                 "name": "s", "schema": schema}}}[field]
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=model_name, prompt="Hi", max_tokens=4,
-                                  extra_body={"guided_json": {"type": "object",
-                                                              "properties": 5}})
+        if chat:
+            client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=4,  # type: ignore[arg-type]
+                                           extra_body={field: extra})
+        else:
+            client.completions.create(model=model_name, prompt="Hi", max_tokens=4,
+                                      extra_body={field: extra})
     error = info.value.response.json()["error"]
-    assert error["param"] == "structured_outputs" and "invalid" in error["message"]
+    assert error["param"] == field and "invalid" in error["message"], error

@@ -72,3 +72,26 @@ def test_a_prompt_that_closed_the_reasoning_is_answered_as_content(stack: Stack)
     message = body["choices"][0]["message"]
     assert status == 200 and "reasoning" not in message and re.fullmatch(WORD,
                                                                          message["content"])
+
+
+def test_a_response_carries_the_reasoning_as_its_own_item(stack: Stack) -> None:
+    request = _request(stack)
+    with openai.OpenAI(base_url=f"http://{stack.address('openai')}/v1", api_key="unused",
+                       max_retries=0, timeout=60) as client:
+        fields: dict[str, Any] = {
+            "model": request["model"], "input": "hello", "max_output_tokens": 40,
+            "temperature": 0, "extra_body": {"logit_bias": request["logit_bias"],
+                                             "guided_regex": WORD}}
+        response = client.responses.create(**fields)
+        with client.responses.stream(**fields) as stream:
+            reasoning_deltas = [e.delta for e in stream
+                                if e.type == "response.reasoning_text.delta"]
+            streamed = stream.get_final_response()
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"], response.output
+    reasoning = response.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content is not None
+    assert re.search("[^a-z]", reasoning.content[0].text)
+    assert re.fullmatch(WORD, response.output_text)
+    assert streamed.output_text == response.output_text
+    assert "".join(reasoning_deltas) == reasoning.content[0].text
