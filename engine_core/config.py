@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_core.processing.chat_kwargs import check_template_kwargs
+from engine_core.processing.chat_template import load_chat_template
 from engine_core.processing.reasoning import REASONING_PARSERS, think_tags
 
 QUANTIZATIONS = (None, "gguf")
@@ -104,6 +106,11 @@ class EngineArgs:
     # vLLM's --reasoning-parser (deepseek_r1, qwen3): a request's structured outputs constrain
     # only what follows the reasoning's closing tag (engine_core/processing/reasoning.py).
     reasoning_parser: str | None = None
+    # vLLM's --chat-template (a file, or the template itself): replaces the tokenizer's; and
+    # --default-chat-template-kwargs: variables every chat request's template gets (a
+    # request's chat_template_kwargs win), e.g. {"enable_thinking": false}.
+    chat_template: str | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None
     # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
     enable_lora: bool = False
     max_loras: int = 1
@@ -150,6 +157,13 @@ class EngineArgs:
                              f"{self.structured_outputs_cache_size}")
         if self.reasoning_parser is not None:
             think_tags(self.reasoning_parser)
+        if self.chat_template is not None:
+            load_chat_template(self.chat_template)
+        if self.default_chat_template_kwargs is not None:
+            try:
+                check_template_kwargs(self.default_chat_template_kwargs)
+            except ValueError as exc:
+                raise ValueError(f"default_{exc}") from None
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
@@ -207,6 +221,9 @@ class EngineArgs:
                                     help=_HELP.get(f.name))
             elif f.name == "logits_processors":
                 parser.add_argument(flag, nargs="*", default=None, help=_HELP.get(f.name))
+            elif f.name == "default_chat_template_kwargs":
+                parser.add_argument(flag, type=json.loads, default=None,
+                                    help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
                 parser.add_argument(flag, type=json.loads, default={},
                                     help="JSON object passed to the KV connector")
@@ -285,6 +302,11 @@ _HELP = {
     "kv_events": "record KV cache events for a prefix-aware router (take_kv_events)",
     "kv_events_max_buffer": "most KV events kept between takes (oldest dropped)",
     "structured_outputs_cache_size": "compiled grammars kept for structured outputs (LRU)",
+    "chat_template": "the chat template: a file, or the template itself (default: the "
+                     "tokenizer's)",
+    "default_chat_template_kwargs": "JSON object of template variables every chat request "
+                                    "gets, e.g. '{\"enable_thinking\": false}' (a request's "
+                                    "chat_template_kwargs win)",
     "reasoning_parser": "a thinking model's <think> format: deepseek_r1 (DeepSeek R1 and its "
                         "distills, QwQ) or qwen3 (Qwen 3). Structured outputs constrain only what "
                         "follows the reasoning, and the OpenAI front answers the reasoning apart "

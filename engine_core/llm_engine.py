@@ -39,7 +39,8 @@ class LLMEngine:
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
                                               logits_processor_classes=args.logits_processor_classes(),
-                                              reasoning_parser=args.reasoning_parser)
+                                              reasoning_parser=args.reasoning_parser,
+                                              default_template_kwargs=args.default_chat_template_kwargs)
         # Request metrics go to the core's registry: get_metrics() reads both from one place.
         request_stats = RequestStatsRecorder(engine_core.metrics_registry,
                                              engine_core.model_name, engine_core.max_model_len)
@@ -51,7 +52,8 @@ class LLMEngine:
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         core = EngineCore.from_engine_args(args)
         tokenizer = (None if args.skip_tokenizer_init
-                     else Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir))
+                     else Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir,
+                                             chat_template=args.chat_template))
         return cls(args, core, tokenizer)
 
     def get_tokenizer(self) -> Tokenizer:

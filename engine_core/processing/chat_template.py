@@ -105,3 +105,23 @@ def _render(template: str, messages: list[dict[str, Any]], add_generation_prompt
         raise ValueError(f"chat_template refused by the sandbox: {exc}") from exc
     except TemplateError as exc:
         raise ValueError(f"chat_template failed to render: {exc}") from exc
+
+
+def load_chat_template(value: str) -> str:
+    """vLLM's --chat-template: a file's template, or the template itself as given; ValueError
+    naming chat_template for neither, or for a template that does not parse."""
+    from pathlib import Path
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        template = path.read_text(encoding="utf-8")
+    elif "{{" in value or "{%" in value:
+        template = value
+    else:
+        raise ValueError(f"chat_template: {value!r} is no file, and no template either (it "
+                         "has no {{ or {%)")
+    try:
+        _compile(template)
+    except TemplateError as exc:
+        raise ValueError(f"chat_template does not parse: {exc}") from None
+    return template

@@ -50,6 +50,7 @@ class InputProcessor:
         logits_processor_classes: Sequence[type] = (),
         limits: RequestLimits | None = None,
         reasoning_parser: str | None = None,
+        default_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer  # None: skip_tokenizer_init (token-id prompts only)
         self.max_model_len = max_model_len
@@ -65,6 +66,8 @@ class InputProcessor:
         self.limits = limits or RequestLimits()
         # A thinking model's tags: its structured outputs bind only after the reasoning.
         self.think_tags = None if reasoning_parser is None else think_tags(reasoning_parser)
+        # --default-chat-template-kwargs: under every chat request's own chat_template_kwargs.
+        self.default_template_kwargs = check_template_kwargs(default_template_kwargs)
 
     def process(
         self,
@@ -225,7 +228,8 @@ class InputProcessor:
             tokenizer = self._text_tokenizer()
             text = tokenizer.apply_chat_template(
                 messages, add_generation_prompt, _check_tools(prompt.get("tools")),
-                check_template_kwargs(prompt.get("chat_template_kwargs")),
+                {**self.default_template_kwargs,
+                 **check_template_kwargs(prompt.get("chat_template_kwargs"))},
                 bool(prompt.get("continue_final_message", False)))
             # The template writes its own bos; encoding must not add a second one.
             return text, tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), salt

@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine_core.processing.chat_template import render_chat_template
+from engine_core.processing.chat_template import load_chat_template, render_chat_template
 
 
 class Tokenizer:
@@ -34,7 +34,9 @@ class Tokenizer:
         self.chat_template: str | None = _pick_chat_template(config.get("chat_template"))
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Tokenizer:
+    def from_dir(cls, path: str | Path, chat_template: str | None = None) -> Tokenizer:
+        """chat_template: vLLM's --chat-template (a file or the template), replacing the
+        directory's."""
         root = Path(path)
         tokenizer_file = root / "tokenizer.json"
         if not tokenizer_file.is_file():
@@ -48,6 +50,8 @@ class Tokenizer:
         template_file = root / "chat_template.jinja"  # where transformers >= 4.50 saves it
         if not config.get("chat_template") and template_file.is_file():
             config["chat_template"] = template_file.read_text(encoding="utf-8")
+        if chat_template is not None:
+            config["chat_template"] = load_chat_template(chat_template)
         return cls(backend, config)
 
     @property

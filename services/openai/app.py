@@ -1,4 +1,5 @@
-"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /health."""
+"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/responses, /v1/models,
+/tokenize, /detokenize, /health, /version, /metrics."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from engine_core.metrics.request_metrics import LATENCY_BUCKETS
 from services.common.metrics_server import CONTENT_TYPE
 
-ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
-                    "/detokenize", "/health", "/version", "/metrics"})
+ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models",
+                    "/tokenize", "/detokenize", "/health", "/version", "/metrics"})
 
 
 class FrontMetrics:

@@ -59,14 +59,16 @@ def _main(argv: list[str] | None) -> None:
     info = resolve_model_info(engine_args)
     # --skip-tokenizer-init: none loaded; token-id prompts only, EOS from config.json.
     tokenizer = (None if engine_args.skip_tokenizer_init
-                 else Tokenizer.from_dir(engine_args.tokenizer or info.model_dir))
+                 else Tokenizer.from_dir(engine_args.tokenizer or info.model_dir,
+                                         chat_template=engine_args.chat_template))
     # The engine's limits and processors, as LLMEngine gives its own InputProcessor.
     processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size,
                                eos_token_id=(info.eos_token_id if tokenizer is None
                                              else tokenizer.eos_token_id),
                                max_logprobs=engine_args.max_logprobs,
                                logits_processor_classes=engine_args.logits_processor_classes(),
-                               reasoning_parser=engine_args.reasoning_parser)
+                               reasoning_parser=engine_args.reasoning_parser,
+                               default_template_kwargs=engine_args.default_chat_template_kwargs)
 
     route = RouteConfig(engine_addrs, engine_args.block_size, args.router_policy,
                         engine_args.prefix_caching_hash_algo)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine_core.config import EngineArgs
 from engine_core.processing.chat_kwargs import MAX_KWARGS_CHARS, with_reasoning_keys
+from engine_core.processing.chat_template import load_chat_template
 from engine_core.processing.input_processor import InputProcessor
 from engine_core.processing.tokenizer import Tokenizer
 from tests.processing.test_chat_template import THINKING_TEMPLATE
@@ -79,3 +82,52 @@ def test_a_prefilled_reply_is_continued(processor: InputProcessor) -> None:
     assert text.endswith("<|assistant|>\nHello, I am")
     with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt"):
         processor.process("r", {"messages": turns, "continue_final_message": True})
+
+
+def test_a_chat_template_comes_from_a_file_or_as_given(tmp_path: Path,
+                                                       tiny_tokenizer_dir: Path) -> None:
+    file = tmp_path / "thinking.jinja"
+    file.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    assert load_chat_template(str(file)) == THINKING_TEMPLATE
+    assert load_chat_template(THINKING_TEMPLATE) == THINKING_TEMPLATE
+    assert Tokenizer.from_dir(tiny_tokenizer_dir, chat_template=str(file)).chat_template == \
+        THINKING_TEMPLATE
+    with pytest.raises(ValueError, match="is no file, and no template either"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="chat_template does not parse"):
+        load_chat_template("{% for m in messages %}")
+
+
+def test_default_kwargs_lie_under_each_requests_own(tokenizer: Tokenizer) -> None:
+    thinking = copy.copy(tokenizer)
+    thinking.chat_template = THINKING_TEMPLATE
+    processor = InputProcessor(thinking, max_model_len=512, vocab_size=tokenizer.vocab_size,
+                               default_template_kwargs={"enable_thinking": False})
+    assert _text(processor, {"messages": USER}).endswith("<think>\n\n</think>\n\n")
+    asked = {"messages": USER, "chat_template_kwargs": {"enable_thinking": True}}
+    assert not _text(processor, asked).endswith("</think>\n\n")
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"default_chat_template_kwargs": {"messages": []}},
+     "default_chat_template_kwargs.messages is a variable the server sets"),
+    ({"default_chat_template_kwargs": [1]}, "default_chat_template_kwargs must be an object"),
+    ({"chat_template": "no-such-file.jinja"}, "is no file, and no template either"),
+])
+def test_engine_args_refuse_a_bad_template_or_defaults(fields: dict[str, Any],
+                                                       words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        EngineArgs(**fields)
+
+
+def test_llm_engine_renders_with_the_flags_template_and_defaults(tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    from engine_core.llm_engine import LLMEngine
+
+    file = tmp_path / "thinking.jinja"
+    file.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=str(tiny_model_dir), device="cpu", chat_template=str(file),
+        default_chat_template_kwargs={"enable_thinking": False}))
+    text = engine.input_processor.process("r", {"messages": USER}).prompt
+    assert text is not None and text.endswith("<|assistant|>\n<think>\n\n</think>\n\n")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from services.cli import _engine_flags, _stack_parser, stack_config
@@ -90,6 +93,20 @@ def test_serve_hands_the_tool_flags_to_its_front() -> None:
         "--served-model-name", "m", *tools]
     with pytest.raises(SystemExit):  # parser.error, as vLLM: the two go together
         _openai_args(["--model", "m", "--openai-port", "0", "--enable-auto-tool-choice"])
+
+
+def test_serve_hands_the_chat_template_flags_to_the_stages(tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    parser = _stack_parser("strand serve")
+    argv = ["--model", "m", "--chat-template", str(template),
+            "--default-chat-template-kwargs", '{"enable_thinking": false}']
+    flags = stack_config(parser.parse_args(argv), parser, "/cache/resolved-dir").engine_args
+    assert flags[flags.index("--chat-template") + 1] == str(template)
+    kwargs = flags[flags.index("--default-chat-template-kwargs") + 1]
+    assert json.loads(kwargs) == {"enable_thinking": False}
+    with pytest.raises(SystemExit):  # not JSON: argparse's one line
+        parser.parse_args(["--default-chat-template-kwargs", "{enable_thinking: false}"])
 
 
 def test_serve_hands_the_reasoning_parser_to_the_engine_and_its_front() -> None:
