@@ -12,7 +12,16 @@ import openai
 import pytest
 
 from services.launch import Stack
-from tests.e2e.test_openai import TOOL, _post, client, model_name, openai_stack  # noqa: F401
+from tests.e2e.conftest import engine_num_unfinished
+from tests.e2e.test_openai import (  # noqa: F401
+    LONG_MAX_TOKENS,
+    TOOL,
+    _post,
+    _wait_idle,
+    client,
+    model_name,
+    openai_stack,
+)
 
 FLAT_TOOL: dict[str, Any] = {"type": "function", **dict(TOOL["function"])}  # type: ignore[arg-type]
 
@@ -91,3 +100,18 @@ def test_no_response_is_stored(openai_stack: Stack) -> None:  # noqa: F811
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(url, timeout=30)
     assert info.value.code == 404
+
+
+def test_a_dropped_response_stream_aborts_its_request(client: openai.OpenAI,  # noqa: F811
+                                                      model_name: str,  # noqa: F811
+                                                      openai_stack: Stack) -> None:  # noqa: F811
+    stream = client.responses.create(model=model_name, input="Say hello", stream=True,
+                                     max_output_tokens=LONG_MAX_TOKENS - 64,
+                                     extra_body={"ignore_eos": True})
+    events = iter(stream)
+    for _ in range(6):
+        next(events)
+    assert engine_num_unfinished(openai_stack) == 1
+    stream.close()
+    # Thousands of tokens were still to come: only an abort ends the request this soon.
+    assert _wait_idle(openai_stack, seconds=20.0)
