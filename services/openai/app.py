@@ -235,7 +235,8 @@ def create_app(config: FrontConfig) -> FastAPI:
                         reasoning=reasoning_of(req, front.config.reasoning_parser))
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools,
-                                     req.chat_template_kwargs, req.continue_final_message)
+                                     convert.template_kwargs_of(req),
+                                     req.continue_final_message)
         try:
             return await _serve(front, req, shaper, convert.salted([prompt], req.cache_salt),
                                 params, lora, request)
@@ -257,7 +258,7 @@ def create_app(config: FrontConfig) -> FastAPI:
                             reasoning=reasoning_of(chat, front.config.reasoning_parser))
             params = convert.chat_params(chat, tool)
             prompt = convert.chat_prompt(chat.messages, True, chat.tools,
-                                         chat.chat_template_kwargs)
+                                         convert.template_kwargs_of(chat))
             reshape = ResponsesShape(response_base(req, model, shaper.id))
             return await _serve(front, chat, shaper, [prompt], params, lora, request, reshape)
         except (OpenAIError, ValueError) as exc:

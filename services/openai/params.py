@@ -37,6 +37,13 @@ def salted(prompts: list[PromptType], cache_salt: str | None) -> list[PromptType
             else {**p, "cache_salt": cache_salt} for p in prompts]
 
 
+def template_kwargs_of(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The request's chat_template_kwargs, with OpenAI's reasoning_effort as a variable."""
+    if req.reasoning_effort is None:
+        return req.chat_template_kwargs
+    return {"reasoning_effort": req.reasoning_effort, **(req.chat_template_kwargs or {})}
+
+
 def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None,
                 template_kwargs: dict[str, Any] | None = None,

@@ -72,6 +72,9 @@ class ChatCompletionRequest(_Sampling):
     # vLLM's: more variables for the chat template (Qwen 3's enable_thinking, ...).
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning parser's part out
+    # OpenAI's: given to the template as the variable `reasoning_effort` (gpt-oss, Cohere,
+    # DeepSeek V4 templates read it), unless chat_template_kwargs sets it.
+    reasoning_effort: str | None = None
     # vLLM's: the reply continues the last message (a prefilled assistant turn); needs
     # add_generation_prompt false.
     continue_final_message: bool = False

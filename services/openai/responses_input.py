@@ -36,7 +36,7 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
-    reasoning: dict[str, Any] | None = None  # effort: a thinking model is asked by its template
+    reasoning: dict[str, Any] | None = None  # effort: the template's reasoning_effort
     # vLLM's extra sampling fields, as on chat
     top_k: int | None = None
     seed: int | None = None
@@ -54,7 +54,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "temperature": req.temperature, "top_p": req.top_p, "stream": req.stream,
         "tools": _tools(req.tools), "tool_choice": _tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls, "response_format": _format(req.text),
-        "top_k": req.top_k, "seed": req.seed, "chat_template_kwargs": req.chat_template_kwargs}
+        "top_k": req.top_k, "seed": req.seed, "chat_template_kwargs": req.chat_template_kwargs,
+        "reasoning_effort": (req.reasoning or {}).get("effort")}
     if req.stream:
         fields["stream_options"] = StreamOptions(include_usage=True)  # for the last event
     return ChatCompletionRequest(**{**sampling_extras(req), **fields})

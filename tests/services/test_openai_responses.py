@@ -159,3 +159,15 @@ def test_vllms_sampling_fields_come_along_and_others_do_not() -> None:
         ["."], {"5": 1.0}, "[a-z]+", 0.1)
     assert chat.n == 1 and chat.response_format is None  # text.format is Responses' own
     assert sorted(sampling_extras(req)) == ["guided_regex", "logit_bias", "min_p", "stop"]
+
+
+def test_reasoning_effort_is_a_template_variable() -> None:
+    from services.openai.params import template_kwargs_of
+    from services.openai.protocol import ChatCompletionRequest
+
+    chat = chat_request(ResponsesRequest(input="x", reasoning={"effort": "low"}))
+    assert template_kwargs_of(chat) == {"reasoning_effort": "low"}
+    own = ChatCompletionRequest(messages=[], reasoning_effort="high",
+                                chat_template_kwargs={"reasoning_effort": "low", "a": 1})
+    assert template_kwargs_of(own) == {"reasoning_effort": "low", "a": 1}  # the kwargs win
+    assert template_kwargs_of(ChatCompletionRequest(messages=[])) is None
