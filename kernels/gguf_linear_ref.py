@@ -1,6 +1,6 @@
 """Pure-torch reference of the GGUF block formats the CPU kernel reads packed
 (kernels/csrc/gguf_linear.cpp, gguf_tiled.cpp): llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K
-and IQ4_NL, and four of Strand's own that llama.cpp's other types are rewritten into at load,
+and IQ4_NL, and five of Strand's own that llama.cpp's other types are rewritten into at load,
 exactly (kernels/gguf_transcode.py).
 
 A packed weight is [N, K / 32 * block bytes] uint8: each row its K weights as K / 32 blocks of 32,
@@ -18,6 +18,8 @@ Q5_F (28 bytes): float32 d, float32 m, bit 4's word, nibbles; w = d * q + m (fro
 Q6_F (28 bytes, 7 bits a weight): float16 d, int8 sc_lo, int8 sc_hi, bit 4's word, bit 5's
 word, nibbles; w_j = (d * sc) * (q_j - 32), sc_lo for weights 0..15 and sc_hi for 16..31 (from
 Q6_K: its super-block's d and its per-16 scales; d * sc is exact in float32).
+Q3_F (20 bytes, 5 bits a weight): Q6_F's head (float16 d, int8 sc_lo, int8 sc_hi), then nibbles
+of q + 4 (q in -4..3); w_j = (d * sc) * (q_j - 4) (from Q3_K, whose form this is exactly).
 Q8_F (44 bytes): float32 d_lo, float32 d_hi, float32 m, 32 int8 q; w_j = d * q_j + m (any of the
 above exactly: what a layer whose parts differ in type is packed in).
 IQ4_NL (llama.cpp's, 18 bytes): float16 d, 16 bytes of nibbles as Q4_0's; w = d * IQ4_LEVELS[q],
@@ -51,14 +53,16 @@ BLOCK = 32
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K = 2, 3, 6, 7, 8, 12
 IQ4_NL = 20
 # Strand's own (no GGML number; outside GGML's range so that none is ever taken for one).
-IQ4_F, Q5_F, Q6_F, Q8_F = 1004, 1005, 1006, 1008
+Q3_F, IQ4_F, Q5_F, Q6_F, Q8_F = 1003, 1004, 1005, 1006, 1008
 NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K",
-         IQ4_NL: "IQ4_NL", IQ4_F: "IQ4_F", Q5_F: "Q5_F", Q6_F: "Q6_F", Q8_F: "Q8_F"}
+         IQ4_NL: "IQ4_NL", Q3_F: "Q3_F", IQ4_F: "IQ4_F", Q5_F: "Q5_F", Q6_F: "Q6_F",
+         Q8_F: "Q8_F"}
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_K: 18, IQ4_NL: 18,
-               IQ4_F: 20, Q5_F: 28, Q6_F: 28, Q8_F: 44}  # Q4_K's 144 bytes per 256, per 32
+               Q3_F: 20, IQ4_F: 20, Q5_F: 28, Q6_F: 28,
+               Q8_F: 44}  # Q4_K's 144 bytes per 256, per 32
 SUPER = {Q4_K: 256}  # weights a block's head covers where not 32: a row's length divides by it
 # The types read over 16-row tiles only (no row kernel, no Triton kernel).
-TILES_ONLY = frozenset({Q5_0, Q5_1, Q4_K, IQ4_NL, IQ4_F, Q5_F, Q6_F, Q8_F})
+TILES_ONLY = frozenset({Q5_0, Q5_1, Q4_K, IQ4_NL, Q3_F, IQ4_F, Q5_F, Q6_F, Q8_F})
 # The 16 int8 levels an IQ4 code indexes (llama.cpp's kvalues_iq4nl).
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -80,7 +84,7 @@ TILE_ROWS = 16
 # scales as one field; Q8_F d_lo, d_hi, m); then its bit planes, 4 bytes each (bit 4; Q6_F bit
 # 4 and bit 5).
 _HEAD = {Q4_0: (1, 2), Q4_1: (2, 2), Q5_0: (1, 2), Q5_1: (2, 2), Q8_0: (1, 2), Q5_F: (2, 4),
-         Q6_F: (2, 2), Q8_F: (3, 4), IQ4_NL: (1, 2), IQ4_F: (1, 4)}
+         Q6_F: (2, 2), Q3_F: (2, 2), Q8_F: (3, 4), IQ4_NL: (1, 2), IQ4_F: (1, 4)}
 PLANES = {Q5_0: 1, Q5_1: 1, Q5_F: 1, Q6_F: 2}
 
 
@@ -246,10 +250,10 @@ def dequantize_ref(packed: torch.Tensor, qtype: int) -> torch.Tensor:
         q = q + (_plane(blocks[..., at + 4 * p:at + 4 * p + 4]) << (4 + p)).float()
     field = _half if width == 2 else _float
     d = field(blocks[..., :width])
-    if qtype == Q6_F:  # d * sc_lo, d * sc_hi
+    if qtype in (Q6_F, Q3_F):  # d * sc_lo, d * sc_hi
         sc = blocks[..., 2:4].contiguous().view(torch.int8).float()
         d = (d * sc).reshape(n, -1, 2, 1)
-        return (d * (q.reshape(n, -1, 2, 16) - 32)).reshape(n, -1)
+        return (d * (q.reshape(n, -1, 2, 16) - (32 if qtype == Q6_F else 4))).reshape(n, -1)
     if qtype in (IQ4_NL, IQ4_F):
         w = d * torch.tensor(IQ4_LEVELS, dtype=torch.float32)[q.long()]
     elif qtype in (Q4_0, Q5_0):

@@ -11,10 +11,10 @@ become per-32 blocks, each with its own float32 scale):
                                per 32;
   Q6_K (6.56)               -> Q6_F (7): nibbles, two words of fifth and sixth bits, the
                                super-block's float16 d and the two int8 scales of its 16s;
-  Q3_K (3.44)               -> Q6_F (7) too: the same form (float16 d times a 6-bit signed
-                               scale per 16 weights, times q in -4..3, which Q6_F's q - 32
-                               holds), so a Q3_K_M or Q3_K_L file's layers stay packed at
-                               twice their bytes rather than float32's 9x;
+  Q3_K (3.44)               -> Q3_F (5): Q6_F's head (the super-block's float16 d and a
+                               6-bit signed scale per 16 weights), its q in -4..3 as nibbles of
+                               q + 4; a Q3_K_M or Q3_K_L file's layers read at 1.45x their
+                               bytes (Q6_F's 7 bits, before: 2x);
   IQ4_XS (4.25)             -> IQ4_F (5): its 4-bit codes (indices into 16 int8 levels) kept,
                                its float16 d times a 6-bit signed scale per 32 as a float32 d;
   Q4_K, Q5_0, Q5_1, Q8_0, Q4_0, Q4_1, IQ4_NL: read as they are (IQ4_NL's codes looked up in
@@ -22,7 +22,7 @@ become per-32 blocks, each with its own float32 scale):
 A layer whose parts differ in type (Q4_K_M's attn_v is Q6_K where attn_q and attn_k are Q4_K)
 is packed in the one type that holds all of them exactly: Q8_F (int8 quants, float32 d per 16
 and m per 32: 11 bits a weight), or Q8_0 where every part is Q8_0 or Q5_0 (q - 16 in int8, the
-same float16 d).
+same float16 d), or Q6_F where every part is Q6_K or Q3_K.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from kernels.gguf_linear_ref import (
     IQ4_LEVELS,
     IQ4_NL,
     NAMES,
+    Q3_F,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -59,7 +60,7 @@ SOURCE_BLOCK = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q5_0: (32, 22),
                 Q5_1: (32, 24), Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176),
                 Q6_K: (256, 210), IQ4_NL: (32, 18), IQ4_XS: (256, 136)}
 # Each type's own packed form; any mix of types goes to Q8_F (or Q8_0, see common_type).
-NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q3_K: Q6_F, Q4_K: Q4_K,
+NATIVE = {Q4_0: Q4_0, Q4_1: Q4_1, Q8_0: Q8_0, Q5_0: Q5_0, Q5_1: Q5_1, Q3_K: Q3_F, Q4_K: Q4_K,
           Q5_K: Q5_F, Q6_K: Q6_F, IQ4_NL: IQ4_NL, IQ4_XS: IQ4_F}
 _LEVELS = np.array(IQ4_LEVELS, np.int8)
 
@@ -79,7 +80,8 @@ class Fields(NamedTuple):
 
 def common_type(types: list[int]) -> int:
     """The packed type every part of a layer goes to: its own where all parts share one, Q8_0
-    where each is Q8_0, Q5_0 or IQ4_NL, else Q8_F (which holds each type exactly)."""
+    where each is Q8_0, Q5_0 or IQ4_NL, Q6_F where each is Q6_K or Q3_K, else Q8_F (which
+    holds each type exactly)."""
     unknown = [t for t in types if t not in NATIVE]
     if unknown:
         raise ValueError(f"GGML type {unknown[0]} is not read packed (types read: "
@@ -87,21 +89,24 @@ def common_type(types: list[int]) -> int:
     targets = {NATIVE[t] for t in types}
     if len(targets) == 1:
         return targets.pop()
+    if targets == {Q3_F, Q6_F}:
+        return Q6_F  # which holds Q3_K's q - 4 as q - 32 exactly, at 7 bits to Q8_F's 11
     return Q8_0 if targets <= {Q8_0, Q5_0, IQ4_NL} else Q8_F
 
 
 def transcode(rows: np.ndarray, ggml_type: int, target: int) -> np.ndarray:
     """A GGUF tensor's rows ([N, row bytes] uint8, GGML type `ggml_type`) as rows of `target`
     blocks ([N, K / 32 * block bytes] uint8), the same weights exactly."""
-    to_q8_0 = target == Q8_0 and ggml_type in (Q5_0, IQ4_NL)
-    if ggml_type not in NATIVE or (target not in (NATIVE[ggml_type], Q8_F) and not to_q8_0):
+    wider = (target == Q8_0 and ggml_type in (Q5_0, IQ4_NL)) or (target == Q6_F
+                                                                 and ggml_type == Q3_K)
+    if ggml_type not in NATIVE or (target not in (NATIVE[ggml_type], Q8_F) and not wider):
         raise ValueError(f"{SOURCE_NAMES.get(ggml_type, ggml_type)} rows cannot be written as "
                          f"{NAMES.get(target, target)}")
     if target == ggml_type:
         return rows
     n = rows.shape[0]
     f = _fields(rows, ggml_type)
-    pack = {Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f,
+    pack = {Q3_F: _pack_q3f, Q5_F: _pack_q5f, Q6_F: _pack_q6f, Q8_0: _pack_q8_0, Q8_F: _pack_q8f,
             IQ4_F: _pack_iq4f}
     return pack[target](f).reshape(n, -1)
 
@@ -261,6 +266,12 @@ def _pack_q6f(f: Fields) -> np.ndarray:
     q = (f.q.astype(np.int16) + 32).astype(np.uint8)  # q - 32 (Q3_K's -4..3) to 0..63
     return np.concatenate([f.d16, f.sc.view(np.uint8), _bit_word(q, 4), _bit_word(q, 5),
                            _nibble_bytes(q)], axis=1)
+
+
+def _pack_q3f(f: Fields) -> np.ndarray:
+    assert f.d16 is not None and f.sc is not None  # from Q3_K, the type sent here
+    q = (f.q + 4).astype(np.uint8)  # -4..3 to 0..7
+    return np.concatenate([f.d16, f.sc.view(np.uint8), _nibble_bytes(q)], axis=1)
 
 
 def _pack_iq4f(f: Fields) -> np.ndarray:

@@ -40,7 +40,7 @@ using namespace strand;
 constexpr int64_t kBlock = 32;
 constexpr int kChunks = kBlock / kLanes;  // register-wide vectors per block: 2 (AVX-512) or 4
 // GGML's type numbers (gguf.GGMLQuantizationType), as Python passes them.
-// Q5_0, Q5_1, Q4_K and Strand's Q5_F, Q6_F, Q8_F (gguf_types.h) are read over 16-row tiles
+// Q5_0, Q5_1, Q4_K and Strand's Q3_F, Q5_F, Q6_F, Q8_F (gguf_types.h) are read over 16-row tiles
 // only (gguf_tiled.cpp); here they are unpacked to float32 for the GEMM library.
 
 // kLanes bytes to floats. GCC lowers a vector-extension conversion from 8-bit lanes into one
@@ -348,9 +348,10 @@ void dequantize_planes(const uint8_t* w, float* out, int64_t N, int64_t K) {
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = w + (n * nb + b) * kBytes;
         const float d = kF32 ? float_at(blk) : half_at(blk);
-        const float m = Q == kQ5_0 || Q == kQ6_F ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
-        const PlaneBlock<Q> block(d, m, blk + 2);  // Q6_F: its scales follow its float16 d
-        uint32_t words[kPlanes];
+        const float m =
+            Q == kQ5_0 || Q == kQ6_F || Q == kQ3_F ? 0.f : kF32 ? float_at(blk + 4) : half_at(blk + 2);
+        const PlaneBlock<Q> block(d, m, blk + 2);  // Q6_F, Q3_F: scales follow the float16 d
+        uint32_t words[kPlanes > 0 ? kPlanes : 1];
         std::memcpy(words, blk + kHead, sizeof(words));
         const uint8_t* nib = blk + kHead + 4 * kPlanes;
         float* o = out + n * K + b * kBlock;
@@ -427,6 +428,7 @@ void gguf_dequantize(at::Tensor out, at::Tensor packed, int64_t qtype) {
     case kQ5_1: dequantize_planes<kQ5_1>(w, o, N, K); break;
     case kQ5_F: dequantize_planes<kQ5_F>(w, o, N, K); break;
     case kQ6_F: dequantize_planes<kQ6_F>(w, o, N, K); break;
+    case kQ3_F: dequantize_planes<kQ3_F>(w, o, N, K); break;
     default: dequantize_rows<kQ4_1>(w, o, N, K);
   }
 }

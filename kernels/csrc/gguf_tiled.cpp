@@ -151,7 +151,8 @@ void dequantize_plane_tiles(const uint8_t* w, float* out, int64_t N, int64_t K) 
         const uint8_t* fields = p + kFields;
         for (int64_t r = 0; r < kTileRows; ++r) {
           float m = 0.f;
-          if constexpr (Q != kQ5_0 && Q != kQ6_F) m = field_at<kF.field>(fields, 1, r);
+          if constexpr (Q != kQ5_0 && Q != kQ6_F && Q != kQ3_F)
+            m = field_at<kF.field>(fields, 1, r);
           // Q6_F's second field is the row's two int8 scales.
           const PlaneBlock<Q> block(field_at<kF.field>(fields, 0, r), m,
                                     fields + 2 * kTileRows + 2 * r);
@@ -167,7 +168,7 @@ void dequantize_plane_tiles(const uint8_t* w, float* out, int64_t N, int64_t K) 
                 const uint8_t bits = p[kLanes + lane];
                 lo |= ((bits >> c) & 1) << 4;
                 hi |= ((bits >> (4 + c)) & 1) << 4;
-              } else {  // vector 0 holds groups 0..3 (the low nibbles), vector 1 groups 4..7
+              } else if constexpr (kF.planes == 2) {  // vector 0: groups 0..3, vector 1: 4..7
                 const uint8_t bits_lo = p[kLanes + lane], bits_hi = p[kLanes + 64 + lane];
                 lo |= ((bits_lo >> (2 * c)) & 3) << 4;
                 hi |= ((bits_hi >> (2 * c)) & 3) << 4;
@@ -280,15 +281,18 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
 
 // sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
 // rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
-// offset part, times d_x * sum q_x: Q4_0 -8 d_w, Q5_0 -16 d_w, Q6_F -32 d_w, the others m_w.
-// Q6_F and Q8_F scale the two halves of a block (quants 0..15 and 16..31, the `lo` and `hi`
+// offset part, times d_x * sum q_x: Q4_0 -8 d_w, Q5_0 -16 d_w, Q6_F -32 d_w, Q3_F -4 d_w, the
+// others m_w.
+// Q6_F, Q3_F and Q8_F scale the two halves of a block (quants 0..15 and 16..31, the `lo` and `hi`
 // sums) by their own d. The 5- and 6-bit quants are nibbles with their bit planes or-ed in.
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1, int64_t m0) {
   if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0);
   constexpr Format kF = gguf_format_of(Q);
-  constexpr bool kQ8 = kF.quants == 32, kHalves = Q == kQ6_F || Q == kQ8_F;
+  // Q6_F and Q3_F: float16 d times an int8 scale per half block.
+  constexpr bool kScaled = Q == kQ6_F || Q == kQ3_F;
+  constexpr bool kQ8 = kF.quants == 32, kHalves = kScaled || Q == kQ8_F;
   // IQ4's codes become signed levels by a table lookup in registers: signed products, as Q8_0's.
   constexpr bool kIQ4 = Q == kIQ4_NL || Q == kIQ4_F, kSigned = kQ8 || kIQ4;
   // Unsigned quants of up to 5 bits (<= 31) by int8 (|x| <= 127): a block's 4 chunks' int16
@@ -360,7 +364,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       const uint8_t* fields = p + kFields;
       if constexpr (kHalves) {
         tile::F32 d_lo, d_hi;
-        if constexpr (Q == kQ6_F) {  // float16 d times each half's int8 scale: exact in float32
+        if constexpr (kScaled) {  // float16 d times each half's int8 scale: exact in float32
           const tile::F32 d = field<Q>(fields, 0);
           d_lo = tile::mul(d, tile::from_i8_pair<0>(fields + 32));
           d_hi = tile::mul(d, tile::from_i8_pair<1>(fields + 32));
@@ -380,9 +384,10 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           acc[m] = tile::fma(tile::to_f32(h), tile::mul(d_hi, x.d[xb]), acc[m]);
           if constexpr (Q == kQ8_F) {
             acc[m] = tile::fma(field<Q>(fields, 2), x.s[xb], acc[m]);
-          } else {  // Q6_F: d (q - 32) per half
-            acc[m] = tile::fma(d_lo, -32.f * x.d[xb] * static_cast<float>(sum_lo), acc[m]);
-            acc[m] = tile::fma(d_hi, -32.f * x.d[xb] * static_cast<float>(sum_hi), acc[m]);
+          } else {  // Q6_F: d (q - 32) per half; Q3_F: d (q - 4)
+            constexpr float kOffset = Q == kQ6_F ? -32.f : -4.f;
+            acc[m] = tile::fma(d_lo, kOffset * x.d[xb] * static_cast<float>(sum_lo), acc[m]);
+            acc[m] = tile::fma(d_hi, kOffset * x.d[xb] * static_cast<float>(sum_hi), acc[m]);
           }
         }
         continue;

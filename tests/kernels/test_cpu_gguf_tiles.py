@@ -19,6 +19,7 @@ from kernels.gguf_linear_ref import (
     IQ4_F,
     NAMES,
     PLANES,
+    Q3_F,
     Q4_1,
     Q4_K,
     Q5_1,
@@ -48,7 +49,7 @@ def test_tile_ref_puts_each_rows_quant_words_side_by_side(qtype: int) -> None:
     packed = random_packed(32, 96, qtype, seed=qtype)
     tiles = tile_ref(packed, qtype)
     width = 4 if qtype in (Q5_F, Q8_F, IQ4_F) else 2  # bytes a head field (Q6_F: d, sc pair)
-    fields = {Q4_1: 2, Q5_1: 2, Q5_F: 2, Q6_F: 2, Q8_F: 3}.get(qtype, 1)
+    fields = {Q4_1: 2, Q5_1: 2, Q5_F: 2, Q6_F: 2, Q3_F: 2, Q8_F: 3}.get(qtype, 1)
     planes = PLANES.get(qtype, 0)
     size, head = BLOCK_BYTES[qtype], fields * width
     quant_at = head + 4 * planes

@@ -13,6 +13,7 @@ from kernels.gguf_linear_ref import (
     BLOCK_BYTES,
     IQ4_F,
     NAMES,
+    Q3_F,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -65,7 +66,8 @@ def _oracle(rows: np.ndarray, ggml_type: int) -> torch.Tensor:
 def test_each_type_is_rewritten_bit_for_bit(ggml_type: int) -> None:
     rows = random_rows(ggml_type, 24, 512, seed=ggml_type)
     want = _oracle(rows, ggml_type)
-    targets = {NATIVE[ggml_type], Q8_F} | ({Q8_0} if ggml_type in (Q5_0, IQ4_NL) else set())
+    wider = {Q5_0: {Q8_0}, IQ4_NL: {Q8_0}, Q3_K: {Q6_F}}.get(ggml_type, set())
+    targets = {NATIVE[ggml_type], Q8_F} | wider
     for target in sorted(targets):
         got = transcode(rows, ggml_type, target)
         assert got.shape == (24, 512 // 32 * BLOCK_BYTES[target])
@@ -89,7 +91,7 @@ def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
 @pytest.mark.parametrize(("types", "want"), [
     ([Q4_K, Q4_K], Q4_K), ([Q6_K], Q6_F), ([Q5_K, Q5_K, Q5_K], Q5_F), ([Q5_0], Q5_0),
     ([Q5_0, Q5_0, Q8_0], Q8_0), ([Q4_1], Q4_1), ([Q4_K, Q4_K, Q6_K], Q8_F), ([Q4_0, Q8_0], Q8_F),
-    ([Q5_1, Q4_1], Q8_F), ([Q5_1], Q5_1), ([Q3_K], Q6_F), ([Q3_K, Q3_K, Q6_K], Q6_F),
+    ([Q5_1, Q4_1], Q8_F), ([Q5_1], Q5_1), ([Q3_K], Q3_F), ([Q3_K, Q3_K, Q6_K], Q6_F),
     ([Q3_K, Q4_K], Q8_F), ([IQ4_NL], IQ4_NL), ([IQ4_NL, Q5_0, Q8_0], Q8_0), ([IQ4_XS], IQ4_F),
     ([IQ4_XS, IQ4_NL], Q8_F),
 ])
@@ -105,3 +107,5 @@ def test_types_not_read_packed_are_named() -> None:
         transcode(random_rows(Q6_K, 1, 256, 0), Q6_K, Q4_K)
     with pytest.raises(ValueError, match="Q4_K rows cannot be written as Q8_0"):
         transcode(random_rows(Q4_K, 1, 256, 0), Q4_K, Q8_0)
+    with pytest.raises(ValueError, match="Q6_K rows cannot be written as Q3_F"):  # 3 bits
+        transcode(random_rows(Q6_K, 1, 256, 0), Q6_K, Q3_F)

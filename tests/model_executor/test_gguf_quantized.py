@@ -70,7 +70,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         **{f"blk.{i}.attn_v.weight": "Q6_K" for i in range(2)},
         **{f"blk.{i}.attn_output.weight": "Q5_0" for i in range(2)},
         "blk.0.ffn_down.weight": "Q6_K", "output.weight": "Q6_K", "token_embd.weight": "Q8_0"})
-    # Q3_K_M-like: Q3_K (-> Q6_F), with attn_v, attn_output and one ffn_down Q4_K, output Q6_K.
+    # Q3_K_M-like: Q3_K (-> Q3_F), with attn_v, attn_output and one ffn_down Q4_K, output Q6_K.
     out["Q3_K_M"] = root / "wide-Q3_K_M.gguf"
     write_gguf(wide_dir, out["Q3_K_M"], "Q3_K", {
         **{f"blk.{i}.attn_v.weight": "Q4_K" for i in range(2)},
@@ -146,8 +146,9 @@ def _kind(layer: Any) -> str:
                 "Q6_F"]),
     ("Q5_K_M", [("Q5_1+Q5_F", "Q5_1", "Q5_F", "Q5_F"), ("Q5_1+Q5_F", "Q5_1", "Q5_F", "Q5_F"),
                 "Q5_F"]),
-    # Q3_K rewritten into Q6_F (the same form: d times a signed scale per 16, times q).
-    ("Q3_K_M", [("Q6_F+Q4_K", "Q4_K", "Q6_F", "Q4_K"), ("Q6_F+Q4_K", "Q4_K", "Q6_F", "Q6_F"),
+    # Q3_K rewritten into Q3_F (its form: d times a signed scale per 16, times q in -4..3 as
+    # nibbles of q + 4).
+    ("Q3_K_M", [("Q3_F+Q4_K", "Q4_K", "Q3_F", "Q4_K"), ("Q3_F+Q4_K", "Q4_K", "Q3_F", "Q3_F"),
                 "Q6_F"]),
     # The IQ4 codes kept (looked up in the kernel): IQ4_NL as it is, IQ4_XS as IQ4_F (a float32
     # d per 32).

@@ -5,14 +5,14 @@ meta model (its float weight never made nor read) and replaced by a GGUFLinear o
 own blocks; the other tensors are loaded dequantized as always (weights.py). What a Q4_K_M or Q5_K_M
 file holds besides: Q4_K, Q5_0, Q5_1 and IQ4_NL are read as they are; Q5_K, Q6_K, Q3_K (a
 Q3_K_M file's) and IQ4_XS are rewritten exactly into block types the kernels read
-(kernels/gguf_transcode.py: Q5_F, Q6_F, Q6_F, IQ4_F). All but Q8_0,
+(kernels/gguf_transcode.py: Q5_F, Q6_F, Q3_F, IQ4_F). All but Q8_0,
 Q4_0 and Q4_1 are read over the CPU's 16-row tiles only, so on CUDA, without the C++ kernels or
 for a row count that is not a multiple of 16 such a layer stays float. Fused layers take their
 parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
 llama.cpp's q/k row permutation is undone on the packed rows as on float ones. Parts of
 different types (a Q4_K_M file's Q4_K q and k and Q6_K v) each keep their own type where the
 tiles read them (GGUFLinear's `more`); elsewhere all are rewritten into the one type that holds
-them exactly (Q8_F, 11 bits a weight, or Q8_0). A tied lm_head
+them exactly (Q8_F, 11 bits a weight, Q8_0, or Q6_F for Q3_K with Q6_K). A tied lm_head
 reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
 types (F32, F16, BF16, Q2_K, the other IQ types) stay dequantized.
 """
