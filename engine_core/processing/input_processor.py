@@ -21,6 +21,7 @@ from engine_core.processing.request_limits import (
     RequestLimits,
     check_params,
     check_prompt_size,
+    check_text_size,
 )
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -231,6 +232,10 @@ class InputProcessor:
                 {**self.default_template_kwargs,
                  **check_template_kwargs(prompt.get("chat_template_kwargs"))},
                 bool(prompt.get("continue_final_message", False)))
+            # What the template wrote (tools, calls' arguments, ...) is bounded too, before
+            # the tokenizer spends the stage's time on it.
+            check_text_size([text], self.limits.prompt_bytes_bound(self.max_model_len),
+                            self.max_model_len, "prompt (the chat as its template writes it)")
             # The template writes its own bos; encoding must not add a second one.
             return text, tokenizer.encode(text, add_special_tokens=bool(add_special_tokens)), salt
         if "prompt" in prompt:

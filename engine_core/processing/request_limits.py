@@ -58,16 +58,21 @@ def check_prompt_size(prompt: Any, limits: RequestLimits, max_model_len: int) ->
         if isinstance(prompt.get("prompt"), str):
             texts.append(prompt["prompt"])
         messages = prompt.get("messages")
-        if isinstance(messages, list):
-            texts += [m["content"] for m in messages
-                      if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        if isinstance(messages, list):  # what a template writes of them: text and reasoning
+            texts += [m[key] for m in messages if isinstance(m, dict)
+                      for key in ("content", "reasoning", "reasoning_content")
+                      if isinstance(m.get(key), str)]
         ids = prompt.get("prompt_token_ids")
         if isinstance(ids, list) and len(ids) > max_model_len:
             raise ValueError(f"prompt is {len(ids)} tokens, longer than max_model_len "
                              f"({max_model_len})")
+    check_text_size(texts, bound, max_model_len, "prompt")
+
+
+def check_text_size(texts: list[str], bound: int, max_model_len: int, what: str) -> None:
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     if size > bound:
-        raise ValueError(f"prompt must be at most {bound} bytes of text (it could not fit "
+        raise ValueError(f"{what} must be at most {bound} bytes of text (it could not fit "
                          f"max_model_len {max_model_len}), got {size} bytes")
 
 

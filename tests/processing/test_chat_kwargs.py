@@ -131,3 +131,29 @@ def test_llm_engine_renders_with_the_flags_template_and_defaults(tiny_model_dir:
         default_chat_template_kwargs={"enable_thinking": False}))
     text = engine.input_processor.process("r", {"messages": USER}).prompt
     assert text is not None and text.endswith("<|assistant|>\n<think>\n\n</think>\n\n")
+
+
+def test_what_a_template_writes_beyond_the_messages_text_is_bounded_before_tokenizing(
+        tokenizer: Tokenizer) -> None:
+    # A client's tools, calls' arguments or reasoning reach the template and the tokenizer too:
+    # an oversized one is refused by size, not tokenized at the stage's (every client's) cost.
+    from engine_core.processing.request_limits import RequestLimits
+    from tests.processing.test_chat_template import TOOL_TEMPLATE
+
+    tools_model = copy.copy(tokenizer)
+    tools_model.chat_template = TOOL_TEMPLATE
+    processor = InputProcessor(tools_model, max_model_len=512, vocab_size=tokenizer.vocab_size,
+                               limits=RequestLimits(max_prompt_bytes=4096))
+    big_tool = [{"type": "function", "function": {"name": "f", "description": "x" * 5000}}]
+    with pytest.raises(ValueError, match=r"prompt \(the chat as its template writes it\) must "
+                                         r"be at most 4096 bytes"):
+        processor.process("r", {"messages": USER, "tools": big_tool})
+    processor.process("r", {"messages": USER, "tools": [{"type": "function",
+                                                         "function": {"name": "f"}}]})
+    thinking = copy.copy(tokenizer)
+    thinking.chat_template = THINKING_TEMPLATE
+    small = InputProcessor(thinking, max_model_len=512, vocab_size=tokenizer.vocab_size,
+                           limits=RequestLimits(max_prompt_bytes=4096))
+    turns = [*USER, {"role": "assistant", "content": "ok", "reasoning": "r" * 5000}]
+    with pytest.raises(ValueError, match="prompt must be at most 4096 bytes"):  # before render
+        small.process("r", {"messages": turns})
