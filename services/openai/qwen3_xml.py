@@ -16,16 +16,20 @@ The text carries no types, so each value is read as its parameter's type in the 
 says, as vLLM reads it: integers and numbers as numbers, booleans, null for "null" or "None"
 where the type is not a string (or allows null), objects and arrays as JSON (or a Python
 literal). A string, a parameter the schema does not list, or a value that does not read as its
-type stays the text it is; nothing is turned into something else silently."""
+type stays the text it is; nothing is turned into something else silently.
+
+A stream sends a call as it is written (OpenCall), as vLLM's parser does: its id and name first,
+then each parameter as it closes."""
 
 from __future__ import annotations
 
 import ast
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from services.openai.tool_call import arguments_json, openai_call
+from services.openai.tool_call import arguments_json, call_id, openai_call
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
 # The template writes a newline after the opening tag and before the closing one: not the value.
@@ -46,6 +50,49 @@ def parse_xml_call(raw: str, tools: list[dict[str, Any]]) -> dict[str, Any] | No
         key = parameter.group(1).strip()
         arguments[key] = typed_value(parameter.group(2), properties.get(key))
     return openai_call(name, arguments_json(arguments))
+
+
+_FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]+)>")
+
+
+@dataclass(slots=True)
+class OpenCall:
+    """A call streamed as the model writes it: its id and name once <function=NAME> is in,
+    then its arguments' JSON a parameter at a time, each as it closes (its type needs its whole
+    value), and the closing brace at </function>. The pieces join into what the whole reply's
+    call has: arguments_json of the same values, key for key."""
+
+    id: str
+    name: str
+    params: int = 0  # parameters sent
+    closed: bool = False  # the closing brace sent
+
+    @classmethod
+    def begun(cls, body: str) -> OpenCall | None:
+        """The call a block's text so far (after <tool_call>) begins; None until its
+        <function=NAME> is whole (or where the block is no call)."""
+        match = _FUNCTION_OPEN.match(body)
+        return None if match is None else cls(call_id(), match.group(1).strip())
+
+    def more(self, body: str, tools: list[dict[str, Any]], end: bool) -> str:
+        """The arguments' JSON that the block's text so far adds; end: the block is over, so
+        the JSON closes whatever the text did (a call cut short keeps valid arguments)."""
+        match = _FUNCTION_OPEN.match(body)
+        rest = body[match.end():] if match is not None else ""
+        properties = _properties(tools, self.name)
+        params = list(_PARAMETER.finditer(rest))
+        pieces = []
+        for parameter in params[self.params:]:
+            key = parameter.group(1).strip()
+            value = typed_value(parameter.group(2), properties.get(key))
+            pieces.append(("{" if self.params == 0 else ", ")
+                          + f"{arguments_json(key)}: {arguments_json(value)}")
+            self.params += 1
+        after = rest[params[-1].end():] if params else rest
+        if not self.closed and (end or "</function>" in after):
+            pieces.append("}" if self.params else "{}")
+            self.closed = True
+        return "".join(pieces)
 
 
 def _properties(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:

@@ -18,7 +18,8 @@ begins as a call whole at its end (its calls, or its text where they do not pars
 
 `qwen3_coder` is Qwen3-Coder's and Qwen 3.5's (qwen3_xml.py): the same <tool_call> blocks, each
 holding <function=NAME> and one <parameter=NAME> per argument, the values read as the tool's
-schema types them; whole and streamed as hermes.
+schema types them; a stream sends each call as it is written: its id and name, then its
+arguments a parameter at a time (as vLLM's parser streams them).
 
 `mistral` is Mistral's (mistral.py): the calls after the [TOOL_CALLS] control token, a JSON array
 of them or each as name[ARGS]{...}; the text before it is the content. A stream sends that text
@@ -34,7 +35,7 @@ from typing import Any
 
 from services.openai.llama3_json import begins_as_call, parse_llama3_json
 from services.openai.mistral import TOOL_CALLS, parse_mistral
-from services.openai.qwen3_xml import parse_xml_call
+from services.openai.qwen3_xml import OpenCall, parse_xml_call
 from services.openai.tool_call import arguments_json, call_id, held_back, openai_call
 
 __all__ = ["PARSERS", "AutoTools", "arguments_json", "call_id", "openai_call", "parse_hermes"]
@@ -79,6 +80,9 @@ class AutoTools:
     shown: dict[int, int] = field(default_factory=dict)  # choice -> text chars sent as content
     sent: dict[int, int] = field(default_factory=dict)  # choice -> calls already streamed
     seen: dict[int, int] = field(default_factory=dict)  # choice -> <tool_call> blocks read
+    # qwen3_coder: choice -> the call its open block is writing, and that call's number
+    open_calls: dict[int, OpenCall] = field(default_factory=dict)
+    open_numbers: dict[int, int] = field(default_factory=dict)
 
     def message(self, index: int, text: str) -> dict[str, Any]:
         if self.parser == "llama3_json":
@@ -104,6 +108,8 @@ class AutoTools:
             return self._json_delta(index, whole, delta, last)
         if self.parser == "mistral":
             return self._mistral_delta(index, whole, delta, last)
+        if self.parser == "qwen3_coder":
+            return self._xml_delta(index, whole, delta, last)
         start = whole.find(_START)
         shown_to = start if start >= 0 else len(whole) - held_back(whole, _START)
         content = ""
@@ -135,6 +141,61 @@ class AutoTools:
         if content:
             delta["content"] = content
         return delta
+
+    def _xml_delta(self, index: int, whole: str, delta: dict[str, Any],
+                   last: bool) -> dict[str, Any]:
+        """qwen3_coder: the text before any call as hermes sends it; each call as it is
+        written (qwen3_xml.OpenCall): its id and name, then its arguments a parameter at a
+        time; a block that is no call, or one never begun, as its text."""
+        start = whole.find(_START)
+        shown = self.shown.get(index, 0)
+        shown_to = start if start >= 0 else len(whole) - held_back(whole, _START)
+        content = whole[shown:shown_to] if shown_to > shown else ""
+        self.shown[index] = max(shown, shown_to)
+        calls: list[dict[str, Any]] = []
+        if start >= 0:
+            closed = list(_CALL.finditer(whole, start))
+            for block in closed[self.seen.get(index, 0):]:
+                content += self._xml_block(index, block.group(1), block.group(0), True, calls)
+            self.seen[index] = len(closed)
+            tail_at = closed[-1].end() if closed else start
+            open_at = whole.find(_START, tail_at)
+            if open_at >= 0:  # a block being written (to its end when the reply ends)
+                content += self._xml_block(index, whole[open_at + len(_START):],
+                                           whole[open_at:], last, calls)
+            elif last and whole[tail_at:].strip():
+                content += whole[tail_at:]
+        elif last:
+            content += whole[self.shown[index]:]
+        if calls:
+            delta["tool_calls"] = calls
+        if content:
+            delta["content"] = content
+        return delta
+
+    def _xml_block(self, index: int, body: str, raw: str, end: bool,
+                   calls: list[dict[str, Any]]) -> str:
+        """One block's news (appended to calls); its text where it ends as no call."""
+        call = self.open_calls.get(index)
+        if call is None:
+            call = OpenCall.begun(body)
+            if call is None:
+                return raw if end else ""
+            number = self.sent.get(index, 0)
+            self.sent[index] = number + 1
+            self.open_numbers[index] = number
+            calls.append({"index": number, "id": call.id, "type": "function", "function": {
+                "name": call.name, "arguments": call.more(body, self.tools, end)}})
+        else:
+            more = call.more(body, self.tools, end)
+            if more:
+                calls.append({"index": self.open_numbers[index],
+                              "function": {"arguments": more}})
+        if end:
+            self.open_calls.pop(index, None)
+        else:
+            self.open_calls[index] = call
+        return ""
 
     def _json_delta(self, index: int, whole: str, delta: dict[str, Any],
                     last: bool) -> dict[str, Any]:

@@ -76,16 +76,50 @@ def test_a_whole_reply_is_its_text_and_its_calls() -> None:
     assert plain.message(0, broken) == {"role": "assistant", "content": broken}
 
 
-@pytest.mark.parametrize("size", [1, 3, 17, 500])
-def test_a_stream_sends_the_text_then_each_call_whole(size: int) -> None:
-    text = "Checking.\n" + CALL + "\n" + CALL
+def _streamed(text: str, size: int) -> list[dict[str, Any]]:
     tools = AutoTools("qwen3_coder", TOOLS)
     pieces = [text[i:i + size] for i in range(0, len(text), size)]
-    deltas = [tools.delta(0, p, first=i == 0, last=i == len(pieces) - 1)
-              for i, p in enumerate(pieces)]
+    return [tools.delta(0, p, first=i == 0, last=i == len(pieces) - 1)
+            for i, p in enumerate(pieces)]
+
+
+def _joined(deltas: list[dict[str, Any]]) -> dict[int, dict[str, str]]:
+    """Each call's id, name and arguments, its pieces joined as a client joins them."""
+    calls: dict[int, dict[str, str]] = {}
+    for delta in deltas:
+        for piece in delta.get("tool_calls", []):
+            call = calls.setdefault(piece["index"], {"arguments": ""})
+            if "id" in piece:
+                assert "id" not in call  # one header a call
+                call["id"], call["name"] = piece["id"], piece["function"]["name"]
+            call["arguments"] += piece["function"]["arguments"]
+    return calls
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 500])
+def test_a_stream_sends_the_text_then_each_call_as_it_is_written(size: int) -> None:
+    text = "Checking.\n" + CALL + "\n" + CALL
+    deltas = _streamed(text, size)
     assert "".join(d.get("content", "") for d in deltas).strip() == "Checking."
-    calls = [c for d in deltas for c in d.get("tool_calls", [])]
-    assert [(c["index"], _arguments(c)) for c in calls] == [(0, ARGS), (1, ARGS)]
+    calls = _joined(deltas)
+    whole = AutoTools("qwen3_coder", TOOLS).message(0, text)["tool_calls"]
+    # The same arguments text as the whole reply's, key for key.
+    assert [c["arguments"] for c in calls.values()] == [c["function"]["arguments"]
+                                                        for c in whole]
+    assert [c["name"] for c in calls.values()] == ["get_weather", "get_weather"]
+    if size < 20:  # the header goes out before the call is written
+        first = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
+        assert first < (len("Checking.\n") + CALL.index("<parameter=")) // size + 1
+
+
+def test_a_call_cut_short_keeps_valid_arguments_and_a_block_that_is_no_call_is_text() -> None:
+    cut = CALL[:CALL.index("<parameter=days>") + 12]  # the second parameter never closes
+    calls = _joined(_streamed("Hm.\n" + cut, 4))
+    assert json.loads(calls[0]["arguments"]) == {"city": "San Francisco"}
+    odd = "<tool_call>\nnot a function\n</tool_call> after"
+    deltas = _streamed(odd, 5)
+    assert not _joined(deltas)
+    assert "".join(d.get("content", "") for d in deltas) == odd
 
 
 def test_qwen3_reasoning_ends_where_a_call_begins_without_its_closing_tag() -> None:
