@@ -40,7 +40,8 @@ class LLMEngine:
                                               max_logprobs=args.max_logprobs,
                                               logits_processor_classes=args.logits_processor_classes(),
                                               reasoning_parser=args.reasoning_parser,
-                                              default_template_kwargs=args.default_chat_template_kwargs)
+                                              default_template_kwargs=args.default_chat_template_kwargs,
+                                              priority_scheduling=args.scheduling_policy == "priority")
         # Request metrics go to the core's registry: get_metrics() reads both from one place.
         request_stats = RequestStatsRecorder(engine_core.metrics_registry,
                                              engine_core.model_name, engine_core.max_model_len)

@@ -47,13 +47,14 @@ class AsyncEngineClient(GatewayConnection):
                          timeout, client_id)
 
     async def generate(self, prompt: PromptType, params: SamplingParams | None = None,
-                       request_id: str | None = None, lora_request: LoRARequest | None = None
-                       ) -> AsyncGenerator[RequestOutput, None]:
+                       request_id: str | None = None, lora_request: LoRARequest | None = None,
+                       priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """The request's RequestOutputs until it finishes. Leaving the iteration early (break,
         cancellation) cancels the call, which aborts the request. In manual mode this steps."""
         if self._auto_step is None:
             await self.get_server_info()
-        call = self._stub.Generate(generate_request(prompt, params, request_id, lora_request),
+        call = self._stub.Generate(generate_request(prompt, params, request_id, lora_request,
+                                                    priority),
                                    metadata=self._metadata())
         outputs = self._streamed(call) if self._auto_step else self._stepped(call)
         try:

@@ -216,13 +216,13 @@ class EngineClient(GatewayConnection):
         return server_info_dict(info)
 
     def generate(self, prompt: PromptType, params: SamplingParams | None = None,
-                 request_id: str | None = None, lora_request: LoRARequest | None = None
-                 ) -> Generator[RequestOutput, None, None]:
+                 request_id: str | None = None, lora_request: LoRARequest | None = None,
+                 priority: int = 0) -> Generator[RequestOutput, None, None]:
         """Yield the request's RequestOutputs until it finishes. Closing the iterator early
         cancels the call, which aborts the request. In manual mode this steps the engine."""
         if self._auto_step is None:
             self.get_server_info()
-        msg = generate_request(prompt, params, request_id, lora_request)
+        msg = generate_request(prompt, params, request_id, lora_request, priority)
         call = self._stub.Generate(msg, metadata=self._metadata())
         try:
             if self._auto_step:
@@ -321,9 +321,10 @@ def add_request_message(request_id: str, prompt: PromptType, params: SamplingPar
 
 
 def generate_request(prompt: PromptType, params: SamplingParams | None, request_id: str | None,
-                     lora_request: LoRARequest | None) -> gpb.GenerateRequest:
+                     lora_request: LoRARequest | None, priority: int = 0
+                     ) -> gpb.GenerateRequest:
     msg = gpb.GenerateRequest(request_id=request_id or "", prompt=prompt_to_pb(prompt),
-                              params=params_to_pb(params or SamplingParams()))
+                              params=params_to_pb(params or SamplingParams()), priority=priority)
     if lora_request is not None:
         msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
     return msg

@@ -52,6 +52,7 @@ class InputProcessor:
         limits: RequestLimits | None = None,
         reasoning_parser: str | None = None,
         default_template_kwargs: dict[str, Any] | None = None,
+        priority_scheduling: bool = False,
     ) -> None:
         self.tokenizer = tokenizer  # None: skip_tokenizer_init (token-id prompts only)
         self.max_model_len = max_model_len
@@ -67,6 +68,8 @@ class InputProcessor:
         self.limits = limits or RequestLimits()
         # A thinking model's tags: its structured outputs bind only after the reasoning.
         self.think_tags = None if reasoning_parser is None else think_tags(reasoning_parser)
+        # vLLM refuses a priority the scheduler would ignore (fcfs): not dropped unseen.
+        self.priority_scheduling = priority_scheduling
         # --default-chat-template-kwargs: under every chat request's own chat_template_kwargs.
         self.default_template_kwargs = check_template_kwargs(default_template_kwargs)
 
@@ -85,6 +88,10 @@ class InputProcessor:
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         if not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
+        if priority != 0 and not self.priority_scheduling:
+            raise ValueError(f"priority {priority} needs scheduling_policy 'priority' (the "
+                             "engine schedules first come, first served): send 0, or start it "
+                             "with --scheduling-policy priority")
         if lora_request is not None and not isinstance(lora_request, LoRARequest):
             raise ValueError("lora_request must be a LoRARequest or None, got "
                              f"{type(lora_request).__name__}")

@@ -318,7 +318,8 @@ async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[Pro
 async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
                    params: SamplingParams, lora: LoRARequest | None, request: Request,
                    span: Span, reshape: ResponsesShape | None = None) -> Response:
-    jobs = [Job(f"{shaper.id}-{i}", p, params, lora) for i, p in enumerate(prompts)]
+    jobs = [Job(f"{shaper.id}-{i}", p, params, lora, req.priority)
+            for i, p in enumerate(prompts)]
     stream = OutputStream(front.client(), jobs, span)
     if not req.stream:
         work = asyncio.ensure_future(final_outputs(stream, len(jobs)))

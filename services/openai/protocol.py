@@ -43,6 +43,7 @@ class _Sampling(BaseModel):
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
     cache_salt: str | None = None  # the prefix cache is shared only among requests with it
+    priority: int = 0  # vLLM's: lower runs first under --scheduling-policy priority
     prompt_logprobs: int | None = None  # each prompt token's, in the (non-streamed) response
     # Output constraints (services/openai/structured.py): vLLM's object, its older guided_*
     # fields, and OpenAI's response_format.

@@ -32,6 +32,7 @@ class Job:
     prompt: PromptType
     params: SamplingParams
     lora_request: LoRARequest | None = None  # the model name was a --lora-modules adapter
+    priority: int = 0  # vLLM's request priority (--scheduling-policy priority)
 
 
 # (job index, output), or (job index, None) when that job's stream ended.
@@ -56,7 +57,8 @@ class OutputStream:
             with self._in_span():
                 async for output in self._client.generate(job.prompt, job.params,
                                                           job.request_id,
-                                                          lora_request=job.lora_request):
+                                                          lora_request=job.lora_request,
+                                                          priority=job.priority):
                     self._queue.put_nowait((index, output))
         except asyncio.CancelledError:
             raise  # close(): nobody reads this stream any more

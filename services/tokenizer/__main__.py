@@ -68,7 +68,8 @@ def _main(argv: list[str] | None) -> None:
                                max_logprobs=engine_args.max_logprobs,
                                logits_processor_classes=engine_args.logits_processor_classes(),
                                reasoning_parser=engine_args.reasoning_parser,
-                               default_template_kwargs=engine_args.default_chat_template_kwargs)
+                               default_template_kwargs=engine_args.default_chat_template_kwargs,
+                               priority_scheduling=engine_args.scheduling_policy == "priority")
 
     route = RouteConfig(engine_addrs, engine_args.block_size, args.router_policy,
                         engine_args.prefix_caching_hash_algo)

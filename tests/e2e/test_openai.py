@@ -240,6 +240,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {
       "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"continue_final_message": True}, "continue_final_message"),
+    ({"priority": 1}, "priority"),  # vLLM's: this stack schedules fcfs, so it would be ignored
 ])
 def test_chat_fields_it_cannot_honour_are_refused(client: openai.OpenAI, model_name: str,
                                                  extra: dict, param: str) -> None:

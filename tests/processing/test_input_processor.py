@@ -32,9 +32,17 @@ def test_text_prompt_is_tokenized_with_bos(processor: InputProcessor, tokenizer:
 
 
 def test_prompt_dict_with_cache_salt(processor: InputProcessor, tokenizer: Tokenizer) -> None:
+    processor.priority_scheduling = True
     processed = processor.process("r", {"prompt": "mi", "cache_salt": "s1"}, priority=3)
     assert processed.request.prompt_token_ids == tokenizer.encode("mi")
     assert (processed.request.cache_salt, processed.request.priority) == ("s1", 3)
+
+
+def test_a_priority_the_scheduler_would_ignore_is_refused(processor: InputProcessor) -> None:
+    # vLLM's rule: under fcfs a priority would be dropped unseen.
+    with pytest.raises(ValueError, match="priority 3 needs scheduling_policy 'priority'"):
+        processor.process("r", "mi", priority=3)
+    assert processor.process("r", "mi", priority=0).request.priority == 0
 
 
 def test_token_id_prompt_is_passed_through(processor: InputProcessor) -> None:

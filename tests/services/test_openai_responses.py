@@ -171,3 +171,4 @@ def test_reasoning_effort_is_a_template_variable() -> None:
                                 chat_template_kwargs={"reasoning_effort": "low", "a": 1})
     assert template_kwargs_of(own) == {"reasoning_effort": "low", "a": 1}  # the kwargs win
     assert template_kwargs_of(ChatCompletionRequest(messages=[])) is None
+
