@@ -68,8 +68,11 @@ class CpuIsa:
     @property
     def vnni(self) -> bool:
         """AVX-512 VNNI's int8 dot product (vpdpbusd) for the GGUF kernels' integer path
-        (kernels/csrc/gguf_dot.h); below the avx512 level they use AVX2's maddubs pair."""
-        return self.level == "avx512" and "avx512_vnni" in self.flags
+        (kernels/csrc/gguf_dot.h); below the avx512 level they use AVX2's maddubs pair.
+        STRAND_DISABLE_VNNI (set at all) builds the avx512 level without it: the code an
+        AVX-512 CPU without VNNI (Skylake-SP) runs, which CI tests so on this one."""
+        return (self.level == "avx512" and "avx512_vnni" in self.flags
+                and "STRAND_DISABLE_VNNI" not in os.environ)
 
     @property
     def amx_bf16(self) -> bool:
@@ -99,7 +102,8 @@ class CpuIsa:
     def describe(self) -> str:
         bf16 = "oneDNN" if self.onednn_bf16 else "torch (no AVX-512/AVX-NE-CONVERT)"
         cap = f" (capped by {ENV}; the CPU has {self.detected})" if self.overridden else ""
-        int8 = "AVX-512 VNNI" if self.vnni else ("AVX2" if self.level in ("avx2", "avx512") else "scalar")
+        int8 = {"avx512": "AVX-512 VNNI" if self.vnni else "AVX-512 (no VNNI)",
+                "avx2": "AVX2"}.get(self.level, "scalar")
         amx = "AMX" if self.amx_bf16 else "not AMX"
         return (f"CPU ISA {self.level}{cap}; bfloat16 linear layers: {bf16}; GGUF int8 dot "
                 f"products: {int8}; bfloat16 prefill attention: {amx}")
