@@ -25,10 +25,11 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True,
-                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-                 ) -> list[RequestOutput]:
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """All prompts in, one finished RequestOutput per prompt out, in the prompts' order.
-        lora_request: one adapter for every prompt, or one (or None) per prompt."""
+        lora_request: one adapter for every prompt, or one (or None) per prompt. priority: one
+        per prompt (vLLM's; lower first, with scheduling_policy "priority")."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params_list = _broadcast(sampling_params, len(prompts))
@@ -39,14 +40,19 @@ class LLM:
             if len(loras) != len(prompts):
                 raise ValueError(f"lora_request must be one per prompt ({len(prompts)}), got "
                                  f"{len(loras)}")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"priority must be one per prompt ({len(prompts)}), got "
+                             f"{len(priorities)}")
         ids: list[str] = []
         try:
-            for prompt, params, lora in zip(prompts, params_list, loras, strict=True):
+            for prompt, params, lora, rank in zip(prompts, params_list, loras, priorities,
+                                                  strict=True):
                 request_id = f"offline-{self._counter}"
                 self._counter += 1
                 self.engine.add_request(request_id, prompt,
                                         params.clone(output_kind=RequestOutputKind.FINAL_ONLY),
-                                        lora_request=lora)
+                                        lora_request=lora, priority=rank)
                 ids.append(request_id)
         except Exception:
             # All or nothing (vLLM's LLM too): a bad prompt takes back the ones before it, which

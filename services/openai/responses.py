@@ -97,7 +97,7 @@ def event_sse(event: dict[str, Any]) -> str:
 class ResponseEvents:
     """One streamed response's events, from its chat deltas: the open item (reasoning, then
     the message) filled as text comes, each tool call an item of its own, all closed in
-    order before response.completed (or response.incomplete)."""
+    order before response.completed (whose status says whether max_output_tokens cut it)."""
 
     base: dict[str, Any]
     sequence: int = 0

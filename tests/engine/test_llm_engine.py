@@ -264,3 +264,18 @@ def test_stepping_on_another_thread_than_the_load_warns_once(
         worker.join()
     warnings = [r for r in caplog.records if "other than the one that loaded" in r.message]
     assert len(warnings) == 1
+
+
+def test_offline_llm_generate_takes_a_priority_per_prompt(tiny_model_dir: Path) -> None:
+    # One request at a time: the lowest priority value is served first, as vLLM's LLM does.
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu",
+              scheduling_policy="priority", max_num_seqs=1)
+    outs = llm.generate(PROMPTS[:3], greedy(4), use_tqdm=False, priority=[5, 0, 1])
+    assert [o.prompt for o in outs] == PROMPTS[:3]
+    finished = [o.metrics.finished_time for o in outs if o.metrics is not None]
+    assert len(finished) == 3 and finished[1] < finished[2] < finished[0]
+    with pytest.raises(ValueError, match=r"priority must be one per prompt \(3\), got 1"):
+        llm.generate(PROMPTS[:3], greedy(4), use_tqdm=False, priority=[0])
+    fcfs = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="needs scheduling_policy 'priority'"):
+        fcfs.generate(PROMPTS[:1], greedy(4), use_tqdm=False, priority=[2])
