@@ -272,7 +272,8 @@ def test_offline_llm_generate_takes_a_priority_per_prompt(tiny_model_dir: Path) 
               scheduling_policy="priority", max_num_seqs=1)
     outs = llm.generate(PROMPTS[:3], greedy(4), use_tqdm=False, priority=[5, 0, 1])
     assert [o.prompt for o in outs] == PROMPTS[:3]
-    finished = [o.metrics.finished_time for o in outs if o.metrics is not None]
+    finished = [o.metrics.finished_time for o in outs if o.metrics is not None
+                and o.metrics.finished_time is not None]
     assert len(finished) == 3 and finished[1] < finished[2] < finished[0]
     with pytest.raises(ValueError, match=r"priority must be one per prompt \(3\), got 1"):
         llm.generate(PROMPTS[:3], greedy(4), use_tqdm=False, priority=[0])
