@@ -145,9 +145,10 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
                         help="with --openai-port: the model names clients use, the first "
                              "listed first (default: --model as given, e.g. smollm2)")
-    from services.openai.tool_flags import add_tool_flags
+    from services.openai.tool_flags import add_tool_flags, add_usage_flag
 
     add_tool_flags(parser, prefix="with --openai-port: ")
+    add_usage_flag(parser, prefix="with --openai-port: ")
     return parser
 
 
@@ -261,7 +262,8 @@ def _openai_flags(args: argparse.Namespace) -> list[str]:
 
     for flag, given in (("--lora-modules", args.lora_modules),
                         ("--served-model-name", args.served_model_name),
-                        ("--enable-auto-tool-choice", args.enable_auto_tool_choice)):
+                        ("--enable-auto-tool-choice", args.enable_auto_tool_choice),
+                        ("--enable-prompt-tokens-details", args.enable_prompt_tokens_details)):
         if given and args.openai_port is None:
             raise ValueError(f"{flag} needs --openai-port (they are the OpenAI front's model "
                              "names)")
@@ -274,6 +276,8 @@ def _openai_flags(args: argparse.Namespace) -> list[str]:
     flags += tool_flags(args)
     if args.reasoning_parser is not None:  # the engine's flag, which the front reads too
         flags += ["--reasoning-parser", args.reasoning_parser]
+    if args.enable_prompt_tokens_details:
+        flags.append("--enable-prompt-tokens-details")
     return flags + (["--lora-modules", *args.lora_modules] if args.lora_modules else [])
 
 

@@ -7,7 +7,12 @@ from pathlib import Path
 
 from services.common.errors import run_main, setup_logging
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES
-from services.openai.tool_flags import add_reasoning_flag, add_tool_flags, check_tool_flags
+from services.openai.tool_flags import (
+    add_reasoning_flag,
+    add_tool_flags,
+    add_usage_flag,
+    check_tool_flags,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,6 +43,7 @@ def _main(argv: list[str] | None) -> None:
                         help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
     add_tool_flags(parser)
     add_reasoning_flag(parser)
+    add_usage_flag(parser)
     args = parser.parse_args(argv)
     if args.max_body_bytes < 1:
         parser.error(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
@@ -59,7 +65,8 @@ def _main(argv: list[str] | None) -> None:
                                  lora_modules=lora_modules,
                                  max_body_bytes=args.max_body_bytes,
                                  tool_call_parser=args.tool_call_parser,
-                                 reasoning_parser=args.reasoning_parser))
+                                 reasoning_parser=args.reasoning_parser,
+                                 prompt_tokens_details=args.enable_prompt_tokens_details))
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -70,6 +70,8 @@ class FrontConfig:
     tool_call_parser: str | None = None
     # --reasoning-parser: a thinking model's reasoning answered apart (reasoning.py)
     reasoning_parser: str | None = None
+    # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (vLLM's flag)
+    prompt_tokens_details: bool = False
 
 
 class Front:
@@ -216,7 +218,8 @@ def create_app(config: FrontConfig) -> FastAPI:
         echo = (await prepare_echo(front.client(), prompts, convert.echo_only(req),
                                    req.logprobs is not None) if req.echo else None)
         shaper = Shaper(chat=False, model=model, n=req.n, id=f"cmpl-{uuid.uuid4().hex}",
-                        echo=echo, prompt_logprobs=req.prompt_logprobs is not None)
+                        echo=echo, prompt_logprobs=req.prompt_logprobs is not None,
+                        token_details=front.config.prompt_tokens_details)
         try:
             return await _serve(front, req, shaper, convert.salted(prompts, req.cache_salt),
                                 params, lora, request)
@@ -232,7 +235,8 @@ def create_app(config: FrontConfig) -> FastAPI:
                         id=f"chatcmpl-{uuid.uuid4().hex}",
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool,
                         one_call=req.parallel_tool_calls is False,
-                        reasoning=reasoning_of(req, front.config.reasoning_parser))
+                        reasoning=reasoning_of(req, front.config.reasoning_parser),
+                        token_details=front.config.prompt_tokens_details)
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools,
                                      convert.template_kwargs_of(req),

@@ -27,9 +27,16 @@ def finish_reason(output: CompletionOutput) -> str | None:
     return output.finish_reason  # "stop" or "length" (an abort is never shown: its client left)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int,
+          cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with cached_tokens (--enable-prompt-tokens-details) its
+    prompt_tokens_details: the prompt tokens the prefix cache held."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens,
+                            "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def _token(lp: Logprob | None, token_id: int) -> str:
@@ -123,13 +130,16 @@ class Shaper:
     one_call: bool = False  # parallel_tool_calls false: only a choice's first call goes out
     reasoning: Reasoning | None = None  # --reasoning-parser: the reasoning apart, first
     tool_started: set[int] = field(default_factory=set)  # choices whose text reached the tool
+    token_details: bool = False  # vLLM's --enable-prompt-tokens-details: cached_tokens in usage
 
     @property
     def object(self) -> str:
         return "chat.completion" if self.chat else "text_completion"
 
-    def usage(self) -> dict[str, int]:
-        return usage(sum(self.prompt_tokens.values()), sum(self.completion_tokens.values()))
+    def usage(self) -> dict[str, Any]:
+        cached = sum(self.cached_tokens.values()) if self.token_details else None
+        return usage(sum(self.prompt_tokens.values()), sum(self.completion_tokens.values()),
+                     cached)
 
     def _count(self, job: int, out: RequestOutput) -> list[tuple[int, CompletionOutput]]:
         self.prompt_tokens[job] = len(out.prompt_token_ids)

@@ -40,6 +40,12 @@ def tool_flags(args: argparse.Namespace) -> list[str]:
     return ["--enable-auto-tool-choice", "--tool-call-parser", args.tool_call_parser]
 
 
+def add_usage_flag(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help=f"{prefix}usage.prompt_tokens_details.cached_tokens in chat and "
+                             "completion responses: the prompt tokens the prefix cache held")
+
+
 def add_reasoning_flag(parser: argparse.ArgumentParser) -> None:
     """The front's own --reasoning-parser (`strand serve` has it as an engine flag, which
     holds structured outputs back until the reasoning ends, and hands it to the front)."""

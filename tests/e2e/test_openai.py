@@ -45,7 +45,8 @@ def openai_stack(tmp_path_factory: pytest.TempPathFactory,
                          gateway_args=["--auto-step"],
                          log_dir=tmp_path_factory.mktemp("openai-stack-logs"), openai_port=0,
                          otlp_traces_endpoint=otlp_receiver.endpoint,
-                         openai_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+                         openai_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                      "--enable-prompt-tokens-details"])
     with launch_stack(config, timeout=120) as stack:
         yield stack
 
@@ -594,6 +595,23 @@ def test_a_prefilled_reply_is_continued(client: openai.OpenAI, openai_stack: Sta
     resp = client.chat.completions.create(model=model_name, messages=turns, max_tokens=3,  # type: ignore[arg-type]
                                           extra_body=extra)
     assert resp.usage is not None and resp.usage.prompt_tokens == tokens["count"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_usage_tells_the_prompt_tokens_the_prefix_cache_held(client: openai.OpenAI,
+                                                             model_name: str, chat: bool) -> None:
+    # The front runs --enable-prompt-tokens-details (vLLM's flag): the same long prompt again
+    # finds its full blocks cached.
+    text = "kalo mi zu ba ki lo me " * 12
+    counts = []
+    for _ in range(2):
+        if chat:
+            resp: Any = client.chat.completions.create(
+                model=model_name, messages=[{"role": "user", "content": text}], max_tokens=1)
+        else:
+            resp = client.completions.create(model=model_name, prompt=text, max_tokens=1)
+        counts.append(resp.usage.prompt_tokens_details.cached_tokens)
+    assert counts[1] >= 16 and counts[1] % 16 == 0, counts  # whole blocks of 16
 
 
 def test_tokenize_of_an_unknown_model_is_a_404(openai_stack: Stack) -> None:

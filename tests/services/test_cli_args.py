@@ -87,6 +87,14 @@ def test_serve_names_the_served_model_as_typed_like_vllm() -> None:
     assert _openai_args(["--model", "smollm2"]) == []
 
 
+def test_serve_hands_the_usage_flag_to_its_front() -> None:
+    flag = "--enable-prompt-tokens-details"
+    assert _openai_args(["--model", "m", "--openai-port", "0", flag]) == [
+        "--served-model-name", "m", flag]
+    with pytest.raises(ValueError, match=f"{flag} needs --openai-port"):
+        _openai_args(["--model", "m", flag])
+
+
 def test_serve_hands_the_tool_flags_to_its_front() -> None:
     tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     assert _openai_args(["--model", "m", "--openai-port", "0", *tools]) == [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 
 def test_a_requests_priority_goes_with_each_of_its_engine_requests() -> None:
     import asyncio
@@ -28,3 +30,16 @@ def test_a_requests_priority_goes_with_each_of_its_engine_requests() -> None:
 
     asyncio.run(run())
     assert asked == [-3, -3]
+
+
+@pytest.mark.parametrize("details", [False, True])
+def test_usage_has_the_cached_prompt_tokens_only_when_asked(details: bool) -> None:
+    from engine_core.outputs import CompletionOutput, RequestOutput
+    from services.openai.shaping import Shaper
+
+    out = RequestOutput("r", "p", [1] * 40, [CompletionOutput(0, "x", [2], finish_reason="stop")],
+                        True, num_cached_tokens=32)
+    body = Shaper(chat=True, model="m", n=1, token_details=details).response([out])
+    assert body["usage"]["prompt_tokens"] == 40
+    assert body["usage"].get("prompt_tokens_details") == ({"cached_tokens": 32} if details
+                                                          else None)
