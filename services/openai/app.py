@@ -236,7 +236,8 @@ def create_app(config: FrontConfig) -> FastAPI:
                         prompt_logprobs=req.prompt_logprobs is not None, tool=tool,
                         one_call=req.parallel_tool_calls is False,
                         reasoning=reasoning_of(req, front.config.reasoning_parser),
-                        token_details=front.config.prompt_tokens_details)
+                        token_details=front.config.prompt_tokens_details,
+                        chat_echo=convert.chat_echo(req))
         params = convert.chat_params(req, tool)
         prompt = convert.chat_prompt(req.messages, req.add_generation_prompt, req.tools,
                                      convert.template_kwargs_of(req),

@@ -37,6 +37,14 @@ def salted(prompts: list[PromptType], cache_salt: str | None) -> list[PromptType
             else {**p, "cache_salt": cache_salt} for p in prompts]
 
 
+def chat_echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the last message's text, where it is the assistant's (the reply's
+    role), for each choice to begin with; "" otherwise."""
+    if not (req.echo and req.messages and req.messages[-1].get("role") == "assistant"):
+        return ""
+    return _text_content(req.messages[-1].get("content"), len(req.messages) - 1)
+
+
 def template_kwargs_of(req: ChatCompletionRequest) -> dict[str, Any] | None:
     """The request's chat_template_kwargs, with OpenAI's reasoning_effort as a variable."""
     if req.reasoning_effort is None:

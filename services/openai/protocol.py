@@ -79,6 +79,9 @@ class ChatCompletionRequest(_Sampling):
     # vLLM's: the reply continues the last message (a prefilled assistant turn); needs
     # add_generation_prompt false.
     continue_final_message: bool = False
+    # vLLM's: the reply starts with the last message's text when that message is the
+    # assistant's (a reply the client began: continue_final_message).
+    echo: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True  # false: at most one call a choice (vLLM's filter)

@@ -131,6 +131,7 @@ class Shaper:
     reasoning: Reasoning | None = None  # --reasoning-parser: the reasoning apart, first
     tool_started: set[int] = field(default_factory=set)  # choices whose text reached the tool
     token_details: bool = False  # vLLM's --enable-prompt-tokens-details: cached_tokens in usage
+    chat_echo: str = ""  # chat's echo: the assistant's begun reply, before each choice's text
 
     @property
     def object(self) -> str:
@@ -189,9 +190,18 @@ class Shaper:
 
     def _chat_text(self, job: int, index: int, text: str, streamed: bool,
                    last: bool = False) -> dict[str, Any]:
-        """A chat choice's message (or a stream's next delta, the role in its first): its
-        reasoning apart under a reasoning parser (reasoning.py), then its text, or with tool
-        calls the calls its text holds (tools.py, tool_parser.py)."""
+        """A chat choice's message (or a stream's next delta, the role in its first), the
+        echoed reply first where asked."""
+        first = index not in self.started
+        part = self._chat_part(job, index, text, streamed, last)
+        if self.chat_echo and (first or not streamed):
+            part = {**part, "content": self.chat_echo + (part.get("content") or "")}
+        return part
+
+    def _chat_part(self, job: int, index: int, text: str, streamed: bool,
+                   last: bool = False) -> dict[str, Any]:
+        """Its reasoning apart under a reasoning parser (reasoning.py), then its text, or with
+        tool calls the calls its text holds (tools.py, tool_parser.py)."""
         first = index not in self.started
         self.started.add(index)
         if self.reasoning is None:

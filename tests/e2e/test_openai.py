@@ -595,6 +595,18 @@ def test_a_prefilled_reply_is_continued(client: openai.OpenAI, openai_stack: Sta
     resp = client.chat.completions.create(model=model_name, messages=turns, max_tokens=3,  # type: ignore[arg-type]
                                           extra_body=extra)
     assert resp.usage is not None and resp.usage.prompt_tokens == tokens["count"]
+    # vLLM's echo: the reply begins with the text it continues, whole and streamed alike.
+    echoed = client.chat.completions.create(model=model_name, messages=turns, max_tokens=3,  # type: ignore[arg-type]
+                                            temperature=0, extra_body={**extra, "echo": True})
+    plain = client.chat.completions.create(model=model_name, messages=turns, max_tokens=3,  # type: ignore[arg-type]
+                                           temperature=0, extra_body=extra)
+    assert echoed.choices[0].message.content == "Hello there" + (
+        plain.choices[0].message.content or "")
+    chunks: Any = client.chat.completions.create(model=model_name, messages=turns,  # type: ignore[arg-type]
+                                                 max_tokens=3, temperature=0, stream=True,
+                                                 extra_body={**extra, "echo": True})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        echoed.choices[0].message.content
 
 
 @pytest.mark.parametrize("chat", [False, True])
