@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from fastapi import FastAPI, Request
@@ -46,7 +46,7 @@ from services.openai.responses_input import (
     said_of_responses,
     sampling_extras,
 )
-from services.openai.shaping import DONE, Shaper, sse
+from services.openai.shaping import ChatEvents, Shaper
 from services.openai.streams import Job, OutputStream, final_outputs
 from services.openai.structured import constraint_source, said_of_constraint
 from services.openai.tools import said_of_tools, tool_choice
@@ -264,7 +264,7 @@ def create_app(config: FrontConfig) -> FastAPI:
             params = convert.chat_params(chat, tool)
             prompt = convert.chat_prompt(chat.messages, True, chat.tools,
                                          convert.template_kwargs_of(chat))
-            reshape = ResponsesShape(response_base(req, model, shaper.id))
+            reshape = ResponsesShape(response_base(req, model, shaper.id), shaper)
             return await _serve(front, chat, shaper, [prompt], params, lora, request, reshape)
         except (OpenAIError, ValueError) as exc:
             error = said_of_tools(from_exception(exc), tool)
@@ -331,8 +331,7 @@ async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[P
         if not await _finished_before_disconnect(work, request):
             return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
         body = shaper.response(work.result())
-        return JSONResponse(body if reshape is None
-                            else reshape.body(body, sum(shaper.cached_tokens.values())))
+        return JSONResponse(body if reshape is None else reshape.body(body))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shaper.continuous_usage = bool(include_usage and req.stream_options
                                    and req.stream_options.continuous_usage_stats)
@@ -345,9 +344,8 @@ async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[P
     except BaseException:
         stream.close()
         raise
-    events = (_events(stream, shaper, first, include_usage, span) if reshape is None
-              else _response_events(stream, shaper, first, span, reshape))
-    return StreamingResponse(events,
+    form: StreamForm = reshape if reshape is not None else ChatEvents(shaper, include_usage)
+    return StreamingResponse(_events(stream, first, span, form),
                              media_type="text/event-stream")
 
 
@@ -381,54 +379,38 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-async def _events(stream: OutputStream, shaper: Shaper, first: tuple[int, RequestOutput] | None,
-                  include_usage: bool, span: Span) -> AsyncIterator[str]:
+class StreamForm(Protocol):
+    """What a stream's events are made of: ChatEvents (chat, completions) or ResponsesShape."""
+
+    def start(self) -> list[str]: ...
+    def output(self, job: int, out: RequestOutput) -> list[str]: ...
+    def end(self) -> list[str]: ...
+    def error(self, exc: Exception) -> str: ...
+    def after(self) -> list[str]: ...
+
+
+async def _events(stream: OutputStream, first: tuple[int, RequestOutput] | None,
+                  span: Span, form: StreamForm) -> AsyncIterator[str]:
     error: BaseException | None = None
     try:
+        for event in form.start():
+            yield event
         if first is not None:
-            for event in shaper.chunks(first[0], first[1], include_usage):
+            for event in form.output(*first):
                 yield event
         async for index, output in stream:
-            for event in shaper.chunks(index, output, include_usage):
+            for event in form.output(index, output):
                 yield event
-        if include_usage:
-            yield shaper.usage_chunk()
+        for event in form.end():
+            yield event
     except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
         error = exc
-        yield sse(from_exception(exc).body())
+        yield form.error(exc)
     except BaseException as exc:  # the client left: this generator was cancelled
         error = exc
         raise
     finally:
         stream.close()  # the client left (cancelled here) or the stream ended: abort the rest
         end_request_span(span, 200, error)
-    yield DONE
-
-
-async def _response_events(stream: OutputStream, shaper: Shaper,
-                           first: tuple[int, RequestOutput] | None, span: Span,
-                           reshape: ResponsesShape) -> AsyncIterator[str]:
-    """A /v1/responses stream: its lifecycle events around the chat deltas' item events."""
-    error: BaseException | None = None
-    try:
-        for event in reshape.start():
-            yield event
-        if first is not None:
-            for choice in shaper.moved(first[0], first[1]):
-                for event in reshape.delta(choice):
-                    yield event
-        async for index, output in stream:
-            for choice in shaper.moved(index, output):
-                for event in reshape.delta(choice):
-                    yield event
-        for event in reshape.finish(shaper.usage(), sum(shaper.cached_tokens.values())):
-            yield event
-    except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
-        error = exc
-        yield reshape.error(from_exception(exc).body()["error"])
-    except BaseException as exc:  # the client left: this generator was cancelled
-        error = exc
-        raise
-    finally:
-        stream.close()
-        end_request_span(span, 200, error)
+    for event in form.after():
+        yield event

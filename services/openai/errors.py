@@ -40,6 +40,17 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param=param)
 
 
+def said_as(error: OpenAIError, name: str) -> OpenAIError:
+    """The refusal of a field the front filled in itself, named as the client sent it: its
+    param, and the field path its message begins with (`structured_outputs.json is invalid`
+    -> `response_format is invalid`)."""
+    path = re.match(r"[a-z_]+(?:\.[a-z_]+)*", error.message)
+    message = (name + error.message[path.end():]
+               if path is not None and path.group(0).split(".")[0] == error.param
+               else error.message)
+    return OpenAIError(error.status, message, error.type, name, error.code)
+
+
 def model_not_found(model: str) -> OpenAIError:
     return OpenAIError(404, f"The model `{model}` does not exist.", param="model",
                        code="model_not_found")

@@ -31,7 +31,7 @@ from typing import Any
 
 from services.openai.tool_call import arguments_json, call_id, openai_call
 
-_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
+_CLOSED = re.compile(r"</function>\s*\Z")
 # The template writes a newline after the opening tag and before the closing one: not the value.
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 _STRINGS = ("string", "str", "text", "enum")
@@ -39,17 +39,12 @@ _STRINGS = ("string", "str", "text", "enum")
 
 def parse_xml_call(raw: str, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
     """One call's OpenAI form from the text between <tool_call> and </tool_call>; None where it
-    is not a <function=...> block."""
-    match = _FUNCTION.match(raw)
-    if match is None:
+    is not a whole <function=...> block. The arguments are OpenCall's, all at once: a stream's
+    pieces join into the same text."""
+    call = OpenCall.begun(raw) if _CLOSED.search(raw) else None
+    if call is None:
         return None
-    name = match.group(1).strip()
-    properties = _properties(tools, name)
-    arguments = {}
-    for parameter in _PARAMETER.finditer(match.group(2)):
-        key = parameter.group(1).strip()
-        arguments[key] = typed_value(parameter.group(2), properties.get(key))
-    return openai_call(name, arguments_json(arguments))
+    return openai_call(call.name, call.more(raw, tools, end=True), call.id)
 
 
 _FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]+)>")

@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from engine_core.outputs import RequestOutput
+from services.openai.errors import from_exception
 from services.openai.responses_input import ResponsesRequest
+from services.openai.shaping import Shaper
 
 
 def _id(prefix: str) -> str:
@@ -73,6 +77,24 @@ def call_item(item_id: str, call: dict[str, Any], done: bool = True) -> dict[str
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+class _TextItem(NamedTuple):
+    """What differs between a reasoning item and a message in a stream's events."""
+
+    prefix: str  # of the item's id
+    item: Callable[[str, str, bool], dict[str, Any]]  # (id, text, done) -> the item
+    events: str  # the delta / done events' type, less the suffix
+    part: Callable[[str], dict[str, Any]]  # its content part
+    extra: dict[str, Any]  # more fields of its delta / done events
+
+
+_TEXT_ITEMS = {
+    "reasoning": _TextItem("rs", reasoning_item, "response.reasoning_text",
+                           lambda text: {"type": "reasoning_text", "text": text}, {}),
+    "message": _TextItem("msg", message_item, "response.output_text", _text_part,
+                         {"logprobs": []}),
+}
 
 
 def response_body(base: dict[str, Any], chat: dict[str, Any], cached: int = 0
@@ -140,46 +162,39 @@ class ResponseEvents:
         return [*events, self.event("response.completed", response=final)]
 
     def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """A reasoning or message delta: its item opened first where another kind was."""
         events: list[dict[str, Any]] = []
+        spec = _TEXT_ITEMS[kind]
         if self.open_kind != kind:
             events += self._close()
-            self.open_kind, self.open_id, self.open_text = kind, _id(
-                "rs" if kind == "reasoning" else "msg"), ""
-            item = (reasoning_item if kind == "reasoning" else message_item)(
-                self.open_id, "", done=False)
-            events.append(self.event("response.output_item.added",
-                                      output_index=len(self.output), item=item))
+            self.open_kind, self.open_id, self.open_text = kind, _id(spec.prefix), ""
+            events.append(self.event("response.output_item.added", output_index=len(self.output),
+                                     item=spec.item(self.open_id, "", False)))
             events.append(self.event("response.content_part.added", **self._where(),
-                                      part=self._part("")))
+                                     part=spec.part("")))
         self.open_text += text
-        name = ("response.reasoning_text.delta" if kind == "reasoning"
-                else "response.output_text.delta")
-        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
-        return [*events, self.event(name, **self._where(), delta=text, **extra)]
+        return [*events, self.event(f"{spec.events}.delta", **self._where(), delta=text,
+                                    **spec.extra)]
 
     def _close(self) -> list[dict[str, Any]]:
         """Close the open item (none: nothing)."""
         if self.open_kind is None:
             return []
-        kind, text, index = self.open_kind, self.open_text, len(self.output)
+        kind, text, where = self.open_kind, self.open_text, self._where()
         self.open_kind = None
         if kind == "function_call":
             item = call_item(self.open_id, {**self.open_call, "function": {
                 "name": self.open_call["name"], "arguments": text}})
-            self.output.append(item)
-            return [self.event("response.function_call_arguments.done", item_id=self.open_id,
-                                output_index=index, name=item["name"], arguments=text),
-                    self.event("response.output_item.done", output_index=index, item=item)]
-        done = ("response.reasoning_text.done" if kind == "reasoning"
-                else "response.output_text.done")
-        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
-        item = (reasoning_item if kind == "reasoning" else message_item)(self.open_id, text)
-        self.open_kind = kind  # _where and _part read it
-        events = [self.event(done, **self._where(), text=text, **extra),
-                  self.event("response.content_part.done", **self._where(),
-                              part=self._part(text)),
-                  self.event("response.output_item.done", output_index=index, item=item)]
-        self.open_kind = None
+            events = [self.event("response.function_call_arguments.done", item_id=self.open_id,
+                                 output_index=where["output_index"], name=item["name"],
+                                 arguments=text)]
+        else:
+            spec = _TEXT_ITEMS[kind]
+            item = spec.item(self.open_id, text, True)
+            events = [self.event(f"{spec.events}.done", **where, text=text, **spec.extra),
+                      self.event("response.content_part.done", **where, part=spec.part(text))]
+        events.append(self.event("response.output_item.done", output_index=where["output_index"],
+                                 item=item))
         self.output.append(item)
         return events
 
@@ -206,36 +221,40 @@ class ResponseEvents:
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.open_id, "output_index": len(self.output), "content_index": 0}
 
-    def _part(self, text: str) -> dict[str, Any]:
-        if self.open_kind == "reasoning":
-            return {"type": "reasoning_text", "text": text}
-        return _text_part(text)
-
 
 @dataclass(slots=True)
 class ResponsesShape:
-    """How app.py answers a /v1/responses request: its body, or its stream's events as SSE."""
+    """How app.py answers a /v1/responses request from its chat Shaper: the body, or the
+    stream's events as SSE (the form shaping.ChatEvents has for chat)."""
 
     base: dict[str, Any]
+    shaper: Shaper
     events: ResponseEvents = field(init=False)
 
     def __post_init__(self) -> None:
         self.events = ResponseEvents(self.base)
 
-    def body(self, chat: dict[str, Any], cached: int) -> dict[str, Any]:
-        return response_body(self.base, chat, cached)
+    def _cached(self) -> int:
+        return sum(self.shaper.cached_tokens.values())
+
+    def body(self, chat: dict[str, Any]) -> dict[str, Any]:
+        return response_body(self.base, chat, self._cached())
 
     def start(self) -> list[str]:
         return [event_sse(e) for e in self.events.start()]
 
-    def delta(self, choice: dict[str, Any]) -> list[str]:
-        return [event_sse(e) for e in self.events.delta(choice)]
+    def output(self, job: int, out: RequestOutput) -> list[str]:
+        return [event_sse(e) for choice in self.shaper.moved(job, out)
+                for e in self.events.delta(choice)]
 
-    def finish(self, chat_usage: dict[str, int], cached: int) -> list[str]:
-        return [event_sse(e) for e in self.events.finish(chat_usage, cached)]
+    def end(self) -> list[str]:
+        return [event_sse(e) for e in self.events.finish(self.shaper.usage(), self._cached())]
 
-    def error(self, error: dict[str, Any]) -> str:
+    def error(self, exc: Exception) -> str:
         """A failure once the stream began: OpenAI's error event."""
-        return event_sse(self.events.event("error", code=error.get("code"),
-                                            message=error.get("message"),
-                                            param=error.get("param")))
+        error = from_exception(exc)
+        return event_sse(self.events.event("error", code=error.code, message=error.message,
+                                           param=error.param))
+
+    def after(self) -> list[str]:
+        return []  # no [DONE]: the SDK ends on response.completed

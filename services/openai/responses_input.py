@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.openai.errors import OpenAIError, bad_request
+from services.openai.errors import OpenAIError, bad_request, said_as
 from services.openai.protocol import ChatCompletionRequest, StreamOptions, _Sampling
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -181,8 +181,4 @@ def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 def said_of_responses(error: OpenAIError) -> OpenAIError:
     """A refusal of the chat request, naming the field as the client sent it."""
     name = _NAMES.get(error.param or "")
-    if name is None or error.param is None:
-        return error
-    message = (name + error.message[len(error.param):]
-               if error.message.startswith(error.param) else error.message)
-    return OpenAIError(error.status, message, error.type, name, error.code)
+    return error if name is None else said_as(error, name)

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine_core.outputs import CompletionOutput, Logprob, RequestOutput
 from services.openai.echo import Echo, Position
-from services.openai.errors import OpenAIError
+from services.openai.errors import OpenAIError, from_exception
 from services.openai.reasoning import Reasoning
 from services.openai.tools import ToolChoice
 
@@ -193,17 +193,16 @@ class Shaper:
         """A chat choice's message (or a stream's next delta, the role in its first), the
         echoed reply first where asked."""
         first = index not in self.started
-        part = self._chat_part(job, index, text, streamed, last)
+        self.started.add(index)
+        part = self._chat_part(job, index, text, streamed, first, last)
         if self.chat_echo and (first or not streamed):
             part = {**part, "content": self.chat_echo + (part.get("content") or "")}
         return part
 
-    def _chat_part(self, job: int, index: int, text: str, streamed: bool,
-                   last: bool = False) -> dict[str, Any]:
+    def _chat_part(self, job: int, index: int, text: str, streamed: bool, first: bool,
+                   last: bool) -> dict[str, Any]:
         """Its reasoning apart under a reasoning parser (reasoning.py), then its text, or with
         tool calls the calls its text holds (tools.py, tool_parser.py)."""
-        first = index not in self.started
-        self.started.add(index)
         if self.reasoning is None:
             return self._content(index, text, streamed, first, last)
         if streamed:
@@ -288,3 +287,27 @@ class Shaper:
             # counts so far on each.
             chunk["usage"] = self.usage() if self.continuous_usage else None
         return chunk
+
+
+@dataclass(slots=True)
+class ChatEvents:
+    """A chat or completion stream's SSE events, as app.py writes them: each output's chunks,
+    the usage chunk where asked, an error as its body, then [DONE]."""
+
+    shaper: Shaper
+    include_usage: bool
+
+    def start(self) -> list[str]:
+        return []
+
+    def output(self, job: int, out: RequestOutput) -> list[str]:
+        return self.shaper.chunks(job, out, self.include_usage)
+
+    def end(self) -> list[str]:
+        return [self.shaper.usage_chunk()] if self.include_usage else []
+
+    def error(self, exc: Exception) -> str:
+        return sse(from_exception(exc).body())
+
+    def after(self) -> list[str]:
+        return [DONE]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_core.structured_output.params import KINDS, StructuredOutputsParams
-from services.openai.errors import OpenAIError, bad_request
+from services.openai.errors import OpenAIError, bad_request, said_as
 from services.openai.protocol import _Sampling
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -61,8 +61,7 @@ def said_of_constraint(error: OpenAIError, source: str | None) -> OpenAIError:
     the field that carried it inside), said of the field the client sent it in."""
     if source in (None, "structured_outputs") or error.param != "structured_outputs":
         return error
-    rest = error.message.split(" is invalid: ", 1)[-1]
-    return bad_request(f"{source} is invalid: {rest}", source)
+    return said_as(error, source)
 
 
 def _merge_response_format(fields: dict[str, Any], fmt: dict[str, Any]) -> None:

@@ -110,14 +110,8 @@ class AutoTools:
             return self._mistral_delta(index, whole, delta, last)
         if self.parser == "qwen3_coder":
             return self._xml_delta(index, whole, delta, last)
-        start = whole.find(_START)
-        shown_to = start if start >= 0 else len(whole) - held_back(whole, _START)
-        content = ""
-        shown = self.shown.get(index, 0)
-        if shown_to > shown:
-            content = whole[shown:shown_to]
-            self.shown[index] = shown = shown_to
-        closed_to = shown
+        content, start = self._text_before(index, whole, _START)
+        closed_to = self.shown[index]
         if start >= 0:
             blocks = list(_CALL.finditer(whole, start))
             if blocks:
@@ -147,11 +141,7 @@ class AutoTools:
         """qwen3_coder: the text before any call as hermes sends it; each call as it is
         written (qwen3_xml.OpenCall): its id and name, then its arguments a parameter at a
         time; a block that is no call, or one never begun, as its text."""
-        start = whole.find(_START)
-        shown = self.shown.get(index, 0)
-        shown_to = start if start >= 0 else len(whole) - held_back(whole, _START)
-        content = whole[shown:shown_to] if shown_to > shown else ""
-        self.shown[index] = max(shown, shown_to)
+        content, start = self._text_before(index, whole, _START)
         calls: list[dict[str, Any]] = []
         if start >= 0:
             closed = list(_CALL.finditer(whole, start))
@@ -219,11 +209,8 @@ class AutoTools:
                        last: bool) -> dict[str, Any]:
         """mistral: the text before [TOOL_CALLS] as it comes, but for what may begin the tag;
         the calls after it at the reply's end (or, where they do not parse, their text)."""
-        at = whole.find(TOOL_CALLS)
-        shown = self.shown.get(index, 0)
-        shown_to = at if at >= 0 else len(whole) - held_back(whole, TOOL_CALLS)
-        content = whole[shown:shown_to] if shown_to > shown else ""
-        self.shown[index] = shown = max(shown, shown_to)
+        content, at = self._text_before(index, whole, TOOL_CALLS)
+        shown = self.shown[index]
         if last:
             calls = parse_mistral(whole)[1] if at >= 0 else []
             if calls:
@@ -235,6 +222,15 @@ class AutoTools:
         if content:
             delta["content"] = content
         return delta
+
+    def _text_before(self, index: int, whole: str, tag: str) -> tuple[str, int]:
+        """(the text before `tag` not yet sent, but for what may begin it; where the tag
+        is, -1 while it is not): the content a stream sends ahead of the calls."""
+        at = whole.find(tag)
+        shown = self.shown.get(index, 0)
+        shown_to = at if at >= 0 else len(whole) - held_back(whole, tag)
+        self.shown[index] = max(shown, shown_to)
+        return (whole[shown:shown_to] if shown_to > shown else ""), at
 
     def _call(self, raw: str) -> dict[str, Any] | None:
         """One <tool_call> block's call: Hermes' JSON, or qwen3_coder's XML."""

@@ -712,13 +712,18 @@ def test_a_dropped_stream_aborts_its_request(client: openai.OpenAI, model_name: 
                                             max_tokens=LONG_MAX_TOKENS - 64, stream=True,
                                             extra_body={"ignore_eos": True})
     assert isinstance(stream, openai.Stream)
-    chunks = iter(stream)
-    for _ in range(3):
-        next(chunks)
-    assert engine_num_unfinished(openai_stack) == 1
+    assert_dropping_aborts(stream, 3, openai_stack)
+
+
+def assert_dropping_aborts(stream: openai.Stream[Any], events: int, stack: Stack) -> None:
+    """Read a few events of a long stream, close it: its request must be aborted."""
+    received = iter(stream)
+    for _ in range(events):
+        next(received)
+    assert engine_num_unfinished(stack) == 1
     stream.close()
     # Thousands of tokens were still to come: only an abort ends the request this soon.
-    assert _wait_idle(openai_stack, seconds=20.0)
+    assert _wait_idle(stack, seconds=20.0)
 
 
 def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,

@@ -12,12 +12,11 @@ import openai
 import pytest
 
 from services.launch import Stack
-from tests.e2e.conftest import engine_num_unfinished
 from tests.e2e.test_openai import (  # noqa: F401
     LONG_MAX_TOKENS,
     TOOL,
     _post,
-    _wait_idle,
+    assert_dropping_aborts,
     client,
     model_name,
     openai_stack,
@@ -108,10 +107,4 @@ def test_a_dropped_response_stream_aborts_its_request(client: openai.OpenAI,  # 
     stream = client.responses.create(model=model_name, input="Say hello", stream=True,
                                      max_output_tokens=LONG_MAX_TOKENS - 64,
                                      extra_body={"ignore_eos": True})
-    events = iter(stream)
-    for _ in range(6):
-        next(events)
-    assert engine_num_unfinished(openai_stack) == 1
-    stream.close()
-    # Thousands of tokens were still to come: only an abort ends the request this soon.
-    assert _wait_idle(openai_stack, seconds=20.0)
+    assert_dropping_aborts(stream, 6, openai_stack)
