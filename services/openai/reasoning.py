@@ -39,9 +39,11 @@ def _regions(text: str, tags: ThinkTags, final: bool) -> tuple[int, int, int | N
         return start, end, end + len(tags.end)
     if final:
         return start, len(text), None
-    held = held_back(text[start:], tags.end)
+    # Only the last few characters may begin a tag: no copy of the whole reply a delta.
+    tail = text[max(start, len(text) - max(len(tags.end), len(_CALL_OPEN))):]
+    held = held_back(tail, tags.end)
     if tags.call_ends:
-        held = max(held, held_back(text[start:], _CALL_OPEN))
+        held = max(held, held_back(tail, _CALL_OPEN))
     return start, len(text) - held, None
 
 
@@ -50,7 +52,7 @@ def _call_start(text: str, start: int, end: int, final: bool) -> tuple[int | Non
     stream cannot tell yet that the tag is a call's); (None, False) where none does."""
     at = text.find(_CALL_OPEN, start)
     while at >= 0 and (end < 0 or at < end):
-        after = text[at + len(_CALL_OPEN):].lstrip()
+        after = text[at + len(_CALL_OPEN):at + len(_CALL_OPEN) + 256].lstrip()  # a window
         if after.startswith(_FUNCTION_OPEN):
             return at, False
         if not final and _FUNCTION_OPEN.startswith(after):
