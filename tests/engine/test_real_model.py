@@ -121,9 +121,14 @@ def test_packed_weights_give_the_dequantized_tokens(real_file: Path) -> None:
     # 0.63 nats: SmolLM2's final hidden state has outliers (a block's max up to 42x its mean),
     # so the lm_head's int8 input moves logits of ~20 by ~1%. The Q4_K_M-like copy reads its
     # K-quant and Q5_0 layers rewritten exactly (kernels/gguf_transcode.py), so the same
-    # rounding is all that differs.
+    # rounding is all that differs. On an AVX2-only EPYC (real, not emulated) the other
+    # kernels' float sums round some activation to the other int8 step, and a tail token (5th,
+    # at -10 nats) moved by 0.81 and 0.83 nats in the two files; the generic kernels move the
+    # same logprobs by up to 0.69, and the AVX2 and generic runs differ from each other by up
+    # to 0.56. So the bound is 1.0 nats, not a test of the kernels' exactness: that is
+    # tests/kernels' (each ISA's tiles against the int8 reference, to the bit).
     packed, dense = _greedy(str(real_file), "gguf"), _greedy(str(real_file), None)
-    assert assert_greedy_within_rounding(packed, dense, tol=0.75) <= 2
+    assert assert_greedy_within_rounding(packed, dense, tol=1.0) <= 2
 
 
 def test_a_bfloat16_kv_cache_gives_the_float32_cache_s_tokens(smollm2_gguf: Path) -> None:
