@@ -11,6 +11,7 @@ from typing import Any
 from engine_core.processing.chat_kwargs import check_template_kwargs
 from engine_core.processing.chat_template import load_chat_template
 from engine_core.processing.reasoning import REASONING_PARSERS, think_tags
+from engine_core.spec_decode.config import SpeculativeConfig
 
 QUANTIZATIONS = (None, "gguf")
 KV_CACHE_DTYPES = ("auto", "bfloat16")
@@ -36,6 +37,8 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may take the whole budget
     policy: str = "fcfs"  # "fcfs" | "priority"
     max_loras: int | None = None  # distinct LoRA adapters per step; None: LoRA off
+    # Prompt-lookup drafts for running requests (EngineArgs.speculative_config); None: off.
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass(slots=True)
@@ -111,6 +114,9 @@ class EngineArgs:
     # request's chat_template_kwargs win), e.g. {"enable_thinking": false}.
     chat_template: str | None = None
     default_chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's speculative_config for prompt lookup: {"method": "ngram", "num_speculative_tokens":
+    # k, "prompt_lookup_max": n, "prompt_lookup_min": m}. None: one token a step.
+    speculative_config: dict[str, Any] | None = None
     # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
     enable_lora: bool = False
     max_loras: int = 1
@@ -164,6 +170,12 @@ class EngineArgs:
                 check_template_kwargs(self.default_chat_template_kwargs)
             except ValueError as exc:
                 raise ValueError(f"default_{exc}") from None
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
+            if self.logits_processors:
+                # A custom processor sees a batch of one row per request; drafts would hand it
+                # several rows of a request, some of them after tokens it never saw.
+                raise ValueError("speculative_config cannot be combined with logits_processors")
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
@@ -221,7 +233,7 @@ class EngineArgs:
                                     help=_HELP.get(f.name))
             elif f.name == "logits_processors":
                 parser.add_argument(flag, nargs="*", default=None, help=_HELP.get(f.name))
-            elif f.name == "default_chat_template_kwargs":
+            elif f.name in ("default_chat_template_kwargs", "speculative_config"):
                 parser.add_argument(flag, type=json.loads, default=None,
                                     help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
@@ -280,6 +292,8 @@ class EngineArgs:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             policy=self.scheduling_policy,
             max_loras=self.max_loras if self.enable_lora else None,
+            speculative=(SpeculativeConfig.from_dict(self.speculative_config)
+                         if self.speculative_config is not None else None),
         )
 
 
@@ -307,6 +321,11 @@ _HELP = {
     "default_chat_template_kwargs": "JSON object of template variables every chat request "
                                     "gets, e.g. '{\"enable_thinking\": false}' (a request's "
                                     "chat_template_kwargs win)",
+    "speculative_config": "speculative decoding by prompt lookup, a JSON object as vLLM's: "
+                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                          "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'; each step "
+                          "verifies up to num_speculative_tokens drafted tokens copied from "
+                          "where the request's last tokens occurred before",
     "reasoning_parser": "a thinking model's <think> format: deepseek_r1 (DeepSeek R1 and its "
                         "distills, QwQ) or qwen3 (Qwen 3). Structured outputs constrain only what "
                         "follows the reasoning, and the OpenAI front answers the reasoning apart "

@@ -452,6 +452,11 @@ class EngineCore:
         external = stats.connector_prefix_cache_stats
         if external is not None:
             result["connector_prefix_cache_hit_rate"] = float(external.hit_rate)
+        spec = stats.spec_decoding
+        if spec is not None:  # totals since start: a logger diffs them per interval
+            result["spec_decode_num_drafts"] = float(spec.num_drafts)
+            result["spec_decode_num_draft_tokens"] = float(spec.num_draft_tokens)
+            result["spec_decode_num_accepted_tokens"] = float(spec.num_accepted_tokens)
         return result
 
 

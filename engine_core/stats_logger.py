@@ -64,6 +64,8 @@ class StatsLogger:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._logged_activity = False  # the last line reported tokens: one idle line follows
+        # spec_decode_* totals at the last line (speculative decoding), to report an interval's.
+        self._spec_totals = (0.0, 0.0, 0.0)
 
     def record(self, stats: dict[str, float], outputs: Sequence[EngineCoreOutput],
                scheduler_output: SchedulerOutput | None = None) -> None:
@@ -95,10 +97,30 @@ class StatsLogger:
         elapsed = now - self._last_log
         line = format_stats_line(stats, self._prompt_tokens / max(elapsed, 1e-9),
                                  self._generation_tokens / max(elapsed, 1e-9))
+        spec = self._spec_interval(stats)
+        if spec:
+            line += spec
         logger.info("%s", line)
         self._last_log = now
         self._prompt_tokens = self._generation_tokens = 0
         return line
+
+
+    def _spec_interval(self, stats: dict[str, float]) -> str:
+        """", Spec decode: ..." over the interval (vLLM's SpecDecoding metrics line), "" when
+        speculative decoding is off or drafted nothing."""
+        if "spec_decode_num_drafts" not in stats:
+            return ""
+        totals = (stats["spec_decode_num_drafts"], stats["spec_decode_num_draft_tokens"],
+                  stats["spec_decode_num_accepted_tokens"])
+        drafts, drafted, accepted = (now - before
+                                     for now, before in zip(totals, self._spec_totals, strict=True))
+        self._spec_totals = totals
+        if not drafts:
+            return ""
+        return (f", Spec decode: mean acceptance length {1 + accepted / drafts:.2f}, "
+                f"accepted {int(accepted)} of {int(drafted)} draft tokens "
+                f"({100 * accepted / drafted:.1f}%)")
 
 
 def format_stats_line(stats: dict[str, float], prompt_tps: float, generation_tps: float) -> str:

@@ -48,6 +48,9 @@ class Request:
     cache_salt: str | None = None
     lora_request: LoRARequest | None = None
     max_tokens: int = 16  # resolved by the core: params.max_tokens or what max_model_len leaves
+    # Speculative decoding is on and its sampling can verify several tokens at once (set by
+    # the scheduler: spec_decode.config.drafts_allowed).
+    drafts_allowed: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

@@ -49,6 +49,9 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)  # runner drops them; resent as new
     # Block hashes / ids for the KV connector, when one is configured (opaque to the runner).
     kv_connector_metadata: object | None = None
+    # req_id -> draft tokens scheduled after its last known token (counted in
+    # num_scheduled_tokens); the runner verifies them and samples up to len + 1 tokens.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

@@ -25,6 +25,9 @@ from engine_core.core.step_plan import RunningPlan, logprobs_row
 from engine_core.core.stop import check_stop
 from engine_core.core.tier_reset import TierReset, connector_tiers
 from engine_core.errors import DuplicateRequestError
+from engine_core.spec_decode.config import drafts_allowed
+from engine_core.spec_decode.ngram import NgramProposer
+from engine_core.spec_decode.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ class Scheduler:
         # Preempted outside schedule() (reset_prefix_cache): reported by the next schedule().
         self._preempted_outside_step: set[str] = set()
         self.num_preemptions = 0
+        speculative = scheduler_config.speculative
+        self.proposer = NgramProposer(speculative) if speculative is not None else None
+        self.spec_stats = SpecDecodingStats()
 
     # ---- requests in and out -------------------------------------------------------------
 
@@ -90,6 +96,8 @@ class Scheduler:
                 f"cache blocks of {self.block_size} tokens, more than the pool's "
                 f"num_blocks - 1 ({num_allocatable})")
         request.max_tokens = max_tokens
+        request.drafts_allowed = self.proposer is not None and drafts_allowed(
+            request.sampling_params)
         if self.hash_blocks:
             update_block_hashes(request, self.block_size, self.hash_fn)
         self.waiting.add(request)
@@ -119,6 +127,8 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+        if self.proposer is not None:
+            self.proposer.drop(request.request_id)
 
     def _offer_to_connector(self, request: Request) -> None:
         """Let the connector save the computed blocks a request is about to free."""
@@ -180,14 +190,33 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            drafts = self._drafts(request, plan.budget) if num_new == 1 else None
+            if drafts:
+                num_new += len(drafts)
             new_blocks, i = self._allocate_or_preempt(request, num_new, plan, i)
             if new_blocks is None:
                 continue  # the request preempted itself; running[i] is now the next one
+            if drafts:
+                plan.drafts[request.request_id] = drafts
             plan.scheduled_running.append(request)
             plan.num_scheduled[request.request_id] = num_new
             plan.new_blocks_of[request.request_id] = new_blocks
             plan.budget -= num_new
             i += 1
+
+    def _drafts(self, request: Request, budget: int) -> list[int] | None:
+        """Tokens to verify after request's last one this step (None: it takes one token).
+
+        Capped so the step cannot produce more than max_tokens (which also keeps the drafts'
+        KV inside the blocks add_request counted) nor spend more than the token budget.
+        """
+        if not request.drafts_allowed or self.proposer is None:
+            return None
+        num_output = request.num_output_tokens
+        if num_output < request.sampling_params.min_tokens:
+            return None  # EOS is banned at some positions and not others: one at a time
+        room = min(request.max_tokens - num_output - 1, budget - 1)
+        return self.proposer.propose(request.request_id, request.all_token_ids, room) or None
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: RunningPlan, i: int
                              ) -> tuple[list[KVCacheBlock] | None, int]:
@@ -243,6 +272,7 @@ class Scheduler:
             preempted_req_ids=preempted_ids,
             kv_connector_metadata=(self.kv_connector.build_connector_meta()
                                    if self.kv_connector is not None else None),
+            scheduled_spec_decode_tokens=plan.drafts,
         )
 
     def _schedule_waiting(self, budget: int, threshold: int, num_scheduled: dict[str, int],
@@ -340,6 +370,7 @@ class Scheduler:
         preempted_status = RequestStatus.PREEMPTED
         stopped: set[Request] = set()
         stopped_preempted: list[Request] = []
+        drafts_of = scheduler_output.scheduled_spec_decode_tokens
         for req_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(req_id)
             # Aborted since schedule(): its result is dropped. A request preempted while this
@@ -350,6 +381,9 @@ class Scheduler:
             was_preempted = request.status == preempted_status
             index = index_of.get(req_id)
             new_token_ids = sampled[index] if index is not None else []
+            if drafts_of and req_id in drafts_of:
+                self._settle_drafts(request, len(drafts_of[req_id]), len(new_token_ids),
+                                    was_preempted)
             finished = False
             if new_token_ids:
                 new_token_ids, finished = self._append_tokens(request, new_token_ids)
@@ -376,6 +410,18 @@ class Scheduler:
         for request in stopped_preempted:
             self.waiting.remove(request)
         return outputs
+
+    def _settle_drafts(self, request: Request, num_drafts: int, num_sampled: int,
+                       was_preempted: bool) -> None:
+        """Count a verified draft, and take the rejected drafts back out of the computed tokens
+        (their KV slots stay allocated; the next tokens overwrite them). Before any token is
+        appended or the request freed, so both see what the cache really holds."""
+        if num_sampled == 0:
+            return  # a tensor-parallel worker's empty result: nothing was verified here
+        num_accepted = num_sampled - 1
+        self.spec_stats.observe(num_drafts, num_accepted)
+        if not was_preempted:  # a preempted request restarts from 0 anyway
+            request.num_computed_tokens -= num_drafts - num_accepted
 
     def _append_tokens(self, request: Request, new_token_ids: list[int]
                        ) -> tuple[list[int], bool]:
@@ -439,5 +485,6 @@ class Scheduler:
             prefix_cache_totals=kv.prefix_cache_totals.copy(),
             connector_prefix_cache_stats=(self.connector_prefix_cache_stats.copy()
                                           if self.kv_connector is not None else None),
+            spec_decoding=self.spec_stats.copy() if self.proposer is not None else None,
         )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine_core.spec_decode.stats import SpecDecodingStats
+
 
 @dataclass(slots=True)
 class PrefixCacheStats:
@@ -99,3 +101,5 @@ class SchedulerStats:
     prefix_cache_totals: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     # Tokens a KV connector supplied on device misses; None without a connector.
     connector_prefix_cache_stats: PrefixCacheStats | None = None
+    # Drafts proposed and accepted since start; None without speculative decoding.
+    spec_decoding: SpecDecodingStats | None = None

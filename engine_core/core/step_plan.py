@@ -27,10 +27,13 @@ class RunningPlan:
     new_blocks_of: dict[str, list[KVCacheBlock]] = field(default_factory=dict)
     scheduled_running: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # req_id -> the draft tokens scheduled after its last token (speculative decoding).
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
     def unschedule(self, request: Request) -> None:
         """A request scheduled earlier in this step became a preemption victim."""
         if request.request_id in self.num_scheduled:
             self.budget += self.num_scheduled.pop(request.request_id)
             del self.new_blocks_of[request.request_id]
+            self.drafts.pop(request.request_id, None)
             self.scheduled_running.remove(request)

@@ -46,9 +46,10 @@ class Command:
     spec: WorkerSpec | None = None  # INIT
     num_blocks: int = 0  # INIT_KV; OFFLOAD: the tier's slots
     scheduler_output: SchedulerOutput | None = None  # EXECUTE
-    # EXECUTE: the tokens rank 0 sampled in the previous step (req_id -> token), which the
-    # workers append before running this one (their copies of the requests stay rank 0's).
-    sampled: dict[str, int] = field(default_factory=dict)
+    # EXECUTE: the tokens rank 0 sampled in the previous step (req_id -> tokens: several when
+    # drafts were accepted), which the workers append before running this one (their copies
+    # of the requests stay rank 0's).
+    sampled: dict[str, list[int]] = field(default_factory=dict)
     # EXECUTE: the offload tier's saves since the last step, (block ids, slots) each: the
     # workers copy the same blocks of their heads before this step writes any block.
     kv_saves: list[tuple[list[int], list[int]]] = field(default_factory=list)

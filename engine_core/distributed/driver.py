@@ -58,7 +58,7 @@ class TPDriverRunner(ModelRunner):
         if init.node_rank != 0:
             raise ValueError(f"node_rank must be 0 on the engine's node, got {init.node_rank}")
         self.failure: str | None = None
-        self._sampled: dict[str, int] = {}
+        self._sampled: dict[str, list[int]] = {}
         self._tier: CPUBlockTier | None = None  # the offload connector's, when configured
         # This node's other ranks (the other nodes' come from `strand worker`); under torchrun
         # every rank already has its process.
@@ -111,7 +111,7 @@ class TPDriverRunner(ModelRunner):
         self._call(Command(commands.EXECUTE, scheduler_output=scheduler_output,
                            sampled=self._sampled, kv_saves=saves, lora_touched=touched))
         out = self._guard(lambda: super(TPDriverRunner, self).execute_model(scheduler_output))
-        self._sampled = {req_id: tokens[-1] for req_id, tokens
+        self._sampled = {req_id: tokens for req_id, tokens
                          in zip(out.req_ids, out.sampled_token_ids, strict=True) if tokens}
         return out
 

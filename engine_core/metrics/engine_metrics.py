@@ -15,6 +15,7 @@ from engine_core.core.engine_io import EngineCoreOutput
 from engine_core.core.sched_output import SchedulerOutput
 from engine_core.core.scheduler import Scheduler
 from engine_core.core.stats import SchedulerStats
+from engine_core.spec_decode.stats import SpecDecodingStats
 from engine_core.stats_logger import prompt_tokens_of
 
 P = "strand:"
@@ -74,6 +75,8 @@ class EngineMetrics:
         ).labels(**labels)
         # Last seen totals: the scheduler keeps totals, Prometheus counters take increments.
         self._queries = self._hits = self._num_preemptions = 0
+        self.spec = (SpecDecodeMetrics(registry, labels)
+                     if scheduler.proposer is not None else None)
 
     def observe_step(self, stats: SchedulerStats, scheduler_output: SchedulerOutput | None,
                      outputs: Sequence[EngineCoreOutput]) -> None:
@@ -89,3 +92,37 @@ class EngineMetrics:
         self.generation_tokens.inc(sum(len(o.new_token_ids) for o in outputs))
         if scheduler_output is not None and scheduler_output.total_num_scheduled_tokens:
             self.iteration_tokens.observe(scheduler_output.total_num_scheduled_tokens)
+        if self.spec is not None and stats.spec_decoding is not None:
+            self.spec.observe(stats.spec_decoding)
+
+
+class SpecDecodeMetrics:
+    """vLLM's spec_decode_* counters: drafts, drafted and accepted tokens, accepted per draft
+    position (acceptance rate = accepted / drafted; mean acceptance length = 1 + accepted /
+    drafts)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        names = list(labels)
+        self._labels = labels
+
+        def counter(name: str, doc: str) -> PromCounter:
+            return PromCounter(P + name, doc, names, registry=registry).labels(**labels)
+
+        self.drafts = counter("spec_decode_num_drafts", "Request-steps that verified a draft.")
+        self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.per_pos = PromCounter(P + "spec_decode_num_accepted_tokens_per_pos",
+                                   "Draft tokens accepted, by position in the draft.",
+                                   [*names, "position"], registry=registry)
+        self._last = SpecDecodingStats()
+
+    def observe(self, stats: SpecDecodingStats) -> None:
+        last = self._last
+        self.drafts.inc(stats.num_drafts - last.num_drafts)
+        self.draft_tokens.inc(stats.num_draft_tokens - last.num_draft_tokens)
+        self.accepted.inc(stats.num_accepted_tokens - last.num_accepted_tokens)
+        for pos, count in enumerate(stats.accepted_per_pos):
+            before = last.accepted_per_pos[pos] if pos < len(last.accepted_per_pos) else 0
+            if count > before:
+                self.per_pos.labels(**self._labels, position=str(pos)).inc(count - before)
+        self._last = stats.copy()

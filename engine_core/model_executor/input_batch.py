@@ -80,6 +80,10 @@ class InputBatch:
         self._ensure_tokens(index + 1)
         self.token_ids[row, index] = token_id
 
+    def set_tokens(self, row: int, index: int, token_ids: list[int]) -> None:
+        self._ensure_tokens(index + len(token_ids))
+        self.token_ids[row, index:index + len(token_ids)] = token_ids
+
     def _ensure_tokens(self, n: int) -> None:
         if n > self.token_ids.shape[1]:
             self.token_ids = _grow_cols(self.token_ids, n)

@@ -14,7 +14,7 @@ Life of a step (execute_model):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
+from engine_core.spec_decode.verify import DraftRows, verify_drafts
 from engine_core.structured_output.runner_grammars import RunnerGrammars
 from kernels import cpu_linear_panels
 from kernels._cpu_build import ensure_built as ensure_cpu_kernels_built
@@ -75,6 +76,9 @@ class StepInputs:
     # Batch size of the decode graph that runs this step (input_ids, positions and metadata are
     # then its static buffers, padded to it); None: an eager forward.
     graph_size: int | None = None
+    # req index -> the draft tokens verified this step; each sampled request with drafts has
+    # len + 1 consecutive logits rows (its last token's, then each draft's). Empty: one row each.
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
 
 class ModelRunner(KVCacheSetup):
@@ -175,11 +179,13 @@ class ModelRunner(KVCacheSetup):
             # Rank 0 samples; its tokens reach this rank with the next step (apply_sampled).
             self._advance_prompt_logprobs(inputs)
             return ModelRunnerOutput.empty()
-        num_sampled = len(inputs.sample_reqs)
+        num_rows = len(inputs.sample_reqs) + sum(len(d) for d in inputs.drafts.values())
         sampled_lists: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs = None
-        if num_sampled:
-            out = self._sample(inputs, logits[:num_sampled])
+        if inputs.drafts:
+            logprobs = self._sample_with_drafts(inputs, logits[:num_rows], sampled_lists)
+        elif num_rows:
+            out = self._sample(inputs.sample_reqs, inputs.req_ids, logits[:num_rows])
             tokens = out.sampled_token_ids.tolist()
             for i, token in zip(inputs.sample_reqs.tolist(), tokens, strict=True):
                 sampled_lists[i] = [token]
@@ -188,7 +194,7 @@ class ModelRunner(KVCacheSetup):
                 if state.grammar is not None:
                     self.grammars.accept(state.req_id, state.grammar, token)
             logprobs = spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
-        prompt_logprobs = self._prompt_logprobs(inputs, logits[num_sampled:])
+        prompt_logprobs = self._prompt_logprobs(inputs, logits[num_rows:])
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
@@ -223,12 +229,13 @@ class ModelRunner(KVCacheSetup):
         """The rank that samples (the only one without tensor parallelism)."""
         return self.tp is None or self.tp.is_driver
 
-    def apply_sampled(self, tokens: dict[str, int]) -> None:
+    def apply_sampled(self, tokens: dict[str, list[int]]) -> None:
         """A worker rank: append the tokens rank 0 sampled last step, before this step runs."""
-        for req_id, token in tokens.items():
+        for req_id, token_ids in tokens.items():
             state = self.requests.get(req_id)
             if state is not None:
-                self._append_token(state, token)
+                for token in token_ids:
+                    self._append_token(state, token)
 
     def _advance_prompt_logprobs(self, inputs: StepInputs) -> None:
         """A worker rank keeps rank 0's prompt-logprob progress, so both pick the same rows."""
@@ -302,6 +309,7 @@ class ModelRunner(KVCacheSetup):
         known = np.fromiter((s.num_tokens for s in states), np.int64, n)
         seq_lens = computed + query_lens
         batch = self.input_batch
+        drafts = self._place_drafts(so.scheduled_spec_decode_tokens, req_ids, states, known)
         check_schedule(req_ids, seq_lens, known, batch.num_blocks[rows] * self.block_size)
 
         ends = np.cumsum(query_lens)
@@ -329,9 +337,10 @@ class ModelRunner(KVCacheSetup):
             ids_t = torch.from_numpy(input_ids).to(self.device)
             positions_t = torch.from_numpy(positions).to(self.device)
 
-        # A request is sampled when this step reaches its last known token.
+        # A request is sampled when this step reaches its last known token (or draft).
         sample_reqs = np.nonzero((seq_lens == known) & (query_lens > 0))[0]
-        logits_rows = [ends[sample_reqs] - 1]
+        logits_rows = [ends[sample_reqs] - 1 if not drafts
+                       else _draft_rows(ends[sample_reqs], sample_reqs, drafts)]
         prompt_spans: dict[int, tuple[int, int]] = {}
         for i, state in enumerate(states):
             if state.params.prompt_logprobs is None:
@@ -352,10 +361,29 @@ class ModelRunner(KVCacheSetup):
             logits_indices=torch.from_numpy(np.concatenate(logits_rows)).to(self.device),
             prompt_spans=prompt_spans,
             graph_size=graph_size,
+            drafts=drafts,
         )
 
-    def _sample(self, inputs: StepInputs, logits: torch.Tensor) -> SamplerOutput:
-        states = [self.requests[inputs.req_ids[i]] for i in inputs.sample_reqs.tolist()]
+    def _place_drafts(self, drafts_of: dict[str, list[int]], req_ids: list[str],
+                      states: list[CachedRequestState], known: np.ndarray
+                      ) -> dict[int, list[int]]:
+        """Write each request's drafts after its known tokens (the step's input ids are cut from
+        there) and count them as known; req index -> drafts."""
+        if not drafts_of:
+            return {}
+        index_of = {req_id: i for i, req_id in enumerate(req_ids)}
+        placed: dict[int, list[int]] = {}
+        for req_id, draft in drafts_of.items():
+            i = index_of[req_id]
+            state = states[i]
+            self.input_batch.set_tokens(state.row, state.num_tokens, draft)
+            known[i] += len(draft)
+            placed[i] = draft
+        return placed
+
+    def _sample(self, sample_reqs: np.ndarray, req_ids: list[str],
+                logits: torch.Tensor) -> SamplerOutput:
+        states = [self.requests[req_ids[i]] for i in sample_reqs.tolist()]
         if not self.sampler.logits_processors and all(s.argmax_only for s in states):
             # What the sampler would do, without building the metadata that tells it so.
             return SamplerOutput(argmax_tokens(logits), None)
@@ -371,6 +399,32 @@ class ModelRunner(KVCacheSetup):
         metadata = build_sampling_metadata(rows, self.model_config.vocab_size, self.device)
         return self.sampler(logits, metadata)
 
+    def _sample_with_drafts(self, inputs: StepInputs, logits: torch.Tensor,
+                            sampled_lists: list[list[int]]) -> LogprobsLists | None:
+        """A step that verifies drafts: requests without one are sampled as in any step (their
+        logprobs too); each drafted request keeps its accepted drafts and one token more."""
+        rows = DraftRows.of(inputs.sample_reqs, inputs.drafts)
+        plain = inputs.sample_reqs[~rows.drafted]
+        logprobs = None
+        if len(plain):
+            out = self._sample(plain, inputs.req_ids, logits[rows.first[~rows.drafted]])
+            for i, token in zip(plain.tolist(), out.sampled_token_ids.tolist(), strict=True):
+                sampled_lists[i] = [token]
+                state = self.requests[inputs.req_ids[i]]
+                self._append_token(state, token)
+                if state.grammar is not None:
+                    self.grammars.accept(state.req_id, state.grammar, token)
+            logprobs = spread_logprobs(out.logprobs, plain, len(inputs.req_ids))
+        drafted = inputs.sample_reqs[rows.drafted].tolist()
+        states = [self.requests[inputs.req_ids[i]] for i in drafted]
+        verified = verify_drafts(logits, rows, drafted, inputs.drafts, states, self.sampler,
+                                 self.model_config.vocab_size, self.device)
+        for i, state, tokens in zip(drafted, states, verified, strict=True):
+            sampled_lists[i] = tokens
+            for token in tokens:
+                self._append_token(state, token)
+        return logprobs
+
     def _prompt_logprobs(self, inputs: StepInputs,
                          logits: torch.Tensor) -> dict[str, LogprobsLists | None]:
         result: dict[str, LogprobsLists | None] = {}
@@ -385,3 +439,13 @@ class ModelRunner(KVCacheSetup):
             state.prompt_logprobs_done = first + count
             offset += count
         return result
+
+
+def _draft_rows(ends: np.ndarray, sample_reqs: np.ndarray,
+                drafts: dict[int, list[int]]) -> np.ndarray:
+    """Logits rows of the sampled requests: the last token's row, preceded by one row per draft
+    (the rows of the request's last len(drafts) + 1 tokens)."""
+    counts = np.fromiter((len(drafts.get(i, ())) + 1 for i in sample_reqs.tolist()), np.int64,
+                         len(sample_reqs))
+    starts = np.cumsum(counts) - counts
+    return np.repeat(ends - counts - starts, counts) + np.arange(int(counts.sum()))

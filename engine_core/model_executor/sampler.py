@@ -63,7 +63,20 @@ class Sampler:
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        sampled = self._sample(self.processed_logits(logits, metadata), metadata)
 
+        logprobs = None
+        if raw_logprobs is not None:
+            assert metadata.max_num_logprobs is not None
+            logprobs = gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def processed_logits(
+        self,
+        logits: torch.Tensor,  # [num_reqs, vocab] any float dtype, as the model made them
+        metadata: SamplingMetadata,
+    ) -> torch.Tensor:  # [num_reqs, vocab] float32: a greedy row's token is its argmax
+        """The logits after the grammar, the token masks, custom processors and penalties."""
         custom = self.logits_processors
         # Masks edit in place: copy so the caller's logits stay as the model produced them.
         logits = logits.to(torch.float32, copy=not metadata.masks.is_empty or bool(custom)
@@ -80,13 +93,22 @@ class Sampler:
                 logits = processor.apply(logits)
         if metadata.penalties is not None:
             logits = apply_penalties(logits, metadata.penalties)
-        sampled = self._sample(logits, metadata)
+        return logits
 
-        logprobs = None
-        if raw_logprobs is not None:
-            assert metadata.max_num_logprobs is not None
-            logprobs = gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+    def random_probs(
+        self,
+        logits: torch.Tensor,  # [num_reqs, vocab] float32 from processed_logits
+        metadata: SamplingMetadata,  # not all greedy
+    ) -> torch.Tensor:  # [num_reqs, vocab] float32
+        """The distribution a random row draws from: temperature, top-k, top-p, min-p."""
+        assert metadata.temperature is not None
+        logits = logits / metadata.temperature.unsqueeze(1)
+        for processor in self.logits_processors.argmax_invariant:
+            logits = processor.apply(logits)
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k, metadata.top_p)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        return logits.softmax(dim=-1)
 
     def _sample(
         self,
@@ -98,15 +120,7 @@ class Sampler:
             greedy = argmax_tokens(logits)
             if metadata.all_greedy:
                 return greedy
-        assert metadata.temperature is not None
-        logits = logits / metadata.temperature.unsqueeze(1)
-        for processor in self.logits_processors.argmax_invariant:
-            logits = processor.apply(logits)
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k, metadata.top_p)
-        if metadata.min_p is not None:
-            logits = apply_min_p(logits, metadata.min_p)
-        probs = logits.softmax(dim=-1)  # [num_reqs, vocab]
-        sampled = _exponential_race(probs, metadata.generators)
+        sampled = exponential_race(self.random_probs(logits, metadata), metadata.generators)
         if greedy is None:
             return sampled
         assert metadata.greedy_mask is not None
@@ -122,7 +136,7 @@ def argmax_tokens(logits: torch.Tensor) -> torch.Tensor:  # [num_reqs, vocab] ->
     return logits.argmax(dim=-1)
 
 
-def _exponential_race(
+def exponential_race(
     probs: torch.Tensor,  # [num_reqs, vocab] float32
     generators: dict[int, torch.Generator],
 ) -> torch.Tensor:  # [num_reqs] int64
