@@ -325,14 +325,18 @@ class ModelRunner(KVCacheSetup):
         input_ids = batch.token_ids[token_rows, positions]
         slots = batch.block_table[token_rows, positions // self.block_size].astype(np.int64)
         slots = slots * self.block_size + positions % self.block_size
+        # Attention's view of the step: a request a row, or (verifying drafts) a token a row.
+        attn_q, attn_seq, attn_rows = query_lens, seq_lens, rows
+        if drafts and _verify_only(query_lens, drafts):
+            attn_q, attn_seq, attn_rows = np.ones_like(positions), positions + 1, token_rows
         graphs = self.decode_graphs
-        graph_size = graphs.padded_size(query_lens, seq_lens) if graphs is not None else None
+        graph_size = graphs.padded_size(attn_q, attn_seq) if graphs is not None else None
         if graphs is not None and graph_size is not None:
             ids_t, positions_t, metadata = graphs.load(graph_size, input_ids, positions, slots,
-                                                       seq_lens, batch.block_table[rows])
+                                                       attn_seq, batch.block_table[attn_rows])
         else:
-            metadata = build_attention_metadata(query_lens, seq_lens, slots,
-                                                batch.block_table[rows], self.block_size,
+            metadata = build_attention_metadata(attn_q, attn_seq, slots,
+                                                batch.block_table[attn_rows], self.block_size,
                                                 self.device)
             ids_t = torch.from_numpy(input_ids).to(self.device)
             positions_t = torch.from_numpy(positions).to(self.device)
@@ -449,3 +453,15 @@ def _draft_rows(ends: np.ndarray, sample_reqs: np.ndarray,
                          len(sample_reqs))
     starts = np.cumsum(counts) - counts
     return np.repeat(ends - counts - starts, counts) + np.arange(int(counts.sum()))
+
+
+def _verify_only(query_lens: np.ndarray, drafts: dict[int, list[int]]) -> bool:
+    """Every request computes just its last token and its drafts. Each token can then attend
+    as a decode row of its own (the request's block table, its position + 1 as the length):
+    every K/V of the step is written before any row attends, so row j sees the drafts before
+    it and none after. The step then takes the decode paths (the fused CPU step, CUDA graphs)
+    instead of a prefill's."""
+    expected = np.ones_like(query_lens)
+    for i, draft in drafts.items():
+        expected[i] += len(draft)
+    return bool((query_lens == expected).all())

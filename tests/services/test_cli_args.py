@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_core import EngineArgs
 from services.cli import _engine_flags, _stack_parser, stack_config
 from services.common.stage_args import DEFAULT_PORTS, make_parser, parse_stage_args
 
@@ -144,3 +145,14 @@ def test_serve_hands_the_reasoning_parser_to_the_engine_and_its_front() -> None:
 def test_bad_served_model_names_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _openai_args(["--model", "m", *argv])
+
+
+def test_serve_forwards_the_speculative_config_as_json() -> None:
+    parser = _stack_parser("strand serve")
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    argv = ["--model", "m", "--speculative-config", json.dumps(spec)]
+    config = stack_config(parser.parse_args(argv), parser, "/cache/resolved-dir")
+    flag = config.engine_args.index("--speculative-config")
+    assert json.loads(config.engine_args[flag + 1]) == spec
+    args, _ = parse_stage_args(make_parser("engine"), config.engine_args)
+    assert EngineArgs.from_cli_args(args).speculative_config == spec
