@@ -206,9 +206,8 @@ class ModelRunner(KVCacheSetup):
     def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
         """The forward pass; logits only at inputs.logits_indices. [n, vocab] in model dtype."""
         if inputs.graph_size is not None and self.decode_graphs is not None:
-            # Rows past the step's requests are padding; logits_indices never points there.
-            hidden = self.decode_graphs.replay(inputs.graph_size)[:len(inputs.req_ids)]
-            hidden = hidden[inputs.logits_indices]
+            # Rows past the step's tokens are padding; logits_indices never points there.
+            hidden = self.decode_graphs.replay(inputs.graph_size)[inputs.logits_indices]
         else:
             # A few decodes on CPU: the layers and the lm_head in one C++ call, where it applies.
             decode_logits = getattr(self.model, "decode_logits", None)

@@ -8,6 +8,7 @@ from typing import Any
 
 from engine_core import LLMEngine, RequestOutput, SamplingParams
 from tests.engine.conftest import make_engine, run_to_completion
+from tests.model_executor.conftest import llama_dir, variant_dirs  # noqa: F401  (fixtures)
 
 NGRAM: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": 4,
                          "prompt_lookup_max": 3, "prompt_lookup_min": 1}
