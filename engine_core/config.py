@@ -325,7 +325,9 @@ _HELP = {
                           "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                           "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'; each step "
                           "verifies up to num_speculative_tokens drafted tokens copied from "
-                          "where the request's last tokens occurred before",
+                          "where the request's last tokens occurred before; "
+                          "\"disable_by_batch_size\": N drafts nothing while more than N "
+                          "requests run",
     "reasoning_parser": "a thinking model's <think> format: deepseek_r1 (DeepSeek R1 and its "
                         "distills, QwQ) or qwen3 (Qwen 3). Structured outputs constrain only what "
                         "follows the reasoning, and the OpenAI front answers the reasoning apart "

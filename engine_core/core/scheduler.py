@@ -165,6 +165,7 @@ class Scheduler:
         waiting ones while budget remains; then describe the decision for the runner."""
         threshold = self.scheduler_config.long_prefill_token_threshold
         plan = RunningPlan(self.scheduler_config.max_num_batched_tokens)
+        plan.may_draft = self._may_draft()
         self._schedule_running(plan, threshold)
         scheduled_new: list[Request] = []
         # After a preemption the pool is tight: admitting would only preempt again.
@@ -190,7 +191,8 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            drafts = self._drafts(request, plan.budget) if num_new == 1 else None
+            drafts = (self._drafts(request, plan.budget)
+                      if num_new == 1 and plan.may_draft else None)
             if drafts:
                 num_new += len(drafts)
             new_blocks, i = self._allocate_or_preempt(request, num_new, plan, i)
@@ -203,6 +205,14 @@ class Scheduler:
             plan.new_blocks_of[request.request_id] = new_blocks
             plan.budget -= num_new
             i += 1
+
+    def _may_draft(self) -> bool:
+        """Speculative decoding is on, and the batch is not past disable_by_batch_size."""
+        speculative = self.scheduler_config.speculative
+        if speculative is None:
+            return False
+        limit = speculative.disable_by_batch_size
+        return limit is None or len(self.running) <= limit
 
     def _drafts(self, request: Request, budget: int) -> list[int] | None:
         """Tokens to verify after request's last one this step (None: it takes one token).

@@ -29,6 +29,7 @@ class RunningPlan:
     preempted: list[Request] = field(default_factory=list)
     # req_id -> the draft tokens scheduled after its last token (speculative decoding).
     drafts: dict[str, list[int]] = field(default_factory=dict)
+    may_draft: bool = False  # this step drafts (speculative decoding on, batch small enough)
 
     def unschedule(self, request: Request) -> None:
         """A request scheduled earlier in this step became a preemption victim."""

@@ -12,7 +12,8 @@ METHODS = ("ngram",)
 DEFAULT_LOOKUP = 5
 # A draft longer than this only adds rejected rows to each step.
 MAX_SPECULATIVE_TOKENS = 32
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+         "disable_by_batch_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int
     prompt_lookup_max: int
     method: str = "ngram"
+    # vLLM's: no drafts in a step while more requests than this run (a batch that size keeps
+    # the machine busy without them, and drafts would only take rows from it). None: always.
+    disable_by_batch_size: int | None = None
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> SpeculativeConfig:
@@ -55,7 +59,11 @@ class SpeculativeConfig:
         if high < low:
             raise ValueError(f"speculative_config.prompt_lookup_max must be >= "
                              f"prompt_lookup_min ({low}), got {high}")
-        return cls(k, low, high, method)
+        limit = _int(spec, "disable_by_batch_size", None)
+        if limit is not None and limit < 2:
+            raise ValueError(f"speculative_config.disable_by_batch_size must be >= 2, got "
+                             f"{limit}")
+        return cls(k, low, high, method, limit)
 
 
 def _int(spec: dict[str, Any], key: str, default: int | None) -> int | None:

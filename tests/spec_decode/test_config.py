@@ -23,6 +23,8 @@ def test_vllm_defaults_for_the_lookup_lengths() -> None:
         == SpeculativeConfig(2, 2, 2)
     assert SpeculativeConfig.from_dict({"num_speculative_tokens": 2, "prompt_lookup_min": 1,
                                         "prompt_lookup_max": 3}) == SpeculativeConfig(2, 1, 3)
+    assert SpeculativeConfig.from_dict({"num_speculative_tokens": 2, "disable_by_batch_size": 8}
+                                       ).disable_by_batch_size == 8
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -36,6 +38,8 @@ def test_vllm_defaults_for_the_lookup_lengths() -> None:
     ({"num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
      "prompt_lookup_max must be >= prompt_lookup_min (3), got 2"),
     ({"num_speculative_tokens": 2, "model": "x"}, "speculative_config.model is not supported"),
+    ({"num_speculative_tokens": 2, "disable_by_batch_size": 1},
+     "disable_by_batch_size must be >= 2, got 1"),
     ([1], "speculative_config must be a JSON object"),
 ])
 def test_bad_configs_are_refused_by_name(spec: Any, message: str) -> None:

@@ -161,3 +161,27 @@ def test_acceptance_is_counted_in_metrics_and_the_stats_line(
     mean = 1 + spec.num_accepted_tokens / spec.num_drafts
     assert f"Spec decode: mean acceptance length {mean:.2f}, accepted " \
            f"{spec.num_accepted_tokens} of {spec.num_draft_tokens} draft tokens" in caplog.text
+
+
+def test_no_drafts_while_the_batch_is_past_disable_by_batch_size(tiny_model_dir: Path) -> None:
+    prompts = repetitive_prompts(512)  # four requests; two end early, then two run on
+    params = [SamplingParams(temperature=0.0, max_tokens=n) for n in (6, 8, 40, 40)]
+    want, _ = run(tiny_model_dir, prompts, params, False)
+    engine = make_engine(tiny_model_dir, speculative_config={**NGRAM,
+                                                             "disable_by_batch_size": 2})
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, p)
+    finished = {}
+    drafted_with = []  # running requests at each step that drafted
+    while engine.has_unfinished_requests():
+        running = len(engine.engine_core.scheduler.running)
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        last = engine.engine_core.last_scheduler_output
+        if last is not None and last.scheduled_spec_decode_tokens:
+            drafted_with.append(running)
+    assert drafted_with, "nothing drafted once the batch shrank"
+    assert max(drafted_with) <= 2
+    for req_id, out in want.items():
+        assert finished[req_id].outputs[0].token_ids == out.outputs[0].token_ids
