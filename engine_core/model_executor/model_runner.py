@@ -76,9 +76,11 @@ class StepInputs:
     # Batch size of the decode graph that runs this step (input_ids, positions and metadata are
     # then its static buffers, padded to it); None: an eager forward.
     graph_size: int | None = None
-    # req index -> the draft tokens verified this step; each sampled request with drafts has
-    # len + 1 consecutive logits rows (its last token's, then each draft's). Empty: one row each.
+    # req index -> the draft tokens verified this step, and where each sampled request's logits
+    # rows are (a drafted one has len + 1: its last token's, then each draft's). Empty and None:
+    # one row each.
     drafts: dict[int, list[int]] = field(default_factory=dict)
+    draft_rows: DraftRows | None = None
 
 
 class ModelRunner(KVCacheSetup):
@@ -182,18 +184,12 @@ class ModelRunner(KVCacheSetup):
         num_rows = len(inputs.sample_reqs) + sum(len(d) for d in inputs.drafts.values())
         sampled_lists: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs = None
-        if inputs.drafts:
-            logprobs = self._sample_with_drafts(inputs, logits[:num_rows], sampled_lists)
+        if inputs.draft_rows is not None:
+            logprobs = self._sample_with_drafts(inputs, inputs.draft_rows, logits[:num_rows],
+                                                sampled_lists)
         elif num_rows:
-            out = self._sample(inputs.sample_reqs, inputs.req_ids, logits[:num_rows])
-            tokens = out.sampled_token_ids.tolist()
-            for i, token in zip(inputs.sample_reqs.tolist(), tokens, strict=True):
-                sampled_lists[i] = [token]
-                state = self.requests[inputs.req_ids[i]]
-                self._append_token(state, token)
-                if state.grammar is not None:
-                    self.grammars.accept(state.req_id, state.grammar, token)
-            logprobs = spread_logprobs(out.logprobs, inputs.sample_reqs, len(inputs.req_ids))
+            logprobs = self._sample_one_each(inputs.sample_reqs, inputs.req_ids,
+                                             logits[:num_rows], sampled_lists)
         prompt_logprobs = self._prompt_logprobs(inputs, logits[num_rows:])
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
@@ -342,8 +338,9 @@ class ModelRunner(KVCacheSetup):
 
         # A request is sampled when this step reaches its last known token (or draft).
         sample_reqs = np.nonzero((seq_lens == known) & (query_lens > 0))[0]
-        logits_rows = [ends[sample_reqs] - 1 if not drafts
-                       else _draft_rows(ends[sample_reqs], sample_reqs, drafts)]
+        draft_rows = DraftRows.of(sample_reqs, drafts) if drafts else None
+        logits_rows = [ends[sample_reqs] - 1 if draft_rows is None
+                       else draft_rows.logits_rows(ends[sample_reqs])]
         prompt_spans: dict[int, tuple[int, int]] = {}
         for i, state in enumerate(states):
             if state.params.prompt_logprobs is None:
@@ -365,6 +362,7 @@ class ModelRunner(KVCacheSetup):
             prompt_spans=prompt_spans,
             graph_size=graph_size,
             drafts=drafts,
+            draft_rows=draft_rows,
         )
 
     def _place_drafts(self, drafts_of: dict[str, list[int]], req_ids: list[str],
@@ -402,22 +400,29 @@ class ModelRunner(KVCacheSetup):
         metadata = build_sampling_metadata(rows, self.model_config.vocab_size, self.device)
         return self.sampler(logits, metadata)
 
-    def _sample_with_drafts(self, inputs: StepInputs, logits: torch.Tensor,
+    def _sample_one_each(self, sample_reqs: np.ndarray, req_ids: list[str],
+                         logits: torch.Tensor, sampled_lists: list[list[int]]
+                         ) -> LogprobsLists | None:
+        """A token for each of sample_reqs (a logits row each), appended to its state; their
+        logprobs, in the scheduler's order."""
+        out = self._sample(sample_reqs, req_ids, logits)
+        for i, token in zip(sample_reqs.tolist(), out.sampled_token_ids.tolist(), strict=True):
+            sampled_lists[i] = [token]
+            state = self.requests[req_ids[i]]
+            self._append_token(state, token)
+            if state.grammar is not None:
+                self.grammars.accept(state.req_id, state.grammar, token)
+        return spread_logprobs(out.logprobs, sample_reqs, len(req_ids))
+
+    def _sample_with_drafts(self, inputs: StepInputs, rows: DraftRows, logits: torch.Tensor,
                             sampled_lists: list[list[int]]) -> LogprobsLists | None:
         """A step that verifies drafts: requests without one are sampled as in any step (their
         logprobs too); each drafted request keeps its accepted drafts and one token more."""
-        rows = DraftRows.of(inputs.sample_reqs, inputs.drafts)
         plain = inputs.sample_reqs[~rows.drafted]
         logprobs = None
         if len(plain):
-            out = self._sample(plain, inputs.req_ids, logits[rows.first[~rows.drafted]])
-            for i, token in zip(plain.tolist(), out.sampled_token_ids.tolist(), strict=True):
-                sampled_lists[i] = [token]
-                state = self.requests[inputs.req_ids[i]]
-                self._append_token(state, token)
-                if state.grammar is not None:
-                    self.grammars.accept(state.req_id, state.grammar, token)
-            logprobs = spread_logprobs(out.logprobs, plain, len(inputs.req_ids))
+            logprobs = self._sample_one_each(plain, inputs.req_ids,
+                                             logits[rows.first[~rows.drafted]], sampled_lists)
         drafted = inputs.sample_reqs[rows.drafted].tolist()
         states = [self.requests[inputs.req_ids[i]] for i in drafted]
         verified = verify_drafts(logits, rows, drafted, inputs.drafts, states, self.sampler,
@@ -442,16 +447,6 @@ class ModelRunner(KVCacheSetup):
             state.prompt_logprobs_done = first + count
             offset += count
         return result
-
-
-def _draft_rows(ends: np.ndarray, sample_reqs: np.ndarray,
-                drafts: dict[int, list[int]]) -> np.ndarray:
-    """Logits rows of the sampled requests: the last token's row, preceded by one row per draft
-    (the rows of the request's last len(drafts) + 1 tokens)."""
-    counts = np.fromiter((len(drafts.get(i, ())) + 1 for i in sample_reqs.tolist()), np.int64,
-                         len(sample_reqs))
-    starts = np.cumsum(counts) - counts
-    return np.repeat(ends - counts - starts, counts) + np.arange(int(counts.sum()))
 
 
 def _verify_only(query_lens: np.ndarray, drafts: dict[int, list[int]]) -> bool:

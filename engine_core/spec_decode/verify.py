@@ -38,6 +38,12 @@ class DraftRows:
                              np.int64, len(sample_reqs))
         return cls(counts, np.cumsum(counts) - counts, counts > 1)
 
+    def logits_rows(self, ends: np.ndarray) -> np.ndarray:
+        """The hidden rows whose logits are computed, given where each sampled request's tokens
+        end in the step: each request's last `count` rows."""
+        return np.repeat(ends - self.counts - self.first, self.counts) + np.arange(
+            int(self.counts.sum()))
+
     def drafted_rows(self) -> np.ndarray:
         """The rows of the drafted requests, each request's consecutive."""
         counts, first = self.counts[self.drafted], self.first[self.drafted]
