@@ -19,6 +19,10 @@ class LogprobsProcessor:
         self.tokenizer = tokenizer if detokenize else None
         self.prompt_token_ids = list(prompt_token_ids or [])
         self._sampled_ids: list[int] = []  # the sequence's output so far (decoding context)
+        # The sampler gathers the batch's largest k for every row: each row is cut to this
+        # request's own (the sampled token, then its top k; vLLM's zip with the ranks).
+        self._row_width = (None if num_logprobs is None or num_logprobs < 0
+                           else 1 + num_logprobs)
         self.logprobs: SampleLogprobs | None = None if num_logprobs is None else []
         self.cumulative_logprob: float | None = None if num_logprobs is None else 0.0
         self.prompt_logprobs: PromptLogprobs | None = None if num_prompt_logprobs is None else []
@@ -27,9 +31,10 @@ class LogprobsProcessor:
     def update_sample(self, rows: LogprobsLists | None) -> None:
         if rows is None or self.logprobs is None:
             return
+        width = self._row_width
         for row in range(len(rows.logprob_token_ids)):
-            one = LogprobsLists([rows.logprob_token_ids[row]], [rows.logprobs[row]],
-                                [rows.sampled_token_ranks[row]])
+            one = LogprobsLists([rows.logprob_token_ids[row][:width]],
+                                [rows.logprobs[row][:width]], [rows.sampled_token_ranks[row]])
             # A character may start in the prompt and end in the output.
             context = (self.prompt_token_ids[-_MAX_CONTEXT_TOKENS:]
                        + self._sampled_ids[-_MAX_CONTEXT_TOKENS:])[-_MAX_CONTEXT_TOKENS:]

@@ -213,6 +213,20 @@ def test_sample_logprobs_become_dicts_and_sum_into_cumulative(
     assert second[b].decoded_token == tokenizer.decode([b])
 
 
+def test_rows_wider_than_the_request_asked_are_cut_to_its_k(
+    tokenizer: Tokenizer, output_processor: OutputProcessor
+) -> None:
+    # The sampler gathers the batch's largest k (here 3) for every row; a request that asked
+    # for 1 gets its sampled token and its top 1, as vLLM's (the bug: all three came back).
+    output_processor.add_request(make_processed(tokenizer, "r", logprobs=1))
+    a, b, c = ids_of(tokenizer, "kalo mi pona")[:3]
+    rows = logprob_rows(([b, a, b, c], [-1.2, -0.5, -1.2, -1.9], 2))
+    completion = output_processor.process_outputs(
+        [step("r", b, new_logprobs=rows)]).request_outputs[0].outputs[0]
+    assert completion.logprobs is not None
+    assert {t: lp.rank for t, lp in completion.logprobs[0].items()} == {b: 2, a: 1}
+
+
 def test_without_logprobs_there_is_no_cumulative_logprob(
     tokenizer: Tokenizer, output_processor: OutputProcessor
 ) -> None:
