@@ -26,6 +26,9 @@ class ModelRunnerOutput:
     logprobs: LogprobsLists | None = None
     # req_id -> logprobs for the prompt positions computed this step (rows = positions).
     prompt_logprobs_dict: dict[str, LogprobsLists | None] = field(default_factory=dict)
+    # req_id -> one row per token, for a request that verified drafts and asked for logprobs
+    # (its row in `logprobs` is then empty).
+    draft_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

@@ -21,7 +21,7 @@ from engine_core.core.request_queue import make_request_queue
 from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine_core.core.stats import PrefixCacheStats, SchedulerStats
-from engine_core.core.step_plan import RunningPlan, logprobs_row
+from engine_core.core.step_plan import RunningPlan, leading_rows, logprobs_row
 from engine_core.core.stop import check_stop
 from engine_core.core.tier_reset import TierReset, connector_tiers
 from engine_core.errors import DuplicateRequestError
@@ -400,9 +400,11 @@ class Scheduler:
             new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not (new_token_ids or finished or new_prompt_logprobs):
                 continue
-            new_logprobs = (logprobs_row(runner_output.logprobs, index)
-                            if new_token_ids and request.sampling_params.logprobs is not None
-                            else None)
+            new_logprobs = None
+            if new_token_ids and request.sampling_params.logprobs is not None:
+                several = runner_output.draft_logprobs.get(req_id)
+                new_logprobs = (logprobs_row(runner_output.logprobs, index) if several is None
+                                else leading_rows(several, len(new_token_ids)))
             # Positional: this runs once per request per step.
             outputs.append(EngineCoreOutput(
                 req_id, new_token_ids, new_logprobs, new_prompt_logprobs,

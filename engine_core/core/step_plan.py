@@ -10,6 +10,12 @@ from engine_core.core.request import Request
 from engine_core.core.runner_output import LogprobsLists
 
 
+def leading_rows(logprobs: LogprobsLists, n: int) -> LogprobsLists:
+    """The first n rows (a drafted request's tokens up to the one that stopped it)."""
+    return LogprobsLists(logprobs.logprob_token_ids[:n], logprobs.logprobs[:n],
+                         logprobs.sampled_token_ranks[:n])
+
+
 def logprobs_row(logprobs: LogprobsLists | None, index: int | None) -> LogprobsLists | None:
     """One request's row of this step's sampled logprobs."""
     if logprobs is None or index is None:

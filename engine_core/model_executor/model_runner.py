@@ -51,7 +51,7 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
-from engine_core.spec_decode.verify import DraftRows, verify_drafts
+from engine_core.spec_decode.verify import DraftRows, emitted_logprobs, verify_drafts
 from engine_core.structured_output.runner_grammars import RunnerGrammars
 from kernels import cpu_linear_panels
 from kernels._cpu_build import ensure_built as ensure_cpu_kernels_built
@@ -184,9 +184,10 @@ class ModelRunner(KVCacheSetup):
         num_rows = len(inputs.sample_reqs) + sum(len(d) for d in inputs.drafts.values())
         sampled_lists: list[list[int]] = [[] for _ in inputs.req_ids]
         logprobs = None
+        draft_logprobs: dict[str, LogprobsLists] = {}
         if inputs.draft_rows is not None:
             logprobs = self._sample_with_drafts(inputs, inputs.draft_rows, logits[:num_rows],
-                                                sampled_lists)
+                                                sampled_lists, draft_logprobs)
         elif num_rows:
             logprobs = self._sample_one_each(inputs.sample_reqs, inputs.req_ids,
                                              logits[:num_rows], sampled_lists)
@@ -197,6 +198,7 @@ class ModelRunner(KVCacheSetup):
             sampled_token_ids=sampled_lists,
             logprobs=logprobs,
             prompt_logprobs_dict=prompt_logprobs,
+            draft_logprobs=draft_logprobs,
         )
 
     def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
@@ -415,9 +417,11 @@ class ModelRunner(KVCacheSetup):
         return spread_logprobs(out.logprobs, sample_reqs, len(req_ids))
 
     def _sample_with_drafts(self, inputs: StepInputs, rows: DraftRows, logits: torch.Tensor,
-                            sampled_lists: list[list[int]]) -> LogprobsLists | None:
+                            sampled_lists: list[list[int]],
+                            draft_logprobs: dict[str, LogprobsLists]) -> LogprobsLists | None:
         """A step that verifies drafts: requests without one are sampled as in any step (their
-        logprobs too); each drafted request keeps its accepted drafts and one token more."""
+        logprobs too); each drafted request keeps its accepted drafts and one token more (and
+        their logprobs into draft_logprobs, a row each, when it asked)."""
         plain = inputs.sample_reqs[~rows.drafted]
         logprobs = None
         if len(plain):
@@ -427,10 +431,14 @@ class ModelRunner(KVCacheSetup):
         states = [self.requests[inputs.req_ids[i]] for i in drafted]
         verified = verify_drafts(logits, rows, drafted, inputs.drafts, states, self.sampler,
                                  self.model_config.vocab_size, self.device)
-        for i, state, tokens in zip(drafted, states, verified, strict=True):
+        firsts = rows.first[rows.drafted].tolist()
+        for i, state, tokens, first in zip(drafted, states, verified, firsts, strict=True):
             sampled_lists[i] = tokens
             for token in tokens:
                 self._append_token(state, token)
+            if state.params.logprobs is not None:
+                draft_logprobs[state.req_id] = emitted_logprobs(logits, first, tokens,
+                                                                state.params.logprobs)
         return logprobs
 
     def _prompt_logprobs(self, inputs: StepInputs,

@@ -80,10 +80,9 @@ def drafts_allowed(params: SamplingParams) -> bool:
 
     Verification scores every draft position with the same sampling distribution. That holds
     unless the distribution depends on the tokens before each position (penalties, bad words,
-    a grammar) or the caller wants something per token the verifier does not make (logprobs).
-    Such requests decode one token a step, beside drafted ones in the same batch.
+    a grammar). Such requests decode one token a step, beside drafted ones in the same batch.
     """
-    return (params.structured_outputs is None and params.logprobs is None
+    return (params.structured_outputs is None
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
             and params.repetition_penalty == 1.0 and not params.bad_words
             and not params.bad_words_token_ids)

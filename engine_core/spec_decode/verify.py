@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine_core.core.runner_output import LogprobsLists
 from engine_core.model_executor.input_batch import CachedRequestState
 from engine_core.model_executor.sampler import Sampler, argmax_tokens, exponential_race
+from engine_core.model_executor.sampling.logprobs import gather_logprobs
 from engine_core.model_executor.sampling_metadata import SamplingRow, build_sampling_metadata
 
 
@@ -77,6 +79,16 @@ def verify_drafts(logits: torch.Tensor, rows: DraftRows, drafted: list[int],
             out.append(_accept_random(probs[row:row + count], draft, state.generator))
         row += count
     return out
+
+
+def emitted_logprobs(logits: torch.Tensor, first_row: int, tokens: list[int],
+                     num_logprobs: int) -> LogprobsLists:
+    """The raw model's logprobs of a drafted request's tokens this step: token j came from
+    row first_row + j (an accepted draft at its row, the last token at the row after)."""
+    rows = logits[first_row:first_row + len(tokens)].to(torch.float32)
+    return gather_logprobs(torch.log_softmax(rows, dim=-1),
+                           torch.tensor(tokens, dtype=torch.int64, device=logits.device),
+                           num_logprobs)
 
 
 def _accept_greedy(argmax: list[int], draft_lists: list[list[int]]) -> list[list[int]]:

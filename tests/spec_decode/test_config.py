@@ -70,7 +70,7 @@ def test_the_flag_takes_json_and_reaches_the_scheduler() -> None:
     (SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=3), True),
     (SamplingParams(temperature=0.0, logit_bias={3: 2.0}, allowed_token_ids=[3, 4]), True),
     (SamplingParams(temperature=0.0, min_tokens=4, stop_token_ids=[9]), True),
-    (SamplingParams(temperature=0.0, logprobs=2), False),
+    (SamplingParams(temperature=0.0, logprobs=2, prompt_logprobs=1), True),
     (SamplingParams(temperature=0.0, presence_penalty=0.5), False),
     (SamplingParams(temperature=0.0, frequency_penalty=0.5), False),
     (SamplingParams(temperature=0.0, repetition_penalty=1.2), False),

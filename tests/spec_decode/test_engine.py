@@ -57,9 +57,11 @@ def mixed_params(stop_token: int) -> list[SamplingParams]:
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     return [
         greedy,
-        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2),  # not drafted
-        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, presence_penalty=0.7),
-        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_token]),
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2),  # a row a token
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, presence_penalty=0.7),  # undrafted
+        # Stopped inside a draft: its logprobs end with the stop token too.
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_token],
+                       logprobs=1),
         SamplingParams(temperature=0.0, max_tokens=7),  # the draft is cut at max_tokens
         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=12,
                        stop_token_ids=[stop_token]),
@@ -98,7 +100,8 @@ def test_every_output_equals_the_run_without_drafts(tiny_model_dir: Path,
 
 def test_requests_that_may_not_be_drafted_never_are(tiny_model_dir: Path) -> None:
     prompts = repetitive_prompts(512)
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=1)] * len(prompts)
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.1)
+              ] * len(prompts)
     _, engine = run(tiny_model_dir, prompts, params, True)
     spec = engine.engine_core.scheduler.make_stats().spec_decoding
     assert spec is not None and spec.num_drafts == 0
