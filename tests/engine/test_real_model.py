@@ -58,15 +58,7 @@ def test_greedy_tokens_equal_hf_on_the_real_model(real_file: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(real_file), dtype="float32"))
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    for i, prompt in enumerate(HF_PROMPTS):
-        engine.add_request(str(i), prompt, params)
-    ours: dict[str, tuple[list[int], list[int]]] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                ours[out.request_id] = (list(out.prompt_token_ids or []),
-                                        list(out.outputs[0].token_ids))
+    ours = greedy_ids(engine, HF_PROMPTS, 16)
     tok = AutoTokenizer.from_pretrained(real_file.parent, gguf_file=real_file.name)
     model = AutoModelForCausalLM.from_pretrained(real_file.parent, gguf_file=real_file.name,
                                                  dtype=torch.float32)
@@ -83,6 +75,21 @@ def test_greedy_tokens_equal_hf_on_the_real_model(real_file: Path) -> None:
             hf = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
                                 pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
         assert generated == hf[:len(generated)] and generated, f"prompt {i}"
+
+
+def greedy_ids(engine: LLMEngine, prompts: list[str | dict[str, Any]], max_tokens: int
+               ) -> dict[str, tuple[list[int], list[int]]]:
+    """request id (the prompt's index) -> (prompt token ids, greedy output token ids)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    ours: dict[str, tuple[list[int], list[int]]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                ours[out.request_id] = (list(out.prompt_token_ids or []),
+                                        list(out.outputs[0].token_ids))
+    return ours
 
 
 def test_smollm2_is_a_short_name_for_the_pulled_file(smollm2_gguf: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_core import EngineArgs, LLMEngine, SamplingParams
-from tests.engine.test_real_model import HF_PROMPTS
+from engine_core import EngineArgs, LLMEngine
+from tests.engine.test_real_model import HF_PROMPTS, greedy_ids
 from tests.spec_decode.conftest import NGRAM
 
 pytest.importorskip("gguf")
@@ -26,15 +26,7 @@ def test_greedy_tokens_with_drafts_equal_hf_on_the_real_model(smollm2_gguf: Path
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(smollm2_gguf), dtype="float32",
                                                    speculative_config=NGRAM))
     prompts = [*HF_PROMPTS, COPY]
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0,
-                                                          max_tokens=MAX_TOKENS))
-    ours: dict[str, tuple[list[int], list[int]]] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                ours[out.request_id] = (list(out.prompt_token_ids or []),
-                                        list(out.outputs[0].token_ids))
+    ours = greedy_ids(engine, prompts, MAX_TOKENS)
     spec = engine.engine_core.scheduler.make_stats().spec_decoding
     assert spec is not None and spec.num_accepted_tokens >= 5, spec
     tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
