@@ -52,6 +52,7 @@ from typing import Any
 
 from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
+from engine_core.outputs import RequestOutput
 
 WORKLOADS = ("decode", "batch32", "prefill")
 DECODE_PROMPT, DECODE_TOKENS = 128, 128
@@ -92,6 +93,7 @@ def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
         tokens = 0
         while engine.has_unfinished_requests():
             for out in engine.step():
+                assert isinstance(out, RequestOutput)  # a generating engine's
                 if out.finished:
                     tokens += len(out.outputs[0].token_ids)
             first = first or time.perf_counter()

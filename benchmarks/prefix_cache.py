@@ -32,6 +32,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
+from engine_core.outputs import RequestOutput
 
 ENGINES = ("offload", "device", "no-cache")
 
@@ -130,6 +131,7 @@ def run_engine(name: str, args: argparse.Namespace, model_dir: Path,
                                params)
             next_index += 1
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             completion = out.outputs[0]
             if out.request_id in added_at and completion.token_ids:
                 ttfts.append(time.perf_counter() - added_at.pop(out.request_id))

@@ -37,6 +37,7 @@ from typing import Any
 from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
 from benchmarks.cpu_peers import parse_llama_bench
+from engine_core.outputs import RequestOutput
 
 
 def weight_bytes_per_token(model: Any) -> int:
@@ -122,6 +123,7 @@ def measure(model: str, quantization: str | None, threads: int | None,
         start, first, cpu_first, tokens = time.perf_counter(), None, 0.0, 0
         while engine.has_unfinished_requests():
             for out in engine.step():
+                assert isinstance(out, RequestOutput)  # a generating engine's
                 tokens = len(out.outputs[0].token_ids)
             if first is None:
                 first, cpu_first = time.perf_counter(), time.process_time()

@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
 from benchmarks.quantized import bandwidth_bound, weight_bytes_per_token
+from engine_core.outputs import RequestOutput
 
 
 def linear_macs(model: Any) -> tuple[int, int]:
@@ -99,6 +100,7 @@ def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
         start, all_first, tokens_then = time.perf_counter(), 0.0, 0
         while engine.has_unfinished_requests():
             for out in engine.step():
+                assert isinstance(out, RequestOutput)  # a generating engine's
                 seen[out.request_id] = len(out.outputs[0].token_ids)
             if not all_first and len(seen) == n:
                 all_first, tokens_then = time.perf_counter(), sum(seen.values())

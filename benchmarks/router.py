@@ -34,6 +34,7 @@ from benchmarks.common import (
     write_json,
 )
 from engine_core import EngineArgs, LLMEngine, SamplingParams
+from engine_core.outputs import RequestOutput
 from services.router import ReplicaLoad, Router
 from services.router.router import POLICIES
 
@@ -120,6 +121,7 @@ def run_policy(policy: str, args: argparse.Namespace, model_dir: Path) -> Policy
             if not engine.has_unfinished_requests():
                 continue
             for out in engine.step():
+                assert isinstance(out, RequestOutput)  # a generating engine's
                 s = by_rid[out.request_id]
                 if out.request_id not in seen_first and out.outputs[0].token_ids:
                     seen_first.add(out.request_id)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.common import add_model_args, format_table, log, resolve_model, write_json
-from engine_core import EngineArgs, LLMEngine, SamplingParams
+from engine_core import EngineArgs, LLMEngine, RequestOutput, SamplingParams
 from engine_core.distributed.driver import TPDriverRunner
 
 
@@ -75,7 +75,8 @@ def measure(model: Path, dtype: str, tp: int, threads: int, batch: int, prompt_l
             engine.add_request(f"d{i}", {"prompt_token_ids": prompt}, params)
         started: set[str] = set()
         while len(started) < batch:
-            started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
+            started.update(o.request_id for o in engine.step()
+                           if isinstance(o, RequestOutput) and o.outputs[0].token_ids)
         _comm_seconds(engine)  # drop the prefill's
         steps, start = 0, time.perf_counter()
         while engine.has_unfinished_requests():

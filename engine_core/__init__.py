@@ -13,7 +13,16 @@ configure_huge_pages()
 
 from engine_core.config import EngineArgs  # noqa: E402
 from engine_core.lora.request import LoRARequest  # noqa: E402
-from engine_core.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
+from engine_core.outputs import (  # noqa: E402
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+)
+from engine_core.pooling.params import PoolingParams  # noqa: E402
 from engine_core.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 from engine_core.structured_output.params import StructuredOutputsParams  # noqa: E402
 
@@ -26,10 +35,15 @@ __all__ = [
     "LLM",
     "AsyncLLM",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "LLMEngine",
     "LoRARequest",
     "Logprob",
+    "PoolingOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_core.pooling.params import RUNNERS, PoolerConfig
 from engine_core.processing.chat_kwargs import check_template_kwargs
 from engine_core.processing.chat_template import load_chat_template
 from engine_core.processing.reasoning import REASONING_PARSERS, think_tags
@@ -39,6 +40,8 @@ class SchedulerConfig:
     max_loras: int | None = None  # distinct LoRA adapters per step; None: LoRA off
     # Prompt-lookup drafts for running requests (EngineArgs.speculative_config); None: off.
     speculative: SpeculativeConfig | None = None
+    # runner="pooling": every request is embedded, none generates (EngineArgs.pooler_config).
+    pooler: PoolerConfig | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +120,11 @@ class EngineArgs:
     # vLLM's speculative_config for prompt lookup: {"method": "ngram", "num_speculative_tokens":
     # k, "prompt_lookup_max": n, "prompt_lookup_min": m}. None: one token a step.
     speculative_config: dict[str, Any] | None = None
+    # vLLM's --runner: "generate" continues prompts; "pooling" embeds them (LLM.embed,
+    # /v1/embeddings) as pooler_config says: {"pooling_type": "LAST" | "MEAN" | "CLS",
+    # "normalize": bool}, default the last token's final hidden state, L2-normalised.
+    runner: str = "generate"
+    pooler_config: dict[str, Any] | None = None
     # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
     enable_lora: bool = False
     max_loras: int = 1
@@ -176,6 +184,7 @@ class EngineArgs:
                 # A custom processor sees a batch of one row per request; drafts would hand it
                 # several rows of a request, some of them after tokens it never saw.
                 raise ValueError("speculative_config cannot be combined with logits_processors")
+        self._check_runner()
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
@@ -189,6 +198,31 @@ class EngineArgs:
             raise ValueError(f"max_cpu_loras must be >= max_loras ({self.max_loras}), got "
                              f"{self.max_cpu_loras}")
         self._check_parallel()
+
+    def _check_runner(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {list(RUNNERS)}, got {self.runner!r}")
+        if self.runner != "pooling":
+            if self.pooler_config is not None:
+                raise ValueError("pooler_config needs runner='pooling' (--runner pooling), got "
+                                 f"runner={self.runner!r}")
+            return
+        pooler = PoolerConfig.from_dict(self.pooler_config)
+        # An embedding is one forward over the prompt: nothing drafts, nothing samples.
+        if self.speculative_config is not None:
+            raise ValueError("speculative_config needs runner='generate': a pooling runner "
+                             "generates no tokens")
+        if self.logits_processors:
+            raise ValueError("logits_processors need runner='generate': a pooling runner "
+                             "computes no logits")
+        if pooler.needs_every_row and self.kv_connector:
+            raise ValueError(f"pooler_config.pooling_type {pooler.pooling_type} reads every "
+                             "prompt position, which a KV connector's hits would skip: unset "
+                             "kv_connector or pool LAST")
+
+    def pooler(self) -> PoolerConfig | None:
+        """The pooling runner's config; None for a generating engine."""
+        return PoolerConfig.from_dict(self.pooler_config) if self.runner == "pooling" else None
 
     def _check_parallel(self) -> None:
         tp = self.tensor_parallel_size
@@ -233,7 +267,8 @@ class EngineArgs:
                                     help=_HELP.get(f.name))
             elif f.name == "logits_processors":
                 parser.add_argument(flag, nargs="*", default=None, help=_HELP.get(f.name))
-            elif f.name in ("default_chat_template_kwargs", "speculative_config"):
+            elif f.name in ("default_chat_template_kwargs", "speculative_config",
+                            "pooler_config"):
                 parser.add_argument(flag, type=json.loads, default=None,
                                     help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
@@ -294,6 +329,7 @@ class EngineArgs:
             max_loras=self.max_loras if self.enable_lora else None,
             speculative=(SpeculativeConfig.from_dict(self.speculative_config)
                          if self.speculative_config is not None else None),
+            pooler=self.pooler(),
         )
 
 
@@ -375,10 +411,15 @@ _HELP = {
     "max_cpu_loras": "most LoRA adapters kept loaded (default: max_loras); least recently used "
                      "unpinned ones are unloaded beyond it",
     "otlp_traces_endpoint": "OTLP/gRPC endpoint for traces, e.g. http://127.0.0.1:4317",
+    "runner": "generate (default): continue prompts; pooling: embed them (LLM.embed, "
+              "/v1/embeddings) instead",
+    "pooler_config": "how a pooling runner embeds a prompt, a JSON object as vLLM's: "
+                     "'{\"pooling_type\": \"MEAN\", \"normalize\": false}' (default: LAST, "
+                     "the last token's final hidden state, normalized)",
 }
 
 
-_CHOICES = {"reasoning_parser": sorted(REASONING_PARSERS)}
+_CHOICES = {"reasoning_parser": sorted(REASONING_PARSERS), "runner": list(RUNNERS)}
 
 
 def _cli_type(annotation: object) -> Any:

@@ -35,6 +35,7 @@ from engine_core.lora.request import LoRARequest
 from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, dtype_name, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.pooling.params import check_runner_fits
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
@@ -161,6 +162,7 @@ class EngineCore:
                              f"{type(request.request_id).__name__}")
         if request.request_id in self.scheduler.requests:
             raise DuplicateRequestError(f"request_id {request.request_id!r} is already in use")
+        check_runner_fits(request.pooling_params, self.args.runner)
         bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt_token_ids must be in [0, {self.vocab_size}), got {bad[:8]}")
@@ -199,6 +201,7 @@ class EngineCore:
             priority=request.priority,
             cache_salt=request.cache_salt,
             lora_request=request.lora_request,
+            pooling_params=request.pooling_params,
         ))
 
     def grammar_cache(self) -> GrammarCache:

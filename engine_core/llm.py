@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,8 @@ from tqdm import tqdm
 from engine_core.config import EngineArgs
 from engine_core.llm_engine import LLMEngine, PromptType
 from engine_core.lora.request import LoRARequest
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -32,7 +34,48 @@ class LLM:
         per prompt (vLLM's; lower first, with scheduling_policy "priority")."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        params_list = _broadcast(sampling_params, len(prompts))
+        params_list = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+                       for p in _broadcast(sampling_params, len(prompts))]
+        outputs = self._run(prompts, params_list, lora_request, priority, use_tqdm)
+        return [o for o in outputs if isinstance(o, RequestOutput)]
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
+              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+              ) -> list[EmbeddingRequestOutput]:
+        """vLLM's LLM.embed: one embedding per prompt, in the prompts' order (an engine built
+        with runner="pooling"). truncate_prompt_tokens: keep each prompt's last k tokens."""
+        if self.engine.args.runner != "pooling":
+            raise ValueError("LLM.embed() needs runner='pooling' (vLLM's --runner pooling): this "
+                             f"engine's runner is {self.engine.args.runner!r}")
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params_list = [pooling_params or PoolingParams()] * len(prompts)
+        elif len(pooling_params) != len(prompts):
+            raise ValueError(f"pooling_params must be one or one per prompt ({len(prompts)}), "
+                             f"got {len(pooling_params)}")
+        else:
+            params_list = list(pooling_params)
+        if truncate_prompt_tokens is not None:
+            params_list = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens)
+                           for p in params_list]
+        embeddings = []
+        for output in self._run(prompts, params_list, lora_request, None, use_tqdm):
+            if not isinstance(output, PoolingRequestOutput):  # failed (a rank went away)
+                raise RuntimeError(f"request {output.request_id} ended without an embedding: "
+                                   f"{output.error or output.outputs[0].finish_reason}")
+            embeddings.append(EmbeddingRequestOutput.from_base(output))
+        return embeddings
+
+    def _run(self, prompts: Sequence[PromptType],
+             params_list: Sequence[SamplingParams | PoolingParams],
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+             priority: Sequence[int] | None, use_tqdm: bool
+             ) -> list[RequestOutput | PoolingRequestOutput]:
+        """Add every prompt (all or nothing), step until each finished; their final outputs in
+        the prompts' order."""
         if lora_request is None or isinstance(lora_request, LoRARequest):
             loras: list[LoRARequest | None] = [lora_request] * len(prompts)
         else:
@@ -50,16 +93,15 @@ class LLM:
                                                   strict=True):
                 request_id = f"offline-{self._counter}"
                 self._counter += 1
-                self.engine.add_request(request_id, prompt,
-                                        params.clone(output_kind=RequestOutputKind.FINAL_ONLY),
-                                        lora_request=lora, priority=rank)
+                self.engine.add_request(request_id, prompt, params, lora_request=lora,
+                                        priority=rank)
                 ids.append(request_id)
         except Exception:
             # All or nothing (vLLM's LLM too): a bad prompt takes back the ones before it, which
             # would otherwise run in the engine with nobody waiting for them.
             self.engine.take_back_requests(ids)
             raise
-        finished: dict[str, RequestOutput] = {}
+        finished: dict[str, RequestOutput | PoolingRequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm,
                   unit="req") as bar:
             while self.engine.has_unfinished_requests():

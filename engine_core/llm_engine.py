@@ -14,7 +14,8 @@ from engine_core.errors import DuplicateRequestError
 from engine_core.lora.request import LoRARequest
 from engine_core.metrics import Metric, snapshot
 from engine_core.metrics.request_metrics import RequestStatsRecorder
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import PoolingRequestOutput, RequestOutput
+from engine_core.pooling.params import PoolingParams
 from engine_core.processing.input_processor import InputProcessor
 from engine_core.processing.output_processor import OutputProcessor
 from engine_core.processing.tokenizer import Tokenizer
@@ -41,7 +42,8 @@ class LLMEngine:
                                               logits_processor_classes=args.logits_processor_classes(),
                                               reasoning_parser=args.reasoning_parser,
                                               default_template_kwargs=args.default_chat_template_kwargs,
-                                              priority_scheduling=args.scheduling_policy == "priority")
+                                              priority_scheduling=args.scheduling_policy == "priority",
+                                              runner=args.runner)
         # Request metrics go to the core's registry: get_metrics() reads both from one place.
         request_stats = RequestStatsRecorder(engine_core.metrics_registry,
                                              engine_core.model_name, engine_core.max_model_len)
@@ -62,12 +64,15 @@ class LLMEngine:
             raise ValueError("Unable to get a tokenizer: skip_tokenizer_init is True")
         return self.tokenizer
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: PromptType,
+                    params: SamplingParams | PoolingParams | None = None,
                     arrival_time: float | None = None, lora_request: LoRARequest | None = None,
                     priority: int = 0) -> None:
         """ValueError naming the field for bad input; the engine is then unchanged.
 
         lora_request: the adapter the request runs with (needs enable_lora); None: base model.
+        params: a PoolingParams on an engine with runner="pooling" (None: its defaults); its
+        one output is a PoolingRequestOutput with the prompt's embedding.
         """
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
@@ -88,12 +93,12 @@ class LLMEngine:
             self.output_processor.abort_requests([request_id], count_as_aborted=False)
             raise
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         core_outputs = self.engine_core.step()
         if self.engine_core.failure is not None:
             # A tensor-parallel rank failed: the core ended every request; say why.
-            return self.output_processor.finish_with_error(
-                [o.request_id for o in core_outputs.outputs], self.engine_core.failure)
+            return [*self.output_processor.finish_with_error(
+                [o.request_id for o in core_outputs.outputs], self.engine_core.failure)]
         result = self.output_processor.process_outputs(core_outputs.outputs,
                                                         core_outputs.timestamp)
         if result.reqs_to_abort:
@@ -102,7 +107,9 @@ class LLMEngine:
         if self.stats_logger is not None:
             self.stats_logger.record(self.get_stats(), core_outputs.outputs,
                                      self.engine_core.last_scheduler_output)
-        return result.request_outputs
+        if result.pooling_outputs:  # a pooling engine's: its requests' embeddings
+            return [*result.request_outputs, *result.pooling_outputs]
+        return result.request_outputs  # type: ignore[return-value]  # list is invariant
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine_core.lora.request import LoRARequest
+
+if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
+    import torch
 
 
 @dataclass(slots=True)
@@ -112,3 +116,47 @@ class RequestOutput:
         self.error = next_output.error or self.error
         if next_output.extra:
             self.extra = {**self.extra, **next_output.extra}
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    data: torch.Tensor  # the embedding: [hidden_size] float32 on the CPU
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """An embedding request's one output (vLLM's shape): step() returns it when the prompt
+    was computed."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    prompt: str | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """LLM.embed's result per prompt (vLLM's): the embedding as a list of floats."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @staticmethod
+    def from_base(output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return EmbeddingRequestOutput(output.request_id,
+                                      EmbeddingOutput(output.outputs.data.tolist()),
+                                      output.prompt_token_ids, output.finished)

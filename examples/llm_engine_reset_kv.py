@@ -36,6 +36,7 @@ def run(engine: LLMEngine, prompts: list[tuple[str, SamplingParams]]) -> list[Re
             ok = engine.reset_prefix_cache(reset_running_requests=True)
             print(f"step {step}: reset_prefix_cache(reset_running_requests=True) -> {ok}")
         for output in engine.step():
+            assert isinstance(output, RequestOutput)  # a generating engine's
             if output.finished:
                 finished.append(output)
                 for completion in output.outputs:

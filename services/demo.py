@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from engine_core.lora.request import LoRARequest
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import PoolingRequestOutput, RequestOutput
 from engine_core.sampling_params import SamplingParams
 
 RESET_AT_STEP = 10
@@ -19,7 +20,7 @@ class EngineLike(Protocol):
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
                     arrival_time: float | None = None, lora_request: LoRARequest | None = None,
                     priority: int = 0) -> None: ...
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> Sequence[RequestOutput | PoolingRequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...
     def reset_prefix_cache(self, reset_running_requests: bool = False,
                            reset_connector: bool = False) -> bool: ...
@@ -60,7 +61,7 @@ def run_seed_loop(engine: EngineLike, prompts: list[tuple[str, SamplingParams]] 
             if verbose:
                 print(f"step {step}: reset_prefix_cache(reset_running_requests=True) -> {reset_ok}")
         for output in outputs:
-            if output.finished:
+            if isinstance(output, RequestOutput) and output.finished:
                 finished.append(output)
                 if verbose:
                     print(f"step {step}: request {output.request_id} finished: "

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine_core.core.runner_output import LogprobsLists
 from engine_core.lora.request import LoRARequest
+from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
+    import torch
 
 
 @dataclass(slots=True)
@@ -23,6 +28,8 @@ class EngineCoreRequest:
     priority: int = 0
     cache_salt: str | None = None
     lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
+    # An embedding request (runner="pooling"); sampling_params is then PoolingParams.carrier().
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass(slots=True)
@@ -41,6 +48,9 @@ class EngineCoreOutput:
     # request's tokens until it has something to say): each one's step time, oldest first.
     # They lead new_token_ids; this step's own tokens follow. None: all are this step's.
     held_times: list[float] | None = None
+    # An embedding request's result, with its finish_reason: float32 on the CPU, normalized
+    # as its PoolingParams asked.
+    pooling_output: torch.Tensor | None = None
 
     @property
     def finished(self) -> bool:
@@ -53,7 +63,8 @@ class EngineCoreOutput:
         # stop_reason is only ever set with a finish_reason.
         return (self.finish_reason is not None or self.first_scheduled_time is not None
                 or self.new_logprobs is not None or self.new_prompt_logprobs is not None
-                or bool(self.preempted_times) or bool(self.held_times))
+                or bool(self.preempted_times) or bool(self.held_times)
+                or self.pooling_output is not None)
 
 
 @dataclass(slots=True)

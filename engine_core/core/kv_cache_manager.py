@@ -37,8 +37,9 @@ class KVCacheManager:
         Capped below num_tokens: the last token is always computed, since its logits are needed.
         Takes no references; allocate_slots does.
         """
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            # Prompt logprobs need the logits of every prompt position: nothing may be skipped.
+        if not self.enable_caching or request.skips_cached_prefix:
+            # Prompt logprobs need the logits of every prompt position (and MEAN pooling their
+            # hidden states): nothing may be skipped.
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes
@@ -91,7 +92,7 @@ class KVCacheManager:
             self.num_cached_block[req_id] = len(hits)
             # Recorded here, once the admission succeeds: a request retried after a failed
             # allocation counts once. A request that may not read the cache looked nothing up.
-            if self.enable_caching and request.sampling_params.prompt_logprobs is None:
+            if self.enable_caching and not request.skips_cached_prefix:
                 self._record_lookup(request, len(hits) * self.block_size)
         new_blocks = pool.get_new_blocks(num_needed) if num_needed > 0 else []
         if new_blocks:

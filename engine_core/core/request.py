@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine_core.lora.request import LoRARequest
+from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import SamplingParams
 
 
@@ -51,6 +52,11 @@ class Request:
     # Speculative decoding is on and its sampling can verify several tokens at once (set by
     # the scheduler: spec_decode.config.drafts_allowed).
     drafts_allowed: bool = False
+    # An embedding request (runner="pooling"): sampling_params is then its carrier (one step
+    # past the prompt at most, never sampled), and it finishes when its prompt is computed.
+    pooling_params: PoolingParams | None = None
+    # Its pooling reads every prompt position's hidden state (MEAN, CLS).
+    pools_every_position: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -100,6 +106,12 @@ class Request:
             return None
         times, self.unreported_preemptions = self.unreported_preemptions, []
         return times
+
+    @property
+    def skips_cached_prefix(self) -> bool:
+        """Every prompt position must be computed (prompt logprobs, or pooling that reads them
+        all): no prefix-cache or connector hit may skip one."""
+        return self.sampling_params.prompt_logprobs is not None or self.pools_every_position
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

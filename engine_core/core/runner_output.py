@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
+    import torch
 
 
 @dataclass(slots=True)
@@ -29,6 +33,9 @@ class ModelRunnerOutput:
     # req_id -> one row per token, for a request that verified drafts and asked for logprobs
     # (its row in `logprobs` is then empty).
     draft_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # A pooling runner: req_id -> its embedding (float32, CPU, not normalized), for each request
+    # whose prompt ended this step. Its sampled list is then empty.
+    pooler_output: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> ModelRunnerOutput:

@@ -45,6 +45,7 @@ class Scheduler:
                              f"{scheduler_config.long_prefill_token_threshold}")
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
+        self.pooler = scheduler_config.pooler
         self.connector = connector
         # Only a full connector takes part in loading and saving; any object with reset_cache()
         # may still be reset.
@@ -81,12 +82,22 @@ class Scheduler:
         num_prompt = request.num_prompt_tokens
         if num_prompt < 1:
             raise ValueError("prompt_token_ids must not be empty")
-        if num_prompt + 1 > self.max_model_len:
+        if request.pooling_params is not None:
+            if num_prompt > self.max_model_len:
+                raise ValueError(f"prompt length ({num_prompt}) must be <= max_model_len "
+                                 f"({self.max_model_len})")
+            # An embedding computes its prompt alone; its carrier's one "token" needs no slot.
+            max_tokens = 1
+            request.pools_every_position = bool(self.pooler and self.pooler.needs_every_row)
+            if request.pooling_params.normalize is None:  # the request's own, else the engine's
+                request.pooling_params.normalize = self.pooler is None or self.pooler.normalize
+        elif num_prompt + 1 > self.max_model_len:
             raise ValueError(f"prompt length ({num_prompt}) + 1 generated token must be <= "
                              f"max_model_len ({self.max_model_len})")
-        room = self.max_model_len - num_prompt
-        max_tokens = request.sampling_params.max_tokens
-        max_tokens = room if max_tokens is None else min(max_tokens, room)
+        else:
+            room = self.max_model_len - num_prompt
+            asked = request.sampling_params.max_tokens
+            max_tokens = room if asked is None else min(asked, room)
         # The last token is sampled but never fed back, so its KV needs no slot.
         num_blocks_needed = -(-(num_prompt + max_tokens - 1) // self.block_size)
         num_allocatable = self.kv_cache_manager.num_blocks - 1
@@ -336,13 +347,13 @@ class Scheduler:
 
     def _get_num_external_tokens(self, request: Request, num_hit_tokens: int) -> int | None:
         """Leading tokens after the device hit that the connector supplies; None when it was
-        not asked (no connector, or prompt logprobs: every position's logits are needed).
+        not asked (no connector, or prompt logprobs or pooling: every position is needed).
 
         Asked with prefix caching off too (the device hit is then 0). The answer is taken in
         tokens, as the connector gives it (it may load a partial block); only capped so the
         last token is still computed.
         """
-        if self.kv_connector is None or request.sampling_params.prompt_logprobs is not None:
+        if self.kv_connector is None or request.skips_cached_prefix:
             return None
         num = self.kv_connector.get_num_new_matched_tokens(request, num_hit_tokens)
         return max(0, min(num, request.num_tokens - 1 - num_hit_tokens))
@@ -376,6 +387,7 @@ class Scheduler:
         index_of = runner_output.req_id_to_index
         sampled = runner_output.sampled_token_ids
         prompt_logprobs = runner_output.prompt_logprobs_dict
+        pooler_output = runner_output.pooler_output
         requests = self.requests
         preempted_status = RequestStatus.PREEMPTED
         stopped: set[Request] = set()
@@ -395,8 +407,14 @@ class Scheduler:
                 self._settle_drafts(request, len(drafts_of[req_id]), len(new_token_ids),
                                     was_preempted)
             finished = False
+            pooled = pooler_output.get(req_id) if pooler_output else None
             if new_token_ids:
                 new_token_ids, finished = self._append_tokens(request, new_token_ids)
+            elif pooled is not None:
+                request.status = RequestStatus.FINISHED_STOPPED
+                finished = True
+                if request.pooling_params is not None:
+                    pooled = request.pooling_params.finish(pooled)
             new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not (new_token_ids or finished or new_prompt_logprobs):
                 continue
@@ -410,7 +428,8 @@ class Scheduler:
                 req_id, new_token_ids, new_logprobs, new_prompt_logprobs,
                 request.get_finish_reason() if finished else None, request.stop_reason,
                 request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
-                request.take_first_scheduled_time(), request.take_preemption_times()))
+                request.take_first_scheduled_time(), request.take_preemption_times(),
+                pooling_output=pooled))
             if finished:
                 if was_preempted:
                     stopped_preempted.append(request)

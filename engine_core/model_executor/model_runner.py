@@ -51,6 +51,7 @@ from engine_core.model_executor.sampling_metadata import (
     build_sampling_metadata,
     make_generator,
 )
+from engine_core.pooling.pooler import Pooler, PoolRows
 from engine_core.spec_decode.verify import DraftRows, emitted_logprobs, verify_drafts
 from engine_core.structured_output.runner_grammars import RunnerGrammars
 from kernels import cpu_linear_panels
@@ -81,6 +82,9 @@ class StepInputs:
     # one row each.
     drafts: dict[int, list[int]] = field(default_factory=dict)
     draft_rows: DraftRows | None = None
+    # A pooling runner's step: the hidden rows its pooler reads (logits_indices holds them);
+    # nothing is sampled then.
+    pool: PoolRows | None = None
 
 
 class ModelRunner(KVCacheSetup):
@@ -136,6 +140,9 @@ class ModelRunner(KVCacheSetup):
             attention_backend, self.device, self.block_size,
             converts_kv=self.kv_config.dtype != model_config.dtype)
         self.sampler = Sampler()
+        # runner="pooling": every request's prompt is embedded instead of continued.
+        self.pooler = (Pooler(scheduler_config.pooler) if scheduler_config.pooler is not None
+                       else None)
         # Grammar matchers of structured-output requests; the engine core gives it the
         # compiler (GrammarCache) built from its tokenizer.
         self.grammars = RunnerGrammars()
@@ -176,6 +183,8 @@ class ModelRunner(KVCacheSetup):
         if not self.kv_caches:
             raise RuntimeError("initialize_kv_cache() must be called before execute_model()")
         inputs = self.prepare_inputs(scheduler_output)
+        if inputs.pool is not None:
+            return self._pool(inputs)
         logits = self.compute_logits(inputs)  # [num_sampled + num_prompt_rows, vocab]
         if not self.is_driver:
             # Rank 0 samples; its tokens reach this rank with the next step (apply_sampled).
@@ -203,10 +212,7 @@ class ModelRunner(KVCacheSetup):
 
     def compute_logits(self, inputs: StepInputs) -> torch.Tensor:
         """The forward pass; logits only at inputs.logits_indices. [n, vocab] in model dtype."""
-        if inputs.graph_size is not None and self.decode_graphs is not None:
-            # Rows past the step's tokens are padding; logits_indices never points there.
-            hidden = self.decode_graphs.replay(inputs.graph_size)[inputs.logits_indices]
-        else:
+        if inputs.graph_size is None or self.decode_graphs is None:
             # A few decodes on CPU: the layers and the lm_head in one C++ call, where it applies.
             decode_logits = getattr(self.model, "decode_logits", None)
             if decode_logits is not None:
@@ -215,11 +221,31 @@ class ModelRunner(KVCacheSetup):
                                        rows=inputs.logits_indices)
                 if logits is not None:
                     return logits
-            # The model runs its last layer past attention for these rows alone.
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
-                                inputs.metadata, self.attn_backend,
-                                rows=inputs.logits_indices)  # [num_logits, hidden]
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(self.hidden_states(inputs))
+
+    def hidden_states(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward pass up to the final norm, at inputs.logits_indices: [n, hidden]."""
+        if inputs.graph_size is not None and self.decode_graphs is not None:
+            # Rows past the step's tokens are padding; logits_indices never points there.
+            return self.decode_graphs.replay(inputs.graph_size)[inputs.logits_indices]
+        # The model runs its last layer past attention for these rows alone.
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata,
+                          self.attn_backend, rows=inputs.logits_indices)
+
+    def _pool(self, inputs: StepInputs) -> ModelRunnerOutput:
+        """A pooling runner's step: the hidden rows its pooler reads; the embeddings of the
+        requests whose prompt ended (rank 0: the others only join the forward's collectives)."""
+        assert self.pooler is not None and inputs.pool is not None
+        hidden = self.hidden_states(inputs)
+        if not self.is_driver:
+            return ModelRunnerOutput.empty()
+        prompt_lens = [len(self.requests[r].prompt_token_ids) for r in inputs.req_ids]
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
+            sampled_token_ids=[[] for _ in inputs.req_ids],
+            pooler_output=self.pooler.pool(inputs.req_ids, prompt_lens, inputs.pool, hidden),
+        )
 
     @property
     def is_driver(self) -> bool:
@@ -286,6 +312,9 @@ class ModelRunner(KVCacheSetup):
             )
 
     def _remove(self, req_id: str) -> CachedRequestState | None:
+        if self.pooler is not None:
+            # Finished, or preempted: a resumed request recomputes its whole prompt.
+            self.pooler.forget(req_id)
         state = self.requests.pop(req_id, None)
         if state is not None:
             self.input_batch.remove(state.row)
@@ -339,7 +368,15 @@ class ModelRunner(KVCacheSetup):
             positions_t = torch.from_numpy(positions).to(self.device)
 
         # A request is sampled when this step reaches its last known token (or draft).
-        sample_reqs = np.nonzero((seq_lens == known) & (query_lens > 0))[0]
+        reaches_end = (seq_lens == known) & (query_lens > 0)
+        if self.pooler is not None:
+            # Nothing is sampled: the pooler's rows are the step's only output rows.
+            pool = self.pooler.rows(query_lens, computed, ends, reaches_end)
+            return StepInputs(req_ids=req_ids, input_ids=ids_t, positions=positions_t,
+                              metadata=metadata, sample_reqs=np.empty(0, np.int64),
+                              logits_indices=torch.from_numpy(pool.rows).to(self.device),
+                              prompt_spans={}, graph_size=graph_size, pool=pool)
+        sample_reqs = np.nonzero(reaches_end)[0]
         draft_rows = DraftRows.of(sample_reqs, drafts) if drafts else None
         logits_rows = [ends[sample_reqs] - 1 if draft_rows is None
                        else draft_rows.logits_rows(ends[sample_reqs])]

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.lora.request import LoRARequest
+from engine_core.pooling.params import PoolingParams, check_runner_fits
 from engine_core.processing.chat_kwargs import (
     REASONING_KEYS,
     check_template_kwargs,
@@ -53,6 +54,7 @@ class InputProcessor:
         reasoning_parser: str | None = None,
         default_template_kwargs: dict[str, Any] | None = None,
         priority_scheduling: bool = False,
+        runner: str = "generate",
     ) -> None:
         self.tokenizer = tokenizer  # None: skip_tokenizer_init (token-id prompts only)
         self.max_model_len = max_model_len
@@ -72,12 +74,14 @@ class InputProcessor:
         self.priority_scheduling = priority_scheduling
         # --default-chat-template-kwargs: under every chat request's own chat_template_kwargs.
         self.default_template_kwargs = check_template_kwargs(default_template_kwargs)
+        # "pooling": requests are embedded (PoolingParams), none generates.
+        self.runner = runner
 
     def process(
         self,
         request_id: str,
         prompt: str | dict[str, Any],
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
@@ -95,7 +99,8 @@ class InputProcessor:
         if lora_request is not None and not isinstance(lora_request, LoRARequest):
             raise ValueError("lora_request must be a LoRARequest or None, got "
                              f"{type(lora_request).__name__}")
-        params = self._validate_params(params)
+        pooling = self._pooling_params(params)
+        params = self._validate_params(pooling.carrier() if pooling is not None else params)
         check_prompt_size(prompt, self.limits, self.max_model_len)
         text, token_ids, salt = self._tokenize(prompt)
         token_ids = self._truncate(token_ids, params.truncate_prompt_tokens)
@@ -116,6 +121,7 @@ class InputProcessor:
             priority=priority,
             cache_salt=cache_salt,
             lora_request=lora_request,
+            pooling_params=pooling,
         )
         return ProcessedPrompt(request=request, prompt=text)
 
@@ -165,7 +171,19 @@ class InputProcessor:
             raise ValueError(f"{what} needs a tokenizer, but {NO_TOKENIZER}")
         return self.tokenizer
 
-    def _validate_params(self, params: SamplingParams | None) -> SamplingParams:
+    def _pooling_params(self, params: object) -> PoolingParams | None:
+        """An embedding request's own copy of its PoolingParams (None on a pooling runner: the
+        defaults); None for a request that generates. ValueError when the kind is not what the
+        engine's runner does."""
+        if params is None and self.runner == "pooling":
+            return PoolingParams()
+        pooling = params if isinstance(params, PoolingParams) else None
+        check_runner_fits(pooling, self.runner)
+        # A clone re-runs the checks (the caller may have changed its object since).
+        return None if pooling is None else PoolingParams(
+            pooling.truncate_prompt_tokens, pooling.dimensions, pooling.normalize)
+
+    def _validate_params(self, params: object) -> SamplingParams:
         if params is None:
             return SamplingParams()
         if not isinstance(params, SamplingParams):

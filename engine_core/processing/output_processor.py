@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
 from engine_core.errors import DuplicateRequestError
 from engine_core.metrics.request_metrics import RequestStatsRecorder
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import PoolingRequestOutput, RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.processing.parallel_sampling import ParentRequest
 from engine_core.processing.tokenizer import Tokenizer
@@ -28,6 +28,8 @@ ENDED_MEMORY = 65536
 class OutputProcessorResult:
     # One per parent request with something to report this step (respecting its output_kind).
     request_outputs: list[RequestOutput] = field(default_factory=list)
+    # Embedding requests (runner="pooling") that finished this step.
+    pooling_outputs: list[PoolingRequestOutput] = field(default_factory=list)
     # Child ids ended here by a stop string while the core still runs them: abort them there.
     reqs_to_abort: list[str] = field(default_factory=list)
 
@@ -99,6 +101,9 @@ class OutputProcessor:
             request_output = parent.make_output()
             if request_output is not None:
                 result.request_outputs.append(request_output)
+            pooled = parent.pooled_output() if parent.finished else None
+            if pooled is not None:
+                result.pooling_outputs.append(pooled)
             if parent.finished:
                 self._record_finished(parent)
                 self._remove(parent, result.reqs_to_abort)
@@ -153,7 +158,8 @@ class OutputProcessor:
             self._remove(parent, unfinished)
         return to_abort
 
-    def finish_with_error(self, request_ids: Iterable[str], reason: str) -> list[RequestOutput]:
+    def finish_with_error(self, request_ids: Iterable[str], reason: str
+                          ) -> list[RequestOutput]:
         """End the requests with finish_reason "error" and RequestOutput.error = reason."""
         timestamp = time.time()
         request_outputs: list[RequestOutput] = []

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
-from engine_core.outputs import RequestMetrics, RequestOutput
+from engine_core.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics, RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.processing.request_state import SequenceState
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import RequestOutputKind
+
+if TYPE_CHECKING:  # the detokenizer stage loads no torch
+    import torch
 
 
 def child_request_id(index: int, request_id: str) -> str:
@@ -57,6 +62,8 @@ class ParentRequest:
         }
         # Every child computes the same prompt logprobs; the first child's are reported.
         self._first = next(iter(self.children.values()))
+        # An embedding request's result, once the core sent it (runner="pooling").
+        self.embedding: torch.Tensor | None = None
 
     @property
     def finished(self) -> bool:
@@ -82,6 +89,8 @@ class ParentRequest:
             own = len(output.new_token_ids) > len(held)
             metrics.last_token_time = timestamp if own else held[-1]
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        if output.pooling_output is not None:
+            self.embedding = output.pooling_output
         needs_abort = self.children[output.request_id].update(output)
         if self.finished:
             metrics.finished_time = timestamp
@@ -93,9 +102,20 @@ class ParentRequest:
                 child.finish(reason)
         self.metrics.finished_time = timestamp
 
+    def pooled_output(self) -> PoolingRequestOutput | None:
+        """An embedding request's one output, once the core sent its embedding."""
+        if self.embedding is None:
+            return None
+        return PoolingRequestOutput(self.request_id, PoolingOutput(self.embedding),
+                                    self.prompt_token_ids, True, self.num_cached_tokens,
+                                    self.prompt, self.metrics.snapshot())
+
     def make_output(self, error: str | None = None) -> RequestOutput | None:
-        """This step's RequestOutput under the request's output_kind; None when nothing to say."""
+        """This step's RequestOutput under the request's output_kind; None when nothing to say
+        (or an embedding: pooled_output)."""
         finished = self.finished
+        if self.embedding is not None:
+            return None
         kind = self.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None

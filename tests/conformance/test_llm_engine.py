@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine_core import LLMEngine
+from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
 from tests.conformance.conftest import make_engine, run_to_completion
@@ -27,7 +28,7 @@ def test_parallel_sampling(engine: LLMEngine, n: int, kind: RequestOutputKind) -
     for _ in range(100):
         if not engine.has_unfinished_requests():
             break
-        step_outputs = engine.step()
+        step_outputs = [o for o in engine.step() if isinstance(o, RequestOutput)]
         ids = [o.request_id for o in step_outputs]
         assert len(ids) == len(set(ids)), "one RequestOutput per parent per step"
         for out in step_outputs:
@@ -51,7 +52,8 @@ def test_stream_interval(tiny_model_dir: Path) -> None:
     for _ in range(50):
         if not engine.has_unfinished_requests():
             break
-        counts.extend(len(o.outputs[0].token_ids) for o in engine.step())
+        counts.extend(len(o.outputs[0].token_ids) for o in engine.step()
+                      if isinstance(o, RequestOutput))
     # The first token, then every third one, the last with what is left.
     assert counts == [1, 3, 3]
 

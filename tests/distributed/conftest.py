@@ -71,6 +71,7 @@ def run_scenario(engine: LLMEngine, vocab_size: int) -> ScenarioResult:
 
     def step() -> None:
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
 

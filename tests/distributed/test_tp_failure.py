@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_core import LLMEngine, SamplingParams
+from engine_core import LLMEngine, RequestOutput, SamplingParams
 from engine_core.distributed.driver import TPDriverRunner, free_port
 from engine_core.distributed.parallel_state import CollectiveError, DistributedInit, init_tp_group
 from engine_core.errors import WorkerFailedError
@@ -36,7 +36,7 @@ def _start_requests(engine: LLMEngine) -> None:
 
 
 def _assert_ended_with_error(engine: LLMEngine, reason: str) -> None:
-    outputs = {out.request_id: out for out in engine.step()}
+    outputs = {out.request_id: out for out in engine.step() if isinstance(out, RequestOutput)}
     assert sorted(outputs) == ["0", "1"]
     for out in outputs.values():
         assert out.finished and out.outputs[0].finish_reason == "error"

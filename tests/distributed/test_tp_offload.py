@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 from engine_core import LLMEngine, SamplingParams
+from engine_core.outputs import RequestOutput
 from tests.distributed.conftest import tp_engine
 
 BLOCK_SIZE = 4
@@ -30,6 +31,7 @@ def _rounds(engine: LLMEngine) -> dict[str, list[int]]:
                 if not engine.has_unfinished_requests():
                     break
                 for out in engine.step():
+                    assert isinstance(out, RequestOutput)  # a generating engine's
                     if out.finished:
                         tokens[req_id] = list(out.outputs[0].token_ids)
     return tokens

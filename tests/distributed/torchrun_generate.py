@@ -8,6 +8,7 @@ import json
 import sys
 
 from engine_core import EngineArgs, LLMEngine, SamplingParams
+from engine_core.outputs import RequestOutput
 
 PROMPTS = [[5, 17, 33, 90, 12, 7, 300, 41, 8, 2, 77], [9, 9, 120, 64]]
 
@@ -21,6 +22,7 @@ def generate(engine: LLMEngine) -> dict[str, list[int]]:
         if not engine.has_unfinished_requests():
             break
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 tokens[out.request_id] = list(out.outputs[0].token_ids)
     return tokens

@@ -98,6 +98,7 @@ def _run_local(engine: LLMEngine, request_id: str, params: SamplingParams) -> Re
     final = None
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             final = out
     assert final is not None and final.finished
     return final

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
 from services.common.errors import UserError
@@ -160,7 +161,7 @@ def test_serve_reads_a_gguf_file_packed(tmp_path: Path, monkeypatch: pytest.Monk
                                                    device="cpu"))
     assert engine.engine_core.runner.model.lm_head.qtype == 12  # the file's blocks, read packed
     engine.add_request("0", {"prompt_token_ids": [5, 9, 13, 200]}, params)
-    local = []
+    local: list[RequestOutput] = []
     while engine.has_unfinished_requests():
-        local.extend(engine.step())
+        local.extend(o for o in engine.step() if isinstance(o, RequestOutput))
     assert list(served[-1].outputs[0].token_ids) == list(local[-1].outputs[0].token_ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ import pytest
 
 from engine_core.config import EngineArgs
 from engine_core.llm_engine import LLMEngine
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import PoolingRequestOutput, RequestOutput
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services.client import EngineClient
 from services.demo import run_seed_loop
@@ -18,10 +18,10 @@ from services.launch import Stack
 from tests.e2e.conftest import ENGINE_FLAGS, start_stack
 
 
-def _summary(outputs: list[RequestOutput]) -> list[tuple]:
+def _summary(outputs: Sequence[RequestOutput | PoolingRequestOutput]) -> list[tuple]:
     return [(o.request_id, o.prompt, o.prompt_token_ids, o.finished,
              [(c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in o.outputs])
-            for o in outputs]
+            for o in outputs if isinstance(o, RequestOutput)]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,7 @@ def test_n_greater_than_one_gives_n_seeded_samples(in_process: LLMEngine, client
         final = None
         while engine.has_unfinished_requests():
             for out in engine.step():
+                assert isinstance(out, RequestOutput)  # a generating engine's
                 final = out
         results[name] = final
     assert results["remote"] is not None and results["local"] is not None

@@ -31,7 +31,8 @@ def _run(engine: LLMEngine | EngineClient, lora: LoRARequest
     for _ in range(100):
         if not engine.has_unfinished_requests():
             break
-        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        finished.update((o.request_id, o) for o in engine.step()
+                        if isinstance(o, RequestOutput) and o.finished)
     return [(r, list(finished[r].outputs[0].token_ids), finished[r].outputs[0].text,
              finished[r].outputs[0].finish_reason) for r in sorted(finished)]
 

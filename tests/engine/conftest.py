@@ -23,6 +23,7 @@ def run_to_completion(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, R
         if not engine.has_unfinished_requests():
             return finished
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
     raise AssertionError(f"engine still busy after {max_steps} steps")

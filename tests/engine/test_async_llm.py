@@ -13,6 +13,7 @@ import pytest
 from engine_core import EngineArgs, RequestOutput, RequestOutputKind, SamplingParams
 from engine_core.async_llm import AsyncLLM, EngineDeadError
 from engine_core.errors import DuplicateRequestError
+from engine_core.outputs import PoolingRequestOutput
 from tests.engine.conftest import assert_pool_whole, make_engine, run_to_completion
 
 PROMPTS = [[1, 5, 9, 14], [1, 7], [1, 3, 3, 8, 21, 4, 6], [1, 30, 2, 11, 5]]
@@ -159,7 +160,7 @@ def test_bad_input_raises_before_any_output_and_changes_nothing(llm: AsyncLLM) -
 def test_a_failing_step_reaches_every_stream_and_later_calls(tiny_model_dir: Path) -> None:
     llm = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_model_dir), device="cpu"))
 
-    def broken() -> list[RequestOutput]:
+    def broken() -> list[RequestOutput | PoolingRequestOutput]:
         raise RuntimeError("kernel fault")
 
     async def run() -> None:

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 from engine_core import SamplingParams
+from engine_core.outputs import RequestOutput
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine, run_to_completion
 
 MAX_TOKENS = 24
@@ -34,6 +35,7 @@ def test_greedy_equals_hf_with_chunking_preemption_and_prefix_hits(tiny_model_di
         engine.add_request(str(i), {"prompt_token_ids": prompts[i]}, params)
     for _ in range(8):
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
     for i in range(4, len(prompts)):

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from engine_core import SamplingParams
+from engine_core.outputs import RequestOutput
 from tests.conftest import build_tiny_model
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine, run_to_completion
 
@@ -56,6 +57,7 @@ def test_greedy_equals_hf_with_chunking_and_prefix_hits_past_the_window(
     # The sharers arrive once the first prompt's blocks are cached.
     for _ in range(4):
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
     for i in range(3, len(prompts)):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine_core import EngineArgs, SamplingParams
+from engine_core import EngineArgs, RequestOutput, SamplingParams
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine, run_to_completion
 from tests.engine.test_greedy_matches_hf import MAX_TOKENS, make_prompts
 
@@ -39,7 +39,8 @@ def test_greedy_equals_hf_with_its_cache_rounded_to_bfloat16(
         engine.add_request(str(i), {"prompt_token_ids": prompts[i]}, params)
     finished = {}
     for _ in range(8):
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
+        finished.update({o.request_id: o for o in engine.step()
+                         if isinstance(o, RequestOutput) and o.finished})
     for i in range(4, len(prompts)):
         engine.add_request(str(i), {"prompt_token_ids": prompts[i]}, params)
     finished.update(run_to_completion(engine))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from engine_core import EngineArgs, LLMEngine, SamplingParams
+from engine_core.outputs import RequestOutput
 from tests.greedy_compare import Step, assert_greedy_within_rounding
 
 pytest.importorskip("gguf")
@@ -86,6 +87,7 @@ def greedy_ids(engine: LLMEngine, prompts: list[str | dict[str, Any]], max_token
     ours: dict[str, tuple[list[int], list[int]]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 ours[out.request_id] = (list(out.prompt_token_ids or []),
                                         list(out.outputs[0].token_ids))
@@ -111,6 +113,7 @@ def _greedy(model: str, quantization: str | None,
     done: dict[str, tuple[list[int], list[Step]]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 c = out.outputs[0]
                 done[out.request_id] = (list(c.token_ids), [

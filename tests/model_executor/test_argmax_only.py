@@ -13,6 +13,7 @@ from engine_core import EngineArgs, LLMEngine, SamplingParams
 from engine_core.model_executor import model_runner
 from engine_core.model_executor.sampler import argmax_tokens
 from engine_core.model_executor.sampling_metadata import argmax_only
+from engine_core.outputs import RequestOutput
 from engine_core.structured_output.params import StructuredOutputsParams
 from tests.conftest import build_tiny_model
 from tests.model_executor.sampler_helpers import make_row, sample
@@ -64,6 +65,7 @@ def _generate(model_dir: Path, params: SamplingParams) -> list[list[int]]:
     done: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 done[out.request_id] = list(out.outputs[0].token_ids)
     return [done[k] for k in sorted(done)]

@@ -12,6 +12,7 @@ import torch
 from engine_core import EngineArgs, LLMEngine, SamplingParams
 from engine_core.model_executor.layers import fused_decode
 from engine_core.model_executor.tiny_model import LLAMA3_ROPE_SCALING
+from engine_core.outputs import RequestOutput
 from kernels import cpu_linear, cpu_linear_batch, cpu_linear_panels
 from kernels._cpu_build import KERNELS
 from tests.conftest import build_tiny_model
@@ -50,6 +51,7 @@ def _generate(model_dir: Path, dtype: str, num_requests: int,
     finished = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 c = out.outputs[0]
                 finished[out.request_id] = (c.token_ids, [

@@ -18,6 +18,7 @@ from engine_core.model_executor.gguf import gguf_to_hf_dir  # noqa: E402
 from engine_core.model_executor.gguf.config import hf_config  # noqa: E402
 from engine_core.model_executor.gguf.tensors import hf_name, unpermute  # noqa: E402
 from engine_core.model_executor.gguf.weights import GGUFWeights  # noqa: E402
+from engine_core.outputs import RequestOutput  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
 from tests.model_executor.gguf_writer import gguf_weights, llama_cpp_permute, write_gguf  # noqa: E402
 
@@ -75,6 +76,7 @@ def test_a_gguf_file_loads_as_the_model_it_was_made_from(
         done: dict[str, list[int]] = {}
         while engine.has_unfinished_requests():
             for o in engine.step():
+                assert isinstance(o, RequestOutput)  # a generating engine's
                 if o.finished:
                     done[o.request_id] = list(o.outputs[0].token_ids)
         return [done[str(i)] for i in range(len(prompts))]

@@ -19,6 +19,7 @@ from engine_core.model_executor.gguf.quantized import _packed  # noqa: E402
 from engine_core.model_executor.layers import fused_decode  # noqa: E402
 from engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E402
 from engine_core.model_executor.layers.linear import Linear  # noqa: E402
+from engine_core.outputs import RequestOutput  # noqa: E402
 from kernels import cpu_gguf_linear  # noqa: E402
 from kernels.gguf_linear_ref import NAMES  # noqa: E402
 from tests.conftest import build_tiny_model  # noqa: E402
@@ -101,6 +102,7 @@ def _run(path: Path, quantization: str | None, num_requests: int = 3,
     done: dict[str, Any] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 c = out.outputs[0]
                 done[out.request_id] = (list(c.token_ids), [
@@ -370,6 +372,7 @@ def test_sleep_level_2_reloads_the_packed_weights(files: dict[str, Path]) -> Non
     after: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 after[out.request_id] = list(out.outputs[0].token_ids)
     assert [after[f"again-{i}"] for i in range(3)] == [tokens for tokens, _ in before]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine_core import SamplingParams
-from engine_core.outputs import SampleLogprobs
+from engine_core.outputs import RequestOutput, SampleLogprobs
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine
 from tests.engine.test_greedy_matches_hf import make_prompts
 from tests.engine.test_metrics import counter
@@ -118,6 +118,7 @@ def test_an_abort_between_drafted_steps_frees_everything(tiny_model_dir: Path) -
     drafted = False
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
         last = engine.engine_core.last_scheduler_output
@@ -179,6 +180,7 @@ def test_no_drafts_while_the_batch_is_past_disable_by_batch_size(tiny_model_dir:
     while engine.has_unfinished_requests():
         running = len(engine.engine_core.scheduler.running)
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
         last = engine.engine_core.last_scheduler_output

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from engine_core import EngineArgs, LLMEngine, SamplingParams, StructuredOutputsParams
+from engine_core.outputs import RequestOutput
 
 pytest.importorskip("gguf")
 
@@ -38,6 +39,7 @@ def test_real_model_outputs_satisfy_their_constraints(smollm2_gguf: Path) -> Non
     finished = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out.outputs[0]
     assert all(out.finish_reason == "stop" for out in finished.values()), finished
