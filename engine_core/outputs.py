@@ -120,7 +120,16 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class PoolingOutput:
-    data: torch.Tensor  # the embedding: [hidden_size] float32 on the CPU
+    """The embedding as floats: what travels between the stages, which load no torch."""
+
+    values: list[float]
+
+    @property
+    def data(self) -> torch.Tensor:
+        """vLLM's field: the embedding as a [hidden_size] float32 tensor."""
+        import torch
+
+        return torch.tensor(self.values, dtype=torch.float32)
 
 
 @dataclass(slots=True)
@@ -157,6 +166,5 @@ class EmbeddingRequestOutput:
 
     @staticmethod
     def from_base(output: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        return EmbeddingRequestOutput(output.request_id,
-                                      EmbeddingOutput(output.outputs.data.tolist()),
+        return EmbeddingRequestOutput(output.request_id, EmbeddingOutput(output.outputs.values),
                                       output.prompt_token_ids, output.finished)

@@ -20,7 +20,8 @@ from typing import Any
 import grpc
 
 from engine_core.lora.request import LoRARequest
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import PoolingRequestOutput, RequestOutput
+from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import types_pb2 as pb
@@ -28,6 +29,7 @@ from services.client import (
     MAX_MESSAGE_BYTES,
     GatewayConnection,
     add_request_message,
+    embedding_of,
     generate_request,
     make_channel,
     server_info_dict,
@@ -35,7 +37,7 @@ from services.client import (
     tokenized_dict,
     translate,
 )
-from services.common.convert import PromptType, request_output_from_pb
+from services.common.convert import PromptType, any_output_from_pb, request_output_from_pb
 
 
 class AsyncEngineClient(GatewayConnection):
@@ -63,14 +65,29 @@ class AsyncEngineClient(GatewayConnection):
         finally:
             call.cancel()
 
+    async def embed(self, prompt: PromptType, pooling_params: PoolingParams | None = None,
+                    request_id: str | None = None, lora_request: LoRARequest | None = None
+                    ) -> PoolingRequestOutput:
+        """As EngineClient.embed: the prompt's embedding (a server with --runner pooling)."""
+        if self._auto_step is None:
+            await self.get_server_info()
+        call = self._stub.Generate(generate_request(prompt, pooling_params or PoolingParams(),
+                                                    request_id, lora_request),
+                                   metadata=self._metadata())
+        try:
+            outputs = self._streamed(call) if self._auto_step else self._stepped(call)
+            return embedding_of([output async for output in outputs])
+        finally:
+            call.cancel()
+
     async def add_request(self, request_id: str, prompt: PromptType,
-                          params: SamplingParams | None = None,
+                          params: SamplingParams | PoolingParams | None = None,
                           arrival_time: float | None = None,
                           lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         await self._call(self._stub.AddRequest, add_request_message(
             request_id, prompt, params, lora_request, priority, arrival_time))
 
-    async def step(self) -> list[RequestOutput]:
+    async def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         owed, self._owed = self._owed, []
         return owed + (await self._step_pb())[0]
 
@@ -173,10 +190,10 @@ class AsyncEngineClient(GatewayConnection):
                 inbox.put_nowait(translate(exc, self._target))
         inbox.put_nowait(None)
 
-    async def _step_pb(self) -> tuple[list[RequestOutput], list[str]]:
+    async def _step_pb(self) -> tuple[list[RequestOutput | PoolingRequestOutput], list[str]]:
         resp = await self._call(self._stub.Step,
                                 gpb.StepRequest(max_response_bytes=MAX_MESSAGE_BYTES))
-        return ([request_output_from_pb(o) for o in resp.outputs],
+        return ([any_output_from_pb(o) for o in resp.outputs],
                 list(resp.streamed_request_ids))
 
     async def _call(self, method: Any, msg: Any) -> Any:

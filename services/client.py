@@ -18,7 +18,8 @@ from typing import Any
 import grpc
 
 from engine_core.lora.request import LoRARequest
-from engine_core.outputs import RequestOutput
+from engine_core.outputs import PoolingRequestOutput, RequestOutput
+from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import control_pb2_grpc, inference_pb2_grpc
@@ -26,8 +27,10 @@ from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import (
     PromptType,
+    any_output_from_pb,
     lora_request_to_pb,
     params_to_pb,
+    pooling_params_to_pb,
     prompt_to_pb,
     request_output_from_pb,
 )
@@ -82,7 +85,7 @@ class GatewayConnection:
         self._auth = auth_metadata(api_key, client_id)
         self._timeout = timeout
         self._auto_step: bool | None = None
-        self._owed: list[RequestOutput] = []
+        self._owed: list[RequestOutput | PoolingRequestOutput] = []
 
     def _metadata(self) -> list[tuple[str, str]]:
         """Each call's: the client's key and identity, and the caller's trace context."""
@@ -103,12 +106,15 @@ class EngineClient(GatewayConnection):
     # -- LLMEngine's methods ------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: PromptType,
-                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    params: SamplingParams | PoolingParams | None = None,
+                    arrival_time: float | None = None,
                     lora_request: LoRARequest | None = None, priority: int = 0) -> None:
+        """params: a PoolingParams embeds the prompt (a server started with --runner pooling;
+        None there: the defaults); step() then returns its PoolingRequestOutput."""
         self._call(self._stub.AddRequest, add_request_message(
             request_id, prompt, params, lora_request, priority, arrival_time))
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput]:
         owed, self._owed = self._owed, []
         return owed + self._step_pb()[0]
 
@@ -223,17 +229,32 @@ class EngineClient(GatewayConnection):
         if self._auto_step is None:
             self.get_server_info()
         msg = generate_request(prompt, params, request_id, lora_request, priority)
+        for output in self._generate_pb(msg):
+            yield request_output_from_pb(output)
+
+    def embed(self, prompt: PromptType, pooling_params: PoolingParams | None = None,
+              request_id: str | None = None, lora_request: LoRARequest | None = None
+              ) -> PoolingRequestOutput:
+        """The prompt's embedding (a server started with --runner pooling), as LLM.embed
+        computes it; RuntimeError when the request ended without one (a stage failed)."""
+        msg = generate_request(prompt, pooling_params or PoolingParams(), request_id,
+                               lora_request)
+        return embedding_of(self._generate_pb(msg))
+
+    def _generate_pb(self, msg: gpb.GenerateRequest
+                     ) -> Generator[pb.RequestOutput, None, None]:
+        if self._auto_step is None:
+            self.get_server_info()
         call = self._stub.Generate(msg, metadata=self._metadata())
         try:
             if self._auto_step:
-                for output in _raise_user_errors(call, self._target):
-                    yield request_output_from_pb(output)
+                yield from _raise_user_errors(call, self._target)
             else:
                 yield from self._generate_manual(call)
         finally:
             call.cancel()
 
-    def _generate_manual(self, call: Any) -> Generator[RequestOutput, None, None]:
+    def _generate_manual(self, call: Any) -> Generator[pb.RequestOutput, None, None]:
         try:
             metadata = dict(call.initial_metadata())  # arrives once the request is added
         except grpc.RpcError as exc:
@@ -263,7 +284,7 @@ class EngineClient(GatewayConnection):
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield request_output_from_pb(item)
+                yield item
                 if item.finished:
                     return
 
@@ -278,10 +299,10 @@ class EngineClient(GatewayConnection):
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _step_pb(self) -> tuple[list[RequestOutput], list[str]]:
+    def _step_pb(self) -> tuple[list[RequestOutput | PoolingRequestOutput], list[str]]:
         # Paged by the gateway to what this client reads; the rest comes with the next step().
         resp = self._call(self._stub.Step, gpb.StepRequest(max_response_bytes=MAX_MESSAGE_BYTES))
-        return ([request_output_from_pb(o) for o in resp.outputs],
+        return ([any_output_from_pb(o) for o in resp.outputs],
                 list(resp.streamed_request_ids))
 
     def _call(self, method: Any, msg: Any) -> Any:
@@ -307,12 +328,13 @@ def make_channel(api: Any, target: str, root_certificates: bytes | None) -> Any:
     return api.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
-def add_request_message(request_id: str, prompt: PromptType, params: SamplingParams | None,
+def add_request_message(request_id: str, prompt: PromptType,
+                        params: SamplingParams | PoolingParams | None,
                         lora_request: LoRARequest | None, priority: int,
                         arrival_time: float | None) -> gpb.AddRequestRequest:
     msg = gpb.AddRequestRequest(request_id=request_id, prompt=prompt_to_pb(prompt),
-                                params=params_to_pb(params or SamplingParams()),
                                 priority=priority)
+    _set_params(msg, params)
     if lora_request is not None:
         msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
     if arrival_time is not None:
@@ -320,14 +342,37 @@ def add_request_message(request_id: str, prompt: PromptType, params: SamplingPar
     return msg
 
 
-def generate_request(prompt: PromptType, params: SamplingParams | None, request_id: str | None,
-                     lora_request: LoRARequest | None, priority: int = 0
+def generate_request(prompt: PromptType, params: SamplingParams | PoolingParams | None,
+                     request_id: str | None, lora_request: LoRARequest | None, priority: int = 0
                      ) -> gpb.GenerateRequest:
     msg = gpb.GenerateRequest(request_id=request_id or "", prompt=prompt_to_pb(prompt),
-                              params=params_to_pb(params or SamplingParams()), priority=priority)
+                              priority=priority)
+    _set_params(msg, params)
     if lora_request is not None:
         msg.lora_request.CopyFrom(lora_request_to_pb(lora_request))
     return msg
+
+
+def _set_params(msg: gpb.AddRequestRequest | gpb.GenerateRequest,
+                params: SamplingParams | PoolingParams | None) -> None:
+    """An embedding request's PoolingParams, or the SamplingParams; neither when None (the
+    server's defaults for what its engine does)."""
+    if isinstance(params, PoolingParams):
+        msg.pooling_params.CopyFrom(pooling_params_to_pb(params))
+    elif params is not None:
+        msg.params.CopyFrom(params_to_pb(params))
+
+
+def embedding_of(outputs: Iterable[pb.RequestOutput]) -> PoolingRequestOutput:
+    """The one output of an embedding request's Generate stream."""
+    for msg in outputs:
+        output = any_output_from_pb(msg)
+        if isinstance(output, PoolingRequestOutput):
+            return output
+        if output.finished:
+            raise RuntimeError(f"request {output.request_id} ended without an embedding: "
+                               f"{output.error or output.outputs[0].finish_reason}")
+    raise RuntimeError("the embedding request's stream ended without an output")
 
 
 def tokenize_message(prompt: PromptType, add_special_tokens: bool | None,

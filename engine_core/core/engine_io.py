@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine_core.core.runner_output import LogprobsLists
 from engine_core.lora.request import LoRARequest
 from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import SamplingParams
-
-if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
-    import torch
 
 
 @dataclass(slots=True)
@@ -48,9 +44,9 @@ class EngineCoreOutput:
     # request's tokens until it has something to say): each one's step time, oldest first.
     # They lead new_token_ids; this step's own tokens follow. None: all are this step's.
     held_times: list[float] | None = None
-    # An embedding request's result, with its finish_reason: float32 on the CPU, normalized
-    # as its PoolingParams asked.
-    pooling_output: torch.Tensor | None = None
+    # An embedding request's result, with its finish_reason: float32 values, normalized as its
+    # PoolingParams asked.
+    pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -408,13 +408,14 @@ class Scheduler:
                                     was_preempted)
             finished = False
             pooled = pooler_output.get(req_id) if pooler_output else None
+            embedding: list[float] | None = None
             if new_token_ids:
                 new_token_ids, finished = self._append_tokens(request, new_token_ids)
             elif pooled is not None:
                 request.status = RequestStatus.FINISHED_STOPPED
                 finished = True
                 if request.pooling_params is not None:
-                    pooled = request.pooling_params.finish(pooled)
+                    embedding = request.pooling_params.finish(pooled).tolist()
             new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not (new_token_ids or finished or new_prompt_logprobs):
                 continue
@@ -429,7 +430,7 @@ class Scheduler:
                 request.get_finish_reason() if finished else None, request.stop_reason,
                 request.num_cached_tokens if request.num_cached_tokens > 0 else 0,
                 request.take_first_scheduled_time(), request.take_preemption_times(),
-                pooling_output=pooled))
+                pooling_output=embedding))
             if finished:
                 if was_preempted:
                     stopped_preempted.append(request)

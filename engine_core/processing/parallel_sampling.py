@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from engine_core.core.engine_io import EngineCoreOutput, EngineCoreRequest
 from engine_core.outputs import PoolingOutput, PoolingRequestOutput, RequestMetrics, RequestOutput
 from engine_core.processing.input_processor import ProcessedPrompt
 from engine_core.processing.request_state import SequenceState
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import RequestOutputKind
-
-if TYPE_CHECKING:  # the detokenizer stage loads no torch
-    import torch
 
 
 def child_request_id(index: int, request_id: str) -> str:
@@ -63,7 +58,7 @@ class ParentRequest:
         # Every child computes the same prompt logprobs; the first child's are reported.
         self._first = next(iter(self.children.values()))
         # An embedding request's result, once the core sent it (runner="pooling").
-        self.embedding: torch.Tensor | None = None
+        self.embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:

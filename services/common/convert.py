@@ -14,10 +14,12 @@ from services.common.convert_lora import (
     optional_lora_from_pb,
 )
 from services.common.convert_outputs import (
+    any_output_from_pb,
     completion_from_pb,
     completion_to_pb,
     metrics_from_pb,
     metrics_to_pb,
+    pooling_output_to_pb,
     request_output_from_pb,
     request_output_to_pb,
 )
@@ -28,10 +30,12 @@ from services.common.convert_params import (
     prompt_from_pb,
     prompt_to_pb,
 )
+from services.common.convert_pooling import pooling_params_from_pb, pooling_params_to_pb
 from services.common.convert_step import core_outputs_from_pb, core_outputs_to_pb
 
 __all__ = [
     "PromptType",
+    "any_output_from_pb",
     "completion_from_pb",
     "completion_to_pb",
     "core_outputs_from_pb",
@@ -47,6 +51,9 @@ __all__ = [
     "metrics_to_pb",
     "params_from_pb",
     "params_to_pb",
+    "pooling_output_to_pb",
+    "pooling_params_from_pb",
+    "pooling_params_to_pb",
     "prompt_from_pb",
     "prompt_to_pb",
     "request_output_from_pb",

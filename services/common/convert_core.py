@@ -11,6 +11,7 @@ from engine_core.processing.input_processor import ProcessedPrompt
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert_lora import lora_request_to_pb, optional_lora_from_pb
 from services.common.convert_params import params_from_pb, params_to_pb
+from services.common.convert_pooling import pooling_params_from_pb, pooling_params_to_pb
 
 
 def core_request_to_pb(req: EngineCoreRequest) -> pb.EngineCoreRequest:
@@ -27,6 +28,8 @@ def core_request_to_pb(req: EngineCoreRequest) -> pb.EngineCoreRequest:
         msg.cache_salt = req.cache_salt
     if req.lora_request is not None:
         msg.lora_request.CopyFrom(lora_request_to_pb(req.lora_request))
+    if req.pooling_params is not None:
+        msg.pooling_params.CopyFrom(pooling_params_to_pb(req.pooling_params))
     return msg
 
 
@@ -40,6 +43,8 @@ def core_request_from_pb(msg: pb.EngineCoreRequest) -> EngineCoreRequest:
         priority=msg.priority,
         cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None,
         lora_request=optional_lora_from_pb(msg),
+        pooling_params=(pooling_params_from_pb(msg.pooling_params)
+                        if msg.HasField("pooling_params") else None),
     )
 
 

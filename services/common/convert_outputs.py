@@ -1,4 +1,5 @@
-"""pb <-> dataclass for what a client gets back: RequestOutput and everything inside it."""
+"""pb <-> dataclass for what a client gets back: RequestOutput and everything inside it, and an
+embedding request's PoolingRequestOutput (a RequestOutput message with its `embedding` set)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 from engine_core.outputs import (
     CompletionOutput,
     Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
     PromptLogprobs,
     RequestMetrics,
     RequestOutput,
@@ -135,3 +138,26 @@ def request_output_from_pb(msg: pb.RequestOutput) -> RequestOutput:
         extra=json.loads(msg.extra_json) if msg.extra_json else {},
         lora_request=optional_lora_from_pb(msg),
     )
+
+
+def pooling_output_to_pb(out: PoolingRequestOutput) -> pb.RequestOutput:
+    msg = pb.RequestOutput(request_id=out.request_id, prompt_token_ids=out.prompt_token_ids,
+                           finished=out.finished, num_cached_tokens=out.num_cached_tokens,
+                           embedding=pb.Embedding(values=out.outputs.values))
+    if out.prompt is not None:
+        msg.prompt = out.prompt
+    if out.metrics is not None:
+        msg.metrics.CopyFrom(metrics_to_pb(out.metrics))
+    return msg
+
+
+def any_output_from_pb(msg: pb.RequestOutput) -> RequestOutput | PoolingRequestOutput:
+    """A generated output, or an embedding request's (its `embedding` set)."""
+    if not msg.HasField("embedding"):
+        return request_output_from_pb(msg)
+    return PoolingRequestOutput(
+        request_id=msg.request_id, outputs=PoolingOutput(list(msg.embedding.values)),
+        prompt_token_ids=list(msg.prompt_token_ids), finished=msg.finished,
+        num_cached_tokens=msg.num_cached_tokens,
+        prompt=msg.prompt if msg.HasField("prompt") else None,
+        metrics=metrics_from_pb(msg.metrics) if msg.HasField("metrics") else None)

@@ -95,6 +95,8 @@ def _extras_to_pb(index: int, out: EngineCoreOutput) -> pb.EngineCoreOutputExtra
         msg.preempted_times.extend(out.preempted_times)
     if out.held_times:
         msg.held_times.extend(out.held_times)
+    if out.pooling_output is not None:
+        msg.pooling_output.values.extend(out.pooling_output)
     return msg
 
 
@@ -112,3 +114,5 @@ def _extras_from_pb(msg: pb.EngineCoreOutputExtras, out: EngineCoreOutput) -> No
         out.preempted_times = list(msg.preempted_times)
     if msg.held_times:
         out.held_times = list(msg.held_times)
+    if msg.HasField("pooling_output"):
+        out.pooling_output = list(msg.pooling_output.values)

@@ -20,7 +20,11 @@ from engine_core.core.engine_io import EngineCoreOutput
 from engine_core.processing.output_processor import OutputProcessor
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import engine_pb2_grpc
-from services.common.convert import core_outputs_from_pb, request_output_to_pb
+from services.common.convert import (
+    core_outputs_from_pb,
+    pooling_output_to_pb,
+    request_output_to_pb,
+)
 from services.common.stage_client import StageClient
 from services.common.status import StageError
 from services.common.subscriber import Subscriber
@@ -101,7 +105,8 @@ class EngineFeed(Subscriber):
             if not step_id:
                 self._spawn(abort)
                 abort = None
-        self.routes.send([request_output_to_pb(o) for o in result.request_outputs],
+        self.routes.send([*(request_output_to_pb(o) for o in result.request_outputs),
+                          *(pooling_output_to_pb(o) for o in result.pooling_outputs)],
                          step_id, step_origin)
         return abort
 

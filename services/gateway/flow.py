@@ -156,8 +156,10 @@ class GatewayFlow:
     async def add_request(self, client: str, public_id: str, prompt: pb.Prompt,
                           params: pb.SamplingParams, arrival_time: float | None = None,
                           priority: int = 0, queue: StreamOutputs | None = None,
-                          lora_request: pb.LoRARequest | None = None) -> str:
-        """Add the client's request; its internal id (the stages' name for it)."""
+                          lora_request: pb.LoRARequest | None = None,
+                          pooling: pb.PoolingParams | None = None) -> str:
+        """Add the client's request; its internal id (the stages' name for it). pooling: an
+        embedding request's params (params is then unused)."""
         request_id = internal_id(client, public_id)
         try:
             check_request_id(public_id)
@@ -185,7 +187,7 @@ class GatewayFlow:
         self._live[request_id] = live
         try:
             added = await self._add(request_id, prompt, params, arrival_time, priority, span,
-                                    lora_request)
+                                    lora_request, pooling)
         except BaseException as exc:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
@@ -209,10 +211,11 @@ class GatewayFlow:
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                    arrival_time: float | None, priority: int, span: trace.Span,
-                   lora_request: pb.LoRARequest | None = None) -> tpb.AddedRequest:
+                   lora_request: pb.LoRARequest | None = None,
+                   pooling: pb.PoolingParams | None = None) -> tpb.AddedRequest:
         process = tpb.ProcessRequest(request_id=request_id, prompt=prompt, params=params,
                                      priority=priority, origin=self.origin,
-                                     lora_request=lora_request)
+                                     lora_request=lora_request, pooling_params=pooling)
         if arrival_time is not None:
             process.arrival_time = arrival_time
         # Written in this turn where the link lets it (StageClient.send), answered in the task.

@@ -63,7 +63,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             arrival = request.arrival_time if request.HasField("arrival_time") else None
             await self.flow.add_request(self.client(context), request.request_id,
                                         request.prompt, request.params, arrival,
-                                        request.priority, lora_request=_lora_of(request))
+                                        request.priority, lora_request=_lora_of(request),
+                                        pooling=_pooling_of(request))
             return gpb.AddRequestResponse()
         return await self._traced("AddRequest", context, body)
 
@@ -201,7 +202,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             return await self.flow.add_request(self.client(context), request_id,
                                                request.prompt, request.params, None,
                                                request.priority, queue=queue,
-                                               lora_request=_lora_of(request))
+                                               lora_request=_lora_of(request),
+                                               pooling=_pooling_of(request))
         internal = await self._traced("Generate", context, add)
         # Tells the client the request is in (and its id), so it may Step in manual mode.
         await context.send_initial_metadata((("strand-request-id", request_id),))
@@ -239,3 +241,7 @@ def _versions() -> dict[str, str]:
 
 def _lora_of(request: gpb.AddRequestRequest | gpb.GenerateRequest) -> pb.LoRARequest | None:
     return request.lora_request if request.HasField("lora_request") else None
+
+
+def _pooling_of(request: gpb.AddRequestRequest | gpb.GenerateRequest) -> pb.PoolingParams | None:
+    return request.pooling_params if request.HasField("pooling_params") else None

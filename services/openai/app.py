@@ -1,5 +1,5 @@
-"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/responses, /v1/models,
-/tokenize, /detokenize, /health, /version, /metrics."""
+"""The FastAPI app: /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings,
+/v1/models, /tokenize, /detokenize, /health, /version, /metrics."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ from services.openai import params as convert
 from services.openai.api_key import ApiKeyCheck
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from services.openai.echo import prepare_echo
+from services.openai.embeddings import (
+    EmbeddingRequest,
+    embed_all,
+    embedding_prompts,
+    embedding_response,
+)
+from services.openai.embeddings import pooling_params as embedding_params
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
 from services.openai.metrics import FrontMetrics, HttpMetrics
 from services.openai.protocol import (
@@ -275,6 +282,18 @@ def create_app(config: FrontConfig) -> FastAPI:
         raise OpenAIError(404, f"no response {response_id!r}: this server keeps none (send "
                                "the conversation as input)", param="response_id",
                           code="not_found")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest) -> dict[str, Any]:
+        """OpenAI's embeddings, from a server started with --runner pooling."""
+        _warn_ignored(req, "/v1/embeddings")
+        model, lora = await front.check_model(req.model)
+        prompts, params = embedding_prompts(req), embedding_params(req)
+        try:
+            outputs = await embed_all(front.client(), prompts, params, lora)
+        except (OpenAIError, ValueError) as exc:
+            raise from_exception(exc) from None
+        return embedding_response(outputs, model, req.encoding_format)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:

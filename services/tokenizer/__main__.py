@@ -69,7 +69,8 @@ def _main(argv: list[str] | None) -> None:
                                logits_processor_classes=engine_args.logits_processor_classes(),
                                reasoning_parser=engine_args.reasoning_parser,
                                default_template_kwargs=engine_args.default_chat_template_kwargs,
-                               priority_scheduling=engine_args.scheduling_policy == "priority")
+                               priority_scheduling=engine_args.scheduling_policy == "priority",
+                               runner=engine_args.runner)
 
     route = RouteConfig(engine_addrs, engine_args.block_size, args.router_policy,
                         engine_args.prefix_caching_hash_algo)

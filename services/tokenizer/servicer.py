@@ -19,8 +19,10 @@ from typing import Any
 import grpc
 
 from engine_core.core.engine_io import EngineCoreRequest
+from engine_core.pooling.params import PoolingParams
 from engine_core.processing.input_processor import InputProcessor, ProcessedPrompt
 from engine_core.processing.parallel_sampling import fan_out
+from engine_core.sampling_params import SamplingParams
 from services._proto.strand.v1 import detokenizer_pb2 as dpb
 from services._proto.strand.v1 import engine_pb2 as epb
 from services._proto.strand.v1 import tokenizer_pb2 as tpb
@@ -30,6 +32,7 @@ from services.common.convert import (
     core_request_to_pb,
     optional_lora_from_pb,
     params_from_pb,
+    pooling_params_from_pb,
     prompt_from_pb,
 )
 from services.common.convert_core import processed_to_pb
@@ -169,7 +172,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                                    max_model_len=self.processor.max_model_len, token_strs=strs)
 
     async def _add(self, req: tpb.ProcessRequest, carrier: dict[str, str]) -> tpb.AddedRequest:
-        params = params_from_pb(req.params) if req.HasField("params") else None
+        params: SamplingParams | PoolingParams | None = (
+            pooling_params_from_pb(req.pooling_params) if req.HasField("pooling_params")
+            else params_from_pb(req.params) if req.HasField("params") else None)
         arrival = req.arrival_time if req.HasField("arrival_time") else None
         args = (req.request_id, prompt_from_pb(req.prompt), params, arrival, req.priority, None,
                 optional_lora_from_pb(req))

@@ -33,12 +33,13 @@ ENGINE_FLAGS = ["--max-num-seqs", "64", "--kv-cache-memory", str(64 * 1024**2)]
 
 def start_stack(model_dir: Path, log_dir: Path, gateway_args: list[str] | None = None,
                 otlp: str | None = None, engine_args: list[str] | None = None,
-                metrics_port: int | None = None, data_parallel_size: int = 1) -> Stack:
+                metrics_port: int | None = None, data_parallel_size: int = 1,
+                openai_port: int | None = None) -> Stack:
     """A stack with ENGINE_FLAGS plus engine_args (later flags win) for every stage."""
     config = StackConfig(model=str(model_dir), engine_args=[*ENGINE_FLAGS, *(engine_args or [])],
                          gateway_args=list(gateway_args or []), log_dir=log_dir,
                          otlp_traces_endpoint=otlp, metrics_port=metrics_port,
-                         data_parallel_size=data_parallel_size)
+                         data_parallel_size=data_parallel_size, openai_port=openai_port)
     return launch_stack(config, timeout=120)
 
 

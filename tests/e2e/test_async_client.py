@@ -119,6 +119,7 @@ def test_add_request_and_step_as_engine_client(stack: Stack, client: EngineClien
         last = None
         while await c.has_unfinished_requests():
             for out in await c.step():
+                assert isinstance(out, RequestOutput)  # a generating engine's
                 last = out
         assert last is not None and last.finished
         return list(last.outputs[0].token_ids)

@@ -22,7 +22,8 @@ def _collect_until_finished(client: EngineClient, request_id: str,
     outputs: list[RequestOutput] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        outputs += [o for o in client.step() if o.request_id == request_id]
+        outputs += [o for o in client.step()
+                    if isinstance(o, RequestOutput) and o.request_id == request_id]
         if outputs and outputs[-1].finished:
             return outputs
         time.sleep(0.05)
@@ -37,7 +38,8 @@ def test_requests_finish_without_anyone_calling_step(auto_client: EngineClient) 
         time.sleep(0.05)
     assert not auto_client.has_unfinished_requests()
     outputs = auto_client.step()  # everything produced since the last Step, kept for us
-    finals = [o for o in outputs if o.request_id == "auto-1" and o.finished]
+    finals = [o for o in outputs
+              if isinstance(o, RequestOutput) and o.request_id == "auto-1" and o.finished]
     assert len(finals) == 1
     assert len(finals[0].outputs[0].token_ids) == 4
 

@@ -57,7 +57,8 @@ def _serve(client: EngineClient, prompts: dict[str, list[int]],
     finals: dict[str, RequestOutput] = {}
     deadline = time.monotonic() + 30
     while client.has_unfinished_requests() and time.monotonic() < deadline:
-        finals.update({o.request_id: o for o in client.step() if o.finished})
+        finals.update({o.request_id: o for o in client.step()
+                       if isinstance(o, RequestOutput) and o.finished})
     return finals
 
 
@@ -182,7 +183,8 @@ def test_killed_replica_ends_its_requests_with_error_while_the_other_continues(
     finals: dict[str, RequestOutput] = {}
     deadline = time.monotonic() + 30
     while len(finals) < 2 and time.monotonic() < deadline:
-        finals.update({o.request_id: o for o in dp_client.step() if o.finished})
+        finals.update({o.request_id: o for o in dp_client.step()
+                       if isinstance(o, RequestOutput) and o.finished})
     reasons = sorted(o.outputs[0].finish_reason or "" for o in finals.values())
     assert reasons == ["error", "length"]
     errored = next(o for o in finals.values() if o.outputs[0].finish_reason == "error")

@@ -40,7 +40,8 @@ def _step_until_ended(client: EngineClient, ids: set[str], timeout: float = 15
     deadline = time.monotonic() + timeout
     while set(finals) != ids and time.monotonic() < deadline:
         try:
-            finals.update({o.request_id: o for o in client.step() if o.finished})
+            finals.update({o.request_id: o for o in client.step()
+                           if isinstance(o, RequestOutput) and o.finished})
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.UNAVAILABLE
             errors.append(exc.details())

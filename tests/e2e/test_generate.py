@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from services._proto.strand.v1 import gateway_pb2 as gpb
 from services._proto.strand.v1 import gateway_pb2_grpc
@@ -19,6 +20,7 @@ def test_generate_yields_the_same_tokens_as_add_and_step(client: EngineClient) -
     reference = None
     while client.has_unfinished_requests():
         for out in client.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             reference = out
     streamed = list(client.generate("The quick brown fox", params, request_id="gen-1"))
     assert reference is not None

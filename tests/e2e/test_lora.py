@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core import LoRARequest
+from engine_core import LoRARequest, RequestOutput
 from services._proto.strand.v1 import control_pb2 as cpb
 from services._proto.strand.v1 import control_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
@@ -56,6 +56,7 @@ def _served(client: EngineClient, jobs: dict[str, LoRARequest | None]) -> dict[s
     done: dict[str, list[int]] = {}
     while client.has_unfinished_requests():
         for out in client.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 done[out.request_id] = list(out.outputs[0].token_ids)
     return done

@@ -57,6 +57,7 @@ def _run(client: EngineClient) -> dict[str, RequestOutput]:
         if not client.has_unfinished_requests():
             return finished
         for out in client.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
             if out.finished:
                 finished[out.request_id] = out
     raise AssertionError("requests still unfinished after 500 steps")

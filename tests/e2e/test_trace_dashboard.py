@@ -23,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from engine_core.outputs import RequestOutput
 from engine_core.sampling_params import SamplingParams
 from services.client import EngineClient
 from services.launch import REPO_ROOT
@@ -94,7 +95,8 @@ def sent(phoenix: PhoenixServer, tiny_model_dir: Path,
                 prompt_ids = [1, 30, 31, 32, 33, 34]
                 client.add_request("dash-abort", {"prompt_token_ids": prompt_ids},
                                    SamplingParams(temperature=0.0, max_tokens=64))
-                first = [o for o in client.step() if o.request_id == "dash-abort"]
+                first = [o for o in client.step()
+                         if isinstance(o, RequestOutput) and o.request_id == "dash-abort"]
                 client.abort_request("dash-abort")
                 aborted = _traced(root, "dash-abort", len(prompt_ids),
                                   sum(len(o.outputs[0].token_ids) for o in first))

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AddRequestRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "lora_request")
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "lora_request", "pooling_params")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _types_pb2.Prompt
     params: _types_pb2.SamplingParams
     arrival_time: float
     priority: int
     lora_request: _types_pb2.LoRARequest
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ...) -> None: ...
+    pooling_params: _types_pb2.PoolingParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[_types_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
 
 class AddRequestResponse(_message.Message):
     __slots__ = ()
@@ -143,18 +145,20 @@ class GetNumUnfinishedRequestsResponse(_message.Message):
     def __init__(self, value: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "params", "priority", "lora_request")
+    __slots__ = ("request_id", "prompt", "params", "priority", "lora_request", "pooling_params")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _types_pb2.Prompt
     params: _types_pb2.SamplingParams
     priority: int
     lora_request: _types_pb2.LoRARequest
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ...) -> None: ...
+    pooling_params: _types_pb2.PoolingParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[_types_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()

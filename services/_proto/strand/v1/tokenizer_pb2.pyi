@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProcessRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin", "lora_request")
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin", "lora_request", "pooling_params")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class ProcessRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _types_pb2.Prompt
     params: _types_pb2.SamplingParams
@@ -23,7 +24,8 @@ class ProcessRequest(_message.Message):
     priority: int
     origin: str
     lora_request: _types_pb2.LoRARequest
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ...) -> None: ...
+    pooling_params: _types_pb2.PoolingParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[_types_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
 
 class TokenizerRequest(_message.Message):
     __slots__ = ("seq", "trace_context", "process", "tokenize", "detokenize")

@@ -85,6 +85,22 @@ class SamplingParams(_message.Message):
     structured_outputs: StructuredOutputsParams
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_tokens_unlimited: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., output_kind: _Optional[_Union[RequestOutputKind, str]] = ..., bad_words: _Optional[_Iterable[str]] = ..., bad_words_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., detokenize: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., extra_args_json: _Optional[str] = ..., structured_outputs: _Optional[_Union[StructuredOutputsParams, _Mapping]] = ...) -> None: ...
 
+class PoolingParams(_message.Message):
+    __slots__ = ("truncate_prompt_tokens", "normalize", "dimensions")
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    truncate_prompt_tokens: int
+    normalize: bool
+    dimensions: int
+    def __init__(self, truncate_prompt_tokens: _Optional[int] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class StructuredOutputsParams(_message.Message):
     __slots__ = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace", "reasoning_end")
     JSON_FIELD_NUMBER: _ClassVar[int]
@@ -194,7 +210,7 @@ class DetokenizeResponse(_message.Message):
     def __init__(self, prompt: _Optional[str] = ...) -> None: ...
 
 class EngineCoreRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority", "cache_salt", "lora_request")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority", "cache_salt", "lora_request", "pooling_params")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +219,7 @@ class EngineCoreRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: SamplingParams
@@ -211,7 +228,8 @@ class EngineCoreRequest(_message.Message):
     priority: int
     cache_salt: str
     lora_request: LoRARequest
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora_request: _Optional[_Union[LoRARequest, _Mapping]] = ...) -> None: ...
+    pooling_params: PoolingParams
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora_request: _Optional[_Union[LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[PoolingParams, _Mapping]] = ...) -> None: ...
 
 class LoRARequest(_message.Message):
     __slots__ = ("lora_name", "lora_int_id", "lora_path")
@@ -236,7 +254,7 @@ class LogprobsLists(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., row_lengths: _Optional[_Iterable[int]] = ..., sampled_token_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineCoreOutputExtras(_message.Message):
-    __slots__ = ("index", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "first_scheduled_time", "preempted_times", "held_times")
+    __slots__ = ("index", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_token_id", "stop_str", "first_scheduled_time", "preempted_times", "held_times", "pooling_output")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NEW_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +264,7 @@ class EngineCoreOutputExtras(_message.Message):
     FIRST_SCHEDULED_TIME_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_TIMES_FIELD_NUMBER: _ClassVar[int]
     HELD_TIMES_FIELD_NUMBER: _ClassVar[int]
+    POOLING_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     index: int
     new_logprobs: LogprobsLists
     new_prompt_logprobs: LogprobsLists
@@ -255,7 +274,8 @@ class EngineCoreOutputExtras(_message.Message):
     first_scheduled_time: float
     preempted_times: _containers.RepeatedScalarFieldContainer[float]
     held_times: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, index: _Optional[int] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ..., held_times: _Optional[_Iterable[float]] = ...) -> None: ...
+    pooling_output: Embedding
+    def __init__(self, index: _Optional[int] = ..., new_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[LogprobsLists, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ..., first_scheduled_time: _Optional[float] = ..., preempted_times: _Optional[_Iterable[float]] = ..., held_times: _Optional[_Iterable[float]] = ..., pooling_output: _Optional[_Union[Embedding, _Mapping]] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
     __slots__ = ("values",)
@@ -359,7 +379,7 @@ class CompletionOutput(_message.Message):
     def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., cumulative_logprob: _Optional[float] = ..., logprobs: _Optional[_Union[PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., stop_str: _Optional[str] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "outputs", "finished", "prompt_logprobs", "num_cached_tokens", "metrics", "error", "extra_json", "lora_request")
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "outputs", "finished", "prompt_logprobs", "num_cached_tokens", "metrics", "error", "extra_json", "lora_request", "embedding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +391,7 @@ class RequestOutput(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EXTRA_JSON_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -382,7 +403,8 @@ class RequestOutput(_message.Message):
     error: str
     extra_json: str
     lora_request: LoRARequest
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[CompletionOutput, _Mapping]]] = ..., finished: _Optional[bool] = ..., prompt_logprobs: _Optional[_Union[PositionLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., metrics: _Optional[_Union[RequestMetrics, _Mapping]] = ..., error: _Optional[str] = ..., extra_json: _Optional[str] = ..., lora_request: _Optional[_Union[LoRARequest, _Mapping]] = ...) -> None: ...
+    embedding: Embedding
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., outputs: _Optional[_Iterable[_Union[CompletionOutput, _Mapping]]] = ..., finished: _Optional[bool] = ..., prompt_logprobs: _Optional[_Union[PositionLogprobs, _Mapping]] = ..., num_cached_tokens: _Optional[int] = ..., metrics: _Optional[_Union[RequestMetrics, _Mapping]] = ..., error: _Optional[str] = ..., extra_json: _Optional[str] = ..., lora_request: _Optional[_Union[LoRARequest, _Mapping]] = ..., embedding: _Optional[_Union[Embedding, _Mapping]] = ...) -> None: ...
 
 class StageError(_message.Message):
     __slots__ = ("code", "message")

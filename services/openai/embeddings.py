@@ -1,0 +1,95 @@
+"""/v1/embeddings (OpenAI's, as vLLM serves it with --runner pooling): each input embedded by
+the engine's pooler, every input of one request at once; `encoding_format: "base64"` (what the
+OpenAI SDK asks for by default) sends each vector's float32 bytes, little-endian."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from engine_core.lora.request import LoRARequest
+from engine_core.outputs import PoolingRequestOutput
+from engine_core.pooling.params import PoolingParams
+from services.async_client import AsyncEngineClient
+from services.common.convert import PromptType
+from services.openai.errors import bad_request
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields: ignored with a warning
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None  # refused by name: no model here is trained for it
+    user: str | None = None
+    # vLLM's extra fields
+    truncate_prompt_tokens: int | None = None
+    normalize: bool | None = None  # None: the server's --pooler-config normalize
+
+
+def embedding_prompts(req: EmbeddingRequest) -> list[PromptType]:
+    """The inputs as prompts: a string, a list of strings, token ids or lists of them."""
+    given = req.input
+    if isinstance(given, str):
+        return [given]
+    if not given:
+        raise bad_request("input must not be empty", "input")
+    if all(isinstance(item, int) for item in given):
+        return [{"prompt_token_ids": list(given)}]  # type: ignore[arg-type]
+    prompts: list[PromptType] = []
+    for i, item in enumerate(given):
+        if isinstance(item, str):
+            prompts.append(item)
+        elif isinstance(item, list) and item:
+            prompts.append({"prompt_token_ids": list(item)})
+        else:
+            raise bad_request(f"input[{i}] must be a non-empty string or list of token ids",
+                              "input")
+    return prompts
+
+
+def pooling_params(req: EmbeddingRequest) -> PoolingParams:
+    try:
+        return PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
+                             dimensions=req.dimensions, normalize=req.normalize)
+    except ValueError as exc:
+        field = "dimensions" if str(exc).startswith("dimensions") else None
+        raise bad_request(str(exc), field) from None
+
+
+async def embed_all(client: AsyncEngineClient, prompts: list[PromptType],
+                    params: PoolingParams, lora: LoRARequest | None
+                    ) -> list[PoolingRequestOutput]:
+    """Every input at once, all or nothing: the first to fail cancels the others (a cancelled
+    call aborts its request in the engine)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(client.embed(prompt, params, lora_request=lora))
+                     for prompt in prompts]
+    except BaseExceptionGroup as failed:  # the first failure, as if awaited alone
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+def embedding_response(outputs: list[PoolingRequestOutput], model: str,
+                       encoding_format: str) -> dict[str, Any]:
+    data = [{"index": i, "object": "embedding",
+             "embedding": _encoded(out.outputs.values, encoding_format)}
+            for i, out in enumerate(outputs)]
+    num_tokens = sum(len(out.prompt_token_ids) for out in outputs)
+    return {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": model, "data": data,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+def _encoded(values: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return values
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
