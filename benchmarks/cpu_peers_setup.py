@@ -88,7 +88,7 @@ LLAMA_CPP_ISAS: dict[str, tuple[str, tuple[str, ...]]] = {
                             "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
                             *(f"-D{name}=OFF" for name in _OFF_ABOVE_AVX2))),
 }
-TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-lookup")
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-lookup", "llama-embedding")
 
 
 def cmake_configure_cmd(src_root: Path, isa: str) -> list[str]:

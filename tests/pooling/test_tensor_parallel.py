@@ -1,0 +1,27 @@
+"""Embeddings under tensor parallelism: every rank runs its shard of the forward and rank 0,
+which holds the all-reduced hidden states, pools them; TP=2 gives TP=1's embeddings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine_core import PoolingParams
+from tests.conftest import build_tiny_model
+from tests.distributed.conftest import tp_engine
+from tests.pooling.test_embed import PROMPTS, embed_all
+
+
+def test_tp2_embeddings_equal_tp1(tmp_path: Path, tiny_model_dir: Path) -> None:
+    model_dir = build_tiny_model(tmp_path / "llama", with_tokenizer=False)
+    results = {}
+    for tp in (1, 2):
+        with tp_engine(model_dir, tp, tokenizer=str(tiny_model_dir), runner="pooling",
+                       max_num_batched_tokens=16,
+                       pooler_config={"pooling_type": "MEAN"}) as engine:
+            results[tp] = embed_all(engine, PROMPTS, PoolingParams())
+    assert sorted(results[2]) == sorted(results[1])
+    for key, out in results[2].items():
+        torch.testing.assert_close(out.outputs.data, results[1][key].outputs.data,
+                                   atol=1e-5, rtol=1e-4)
