@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from engine_core.config import EngineArgs
+from engine_core.config import CacheConfig, EngineArgs, SchedulerConfig
 from engine_core.core.engine_io import EngineCoreRequest
 from engine_core.core.request import RequestStatus
 from engine_core.core.runner_output import ModelRunnerOutput
 from engine_core.core.sched_output import SchedulerOutput
-from engine_core.core.scheduler import DuplicateRequestError
+from engine_core.core.scheduler import DuplicateRequestError, Scheduler
 from engine_core.engine_core import EngineCore
 from engine_core.sampling_params import SamplingParams
+from engine_core.spec_decode.config import SpeculativeConfig
 from tests.conftest import copy_without_tokenizer
 from tests.core.conftest import (
     FakeRunner,
@@ -327,14 +328,83 @@ def test_schedule_skip_tokenizer_init(tiny_model_dir: Path, tmp_path: Path) -> N
     assert core.runner.grammars.cache is None
 
 
+def _drafting_scheduler(drafts: dict[str, list[int]], k: int) -> Scheduler:
+    """vLLM hands its scheduler drafts from the worker (update_draft_token_ids); here the
+    scheduler asks its proposer in schedule(): the proposer answers the given drafts."""
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, max_model_len=128,
+                        speculative=SpeculativeConfig.from_dict(
+                            {"method": "ngram", "num_speculative_tokens": k})),
+        CacheConfig(block_size=4), 64)
+    assert scheduler.proposer is not None
+    scheduler.proposer.propose = (  # type: ignore[method-assign]
+        lambda req_id, token_ids, max_drafts: list(drafts.get(req_id, []))[:max_drafts])
+    return scheduler
+
+
+# vLLM's cases (they mirror its rejection-sampler tests): drafts per request, the tokens the
+# verification returned, and (drafts, draft tokens, accepted tokens, accepted per position).
+@pytest.mark.parametrize("spec_tokens, output_tokens, expected", [
+    ([[1, 2, 3]], [[1, 2, 3, 4]], (1, 3, 3, [1, 1, 1])),  # perfect match
+    ([[1, 2, 3]], [[1, 5]], (1, 3, 1, [1, 0, 0])),  # early mismatch
+    ([[1, 2], [3]], [[1, 2, 5], [3, 4]], (2, 3, 3, [2, 1])),  # multiple sequences
+    ([[1]], [[1, 2]], (1, 1, 1, [1])),  # single token sequence
+    ([[]], [[5]], (0, 0, 0, [0])),  # empty sequence
+    ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7], [4, 8]], (2, 6, 3, [2, 1, 0])),  # multiple mismatches
+])
+def test_schedule_spec_decoding_stats(spec_tokens: list[list[int]],
+                                      output_tokens: list[list[int]],
+                                      expected: tuple[int, int, int, list[int]]) -> None:
+    """vLLM's: drafted tokens are scheduled with their request's next token, and the stats
+    count drafts, draft tokens and accepted tokens per position. vLLM reports no stats object
+    for a step without drafts; here the totals since start are reported, all zero then."""
+    ids = [f"r{i}" for i in range(len(spec_tokens))]
+    scheduler = _drafting_scheduler(dict(zip(ids, spec_tokens, strict=True)),
+                                    max(1, max(len(t) for t in spec_tokens)))
+    for req_id in ids:
+        scheduler.add_request(make_request(req_id, 1, max_tokens=16))
+    out = scheduler.schedule()  # the prompts: no drafts yet
+    assert len(out.scheduled_new_reqs) == len(ids) and out.total_num_scheduled_tokens == len(ids)
+    assert not out.scheduled_spec_decode_tokens
+    scheduler.update_from_output(out, _sampled(out, {r: [0] for r in ids}))
+    for req_id in ids:
+        assert scheduler.requests[req_id].num_tokens == 2  # the prompt token and the sampled one
+
+    out = scheduler.schedule()  # each request's last token and its drafts, to verify
+    assert not out.scheduled_new_reqs
+    assert out.total_num_scheduled_tokens == len(ids) + sum(len(t) for t in spec_tokens)
+    for req_id, drafts in zip(ids, spec_tokens, strict=True):
+        assert out.num_scheduled_tokens[req_id] == 1 + len(drafts)
+        assert out.scheduled_spec_decode_tokens.get(req_id, []) == drafts
+    scheduler.update_from_output(out, _sampled(out, dict(zip(ids, output_tokens, strict=True))))
+    stats = scheduler.make_stats().spec_decoding
+    assert stats is not None
+    num_drafts, num_draft_tokens, num_accepted, per_pos = expected
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (
+        num_drafts, num_draft_tokens, num_accepted)
+    assert stats.accepted_per_pos + [0] * (len(per_pos) - len(stats.accepted_per_pos)) == per_pos
+
+
+def test_spec_decoding_stats_empty_output() -> None:
+    """vLLM's regression test: a verified step that returns no tokens for a drafted request
+    (a tensor-parallel worker's empty result here) counts nothing, never a negative."""
+    scheduler = _drafting_scheduler({"r": [1, 2, 3]}, 3)
+    scheduler.add_request(make_request("r", 1, max_tokens=16))
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, _sampled(out, {"r": [0]}))
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens["r"] == [1, 2, 3]
+    scheduler.update_from_output(out, _sampled(out, {"r": []}))
+    stats = scheduler.make_stats().spec_decoding
+    assert stats is not None and stats.num_drafts == 0 and stats.num_accepted_tokens == 0
+
+
 @pytest.mark.parametrize("name", [
-    "test_schedule_multimodal_requests",
-    "test_schedule_spec_decoding_stats", "test_chunked_prefill_disabled_for_encoder_decoder",
+    "test_schedule_multimodal_requests", "test_chunked_prefill_disabled_for_encoder_decoder",
 ])
 def test_missing_features(name: str) -> None:
     missing = {
         "test_schedule_multimodal_requests": "multimodal inputs",
-        "test_schedule_spec_decoding_stats": "speculative decoding",
         "test_chunked_prefill_disabled_for_encoder_decoder": "encoder-decoder models",
     }
     pytest.skip(f"missing feature: {missing[name]}")
