@@ -13,8 +13,11 @@ Rows (prompt tokens/s and embeddings/s, median of --repeats after a warm-up):
   HF float32           transformers' AutoModel on that directory, batches of 16 padded on the
                        right, each pooled at its last real token;
   llama.cpp F32        llama-embedding on the F32 GGUF of that directory.
-llama.cpp's time is from its log's first batch_decode line to its exit (the load before it is
-left out); it tokenizes the text itself. Checks printed with the rates: the largest difference
+Strand runs without its prefix cache (every repeat embeds the same texts; the peers recompute
+them). llama.cpp's time is from its log's first batch_decode line to its exit (the load before
+it is left out); it tokenizes the text itself; its prompts go in batches of up to 1024 tokens
+(-c/-b/-ub 1024: the fastest of 256, 512, 1024, 2048 and its 8192 default on 128 prompts, by
+25.8 s against 26.4-33 s for the Q4_1 file on the AVX2 machine of session 33). Checks printed with the rates: the largest difference
 between Strand's and HF's float32 embeddings, and the smallest cosine between Strand's and
 llama.cpp's (same file, another rounding). The float32 rows also get their share of the
 machine's bound (benchmarks/roofline.py: the prompt's linear and attention FLOPs at the measured
@@ -57,8 +60,11 @@ def strand_run(model: str, quantization: str | None, texts: list[str], threads: 
     from engine_core import LLM
 
     torch.set_num_threads(threads)
+    # No prefix cache: every repeat embeds the same texts, and a cached prompt would skip most
+    # of its forward, which the peers recompute.
     llm = LLM(model, runner="pooling", dtype="float32", device="cpu",
-              quantization=quantization, max_num_seqs=256, max_num_batched_tokens=2048)
+              quantization=quantization, max_num_seqs=256, max_num_batched_tokens=2048,
+              enable_prefix_caching=False)
     llm.embed(texts[:8], use_tqdm=False)  # warm-up
     times: list[float] = []
     outputs: list[Any] = []
@@ -109,7 +115,7 @@ def llama_run(bin_dir: Path, gguf: Path, texts: list[str], threads: int,
         prompts = f.name
     cmd = [str(bin_dir / "llama-embedding"), "-m", str(gguf), "-f", prompts, "--pooling",
            "last", "--embd-normalize", "2", "--embd-output-format", "raw", "-t", str(threads),
-           "-b", "2048", "-ub", "2048", "-c", "8192"]
+           "-c", "1024", "-b", "1024", "-ub", "1024"]
     times: list[float] = []
     vectors: list[list[float]] = []
     for _ in range(repeats + 1):  # the first warms the page cache
@@ -120,8 +126,9 @@ def llama_run(bin_dir: Path, gguf: Path, texts: list[str], threads: int,
         if done.returncode != 0 or first is None:
             raise RuntimeError(f"llama-embedding failed ({done.returncode}): "
                                f"{done.stderr[-2000:]}")
-        hours, minutes, seconds, millis = (int(g) for g in first.groups())
-        logged = hours * 3600 + minutes * 60 + seconds + millis / 1000
+        # llama.cpp's log stamps: minutes.seconds.milliseconds.microseconds since its start.
+        minutes, seconds, millis, micros = (int(g) for g in first.groups())
+        logged = minutes * 60 + seconds + millis / 1e3 + micros / 1e6
         times.append(wall - logged)
         vectors = [[float(x) for x in line.split()] for line in done.stdout.splitlines()
                    if line.strip()]
