@@ -150,7 +150,7 @@ def bounds(strand: dict[str, Any], args: argparse.Namespace) -> dict[str, float]
     row a request), decode (a step of every request) and the whole workload."""
     layers, head = strand["macs"]
     n, p, t = args.requests, args.prompt, args.tokens
-    rate, copy = int8_gemm_rate(args.threads), bandwidth_bound(args.threads)
+    rate, copy = int8_gemm_rate(args.threads, args.gemm_size), bandwidth_bound(args.threads)
     prefill_s = (n * p * layers + n * head) / rate
     step_s = max(n * (layers + head) / rate, strand["weight_bytes"] / copy)
     decode_s = (t - 1) * step_s
@@ -172,12 +172,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="Strand's KV cache: the model's dtype, or 16 bits as llama.cpp's")
     parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
                         help="avx2: every library capped at AVX2 (benchmarks/isa_emulation.py)")
+    parser.add_argument("--gemm-size", type=int, default=2048,
+                        help="the int8 GEMM that measures the bound (size^3; on a CPU without "
+                             "VNNI one 2048^3 product takes ~27 s on a thread)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     isa_emulation.run_capped(args.isa, "benchmarks.quantized_batch", argv)
-    for name in ("requests", "prompt", "tokens", "threads", "repeats"):
+    for name in ("requests", "prompt", "tokens", "threads", "repeats", "gemm_size"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.tokens < 2:
         parser.error("--tokens must be >= 2 (the decode rate is of the tokens after the first)")
     if args.llama_cpp is not None:

@@ -4,6 +4,7 @@ agreement checks it prints."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,9 +21,12 @@ def test_rows_and_checks(smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest
                                       "--repeats", "1", "--bench-dir", str(tmp_path)])
     embed.main()
     out = capsys.readouterr().out
-    rows = {line.split("|")[0].strip(): line for line in out.splitlines() if "|" in line}
+    # The table's rows: the label, then columns two or more spaces apart.
+    rows = {cells[0]: cells[1:] for cells in
+            (re.split(r"\s{2,}", line.strip()) for line in out.splitlines())}
     assert {"Strand Q4_1", "Strand float32", "HF float32"} <= set(rows)
-    assert float(rows["Strand Q4_1"].split("|")[1]) > 0
+    assert float(rows["Strand Q4_1"][0]) > 0 and float(rows["HF float32"][0]) > 0
+    assert 0 < float(rows["Strand float32"][2]) < 1  # a share of the machine's bound
     check = next(line for line in out.splitlines()
                  if line.startswith("Strand float32 / HF float32"))
     assert float(check.rsplit(" ", 1)[1]) < 1e-5  # the same embeddings, float32 rounding apart

@@ -39,7 +39,7 @@ def test_one_tiny_run_beside_llama_batched_bench(
     quantized_batch.main(["--model", str(q4_file), "--requests", "6", "--prompt", "5",
                           "--tokens", "3", "--threads", "1", "--repeats", "2",
                           "--kv-cache-dtype", "bfloat16", "--llama-cpp", str(bin_dir),
-                          "--out", str(out)])
+                          "--gemm-size", "256", "--out", str(out)])
     lines = calls.read_text().splitlines()
     assert lines == [f"-m {q4_file} -t 1 -npp 5 -ntg 3 -npl 6 -c 112"] * 2
     data = json.loads(out.read_text())
