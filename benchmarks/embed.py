@@ -157,6 +157,8 @@ def main() -> None:
     parser.add_argument("--bench-dir", type=Path, default=Path.home() / ".cache/strand/bench",
                         help="where benchmarks.cpu_peers_setup put the float32 HF directory and "
                              "F32 GGUF")
+    parser.add_argument("--gemm-size", type=int, default=2048,
+                        help="the float32 GEMM that measures the machine's bound (size^3)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -194,7 +196,7 @@ def main() -> None:
         import json
 
         shape = ModelShape.from_config(json.loads((hf_dir / "config.json").read_text()))
-        rates = measure_machine(2048, 256 * 1024**2, "float32")
+        rates = measure_machine(args.gemm_size, 256 * 1024**2, "float32")
         requests = [SampleRequest([0] * (num_tokens // len(texts)), 1) for _ in texts]
         bound = workload_bound(rates, shape, requests, len(texts))
         for label in ("Strand float32", "HF float32", "llama.cpp F32"):

@@ -18,7 +18,8 @@ def test_rows_and_checks(smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest
                          capsys: pytest.CaptureFixture[str]) -> None:
     build_tiny_model(tmp_path / "smollm2-135m-f32-hf")
     monkeypatch.setattr(sys, "argv", ["embed", "--model", str(smollm2_gguf), "--prompts", "6",
-                                      "--repeats", "1", "--bench-dir", str(tmp_path)])
+                                      "--repeats", "1", "--bench-dir", str(tmp_path),
+                                      "--gemm-size", "256"])
     embed.main()
     out = capsys.readouterr().out
     # The table's rows: the label, then columns two or more spaces apart.
