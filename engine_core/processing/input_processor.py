@@ -180,8 +180,7 @@ class InputProcessor:
         pooling = params if isinstance(params, PoolingParams) else None
         check_runner_fits(pooling, self.runner)
         # A clone re-runs the checks (the caller may have changed its object since).
-        return None if pooling is None else PoolingParams(
-            pooling.truncate_prompt_tokens, pooling.dimensions, pooling.normalize)
+        return None if pooling is None else pooling.clone()
 
     def _validate_params(self, params: object) -> SamplingParams:
         if params is None:

@@ -19,6 +19,7 @@ from engine_core.pooling.params import PoolingParams
 from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai.errors import bad_request
+from services.openai.params import prompts_of
 
 
 class EmbeddingRequest(BaseModel):
@@ -36,23 +37,7 @@ class EmbeddingRequest(BaseModel):
 
 def embedding_prompts(req: EmbeddingRequest) -> list[PromptType]:
     """The inputs as prompts: a string, a list of strings, token ids or lists of them."""
-    given = req.input
-    if isinstance(given, str):
-        return [given]
-    if not given:
-        raise bad_request("input must not be empty", "input")
-    if all(isinstance(item, int) for item in given):
-        return [{"prompt_token_ids": list(given)}]  # type: ignore[arg-type]
-    prompts: list[PromptType] = []
-    for i, item in enumerate(given):
-        if isinstance(item, str):
-            prompts.append(item)
-        elif isinstance(item, list) and item:
-            prompts.append({"prompt_token_ids": list(item)})
-        else:
-            raise bad_request(f"input[{i}] must be a non-empty string or list of token ids",
-                              "input")
-    return prompts
+    return prompts_of(req.input, "input")
 
 
 def pooling_params(req: EmbeddingRequest) -> PoolingParams:

@@ -18,11 +18,16 @@ from services.openai.tools import ToolChoice
 
 def completion_prompts(req: CompletionRequest) -> list[PromptType]:
     """One engine prompt per OpenAI prompt: a str, a list of str, token ids or lists of them."""
-    prompt = req.prompt
+    return prompts_of(req.prompt, "prompt")
+
+
+def prompts_of(prompt: str | list[str] | list[int] | list[list[int]],
+               field: str) -> list[PromptType]:
+    """OpenAI's prompt forms (completions' `prompt`, embeddings' `input`) as engine prompts."""
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
-        raise bad_request("prompt must not be empty", "prompt")
+        raise bad_request(f"{field} must not be empty", field)
     if all(isinstance(p, int) for p in prompt):
         return [{"prompt_token_ids": list(prompt)}]  # type: ignore[arg-type]
     return [p if isinstance(p, str) else {"prompt_token_ids": list(p)}  # type: ignore[arg-type]
