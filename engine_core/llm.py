@@ -46,9 +46,23 @@ class LLM:
               ) -> list[EmbeddingRequestOutput]:
         """vLLM's LLM.embed: one embedding per prompt, in the prompts' order (an engine built
         with runner="pooling"). truncate_prompt_tokens: keep each prompt's last k tokens."""
+        return [EmbeddingRequestOutput.from_base(output) for output in self.encode(
+            prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request)]
+
+    def encode(self, prompts: PromptType | Sequence[PromptType],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
+               lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+               pooling_task: str = "embed") -> list[PoolingRequestOutput]:
+        """vLLM's LLM.encode: each prompt's PoolingRequestOutput (outputs.data, a tensor).
+        pooling_task: "embed", the one task a decoder model's pooler does here."""
+        if pooling_task != "embed":
+            raise ValueError(f"pooling_task must be 'embed' (the pooler of a decoder model "
+                             f"embeds), got {pooling_task!r}")
         if self.engine.args.runner != "pooling":
-            raise ValueError("LLM.embed() needs runner='pooling' (vLLM's --runner pooling): this "
-                             f"engine's runner is {self.engine.args.runner!r}")
+            raise ValueError("LLM.embed() and LLM.encode() need runner='pooling' (vLLM's "
+                             f"--runner pooling): this engine's runner is "
+                             f"{self.engine.args.runner!r}")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
@@ -61,13 +75,13 @@ class LLM:
         if truncate_prompt_tokens is not None:
             params_list = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens)
                            for p in params_list]
-        embeddings = []
+        pooled = []
         for output in self._run(prompts, params_list, lora_request, None, use_tqdm):
             if not isinstance(output, PoolingRequestOutput):  # failed (a rank went away)
                 raise RuntimeError(f"request {output.request_id} ended without an embedding: "
                                    f"{output.error or output.outputs[0].finish_reason}")
-            embeddings.append(EmbeddingRequestOutput.from_base(output))
-        return embeddings
+            pooled.append(output)
+        return pooled
 
     def _run(self, prompts: Sequence[PromptType],
              params_list: Sequence[SamplingParams | PoolingParams],

@@ -121,6 +121,12 @@ def test_llm_embed_in_prompt_order_with_truncation(tiny_model_dir: Path) -> None
                                    atol=2e-6, rtol=1e-5)
     cut = llm.embed(texts[1], truncate_prompt_tokens=3, use_tqdm=False)[0]
     assert cut.prompt_token_ids == tokenizer.encode(texts[1])[-3:]
+    # encode(): the same vectors as tensors (vLLM's PoolingRequestOutput.outputs.data).
+    encoded = llm.encode(texts, PoolingParams(normalize=True), use_tqdm=False)
+    for pooled, embedded in zip(encoded, outputs, strict=True):
+        assert pooled.outputs.data.tolist() == embedded.outputs.embedding
+    with pytest.raises(ValueError, match="pooling_task"):
+        llm.encode(texts, pooling_task="classify")
 
 
 def test_the_wrong_kind_of_request_is_refused_and_changes_nothing(tiny_model_dir: Path) -> None:
