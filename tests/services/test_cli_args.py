@@ -156,3 +156,15 @@ def test_serve_forwards_the_speculative_config_as_json() -> None:
     assert json.loads(config.engine_args[flag + 1]) == spec
     args, _ = parse_stage_args(make_parser("engine"), config.engine_args)
     assert EngineArgs.from_cli_args(args).speculative_config == spec
+
+
+@pytest.mark.parametrize("stage", ["tokenizer", "engine"])
+def test_serve_forwards_the_pooling_runner(stage: str) -> None:
+    """The tokenizer stage refuses the wrong kind of request by it, the engine pools by it."""
+    parser = _stack_parser("strand serve")
+    pooler = {"pooling_type": "MEAN", "normalize": False}
+    argv = ["--model", "m", "--runner", "pooling", "--pooler-config", json.dumps(pooler)]
+    config = stack_config(parser.parse_args(argv), parser, "/cache/resolved-dir")
+    args, _ = parse_stage_args(make_parser(stage), config.engine_args)
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.runner == "pooling" and engine_args.pooler_config == pooler
