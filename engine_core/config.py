@@ -269,10 +269,10 @@ class EngineArgs:
                 parser.add_argument(flag, nargs="*", default=None, help=_HELP.get(f.name))
             elif f.name in ("default_chat_template_kwargs", "speculative_config",
                             "pooler_config"):
-                parser.add_argument(flag, type=json.loads, default=None,
+                parser.add_argument(flag, type=json_object, default=None,
                                     help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
-                parser.add_argument(flag, type=json.loads, default={},
+                parser.add_argument(flag, type=json_object, default={},
                                     help="JSON object passed to the KV connector")
             else:
                 kind = _cli_type(f.type)
@@ -420,6 +420,17 @@ _HELP = {
 
 
 _CHOICES = {"reasoning_parser": sorted(REASONING_PARSERS), "runner": list(RUNNERS)}
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON-object flag's value; argparse prints the error after the flag's name."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
 
 
 def _cli_type(annotation: object) -> Any:

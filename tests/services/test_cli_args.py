@@ -168,3 +168,15 @@ def test_serve_forwards_the_pooling_runner(stage: str) -> None:
     args, _ = parse_stage_args(make_parser(stage), config.engine_args)
     engine_args = EngineArgs.from_cli_args(args)
     assert engine_args.runner == "pooling" and engine_args.pooler_config == pooler
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{bad", "must be a JSON object, got '{bad' (Expecting property name"),
+    ("[1]", "must be a JSON object, got '[1]'"),
+])
+def test_a_json_flag_that_is_no_object_is_one_line_naming_it(
+        value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _stack_parser("strand serve")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "m", "--speculative-config", value])
+    assert f"argument --speculative-config: {message}" in capsys.readouterr().err
