@@ -21,6 +21,8 @@ from services.common.convert import PromptType
 from services.openai.errors import bad_request
 from services.openai.params import prompts_of
 
+MAX_INPUTS = 2048  # OpenAI's limit on an embeddings request's input array
+
 
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields: ignored with a warning
@@ -36,8 +38,13 @@ class EmbeddingRequest(BaseModel):
 
 
 def embedding_prompts(req: EmbeddingRequest) -> list[PromptType]:
-    """The inputs as prompts: a string, a list of strings, token ids or lists of them."""
-    return prompts_of(req.input, "input")
+    """The inputs as prompts: a string, a list of strings, token ids or lists of them; at most
+    MAX_INPUTS, OpenAI's bound (every input of a request is in the engine at once)."""
+    prompts = prompts_of(req.input, "input")
+    if len(prompts) > MAX_INPUTS:
+        raise bad_request(f"input must hold at most {MAX_INPUTS} items, got {len(prompts)}",
+                          "input")
+    return prompts
 
 
 def pooling_params(req: EmbeddingRequest) -> PoolingParams:

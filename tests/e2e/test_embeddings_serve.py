@@ -6,6 +6,7 @@ request is refused by name on either kind of server."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from services._proto.strand.v1 import gateway_pb2_grpc
 from services._proto.strand.v1 import types_pb2 as pb
 from services.client import EngineClient, RequestError
 from services.launch import Stack
-from tests.e2e.conftest import ENGINE_FLAGS, start_stack
+from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished, start_stack
 
 # A 16-token step budget: the longer prompts take several steps (chunked prefill).
 POOLING_FLAGS = ["--runner", "pooling", "--max-num-batched-tokens", "16"]
@@ -110,6 +111,13 @@ def test_openai_sdk_embeddings(pooling_stack: Stack,
         assert refused.value.body["param"] == "dimensions"  # type: ignore[index]
         with pytest.raises(openai.BadRequestError, match="prompt must not be empty"):
             sdk.embeddings.create(model=model, input=["hello", ""])
+        with pytest.raises(openai.BadRequestError, match="at most 2048 items, got 2049"):
+            sdk.embeddings.create(model=model, input=["hi"] * 2049)
+    # The refused request's other input was taken back: the engine holds nothing.
+    deadline = time.monotonic() + 30
+    while engine_num_unfinished(pooling_stack) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine_num_unfinished(pooling_stack) == 0
 
 
 def test_a_generating_server_refuses_embeddings_by_name(stack: Stack) -> None:
