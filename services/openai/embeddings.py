@@ -19,7 +19,7 @@ from engine_core.pooling.params import PoolingParams
 from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai.errors import bad_request
-from services.openai.params import prompts_of
+from services.openai.params import chat_prompt, prompts_of
 
 MAX_INPUTS = 2048  # OpenAI's limit on an embeddings request's input array
 
@@ -28,7 +28,12 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown fields: ignored with a warning
 
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    # vLLM's chat form instead of input: one conversation, rendered by the model's template.
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None  # refused by name: no model here is trained for it
     user: str | None = None
@@ -39,7 +44,14 @@ class EmbeddingRequest(BaseModel):
 
 def embedding_prompts(req: EmbeddingRequest) -> list[PromptType]:
     """The inputs as prompts: a string, a list of strings, token ids or lists of them; at most
-    MAX_INPUTS, OpenAI's bound (every input of a request is in the engine at once)."""
+    MAX_INPUTS, OpenAI's bound (every input of a request is in the engine at once). Or vLLM's
+    `messages`: one chat, rendered as the chat endpoints render it."""
+    if (req.input is None) == (req.messages is None):
+        raise bad_request("give exactly one of input and messages", "input")
+    if req.messages is not None:
+        return [chat_prompt(req.messages, req.add_generation_prompt, None,
+                            req.chat_template_kwargs, req.continue_final_message)]
+    assert req.input is not None
     prompts = prompts_of(req.input, "input")
     if len(prompts) > MAX_INPUTS:
         raise bad_request(f"input must hold at most {MAX_INPUTS} items, got {len(prompts)}",

@@ -6,7 +6,10 @@ request is refused by name on either kind of server."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +116,22 @@ def test_openai_sdk_embeddings(pooling_stack: Stack,
             sdk.embeddings.create(model=model, input=["hello", ""])
         with pytest.raises(openai.BadRequestError, match="at most 2048 items, got 2049"):
             sdk.embeddings.create(model=model, input=["hi"] * 2049)
+    # vLLM's chat form: the conversation as the model's template renders it.
+    chat = [{"role": "user", "content": "hello"}]
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{base}/embeddings", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": model, "messages": chat}).encode()), timeout=60) as resp:
+        answer = json.loads(resp.read())
+    with EngineClient(pooling_stack.gateway_address, timeout=60) as client:
+        rendered = client.tokenize({"messages": chat, "add_generation_prompt": False})
+        assert_close(answer["data"][0]["embedding"],
+                     client.embed({"prompt_token_ids": rendered["tokens"]}).outputs.values)
+    assert answer["usage"]["prompt_tokens"] == rendered["count"]
+    with pytest.raises(urllib.error.HTTPError) as both:
+        urllib.request.urlopen(urllib.request.Request(
+            f"{base}/embeddings", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"input": "hi", "messages": chat}).encode()), timeout=60)
+    assert both.value.code == 400 and b"exactly one of input and messages" in both.value.read()
     # The refused request's other input was taken back: the engine holds nothing.
     deadline = time.monotonic() + 30
     while engine_num_unfinished(pooling_stack) and time.monotonic() < deadline:
