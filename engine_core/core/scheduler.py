@@ -233,10 +233,7 @@ class Scheduler:
         """
         if not request.drafts_allowed or self.proposer is None:
             return None
-        num_output = request.num_output_tokens
-        if num_output < request.sampling_params.min_tokens:
-            return None  # EOS is banned at some positions and not others: one at a time
-        room = min(request.max_tokens - num_output - 1, budget - 1)
+        room = min(request.max_tokens - request.num_output_tokens - 1, budget - 1)
         return self.proposer.propose(request.request_id, request.all_token_ids, room) or None
 
     def _allocate_or_preempt(self, request: Request, num_new: int, plan: RunningPlan, i: int

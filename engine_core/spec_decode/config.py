@@ -78,11 +78,9 @@ def _int(spec: dict[str, Any], key: str, default: int | None) -> int | None:
 def drafts_allowed(params: SamplingParams) -> bool:
     """Whether a request's tokens may be drafted and verified several at once.
 
-    Verification scores every draft position with the same sampling distribution. That holds
-    unless the distribution depends on the tokens before each position (penalties, bad words,
-    a grammar). Such requests decode one token a step, beside drafted ones in the same batch.
+    Each draft row is processed with the drafts before it in the request's output (penalties,
+    bad words and min_tokens read that), so only a grammar stands in the way: its matcher
+    would have to walk the drafts. Such requests decode one token a step, beside drafted ones
+    in the same batch.
     """
-    return (params.structured_outputs is None
-            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
-            and params.repetition_penalty == 1.0 and not params.bad_words
-            and not params.bad_words_token_ids)
+    return params.structured_outputs is None

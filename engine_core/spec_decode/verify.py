@@ -1,7 +1,8 @@
 """Verifying drafts against the target model's logits (the runner's side of speculative decoding).
 
 A drafted request's step computes logits at its last token and at each draft, so row j scores
-the token after draft j - 1. Greedy rows accept drafts while each equals the argmax and then
+the token after draft j - 1, and is processed (penalties, bad words, min_tokens) with drafts
+0..j-1 in the request's output, as it would be had they been decoded one at a time. Greedy rows accept drafts while each equals the argmax and then
 add the argmax where the first one differs (or after the last draft): exactly the tokens
 one-at-a-time decoding would give. Random rows use rejection sampling with a draft that is one
 token (prompt lookup has no draft distribution): draft d at row j is accepted with probability
@@ -61,10 +62,14 @@ def verify_drafts(logits: torch.Tensor, rows: DraftRows, drafted: list[int],
     draft_lists = [drafts[i] for i in drafted]
     if not sampler.logits_processors and all(s.argmax_only for s in states):
         return _accept_greedy(argmax_tokens(target).tolist(), draft_lists)
-    sampling_rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
-                                 s.eos_token_id)
+    # Row j is used only when drafts 0..j-1 were accepted: it is processed as one-at-a-time
+    # decoding would process it then, with them in its output (penalties, bad words and
+    # min_tokens read the output so far).
+    sampling_rows = [SamplingRow(s.params, s.prompt_token_ids,
+                                 [*s.output_token_ids, *draft[:j]] if j else s.output_token_ids,
+                                 s.generator, s.eos_token_id)
                      for s, draft in zip(states, draft_lists, strict=True)
-                     for _ in range(len(draft) + 1)]
+                     for j in range(len(draft) + 1)]
     metadata = build_sampling_metadata(sampling_rows, vocab_size, device)
     processed = sampler.processed_logits(target, metadata)
     argmax = argmax_tokens(processed).tolist()

@@ -71,10 +71,10 @@ def test_the_flag_takes_json_and_reaches_the_scheduler() -> None:
     (SamplingParams(temperature=0.0, logit_bias={3: 2.0}, allowed_token_ids=[3, 4]), True),
     (SamplingParams(temperature=0.0, min_tokens=4, stop_token_ids=[9]), True),
     (SamplingParams(temperature=0.0, logprobs=2, prompt_logprobs=1), True),
-    (SamplingParams(temperature=0.0, presence_penalty=0.5), False),
-    (SamplingParams(temperature=0.0, frequency_penalty=0.5), False),
-    (SamplingParams(temperature=0.0, repetition_penalty=1.2), False),
-    (SamplingParams(temperature=0.0, bad_words_token_ids=[[5]]), False),
+    (SamplingParams(temperature=0.0, presence_penalty=0.5), True),
+    (SamplingParams(temperature=0.0, frequency_penalty=0.5), True),
+    (SamplingParams(temperature=0.0, repetition_penalty=1.2), True),
+    (SamplingParams(temperature=0.0, bad_words_token_ids=[[5]]), True),
     (SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a+")), False),
 ])
 def test_which_requests_may_be_drafted(params: SamplingParams, allowed: bool) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_core import SamplingParams
+from engine_core import LLMEngine, SamplingParams, StructuredOutputsParams
 from engine_core.outputs import RequestOutput, SampleLogprobs
 from tests.engine.conftest import HFGreedy, assert_pool_whole, make_engine
 from tests.engine.test_greedy_matches_hf import make_prompts
@@ -58,7 +58,7 @@ def mixed_params(stop_token: int) -> list[SamplingParams]:
     return [
         greedy,
         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=2),  # a row a token
-        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, presence_penalty=0.7),  # undrafted
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, presence_penalty=0.7),
         # Stopped inside a draft: its logprobs end with the stop token too.
         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_token],
                        logprobs=1),
@@ -99,12 +99,63 @@ def test_every_output_equals_the_run_without_drafts(tiny_model_dir: Path,
 
 
 def test_requests_that_may_not_be_drafted_never_are(tiny_model_dir: Path) -> None:
+    """A grammar's matcher would have to walk the drafts: such requests decode a token a step."""
     prompts = repetitive_prompts(512)
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.1)
+    grammar = StructuredOutputsParams(regex="[a-z ]{1,60}")
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, structured_outputs=grammar)
               ] * len(prompts)
     _, engine = run(tiny_model_dir, prompts, params, True)
     spec = engine.engine_core.scheduler.make_stats().spec_decoding
     assert spec is not None and spec.num_drafts == 0
+
+
+def drafted_ids(engine: LLMEngine) -> tuple[dict[str, RequestOutput], dict[str, int]]:
+    """Step to the end; each request's output and how many of its draft tokens were verified."""
+    finished: dict[str, RequestOutput] = {}
+    verified: dict[str, int] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert isinstance(out, RequestOutput)  # a generating engine's
+            if out.finished:
+                finished[out.request_id] = out
+        last = engine.engine_core.last_scheduler_output
+        for req_id, drafts in (last.scheduled_spec_decode_tokens if last else {}).items():
+            verified[req_id] = verified.get(req_id, 0) + len(drafts)
+    return finished, verified
+
+
+def test_penalties_bad_words_and_min_tokens_are_drafted_and_unchanged(
+        tiny_model_dir: Path) -> None:
+    """Each draft row is processed with the drafts before it in the output: the penalties,
+    the bad-word bans and min_tokens' EOS ban see what one-at-a-time decoding would see."""
+    p = repetitive_prompts(512)
+    base, _ = run(tiny_model_dir, p, [SamplingParams(temperature=0.0, max_tokens=12)] * 4,
+                  False)
+    looped = base["1"].outputs[0].token_ids  # a token its greedy answer repeats: banned below
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, presence_penalty=0.6,
+                       frequency_penalty=0.4),
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
+                       bad_words_token_ids=[[looped[3]], [looped[4], looped[5]]]),
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=30,
+                       stop_token_ids=[looped[6]]),
+        SamplingParams(temperature=0.9, top_k=8, seed=5, max_tokens=MAX_TOKENS,
+                       repetition_penalty=1.2),
+    ]
+    prompts = [p[0], p[1], p[1], p[2], p[3]]
+    want, _ = run(tiny_model_dir, prompts, params[:4] + [params[4]], False)
+    engine = make_engine(tiny_model_dir, speculative_config=NGRAM)
+    for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, sampling)
+    got, verified = drafted_ids(engine)
+    for req_id in ("0", "1", "2", "3"):  # greedy: the very tokens of the run without drafts
+        assert verified.get(req_id, 0) > 0, f"request {req_id} was never drafted"
+        a, b = got[req_id].outputs[0], want[req_id].outputs[0]
+        assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason), req_id
+    spec = engine.engine_core.scheduler.make_stats().spec_decoding
+    assert spec is not None and spec.num_accepted_tokens > 0
+    assert_pool_whole(engine)
 
 
 def test_an_abort_between_drafted_steps_frees_everything(tiny_model_dir: Path) -> None:

@@ -62,6 +62,24 @@ def test_greedy_rows_read_the_processed_logits() -> None:
     assert got == [[3, 3, 3]]
 
 
+def test_each_draft_row_sees_the_drafts_before_it_in_the_output() -> None:
+    """Row j is processed as if drafts 0..j-1 had been decoded: a presence penalty on a token
+    the first draft brought, a bad word a draft completes, min_tokens counted past the drafts."""
+    flat = torch.tensor([[0.0, 0.0, 1.0, 0.0, 3.0, 2.5]] * 3)  # 4 leads 5 by 0.5
+    # Draft 4 is accepted at row 0; at row 1 the penalty (4 is now in the output) gives 5.
+    penalized = SamplingParams(temperature=0.0, presence_penalty=1.0)
+    assert verify(flat, [[4, 4]], [state(penalized)]) == [[4, 5]]
+    # [2, 4] is a bad word: once draft 2 is in the output, 4 is banned at the next row.
+    banned = SamplingParams(temperature=0.0, bad_words_token_ids=[[2, 4]])
+    leads_2 = torch.tensor([[0.0, 0.0, 4.0, 0.0, 3.0, 2.5], [0.0, 0.0, 1.0, 0.0, 3.0, 2.5]])
+    assert verify(leads_2, [[2]], [state(banned)]) == [[2, 5]]
+    # EOS (0) leads every row; min_tokens 3 bans it up to the third token (one in the output
+    # before the step): rows 0 and 1 take 4 and 4, row 2 may end.
+    eos_leads = torch.tensor([[9.0, 0.0, 1.0, 0.0, 3.0, 2.5]] * 3)
+    early = SamplingParams(temperature=0.0, min_tokens=3)
+    assert verify(eos_leads, [[4, 4]], [state(early)]) == [[4, 4, 0]]
+
+
 def within(observed: int, n: int, p: float) -> bool:
     """observed ~ Binomial(n, p), within 5 standard deviations (false alarm ~1e-6)."""
     return abs(observed - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1
