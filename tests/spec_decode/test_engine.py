@@ -5,6 +5,7 @@ may not be drafted, stops inside a draft, aborts and the batch queue in the same
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,8 +110,10 @@ def test_requests_that_may_not_be_drafted_never_are(tiny_model_dir: Path) -> Non
     assert spec is not None and spec.num_drafts == 0
 
 
-def drafted_ids(engine: LLMEngine) -> tuple[dict[str, RequestOutput], dict[str, int]]:
-    """Step to the end; each request's output and how many of its draft tokens were verified."""
+def drafted_ids(engine: LLMEngine, after_step: Callable[[dict[str, int]], None] | None = None
+                ) -> tuple[dict[str, RequestOutput], dict[str, int]]:
+    """Step to the end; each request's output and how many of its draft tokens were verified
+    (after_step sees those counts after each step)."""
     finished: dict[str, RequestOutput] = {}
     verified: dict[str, int] = {}
     while engine.has_unfinished_requests():
@@ -121,6 +124,8 @@ def drafted_ids(engine: LLMEngine) -> tuple[dict[str, RequestOutput], dict[str, 
         last = engine.engine_core.last_scheduler_output
         for req_id, drafts in (last.scheduled_spec_decode_tokens if last else {}).items():
             verified[req_id] = verified.get(req_id, 0) + len(drafts)
+        if after_step is not None:
+            after_step(verified)
     return finished, verified
 
 
@@ -165,18 +170,15 @@ def test_an_abort_between_drafted_steps_frees_everything(tiny_model_dir: Path) -
     engine = make_engine(tiny_model_dir, speculative_config=NGRAM)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
-    finished = {}
-    drafted = False
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            assert isinstance(out, RequestOutput)  # a generating engine's
-            if out.finished:
-                finished[out.request_id] = out
-        last = engine.engine_core.last_scheduler_output
-        if not drafted and last is not None and "1" in last.scheduled_spec_decode_tokens:
+    aborted: list[bool] = []
+
+    def abort_once_drafted(verified: dict[str, int]) -> None:
+        if not aborted and verified.get("1"):
             engine.abort_request(["1"])
-            drafted = True
-    assert drafted, "request 1 was never drafted"
+            aborted.append(True)
+
+    finished, _ = drafted_ids(engine, abort_once_drafted)
+    assert aborted, "request 1 was never drafted"
     assert "1" not in finished or finished["1"].outputs[0].finish_reason == "abort"
     for req_id in ("0", "2", "3"):
         assert finished[req_id].outputs[0].token_ids == want[req_id].outputs[0].token_ids
