@@ -14,6 +14,8 @@ configure_huge_pages()
 from engine_core.config import EngineArgs  # noqa: E402
 from engine_core.lora.request import LoRARequest  # noqa: E402
 from engine_core.outputs import (  # noqa: E402
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -21,6 +23,8 @@ from engine_core.outputs import (  # noqa: E402
     PoolingOutput,
     PoolingRequestOutput,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
 )
 from engine_core.pooling.params import PoolingParams  # noqa: E402
 from engine_core.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
@@ -34,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = [
     "LLM",
     "AsyncLLM",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
@@ -47,6 +53,8 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "StructuredOutputsParams",
 ]
 

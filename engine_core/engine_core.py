@@ -35,7 +35,7 @@ from engine_core.lora.request import LoRARequest
 from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, dtype_name, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
-from engine_core.pooling.params import check_runner_fits
+from engine_core.pooling.params import check_runner_fits, pooler_for_model
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
 from engine_core.stats_logger import ThroughputMeter
@@ -124,6 +124,8 @@ class EngineCore:
                         "as llama.cpp and vLLM read them (about the file's size in memory)",
                         os.path.basename(source), str(model_config.dtype).removeprefix("torch."))
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
+        scheduler_config.pooler = pooler_for_model(scheduler_config.pooler,
+                                                   model_config.num_labels)
         cache_config = args.cache_config()
         if args.cpu_threads is not None:
             # On the thread that will step (the pool is per process, its team per thread).

@@ -11,8 +11,20 @@ from tqdm import tqdm
 from engine_core.config import EngineArgs
 from engine_core.llm_engine import LLMEngine, PromptType
 from engine_core.lora.request import LoRARequest
-from engine_core.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
-from engine_core.pooling.params import PoolingParams
+from engine_core.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
+from engine_core.pooling.params import POOLING_TASKS, PoolingParams
+from engine_core.pooling.scoring import (
+    cross_encoder_prompt,
+    cross_encoder_score,
+    embedding_score,
+    pair_up,
+)
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -47,22 +59,54 @@ class LLM:
         """vLLM's LLM.embed: one embedding per prompt, in the prompts' order (an engine built
         with runner="pooling"). truncate_prompt_tokens: keep each prompt's last k tokens."""
         return [EmbeddingRequestOutput.from_base(output) for output in self.encode(
-            prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request)]
+            prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request, "embed")]
+
+    def classify(self, prompts: PromptType | Sequence[PromptType],
+                 pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+                 truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[ClassificationRequestOutput]:
+        """vLLM's LLM.classify: each prompt's label probabilities (a *ForSequenceClassification
+        model with runner="pooling")."""
+        return [ClassificationRequestOutput.from_base(output) for output in self.encode(
+            prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request, "classify")]
+
+    def score(self, data_1: PromptType | Sequence[PromptType],
+              data_2: PromptType | Sequence[PromptType],
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
+              pooling_params: PoolingParams | None = None,
+              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+              ) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score: one score per (data_1, data_2) pair, 1:1, 1:N or N:N. A
+        cross-encoder (one label) reads each text pair as one prompt; an embedding model
+        compares the two texts' embeddings (cosine similarity)."""
+        pairs = pair_up(data_1, data_2)
+        if self.engine.engine_core.model_config.num_labels:
+            tokenizer = self.get_tokenizer()
+            prompts = [cross_encoder_prompt(tokenizer, a, b) for a, b in pairs]
+            return [cross_encoder_score(output) for output in self.encode(
+                prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request,
+                "score")]
+        texts = [a for a, _ in pairs] + [b for _, b in pairs]
+        embedded = self.encode(texts, pooling_params, truncate_prompt_tokens, use_tqdm,
+                               lora_request, "embed")
+        return [embedding_score(embedded[i], embedded[len(pairs) + i])
+                for i in range(len(pairs))]
 
     def encode(self, prompts: PromptType | Sequence[PromptType],
                pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
                truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
                lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
-               pooling_task: str = "embed") -> list[PoolingRequestOutput]:
+               pooling_task: str | None = None) -> list[PoolingRequestOutput]:
         """vLLM's LLM.encode: each prompt's PoolingRequestOutput (outputs.data, a tensor).
-        pooling_task: "embed", the one task a decoder model's pooler does here."""
-        if pooling_task != "embed":
-            raise ValueError(f"pooling_task must be 'embed' (the pooler of a decoder model "
-                             f"embeds), got {pooling_task!r}")
+        pooling_task: "embed", "classify" or "score"; None: the model's own."""
+        if pooling_task is not None and pooling_task not in POOLING_TASKS:
+            raise ValueError(f"pooling_task must be one of {list(POOLING_TASKS)}, got "
+                             f"{pooling_task!r}")
         if self.engine.args.runner != "pooling":
-            raise ValueError("LLM.embed() and LLM.encode() need runner='pooling' (vLLM's "
-                             f"--runner pooling): this engine's runner is "
-                             f"{self.engine.args.runner!r}")
+            raise ValueError("LLM.embed(), classify(), score() and encode() need "
+                             "runner='pooling' (vLLM's --runner pooling): this engine's runner "
+                             f"is {self.engine.args.runner!r}")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
@@ -72,9 +116,7 @@ class LLM:
                              f"got {len(pooling_params)}")
         else:
             params_list = list(pooling_params)
-        if truncate_prompt_tokens is not None:
-            params_list = [dataclasses.replace(p, truncate_prompt_tokens=truncate_prompt_tokens)
-                           for p in params_list]
+        params_list = [_for_task(p, pooling_task, truncate_prompt_tokens) for p in params_list]
         pooled = []
         for output in self._run(prompts, params_list, lora_request, None, use_tqdm):
             if not isinstance(output, PoolingRequestOutput):  # failed (a rank went away)
@@ -160,3 +202,14 @@ def _broadcast(params: SamplingParams | Sequence[SamplingParams] | None,
     if len(params) != n:
         raise ValueError(f"sampling_params must be one or one per prompt ({n}), got {len(params)}")
     return list(params)
+
+
+def _for_task(params: PoolingParams, task: str | None,
+              truncate_prompt_tokens: int | None) -> PoolingParams:
+    """A copy naming the task the method does; ValueError if params names another."""
+    if task is not None and params.task is not None and params.task != task:
+        raise ValueError(f"pooling_params.task is {params.task!r}, but this call does {task!r}")
+    changes: dict[str, Any] = {"task": task or params.task}
+    if truncate_prompt_tokens is not None:
+        changes["truncate_prompt_tokens"] = truncate_prompt_tokens
+    return dataclasses.replace(params, **changes)

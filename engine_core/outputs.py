@@ -168,3 +168,44 @@ class EmbeddingRequestOutput:
     def from_base(output: PoolingRequestOutput) -> EmbeddingRequestOutput:
         return EmbeddingRequestOutput(output.request_id, EmbeddingOutput(output.outputs.values),
                                       output.prompt_token_ids, output.finished)
+
+
+@dataclass(slots=True)
+class ClassificationOutput:
+    probs: list[float]  # per label, in the model's id2label order (logits: use_activation=False)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """LLM.classify's result per prompt (vLLM's): each label's probability."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @staticmethod
+    def from_base(output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        return ClassificationRequestOutput(output.request_id,
+                                           ClassificationOutput(output.outputs.values),
+                                           output.prompt_token_ids, output.finished)
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    score: float
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """LLM.score's result per text pair (vLLM's): a cross-encoder's relevance, or the cosine
+    similarity of an embedding model's two embeddings."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -25,6 +25,7 @@ from engine_core.core.step_plan import RunningPlan, leading_rows, logprobs_row
 from engine_core.core.stop import check_stop
 from engine_core.core.tier_reset import TierReset, connector_tiers
 from engine_core.errors import DuplicateRequestError
+from engine_core.pooling.params import PoolerConfig
 from engine_core.spec_decode.config import drafts_allowed
 from engine_core.spec_decode.ngram import NgramProposer
 from engine_core.spec_decode.stats import SpecDecodingStats
@@ -89,8 +90,7 @@ class Scheduler:
             # An embedding computes its prompt alone; its carrier's one "token" needs no slot.
             max_tokens = 1
             request.pools_every_position = bool(self.pooler and self.pooler.needs_every_row)
-            if request.pooling_params.normalize is None:  # the request's own, else the engine's
-                request.pooling_params.normalize = self.pooler is None or self.pooler.normalize
+            request.pooling_params.resolve(self.pooler or PoolerConfig())
         elif num_prompt + 1 > self.max_model_len:
             raise ValueError(f"prompt length ({num_prompt}) + 1 generated token must be <= "
                              f"max_model_len ({self.max_model_len})")
@@ -411,7 +411,7 @@ class Scheduler:
             elif pooled is not None:
                 request.status = RequestStatus.FINISHED_STOPPED
                 finished = True
-                if request.pooling_params is not None:
+                if request.pooling_params is not None:  # an embedding or label probabilities
                     embedding = request.pooling_params.finish(pooled).tolist()
             new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not (new_token_ids or finished or new_prompt_logprobs):

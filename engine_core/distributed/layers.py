@@ -199,6 +199,8 @@ def shard_model(model: nn.Module, layout: ShardLayout, tp: TPGroup) -> None:
                                    device=old.weight.device)
     embed.tp, embed.vocab_start = tp, layout.vocab_start
     inner.embed_tokens = embed
+    if cast(ModelConfig, model.config).labels:
+        return  # a classifier's score layer (a few rows) stays whole on every rank
     head = ParallelLMHead(old.embedding_dim, layout.vocab_per_rank, bias=False,
                           device=old.weight.device)
     head.tp, head.vocab_size = tp, layout.vocab_size

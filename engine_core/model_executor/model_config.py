@@ -12,6 +12,7 @@ from engine_core.model_executor.arch_config import (
     longrope_scaling,
     parse_arch_options,
 )
+from engine_core.model_executor.seq_cls import causal_name, labels_of
 
 # HF architecture name -> the family the loader builds (all Llama-shaped decoders).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
@@ -61,6 +62,18 @@ class ModelConfig:
     # EngineArgs.quantization: "gguf" keeps gguf_file's linear weights packed (gguf/quantized.py).
     quantization: str | None = None
     gguf_file: str | None = None  # the .gguf model_dir was converted from (with quantization)
+    # A *ForSequenceClassification checkpoint (seq_cls.py): its labels in id order, and the
+    # "LM head" is its `score` layer (hidden -> len(labels)). Empty: a causal LM.
+    labels: tuple[str, ...] = ()
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    @property
+    def head_size(self) -> int:
+        """The head's outputs: the vocabulary, or a classifier's labels."""
+        return self.num_labels or self.vocab_size
 
     @property
     def first_eos_token_id(self) -> int | None:
@@ -111,6 +124,7 @@ def _read_config(model_dir: str) -> dict[str, Any]:
 
 def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "auto") -> ModelConfig:
     architecture = _architecture(raw)
+    labels = labels_of(raw) if _is_classifier(raw) else ()
     hidden = _positive_int(raw, "hidden_size")
     num_heads = _positive_int(raw, "num_attention_heads")
     num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
@@ -140,7 +154,8 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        # A classifier's score layer is its own (its configs often inherit the base's tie).
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)) and not labels,
         qkv_bias=is_qwen2 or attention_bias,
         o_proj_bias=attention_bias and not is_qwen2,
         dtype=resolve_dtype(dtype, raw.get("torch_dtype") or raw.get("dtype")),
@@ -148,6 +163,7 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         bos_token_id=raw.get("bos_token_id"),
         model_dir=model_dir,
         arch=arch,
+        labels=labels,
     )
 
 
@@ -172,13 +188,25 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _architecture(raw: dict[str, Any]) -> str:
+    """The family the loader builds: a supported causal LM, or the causal LM a supported
+    *ForSequenceClassification is built on."""
     archs = raw.get("architectures") or []
     for arch in archs:
-        if arch in SUPPORTED_ARCHITECTURES:
-            return str(arch)
+        family = causal_name(str(arch)) or arch
+        if family in SUPPORTED_ARCHITECTURES:
+            return str(family)
     raise ValueError(
         f"unsupported architecture {archs!r} in config.json 'architectures'; supported: "
-        f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} (and each one's ForSequenceClassification)")
+
+
+def _is_classifier(raw: dict[str, Any]) -> bool:
+    """The architecture _architecture chose is a sequence classifier."""
+    for arch in raw.get("architectures") or []:
+        family = causal_name(str(arch)) or arch
+        if family in SUPPORTED_ARCHITECTURES:
+            return family != arch
+    return False
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

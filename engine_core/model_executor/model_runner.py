@@ -141,8 +141,10 @@ class ModelRunner(KVCacheSetup):
             converts_kv=self.kv_config.dtype != model_config.dtype)
         self.sampler = Sampler()
         # runner="pooling": every request's prompt is embedded instead of continued.
-        self.pooler = (Pooler(scheduler_config.pooler) if scheduler_config.pooler is not None
-                       else None)
+        # A sequence classifier's pooled rows go through its score layer (the model's head).
+        self.pooler = (Pooler(scheduler_config.pooler,
+                              self.model.lm_head if model_config.labels else None)
+                       if scheduler_config.pooler is not None else None)
         # Grammar matchers of structured-output requests; the engine core gives it the
         # compiler (GrammarCache) built from its tokenizer.
         self.grammars = RunnerGrammars()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,14 @@ def make_tiny_model(
     num_shards: int = 1,
     seed: int = 0,
     with_tokenizer: bool = True,
+    labels: Sequence[str] = (),
 ) -> Path:
     """Write the directory and return its path. ValueError naming the bad argument.
 
     sliding_window: Mistral and Phi-3 apply it on every layer, Gemma on its sliding layers
     (GEMMA_DEFAULT_WINDOW when None); extra_config: config.json fields set last (tests' knobs:
-    softcaps, mlp_only_layers, ...)."""
+    softcaps, mlp_only_layers, ...); labels: a *ForSequenceClassification checkpoint of the same
+    family, its `score` layer (one row per label) in place of the LM head."""
     _validate(arch, num_layers, hidden_size, num_heads, num_kv_heads, vocab_size, dtype, num_shards)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,11 +68,21 @@ def make_tiny_model(
                      intermediate, max_position_embeddings, tie_word_embeddings, rope_scaling,
                      rope_theta, dtype, sliding_window)
     config.update(extra_config or {})
+    if labels:
+        config["architectures"] = [config["architectures"][0].replace(
+            "ForCausalLM", "ForSequenceClassification")]
+        config["id2label"] = {str(i): label for i, label in enumerate(labels)}
+        config["label2id"] = {label: i for i, label in enumerate(labels)}
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     generation = {"bos_token_id": BOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID,
                   "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
     tensors = random_weights(config, seed)
+    if labels:
+        tensors.pop("lm_head.weight", None)
+        gen = torch.Generator().manual_seed(seed + 1)
+        tensors["score.weight"] = torch.randn(len(labels), hidden_size,
+                                              generator=gen) / math.sqrt(hidden_size)
     tensors = {name: t.to(_DTYPES[dtype]).contiguous() for name, t in tensors.items()}
     _save(out, tensors, num_shards)
     if with_tokenizer:

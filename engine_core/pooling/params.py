@@ -1,13 +1,16 @@
-"""PoolingParams and PoolerConfig: what an embedding request asks, and how the model pools.
+"""PoolingParams and PoolerConfig: what a pooling request asks, and how the model pools.
 
 vLLM's names and defaults: a decoder model served with runner="pooling" embeds a prompt as the
 final-norm hidden state of its last token ("LAST"), L2-normalised. pooler_config may ask for the
 mean over the prompt's tokens ("MEAN") or its first token ("CLS") instead, and normalize=False.
+A sequence classifier (*ForSequenceClassification) runs that row through its score layer and
+gives each label's probability: softmax over the labels, a sigmoid for a single one (a
+cross-encoder's relevance score).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
@@ -17,12 +20,22 @@ if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 RUNNERS = ("generate", "pooling")
+# vLLM's pooling tasks: "score" is a cross-encoder's "classify" of a text pair (one label).
+POOLING_TASKS = ("embed", "classify", "score")
 
 
 @dataclass(frozen=True, slots=True)
 class PoolerConfig:
     pooling_type: str = "LAST"
     normalize: bool = True
+    # Set by the engine from the model (not a pooler_config key): a classifier's label count;
+    # 0 for a model that embeds.
+    num_labels: int = 0
+
+    @property
+    def task(self) -> str:
+        """What the model's pooler does for a request that names no task."""
+        return "classify" if self.num_labels else "embed"
 
     @staticmethod
     def from_dict(values: dict[str, Any] | None) -> PoolerConfig:
@@ -50,7 +63,8 @@ class PoolerConfig:
 
 @dataclass(slots=True)
 class PoolingParams:
-    """vLLM's PoolingParams for LLM.embed and /v1/embeddings."""
+    """vLLM's PoolingParams for LLM.embed / LLM.classify / LLM.score and the pooling
+    endpoints."""
 
     # Keep only the last k prompt tokens (-1: the last max_model_len), as SamplingParams' own.
     truncate_prompt_tokens: int | None = None
@@ -59,6 +73,11 @@ class PoolingParams:
     # None: the engine's pooler_config.normalize.
     normalize: bool | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    # "embed" | "classify" | "score"; None: the model's own (resolve()).
+    task: str | None = None
+    # classify / score: softmax over the labels (a sigmoid for one); False: the raw logits.
+    # None: True.
+    use_activation: bool | None = None
 
     def __post_init__(self) -> None:
         keep = self.truncate_prompt_tokens
@@ -67,21 +86,61 @@ class PoolingParams:
             raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got {keep!r}")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise ValueError(f"normalize must be a bool or None, got {self.normalize!r}")
+        if self.task is not None and self.task not in POOLING_TASKS:
+            raise ValueError(f"task must be one of {list(POOLING_TASKS)}, got {self.task!r}")
+        if self.use_activation is not None and not isinstance(self.use_activation, bool):
+            raise ValueError(f"use_activation must be a bool or None, got "
+                             f"{self.use_activation!r}")
+        self._check_task_fields()
         if self.dimensions is not None:
             raise ValueError(f"dimensions must be unset: the model does not support matryoshka "
                              f"representation, and changing the output dimensions "
                              f"({self.dimensions}) would give poor embeddings")
 
-    def finish(self, embedding: torch.Tensor) -> torch.Tensor:
-        """The pooled embedding as the request asked: L2-normalised unless normalize is False
-        (the engine resolved None to its pooler_config's)."""
+    def _check_task_fields(self) -> None:
+        """vLLM's: each task takes its own fields only."""
+        if self.task == "embed" and self.use_activation is not None:
+            raise ValueError("use_activation applies to task 'classify' or 'score', not 'embed' "
+                             "(an embedding takes normalize)")
+        if self.task in ("classify", "score") and self.normalize is not None:
+            raise ValueError(f"normalize applies to task 'embed', not {self.task!r} (a "
+                             "classifier takes use_activation)")
+
+    def resolve(self, pooler: PoolerConfig) -> None:
+        """Fill what the request left to the engine (its task, normalize); ValueError when the
+        task is not one the model's pooler does."""
+        task = self.task or pooler.task
+        if task == "embed" and pooler.num_labels:
+            raise ValueError(f"task 'embed' is not supported by this model: it is a sequence "
+                             f"classifier ({pooler.num_labels} labels), which does 'classify' "
+                             f"and 'score' (LLM.classify, LLM.score)")
+        if task in ("classify", "score") and not pooler.num_labels:
+            raise ValueError(f"task {task!r} needs a sequence classifier (a "
+                             f"*ForSequenceClassification model); this model embeds: use task "
+                             f"'embed' (LLM.score of an embedding model compares embeddings)")
+        if task == "score" and pooler.num_labels != 1:
+            raise ValueError(f"task 'score' needs a classifier with one label (a cross-encoder), "
+                             f"this one has {pooler.num_labels}: use task 'classify'")
+        self.task = task
+        self._check_task_fields()
+        if task == "embed" and self.normalize is None:  # the request's own, else the engine's
+            self.normalize = pooler.normalize
+
+    def finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The pooled vector as the request asked. An embedding: L2-normalised unless normalize
+        is False. A classifier's logits: each label's probability (softmax; a sigmoid for one
+        label) unless use_activation is False."""
+        if self.task in ("classify", "score"):
+            if self.use_activation is False:
+                return pooled
+            return pooled.sigmoid() if pooled.numel() == 1 else pooled.softmax(dim=-1)
         if self.normalize is False:
-            return embedding
-        return embedding / embedding.norm().clamp_min(1e-12)  # torch's F.normalize
+            return pooled
+        return pooled / pooled.norm().clamp_min(1e-12)  # torch's F.normalize
 
     def clone(self) -> PoolingParams:
         return PoolingParams(self.truncate_prompt_tokens, self.dimensions, self.normalize,
-                             self.output_kind)
+                             self.output_kind, self.task, self.use_activation)
 
     def carrier(self) -> SamplingParams:
         """What the request carries through the scheduler's and runner's sampling paths: one
@@ -101,3 +160,16 @@ def check_runner_fits(pooling_params: PoolingParams | None, runner: str) -> None
     if runner != "pooling" and pooling_params is not None:
         raise ValueError(f"params is a PoolingParams, but this engine's runner is {runner!r}: "
                          "start it with runner='pooling' (--runner pooling) to embed")
+
+
+def pooler_for_model(pooler: PoolerConfig | None, num_labels: int) -> PoolerConfig | None:
+    """The engine's pooler with the model's label count (0: the model embeds). ValueError for
+    a sequence classifier on a generating runner: it has no LM head to generate with."""
+    if pooler is None:
+        if num_labels:
+            raise ValueError(f"this model is a sequence classifier ({num_labels} labels, a "
+                             "*ForSequenceClassification checkpoint) and generates no text: "
+                             "start it with runner='pooling' (--runner pooling) to classify "
+                             "and score (LLM.classify, LLM.score)")
+        return None
+    return replace(pooler, num_labels=num_labels)

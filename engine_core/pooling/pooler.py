@@ -4,7 +4,8 @@ embedding once a request's last prompt token was computed.
 A prompt may take several steps (chunked prefill): MEAN keeps each request's running sum (in
 float32) between them, CLS the first position's row. What a preempted request had gathered is
 dropped with it; it recomputes its whole prompt (pooling that reads every row takes no
-prefix-cache or connector hit, see Request.skips_cached_prefix).
+prefix-cache or connector hit, see Request.skips_cached_prefix). A sequence classifier's
+pooled row goes through its score layer: the request's output is then the labels' logits.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from engine_core.pooling.params import PoolerConfig
 
@@ -27,8 +29,9 @@ class PoolRows:
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig) -> None:
+    def __init__(self, config: PoolerConfig, head: nn.Module | None = None) -> None:
         self.config = config
+        self.head = head  # a classifier's score layer: hidden -> num_labels
         self._partial: dict[str, torch.Tensor] = {}  # req id -> MEAN's sum, or CLS's row
 
     def rows(self, query_lens: np.ndarray, computed: np.ndarray, ends: np.ndarray,
@@ -56,7 +59,8 @@ class Pooler:
     def pool(self, req_ids: list[str], prompt_lens: list[int], part: PoolRows,
              hidden: torch.Tensor) -> dict[str, torch.Tensor]:
         """hidden: [len(part.rows), hidden] at part.rows. The embeddings (float32, on the CPU,
-        not normalized) of the requests whose prompt ended this step."""
+        not normalized), or a classifier's logits, of the requests whose prompt ended this
+        step."""
         done: dict[str, torch.Tensor] = {}
         offset = 0
         for i, count, last in part.spans:
@@ -69,6 +73,8 @@ class Pooler:
                 gathered = self._partial.pop(req_id)
                 if self.config.pooling_type == "MEAN":
                     gathered = gathered / prompt_lens[i]
+                if self.head is not None:  # in the model's dtype, as transformers' classifier
+                    gathered = self.head(gathered.to(hidden.dtype)[None])[0].float()
                 done[req_id] = gathered.cpu()
         return done
 

@@ -70,6 +70,11 @@ class Tokenizer:
                 ids = ids[1:]
         return ids
 
+    def encode_pair(self, text: str, pair: str) -> list[int]:
+        """A text pair as one prompt, joined by tokenizer.json's pair template (a
+        cross-encoder's input, as transformers' tokenizer(text, text_pair=...) makes it)."""
+        return list(self._backend.encode(text, pair, add_special_tokens=True).ids)
+
     def decode(
         self,
         ids: list[int],

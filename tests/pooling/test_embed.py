@@ -125,8 +125,11 @@ def test_llm_embed_in_prompt_order_with_truncation(tiny_model_dir: Path) -> None
     encoded = llm.encode(texts, PoolingParams(normalize=True), use_tqdm=False)
     for pooled, embedded in zip(encoded, outputs, strict=True):
         assert pooled.outputs.data.tolist() == embedded.outputs.embedding
-    with pytest.raises(ValueError, match="pooling_task"):
+    with pytest.raises(ValueError, match="pooling_task must be one of"):
+        llm.encode(texts, pooling_task="reward")
+    with pytest.raises(ValueError, match="task 'classify' needs a sequence classifier"):
         llm.encode(texts, pooling_task="classify")
+    assert not llm.engine.has_unfinished_requests()  # all or nothing
 
 
 def test_the_wrong_kind_of_request_is_refused_and_changes_nothing(tiny_model_dir: Path) -> None:

@@ -19,7 +19,7 @@ from engine_core.model_executor.layers.gemma_norm import GemmaRMSNorm
 from engine_core.model_executor.layers.linear import Linear
 from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
-from engine_core.model_executor.models.llama import LlamaAttention, LlamaMLP, fewer_rows
+from engine_core.model_executor.models.llama import LlamaAttention, LlamaMLP, fewer_rows, head_name
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
           "post_feedforward_layernorm")
@@ -80,7 +80,7 @@ class GemmaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = GemmaModel(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.head_size, bias=False)  # or `score`
         self.embed_scale = config.hidden_size**0.5
 
     def tie_weights(self) -> None:
@@ -124,7 +124,7 @@ class GemmaForCausalLM(nn.Module):
                                          self.model.embed_tokens.weight.data,
                                          "model.norm.weight": self.model.norm.weight.data}
         if not c.tie_word_embeddings:
-            dest["lm_head.weight"] = self.lm_head.weight.data
+            dest[head_name(c)] = self.lm_head.weight.data
         for i, module in enumerate(self.model.layers):
             layer = cast(GemmaDecoderLayer, module)
             p = f"model.layers.{i}."

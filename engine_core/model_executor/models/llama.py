@@ -24,6 +24,11 @@ from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
 
 
+def head_name(config: ModelConfig) -> str:
+    """The checkpoint's name for the head: a classifier's is `score`."""
+    return "score.weight" if config.labels else "lm_head.weight"
+
+
 def fewer_rows(rows: torch.Tensor | None, input_ids: torch.Tensor) -> bool:
     """Whether `rows` selects fewer rows than the step has (a prefill's last rows, say)."""
     return rows is not None and rows.shape[0] < input_ids.shape[0]
@@ -161,7 +166,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        # A sequence classifier's `score` layer takes the head's place (seq_cls.py).
+        self.lm_head = Linear(config.hidden_size, config.head_size, bias=False)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -231,7 +237,7 @@ class LlamaForCausalLM(nn.Module):
                                          self.model.embed_tokens.weight.data,
                                          "model.norm.weight": self.model.norm.weight.data}
         if not c.tie_word_embeddings:
-            dest["lm_head.weight"] = self.lm_head.weight.data
+            dest[head_name(c)] = self.lm_head.weight.data
         for i, module in enumerate(self.model.layers):
             layer = cast(LlamaDecoderLayer, module)
             p = f"model.layers.{i}."
