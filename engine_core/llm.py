@@ -82,8 +82,7 @@ class LLM:
         compares the two texts' embeddings (cosine similarity)."""
         pairs = pair_up(data_1, data_2)
         if self.engine.engine_core.model_config.num_labels:
-            tokenizer = self.get_tokenizer()
-            prompts = [cross_encoder_prompt(tokenizer, a, b) for a, b in pairs]
+            prompts = [cross_encoder_prompt(a, b) for a, b in pairs]
             return [cross_encoder_score(output) for output in self.encode(
                 prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request,
                 "score")]

@@ -394,7 +394,7 @@ def server_info_dict(info: gpb.GetServerInfoResponse) -> dict[str, Any]:
             "block_size": info.block_size, "num_blocks": info.num_blocks,
             "vocab_size": info.vocab_size, "auto_step": info.auto_step,
             "dtype": info.dtype, "kv_cache_dtype": info.kv_cache_dtype,
-            "versions": dict(info.versions)}
+            "labels": list(info.labels), "versions": dict(info.versions)}
 
 
 def translate(exc: grpc.RpcError, target: str) -> Exception:

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from engine_core.outputs import PoolingRequestOutput, ScoringOutput, ScoringRequestOutput
-from engine_core.processing.tokenizer import Tokenizer
 
 
 def pair_up(data_1: Any, data_2: Any) -> list[tuple[Any, Any]]:
@@ -35,12 +34,13 @@ def _as_list(data: Any) -> list[Any]:
     return [data] if isinstance(data, (str, dict)) else list(data)
 
 
-def cross_encoder_prompt(tokenizer: Tokenizer, first: object, second: object) -> dict[str, object]:
-    """One pair as a token-id prompt: the pair template's ids, and the two texts as its text."""
+def cross_encoder_prompt(first: object, second: object) -> dict[str, object]:
+    """One pair as one prompt, which the input processor joins by the tokenizer's pair
+    template."""
     if not isinstance(first, str) or not isinstance(second, str):
         raise ValueError("a cross-encoder scores text pairs: data_1 and data_2 must be strings, "
                          f"got {type(first).__name__} and {type(second).__name__}")
-    return {"prompt_token_ids": tokenizer.encode_pair(first, second)}
+    return {"prompt": first, "text_pair": second}
 
 
 def cross_encoder_score(output: PoolingRequestOutput) -> ScoringRequestOutput:

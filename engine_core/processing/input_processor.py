@@ -28,7 +28,9 @@ from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "messages", "cache_salt", "add_generation_prompt",
-               "tools", "chat_template_kwargs", "continue_final_message"}
+               "tools", "chat_template_kwargs", "continue_final_message",
+               # with "prompt": a text pair, joined by the tokenizer's pair template
+               "text_pair"}
 
 
 # Enough of a token-id prompt's end to hold a closing tag and the whitespace after it.
@@ -266,6 +268,8 @@ class InputProcessor:
             text = prompt["prompt"]
             if not isinstance(text, str):
                 raise ValueError(f"prompt must be a str, got {type(text).__name__}")
+            if "text_pair" in prompt:
+                return text, self._encode_pair(text, prompt["text_pair"]), salt
             return text, self._encode_text(text, add_special_tokens), salt
         raise ValueError("prompt dict needs one of 'prompt', 'prompt_token_ids' or 'messages'")
 
@@ -285,6 +289,14 @@ class InputProcessor:
         if not text:
             raise ValueError("prompt must not be empty")
         return tokenizer.encode(text, add_special_tokens=add_special_tokens is not False)
+
+    def _encode_pair(self, text: str, pair: object) -> list[int]:
+        """A cross-encoder's (query, document): one prompt, the pair template's special
+        tokens included."""
+        if not isinstance(pair, str) or not pair or not text:
+            raise ValueError("a text pair needs two non-empty strings: prompt and text_pair, "
+                             f"got {type(pair).__name__} text_pair")
+        return self._text_tokenizer().encode_pair(text, pair)
 
     def _text_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:

@@ -55,8 +55,8 @@ def check_prompt_size(prompt: Any, limits: RequestLimits, max_model_len: int) ->
     if isinstance(prompt, str):
         texts = [prompt]
     elif isinstance(prompt, dict):
-        if isinstance(prompt.get("prompt"), str):
-            texts.append(prompt["prompt"])
+        texts += [prompt[key] for key in ("prompt", "text_pair")
+                  if isinstance(prompt.get(key), str)]
         messages = prompt.get("messages")
         if isinstance(messages, list):  # what a template writes of them: text and reasoning
             texts += [m[key] for m in messages if isinstance(m, dict)

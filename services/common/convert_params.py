@@ -155,7 +155,8 @@ def _chat_message_from_pb(msg: pb.ChatMessage, i: int) -> dict[str, Any]:
 
 
 def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
-    """str | {"prompt": str} | {"prompt_token_ids": [...]} | {"messages": [...]}, + cache_salt."""
+    """str | {"prompt": str[, "text_pair": str]} | {"prompt_token_ids": [...]} |
+    {"messages": [...]}, + cache_salt."""
     if isinstance(prompt, str):
         return pb.Prompt(text=prompt)
     if not isinstance(prompt, dict):
@@ -180,6 +181,8 @@ def prompt_to_pb(prompt: PromptType) -> pb.Prompt:
             msg.chat.continue_final_message = True
     elif "prompt" in prompt:
         msg.text = prompt["prompt"]
+        if prompt.get("text_pair") is not None:
+            msg.text_pair = prompt["text_pair"]
     else:
         raise ValueError("prompt must have one of the keys 'prompt', 'prompt_token_ids', "
                          f"'messages', got {sorted(prompt)}")
@@ -194,9 +197,11 @@ def prompt_from_pb(msg: pb.Prompt) -> PromptType:
         raise ValueError("prompt must be set (text, token_ids or chat)")
     result: dict[str, Any]
     if kind == "text":
-        if not msg.HasField("cache_salt"):
+        if not (msg.HasField("cache_salt") or msg.HasField("text_pair")):
             return msg.text
         result = {"prompt": msg.text}
+        if msg.HasField("text_pair"):
+            result["text_pair"] = msg.text_pair
     elif kind == "token_ids":
         result = {"prompt_token_ids": list(msg.token_ids.ids)}
         if msg.HasField("token_ids_text"):

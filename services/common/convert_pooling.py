@@ -1,4 +1,4 @@
-"""pb <-> PoolingParams: what an embedding request asks (its output: convert_outputs.py)."""
+"""pb <-> PoolingParams: what a pooling request asks (its output: convert_outputs.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ def pooling_params_to_pb(params: PoolingParams) -> pb.PoolingParams:
         msg.normalize = params.normalize
     if params.dimensions is not None:
         msg.dimensions = params.dimensions
+    if params.task is not None:
+        msg.task = params.task
+    if params.use_activation is not None:
+        msg.use_activation = params.use_activation
     return msg
 
 
@@ -23,4 +27,6 @@ def pooling_params_from_pb(msg: pb.PoolingParams) -> PoolingParams:
         truncate_prompt_tokens=(msg.truncate_prompt_tokens
                                 if msg.HasField("truncate_prompt_tokens") else None),
         dimensions=msg.dimensions if msg.HasField("dimensions") else None,
-        normalize=msg.normalize if msg.HasField("normalize") else None)
+        normalize=msg.normalize if msg.HasField("normalize") else None,
+        task=msg.task if msg.HasField("task") else None,
+        use_activation=msg.use_activation if msg.HasField("use_activation") else None)

@@ -144,7 +144,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                               block_size=core.block_size, num_blocks=core.num_blocks,
                               vocab_size=core.model_config.vocab_size, auto_step=self.auto_step,
                               dtype=dtype_name(core.model_config.dtype),
-                              kv_cache_dtype=dtype_name(core.kv_cache_dtype))
+                              kv_cache_dtype=dtype_name(core.kv_cache_dtype),
+                              labels=core.model_config.labels)
 
     async def Outputs(self, request: epb.EngineOutputsRequest,
                       context: grpc.aio.ServicerContext) -> AsyncIterator[epb.EngineStepOutputs]:

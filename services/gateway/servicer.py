@@ -145,7 +145,7 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                 model=info.model, max_model_len=info.max_model_len, block_size=info.block_size,
                 num_blocks=sum(r.num_blocks for r in replicas), vocab_size=info.vocab_size,
                 auto_step=info.auto_step, versions=_versions(), replicas=replicas,
-                dtype=info.dtype, kv_cache_dtype=info.kv_cache_dtype)
+                dtype=info.dtype, kv_cache_dtype=info.kv_cache_dtype, labels=info.labels)
         return await self._traced("GetServerInfo", context, body)
 
     async def GetLoads(self, request: cpb.GetLoadsRequest,

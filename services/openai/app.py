@@ -1,5 +1,5 @@
 """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings,
-/v1/models, /tokenize, /detokenize, /health, /version, /metrics."""
+/classify, /score, /rerank, /v1/models, /tokenize, /detokenize, /health, /version, /metrics."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from engine_core.sampling_params import SamplingParams
 from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
 from services.openai import params as convert
+from services.openai import scoring
 from services.openai.api_key import ApiKeyCheck
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from services.openai.echo import prepare_echo
@@ -294,6 +295,40 @@ def create_app(config: FrontConfig) -> FastAPI:
         except (OpenAIError, ValueError) as exc:
             raise from_exception(exc) from None
         return embedding_response(outputs, model, req.encoding_format)
+
+    @app.post("/classify")
+    @app.post("/v1/classify")
+    async def classify(req: scoring.ClassifyRequest) -> dict[str, Any]:
+        """vLLM's: each input's label probabilities, from a sequence classifier."""
+        _warn_ignored(req, "/classify")
+        model, lora = await front.check_model(req.model)
+        try:
+            return await scoring.classify(front, req, model, lora)
+        except (OpenAIError, ValueError) as exc:
+            raise from_exception(exc) from None
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(req: scoring.ScoreRequest) -> dict[str, Any]:
+        """vLLM's: text_1 against text_2 (1:1, 1:N or N:N), one score per pair."""
+        _warn_ignored(req, "/score")
+        model, lora = await front.check_model(req.model)
+        try:
+            return await scoring.score(front, req, model, lora)
+        except (OpenAIError, ValueError) as exc:
+            raise from_exception(exc) from None
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(req: scoring.RerankRequest) -> dict[str, Any]:
+        """Jina's and Cohere's rerank, as vLLM serves it: the documents by relevance."""
+        _warn_ignored(req, "/rerank")
+        model, lora = await front.check_model(req.model)
+        try:
+            return await scoring.rerank(front, req, model, lora)
+        except (OpenAIError, ValueError) as exc:
+            raise from_exception(exc) from None
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:

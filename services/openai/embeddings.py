@@ -62,7 +62,7 @@ def embedding_prompts(req: EmbeddingRequest) -> list[PromptType]:
 def pooling_params(req: EmbeddingRequest) -> PoolingParams:
     try:
         return PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens,
-                             dimensions=req.dimensions, normalize=req.normalize)
+                             dimensions=req.dimensions, normalize=req.normalize, task="embed")
     except ValueError as exc:
         field = "dimensions" if str(exc).startswith("dimensions") else None
         raise bad_request(str(exc), field) from None

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import openai
@@ -144,3 +145,27 @@ def test_a_generating_server_refuses_embeddings_by_name(stack: Stack) -> None:
         with pytest.raises(RequestError, match="runner='pooling'"):
             client.embed("hello")
         assert client.get_num_unfinished_requests() == 0
+
+
+def test_an_embedding_server_scores_and_reranks_by_cosine(pooling_stack: Stack,
+                                                          tiny_model_dir: Path) -> None:
+    llm = LLM(str(tiny_model_dir), runner="pooling", max_num_batched_tokens=16,
+              max_num_seqs=int(ENGINE_FLAGS[1]), kv_cache_memory=int(ENGINE_FLAGS[3]))
+    want = [out.outputs.score for out in llm.score(TEXTS[0], TEXTS, use_tqdm=False)]
+    assert want[0] == pytest.approx(1.0, abs=1e-6)  # a text against itself
+
+    def post(path: str, body: dict[str, object]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://{pooling_stack.address('openai')}{path}", method="POST",
+            headers={"Content-Type": "application/json"}, data=json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+    scored = post("/score", {"text_1": TEXTS[0], "text_2": TEXTS})
+    assert [d["score"] for d in scored["data"]] == pytest.approx(want, abs=1e-5)
+    ranked = post("/rerank", {"query": TEXTS[0], "documents": TEXTS})
+    assert [r["index"] for r in ranked["results"]] == sorted(range(3), key=lambda i: -want[i])
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        post("/classify", {"input": "hello"})
+    assert refused.value.code == 400
+    assert b"needs a sequence classifier" in refused.value.read()

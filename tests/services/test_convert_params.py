@@ -1,13 +1,16 @@
-"""SamplingParams and prompts survive pb round trips; bad values are named like the dataclass does."""
+"""SamplingParams, PoolingParams and prompts survive pb round trips; bad values are named like
+the dataclass does."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine_core.pooling.params import PoolingParams
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 from engine_core.structured_output.params import StructuredOutputsParams
 from services._proto.strand.v1 import types_pb2 as pb
 from services.common.convert import params_from_pb, params_to_pb, prompt_from_pb, prompt_to_pb
+from services.common.convert_pooling import pooling_params_from_pb, pooling_params_to_pb
 
 
 def test_every_sampling_param_round_trips() -> None:
@@ -76,6 +79,7 @@ def test_unknown_output_kind_raises_naming_the_field() -> None:
 @pytest.mark.parametrize("prompt", [
     "plain text",
     {"prompt": "text with salt", "cache_salt": "s1"},
+    {"prompt": "a query", "text_pair": "a document"},  # a cross-encoder's pair
     {"prompt_token_ids": [1, 2, 3]},
     {"prompt_token_ids": [4, 5], "cache_salt": "s2"},
     {"prompt_token_ids": [4, 5], "prompt": "the text they came from"},
@@ -125,3 +129,18 @@ def test_dict_prompt_without_known_key_raises() -> None:
 def test_unknown_prompt_keys_are_refused_not_dropped() -> None:
     with pytest.raises(ValueError, match=r"prompt has unknown keys \['cache_slat'\]"):
         prompt_to_pb({"prompt": "hi", "cache_slat": "s"})
+
+
+@pytest.mark.parametrize("params", [
+    PoolingParams(),
+    PoolingParams(truncate_prompt_tokens=5, normalize=False, task="embed"),
+    PoolingParams(task="classify", use_activation=False),
+    PoolingParams(task="score", use_activation=True, truncate_prompt_tokens=-1),
+])
+def test_pooling_params_round_trip(params: PoolingParams) -> None:
+    assert pooling_params_from_pb(pooling_params_to_pb(params)) == params
+
+
+def test_a_pooling_task_not_known_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="task must be one of"):
+        pooling_params_from_pb(pb.PoolingParams(task="reward"))

@@ -256,7 +256,7 @@ class EngineInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "dtype", "kv_cache_dtype")
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "dtype", "kv_cache_dtype", "labels")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class EngineInfo(_message.Message):
     AUTO_STEP_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     block_size: int
@@ -273,4 +274,5 @@ class EngineInfo(_message.Message):
     auto_step: bool
     dtype: str
     kv_cache_dtype: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -165,7 +165,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "versions", "replicas", "dtype", "kv_cache_dtype")
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "vocab_size", "auto_step", "versions", "replicas", "dtype", "kv_cache_dtype", "labels")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,7 @@ class GetServerInfoResponse(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     block_size: int
@@ -193,7 +194,8 @@ class GetServerInfoResponse(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     dtype: str
     kv_cache_dtype: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., versions: _Optional[_Mapping[str, str]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ...) -> None: ...
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., auto_step: _Optional[bool] = ..., versions: _Optional[_Mapping[str, str]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., dtype: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClearKvCacheRequest(_message.Message):
     __slots__ = ("instance_id", "location")
