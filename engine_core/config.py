@@ -125,6 +125,11 @@ class EngineArgs:
     # "normalize": bool}, default the last token's final hidden state, L2-normalised.
     runner: str = "generate"
     pooler_config: dict[str, Any] | None = None
+    # vLLM's hf_overrides: config.json fields replaced before the model is read, e.g. a causal
+    # reranker (Qwen3-Reranker) served as a classifier: {"architectures":
+    # ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "method":
+    # "from_2_way_softmax"} (model_executor/seq_cls.py).
+    hf_overrides: dict[str, Any] | None = None
     # LoRA adapters (vLLM's flags): per-request LoRARequest, add_lora / remove_lora / pin_lora.
     enable_lora: bool = False
     max_loras: int = 1
@@ -268,7 +273,7 @@ class EngineArgs:
             elif f.name == "logits_processors":
                 parser.add_argument(flag, nargs="*", default=None, help=_HELP.get(f.name))
             elif f.name in ("default_chat_template_kwargs", "speculative_config",
-                            "pooler_config"):
+                            "pooler_config", "hf_overrides"):
                 parser.add_argument(flag, type=json_object, default=None,
                                     help=_HELP.get(f.name))
             elif f.name == "kv_connector_config":
@@ -416,6 +421,10 @@ _HELP = {
     "pooler_config": "how a pooling runner embeds a prompt, a JSON object as vLLM's: "
                      "'{\"pooling_type\": \"MEAN\", \"normalize\": false}' (default: LAST, "
                      "the last token's final hidden state, normalized)",
+    "hf_overrides": "config.json fields to replace, a JSON object as vLLM's, e.g. "
+                    "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
+                    "\"classifier_from_token\": [\"no\", \"yes\"], \"method\": "
+                    "\"from_2_way_softmax\"}' to serve a causal reranker as a classifier",
 }
 
 

@@ -35,6 +35,7 @@ from engine_core.lora.request import LoRARequest
 from engine_core.metrics.engine_metrics import EngineMetrics
 from engine_core.model_executor.model_config import ModelConfig, dtype_name, load_model_config
 from engine_core.model_executor.model_runner import ModelRunner
+from engine_core.model_executor.seq_cls import score_token_ids
 from engine_core.pooling.params import check_runner_fits, pooler_for_model
 from engine_core.processing.tokenizer import Tokenizer
 from engine_core.sleep_mode import EngineSleepingError, SleepState
@@ -109,7 +110,11 @@ class EngineCore:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> EngineCore:
         model_dir = resolve_model_dir(args.model)
-        model_config = load_model_config(model_dir, args.dtype)
+        model_config = load_model_config(model_dir, args.dtype, args.hf_overrides)
+        if model_config.score_tokens:
+            model_config.score_token_ids = score_token_ids(
+                model_config.score_tokens,
+                None if args.skip_tokenizer_init else (args.tokenizer or model_dir))
         if args.quantization == "gguf":
             source = gguf_file(args.model)
             if source is None:

@@ -19,6 +19,7 @@ from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from engine_core.model_executor.model_config import ModelConfig
 from engine_core.model_executor.models.llama import LlamaForCausalLM
 from engine_core.model_executor.models.registry import model_class
+from engine_core.model_executor.seq_cls import score_rows
 
 if TYPE_CHECKING:
     from engine_core.model_executor.gguf.quantized import Packing
@@ -154,13 +155,17 @@ def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
                   layout: ShardLayout | None = None) -> None:
     destinations = model.weight_destinations()
     files = checkpoint_files(model_dir)
+    from_tokens = bool(model.config.score_token_ids)
+    if from_tokens:  # the score layer is made of the LM head's rows (_copy_score_rows)
+        score = destinations.pop("score.weight")
     missing = [name for name in destinations if name not in files]
     if missing:
         shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5
                                           else "")
         raise ValueError(f"checkpoint in {str(model_dir)!r} is missing tensor(s): {shown}")
     unexpected = [n for n in files if n not in destinations and not n.endswith(_IGNORED_SUFFIXES)
-                  and not (n == "lm_head.weight" and model.config.tie_word_embeddings)]
+                  and not (n == "lm_head.weight" and (model.config.tie_word_embeddings
+                                                      or from_tokens))]
     if unexpected:
         logger.warning("ignoring %d checkpoint tensor(s) the model does not use: %s",
                        len(unexpected), ", ".join(unexpected[:5]))
@@ -183,3 +188,17 @@ def _copy_weights(model: LlamaForCausalLM, model_dir: Path,
                         f"tensor {name!r} in {path.name} has shape {list(shape)}, the model "
                         f"expects {list(dest.shape)}")
                 _copy_rows(part, dest)
+    if from_tokens:
+        _copy_score_rows(model.config, files, model_dir, score)
+
+
+def _copy_score_rows(config: ModelConfig, files: dict[str, Path], model_dir: Path,
+                     score: torch.Tensor) -> None:
+    """classifier_from_token: the score layer from the LM head's rows of its tokens (the
+    embedding table's, for a tied head), whole on every rank."""
+    name = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
+    with _open_weights(files[name], model_dir) as f:
+        part = f.get_slice(name)
+        rows = torch.stack([torch.as_tensor(part[i:i + 1])[0] for i in config.score_token_ids])
+    assert config.score_method is not None
+    score.copy_(score_rows(rows, config.score_method))

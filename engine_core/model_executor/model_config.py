@@ -12,7 +12,12 @@ from engine_core.model_executor.arch_config import (
     longrope_scaling,
     parse_arch_options,
 )
-from engine_core.model_executor.seq_cls import causal_name, labels_of
+from engine_core.model_executor.seq_cls import (
+    causal_name,
+    labels_of,
+    score_config,
+    score_fields,
+)
 
 # HF architecture name -> the family the loader builds (all Llama-shaped decoders).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
@@ -65,6 +70,11 @@ class ModelConfig:
     # A *ForSequenceClassification checkpoint (seq_cls.py): its labels in id order, and the
     # "LM head" is its `score` layer (hidden -> len(labels)). Empty: a causal LM.
     labels: tuple[str, ...] = ()
+    # vLLM's classifier_from_token: a causal checkpoint's score layer made of its LM head's rows
+    # for these tokens, as `score_method` says (seq_cls.py); empty: the checkpoint's own.
+    score_tokens: tuple[str, ...] = ()
+    score_method: str | None = None
+    score_token_ids: tuple[int, ...] = ()  # the tokens' ids, set by the engine's tokenizer
 
     @property
     def num_labels(self) -> int:
@@ -80,15 +90,18 @@ class ModelConfig:
         return _first_eos(self.eos_token_id)
 
 
-def load_model_config(model_dir: str, dtype: str = "auto") -> ModelConfig:
-    """Read `model_dir/config.json`; FileNotFoundError or ValueError naming what is wrong."""
-    return model_config_from_dict(_read_config(model_dir), str(Path(model_dir)), dtype)
+def load_model_config(model_dir: str, dtype: str = "auto",
+                      overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """Read `model_dir/config.json` (with vLLM's hf_overrides fields replaced);
+    FileNotFoundError or ValueError naming what is wrong."""
+    raw = {**_read_config(model_dir), **(overrides or {})}
+    return model_config_from_dict(raw, str(Path(model_dir)), dtype)
 
 
-def model_limits(model_dir: str) -> tuple[int, int]:
+def model_limits(model_dir: str, overrides: dict[str, Any] | None = None) -> tuple[int, int]:
     """(max_position_embeddings, vocab_size) from config.json, for the stages that need only
     these; an unsupported architecture is the same one-line error as load_model_config's."""
-    raw = _read_config(model_dir)
+    raw = {**_read_config(model_dir), **(overrides or {})}
     _architecture(raw)
     return int(raw.get("max_position_embeddings", 2048)), _positive_int(raw, "vocab_size")
 
@@ -124,7 +137,7 @@ def _read_config(model_dir: str) -> dict[str, Any]:
 
 def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "auto") -> ModelConfig:
     architecture = _architecture(raw)
-    labels = labels_of(raw) if _is_classifier(raw) else ()
+    labels = labels_of(score_config(raw)) if _is_classifier(raw) else ()
     hidden = _positive_int(raw, "hidden_size")
     num_heads = _positive_int(raw, "num_attention_heads")
     num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
@@ -164,6 +177,7 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         model_dir=model_dir,
         arch=arch,
         labels=labels,
+        **score_fields(raw, labels),
     )
 
 

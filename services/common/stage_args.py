@@ -44,7 +44,7 @@ def resolve_model_info(engine_args: EngineArgs) -> ModelInfo:
     from engine_core.model_executor.model_config import config_eos_token_id, model_limits
 
     model_dir = resolve_model_dir(engine_args.model)
-    max_positions, vocab_size = model_limits(model_dir)
+    max_positions, vocab_size = model_limits(model_dir, engine_args.hf_overrides)
     max_len = engine_args.scheduler_config(max_positions).max_model_len
     return ModelInfo(model_dir=model_dir, max_model_len=max_len, vocab_size=vocab_size,
                      eos_token_id=config_eos_token_id(model_dir))

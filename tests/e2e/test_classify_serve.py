@@ -120,10 +120,19 @@ def test_reranker_refusals_name_the_field(reranker_stack: Stack) -> None:
 
 
 def test_classify_labels_and_refusals(tmp_path: Path) -> None:
-    model_dir = make_tiny_model(tmp_path / "sentiment", "llama", labels=SENTIMENT)
+    # A causal model served as a classifier by --hf-overrides (vLLM's flag): one label per
+    # token of classifier_from_token, named by the overriding id2label.
+    model_dir = make_tiny_model(tmp_path / "causal", "llama")
+    overrides = {"architectures": ["LlamaForSequenceClassification"],
+                 "classifier_from_token": ["a", "b", "c"], "method": "no_post_processing",
+                 "id2label": dict(enumerate(SENTIMENT))}
     texts = ["the film was good", "awful"]
-    want = [out.outputs.probs for out in in_process(model_dir).classify(texts, use_tqdm=False)]
-    with start_stack(model_dir, tmp_path / "logs", engine_args=FLAGS, openai_port=0) as stack:
+    llm = LLM(str(model_dir), runner="pooling", hf_overrides=overrides,
+              max_num_batched_tokens=16, max_num_seqs=int(ENGINE_FLAGS[1]),
+              kv_cache_memory=int(ENGINE_FLAGS[3]))
+    want = [out.outputs.probs for out in llm.classify(texts, use_tqdm=False)]
+    flags = [*FLAGS, "--hf-overrides", json.dumps(overrides)]
+    with start_stack(model_dir, tmp_path / "logs", engine_args=flags, openai_port=0) as stack:
         answer = post(stack, "/classify", {"input": texts})
         for item, probs in zip(answer["data"], want, strict=True):
             assert item["probs"] == pytest.approx(probs, abs=1e-6)

@@ -184,3 +184,48 @@ def test_labels_come_from_id2label_or_num_labels(tmp_path: Path) -> None:
         labels_of({"id2label": {"0": "a", "2": "b"}})
     with pytest.raises(ValueError, match="num_labels must be an integer >= 1"):
         labels_of({"num_labels": 0})
+
+
+def hf_causal_last_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return model(torch.tensor([token_ids])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_causal_model_scores_from_its_head_rows(tmp_path: Path, tied: bool) -> None:
+    # vLLM's hf_overrides for a causal reranker: the score layer is the LM head's rows (the
+    # embedding table's, tied) for classifier_from_token, as Qwen3-Reranker is served.
+    model_dir = make_tiny_model(tmp_path / "causal", "qwen3", tie_word_embeddings=tied)
+    overrides: dict[str, Any] = {"architectures": ["Qwen3ForSequenceClassification"],
+                                 "classifier_from_token": ["a", "b"],
+                                 "method": "from_2_way_softmax"}
+    llm = LLM(str(model_dir), device="cpu", runner="pooling", dtype="float32",
+              hf_overrides=overrides, max_num_batched_tokens=16)
+    a, b, c = (llm.get_tokenizer().backend.token_to_id(t) for t in "abc")
+    out = llm.score(QUERY, DOCS[0], use_tqdm=False)[0]
+    logits = hf_causal_last_logits(model_dir, out.prompt_token_ids)
+    assert out.outputs.score == pytest.approx(logits[[a, b]].softmax(-1)[1].item(), abs=2e-6)
+    three = LLM(str(model_dir), device="cpu", runner="pooling", dtype="float32", hf_overrides={
+        **overrides, "classifier_from_token": ["a", "b", "c"], "method": "no_post_processing"})
+    probs = three.classify(QUERY, use_tqdm=False)[0]
+    torch.testing.assert_close(
+        torch.tensor(probs.outputs.probs),
+        hf_causal_last_logits(model_dir, probs.prompt_token_ids)[[a, b, c]].softmax(-1),
+        atol=2e-6, rtol=1e-5)
+
+
+def test_bad_classifier_from_token_overrides_are_refused_by_name(tiny_model_dir: Path) -> None:
+    base: dict[str, Any] = {"architectures": ["LlamaForSequenceClassification"],
+                            "classifier_from_token": ["a"], "method": "no_post_processing"}
+    refusals: list[tuple[dict[str, Any], str]] = [({**base, "classifier_from_token": ["a", "zzzq"]},
+                 "classifier_from_token 'zzzq' is not a token"),
+                ({**base, "method": None}, "method must be one of"),
+                ({**base, "method": "from_2_way_softmax"}, "needs two classifier_from_token"),
+                ({**base, "classifier_from_token": []}, "must be a non-empty list")]
+    for overrides, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir), device="cpu",
+                                                  runner="pooling", hf_overrides=overrides))

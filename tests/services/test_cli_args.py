@@ -170,6 +170,18 @@ def test_serve_forwards_the_pooling_runner(stage: str) -> None:
     assert engine_args.runner == "pooling" and engine_args.pooler_config == pooler
 
 
+@pytest.mark.parametrize("stage", ["tokenizer", "detokenizer", "engine"])
+def test_serve_forwards_hf_overrides_to_every_stage(stage: str) -> None:
+    """Every stage reads config.json with them (the tokenizer stage its limits)."""
+    parser = _stack_parser("strand serve")
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"],
+                 "classifier_from_token": ["no", "yes"], "method": "from_2_way_softmax"}
+    argv = ["--model", "m", "--runner", "pooling", "--hf-overrides", json.dumps(overrides)]
+    config = stack_config(parser.parse_args(argv), parser, "/cache/resolved-dir")
+    args, _ = parse_stage_args(make_parser(stage), config.engine_args)
+    assert EngineArgs.from_cli_args(args).hf_overrides == overrides
+
+
 @pytest.mark.parametrize("value, message", [
     ("{bad", "must be a JSON object, got '{bad' (Expecting property name"),
     ("[1]", "must be a JSON object, got '[1]'"),

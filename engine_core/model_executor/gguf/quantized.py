@@ -132,8 +132,9 @@ def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[
             targets.append((mlp, "gate_up_proj", [f"{p}mlp.gate_proj.weight",
                                                   f"{p}mlp.up_proj.weight"], [None, None]))
             targets.append((mlp, "down_proj", [f"{p}mlp.down_proj.weight"], [None]))
-    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    targets.append((model, "lm_head", [head], [None]))
+    if not config.labels:  # a classifier's score layer is a few float rows, not the file's head
+        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        targets.append((model, "lm_head", [head], [None]))
     plan = []
     for parent, attr, names, heads in targets:
         old = getattr(parent, attr)
