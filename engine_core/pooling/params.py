@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from engine_core.pooling.sentence_transformers import pooler_defaults
 from engine_core.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
@@ -162,14 +163,19 @@ def check_runner_fits(pooling_params: PoolingParams | None, runner: str) -> None
                          "start it with runner='pooling' (--runner pooling) to embed")
 
 
-def pooler_for_model(pooler: PoolerConfig | None, num_labels: int) -> PoolerConfig | None:
-    """The engine's pooler with the model's label count (0: the model embeds). ValueError for
-    a sequence classifier on a generating runner: it has no LM head to generate with."""
-    if pooler is None:
+def pooler_for_model(runner: str, pooler_config: dict[str, Any] | None, num_labels: int,
+                     model_dir: str) -> PoolerConfig | None:
+    """The engine's pooler: pooler_config over the model directory's sentence-transformers
+    pooling (an embedding model's), with the model's label count (0: the model embeds). None
+    for a generating runner; ValueError for a sequence classifier there, which has no LM head to
+    generate with."""
+    if runner != "pooling":
         if num_labels:
             raise ValueError(f"this model is a sequence classifier ({num_labels} labels, a "
                              "*ForSequenceClassification checkpoint) and generates no text: "
                              "start it with runner='pooling' (--runner pooling) to classify "
                              "and score (LLM.classify, LLM.score)")
         return None
-    return replace(pooler, num_labels=num_labels)
+    defaults = {} if num_labels else pooler_defaults(model_dir)
+    return replace(PoolerConfig.from_dict({**defaults, **(pooler_config or {})}),
+                   num_labels=num_labels)
