@@ -130,7 +130,8 @@ class EngineCore:
                         os.path.basename(source), str(model_config.dtype).removeprefix("torch."))
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         scheduler_config.pooler = pooler_for_model(args.runner, args.pooler_config,
-                                                   model_config.num_labels, model_dir)
+                                                   model_config.num_labels, model_dir,
+                                                   model_config.activation)
         cache_config = args.cache_config()
         if args.cpu_threads is not None:
             # On the thread that will step (the pool is per process, its team per thread).
@@ -412,7 +413,13 @@ class EngineCore:
         return [self.runner]
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        """vLLM's: what the runner and model do; a reranker (one label) also scores."""
+        pooler = self.scheduler.pooler
+        if pooler is None:
+            return ("generate",)
+        if not pooler.num_labels:
+            return ("embed",)
+        return ("classify", "score") if pooler.num_labels == 1 else ("classify",)
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

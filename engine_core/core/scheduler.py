@@ -412,7 +412,8 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
                 finished = True
                 if request.pooling_params is not None:  # an embedding or label probabilities
-                    embedding = request.pooling_params.finish(pooled).tolist()
+                    embedding = request.pooling_params.finish(
+                        pooled, self.pooler.activation if self.pooler else "softmax").tolist()
             new_prompt_logprobs = prompt_logprobs.get(req_id) if prompt_logprobs else None
             if not (new_token_ids or finished or new_prompt_logprobs):
                 continue

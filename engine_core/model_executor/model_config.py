@@ -13,6 +13,7 @@ from engine_core.model_executor.arch_config import (
     parse_arch_options,
 )
 from engine_core.model_executor.seq_cls import (
+    activation_of,
     causal_name,
     labels_of,
     score_config,
@@ -70,6 +71,8 @@ class ModelConfig:
     # A *ForSequenceClassification checkpoint (seq_cls.py): its labels in id order, and the
     # "LM head" is its `score` layer (hidden -> len(labels)). Empty: a causal LM.
     labels: tuple[str, ...] = ()
+    # A classifier's output function (seq_cls.activation_of): sigmoid, softmax or identity.
+    activation: str = "softmax"
     # vLLM's classifier_from_token: a causal checkpoint's score layer made of its LM head's rows
     # for these tokens, as `score_method` says (seq_cls.py); empty: the checkpoint's own.
     score_tokens: tuple[str, ...] = ()
@@ -177,6 +180,7 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         model_dir=model_dir,
         arch=arch,
         labels=labels,
+        activation=activation_of(raw, len(labels)),
         **score_fields(raw, labels),
     )
 

@@ -117,3 +117,22 @@ def score_token_ids(tokens: tuple[str, ...], tokenizer_dir: str | None) -> tuple
                              "vocabulary")
         ids.append(int(token_id))
     return tuple(ids)
+
+
+# sentence-transformers' CrossEncoder names its activation in config.json
+# (sentence_transformers.activation_fn), which vLLM honours; without it one label is a sigmoid
+# and several a softmax.
+_ACTIVATIONS = {"sigmoid": "sigmoid", "identity": "identity", "softmax": "softmax"}
+
+
+def activation_of(raw: dict[str, Any], num_labels: int) -> str:
+    """"sigmoid" | "softmax" | "identity": what turns a classifier's logits into its output.
+    ValueError naming an activation_fn the engine does not apply."""
+    named = (raw.get("sentence_transformers") or {}).get("activation_fn")
+    if named is None:
+        return "sigmoid" if num_labels == 1 else "softmax"
+    kind = _ACTIVATIONS.get(str(named).rsplit(".", 1)[-1].lower())
+    if kind is None:
+        raise ValueError(f"sentence_transformers.activation_fn must be Sigmoid, Softmax or "
+                         f"Identity, got {named!r}")
+    return kind

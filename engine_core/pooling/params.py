@@ -32,6 +32,7 @@ class PoolerConfig:
     # Set by the engine from the model (not a pooler_config key): a classifier's label count;
     # 0 for a model that embeds.
     num_labels: int = 0
+    activation: str = "softmax"  # a classifier's: "sigmoid" | "softmax" | "identity"
 
     @property
     def task(self) -> str:
@@ -127,14 +128,14 @@ class PoolingParams:
         if task == "embed" and self.normalize is None:  # the request's own, else the engine's
             self.normalize = pooler.normalize
 
-    def finish(self, pooled: torch.Tensor) -> torch.Tensor:
+    def finish(self, pooled: torch.Tensor, activation: str = "softmax") -> torch.Tensor:
         """The pooled vector as the request asked. An embedding: L2-normalised unless normalize
-        is False. A classifier's logits: each label's probability (softmax; a sigmoid for one
-        label) unless use_activation is False."""
+        is False. A classifier's logits: through the model's activation (PoolerConfig's:
+        softmax, or a sigmoid for one label) unless use_activation is False."""
         if self.task in ("classify", "score"):
-            if self.use_activation is False:
+            if self.use_activation is False or activation == "identity":
                 return pooled
-            return pooled.sigmoid() if pooled.numel() == 1 else pooled.softmax(dim=-1)
+            return pooled.sigmoid() if activation == "sigmoid" else pooled.softmax(dim=-1)
         if self.normalize is False:
             return pooled
         return pooled / pooled.norm().clamp_min(1e-12)  # torch's F.normalize
@@ -164,7 +165,7 @@ def check_runner_fits(pooling_params: PoolingParams | None, runner: str) -> None
 
 
 def pooler_for_model(runner: str, pooler_config: dict[str, Any] | None, num_labels: int,
-                     model_dir: str) -> PoolerConfig | None:
+                     model_dir: str, activation: str = "softmax") -> PoolerConfig | None:
     """The engine's pooler: pooler_config over the model directory's sentence-transformers
     pooling (an embedding model's), with the model's label count (0: the model embeds). None
     for a generating runner; ValueError for a sequence classifier there, which has no LM head to
@@ -178,4 +179,4 @@ def pooler_for_model(runner: str, pooler_config: dict[str, Any] | None, num_labe
         return None
     defaults = {} if num_labels else pooler_defaults(model_dir)
     return replace(PoolerConfig.from_dict({**defaults, **(pooler_config or {})}),
-                   num_labels=num_labels)
+                   num_labels=num_labels, activation=activation)

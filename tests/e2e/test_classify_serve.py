@@ -75,6 +75,7 @@ def test_reranker_scores_and_ranks_as_in_process(reranker_stack: Stack,
                                                                           use_tqdm=False)]
     with EngineClient(reranker_stack.gateway_address, timeout=60) as client:
         assert client.get_server_info()["labels"] == ["relevant"]
+        assert client.get_supported_tasks() == ("classify", "score")
         pair = client.embed({"prompt": QUERY, "text_pair": DOCS[0]}, PoolingParams(task="score"))
         assert pair.outputs.values[0] == pytest.approx(want[0], abs=1e-6)
     scored = post(reranker_stack, "/score", {"text_1": QUERY, "text_2": DOCS})

@@ -150,6 +150,8 @@ def test_the_wrong_task_is_refused_by_name_and_changes_nothing(classifier_dir: P
                                                                  cross_encoder_dir: Path,
                                                                  tiny_model_dir: Path) -> None:
     engine = engine_for(classifier_dir)
+    assert engine.get_supported_tasks() == ("classify",)
+    assert engine_for(cross_encoder_dir).get_supported_tasks() == ("classify", "score")
     refusals = [(PoolingParams(task="embed"), "task 'embed' is not supported by this model"),
                 (PoolingParams(task="score"), "one label \\(a cross-encoder\\), this one has 3")]
     for params, message in refusals:
@@ -168,6 +170,7 @@ def test_the_wrong_task_is_refused_by_name_and_changes_nothing(classifier_dir: P
     done = embed_all(engine, [[1, 2]])  # the engine still classifies
     assert isinstance(done["0"], PoolingRequestOutput) and len(done["0"].outputs.values) == 3
     embedder = engine_for(tiny_model_dir)
+    assert embedder.get_supported_tasks() == ("embed",)
     with pytest.raises(ValueError, match="needs a sequence classifier"):
         embedder.add_request("c", {"prompt_token_ids": [1, 2]}, PoolingParams(task="classify"))
     with pytest.raises(ValueError, match="sequence classifier \\(1 labels.*runner='pooling'"):
@@ -229,3 +232,24 @@ def test_bad_classifier_from_token_overrides_are_refused_by_name(tiny_model_dir:
         with pytest.raises(ValueError, match=message):
             LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir), device="cpu",
                                                   runner="pooling", hf_overrides=overrides))
+
+
+@pytest.mark.parametrize(("activation_fn", "apply"), [
+    ("torch.nn.modules.linear.Identity", lambda logits: logits),
+    ("torch.nn.modules.activation.Sigmoid", torch.sigmoid)])
+def test_a_cross_encoders_activation_fn_is_applied(tmp_path: Path, activation_fn: str,
+                                                   apply: Any) -> None:
+    # sentence-transformers' CrossEncoder config (vLLM honours it): here over three labels.
+    model_dir = make_tiny_model(tmp_path / "ce", "llama", labels=SENTIMENT, extra_config={
+        "sentence_transformers": {"activation_fn": activation_fn}})
+    engine = engine_for(model_dir)
+    ids = [1, 5, 9, 13]
+    got = embed_all(engine, [ids])["0"].outputs.data
+    torch.testing.assert_close(got, apply(hf_logits(model_dir, ids)), atol=2e-6, rtol=1e-5)
+
+
+def test_an_activation_fn_not_applied_here_is_refused(tmp_path: Path) -> None:
+    model_dir = make_tiny_model(tmp_path / "ce", "llama", labels=SENTIMENT, extra_config={
+        "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}})
+    with pytest.raises(ValueError, match="activation_fn must be Sigmoid, Softmax or Identity"):
+        engine_for(model_dir)
