@@ -2,7 +2,7 @@
 precision, in one run.
 
     python -m benchmarks.rerank [--model smollm2] [--threads 2] [--queries 8] [--docs 16]
-        [--repeats 3] [--tokens no yes] [--bench-dir DIR] [--out results.json]
+        [--repeats 3] [--tokens no yes] [--served] [--bench-dir DIR] [--out results.json]
 
 The model: the real SmolLM2 read as a causal reranker the way vLLM serves Qwen3-Reranker
 (hf_overrides: LlamaForSequenceClassification from the LM head's "no" and "yes" rows,
@@ -18,7 +18,10 @@ tokens/s, median of --repeats after a warm-up):
   Strand float32 cached  the same with the prefix cache on: a query's pairs share its blocks
                          (what a server gains; HF has no such cache);
   HF float32             transformers' causal LM on that directory, pairs in batches of 16
-                         padded on the left, the model card's yes/no logits at the last token.
+                         padded on the left, the model card's yes/no logits at the last token;
+  Strand float32 served  (--served) the float32 row through a real stack (tokenizer, engine,
+                         detokenizer, gateway, OpenAI front, auto-stepping, no prefix cache):
+                         one /rerank request a query, all of a round's at once.
 Checks printed with the rates: the largest score difference between Strand's and HF's float32
 rows, and between Strand's Q4_1 and float32. The uncached float32 rows also get their share of
 the machine's bound (benchmarks/roofline.py, as benchmarks/embed.py counts it; the cached row
@@ -33,6 +36,7 @@ import argparse
 import json
 import statistics
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,49 @@ def strand_run(model: str, quantization: str | None, prefix_cache: bool,
         times.append(time.perf_counter() - start)
     return (times[1:], [o.outputs.score for o in outputs],
             sum(len(o.prompt_token_ids) for o in outputs))
+
+
+def served_run(model_dir: Path, rounds: list[list[tuple[str, str]]], threads: int,
+               tokens: list[str]) -> tuple[list[float], list[float]]:
+    """The Strand float32 row through the stack's /rerank, a request a query, all at once; the
+    scores in pair order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
+    from services.launch import StackConfig, launch_stack
+
+    settings = StrandSettings(enable_prefix_caching=False)
+    flags = [*settings.engine_flags(), "--runner", "pooling",
+             "--hf-overrides", json.dumps(reranker(tokens))]
+    with stage_threads(threads):
+        stack = launch_stack(StackConfig(model=str(model_dir), engine_args=flags,
+                                         gateway_args=["--auto-step"], openai_port=0,
+                                         log_dir=bench_log_dir()))
+    url = f"http://{stack.address('openai')}/rerank"
+
+    def rerank(query: str, documents: list[str]) -> list[float]:
+        body = json.dumps({"query": query, "documents": documents}).encode()
+        request = urllib.request.Request(url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            results = json.loads(resp.read())["results"]
+        by_index = {r["index"]: r["relevance_score"] for r in results}
+        return [by_index[i] for i in range(len(documents))]
+
+    times: list[float] = []
+    scores: list[float] = []
+    try:
+        for pairs in rounds:
+            queries = list(dict.fromkeys(q for q, _ in pairs))
+            documents = [d for q, d in pairs if q == queries[0]]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(len(queries)) as pool:
+                answers = list(pool.map(rerank, queries, [documents] * len(queries)))
+            times.append(time.perf_counter() - start)
+            scores = [s for answer in answers for s in answer]
+    finally:
+        stack.stop()
+    return times[1:], scores
 
 
 def hf_run(model_dir: Path, rounds: list[list[tuple[str, str]]], threads: int,
@@ -116,6 +163,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", nargs=2, default=["no", "yes"],
                         help="the [no, yes] tokens whose LM head rows make the score")
+    parser.add_argument("--served", action="store_true",
+                        help="also the float32 row through a real stack's /rerank")
     parser.add_argument("--bench-dir", type=Path, default=Path.home() / ".cache/strand/bench",
                         help="where benchmarks.cpu_peers_setup put the float32 HF directory")
     parser.add_argument("--gemm-size", type=int, default=2048,
@@ -152,6 +201,9 @@ def main() -> None:
                                        args.tokens)
             record(label, times, got)
         record("HF float32", *hf_run(hf_dir, rounds, args.threads, args.tokens))
+        if args.served:
+            record("Strand float32 served", *served_run(hf_dir, rounds, args.threads,
+                                                        args.tokens))
         shape = ModelShape.from_config(json.loads((hf_dir / "config.json").read_text()))
         rates = measure_machine(args.gemm_size, 256 * 1024**2, "float32")
         requests = [SampleRequest([0] * (num_tokens // num_pairs), 1) for _ in range(num_pairs)]
@@ -165,7 +217,8 @@ def main() -> None:
                         for label, r in rows.items()]))
     checks: dict[str, float] = {}
     for ours, peer in (("Strand float32", "HF float32"), ("Strand float32 cached", "HF float32"),
-                       ("Strand Q4_1", "Strand float32")):
+                       ("Strand Q4_1", "Strand float32"),
+                       ("Strand float32 served", "Strand float32")):
         if ours in rows and peer in rows:
             ratio = rows[ours]["pairs_s"] / rows[peer]["pairs_s"]
             checks[f"{ours} / {peer}"] = ratio

@@ -1,6 +1,7 @@
 """benchmarks/rerank.py runs end to end: the real model packed as a yes/no reranker, and a
 float32 directory beside HF transformers (a tiny one here, under the name cpu_peers_setup gives
-SmolLM2's, scored on two of its own tokens), with the agreement checks it prints."""
+SmolLM2's, scored on two of its own tokens) also through a real stack's /rerank, with the
+agreement checks it prints."""
 
 from __future__ import annotations
 
@@ -21,15 +22,18 @@ def test_rows_and_checks(smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest
     # and both rows read the same two names).
     monkeypatch.setattr(sys, "argv", ["rerank", "--model", str(smollm2_gguf), "--queries", "2",
                                       "--docs", "3", "--repeats", "1", "--tokens", "a", "b",
-                                      "--bench-dir", str(tmp_path), "--gemm-size", "256"])
+                                      "--served", "--bench-dir", str(tmp_path),
+                                      "--gemm-size", "256"])
     rerank.main()
     out = capsys.readouterr().out
     rows = {cells[0]: cells[1:] for cells in
             (re.split(r"\s{2,}", line.strip()) for line in out.splitlines())}
-    assert {"Strand Q4_1", "Strand float32", "Strand float32 cached", "HF float32"} <= set(rows)
+    assert {"Strand Q4_1", "Strand float32", "Strand float32 cached", "HF float32",
+            "Strand float32 served"} <= set(rows)
     assert all(float(rows[label][0]) > 0 for label in ("Strand Q4_1", "HF float32"))
     assert 0 < float(rows["Strand float32"][2]) < 1  # a share of the machine's bound
-    for label in ("Strand float32 / HF float32", "Strand float32 cached / HF float32"):
+    for label in ("Strand float32 / HF float32", "Strand float32 cached / HF float32",
+                  "Strand float32 served / Strand float32"):
         check = next(line for line in out.splitlines() if line.startswith(label))
         assert float(check.rsplit(" ", 1)[1]) < 1e-5  # the same scores, float32 rounding apart
 
