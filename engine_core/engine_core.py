@@ -130,8 +130,7 @@ class EngineCore:
                         os.path.basename(source), str(model_config.dtype).removeprefix("torch."))
         scheduler_config = args.scheduler_config(model_config.max_position_embeddings)
         scheduler_config.pooler = pooler_for_model(args.runner, args.pooler_config,
-                                                   model_config.num_labels, model_dir,
-                                                   model_config.activation)
+                                                   model_config)
         cache_config = args.cache_config()
         if args.cpu_threads is not None:
             # On the thread that will step (the pool is per process, its team per thread).

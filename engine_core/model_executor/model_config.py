@@ -73,6 +73,10 @@ class ModelConfig:
     labels: tuple[str, ...] = ()
     # A classifier's output function (seq_cls.activation_of): sigmoid, softmax or identity.
     activation: str = "softmax"
+    # Trained for matryoshka embeddings (config.json's is_matryoshka, or the widths it lists in
+    # matryoshka_dimensions): PoolingParams.dimensions may shorten its vectors.
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
     # vLLM's classifier_from_token: a causal checkpoint's score layer made of its LM head's rows
     # for these tokens, as `score_method` says (seq_cls.py); empty: the checkpoint's own.
     score_tokens: tuple[str, ...] = ()
@@ -181,6 +185,8 @@ def model_config_from_dict(raw: dict[str, Any], model_dir: str, dtype: str = "au
         arch=arch,
         labels=labels,
         activation=activation_of(raw, len(labels)),
+        is_matryoshka=bool(raw.get("is_matryoshka")) or bool(_matryoshka_dimensions(raw)),
+        matryoshka_dimensions=_matryoshka_dimensions(raw),
         **score_fields(raw, labels),
     )
 
@@ -216,6 +222,14 @@ def _architecture(raw: dict[str, Any]) -> str:
     raise ValueError(
         f"unsupported architecture {archs!r} in config.json 'architectures'; supported: "
         f"{', '.join(SUPPORTED_ARCHITECTURES)} (and each one's ForSequenceClassification)")
+
+
+def _matryoshka_dimensions(raw: dict[str, Any]) -> tuple[int, ...]:
+    widths = raw.get("matryoshka_dimensions") or []
+    if not isinstance(widths, list) or not all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths):
+        raise ValueError(f"matryoshka_dimensions must be a list of integers >= 1, got {widths!r}")
+    return tuple(widths)
 
 
 def _is_classifier(raw: dict[str, Any]) -> bool:

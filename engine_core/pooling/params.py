@@ -19,6 +19,8 @@ from engine_core.sampling_params import RequestOutputKind, SamplingParams
 if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
     import torch
 
+    from engine_core.model_executor.model_config import ModelConfig
+
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 RUNNERS = ("generate", "pooling")
 # vLLM's pooling tasks: "score" is a cross-encoder's "classify" of a text pair (one label).
@@ -33,6 +35,12 @@ class PoolerConfig:
     # 0 for a model that embeds.
     num_labels: int = 0
     activation: str = "softmax"  # a classifier's: "sigmoid" | "softmax" | "identity"
+    # Matryoshka embeddings (config.json's is_matryoshka / matryoshka_dimensions, which
+    # hf_overrides may set): whether PoolingParams.dimensions may shorten the vector, to which
+    # widths (empty: any up to hidden_size), and the full width.
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
+    hidden_size: int = 0
 
     @property
     def task(self) -> str:
@@ -70,7 +78,8 @@ class PoolingParams:
 
     # Keep only the last k prompt tokens (-1: the last max_model_len), as SamplingParams' own.
     truncate_prompt_tokens: int | None = None
-    # Matryoshka output width: refused, as vLLM refuses it for a model not trained for it.
+    # Matryoshka output width: the embedding's first `dimensions` values, normalized after;
+    # refused (as vLLM refuses it) for a model not trained for it.
     dimensions: int | None = None
     # None: the engine's pooler_config.normalize.
     normalize: bool | None = None
@@ -94,13 +103,14 @@ class PoolingParams:
             raise ValueError(f"use_activation must be a bool or None, got "
                              f"{self.use_activation!r}")
         self._check_task_fields()
-        if self.dimensions is not None:
-            raise ValueError(f"dimensions must be unset: the model does not support matryoshka "
-                             f"representation, and changing the output dimensions "
-                             f"({self.dimensions}) would give poor embeddings")
+        dims = self.dimensions
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+            raise ValueError(f"dimensions must be an integer >= 1 or None, got {dims!r}")
 
     def _check_task_fields(self) -> None:
         """vLLM's: each task takes its own fields only."""
+        if self.task in ("classify", "score") and self.dimensions is not None:
+            raise ValueError(f"dimensions applies to task 'embed', not {self.task!r}")
         if self.task == "embed" and self.use_activation is not None:
             raise ValueError("use_activation applies to task 'classify' or 'score', not 'embed' "
                              "(an embedding takes normalize)")
@@ -125,6 +135,8 @@ class PoolingParams:
                              f"this one has {pooler.num_labels}: use task 'classify'")
         self.task = task
         self._check_task_fields()
+        if self.dimensions is not None:
+            _check_dimensions(self.dimensions, pooler)
         if task == "embed" and self.normalize is None:  # the request's own, else the engine's
             self.normalize = pooler.normalize
 
@@ -136,6 +148,8 @@ class PoolingParams:
             if self.use_activation is False or activation == "identity":
                 return pooled
             return pooled.sigmoid() if activation == "sigmoid" else pooled.softmax(dim=-1)
+        if self.dimensions is not None:  # matryoshka: the leading values, normalized after
+            pooled = pooled[:self.dimensions]
         if self.normalize is False:
             return pooled
         return pooled / pooled.norm().clamp_min(1e-12)  # torch's F.normalize
@@ -164,12 +178,28 @@ def check_runner_fits(pooling_params: PoolingParams | None, runner: str) -> None
                          "start it with runner='pooling' (--runner pooling) to embed")
 
 
-def pooler_for_model(runner: str, pooler_config: dict[str, Any] | None, num_labels: int,
-                     model_dir: str, activation: str = "softmax") -> PoolerConfig | None:
+def _check_dimensions(dimensions: int, pooler: PoolerConfig) -> None:
+    """vLLM's checks of a matryoshka width, against what the model was trained for."""
+    if not pooler.is_matryoshka:
+        raise ValueError(f"dimensions must be unset: the model does not support matryoshka "
+                         f"representation (config.json has no is_matryoshka or "
+                         f"matryoshka_dimensions), and changing the output dimensions "
+                         f"({dimensions}) would give poor embeddings")
+    if pooler.matryoshka_dimensions and dimensions not in pooler.matryoshka_dimensions:
+        raise ValueError(f"dimensions must be one of {list(pooler.matryoshka_dimensions)} (the "
+                         f"model's matryoshka_dimensions), got {dimensions}")
+    if pooler.hidden_size and dimensions > pooler.hidden_size:
+        raise ValueError(f"dimensions must be <= the model's hidden_size "
+                         f"({pooler.hidden_size}), got {dimensions}")
+
+
+def pooler_for_model(runner: str, pooler_config: dict[str, Any] | None,
+                     model: ModelConfig) -> PoolerConfig | None:
     """The engine's pooler: pooler_config over the model directory's sentence-transformers
-    pooling (an embedding model's), with the model's label count (0: the model embeds). None
-    for a generating runner; ValueError for a sequence classifier there, which has no LM head to
-    generate with."""
+    pooling (an embedding model's), with what the model says of its outputs (a classifier's
+    labels and activation, matryoshka widths). None for a generating runner; ValueError for a
+    sequence classifier there, which has no LM head to generate with."""
+    num_labels = model.num_labels
     if runner != "pooling":
         if num_labels:
             raise ValueError(f"this model is a sequence classifier ({num_labels} labels, a "
@@ -177,6 +207,9 @@ def pooler_for_model(runner: str, pooler_config: dict[str, Any] | None, num_labe
                              "start it with runner='pooling' (--runner pooling) to classify "
                              "and score (LLM.classify, LLM.score)")
         return None
-    defaults = {} if num_labels else pooler_defaults(model_dir)
+    defaults = {} if num_labels else pooler_defaults(model.model_dir)
     return replace(PoolerConfig.from_dict({**defaults, **(pooler_config or {})}),
-                   num_labels=num_labels, activation=activation)
+                   num_labels=num_labels, activation=model.activation,
+                   is_matryoshka=model.is_matryoshka,
+                   matryoshka_dimensions=model.matryoshka_dimensions,
+                   hidden_size=model.hidden_size)

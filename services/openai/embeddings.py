@@ -35,7 +35,8 @@ class EmbeddingRequest(BaseModel):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None  # refused by name: no model here is trained for it
+    # a matryoshka model's width (the engine refuses it, by name, for any other model)
+    dimensions: int | None = None
     user: str | None = None
     # vLLM's extra fields
     truncate_prompt_tokens: int | None = None

@@ -82,7 +82,7 @@ def test_a_pooling_server_refuses_sampling_params_by_name(pooling_stack: Stack) 
         with pytest.raises(RequestError, match="params must be a PoolingParams"):
             client.add_request("g", "hello", SamplingParams(max_tokens=4))
         assert not client.has_unfinished_requests()
-    # A PoolingParams refuses dimensions as it is made: the raw message shows the stage does too.
+    # dimensions on a model not trained for matryoshka widths: refused by the engine, by name.
     with grpc.insecure_channel(pooling_stack.gateway_address) as channel:
         msg = gpb.AddRequestRequest(request_id="d", prompt=pb.Prompt(text="hello"),
                                     pooling_params=pb.PoolingParams(dimensions=4))

@@ -137,8 +137,11 @@ def test_the_wrong_kind_of_request_is_refused_and_changes_nothing(tiny_model_dir
     with pytest.raises(ValueError, match="params must be a PoolingParams"):
         engine.add_request("g", {"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2))
     assert not engine.has_unfinished_requests()
-    with pytest.raises(ValueError, match="dimensions"):
-        PoolingParams(dimensions=32)
+    with pytest.raises(ValueError, match="dimensions must be unset: the model does not"):
+        engine.add_request("d", {"prompt_token_ids": [1, 2]}, PoolingParams(dimensions=32))
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="dimensions must be an integer >= 1"):
+        PoolingParams(dimensions=0)
     with pytest.raises(ValueError, match="truncate_prompt_tokens"):
         PoolingParams(truncate_prompt_tokens=0)
     # A prompt of max_model_len tokens fits (it generates nothing); one more does not.
@@ -184,3 +187,30 @@ def test_abort_mid_prompt_frees_its_blocks(tiny_model_dir: Path) -> None:
     assert not engine.has_unfinished_requests()
     engine.step()
     assert pool.free_block_queue.num_free_blocks == free
+
+
+def test_matryoshka_dimensions_shorten_then_normalize(tiny_model_dir: Path) -> None:
+    # vLLM's matryoshka embeddings: the first `dimensions` values, L2-normalised after; the
+    # widths from config.json (set here by hf_overrides, as vLLM's docs set them).
+    engine = pooling_engine(tiny_model_dir, hf_overrides={"matryoshka_dimensions": [16, 32]})
+    ids = PROMPTS[2]
+    engine.add_request("m", {"prompt_token_ids": ids}, PoolingParams(dimensions=16))
+    engine.add_request("full", {"prompt_token_ids": ids}, None)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({out.request_id: out for out in engine.step()})
+    hidden = hf_hidden(tiny_model_dir, ids)[-1]
+    got = done["m"].outputs.data  # type: ignore[union-attr]
+    assert got.shape == (16,)
+    torch.testing.assert_close(got, torch.nn.functional.normalize(hidden[:16], dim=-1),
+                               atol=2e-6, rtol=1e-5)
+    assert done["full"].outputs.data.shape == (64,)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"dimensions must be one of \[16, 32\]"):
+        engine.add_request("x", {"prompt_token_ids": ids}, PoolingParams(dimensions=8))
+    with pytest.raises(ValueError, match="dimensions applies to task 'embed'"):
+        PoolingParams(dimensions=16, task="classify")
+    any_width = pooling_engine(tiny_model_dir, hf_overrides={"is_matryoshka": True})
+    with pytest.raises(ValueError, match=r"dimensions must be <= the model's hidden_size \(64\)"):
+        any_width.add_request("y", {"prompt_token_ids": ids}, PoolingParams(dimensions=65))
+    assert embed_all(any_width, [ids], PoolingParams(dimensions=8))["0"].outputs.data.shape == (8,)
+    assert not engine.has_unfinished_requests()

@@ -134,6 +134,7 @@ def test_unknown_prompt_keys_are_refused_not_dropped() -> None:
 @pytest.mark.parametrize("params", [
     PoolingParams(),
     PoolingParams(truncate_prompt_tokens=5, normalize=False, task="embed"),
+    PoolingParams(dimensions=16),  # a matryoshka width
     PoolingParams(task="classify", use_activation=False),
     PoolingParams(task="score", use_activation=True, truncate_prompt_tokens=-1),
 ])
