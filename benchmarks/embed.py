@@ -135,6 +135,24 @@ def llama_run(bin_dir: Path, gguf: Path, texts: list[str], threads: int,
     return times[1:], vectors
 
 
+def add_bound_shares(rows: dict[str, dict[str, Any]], labels: tuple[str, ...], hf_dir: Path,
+                     num_tokens: int, num_prompts: int, gemm_size: int) -> None:
+    """Each float32 row's share of the machine's bound (benchmarks/roofline.py): num_prompts
+    prompts of num_tokens in all, their FLOPs at the measured float32 GEMM rate."""
+    import json
+
+    from benchmarks.datasets import SampleRequest
+    from benchmarks.roofline import ModelShape, fractions, measure_machine, workload_bound
+
+    shape = ModelShape.from_config(json.loads((hf_dir / "config.json").read_text()))
+    rates = measure_machine(gemm_size, 256 * 1024**2, "float32")
+    requests = [SampleRequest([0] * (num_tokens // num_prompts), 1) for _ in range(num_prompts)]
+    bound = workload_bound(rates, shape, requests, num_prompts)
+    for label in labels:
+        if label in rows:
+            rows[label].update(fractions(bound, rows[label]["seconds"]))
+
+
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for u, v in zip(a, b, strict=True) for x, y in zip(u, v, strict=True))
 
@@ -162,8 +180,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from benchmarks.datasets import SampleRequest
-    from benchmarks.roofline import ModelShape, fractions, measure_machine, workload_bound
     from engine_core.model_hub import pull
 
     gguf = pull(args.model) if not args.model.endswith(".gguf") else Path(args.model)
@@ -193,15 +209,8 @@ def main() -> None:
         if args.llama_cpp is not None and f32_gguf.is_file():
             record("llama.cpp F32", *llama_run(args.llama_cpp, f32_gguf, texts, args.threads,
                                                args.repeats))
-        import json
-
-        shape = ModelShape.from_config(json.loads((hf_dir / "config.json").read_text()))
-        rates = measure_machine(args.gemm_size, 256 * 1024**2, "float32")
-        requests = [SampleRequest([0] * (num_tokens // len(texts)), 1) for _ in texts]
-        bound = workload_bound(rates, shape, requests, len(texts))
-        for label in ("Strand float32", "HF float32", "llama.cpp F32"):
-            if label in rows:
-                rows[label].update(fractions(bound, rows[label]["seconds"]))
+        add_bound_shares(rows, ("Strand float32", "HF float32", "llama.cpp F32"), hf_dir,
+                         num_tokens, len(texts), args.gemm_size)
 
     print(format_table(["row", "prompt tok/s", "embeddings/s", "of the f32 bound"],
                        [[label, f"{r['prompt_tok_s']:.0f}", f"{r['embeddings_s']:.1f}",

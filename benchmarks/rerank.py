@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import format_table, log, write_json
-from benchmarks.embed import sentences
+from benchmarks.embed import add_bound_shares, sentences
 
 
 def reranker(tokens: list[str]) -> dict[str, Any]:
@@ -172,8 +172,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from benchmarks.datasets import SampleRequest
-    from benchmarks.roofline import ModelShape, fractions, measure_machine, workload_bound
     from engine_core.model_hub import pull
 
     gguf = pull(args.model) if not args.model.endswith(".gguf") else Path(args.model)
@@ -204,13 +202,9 @@ def main() -> None:
         if args.served:
             record("Strand float32 served", *served_run(hf_dir, rounds, args.threads,
                                                         args.tokens))
-        shape = ModelShape.from_config(json.loads((hf_dir / "config.json").read_text()))
-        rates = measure_machine(args.gemm_size, 256 * 1024**2, "float32")
-        requests = [SampleRequest([0] * (num_tokens // num_pairs), 1) for _ in range(num_pairs)]
-        bound = workload_bound(rates, shape, requests, num_pairs)
         # Not the cached row: the bound counts every prompt token, and it computes fewer.
-        for label in ("Strand float32", "HF float32"):
-            rows[label].update(fractions(bound, rows[label]["seconds"]))
+        add_bound_shares(rows, ("Strand float32", "HF float32"), hf_dir, num_tokens, num_pairs,
+                         args.gemm_size)
     print(format_table(["row", "pairs/s", "prompt tok/s", "of the f32 bound"],
                        [[label, f"{r['pairs_s']:.1f}", f"{r['prompt_tok_s']:.0f}",
                          f"{r['fraction_of_bound']:.2f}" if "fraction_of_bound" in r else "-"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Self, TypeVar
 
 from engine_core.lora.request import LoRARequest
 
@@ -155,19 +155,32 @@ class EmbeddingOutput:
         return len(self.embedding)
 
 
+T = TypeVar("T")
+
+
 @dataclass(slots=True)
-class EmbeddingRequestOutput:
-    """LLM.embed's result per prompt (vLLM's): the embedding as a list of floats."""
+class TaskRequestOutput(Generic[T]):
+    """LLM.embed's, classify's and score's result per prompt or pair (vLLM's
+    PoolingRequestOutput[T]): the task's own output beside the request's ids."""
 
     request_id: str
-    outputs: EmbeddingOutput
+    outputs: T
     prompt_token_ids: list[int]
     finished: bool = True
 
-    @staticmethod
-    def from_base(output: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        return EmbeddingRequestOutput(output.request_id, EmbeddingOutput(output.outputs.values),
-                                      output.prompt_token_ids, output.finished)
+    @classmethod
+    def of(cls, base: PoolingRequestOutput, outputs: T) -> Self:
+        return cls(base.request_id, outputs, base.prompt_token_ids, base.finished)
+
+
+class EmbeddingRequestOutput(TaskRequestOutput[EmbeddingOutput]):
+    """LLM.embed's: the embedding as a list of floats."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls.of(output, EmbeddingOutput(output.outputs.values))
 
 
 @dataclass(slots=True)
@@ -179,20 +192,14 @@ class ClassificationOutput:
         return len(self.probs)
 
 
-@dataclass(slots=True)
-class ClassificationRequestOutput:
-    """LLM.classify's result per prompt (vLLM's): each label's probability."""
+class ClassificationRequestOutput(TaskRequestOutput[ClassificationOutput]):
+    """LLM.classify's: each label's probability."""
 
-    request_id: str
-    outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
+    __slots__ = ()
 
-    @staticmethod
-    def from_base(output: PoolingRequestOutput) -> ClassificationRequestOutput:
-        return ClassificationRequestOutput(output.request_id,
-                                           ClassificationOutput(output.outputs.values),
-                                           output.prompt_token_ids, output.finished)
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        return cls.of(output, ClassificationOutput(output.outputs.values))
 
 
 @dataclass(slots=True)
@@ -200,12 +207,8 @@ class ScoringOutput:
     score: float
 
 
-@dataclass(slots=True)
-class ScoringRequestOutput:
-    """LLM.score's result per text pair (vLLM's): a cross-encoder's relevance, or the cosine
-    similarity of an embedding model's two embeddings."""
+class ScoringRequestOutput(TaskRequestOutput[ScoringOutput]):
+    """LLM.score's, per text pair: a cross-encoder's relevance, or the cosine similarity of an
+    embedding model's two embeddings."""
 
-    request_id: str
-    outputs: ScoringOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
+    __slots__ = ()

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,13 +30,8 @@ from services.openai import scoring
 from services.openai.api_key import ApiKeyCheck
 from services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from services.openai.echo import prepare_echo
-from services.openai.embeddings import (
-    EmbeddingRequest,
-    embed_all,
-    embedding_prompts,
-    embedding_response,
-)
-from services.openai.embeddings import pooling_params as embedding_params
+from services.openai.embeddings import EmbeddingRequest
+from services.openai.embeddings import embeddings as embedding_answer
 from services.openai.errors import OpenAIError, bad_request, from_exception, model_not_found
 from services.openai.metrics import FrontMetrics, HttpMetrics
 from services.openai.protocol import (
@@ -61,6 +56,9 @@ from services.openai.tools import said_of_tools, tool_choice
 from services.openai.tracing import end_request_span, start_request_span
 
 log = logging.getLogger(__name__)
+# A pooling route's answer (embeddings.py, scoring.py): the front, the request, the model name
+# answered with and the adapter it names.
+PoolingRoute = Callable[[Any, Any, str, LoRARequest | None], Awaitable[dict[str, Any]]]
 
 
 @dataclass(slots=True)
@@ -284,51 +282,38 @@ def create_app(config: FrontConfig) -> FastAPI:
                                "the conversation as input)", param="response_id",
                           code="not_found")
 
+    async def pooled(req: Any, path: str, answer: PoolingRoute) -> dict[str, Any]:
+        """A pooling route's answer: the model (or adapter) it names, refusals as 400s."""
+        _warn_ignored(req, path)
+        model, lora = await front.check_model(req.model)
+        try:
+            return await answer(front, req, model, lora)
+        except (OpenAIError, ValueError) as exc:
+            raise from_exception(exc) from None
+
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest) -> dict[str, Any]:
         """OpenAI's embeddings, from a server started with --runner pooling."""
-        _warn_ignored(req, "/v1/embeddings")
-        model, lora = await front.check_model(req.model)
-        prompts, params = embedding_prompts(req), embedding_params(req)
-        try:
-            outputs = await embed_all(front.client(), prompts, params, lora)
-        except (OpenAIError, ValueError) as exc:
-            raise from_exception(exc) from None
-        return embedding_response(outputs, model, req.encoding_format)
+        return await pooled(req, "/v1/embeddings", embedding_answer)
 
     @app.post("/classify")
     @app.post("/v1/classify")
     async def classify(req: scoring.ClassifyRequest) -> dict[str, Any]:
         """vLLM's: each input's label probabilities, from a sequence classifier."""
-        _warn_ignored(req, "/classify")
-        model, lora = await front.check_model(req.model)
-        try:
-            return await scoring.classify(front, req, model, lora)
-        except (OpenAIError, ValueError) as exc:
-            raise from_exception(exc) from None
+        return await pooled(req, "/classify", scoring.classify)
 
     @app.post("/score")
     @app.post("/v1/score")
     async def score(req: scoring.ScoreRequest) -> dict[str, Any]:
         """vLLM's: text_1 against text_2 (1:1, 1:N or N:N), one score per pair."""
-        _warn_ignored(req, "/score")
-        model, lora = await front.check_model(req.model)
-        try:
-            return await scoring.score(front, req, model, lora)
-        except (OpenAIError, ValueError) as exc:
-            raise from_exception(exc) from None
+        return await pooled(req, "/score", scoring.score)
 
     @app.post("/rerank")
     @app.post("/v1/rerank")
     @app.post("/v2/rerank")
     async def rerank(req: scoring.RerankRequest) -> dict[str, Any]:
         """Jina's and Cohere's rerank, as vLLM serves it: the documents by relevance."""
-        _warn_ignored(req, "/rerank")
-        model, lora = await front.check_model(req.model)
-        try:
-            return await scoring.rerank(front, req, model, lora)
-        except (OpenAIError, ValueError) as exc:
-            raise from_exception(exc) from None
+        return await pooled(req, "/rerank", scoring.rerank)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:

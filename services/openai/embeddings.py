@@ -9,7 +9,7 @@ import base64
 import struct
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,6 +22,13 @@ from services.openai.errors import bad_request
 from services.openai.params import chat_prompt, prompts_of
 
 MAX_INPUTS = 2048  # OpenAI's limit on an embeddings request's input array
+
+
+class FrontLike(Protocol):
+    """What a pooling route needs of the front (app.Front)."""
+
+    def client(self) -> AsyncEngineClient: ...
+    async def info(self) -> dict[str, Any]: ...
 
 
 class EmbeddingRequest(BaseModel):
@@ -98,3 +105,11 @@ def _encoded(values: list[float], encoding_format: str) -> list[float] | str:
     if encoding_format == "float":
         return values
     return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
+
+
+async def embeddings(front: FrontLike, req: EmbeddingRequest, model: str,
+                     lora: LoRARequest | None) -> dict[str, Any]:
+    """/v1/embeddings' answer: every input embedded at once."""
+    prompts, params = embedding_prompts(req), pooling_params(req)
+    outputs = await embed_all(front.client(), prompts, params, lora)
+    return embedding_response(outputs, model, req.encoding_format)

@@ -13,23 +13,17 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import PoolingRequestOutput
 from engine_core.pooling.params import PoolingParams
-from services.async_client import AsyncEngineClient
 from services.common.convert import PromptType
-from services.openai.embeddings import MAX_INPUTS, embed_all
+from services.openai.embeddings import MAX_INPUTS, FrontLike, embed_all
 from services.openai.errors import bad_request
 from services.openai.params import prompts_of
-
-
-class FrontLike(Protocol):
-    def client(self) -> AsyncEngineClient: ...
-    async def info(self) -> dict[str, Any]: ...
 
 
 class _Pooling(BaseModel):
