@@ -22,6 +22,7 @@ from engine_core.pooling.params import POOLING_TASKS, PoolingParams
 from engine_core.pooling.scoring import (
     cross_encoder_prompt,
     cross_encoder_score,
+    distinct,
     embedding_score,
     pair_up,
 )
@@ -86,11 +87,10 @@ class LLM:
             return [cross_encoder_score(output) for output in self.encode(
                 prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request,
                 "score")]
-        texts = [a for a, _ in pairs] + [b for _, b in pairs]
+        texts, indices = distinct(pairs)
         embedded = self.encode(texts, pooling_params, truncate_prompt_tokens, use_tqdm,
                                lora_request, "embed")
-        return [embedding_score(embedded[i], embedded[len(pairs) + i])
-                for i in range(len(pairs))]
+        return [embedding_score(embedded[i], embedded[j]) for i, j in indices]
 
     def encode(self, prompts: PromptType | Sequence[PromptType],
                pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,

@@ -214,11 +214,22 @@ def dtype_name(dtype: torch.dtype) -> str:
 def _architecture(raw: dict[str, Any]) -> str:
     """The family the loader builds: a supported causal LM, or the causal LM a supported
     *ForSequenceClassification is built on."""
+    return _match(raw)[0]
+
+
+def _is_classifier(raw: dict[str, Any]) -> bool:
+    """The architecture _architecture chose is a sequence classifier."""
+    family, named = _match(raw)
+    return family != named
+
+
+def _match(raw: dict[str, Any]) -> tuple[str, str]:
+    """(the family, the name config.json gives it) of the first supported architecture."""
     archs = raw.get("architectures") or []
     for arch in archs:
-        family = causal_name(str(arch)) or arch
+        family = causal_name(str(arch)) or str(arch)
         if family in SUPPORTED_ARCHITECTURES:
-            return str(family)
+            return family, str(arch)
     raise ValueError(
         f"unsupported architecture {archs!r} in config.json 'architectures'; supported: "
         f"{', '.join(SUPPORTED_ARCHITECTURES)} (and each one's ForSequenceClassification)")
@@ -231,14 +242,6 @@ def _matryoshka_dimensions(raw: dict[str, Any]) -> tuple[int, ...]:
         raise ValueError(f"matryoshka_dimensions must be a list of integers >= 1, got {widths!r}")
     return tuple(widths)
 
-
-def _is_classifier(raw: dict[str, Any]) -> bool:
-    """The architecture _architecture chose is a sequence classifier."""
-    for arch in raw.get("architectures") or []:
-        family = causal_name(str(arch)) or arch
-        if family in SUPPORTED_ARCHITECTURES:
-            return family != arch
-    return False
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

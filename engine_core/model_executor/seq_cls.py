@@ -122,7 +122,7 @@ def score_token_ids(tokens: tuple[str, ...], tokenizer_dir: str | None) -> tuple
 # sentence-transformers' CrossEncoder names its activation in config.json
 # (sentence_transformers.activation_fn), which vLLM honours; without it one label is a sigmoid
 # and several a softmax.
-_ACTIVATIONS = {"sigmoid": "sigmoid", "identity": "identity", "softmax": "softmax"}
+_ACTIVATIONS = ("sigmoid", "softmax", "identity")
 
 
 def activation_of(raw: dict[str, Any], num_labels: int) -> str:
@@ -131,8 +131,8 @@ def activation_of(raw: dict[str, Any], num_labels: int) -> str:
     named = (raw.get("sentence_transformers") or {}).get("activation_fn")
     if named is None:
         return "sigmoid" if num_labels == 1 else "softmax"
-    kind = _ACTIVATIONS.get(str(named).rsplit(".", 1)[-1].lower())
-    if kind is None:
+    kind = str(named).rsplit(".", 1)[-1].lower()  # "torch.nn.modules.activation.Sigmoid"
+    if kind not in _ACTIVATIONS:
         raise ValueError(f"sentence_transformers.activation_fn must be Sigmoid, Softmax or "
                          f"Identity, got {named!r}")
     return kind

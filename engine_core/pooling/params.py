@@ -102,20 +102,20 @@ class PoolingParams:
         if self.use_activation is not None and not isinstance(self.use_activation, bool):
             raise ValueError(f"use_activation must be a bool or None, got "
                              f"{self.use_activation!r}")
-        self._check_task_fields()
+        self._check_task_fields(self.task)
         dims = self.dimensions
         if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
             raise ValueError(f"dimensions must be an integer >= 1 or None, got {dims!r}")
 
-    def _check_task_fields(self) -> None:
+    def _check_task_fields(self, task: str | None) -> None:
         """vLLM's: each task takes its own fields only."""
-        if self.task in ("classify", "score") and self.dimensions is not None:
-            raise ValueError(f"dimensions applies to task 'embed', not {self.task!r}")
-        if self.task == "embed" and self.use_activation is not None:
+        if task in ("classify", "score") and self.dimensions is not None:
+            raise ValueError(f"dimensions applies to task 'embed', not {task!r}")
+        if task == "embed" and self.use_activation is not None:
             raise ValueError("use_activation applies to task 'classify' or 'score', not 'embed' "
                              "(an embedding takes normalize)")
-        if self.task in ("classify", "score") and self.normalize is not None:
-            raise ValueError(f"normalize applies to task 'embed', not {self.task!r} (a "
+        if task in ("classify", "score") and self.normalize is not None:
+            raise ValueError(f"normalize applies to task 'embed', not {task!r} (a "
                              "classifier takes use_activation)")
 
     def resolve(self, pooler: PoolerConfig) -> None:
@@ -133,10 +133,10 @@ class PoolingParams:
         if task == "score" and pooler.num_labels != 1:
             raise ValueError(f"task 'score' needs a classifier with one label (a cross-encoder), "
                              f"this one has {pooler.num_labels}: use task 'classify'")
-        self.task = task
-        self._check_task_fields()
+        self._check_task_fields(task)
         if self.dimensions is not None:
             _check_dimensions(self.dimensions, pooler)
+        self.task = task  # checked first: a refused request's params are left as they came
         if task == "embed" and self.normalize is None:  # the request's own, else the engine's
             self.normalize = pooler.normalize
 

@@ -7,26 +7,50 @@ embedding model embeds each text and scores a pair by the cosine similarity of t
 
 from __future__ import annotations
 
+import math
 from typing import Any
-
-import torch
 
 from engine_core.outputs import PoolingRequestOutput, ScoringOutput, ScoringRequestOutput
 
 
-def pair_up(data_1: Any, data_2: Any) -> list[tuple[Any, Any]]:
+def pair_up(data_1: Any, data_2: Any, names: tuple[str, str] = ("data_1", "data_2")
+            ) -> list[tuple[Any, Any]]:
     """The pairs to score; one data_1 item is scored against every data_2 item. ValueError
-    naming the field for an empty side or lengths that are not 1:1, 1:N or N:N."""
+    naming the field (names: the caller's) for an empty side or lengths that are not 1:1, 1:N
+    or N:N. Torch-free: the OpenAI front pairs its /score requests here too."""
     firsts, seconds = _as_list(data_1), _as_list(data_2)
-    for name, items in (("data_1", firsts), ("data_2", seconds)):
+    for name, items in zip(names, (firsts, seconds), strict=True):
         if not items:
             raise ValueError(f"{name} must not be empty")
     if len(firsts) == 1:
         firsts = firsts * len(seconds)
     elif len(firsts) != len(seconds):
-        raise ValueError(f"data_1 and data_2 must be 1:1, 1:N or N:N, got {len(firsts)} and "
-                         f"{len(seconds)} items")
+        raise ValueError(f"{names[0]} and {names[1]} must be 1:1, 1:N or N:N, got "
+                         f"{len(firsts)} and {len(seconds)} items")
     return list(zip(firsts, seconds, strict=True))
+
+
+def distinct(pairs: list[tuple[Any, Any]]) -> tuple[list[Any], list[tuple[int, int]]]:
+    """The pairs' items each once (a query scored against N documents is embedded once), and
+    each pair's two indices into them. Strings are the same item by value, prompt dicts by
+    identity."""
+    items: list[Any] = []
+    where: dict[object, int] = {}
+
+    def index(item: Any) -> int:
+        key = item if isinstance(item, str) else id(item)
+        if key not in where:
+            where[key] = len(items)
+            items.append(item)
+        return where[key]
+
+    return items, [(index(a), index(b)) for a, b in pairs]
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    """The cosine similarity of two embeddings (in float64)."""
+    norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
+    return math.fsum(x * y for x, y in zip(a, b, strict=True)) / max(norms, 1e-12)
 
 
 def _as_list(data: Any) -> list[Any]:
@@ -53,8 +77,6 @@ def cross_encoder_score(output: PoolingRequestOutput) -> ScoringRequestOutput:
 def embedding_score(first: PoolingRequestOutput,
                     second: PoolingRequestOutput) -> ScoringRequestOutput:
     """The cosine similarity of two embeddings; the pair's ids are both prompts' in order."""
-    a = torch.tensor(first.outputs.values, dtype=torch.float32)
-    b = torch.tensor(second.outputs.values, dtype=torch.float32)
-    score = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    score = cosine(first.outputs.values, second.outputs.values)
     return ScoringRequestOutput(f"{first.request_id}_{second.request_id}", ScoringOutput(score),
                                 first.prompt_token_ids + second.prompt_token_ids)

@@ -10,7 +10,6 @@ with either kind. Every prompt of a request is in the engine at once, all or not
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from typing import Any
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from engine_core.lora.request import LoRARequest
 from engine_core.outputs import PoolingRequestOutput
 from engine_core.pooling.params import PoolingParams
+from engine_core.pooling.scoring import cosine, distinct, pair_up
 from services.common.convert import PromptType
 from services.openai.embeddings import MAX_INPUTS, FrontLike, embed_all
 from services.openai.errors import bad_request
@@ -97,23 +97,21 @@ async def score_pairs(front: FrontLike, req: _Pooling, pairs: list[tuple[str, st
     if req.use_activation is not None:
         raise bad_request("use_activation applies to a classifier; this model embeds (its "
                           "scores are cosine similarities)", "use_activation")
-    # Each distinct text once (a query scored against N documents is embedded once).
-    texts = list(dict.fromkeys([a for a, _ in pairs] + [b for _, b in pairs]))
-    outputs = await embed_all(client, list(texts), params_for(req, "embed"), lora)
-    vectors = {text: out.outputs.values for text, out in zip(texts, outputs, strict=True)}
-    return [_cosine(vectors[a], vectors[b]) for a, b in pairs], _tokens(outputs)
+    texts, indices = distinct(pairs)
+    outputs = await embed_all(client, texts, params_for(req, "embed"), lora)
+    return ([cosine(outputs[i].outputs.values, outputs[j].outputs.values) for i, j in indices],
+            _tokens(outputs))
 
 
 async def score(front: FrontLike, req: ScoreRequest, model: str,
                 lora: LoRARequest | None) -> dict[str, Any]:
-    firsts = bounded([req.text_1] if isinstance(req.text_1, str) else req.text_1, "text_1")
-    seconds = bounded([req.text_2] if isinstance(req.text_2, str) else req.text_2, "text_2")
-    if len(firsts) == 1:
-        firsts = firsts * len(seconds)
-    elif len(firsts) != len(seconds):
-        raise bad_request(f"text_1 and text_2 must be 1:1, 1:N or N:N, got {len(firsts)} and "
-                          f"{len(seconds)} items", "text_2")
-    scores, tokens = await score_pairs(front, req, list(zip(firsts, seconds, strict=True)), lora)
+    bounded([req.text_1] if isinstance(req.text_1, str) else req.text_1, "text_1")
+    bounded([req.text_2] if isinstance(req.text_2, str) else req.text_2, "text_2")
+    try:
+        pairs = pair_up(req.text_1, req.text_2, ("text_1", "text_2"))
+    except ValueError as exc:
+        raise bad_request(str(exc), "text_2") from None
+    scores, tokens = await score_pairs(front, req, pairs, lora)
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
     return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": model, "data": data,
@@ -134,11 +132,6 @@ async def rerank(front: FrontLike, req: RerankRequest, model: str,
                for i in order]
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": model,
             "usage": {"total_tokens": tokens}, "results": results}
-
-
-def _cosine(a: list[float], b: list[float]) -> float:
-    norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
-    return math.fsum(x * y for x, y in zip(a, b, strict=True)) / max(norms, 1e-12)
 
 
 def _tokens(outputs: list[PoolingRequestOutput]) -> int:
