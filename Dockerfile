@@ -21,18 +21,16 @@ ENV PATH=/opt/venv/bin:$PATH \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos protos
-COPY engine_core engine_core
-COPY kernels kernels
-COPY services services
+COPY strand strand
 # torch from its own index: PyPI's default wheel pulls several GB of CUDA packages.
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" .
-# The CPU kernels (kernels/csrc) are C++ built with torch's cpp_extension: without a compiler the
+# The CPU kernels (strand/kernels/csrc) are C++ built with torch's cpp_extension: without a compiler the
 # services would silently run the slower pure-torch path. They are built here, for this build
 # machine's ISA level, into the image; g++ stays so a host of another level builds its own once.
 ENV TORCH_EXTENSIONS_DIR=/opt/strand/torch_extensions
 RUN apt-get update && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/* \
-    && python -m kernels.build
+    && python -m strand.kernels.build
 
 EXPOSE 50051 50052 50053 50054
 CMD ["strand", "serve", "--host", "0.0.0.0"]

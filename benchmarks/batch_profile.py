@@ -31,11 +31,11 @@ DEFAULT_HF_DIR = Path.home() / ".cache/strand/bench/smollm2-135m-f32-hf"
 
 
 def instrument(engine: Any, timers: Timers) -> None:
-    from engine_core.model_executor.layers import activation, fused_decode
-    from engine_core.model_executor.layers.linear import Linear
-    from engine_core.model_executor.layers.rms_norm import RMSNorm
-    from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
-    from engine_core.model_executor.models import llama
+    from strand.engine_core.model_executor.layers import activation, fused_decode
+    from strand.engine_core.model_executor.layers.linear import Linear
+    from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
+    from strand.engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from strand.engine_core.model_executor.models import llama
 
     runner = engine.engine_core.runner
     timers.wrap(engine, "step", "rest (engine, runner, model)")
@@ -55,7 +55,7 @@ def instrument(engine: Any, timers: Timers) -> None:
 def run(engine: Any, timers: Timers, seed: int, args: argparse.Namespace,
         keep: bool) -> tuple[float, list[float]]:
     """(prefill step seconds, decode step seconds), one thread's CPU time."""
-    from engine_core import SamplingParams
+    from strand.engine_core import SamplingParams
 
     vocab = engine.engine_core.vocab_size
     rng = random.Random(seed)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.isa_emulation import isa_env
 
     os.environ.update(isa_env(args.isa))  # before torch: its libraries read it once
-    from engine_core import EngineArgs, LLMEngine
+    from strand.engine_core import EngineArgs, LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.hf_dir, dtype=args.dtype, cpu_threads=1, max_model_len=args.prompt

@@ -115,7 +115,7 @@ def resolve_model(args: argparse.Namespace) -> Path:
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     out = Path(args.model_cache_dir) / f"{name}-{key}"
     if not (out / "tokenizer.json").is_file():
-        from engine_core.model_executor.tiny_model import make_tiny_model
+        from strand.testing.tiny_model import make_tiny_model
 
         log(f"building a random-weight model at {out}")
         make_tiny_model(out, dtype=args.dtype, seed=0, **shape)

@@ -52,7 +52,7 @@ from typing import Any
 
 from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
-from engine_core.outputs import RequestOutput
+from strand.engine_core.outputs import RequestOutput
 
 WORKLOADS = ("decode", "batch32", "prefill")
 DECODE_PROMPT, DECODE_TOKENS = 128, 128
@@ -75,7 +75,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
-    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.hf_dir, dtype=args.dtype, cpu_threads=args.threads, max_model_len=2048,

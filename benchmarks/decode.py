@@ -80,8 +80,8 @@ class TimedDecode:
 
 def run_batch(engine: Any, batch_size: int, prompt_len: int, output_len: int, vocab_size: int,
               seed: int) -> TimedDecode:
-    from engine_core import SamplingParams
-    from engine_core.sampling_params import RequestOutputKind
+    from strand.engine_core import SamplingParams
+    from strand.engine_core.sampling_params import RequestOutputKind
 
     rng = random.Random(seed)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = ModelShape.from_config(config)
     dtype_bytes = DTYPE_BYTES[args.dtype]
     kv_bytes = dtype_bytes if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
-    from engine_core import EngineArgs, LLMEngine
+    from strand.engine_core import EngineArgs, LLMEngine
 
     max_batch = max(batch_sizes)
     max_len = args.prompt_len + args.output_len

@@ -73,7 +73,7 @@ class Timers:
 def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
     """Timing wrappers around the parts of a decode step (instance attributes, and the C++
     module the fused decode path calls); returns what puts that module back."""
-    from engine_core.model_executor.layers import fused_decode
+    from strand.engine_core.model_executor.layers import fused_decode
 
     runner = engine.engine_core.runner
     model = runner.model
@@ -86,7 +86,7 @@ def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
     timers.wrap(model, "decode_logits", "embedding, final norm, step checks")
     built = fused_decode.KERNELS.module()
     if built is None:
-        raise RuntimeError("the C++ kernels are needed (python -m kernels.build)")
+        raise RuntimeError("the C++ kernels are needed (python -m strand.kernels.build)")
     module: Any = built
 
     class TimedStack:  # a DecodeStack whose step (all the layers, one call) is timed
@@ -126,8 +126,8 @@ def profile(args: argparse.Namespace) -> dict[str, float]:
     global _CLOCK
     import torch
 
-    from engine_core import EngineArgs, LLMEngine
-    from engine_core.default_model import gguf_file
+    from strand.engine_core import EngineArgs, LLMEngine
+    from strand.engine_core.default_model import gguf_file
 
     source = gguf_file(args.model)
     if source is None:
@@ -151,7 +151,7 @@ def profile(args: argparse.Namespace) -> dict[str, float]:
 
 
 def _decode(engine: Any, timers: Timers, args: argparse.Namespace) -> None:
-    from engine_core import SamplingParams
+    from strand.engine_core import SamplingParams
 
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)

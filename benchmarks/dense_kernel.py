@@ -6,13 +6,13 @@
 
 Each layer's four linear weights (qkv, o, gate_up, down of a Llama-shaped model; SmolLM2-135M's
 shapes by default) and an lm_head are random, distinct per layer so that a pass reads them all
-from memory, as a bs=1 decode step does (kernels/csrc/linear_small.cpp). Prints the best pass
+from memory, as a bs=1 decode step does (strand/kernels/csrc/linear_small.cpp). Prints the best pass
 over --repeats by wall and by CPU time of the calling thread (at one thread every part runs on
 it, so waiting for a core on a shared machine is not counted): milliseconds and weight bytes
 read per second. --isa avx2 times the AVX2-only build on a wider CPU (benchmarks/isa_emulation.py).
 --layout: where the weights lie: `heap`, each its own torch tensor (4 KiB pages here: the engine's
 allocator keeps large blocks in the heap); `huge`, one block of 2 MiB pages in read order, as the
-engine gathers them after loading (engine_core/model_executor/layers/weight_arena.py); `both`,
+engine gathers them after loading (strand/engine_core/model_executor/layers/weight_arena.py); `both`,
 the two copies in one process, their passes alternating (the same load meets both).
 """
 
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(isa_env(args.isa))
     import torch
 
-    from kernels._cpu_build import KERNELS
-    from kernels.cpu_isa import probe
+    from strand.kernels._cpu_build import KERNELS
+    from strand.platform.cpu_isa import probe
 
     module = KERNELS.module()
     if module is None:
@@ -98,7 +98,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _in_huge_pages(weights: list[Any]) -> list[Any]:
     """Copies of the weights in one block of 2 MiB pages, in order, as the engine lays them out."""
-    from engine_core.model_executor.layers.weight_arena import huge_page_block, huge_page_bytes
+    from strand.engine_core.model_executor.layers.weight_arena import (
+        huge_page_block,
+        huge_page_bytes,
+    )
 
     align = 4096
     sizes = [-(-w.numel() * w.element_size() // align) * align for w in weights]

@@ -57,7 +57,7 @@ def strand_run(model: str, quantization: str | None, texts: list[str], threads: 
     """(seconds per run, embeddings, prompt tokens) of LLM.embed over every text at once."""
     import torch
 
-    from engine_core import LLM
+    from strand.engine_core import LLM
 
     torch.set_num_threads(threads)
     # No prefix cache: every repeat embeds the same texts, and a cached prompt would skip most
@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from engine_core.model_hub import pull
+    from strand.engine_core.model_hub import pull
 
     gguf = pull(args.model) if not args.model.endswith(".gguf") else Path(args.model)
     hf_dir, f32_gguf = args.bench_dir / "smollm2-135m-f32-hf", args.bench_dir / "smollm2-135m-f32.gguf"

@@ -75,8 +75,8 @@ def ttft_over_front(address: str, model: str, prompt: list[int], n: int) -> list
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from services.client import EngineClient
-    from services.launch import StackConfig, launch_stack
+    from strand.services.client import EngineClient
+    from strand.services.launch import StackConfig, launch_stack
 
     threads = set_threads(args.num_threads)
     model_dir = resolve_model(args)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from benchmarks.common import ended_badly
 from benchmarks.datasets import SampleRequest
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass(slots=True)
@@ -37,7 +37,7 @@ def generate_all(target: str, requests: list[SampleRequest], output_kind: Reques
 
 async def _generate_all(target: str, requests: list[SampleRequest],
                         output_kind: RequestOutputKind, desc: str) -> StreamsRun:
-    from services.async_client import AsyncEngineClient
+    from strand.services.async_client import AsyncEngineClient
 
     outputs: list[list[int]] = [[] for _ in requests]
     bar = tqdm(total=len(requests), desc=desc, unit="req", leave=False)

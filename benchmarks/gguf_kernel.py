@@ -7,8 +7,8 @@ Each layer's four linear weights (qkv, o, gate_up, down of a Llama-shaped model;
 shapes by default) are random packed blocks, distinct per layer so that a pass reads them all
 from memory, as a decode step does. Prints the best pass over --repeats: milliseconds and the
 packed bytes read per second (the few-row product is a read of the weights). --layout rows
-times the GGUF rows as the file has them (kernels/csrc/gguf_linear.cpp), tiles (the default, what
-GGUFLinear keeps on CPU) the same bytes in 16-row tiles (kernels/csrc/gguf_tiled.cpp).
+times the GGUF rows as the file has them (strand/kernels/csrc/gguf_linear.cpp), tiles (the default, what
+GGUFLinear keeps on CPU) the same bytes in 16-row tiles (strand/kernels/csrc/gguf_tiled.cpp).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from benchmarks.common import log
 def random_blocks(n: int, k: int, qtype: int, g: torch.Generator) -> torch.Tensor:
     """[n, k / 32 * block bytes] random quants with float16 scales (and offsets) of a model's
     magnitude (random bytes there would be NaN or huge)."""
-    from kernels.gguf_linear_ref import BLOCK_BYTES, Q4_1
+    from strand.kernels.gguf_linear_ref import BLOCK_BYTES, Q4_1
 
     blocks = torch.randint(0, 256, (n, k // 32, BLOCK_BYTES[qtype]), generator=g,
                            dtype=torch.uint8)
@@ -36,9 +36,9 @@ def random_blocks(n: int, k: int, qtype: int, g: torch.Generator) -> torch.Tenso
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels import cpu_gguf_linear
-    from kernels.cpu_linear import SMALL_M
-    from kernels.gguf_linear_ref import NAMES
+    from strand.kernels import cpu_gguf_linear
+    from strand.kernels.cpu_linear import SMALL_M
+    from strand.kernels.gguf_linear_ref import NAMES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qtype", default="Q4_1", choices=sorted(NAMES.values()))
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) < 32 or getattr(args, name) % 32:
             parser.error(f"--{name} must be a positive multiple of 32")
     if not cpu_gguf_linear.kernels_apply(torch.empty(0, dtype=torch.uint8)):
-        parser.error("the CPU kernels are not built here (python -m kernels.build)")
+        parser.error("the CPU kernels are not built here (python -m strand.kernels.build)")
     qtype = {v: k for k, v in NAMES.items()}[args.qtype]
     torch.set_num_threads(args.threads)
     h, i = args.hidden, args.intermediate

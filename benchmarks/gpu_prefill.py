@@ -45,7 +45,7 @@ def _sync(device: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     device = resolve_device(args.device)
     model_dir = resolve_model(args)

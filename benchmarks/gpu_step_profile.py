@@ -63,7 +63,7 @@ def _wrap_parts(core: Any, spent: dict[str, list[float]]) -> Callable[[], None]:
 
 
 def _start_batch(engine: Any, args: argparse.Namespace, vocab: int, tag: str) -> None:
-    from engine_core import SamplingParams
+    from strand.engine_core import SamplingParams
 
     rng = random.Random(tag)
     # Enough tokens for the warm-up and all three passes; aborted at the end.
@@ -85,7 +85,7 @@ def _end_batch(engine: Any, tag: str, batch_size: int) -> None:
 def profile(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from engine_core import EngineArgs, LLMEngine
+    from strand.engine_core import EngineArgs, LLMEngine
 
     device = resolve_device(args.device)  # on a CPU the GPU columns read 0 (a smoke test)
     model_dir = resolve_model(args)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from engine_core.processing.tokenizer import Tokenizer
-from engine_core.structured_output.bitmask import apply_grammar_mask, build_grammar_mask
-from engine_core.structured_output.grammar import GrammarCache, tokenizer_info
-from engine_core.structured_output.params import StructuredOutputsParams
+from strand.engine_core.processing.tokenizer import Tokenizer
+from strand.engine_core.structured_output.bitmask import apply_grammar_mask, build_grammar_mask
+from strand.engine_core.structured_output.grammar import GrammarCache, tokenizer_info
+from strand.engine_core.structured_output.params import StructuredOutputsParams
 
 SCHEMA = {
     "type": "object",
@@ -42,7 +42,7 @@ CONSTRAINTS = {
 def _tokenizer(model: str | None) -> Tokenizer:
     if model is not None:
         return Tokenizer.from_dir(model)
-    from engine_core.processing.tiny_tokenizer import write_tiny_tokenizer
+    from strand.testing.tiny_tokenizer import write_tiny_tokenizer
 
     out = Path(tempfile.mkdtemp(prefix="grammar-bench-"))
     write_tiny_tokenizer(out, 512)

@@ -9,12 +9,12 @@ finds the stages: each waiting on its socket, gRPC's threads asleep), which is t
 request's time to first token pays once per hop.
 
 Both processes start on gRPC's default (EventEngine) TCP path, the stages' default, and, in
-alternating rounds, on its iomgr path (services/grpc_tuning.py, STRAND_GRPC_IOMGR=1: one thread
+alternating rounds, on its iomgr path (strand/services/grpc_tuning.py, STRAND_GRPC_IOMGR=1: one thread
 wake-up fewer per message), since the choice is process-wide and read when grpc is imported. A plain asyncio
 socket echo is measured beside them, after the same gap: what the kernel and one event loop cost,
 so the rest is gRPC's own thread hand-offs. The default path is measured over a Unix socket too
 (`unix:` addresses, which grpcio takes as they are): what the TCP stack costs of a hop. And the
-stages' local link (services/common/stage_link.py), its own server and call code, after the gap:
+stages' local link (strand/services/common/stage_link.py), its own server and call code, after the gap:
 the hop the ring's internal edges take between stages on one host. Last, what a client's
 request pays before any handler work: a new server-streaming call answered with one message, its
 round trip after the gap (what a Generate costs on a bare grpc.aio server), and one message's
@@ -38,7 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services import grpc_tuning
+from strand.services import grpc_tuning
 
 _METHOD = "/strand.bench.Hop/Echo"
 _PAYLOAD = b"x" * 100  # about one small stage message
@@ -113,8 +113,8 @@ async def _timed(count: int, gap_s: float, echo: Callable[[], Awaitable[int]]) -
 async def _serve_link(port: int) -> None:
     import grpc
 
-    from services._proto.strand.v1 import engine_pb2 as epb
-    from services.common.link_server import LinkServer
+    from strand.services._proto.strand.v1 import engine_pb2 as epb
+    from strand.services.common.link_server import LinkServer
 
     async def echo(messages: Any, context: Any) -> Any:
         async for _ in messages:
@@ -130,8 +130,8 @@ async def _serve_link(port: int) -> None:
 
 
 async def _link_hops(port: int, count: int, gap_s: float) -> list[float]:
-    from services._proto.strand.v1 import engine_pb2 as epb
-    from services.common.link_call import LinkCall
+    from strand.services._proto.strand.v1 import engine_pb2 as epb
+    from strand.services.common.link_call import LinkCall
 
     call = await LinkCall.open(port, _METHOD, None, epb.EngineResponse, None, 1 << 20, 5.0)
     request = epb.EngineRequest(seq=1, abort=epb.EngineAbort(request_ids=["x" * 90]))

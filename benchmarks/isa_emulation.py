@@ -1,9 +1,9 @@
 """Measuring a narrower CPU on a wider one: the AVX2 figures of an AVX2-only CPU on an AVX-512 one.
 
 Every backend of benchmarks/cpu_peers.py is restricted to the same instruction set:
-  Strand's C++ kernels   STRAND_CPU_ISA (kernels/cpu_isa.py builds them with -march=x86-64-v3)
+  Strand's C++ kernels   STRAND_CPU_ISA (strand/platform/cpu_isa.py builds them with -march=x86-64-v3)
   torch's own kernels    ATEN_CPU_CAPABILITY (ATen's vectorised CPU kernels: its dispatch level)
-  oneDNN                 ONEDNN_MAX_CPU_ISA (the engine's linear layers, kernels/cpu_linear.py)
+  oneDNN                 ONEDNN_MAX_CPU_ISA (the engine's linear layers, strand/kernels/cpu_linear.py)
   MKL                    MKL_ENABLE_INSTRUCTIONS (torch.matmul, HF transformers' linear layers)
   llama.cpp              a build without any AVX-512/AMX/AVX-VNNI option (cpu_peers_setup --isa
                          avx2), checked here to hold no instruction that names a zmm register.
@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kernels.cpu_isa import ENV as STRAND_ISA_ENV
-from kernels.cpu_isa import torch_isa_env
+from strand.platform.cpu_isa import ENV as STRAND_ISA_ENV
+from strand.platform.cpu_isa import torch_isa_env
 
 # "native": whatever this CPU has, nothing set.
 ISAS = ("native", "avx2")
@@ -78,7 +78,7 @@ def observed() -> dict[str, Any]:
     variables in force (recorded with every result, so a run says what it measured)."""
     import torch
 
-    from kernels import cpu_isa
+    from strand.platform import cpu_isa
 
     return {"aten": torch.backends.cpu.get_cpu_capability(), "strand": cpu_isa.probe().level,
             "env": {name: os.environ.get(name, "") for name in

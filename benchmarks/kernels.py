@@ -24,7 +24,7 @@ if not __package__:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
+from strand.kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 
 
 @dataclass(slots=True)
@@ -158,7 +158,7 @@ def measure(p: Problem, scale: float, device: torch.device, iters: int) -> str:
             p.query, p.kv_cache, p.query_start_loc, p.seq_lens, p.block_table, scale, out),
             device, max(1, iters // 10))
         return f"{ms:10.2f} {'-':>10s} {'-':>10s} {'-':>12s}"
-    from kernels.paged_attention import paged_attention
+    from strand.kernels.paged_attention import paged_attention
 
     def run(num_splits: int | None) -> torch.Tensor:
         return paged_attention(p.query, p.kv_cache, out, p.query_start_loc, p.seq_lens,

@@ -1,6 +1,6 @@
 """The CPU kernels for a decode batch's linear layers side by side, on a model's weights cold, as
-in a decode step: linear_batch on the dense weights (kernels/cpu_linear_batch.py), Strand's GEMM
-on float32 panels (kernels/cpu_linear_panels.py) and oneDNN's packed copy.
+in a decode step: linear_batch on the dense weights (strand/kernels/cpu_linear_batch.py), Strand's GEMM
+on float32 panels (strand/kernels/cpu_linear_panels.py) and oneDNN's packed copy.
 
     [STRAND_CPU_ISA=avx2 ...] python -m benchmarks.linear_batch [--dtype float32|bfloat16]
         [--rows 8 16 32 64] [--threads 1] [--repeats 3]
@@ -53,9 +53,9 @@ def _best(run: Callable[[], None], repeats: int, threads: int) -> float:
 
 def measure(dtype: torch.dtype, rows: list[int], repeats: int,
             threads: int = 1) -> list[list[str]]:
-    from kernels import cpu_linear, cpu_linear_panels
-    from kernels._cpu_build import KERNELS
-    from kernels.cpu_isa import probe
+    from strand.kernels import cpu_linear, cpu_linear_panels
+    from strand.kernels._cpu_build import KERNELS
+    from strand.platform.cpu_isa import probe
 
     module = KERNELS.require()
     torch.set_num_threads(threads)

@@ -75,8 +75,8 @@ def write_adapter(out: Path, config: dict[str, Any], rank: int, seed: int) -> Pa
 
 def run_config(engine: Any, name: str, prompts: list[list[int]], loras: list[Any],
                output_len: int) -> LoRAResult:
-    from engine_core import SamplingParams
-    from engine_core.sampling_params import RequestOutputKind
+    from strand.engine_core import SamplingParams
+    from strand.engine_core.sampling_params import RequestOutputKind
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
                             output_kind=RequestOutputKind.CUMULATIVE)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = resolve_device(args.device)
     model_dir = resolve_model(args)
     config = load_config(model_dir)
-    from engine_core import EngineArgs, LLMEngine, LoRARequest
+    from strand.engine_core import EngineArgs, LLMEngine, LoRARequest
 
     rng = random.Random(0)
     prompts = [[rng.randrange(3, config["vocab_size"]) for _ in range(args.prompt_len)]

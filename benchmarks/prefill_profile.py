@@ -68,9 +68,9 @@ class PartTimer:
 def instrumented(timer: PartTimer, model: Any) -> Iterator[None]:
     """Wraps the Llama forward's parts (class attributes and module globals, so every layer)
     while the block runs; the originals are back afterwards."""
-    from engine_core.model_executor.attention import torch_ref
-    from engine_core.model_executor.layers import linear, rms_norm, rotary_embedding
-    from engine_core.model_executor.models import llama
+    from strand.engine_core.model_executor.attention import torch_ref
+    from strand.engine_core.model_executor.layers import linear, rms_norm, rotary_embedding
+    from strand.engine_core.model_executor.models import llama
 
     lm_head = model.lm_head
     targets: list[tuple[Any, str, str | Callable[..., str]]] = [
@@ -95,7 +95,7 @@ def instrumented(timer: PartTimer, model: Any) -> Iterator[None]:
 def profile(args: argparse.Namespace) -> dict[str, Any]:
     import random
 
-    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.hf_dir, dtype=args.dtype, cpu_threads=args.threads,

@@ -32,7 +32,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from engine_core.outputs import RequestOutput
+from strand.engine_core.outputs import RequestOutput
 
 ENGINES = ("offload", "device", "no-cache")
 
@@ -87,7 +87,7 @@ def num_device_blocks(args: argparse.Namespace) -> int:
 
 
 def engine_args(name: str, args: argparse.Namespace, model_dir: Path) -> Any:
-    from engine_core import EngineArgs
+    from strand.engine_core import EngineArgs
 
     extra: dict[str, Any] = {}
     if name == "offload":
@@ -105,7 +105,7 @@ def engine_args(name: str, args: argparse.Namespace, model_dir: Path) -> Any:
 
 def run_engine(name: str, args: argparse.Namespace, model_dir: Path,
                workload: Workload) -> EngineResult:
-    from engine_core import LLMEngine, SamplingParams
+    from strand.engine_core import LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(engine_args(name, args, model_dir))
     params = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True)
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = set_threads(args.num_threads)
     model_dir = resolve_model(args)
-    from engine_core.model_executor.model_config import load_model_config
+    from strand.engine_core.model_executor.model_config import load_model_config
 
     vocab_size = load_model_config(str(model_dir), args.dtype).vocab_size
     workload = make_workload(args, vocab_size)

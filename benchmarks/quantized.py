@@ -37,16 +37,16 @@ from typing import Any
 from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
 from benchmarks.cpu_peers import parse_llama_bench
-from engine_core.outputs import RequestOutput
+from strand.engine_core.outputs import RequestOutput
 
 
 def weight_bytes_per_token(model: Any) -> int:
     """Bytes of weights one decode token reads: linear layers whole, the embedding one row."""
     import torch
 
-    from engine_core.model_executor.layers.gguf_linear import GGUFLinear
-    from engine_core.model_executor.layers.linear import Linear
-    from engine_core.model_executor.layers.rms_norm import RMSNorm
+    from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
+    from strand.engine_core.model_executor.layers.linear import Linear
+    from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
 
     total = 0
     for module in model.modules():
@@ -106,7 +106,7 @@ def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
 
 def measure(model: str, quantization: str | None, threads: int | None,
             args: argparse.Namespace) -> dict[str, Any]:
-    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=model, dtype="float32", quantization=quantization, cpu_threads=threads,
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--llama-cpp must be a directory holding llama-bench, got {args.llama_cpp}")
     if args.llama_cpp is not None:
         isa_emulation.check_llama_cpp(args.llama_cpp, args.isa)
-    from engine_core.default_model import gguf_file
+    from strand.engine_core.default_model import gguf_file
 
     source = gguf_file(args.model)
     if source is None:

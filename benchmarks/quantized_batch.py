@@ -39,13 +39,13 @@ from typing import Any
 from benchmarks import isa_emulation
 from benchmarks.common import format_table, log, write_json
 from benchmarks.quantized import bandwidth_bound, weight_bytes_per_token
-from engine_core.outputs import RequestOutput
+from strand.engine_core.outputs import RequestOutput
 
 
 def linear_macs(model: Any) -> tuple[int, int]:
     """(multiply-adds of the decoder layers' linears per token, of the lm_head per token)."""
-    from engine_core.model_executor.layers.gguf_linear import GGUFLinear
-    from engine_core.model_executor.layers.linear import Linear
+    from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
+    from strand.engine_core.model_executor.layers.linear import Linear
 
     layers = head = 0
     for name, module in model.named_modules():
@@ -81,7 +81,7 @@ def int8_gemm_rate(threads: int, size: int = 2048, repeats: int = 3) -> float:
 
 
 def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
-    from engine_core import EngineArgs, LLMEngine, SamplingParams
+    from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     n, p, t = args.requests, args.prompt, args.tokens
     engine = LLMEngine.from_engine_args(EngineArgs(
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--llama-cpp must be a directory holding llama-batched-bench, got "
                          f"{args.llama_cpp}")
         isa_emulation.check_llama_cpp(args.llama_cpp, args.isa)
-    from engine_core.default_model import gguf_file
+    from strand.engine_core.default_model import gguf_file
 
     source = gguf_file(args.model)
     if source is None:

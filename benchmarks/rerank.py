@@ -63,7 +63,7 @@ def strand_run(model: str, quantization: str | None, prefix_cache: bool,
     """(seconds per round after the first, the last round's scores, its prompt tokens)."""
     import torch
 
-    from engine_core import LLM
+    from strand.engine_core import LLM
 
     torch.set_num_threads(threads)
     llm = LLM(model, runner="pooling", dtype="float32", device="cpu", hf_overrides=reranker(tokens),
@@ -86,7 +86,7 @@ def served_run(model_dir: Path, rounds: list[list[tuple[str, str]]], threads: in
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
-    from services.launch import StackConfig, launch_stack
+    from strand.services.launch import StackConfig, launch_stack
 
     settings = StrandSettings(enable_prefix_caching=False)
     flags = [*settings.engine_flags(), "--runner", "pooling",
@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from engine_core.model_hub import pull
+    from strand.engine_core.model_hub import pull
 
     gguf = pull(args.model) if not args.model.endswith(".gguf") else Path(args.model)
     hf_dir = args.bench_dir / "smollm2-135m-f32-hf"

@@ -60,9 +60,9 @@ from benchmarks.gateway_streams import generate_all
 from benchmarks.grpc_hop import measure_hops
 from benchmarks.ring_throughput import Placement, pairs_table, pairs_to_json, throughput_pairs
 from benchmarks.strand_backends import StrandSettings, kv_cache_bytes
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services import grpc_tuning
-from services.common.stage_link import transport
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services import grpc_tuning
+from strand.services.common.stage_link import transport
 
 # Messages between processes on a first token's way: client -> gateway (the Generate call),
 # gateway -> tokenizer, tokenizer -> engine, engine -> detokenizer, detokenizer -> gateway,
@@ -160,10 +160,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> dict[str, Any]:
-    from engine_core.config import EngineArgs
-    from engine_core.llm_engine import LLMEngine
-    from services.client import EngineClient
-    from services.launch import StackConfig, launch_stack
+    from strand.engine_core.config import EngineArgs
+    from strand.engine_core.llm_engine import LLMEngine
+    from strand.services.client import EngineClient
+    from strand.services.launch import StackConfig, launch_stack
 
     if pinned is not None:
         pin_process(os.getpid(), pinned[0])  # every thread, an OpenMP pool already started too
@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace, pinned: tuple[set[int], set[int]] | None) -> 
         log("the floor: one bare stream message after an idle gap")
         hops = measure_hops(args.hop_messages, gap_ms=args.ttft_gap_ms)
         data["grpc_hop_ms"] = hops
-        # The hop on the TCP path the stages ran on (services/grpc_tuning.py).
+        # The hop on the TCP path the stages ran on (strand/services/grpc_tuning.py).
         iomgr = os.environ.get(grpc_tuning.ENV) == grpc_tuning.IOMGR_TCP
         stage_hop = hops["link_after_gap_ms" if data["stage_transport"] == "link" else
                          "grpc_iomgr_after_gap_ms" if iomgr else "grpc_after_gap_ms"]

@@ -34,7 +34,7 @@ from benchmarks.common import (
     set_threads,
 )
 from benchmarks.datasets import SampleRequest, add_dataset_args, dataset_from_args
-from kernels import cpu_linear, cpu_linear_panels
+from strand.kernels import cpu_linear, cpu_linear_panels
 
 SLOW_PRODUCT_S = 2.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,7 +90,7 @@ def measure_gemm(size: int = 2048, dtype: str = "float32", repeats: int = 3,
     """Best FLOP/s of a [size, size] x [size, size] product (2 * size^3 FLOPs each), by every
     library at hand: torch.matmul, and on CPU oneDNN's linear as well (plain and with the weight
     packed, as the engine runs it). torch's CPU matmul is
-    MKL, which runs AVX2 code on AMD processors; oneDNN uses AVX-512 there (kernels/cpu_linear.py),
+    MKL, which runs AVX2 code on AMD processors; oneDNN uses AVX-512 there (strand/kernels/cpu_linear.py),
     and a bound measured with the slower library alone would flatter every backend."""
     return fastest_gemm(size, dtype, repeats, device)[0]
 

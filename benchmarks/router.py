@@ -4,7 +4,7 @@ A closed-loop multi-turn chat workload: every session starts with one of a few s
 prompts, and each turn's prompt is the previous prompt, its answer and a new user message, so
 a replica that served the session (or its system prompt) before holds most of the prompt. Each
 replica has a small KV pool (--num-blocks) so placement decides what stays cached. The router
-(services/router) sees what a real one would: each engine's KV events and its load.
+(strand/services/router) sees what a real one would: each engine's KV events and its load.
 
 Reported per policy: prefix hit rate (prompt tokens already cached on the chosen replica when
 the request arrived), TTFT p50/p99 and throughput. The replicas step one after the other in
@@ -33,10 +33,10 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
-from engine_core import EngineArgs, LLMEngine, SamplingParams
-from engine_core.outputs import RequestOutput
-from services.router import ReplicaLoad, Router
-from services.router.router import POLICIES
+from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
+from strand.engine_core.outputs import RequestOutput
+from strand.services.router import ReplicaLoad, Router
+from strand.services.router.router import POLICIES
 
 
 @dataclass(slots=True)

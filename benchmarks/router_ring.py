@@ -33,12 +33,12 @@ from benchmarks.router import (
     make_sessions,
     print_policies,
 )
-from engine_core import SamplingParams
-from engine_core.sampling_params import RequestOutputKind
-from services._proto.strand.v1 import control_pb2 as cpb
-from services._proto.strand.v1 import control_pb2_grpc
-from services.client import EngineClient
-from services.launch import StackConfig, launch_stack
+from strand.engine_core import SamplingParams
+from strand.engine_core.sampling_params import RequestOutputKind
+from strand.services._proto.strand.v1 import control_pb2 as cpb
+from strand.services._proto.strand.v1 import control_pb2_grpc
+from strand.services.client import EngineClient
+from strand.services.launch import StackConfig, launch_stack
 
 
 def _session(address: str, session: Session, args: argparse.Namespace, vocab: int,
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     policies = checked_policies(args, ("num_sessions", "num_turns", "num_system_prompts",
                                        "output_len", "block_size", "num_blocks"))
     model_dir = resolve_model(args)
-    from engine_core.model_executor.model_config import load_model_config
+    from strand.engine_core.model_executor.model_config import load_model_config
 
     vocab = load_model_config(str(model_dir), args.dtype).vocab_size
     summaries = []

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from engine_core.config import CacheConfig, SchedulerConfig
-from engine_core.core.request import Request
-from engine_core.core.runner_output import ModelRunnerOutput
-from engine_core.core.sched_output import SchedulerOutput
-from engine_core.core.scheduler import Scheduler
-from engine_core.sampling_params import SamplingParams
+from strand.engine_core.config import CacheConfig, SchedulerConfig
+from strand.engine_core.core.request import Request
+from strand.engine_core.core.runner_output import ModelRunnerOutput
+from strand.engine_core.core.sched_output import SchedulerOutput
+from strand.engine_core.core.scheduler import Scheduler
+from strand.engine_core.sampling_params import SamplingParams
 
 
 def _runner_output(out: SchedulerOutput, token: int) -> ModelRunnerOutput:

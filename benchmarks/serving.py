@@ -74,8 +74,8 @@ def arrival_times(num_requests: int, request_rate: float, seed: int = 0) -> list
 
 
 def send_one(client: Any, index: int, request: SampleRequest) -> RequestTiming:
-    from engine_core import SamplingParams
-    from engine_core.sampling_params import RequestOutputKind
+    from strand.engine_core import SamplingParams
+    from strand.engine_core.sampling_params import RequestOutputKind
 
     timing = RequestTiming(request.prompt_len, request.output_len)
     params = SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True,
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gateway": args.gateway or "launched here (--auto-step)",
     }
     try:
-        from services.client import EngineClient
+        from strand.services.client import EngineClient
     except ImportError as exc:
         data["status"] = f"unavailable: services not built ({exc})"
         return data

@@ -28,11 +28,11 @@ import grpc
 
 from benchmarks.common import add_model_args, format_table, log, percentiles, resolve_model
 from benchmarks.common import write_json as write_json_file
-from services._proto.strand.v1 import engine_pb2 as epb
-from services._proto.strand.v1 import engine_pb2_grpc, inference_pb2_grpc
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import types_pb2 as pb
-from services.gateway.clients import CLIENT_METADATA
+from strand.services._proto.strand.v1 import engine_pb2 as epb
+from strand.services._proto.strand.v1 import engine_pb2_grpc, inference_pb2_grpc
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.gateway.clients import CLIENT_METADATA
 
 CLIENT_LABEL = "strand-soak"
 STREAMS_PER_CHANNEL = 250  # HTTP/2 connections the streams are spread over
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.gateway:
         report = asyncio.run(soak(args.gateway, args, {}, None))
     else:
-        from services.launch import StackConfig, launch_stack
+        from strand.services.launch import StackConfig, launch_stack
 
         model = resolve_model(args)
         config = StackConfig(model=str(model), engine_args=shlex.split(args.engine_args),

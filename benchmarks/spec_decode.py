@@ -59,7 +59,7 @@ def _engine(model: str, quantization: str | None, threads: int,
             spec: dict[str, Any] | None) -> Any:
     import torch
 
-    from engine_core import EngineArgs, LLMEngine
+    from strand.engine_core import EngineArgs, LLMEngine
 
     torch.set_num_threads(threads)
     return LLMEngine.from_engine_args(EngineArgs(
@@ -69,7 +69,7 @@ def _engine(model: str, quantization: str | None, threads: int,
 
 def _decode(engine: Any, prompt: str, tokens: int) -> tuple[list[int], float, int]:
     """(token ids, seconds after the first token, steps after it) of one greedy request."""
-    from engine_core import SamplingParams
+    from strand.engine_core import SamplingParams
 
     engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=tokens))
     first_at = None
@@ -178,11 +178,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from engine_core.model_hub import pull
-    from engine_core.processing.tokenizer import Tokenizer
+    from strand.engine_core.model_hub import pull
+    from strand.engine_core.processing.tokenizer import Tokenizer
 
     gguf = pull(args.model) if not args.model.endswith(".gguf") else Path(args.model)
-    from engine_core.default_model import resolve_model_dir
+    from strand.engine_core.default_model import resolve_model_dir
 
     tokenizer = Tokenizer.from_dir(resolve_model_dir(str(gguf)))
     prompts = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}])

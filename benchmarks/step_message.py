@@ -16,9 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
-from engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs
-from services._proto.strand.v1 import engine_pb2 as epb
-from services.common.convert import core_outputs_from_pb, core_outputs_to_pb
+from strand.engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs
+from strand.services._proto.strand.v1 import engine_pb2 as epb
+from strand.services.common.convert import core_outputs_from_pb, core_outputs_to_pb
 
 
 def decode_step(batch: int, step: int) -> EngineCoreOutputs:

@@ -65,7 +65,7 @@ def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
 
 def run_inprocess(model_dir: str, requests: list[SampleRequest],
                   settings: StrandSettings) -> BackendResult:
-    from engine_core import EngineArgs, LLMEngine
+    from strand.engine_core import EngineArgs, LLMEngine
 
     args = EngineArgs(model=model_dir, dtype=settings.dtype, device=settings.device,
                       max_num_seqs=settings.max_num_seqs,
@@ -99,7 +99,7 @@ def run_gateway(model_dir: str, requests: list[SampleRequest], settings: StrandS
     if path not in GATEWAY_PATHS:
         raise ValueError(f"path must be one of {sorted(GATEWAY_PATHS)}, got {path!r}")
     try:
-        from services.client import EngineClient
+        from strand.services.client import EngineClient
     except ImportError as exc:
         return BackendResult(backend="strand-gateway",
                              status=f"unavailable: services not built ({exc})")
@@ -149,7 +149,7 @@ def _stack(model_dir: str, settings: StrandSettings, address: str | None,
     if address:
         yield address
         return
-    from services.launch import StackConfig, launch_stack
+    from strand.services.launch import StackConfig, launch_stack
 
     log("starting the strand stack (tokenizer, engine, detokenizer, gateway)")
     config = StackConfig(model=model_dir, engine_args=settings.engine_flags(),
@@ -167,7 +167,7 @@ stack_for = _stack  # the serving benchmark starts its (auto-stepping) stack the
 
 def warm_up(engine: _Engine, requests: list[SampleRequest]) -> None:
     """A short request or two first: the first steps allocate and pick kernels."""
-    from engine_core import SamplingParams
+    from strand.engine_core import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True)
     for i, r in enumerate(requests[:2]):
@@ -177,7 +177,7 @@ def warm_up(engine: _Engine, requests: list[SampleRequest]) -> None:
 
 
 def warm_up_streams(client: Any, requests: list[SampleRequest]) -> None:
-    from engine_core import SamplingParams
+    from strand.engine_core import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS, ignore_eos=True)
     for i, r in enumerate(requests[:2]):
@@ -189,15 +189,15 @@ def warm_up_streams(client: Any, requests: list[SampleRequest]) -> None:
 def run_streams(name: str, target: str, requests: list[SampleRequest]) -> BackendResult:
     """Every request on its own Generate stream at once (FINAL_ONLY: one output each)."""
     from benchmarks.gateway_streams import generate_all
-    from engine_core.sampling_params import RequestOutputKind
+    from strand.engine_core.sampling_params import RequestOutputKind
 
     run = generate_all(target, requests, RequestOutputKind.FINAL_ONLY, desc=name)
     return _result(name, requests, run.outputs, run.num_failed, run.elapsed_s)
 
 
 def run_loop(name: str, engine: _Engine, requests: list[SampleRequest]) -> BackendResult:
-    from engine_core import SamplingParams
-    from engine_core.sampling_params import RequestOutputKind
+    from strand.engine_core import SamplingParams
+    from strand.engine_core.sampling_params import RequestOutputKind
 
     outputs: list[list[int]] = [[] for _ in requests]
     failed = 0

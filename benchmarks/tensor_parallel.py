@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.common import add_model_args, format_table, log, resolve_model, write_json
-from engine_core import EngineArgs, LLMEngine, RequestOutput, SamplingParams
-from engine_core.distributed.driver import TPDriverRunner
+from strand.engine_core import EngineArgs, LLMEngine, RequestOutput, SamplingParams
+from strand.engine_core.distributed.driver import TPDriverRunner
 
 
 @dataclass(slots=True)

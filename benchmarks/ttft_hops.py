@@ -108,9 +108,9 @@ def span_offsets(traces: dict[str, list[tuple[str, str, int, int]]]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine_core.sampling_params import RequestOutputKind, SamplingParams
-    from services.client import EngineClient
-    from services.launch import StackConfig, launch_stack
+    from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+    from strand.services.client import EngineClient
+    from strand.services.launch import StackConfig, launch_stack
 
     threads = set_threads(args.num_threads)
     model_dir = resolve_model(args)

@@ -31,7 +31,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def make_hf_dir(root: Path) -> Path:
-    from engine_core.model_executor.tiny_model import make_tiny_model
+    from strand.testing.tiny_model import make_tiny_model
 
     out = root / "wide-0.6b-hf"
     if (out / "model.safetensors").is_file():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine_core import EngineArgs, LLMEngine, RequestOutput, SamplingParams
+from strand.engine_core import EngineArgs, LLMEngine, RequestOutput, SamplingParams
 
 RESET_AT_STEP = 10
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env sh
-# Regenerate services/_proto from protos/ (the same command the staleness test runs).
+# Regenerate strand/services/_proto from protos/ (the same command the staleness test runs).
 set -e
 cd "$(dirname "$0")/.."
-exec python -m services.common.gen_protos "$@"
+exec python -m strand.services.common.gen_protos "$@"

@@ -55,20 +55,20 @@ print("grpc", grpc.__version__, "protobuf", google.protobuf.__version__)'
       ;;
     build)
       phase "build CPU kernels"
-      timeout 300 python3 -m kernels.build 2>&1 | tail -5
+      timeout 300 python3 -m strand.kernels.build 2>&1 | tail -5
       ;;
     tests)
       phase tests
       timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider -p no:benchmark -n 8 \
         --timeout 90 --tb=short --junitxml="$OUT/tests.xml" \
-        tests/kernels tests/model_executor tests/engine tests/lora tests/core tests/conformance \
-        tests/processing tests/structured_output tests/connector 2>&1 | tee "$OUT/tests.log" \
+        tests/kernels tests/engine_core/model_executor tests/engine_core/engine tests/engine_core/lora tests/engine_core/core tests/engine_core/conformance \
+        tests/engine_core/processing tests/engine_core/structured_output tests/engine_core/connector 2>&1 | tee "$OUT/tests.log" \
         | grep -E "FAILED|ERROR|crashed|passed|failed" | tail -80
       ;;
     services)
       phase "services, e2e, distributed, benchmarks"
       timeout "${SERVICES_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
-        --timeout 240 tests/services tests/e2e tests/distributed tests/benchmarks 2>&1 \
+        --timeout 240 tests/services tests/e2e tests/engine_core/distributed tests/benchmarks 2>&1 \
         | tee "$OUT/services.log" | grep -E "FAILED|ERROR|passed|failed" | tail -60
       ;;
     kernelbench)
@@ -89,7 +89,7 @@ print("grpc", grpc.__version__, "protobuf", google.protobuf.__version__)'
     crash)
       # A test that kills its worker: faulthandler's Python stack, then cuda-gdb's native one.
       phase "crash: the C++ decode stack tests"
-      t=tests/model_executor/test_fused_decode.py::test_the_stack_takes_layers_of_one_size_and_a_cache_per_layer
+      t=tests/engine_core/model_executor/test_fused_decode.py::test_the_stack_takes_layers_of_one_size_and_a_cache_per_layer
       timeout 60 python3 -X faulthandler -m pytest -q -p no:cacheprovider "$t" > "$OUT/crash-py.log" 2>&1
       grep -A30 "Fatal Python" "$OUT/crash-py.log" | head -40
       timeout 90 cuda-gdb -q -batch -ex run -ex bt -ex "info registers rip" \

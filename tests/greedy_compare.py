@@ -1,7 +1,7 @@
 """Comparing greedy runs that differ by a rounding with the exact run.
 
 Packed GGUF weights against the same file dequantized to float: the packed kernel of a decode
-step rounds each linear layer's input to int8 blocks of 32 (kernels/csrc/gguf_linear.cpp), as
+step rounds each linear layer's input to int8 blocks of 32 (strand/kernels/csrc/gguf_linear.cpp), as
 llama.cpp does. A bfloat16 KV cache under float32 weights against a float32 one: K and V are
 rounded to bfloat16 as they are written. Either way logprobs move by a little, and where the
 exact run's top two tokens are within that little of each other the rounded run may pick the other
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 # Logprobs (nats) of the same token at the same step may differ by this much, and a different
 # greedy token is accepted only where the dequantized model had it within this much of its top.
 # Measured: the tied tiny test model (logits up to ~18) moves logits by up to 0.09 (a third of
-# the bound kernels.gguf_linear_ref.int8_rounding_bound gives) and logprobs by up to ~0.2; the
+# the bound strand.kernels.gguf_linear_ref.int8_rounding_bound gives) and logprobs by up to ~0.2; the
 # untied ones by up to ~0.05.
 INT8_TOL = 0.25
 

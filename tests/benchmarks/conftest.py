@@ -14,8 +14,8 @@ TINY_BOUND = ["--gemm-size", "256", "--copy-mib", "16"]
 
 def services_available() -> bool:
     try:
-        import services.client  # noqa: F401
-        import services.launch  # noqa: F401
+        import strand.services.client  # noqa: F401
+        import strand.services.launch  # noqa: F401
     except ImportError:
         return False
     return True
@@ -30,7 +30,7 @@ def q4_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (hidden 64, 2 layers, vocabulary 512) as a Q4_1 GGUF file."""
     pytest.importorskip("gguf")
     from tests.conftest import build_tiny_model
-    from tests.model_executor.gguf_writer import write_gguf
+    from tests.engine_core.model_executor.gguf_writer import write_gguf
 
     root = tmp_path_factory.mktemp("bench-q")
     model_dir = build_tiny_model(root / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,

@@ -51,7 +51,7 @@ def test_a_preset_builds_that_models_shape(tmp_path: Path,
     import argparse
 
     from benchmarks.common import MODEL_PRESETS, add_model_args, resolve_model
-    from engine_core.model_executor import tiny_model
+    from strand.testing import tiny_model
 
     built: list[dict[str, object]] = []
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from benchmarks import decode_profile
-from kernels._cpu_build import KERNELS
+from strand.kernels._cpu_build import KERNELS
 from tests.conftest import build_tiny_model
-from tests.model_executor.gguf_writer import write_gguf
+from tests.engine_core.model_executor.gguf_writer import write_gguf
 
 
 def test_a_part_counts_its_own_time_without_the_parts_inside_it(

@@ -7,8 +7,8 @@ import pytest
 
 from benchmarks.common import ended_badly
 from benchmarks.gateway_streams import generate_all
-from engine_core.outputs import CompletionOutput, RequestOutput
-from engine_core.sampling_params import RequestOutputKind
+from strand.engine_core.outputs import CompletionOutput, RequestOutput
+from strand.engine_core.sampling_params import RequestOutputKind
 
 
 def test_cumulative_outputs_are_refused_by_name_before_any_call() -> None:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from benchmarks import gguf_kernel
-from kernels._cpu_build import KERNELS
-from kernels.gguf_linear_ref import Q4_1, dequantize_ref
+from strand.kernels._cpu_build import KERNELS
+from strand.kernels.gguf_linear_ref import Q4_1, dequantize_ref
 
 
 @pytest.mark.skipif(KERNELS.module() is None, reason="CPU kernels unavailable")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import cpu_peers, cpu_peers_setup, isa_emulation
-from kernels import cpu_isa
+from strand.platform import cpu_isa
 
 AVX2_ENV = {"STRAND_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2",
             "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}

@@ -113,7 +113,7 @@ def test_unknown_backend_is_refused() -> None:
 
 def test_gateway_backend_reports_unavailable_without_services(
         monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> None:
-    monkeypatch.setitem(sys.modules, "services.client", None)  # import now raises ImportError
+    monkeypatch.setitem(sys.modules, "strand.services.client", None)  # import now raises ImportError
     result = run_gateway(str(tiny_model_dir), [], StrandSettings())
     assert result.status.startswith("unavailable: services not built")
     assert not result.ok

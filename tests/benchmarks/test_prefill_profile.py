@@ -46,8 +46,8 @@ def test_a_tiny_models_prefill_step_is_split_into_the_parts(tiny_model_dir: Path
 
 
 def test_the_layers_are_unwrapped_after_the_profile(tiny_model_dir: Path) -> None:
-    from engine_core.model_executor.layers.linear import Linear
-    from engine_core.model_executor.models import llama
+    from strand.engine_core.model_executor.layers.linear import Linear
+    from strand.engine_core.model_executor.models import llama
 
     before = (Linear.forward, llama.act_and_mul)
     prefill_profile.profile(argparse.Namespace(hf_dir=str(tiny_model_dir), dtype="float32",

@@ -17,7 +17,7 @@ from benchmarks.roofline import (
     measure_machine,
     workload_bound,
 )
-from kernels import cpu_linear, cpu_linear_panels
+from strand.kernels import cpu_linear, cpu_linear_panels
 
 SHAPE = ModelShape(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4,
                    intermediate_size=16, vocab_size=10)

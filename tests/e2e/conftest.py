@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services._proto.strand.v1 import engine_pb2 as epb
-from services._proto.strand.v1 import engine_pb2_grpc, gateway_pb2_grpc
-from services.client import EngineClient
-from services.common.stage_auth import STAGE_TOKEN_ENV
-from services.launch import (
+from strand.services._proto.strand.v1 import engine_pb2 as epb
+from strand.services._proto.strand.v1 import engine_pb2_grpc, gateway_pb2_grpc
+from strand.services.client import EngineClient
+from strand.services.common.stage_auth import STAGE_TOKEN_ENV
+from strand.services.launch import (
     REPO_ROOT,
     STAGES,
     Stack,
@@ -108,7 +108,7 @@ def start_side_gateway(stack: Stack, extra_args: list[str] | None = None,
                        ) -> tuple[subprocess.Popen[bytes], str]:
     """A second gateway on the shared stack's stages (its own sessions with each stage)."""
     port = free_port()
-    command = [sys.executable, "-m", "services.gateway", "--port", str(port),
+    command = [sys.executable, "-m", "strand.services.gateway", "--port", str(port),
                *[f"--{s}-addr={stack.address(s)}" for s in STAGES], *(extra_args or [])]
     process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT),
                                              STAGE_TOKEN_ENV: stack.stage_token},

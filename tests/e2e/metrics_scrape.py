@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 # Distinct prompts shorter than a block: no prefix-cache hit, every prompt token computed.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.launch import REPO_ROOT, free_port
+from strand.services.launch import REPO_ROOT, free_port
 
 # PHOENIX_BIN overrides where the `phoenix` command is looked for.
 DEFAULT_PHOENIX_BIN = REPO_ROOT / ".venv-phoenix" / "bin" / "phoenix"

@@ -12,13 +12,13 @@ import grpc
 import openai
 import pytest
 
-from engine_core.config import EngineArgs
-from engine_core.errors import QueueFullError
-from engine_core.llm_engine import LLMEngine
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import REPO_ROOT, Stack, free_port
-from services.openai.health import wait_http_healthy
+from strand.engine_core.config import EngineArgs
+from strand.engine_core.errors import QueueFullError
+from strand.engine_core.llm_engine import LLMEngine
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import REPO_ROOT, Stack, free_port
+from strand.services.openai.health import wait_http_healthy
 from tests.e2e.conftest import engine_num_unfinished, start_stack
 from tests.e2e.metrics_scrape import scrape, value
 
@@ -62,7 +62,7 @@ def test_beyond_the_waiting_bound_adds_are_resource_exhausted(small_stack: Stack
 def test_the_openai_front_answers_a_full_queue_with_429(small_stack: Stack) -> None:
     port = free_port()
     front = subprocess.Popen(
-        [sys.executable, "-m", "services.openai", "--port", str(port),
+        [sys.executable, "-m", "strand.services.openai", "--port", str(port),
          "--gateway-addr", small_stack.gateway_address], cwd=REPO_ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -10,11 +10,11 @@ from typing import TypeVar
 
 import pytest
 
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services.async_client import AsyncEngineClient
-from services.client import EngineClient, RequestError, ServerUnavailable
-from services.launch import Stack, free_port
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services.async_client import AsyncEngineClient
+from strand.services.client import EngineClient, RequestError, ServerUnavailable
+from strand.services.launch import Stack, free_port
 from tests.e2e.conftest import engine_num_unfinished
 
 T = TypeVar("T")

@@ -9,12 +9,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_core.config import EngineArgs
-from engine_core.llm_engine import LLMEngine
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.config import EngineArgs
+from strand.engine_core.llm_engine import LLMEngine
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 
 
 def _collect_until_finished(client: EngineClient, request_id: str,

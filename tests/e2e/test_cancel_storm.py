@@ -9,12 +9,12 @@ import time
 
 import grpc
 
-from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import inference_pb2_grpc
-from services.client import EngineClient
-from services.common.convert import params_to_pb, prompt_to_pb
-from services.launch import Stack
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import inference_pb2_grpc
+from strand.services.client import EngineClient
+from strand.services.common.convert import params_to_pb, prompt_to_pb
+from strand.services.launch import Stack
 from tests.e2e.conftest import API_KEY, engine_num_unfinished
 
 NUM_CANCELLED = 80

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from engine_core import LLM, PoolingParams
-from engine_core.model_executor.tiny_model import make_tiny_model
-from services.client import EngineClient, RequestError
-from services.launch import Stack
+from strand.engine_core import LLM, PoolingParams
+from strand.services.client import EngineClient, RequestError
+from strand.services.launch import Stack
+from strand.testing.tiny_model import make_tiny_model
 from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished, start_stack
 
 FLAGS = ["--runner", "pooling", "--max-num-batched-tokens", "16"]

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.common.errors import UserError
-from services.launch import REPO_ROOT, check_port_free, free_port
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.common.errors import UserError
+from strand.services.launch import REPO_ROOT, check_port_free, free_port
 from tests.e2e.conftest import ENGINE_FLAGS
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -75,7 +75,7 @@ def test_serve_prints_the_gateway_and_stops_every_service_on_sigterm(tiny_model_
                                                                      ) -> None:
     metrics_port = _free_port_run(4)
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "strand.services.cli", "serve", "--model", str(tiny_model_dir),
          "--port", "0", "--metrics-port", str(metrics_port), *ENGINE_FLAGS],
         stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO_ROOT)
     try:
@@ -105,7 +105,7 @@ def test_serve_prints_the_gateway_and_stops_every_service_on_sigterm(tiny_model_
 
 def test_demo_runs_the_step_by_step_example_and_shuts_down() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "demo", *ENGINE_FLAGS],
+        [sys.executable, "-m", "strand.services.cli", "demo", *ENGINE_FLAGS],
         capture_output=True, text=True, env=ENV, cwd=REPO_ROOT, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
@@ -129,9 +129,9 @@ def test_serve_reads_a_gguf_file_packed(tmp_path: Path, monkeypatch: pytest.Monk
     # was converted into once, and the engine finds the file's blocks from it (a K-quant mix, as
     # llama.cpp's Q4_K_M has). The tokens are the in-process engine's with the same arguments.
     pytest.importorskip("gguf")
-    from engine_core import EngineArgs, LLMEngine
+    from strand.engine_core import EngineArgs, LLMEngine
     from tests.conftest import build_tiny_model
-    from tests.model_executor.gguf_writer import write_gguf
+    from tests.engine_core.model_executor.gguf_writer import write_gguf
 
     model_dir = build_tiny_model(tmp_path / "hf", hidden_size=256, num_heads=4, num_kv_heads=2,
                                  intermediate_size=512)
@@ -142,7 +142,7 @@ def test_serve_reads_a_gguf_file_packed(tmp_path: Path, monkeypatch: pytest.Monk
     env = {**ENV, "STRAND_CACHE_DIR": str(tmp_path / "cache")}
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--model", str(path), "--quantization",
+        [sys.executable, "-m", "strand.services.cli", "serve", "--model", str(path), "--quantization",
          "gguf", "--port", "0", *ENGINE_FLAGS], stdout=subprocess.PIPE, text=True, env=env,
         cwd=REPO_ROOT)
     try:

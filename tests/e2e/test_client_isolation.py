@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import inference_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.gateway.clients import CLIENT_METADATA
-from services.launch import Stack
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import inference_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.gateway.clients import CLIENT_METADATA
+from strand.services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished
 
 # A connection of its own (gRPC shares one between equal channels of a process by default).

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import REPO_ROOT, free_port, wait_healthy
-from services.openai.health import wait_http_healthy
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import REPO_ROOT, free_port, wait_healthy
+from strand.services.openai.health import wait_http_healthy
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 SERVICES = ("tokenizer", "engine", "detokenizer", "gateway")
@@ -45,7 +45,7 @@ def _localize(arg: str, model_dir: Path, ports: dict[int, int]) -> str:
 
 def _local_command(command: list[str], model_dir: Path, ports: dict[int, int]) -> list[str]:
     assert command[0] == "strand", "compose commands use the console script"
-    return [sys.executable, "-m", "services.cli",
+    return [sys.executable, "-m", "strand.services.cli",
             *(_localize(a, model_dir, ports) for a in command[1:])]
 
 
@@ -54,7 +54,7 @@ def test_compose_has_the_four_services_healthchecks_volume_and_jaeger() -> None:
     services = compose["services"]
     for name in SERVICES:
         assert services[name]["healthcheck"]["test"][:4] == [
-            "CMD", "python", "-m", "services.common.healthcheck"]
+            "CMD", "python", "-m", "strand.services.common.healthcheck"]
         assert "models:/models" in services[name]["volumes"]
         assert services[name]["build"]["args"]["BASE_IMAGE"]
     assert "models" in compose["volumes"]

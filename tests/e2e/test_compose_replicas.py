@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import yaml
 
-from services.common.engine_replicas import parse_engine_addresses
-from services.launch import REPO_ROOT
+from strand.services.common.engine_replicas import parse_engine_addresses
+from strand.services.launch import REPO_ROOT
 
 
 def _flag(command: list[str], flag: str) -> str:

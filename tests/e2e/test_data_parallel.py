@@ -12,16 +12,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core.config import EngineArgs
-from engine_core.llm_engine import LLMEngine
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import control_pb2 as cpb
-from services._proto.strand.v1 import control_pb2_grpc
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import types_pb2 as pb
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.config import EngineArgs
+from strand.engine_core.llm_engine import LLMEngine
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services._proto.strand.v1 import control_pb2 as cpb
+from strand.services._proto.strand.v1 import control_pb2_grpc
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import ENGINE_FLAGS, start_stack
 
 BLOCK_SIZE = 16

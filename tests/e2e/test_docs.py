@@ -1,4 +1,4 @@
-"""Every code block of README.md, docs/*.md and services/README.md runs, so the documentation cannot drift from the code.
+"""Every code block of README.md, docs/*.md and strand/services/README.md runs, so the documentation cannot drift from the code.
 
 - python blocks are executed as written, after SUBSTITUTIONS: the placeholder model directory
   becomes a tiny random model, and the README's gateway address that of the e2e tests' shared
@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services import cli
-from services.launch import Stack
+from strand.services import cli
+from strand.services.launch import Stack
 
 REPO = Path(__file__).resolve().parents[2]
-DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "services/README.md"]
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "strand/services/README.md"]
 MODEL_PLACEHOLDER = "/path/to/hf-dir"
 GATEWAY_PLACEHOLDER = "127.0.0.1:50051"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -18,13 +18,13 @@ import grpc
 import openai
 import pytest
 
-from engine_core import LLM, PoolingParams, SamplingParams
-from engine_core.outputs import PoolingRequestOutput
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.client import EngineClient, RequestError
-from services.launch import Stack
+from strand.engine_core import LLM, PoolingParams, SamplingParams
+from strand.engine_core.outputs import PoolingRequestOutput
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import gateway_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.client import EngineClient, RequestError
+from strand.services.launch import Stack
 from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished, start_stack
 
 # A 16-token step budget: the longer prompts take several steps (chunked prefill).

@@ -5,11 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.client import EngineClient, RequestError
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import gateway_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.client import EngineClient, RequestError
 from tests.e2e.conftest import GATEWAY_MAX_MESSAGE_BYTES
 
 

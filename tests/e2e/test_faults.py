@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished, start_stack
 
 LONG = SamplingParams(temperature=0.0, max_tokens=500)
@@ -129,8 +129,8 @@ def test_killed_tokenizer_is_unavailable_by_name_then_recovers(fault_stack: Stac
 
 def test_the_supervisor_restarts_a_killed_stage_and_adds_fail_fast_meanwhile(
         fault_stack: Stack, fault_client: EngineClient) -> None:
-    from services.launch import wait_healthy
-    from services.supervisor import Supervisor
+    from strand.services.launch import wait_healthy
+    from strand.services.supervisor import Supervisor
 
     lines: list[str] = []
     supervisor = Supervisor(fault_stack, log=lines.append)

@@ -13,17 +13,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.launch import REPO_ROOT, free_port
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import gateway_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.launch import REPO_ROOT, free_port
 from tests.e2e.conftest import ENGINE_FLAGS
 from tests.e2e.test_cli import ENV, _alive, _children
 
 
 def _serve(model_dir: Path, port: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
+        [sys.executable, "-m", "strand.services.cli", "serve", "--model", str(model_dir),
          "--port", str(port), *ENGINE_FLAGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=ENV, cwd=REPO_ROOT)
 
@@ -72,7 +72,7 @@ def test_a_taken_port_is_one_line_naming_port_and_flag(
         served: tuple[subprocess.Popen[str], int], tiny_model_dir: Path) -> None:
     _, port = served
     second = subprocess.run(
-        [sys.executable, "-m", "services.cli", "serve", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "strand.services.cli", "serve", "--model", str(tiny_model_dir),
          "--port", str(port)], capture_output=True, text=True, env=ENV, cwd=REPO_ROOT,
         timeout=120)
     assert second.returncode == 1
@@ -80,7 +80,7 @@ def test_a_taken_port_is_one_line_naming_port_and_flag(
         f"strand serve: error: port {port} on 127.0.0.1 is in use (Address already in use); "
         f"choose another with --port"]
     # The server itself refuses too (no SO_REUSEPORT), not only serve's check before launching.
-    gateway = subprocess.run([sys.executable, "-m", "services.gateway", "--port", str(port)],
+    gateway = subprocess.run([sys.executable, "-m", "strand.services.gateway", "--port", str(port)],
                              capture_output=True, text=True, env=ENV, cwd=REPO_ROOT, timeout=120)
     assert gateway.returncode == 1
     last = gateway.stderr.strip().splitlines()[-1]

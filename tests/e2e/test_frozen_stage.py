@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.client import EngineClient
-from services.launch import Stack
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished, start_stack
 from tests.e2e.test_faults import LONG, _step_until_ended, _works
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished, start_side_gateway
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import gateway_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished
 
 

@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from services.launch import SERVICES, Stack
+from strand.services.launch import SERVICES, Stack
 
 EXPECTED = {"gateway": "strand.v1.Gateway", "tokenizer": "strand.v1.Tokenizer",
             "engine": "strand.v1.Engine", "detokenizer": "strand.v1.Detokenizer"}

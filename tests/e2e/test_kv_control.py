@@ -10,12 +10,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import control_pb2 as cpb
-from services._proto.strand.v1 import control_pb2_grpc, gateway_pb2_grpc
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services.client import EngineClient, RequestError
-from services.launch import Stack
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services._proto.strand.v1 import control_pb2 as cpb
+from strand.services._proto.strand.v1 import control_pb2_grpc, gateway_pb2_grpc
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services.client import EngineClient, RequestError
+from strand.services.launch import Stack
 from tests.e2e.conftest import start_stack
 
 BLOCK_SIZE = 16  # EngineArgs' default

@@ -9,15 +9,21 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core import LoRARequest, RequestOutput
-from services._proto.strand.v1 import control_pb2 as cpb
-from services._proto.strand.v1 import control_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.client import EngineClient, RequestError
-from services.launch import Stack, StackConfig, launch_stack
+from strand.engine_core import LoRARequest, RequestOutput
+from strand.services._proto.strand.v1 import control_pb2 as cpb
+from strand.services._proto.strand.v1 import control_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.client import EngineClient, RequestError
+from strand.services.launch import Stack, StackConfig, launch_stack
 from tests.e2e.conftest import ENGINE_FLAGS
-from tests.engine.conftest import run_to_completion
-from tests.lora.conftest import GREEDY, PROMPT, generate, make_lora_engine, make_peft_adapter
+from tests.engine_core.engine.conftest import run_to_completion
+from tests.engine_core.lora.conftest import (
+    GREEDY,
+    PROMPT,
+    generate,
+    make_lora_engine,
+    make_peft_adapter,
+)
 
 LORA_FLAGS = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
               "--max-cpu-loras", "3"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import grpc
 
-from services._proto.strand.v1 import engine_pb2 as epb
-from services._proto.strand.v1 import engine_pb2_grpc, inference_pb2_grpc
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import types_pb2 as pb
-from services.gateway.clients import CLIENT_METADATA, internal_id
-from services.launch import Stack
+from strand.services._proto.strand.v1 import engine_pb2 as epb
+from strand.services._proto.strand.v1 import engine_pb2_grpc, inference_pb2_grpc
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.gateway.clients import CLIENT_METADATA, internal_id
+from strand.services.launch import Stack
 from tests.e2e.conftest import API_KEY, engine_num_unfinished
 
 LABEL = "lost-request-test"

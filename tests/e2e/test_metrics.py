@@ -6,12 +6,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine_core.sampling_params import SamplingParams
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import gateway_pb2_grpc
-from services._proto.strand.v1 import types_pb2 as pb
-from services.client import EngineClient
-from services.launch import METRICS_ORDER, Stack
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import gateway_pb2_grpc
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.client import EngineClient
+from strand.services.launch import METRICS_ORDER, Stack
 from tests.e2e.metrics_scrape import MAX_TOKENS, PROMPTS, run_requests, scrape, value
 
 

@@ -25,8 +25,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.client import EngineClient
-from services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
+from strand.services.client import EngineClient
+from strand.services.launch import REPO_ROOT, Stack, StackConfig, free_port, launch_stack
 from tests.conftest import build_tiny_model
 from tests.e2e.conftest import ENGINE_FLAGS, engine_num_unfinished
 from tests.e2e.otlp_receiver import OtlpReceiver
@@ -506,7 +506,7 @@ def test_served_model_names_are_what_clients_name(openai_stack: Stack,
     # names given, not the directory the model resolved to.
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.openai", "--port", str(port),
+        [sys.executable, "-m", "strand.services.openai", "--port", str(port),
          "--gateway-addr", openai_stack.gateway_address,
          "--served-model-name", "tiny", "tiny-alias"], cwd=REPO_ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -774,7 +774,7 @@ def front_without_gateway() -> Iterator[str]:
     """A front with an API key whose gateway address has nothing listening: its base URL."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.openai", "--port", str(port), "--api-key", "k1",
+        [sys.executable, "-m", "strand.services.openai", "--port", str(port), "--api-key", "k1",
          "--gateway-addr", f"127.0.0.1:{free_port()}"], cwd=REPO_ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

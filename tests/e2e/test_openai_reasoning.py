@@ -11,10 +11,10 @@ from typing import Any
 import openai
 import pytest
 
-from services.launch import Stack, StackConfig, launch_stack
+from strand.services.launch import Stack, StackConfig, launch_stack
 from tests.e2e.conftest import ENGINE_FLAGS
 from tests.e2e.test_openai import _post
-from tests.structured_output.thinking_model import build_thinking_model
+from tests.engine_core.structured_output.thinking_model import build_thinking_model
 
 WORD = "[a-z]{3,6}"
 CHAT = [{"role": "user", "content": "hello"}]

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from services.launch import Stack
+from strand.services.launch import Stack
 from tests.e2e.test_openai import (  # noqa: F401
     LONG_MAX_TOKENS,
     TOOL,

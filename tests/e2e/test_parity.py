@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from engine_core.config import EngineArgs
-from engine_core.llm_engine import LLMEngine
-from engine_core.outputs import PoolingRequestOutput, RequestOutput
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services.client import EngineClient
-from services.demo import run_seed_loop
-from services.launch import Stack
+from strand.engine_core.config import EngineArgs
+from strand.engine_core.llm_engine import LLMEngine
+from strand.engine_core.outputs import PoolingRequestOutput, RequestOutput
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services.client import EngineClient
+from strand.services.demo import run_seed_loop
+from strand.services.launch import Stack
 from tests.e2e.conftest import ENGINE_FLAGS, start_stack
 
 
@@ -133,7 +133,7 @@ def preempting_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
 
 
 # FINAL_ONLY: the engine stage holds the tokens between the first and the last output
-# (services/engine/final_only_hold.py), across the preemptions too.
+# (strand/services/engine/final_only_hold.py), across the preemptions too.
 @pytest.mark.parametrize("kind", [RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY])
 def test_preemption_under_kv_pressure_matches_step_for_step(
         tiny_model_dir: Path, preempting_stack: Stack, kind: RequestOutputKind) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.client import EngineClient
-from services.launch import METRICS_ORDER, Stack, free_port
+from strand.services.client import EngineClient
+from strand.services.launch import METRICS_ORDER, Stack, free_port
 from tests.e2e.metrics_scrape import run_requests, scrape, value
 
 PROMETHEUS = shutil.which("prometheus")

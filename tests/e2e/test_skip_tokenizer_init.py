@@ -9,11 +9,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services.client import EngineClient, RequestError
-from tests.conformance.conftest import make_engine, run_to_completion
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services.client import EngineClient, RequestError
 from tests.conftest import copy_without_tokenizer
 from tests.e2e.conftest import start_stack
+from tests.engine_core.conformance.conftest import make_engine, run_to_completion
 
 PROMPT = {"prompt_token_ids": [1, 2, 3, 4]}
 

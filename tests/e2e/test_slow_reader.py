@@ -1,5 +1,5 @@
 """A Generate client that stops reading: its outputs wait at the gateway merged into one (DELTA
-appended), not as a backlog, and reach it whole when it reads again (services/gateway/
+appended), not as a backlog, and reach it whole when it reads again (strand/services/gateway/
 stream_outputs.py), over a real stack and a real gRPC flow-control window."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import time
 
 import grpc
 
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import inference_pb2_grpc
-from services.client import EngineClient, auth_metadata
-from services.common.convert_params import params_to_pb, prompt_to_pb
-from services.launch import Stack
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import inference_pb2_grpc
+from strand.services.client import EngineClient, auth_metadata
+from strand.services.common.convert_params import params_to_pb, prompt_to_pb
+from strand.services.launch import Stack
 from tests.e2e.conftest import API_KEY, engine_num_unfinished
 
 PROMPT = [1, 17, 33, 5]

@@ -11,11 +11,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine_core import SamplingParams
-from services.launch import Stack, StackConfig, launch_stack
+from strand.engine_core import SamplingParams
+from strand.services.launch import Stack, StackConfig, launch_stack
 from tests.e2e.conftest import ENGINE_FLAGS
 from tests.e2e.metrics_scrape import scrape, value
-from tests.spec_decode.conftest import NGRAM, repetitive_prompts, run
+from tests.engine_core.spec_decode.conftest import NGRAM, repetitive_prompts, run
 
 MAX_TOKENS = 40
 

@@ -12,12 +12,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services._proto.strand.v1 import detokenizer_pb2 as dpb
-from services._proto.strand.v1 import detokenizer_pb2_grpc, engine_pb2_grpc
-from services._proto.strand.v1 import engine_pb2 as epb
-from services.common.stage_auth import STAGE_TOKEN_ENV
-from services.common.stage_protocol import PROTOCOL, PROTOCOL_HEADER
-from services.launch import REPO_ROOT, Stack
+from strand.services._proto.strand.v1 import detokenizer_pb2 as dpb
+from strand.services._proto.strand.v1 import detokenizer_pb2_grpc, engine_pb2_grpc
+from strand.services._proto.strand.v1 import engine_pb2 as epb
+from strand.services.common.stage_auth import STAGE_TOKEN_ENV
+from strand.services.common.stage_protocol import PROTOCOL, PROTOCOL_HEADER
+from strand.services.launch import REPO_ROOT, Stack
 
 
 def test_stages_refuse_callers_without_the_stage_token(stack: Stack) -> None:
@@ -65,7 +65,7 @@ def test_a_stage_on_all_interfaces_without_a_token_refuses_to_start(tiny_model_d
     env = {k: v for k, v in os.environ.items() if k != STAGE_TOKEN_ENV}
     env["PYTHONPATH"] = str(REPO_ROOT)
     result = subprocess.run(
-        [sys.executable, "-m", "services.detokenizer", "--model", str(tiny_model_dir),
+        [sys.executable, "-m", "strand.services.detokenizer", "--model", str(tiny_model_dir),
          "--host", "0.0.0.0", "--port", "0"], env=env, capture_output=True, text=True,
         timeout=120)
     assert result.returncode == 1

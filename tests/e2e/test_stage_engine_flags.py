@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_core import SamplingParams
-from engine_core.sampling_params import RequestOutputKind
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core import SamplingParams
+from strand.engine_core.sampling_params import RequestOutputKind
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import start_stack
 
 
@@ -19,7 +19,7 @@ from tests.e2e.conftest import start_stack
 def flagged_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # Manually stepped: the client's generate runs each step and reads its outputs, so a
     # fast engine cannot run ahead of the client and have its DELTA outputs merged
-    # (services/gateway/stream_outputs.py), which in auto mode made the counts timing's.
+    # (strand/services/gateway/stream_outputs.py), which in auto mode made the counts timing's.
     stack = start_stack(tiny_model_dir, tmp_path_factory.mktemp("flag-logs"),
                         engine_args=["--max-logprobs", "30", "--stream-interval", "3"])
     yield stack

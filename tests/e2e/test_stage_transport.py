@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from engine_core.config import EngineArgs
-from engine_core.llm_engine import LLMEngine
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.common.stage_link import TRANSPORT_ENV
-from services.demo import run_seed_loop
-from services.launch import Stack
+from strand.engine_core.config import EngineArgs
+from strand.engine_core.llm_engine import LLMEngine
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.common.stage_link import TRANSPORT_ENV
+from strand.services.demo import run_seed_loop
+from strand.services.launch import Stack
 from tests.e2e.conftest import ENGINE_FLAGS, start_stack
 from tests.e2e.test_parity import _summary
 

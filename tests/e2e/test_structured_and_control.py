@@ -11,14 +11,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core import RequestOutput, SamplingParams, StructuredOutputsParams
-from engine_core.engine_extras import PROFILER_DIR_ENV
-from services._proto.strand.v1 import control_pb2 as cpb
-from services._proto.strand.v1 import control_pb2_grpc
-from services.client import EngineClient, RequestError
-from services.launch import Stack
+from strand.engine_core import RequestOutput, SamplingParams, StructuredOutputsParams
+from strand.engine_core.engine_extras import PROFILER_DIR_ENV
+from strand.services._proto.strand.v1 import control_pb2 as cpb
+from strand.services._proto.strand.v1 import control_pb2_grpc
+from strand.services.client import EngineClient, RequestError
+from strand.services.launch import Stack
 from tests.e2e.conftest import engine_num_unfinished, start_stack
-from tests.structured_output.constraints import KINDS, assert_satisfies, constraint
+from tests.engine_core.structured_output.constraints import KINDS, assert_satisfies, constraint
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def _run(client: EngineClient) -> dict[str, RequestOutput]:
 
 
 def _json_object_bias(client: EngineClient, tokenizer_dir: Path) -> dict[int, float]:
-    from engine_core.processing.tokenizer import Tokenizer
+    from strand.engine_core.processing.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(tokenizer_dir)
     (close,) = tok.encode("}", add_special_tokens=False)

@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import Stack
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import Stack
 from tests.e2e.conftest import start_side_gateway
 
 

@@ -9,10 +9,10 @@ import asyncio
 import grpc
 import pytest
 
-from engine_core.sampling_params import RequestOutputKind, SamplingParams
-from services.async_client import AsyncEngineClient
-from services.client import EngineClient, RequestError
-from services.launch import Stack
+from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
+from strand.services.async_client import AsyncEngineClient
+from strand.services.client import EngineClient, RequestError
+from strand.services.launch import Stack
 
 CHAT = {"messages": [{"role": "user", "content": "kalo mi"}]}
 ONE_TOKEN = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_core import LoRARequest
-from engine_core.config import EngineArgs
-from engine_core.llm_engine import LLMEngine
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
+from strand.engine_core import LoRARequest
+from strand.engine_core.config import EngineArgs
+from strand.engine_core.llm_engine import LLMEngine
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
 from tests.e2e.conftest import ENGINE_FLAGS, start_stack
-from tests.lora.conftest import make_peft_adapter
-from tests.structured_output.constraints import assert_satisfies, constraint
+from tests.engine_core.lora.conftest import make_peft_adapter
+from tests.engine_core.structured_output.constraints import assert_satisfies, constraint
 
 PROMPTS = ["one two three", "The quick brown fox", "é 中 tokens"]
 

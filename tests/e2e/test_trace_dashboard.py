@@ -23,10 +23,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from engine_core.outputs import RequestOutput
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
-from services.launch import REPO_ROOT
+from strand.engine_core.outputs import RequestOutput
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
+from strand.services.launch import REPO_ROOT
 from tests.e2e.conftest import start_stack
 from tests.e2e.phoenix import PhoenixServer, chromium, chromium_bin, phoenix_bin
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from engine_core.sampling_params import SamplingParams
-from services.client import EngineClient
+from strand.engine_core.sampling_params import SamplingParams
+from strand.services.client import EngineClient
 from tests.e2e.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 

@@ -7,9 +7,9 @@ import time
 
 import grpc
 
-from services._proto.strand.v1 import gateway_pb2 as gpb
-from services._proto.strand.v1 import inference_pb2_grpc
-from services.launch import Stack
+from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import inference_pb2_grpc
+from strand.services.launch import Stack
 
 NUM_MESSAGES = 20
 # Not a protobuf message: a field key with wire type 7, which does not exist.

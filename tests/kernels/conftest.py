@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from engine_core.model_executor.attention.backend import AttentionMetadata  # noqa: E402
+from strand.engine_core.model_executor.attention.backend import AttentionMetadata  # noqa: E402
 
 pytest.importorskip("triton", reason="Triton kernels need the triton package")
 

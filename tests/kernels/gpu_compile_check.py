@@ -11,8 +11,8 @@ import json
 import os
 from typing import Any
 
-from kernels import gguf_linear_triton, kv_write, lora, paged_attention, rms_norm, rotary
-from kernels._triton import LazyKernel
+from strand.kernels import gguf_linear_triton, kv_write, lora, paged_attention, rms_norm, rotary
+from strand.kernels._triton import LazyKernel
 
 DTYPES = ("fp32", "fp16", "bf16")
 

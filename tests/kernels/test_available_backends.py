@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import _triton
-from kernels._triton import available_backends
+from strand.kernels import _triton
+from strand.kernels._triton import available_backends
 
 
 def test_torch_is_always_available_and_last() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import _cpu_build
-from kernels.cpu_isa import probe
+from strand.kernels import _cpu_build
+from strand.platform.cpu_isa import probe
 
 
 def test_the_extension_is_named_by_level_and_a_hash_of_what_it_is_built_from() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu_decode_attention import decode_attention, is_available, unavailable_reason
-from kernels.paged_attention_ref import paged_attention_ref
+from strand.kernels.cpu_decode_attention import decode_attention, is_available, unavailable_reason
+from strand.kernels.paged_attention_ref import paged_attention_ref
 from tests.kernels.paged_cases import scattered_paged_cache
 
 pytestmark = pytest.mark.skipif(not is_available(),

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_elementwise
-from kernels.rms_norm_ref import rms_norm_ref
-from kernels.rotary_ref import apply_rotary_ref
+from strand.kernels import cpu_elementwise
+from strand.kernels.rms_norm_ref import rms_norm_ref
+from strand.kernels.rotary_ref import apply_rotary_ref
 
 pytestmark = pytest.mark.skipif(not cpu_elementwise.is_available(),
                                 reason=f"CPU kernels not built: "

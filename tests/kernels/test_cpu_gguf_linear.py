@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_gguf_linear
-from kernels._cpu_build import KERNELS
-from kernels.gguf_linear_ref import (
+from strand.kernels import cpu_gguf_linear
+from strand.kernels._cpu_build import KERNELS
+from strand.kernels.gguf_linear_ref import (
     BLOCK_BYTES,
     IQ4_F,
     IQ4_NL,
@@ -52,7 +52,7 @@ def width(qtype: int, k: int) -> int:
 def random_packed(n: int, k: int, qtype: int, seed: int) -> torch.Tensor:
     """[n, k / 32 * block bytes] random blocks: random quants, scales (and offsets) drawn as
     float16 of a model's magnitude (random bytes there would be NaN or huge); Strand's own types
-    hold them as float32, as the K-quants' transcoding does (kernels/gguf_transcode.py)."""
+    hold them as float32, as the K-quants' transcoding does (strand/kernels/gguf_transcode.py)."""
     g = torch.Generator().manual_seed(seed)
     if qtype == Q4_K:  # per 256 weights: float16 d and dmin, random scales, mins and nibbles
         assert k % 256 == 0, k

@@ -1,4 +1,4 @@
-"""GGUF weights regrouped into 16-row tiles (kernels/csrc/gguf_tiled.cpp), the layout GGUFLinear
+"""GGUF weights regrouped into 16-row tiles (strand/kernels/csrc/gguf_tiled.cpp), the layout GGUFLinear
 keeps on CPU: the regrouping against its pure-torch statement (tile_ref / untile_ref), and the
 decode kernel over tiles against the int8 reference, as the row kernel is compared
 (test_cpu_gguf_linear.py). CI runs this file again under STRAND_CPU_ISA=avx2, so the AVX-512
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine_core.model_executor.layers.gguf_linear import GGUFLinear
-from kernels import cpu_gguf_linear
-from kernels.gguf_linear_ref import (
+from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
+from strand.kernels import cpu_gguf_linear
+from strand.kernels.gguf_linear_ref import (
     BLOCK_BYTES,
     IQ4_F,
     NAMES,
@@ -288,7 +288,7 @@ def test_the_largest_unsigned_quants_by_the_largest_activations_stay_exact(qtype
     # Without VNNI, a block's int16 pair sums (vpmaddubsw) are added before they are widened:
     # every quant at its largest (15, or 31 with the fifth bit) against activations rounding to
     # +-127 is the largest they get (31 * 127 * 2 * 4 = 31496 < 32767), and must stay exact.
-    from kernels.gguf_linear_ref import _HEAD
+    from strand.kernels.gguf_linear_ref import _HEAD
 
     packed = random_packed(32, 256, qtype, seed=3)
     if qtype == Q4_K:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kernels import cpu_isa
+from strand.platform import cpu_isa
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
 AVX512_FLAGS = AVX2_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}

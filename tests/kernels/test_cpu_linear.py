@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_linear, cpu_linear_panels
+from strand.kernels import cpu_linear, cpu_linear_panels
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_nothing_is_packed_where_onednn_does_not_apply(monkeypatch: pytest.Monke
 def test_bfloat16_takes_torchs_path_where_the_cpu_lacks_onednns_bf16_kernels(
         monkeypatch: pytest.MonkeyPatch, fresh_check: None) -> None:
     # On an AVX2-only CPU oneDNN's bfloat16 reorder raises; the layer must not get there.
-    from kernels import cpu_isa
+    from strand.platform import cpu_isa
 
     avx2 = cpu_isa.CpuIsa(machine="x86_64", detected="avx2", level="avx2",
                           flags=frozenset({"avx2"}))

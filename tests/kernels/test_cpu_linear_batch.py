@@ -1,4 +1,4 @@
-"""The decode-batch linear kernel (kernels/csrc/linear_batch.cpp): float32 and bfloat16 sums
+"""The decode-batch linear kernel (strand/kernels/csrc/linear_batch.cpp): float32 and bfloat16 sums
 against float64 ones, over row counts that fill whole tiles and leave partial ones, weights whose
 rows end in a partial group, features that end in a partial vector; and the layer that takes it
 on an AVX2-only CPU. Runs under any ISA (the kernel is built for the level in force)."""
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine_core.model_executor.layers.linear import Linear
-from kernels import cpu_linear, cpu_linear_batch, cpu_linear_panels
-from kernels._cpu_build import KERNELS
+from strand.engine_core.model_executor.layers.linear import Linear
+from strand.kernels import cpu_linear, cpu_linear_batch, cpu_linear_panels
+from strand.kernels._cpu_build import KERNELS
 
 pytestmark = pytest.mark.skipif(KERNELS.module() is None,
                                 reason=f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
@@ -96,7 +96,7 @@ def test_the_layer_takes_it_for_decode_batches_where_chosen(
 
 
 def test_it_is_chosen_at_the_avx2_level_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels.cpu_isa import probe
+    from strand.platform.cpu_isa import probe
 
     monkeypatch.delenv("STRAND_LINEAR_BATCH", raising=False)
     monkeypatch.delenv("STRAND_DISABLE_CPU_KERNELS", raising=False)

@@ -1,4 +1,4 @@
-"""Strand's float32 GEMM on panel-packed weights (kernels/csrc/linear_panels.cpp) against
+"""Strand's float32 GEMM on panel-packed weights (strand/kernels/csrc/linear_panels.cpp) against
 float64 sums: row counts that fill whole 8-row tiles and leave partial ones, outputs that end in
 a partial panel, bias or none, one thread and several (rows split as well as panels); its
 argument checks; and where the layers take it. Runs under any ISA (the kernel is built for the
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine_core.model_executor.layers.linear import Linear
-from kernels import cpu_linear, cpu_linear_panels
-from kernels._cpu_build import KERNELS
+from strand.engine_core.model_executor.layers.linear import Linear
+from strand.kernels import cpu_linear, cpu_linear_panels
+from strand.kernels._cpu_build import KERNELS
 
 pytestmark = pytest.mark.skipif(KERNELS.module() is None,
                                 reason=f"CPU kernels unavailable: {KERNELS.unavailable_reason()}")
@@ -133,7 +133,7 @@ def test_the_kernel_names_what_it_refuses() -> None:
 
 def test_chosen_at_the_avx2_and_avx512_levels_unless_switched_off(
         monkeypatch: pytest.MonkeyPatch, fresh_choice: None) -> None:
-    from kernels.cpu_isa import probe
+    from strand.platform.cpu_isa import probe
 
     for name in ("STRAND_LINEAR_PANELS", "STRAND_DISABLE_CPU_KERNELS", "STRAND_CPU_GEMM"):
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""The few-row linear kernel (kernels/csrc/linear_small.cpp) in bfloat16, on every path it has,
+"""The few-row linear kernel (strand/kernels/csrc/linear_small.cpp) in bfloat16, on every path it has,
 and in float32.
 
 Without AVX512_BF16 (AVX2-only CPUs; run these under STRAND_CPU_ISA=avx2 too) the kernel reads
@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_linear
+from strand.kernels import cpu_linear
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +121,7 @@ def test_threads_claiming_chunks_give_the_one_thread_bits(dtype: torch.dtype, ro
 
 _CHILD = """
 import torch, torch.nn.functional as F
-from kernels import cpu_linear
+from strand.kernels import cpu_linear
 g = torch.Generator().manual_seed(5)
 for dtype, tol in ((torch.bfloat16, 8e-3), (torch.float32, 1e-5)):
     for rows in (1, 2, 3, 4):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.cpu_prefill_attention as cpu_prefill
-from kernels.cpu_prefill_attention import is_available, prefill_attention, unavailable_reason
-from kernels.paged_attention_ref import paged_attention_ref
+import strand.kernels.cpu_prefill_attention as cpu_prefill
+from strand.kernels.cpu_prefill_attention import is_available, prefill_attention, unavailable_reason
+from strand.kernels.paged_attention_ref import paged_attention_ref
 from tests.kernels.paged_cases import scattered_paged_cache
 
 pytestmark = pytest.mark.skipif(not is_available(),

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.cpu_prefill_attention as cpu_prefill
-from kernels.cpu_isa import CpuIsa
-from kernels.cpu_prefill_attention import amx_applies, pairs_applies, prefill_attention
-from kernels.paged_attention_ref import paged_attention_ref
+import strand.kernels.cpu_prefill_attention as cpu_prefill
+from strand.kernels.cpu_prefill_attention import amx_applies, pairs_applies, prefill_attention
+from strand.kernels.paged_attention_ref import paged_attention_ref
+from strand.platform.cpu_isa import CpuIsa
 from tests.kernels.test_cpu_prefill_attention import _case as float_case
 
 

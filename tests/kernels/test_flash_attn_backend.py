@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from engine_core.model_executor.attention.flash_attn_backend import FlashAttnBackend
+from strand.engine_core.model_executor.attention.flash_attn_backend import FlashAttnBackend
 from tests.kernels.conftest import assert_close, dense_causal_attention, make_paged_batch
 
 needs_flash_attn = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""The Triton GGUF linear kernel (kernels/gguf_linear_triton.py: Q8_0, Q4_0, Q4_1 blocks read
+"""The Triton GGUF linear kernel (strand/kernels/gguf_linear_triton.py: Q8_0, Q4_0, Q4_1 blocks read
 packed, for CUDA) against the pure-torch reference on fresh random blocks; on CPU through the
 interpreter (float32 only there: it has no half-precision dot)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.gguf_linear_ref import Q4_1, Q5_0, Q8_0, gguf_linear_ref
-from kernels.gguf_linear_triton import TYPES, gguf_linear_triton
+from strand.kernels.gguf_linear_ref import Q4_1, Q5_0, Q8_0, gguf_linear_ref
+from strand.kernels.gguf_linear_triton import TYPES, gguf_linear_triton
 from tests.kernels.conftest import DEVICE
 from tests.kernels.test_cpu_gguf_linear import random_packed
 
@@ -60,9 +60,9 @@ def test_bad_shapes_name_what_is_wrong() -> None:
 def test_the_layer_takes_the_kernel_for_few_rows_on_cuda(monkeypatch: pytest.MonkeyPatch,
                                                          rows: int, takes_triton: bool) -> None:
     # On CPU tensors through the interpreter, routed as on CUDA.
-    from engine_core.model_executor.layers.gguf_linear import GGUFLinear
-    from kernels import _triton
-    from kernels import gguf_linear_triton as module
+    from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
+    from strand.kernels import _triton
+    from strand.kernels import gguf_linear_triton as module
 
     launched: list[int] = []
     real = module.gguf_linear_triton

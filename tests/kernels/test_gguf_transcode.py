@@ -1,5 +1,5 @@
 """llama.cpp's other weight types rewritten into the packed kernels' block types
-(kernels/gguf_transcode.py): bit for bit the weights the `gguf` package's dequantization gives
+(strand/kernels/gguf_transcode.py): bit for bit the weights the `gguf` package's dequantization gives
 (transformers' oracle), on random blocks (every bit pattern of quants and 6-bit scales) and on
 blocks made from weights."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.gguf_linear_ref import (
+from strand.kernels.gguf_linear_ref import (
     BLOCK_BYTES,
     IQ4_F,
     NAMES,
@@ -25,7 +25,7 @@ from kernels.gguf_linear_ref import (
     Q8_F,
     dequantize_ref,
 )
-from kernels.gguf_transcode import (
+from strand.kernels.gguf_transcode import (
     IQ4_NL,
     IQ4_XS,
     NATIVE,
@@ -76,7 +76,7 @@ def test_each_type_is_rewritten_bit_for_bit(ggml_type: int) -> None:
 
 @pytest.mark.parametrize("name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_blocks_made_from_weights_are_rewritten_bit_for_bit(name: str) -> None:
-    from tests.model_executor.kquants import QUANTIZERS
+    from tests.engine_core.model_executor.kquants import QUANTIZERS
 
     w = np.random.default_rng(1).standard_normal((32, 768)).astype(np.float32) * 0.04
     rows = QUANTIZERS[name](w)

@@ -1,4 +1,4 @@
-"""The long C++ kernel calls let go of the GIL while they compute (kernels/csrc/bindings.cpp):
+"""The long C++ kernel calls let go of the GIL while they compute (strand/kernels/csrc/bindings.cpp):
 the engine service's event loop, on another thread of the engine's process, keeps running
 during a step instead of waiting for it to end."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kernels._cpu_build import KERNELS
+from strand.kernels._cpu_build import KERNELS
 
 pytestmark = pytest.mark.skipif(KERNELS.module() is None, reason="CPU kernels not built")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.kv_write import write_kv
-from kernels.kv_write_ref import write_kv_ref
+from strand.kernels.kv_write import write_kv
+from strand.kernels.kv_write_ref import write_kv_ref
 from tests.kernels.conftest import DEVICE, DTYPES
 
 

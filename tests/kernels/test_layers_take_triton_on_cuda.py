@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine_core.model_executor.layers.rms_norm import RMSNorm
-from engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
-from kernels import _triton, cpu_elementwise
-from kernels.rms_norm_ref import rms_norm_ref
+from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
+from strand.engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
+from strand.kernels import _triton, cpu_elementwise
+from strand.kernels.rms_norm_ref import rms_norm_ref
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -21,8 +21,8 @@ def _layers_take(monkeypatch: pytest.MonkeyPatch, triton: bool) -> list[str]:
     launched: list[str] = []
     monkeypatch.setattr(cpu_elementwise, "applies", lambda *tensors: False)
     monkeypatch.setattr(_triton, "runs_triton", lambda t: triton)
-    for module, name in (("engine_core.model_executor.layers.rms_norm", "triton_rms_norm"),
-                         ("engine_core.model_executor.layers.rotary_embedding", "apply_rotary")):
+    for module, name in (("strand.engine_core.model_executor.layers.rms_norm", "triton_rms_norm"),
+                         ("strand.engine_core.model_executor.layers.rotary_embedding", "apply_rotary")):
         real = getattr(__import__(module, fromlist=[name]), name)
 
         def recording(*args: object, _real=real, _name=name, **kwargs: object) -> object:  # type: ignore[no-untyped-def]

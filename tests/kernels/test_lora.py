@@ -1,4 +1,4 @@
-"""Triton batched LoRA (kernels/lora.py) against the per-token torch reference, on fresh random
+"""Triton batched LoRA (strand/kernels/lora.py) against the per-token torch reference, on fresh random
 inputs: mixed adapters, base-model rows, ranks padded to the slot width."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.lora import add_lora_triton
-from kernels.lora_ref import add_lora_ref
+from strand.kernels.lora import add_lora_triton
+from strand.kernels.lora_ref import add_lora_ref
 from tests.kernels.conftest import DEVICE, DTYPES, assert_close
 
 CASES = [  # (token slots, in_features, out_features, width)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import paged_attention
-from kernels.paged_attention_ref import paged_attention_ref
+from strand.kernels.paged_attention import paged_attention
+from strand.kernels.paged_attention_ref import paged_attention_ref
 from tests.kernels.conftest import PagedBatch, assert_close, make_paged_batch, poisoned_like
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.rms_norm import rms_norm
-from kernels.rms_norm_ref import rms_norm_ref
+from strand.kernels.rms_norm import rms_norm
+from strand.kernels.rms_norm_ref import rms_norm_ref
 from tests.kernels.conftest import DEVICE, DTYPES, assert_close
 
 SHAPES = [(1, 32), (7, 64), (5, 100), (3, 4, 256)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.rotary import apply_rotary
-from kernels.rotary_ref import apply_rotary_ref
+from strand.kernels.rotary import apply_rotary
+from strand.kernels.rotary_ref import apply_rotary_ref
 from tests.kernels.conftest import DEVICE, DTYPES, assert_close
 
 

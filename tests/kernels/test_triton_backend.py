@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_core.model_executor.attention.triton_backend import TritonAttentionBackend
-from kernels.paged_attention_ref import paged_attention_ref
+from strand.engine_core.model_executor.attention.triton_backend import TritonAttentionBackend
+from strand.kernels.paged_attention_ref import paged_attention_ref
 from tests.kernels.conftest import (
     DEVICE,
     DTYPES,

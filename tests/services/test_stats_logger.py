@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_core.stats_logger import StatsLogger
+from strand.engine_core.stats_logger import StatsLogger
 
 IDLE = {"num_running_reqs": 0.0, "num_waiting_reqs": 0.0, "kv_cache_usage": 0.0,
         "prefix_cache_hit_rate": 0.0}

@@ -1,7 +1,0 @@
-"""LoRA adapters: requests (LoRARequest), PEFT loading, and batched application in the model."""
-
-from __future__ import annotations
-
-from engine_core.lora.request import LoRARequest
-
-__all__ = ["LoRARequest"]

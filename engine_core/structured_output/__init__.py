@@ -1,6 +1,0 @@
-"""Structured outputs (vLLM's StructuredOutputsParams) through xgrammar: compiled grammars, one
-matcher per request, and the token bitmask the sampler applies to a step's batch."""
-
-from engine_core.structured_output.params import StructuredOutputsParams
-
-__all__ = ["StructuredOutputsParams"]

@@ -1,0 +1,177 @@
+"""EngineArgs quantization="gguf": a GGUF file's linear weights kept in their blocks.
+
+Each linear layer whose GGUF tensors are all Q8_0, Q4_0 or Q4_1 of one type is planned on the
+meta model (its float weight never made nor read) and replaced by a GGUFLinear over the file's
+own blocks; the other tensors are loaded dequantized as always (weights.py). What a Q4_K_M or Q5_K_M
+file holds besides: Q4_K, Q5_0, Q5_1 and IQ4_NL are read as they are; Q5_K, Q6_K, Q3_K (a
+Q3_K_M file's) and IQ4_XS are rewritten exactly into block types the kernels read
+(strand/kernels/gguf_transcode.py: Q5_F, Q6_F, Q3_F, IQ4_F). All but Q8_0,
+Q4_0 and Q4_1 are read over the CPU's 16-row tiles only, so on CUDA, without the C++ kernels or
+for a row count that is not a multiple of 16 such a layer stays float. Fused layers take their
+parts' rows in order (q, k, v; gate, up): a block never spans rows, so rows concatenate and
+llama.cpp's q/k row permutation is undone on the packed rows as on float ones. Parts of
+different types (a Q4_K_M file's Q4_K q and k and Q6_K v) each keep their own type where the
+tiles read them (GGUFLinear's `more`); elsewhere all are rewritten into the one type that holds
+them exactly (Q8_F, 11 bits a weight, Q8_0, or Q6_F for Q3_K with Q6_K). A tied lm_head
+reads the embedding table's blocks; the embedding lookup keeps the float table. Tensors of other
+types (F32, F16, BF16, Q2_K, the other IQ types) stay dequantized.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from strand.engine_core.model_executor.gguf.tensor_table import read_tensors
+from strand.engine_core.model_executor.gguf.tensors import hf_name, unpermute
+from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
+from strand.engine_core.model_executor.layers.linear import Linear
+from strand.kernels.gguf_linear_ref import NAMES, TILE_ROWS, TILES_ONLY
+from strand.kernels.gguf_transcode import NATIVE, SOURCE_NAMES, common_type, transcode
+
+logger = logging.getLogger(__name__)
+# Architectures whose GGUF q/k rows llama.cpp's converter permuted (see tensors.unpermute).
+_PERMUTED = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def _tiles_only_apply(device: torch.device, rows: int) -> bool:
+    """Whether the types read over 16-row tiles only (Q5_0, Q5_1, Strand's) are read packed
+    here: by the C++ kernels on CPU."""
+    from strand.kernels._cpu_build import KERNELS
+
+    return device.type == "cpu" and rows % TILE_ROWS == 0 and KERNELS.module() is not None
+
+
+Parts = list[tuple[torch.Tensor, int]]  # (rows' blocks, packed type) in the output's order
+
+
+def _runs(types: list[int], rows: list[int], device: torch.device) -> list[int] | None:
+    """Each part's packed type where the parts can each keep their own (consecutive parts of
+    one type are then one run): every run read over 16-row tiles here. None where the types
+    differ and they cannot: then all take common_type."""
+    targets = [NATIVE[t] for t in types]
+    if len(set(targets)) == 1:
+        return targets
+    run_rows: list[int] = []
+    for i, n in enumerate(rows):
+        if i and targets[i] == targets[i - 1]:
+            run_rows[-1] += n
+        else:
+            run_rows.append(n)
+    return targets if all(_tiles_only_apply(device, n) for n in run_rows) else None
+
+
+def _packed(tensors: list[Any], heads: list[int | None],
+            device: torch.device) -> tuple[Parts, int] | None:
+    """(each run of parts' rows and packed type, in_features), or None where the parts cannot
+    be packed: a part missing, of a type not read packed, or of one read over tiles only where
+    there are none."""
+    if any(t is None for t in tensors):
+        return None
+    types = [int(t.tensor_type) for t in tensors]
+    if any(t not in NATIVE for t in types):
+        return None
+    in_features = {int(t.shape[0]) for t in tensors}  # GGUF shapes are [in, out]
+    if len(in_features) != 1:
+        return None
+    rows = [int(t.shape[1]) for t in tensors]
+    targets = _runs(types, rows, device) or [common_type(types)] * len(types)
+    if any(t in TILES_ONLY for t in targets) and not _tiles_only_apply(device, sum(rows)):
+        return None
+    parts: list[tuple[np.ndarray, int]] = []
+    for t, h, target in zip(tensors, heads, targets, strict=True):
+        blocks = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
+                           int(t.tensor_type), target)
+        blocks = unpermute(blocks, h) if h is not None else blocks
+        if parts and parts[-1][1] == target:  # the run goes on: its rows concatenate
+            parts[-1] = (np.concatenate([parts[-1][0], blocks], axis=0), target)
+        else:
+            parts.append((blocks, target))
+    # Copies: a run of one part is still a view of the file's read-only memory map.
+    return ([(torch.from_numpy(np.array(b, order="C")), q) for b, q in parts],
+            next(iter(in_features)))
+
+
+@dataclass
+class Packing:
+    """One linear layer to be replaced by the file's blocks."""
+    parent: nn.Module
+    attr: str
+    parts: Parts  # the first run's rows and type, then any in other types
+    in_features: int
+    sources: list[str]  # the GGML type names of its parts, for the log
+
+    @property
+    def layer(self) -> nn.Module:
+        return cast(nn.Module, getattr(self.parent, self.attr))
+
+
+def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[Packing]:
+    """The linear layers the file holds packed, read from it (the model's own weights are not
+    touched: it may still be on the meta device, its float weights never made)."""
+    config = cast(Any, model).config
+    raw = {name: t for t in read_tensors(gguf_file)
+           if (name := hf_name(t.name)) is not None}
+    permute = config.architecture in _PERMUTED
+    qk_heads = ([config.num_heads, config.num_kv_heads, None] if permute else [None] * 3)
+    # (parent module, attribute, HF tensor names, heads to unpermute by)
+    targets: list[tuple[nn.Module, str, list[str], list[int | None]]] = []
+    for i, layer in enumerate(cast(Any, model).model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        targets.append((attn, "qkv_proj", [f"{p}self_attn.{n}_proj.weight" for n in "qkv"],
+                        qk_heads))
+        targets.append((attn, "o_proj", [f"{p}self_attn.o_proj.weight"], [None]))
+        if isinstance(getattr(mlp, "gate_up_proj", None), Linear):
+            targets.append((mlp, "gate_up_proj", [f"{p}mlp.gate_proj.weight",
+                                                  f"{p}mlp.up_proj.weight"], [None, None]))
+            targets.append((mlp, "down_proj", [f"{p}mlp.down_proj.weight"], [None]))
+    if not config.labels:  # a classifier's score layer is a few float rows, not the file's head
+        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        targets.append((model, "lm_head", [head], [None]))
+    plan = []
+    for parent, attr, names, heads in targets:
+        old = getattr(parent, attr)
+        got = _packed([raw.get(n) for n in names], heads, device)
+        if not isinstance(old, Linear) or got is None:
+            continue
+        parts, in_features = got
+        rows = sum(p.shape[0] for p, _ in parts)
+        if (rows, in_features) != tuple(old.weight.shape):
+            raise ValueError(f"GGUF tensors {names} hold [{rows}, {in_features}], the "
+                             f"model's {attr} is {list(old.weight.shape)}")
+        plan.append(Packing(parent, attr, [(p.to(device), q) for p, q in parts], in_features,
+                            [SOURCE_NAMES[int(raw[n].tensor_type)] for n in names]))
+    if not plan:
+        logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
+                    " all stay dequantized", gguf_file, ", ".join(SOURCE_NAMES.values()))
+    return plan
+
+
+def apply_packed(plan: list[Packing]) -> int:
+    """Replaces each planned layer (its bias, if any, loaded by then) by a GGUFLinear over the
+    file's blocks; returns how many were replaced."""
+    kinds: Counter[str] = Counter()
+    sources: Counter[str] = Counter()
+    float_bytes = packed_bytes = 0
+    for p in plan:
+        old = cast(Linear, p.layer)
+        (first, qtype), more = p.parts[0], p.parts[1:]
+        setattr(p.parent, p.attr, GGUFLinear(first, qtype, p.in_features, old.bias, more))
+        kinds["+".join(NAMES[q] for _, q in p.parts)] += 1
+        sources.update(p.sources)
+        float_bytes += old.weight.numel() * old.weight.element_size()
+        packed_bytes += sum(blocks.numel() for blocks, _ in p.parts)
+    if kinds:
+        logger.info("kept %d linear weights packed (%s; from the file's %s): %.1f MB instead "
+                    "of %.1f MB", sum(kinds.values()),
+                    ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())),
+                    ", ".join(f"{k}: {v}" for k, v in sorted(sources.items())),
+                    packed_bytes / 1e6, float_bytes / 1e6)
+    return sum(kinds.values())

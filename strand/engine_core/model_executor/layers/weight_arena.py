@@ -1,0 +1,127 @@
+"""The dense weights that decode steps read, gathered into one block of memory on 2 MiB pages.
+
+A bs=1 decode step on CPU is a read of every weight (strand/kernels/csrc/linear_small.cpp), bound by
+how many reads one core keeps in flight. On 4 KiB pages that read crosses a page every 4 KiB: a
+TLB miss and a page walk each time, 67 000 a token for SmolLM2-135M in bfloat16. Weights loaded
+into the heap (model_executor/cpu_allocator.py keeps large blocks there) sit on 4 KiB pages.
+Here they are copied, once after loading, into one anonymous mapping aligned to 2 MiB and
+advised for transparent huge pages (MADV_HUGEPAGE: honoured where THP is `always` or
+`madvise`), in the order a step reads them (each layer's projections, then the lm_head), and each
+parameter is pointed at its copy. The kernel alone over SmolLM2's weights, one thread, AVX2,
+in the same process: see benchmarks/dense_kernel.py --layout both.
+
+STRAND_HUGE_PAGE_WEIGHTS=0 leaves the weights where they were loaded (A/B runs).
+
+Only what the few-row kernel reads (`Linear.small_m`) moves; a tied lm_head moves once, with the
+embedding it shares. The heap blocks the weights leave are handed back to the system
+(malloc_trim), so memory is what it was.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import os
+import platform
+
+import torch
+from torch import nn
+
+from strand.engine_core.model_executor.layers.linear import Linear
+
+logger = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+_ALIGN = 4096  # each weight starts on a page of its own (a whole number of cache lines)
+
+
+def huge_page_block(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of `nbytes` zeros on anonymous memory aligned to 2 MiB and advised for
+    transparent huge pages; the mapping lives as long as a tensor that views it."""
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be > 0, got {nbytes}")
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advise is not None:
+        try:
+            mapping.madvise(advise)  # before the first touch: the pages are made huge at fault
+        except OSError:  # a kernel without THP: 4 KiB pages, the same bytes
+            pass
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
+    offset = -whole.data_ptr() % HUGE_PAGE
+    return whole[offset:offset + nbytes]
+
+
+def _decode_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The few-row kernel's dense weights in module order (a step's read order), each once."""
+    seen: set[int] = set()
+    params: list[torch.Tensor] = []
+    for module in model.modules():
+        if not (isinstance(module, Linear) and module.small_m):
+            continue
+        weight = module.weight
+        if (id(weight) in seen or weight.device.type != "cpu" or not weight.is_contiguous()
+                or weight.numel() == 0):
+            continue
+        seen.add(id(weight))
+        params.append(weight)
+    return params
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def gather_decode_weights(model: nn.Module) -> int:
+    """Moves the few-row kernel's weights into one huge-page block; returns its size in bytes
+    (0: nothing to move, or STRAND_HUGE_PAGE_WEIGHTS=0). Values, shapes, dtypes and parameter
+    identities stay what they were."""
+    if os.environ.get("STRAND_HUGE_PAGE_WEIGHTS", "1") == "0":
+        return 0
+    params = _decode_weights(model)
+    total = sum(_aligned(p.numel() * p.element_size()) for p in params)
+    if total == 0:
+        return 0
+    block = huge_page_block(total)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            view = block[offset:offset + nbytes].view(p.dtype).view(p.shape)
+            view.copy_(p.data)
+            p.data = view
+            offset += _aligned(nbytes)
+    _trim_heap()
+    logger.info("decode weights: %d MiB in one block of 2 MiB pages", total >> 20)
+    return total
+
+
+def _trim_heap() -> None:
+    """Hands the heap's free pages back to the system (glibc; elsewhere a no-op)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def huge_page_bytes(t: torch.Tensor) -> int | None:
+    """Bytes of transparent huge pages backing the mapping that holds `t` (its AnonHugePages in
+    /proc/self/smaps); None where that cannot be read."""
+    address = t.data_ptr()
+    try:
+        with open("/proc/self/smaps") as smaps:
+            inside = False
+            for line in smaps:
+                head = line.split()
+                if head and "-" in head[0] and not head[0].endswith(":"):
+                    lo, hi = (int(a, 16) for a in head[0].split("-"))
+                    inside = lo <= address < hi
+                elif inside and head and head[0] == "AnonHugePages:":
+                    return int(head[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None

@@ -1,0 +1,75 @@
+"""float32 linear layers on an AVX2 or AVX-512 CPU through Strand's own GEMM on panel-packed
+weights (strand/kernels/csrc/linear_panels.cpp), in place of oneDNN's packed copy.
+
+The weight is regrouped once, at load, into panels of 48 output columns (16 with AVX2) laid out
+along the input: one copy, the size of the weight, as oneDNN's was. SmolLM2-135M's shapes on the
+2-core Zen 4, two threads, the weights cold as in a decode step (30 layers and the lm_head,
+538 MB):
+
+| rows | AVX-512: panels / oneDNN | AVX2 (emulated): panels / oneDNN / linear_batch |
+|---|---|---|
+| 32 | 42.6 / 52.8 ms | 48.0 / 66.9 / 77.9 ms |
+| prefill, 4096 | 180-209 / 178-219 GFLOP/s | 156-189 / 157-204 GFLOP/s |
+
+Each output is one float32 sum, as oneDNN's are. bfloat16 weights stay on oneDNN's native
+kernels (AVX-512) or linear_batch and a float32 copy (AVX2). The generic level has too few
+registers for the tiles. STRAND_LINEAR_PANELS=0 keeps oneDNN (for A/B measurements);
+STRAND_CPU_GEMM=torch and STRAND_DISABLE_CPU_KERNELS=1 turn it off with the other CPU paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from strand.kernels._cpu_build import KERNELS
+from strand.platform.cpu_isa import probe
+
+
+@functools.cache
+def chosen() -> bool:
+    """Whether float32 weights are packed into panels here: the avx2 or avx512 level, the C++
+    kernels built, and not switched off."""
+    if os.environ.get("STRAND_DISABLE_CPU_KERNELS") or os.environ.get("STRAND_LINEAR_PANELS") == "0":
+        return False
+    if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
+        return False
+    return probe().level in ("avx2", "avx512") and KERNELS.module() is not None
+
+
+def applies(weight: torch.Tensor) -> bool:
+    """Whether `pack` takes this weight here: a 2-D float32 CPU weight, where chosen()."""
+    return (weight.dtype == torch.float32 and weight.dim() == 2 and weight.device.type == "cpu"
+            and chosen())
+
+
+def is_panels(packed: torch.Tensor) -> bool:
+    """Whether a packed weight is `pack`'s panels ([P, K, width]; oneDNN's copy is 2-D)."""
+    return packed.dim() == 3
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 [out, in] weight as panels [ceil(out / width), in, width], zero-padded."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(f"pack takes a 2-D float32 CPU weight, got {weight.dtype} "
+                         f"{tuple(weight.shape)} on {weight.device}")
+    module = KERNELS.require()
+    width = module.linear_panel_width()
+    panels = torch.empty((weight.shape[0] + width - 1) // width, weight.shape[1], width)
+    module.pack_panels(panels, weight.detach().contiguous())
+    return panels
+
+
+def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None,
+           out_features: int) -> torch.Tensor:
+    """x @ weight.T + bias for float32 x [..., in], the weight as `pack` left it."""
+    if x.dtype != torch.float32 or x.shape[-1] != panels.shape[1]:
+        raise ValueError(f"linear takes float32 x [..., {panels.shape[1]}], got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(flat.shape[0], out_features)
+    KERNELS.require().linear_panels(out, flat, panels,
+                                    None if bias is None else bias.contiguous())
+    return out.view(*x.shape[:-1], out_features)

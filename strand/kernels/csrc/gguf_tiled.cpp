@@ -1,0 +1,575 @@
+#include "check.h"
+#include "strand.kernels.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "claim_chunks.h"
+#include "gguf_act.h"
+#include "gguf_tile_simd.h"
+#include "gguf_tiled.h"
+#include "gguf_types.h"
+
+// GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / IQ4_NL weights (and Strand's IQ4_F / Q5_F / Q6_F /
+// Q8_F,
+// llama.cpp's other K-quants rewritten exactly at load: strand/kernels/gguf_transcode.py) regrouped at
+// load into tiles of 16 rows, so that a decode step's integer dot products take 16 rows per
+// instruction (gguf_tile_simd.h) instead of one block of one row: the bytes are the file's, only their order changes (llama.cpp does the same
+// on load: its AMX/VNNI buffer regroups every weight into 16-row tiles). Profiled on one thread,
+// the row-by-row kernel (gguf_linear.cpp) spent ~12 instructions per 20-byte Q4_1 block (two
+// float16 conversions, broadcasts, the offset's scalar product, a horizontal sum per row) and
+// read SmolLM2's 66 MB of Q4_1 layers at 7.8 GB/s where its 30 MB Q8_0 lm_head read at 14.
+//
+// Layout: [N / 16, K / 32, 16 * block bytes] uint8. Tile t, block b (the 16 rows' block b):
+//   quants: 4 (4-bit types) or 8 (Q8_0) chunks of 64 bytes; chunk c holds bytes 4c..4c+3 of
+//           each row's quants, row r's at 4r..4r+3. Q4's byte i holds quant i (low nibble) and
+//           quant i + 16 (high), so chunk c's low nibbles are quants 4c..4c+3 and its high
+//           nibbles quants 16+4c..19+4c;
+//   then (Q5_0, Q5_1, Q5_F: one; Q6_F: two) 64-byte vectors of the fifth (and sixth) bits, laid
+//   out as the nibble lanes: byte 4r + j holds row r's bits of quants 4g + j for the 8 groups g
+//   of 4 quants (chunk g's low nibbles for g < 4, chunk g - 4's high ones after): bit g; Q6_F
+//   vector g / 4, bits 2k, 2k + 1 the fifth and sixth bits of group 4 (g / 4) + k. One shift
+//   and one mask put a group's bits in place for 64 lanes (AVX2 has no mask-to-bytes move;
+//   expanding a 64-bit mask took it ~10 instructions a group);
+//   then the head's fields, each as the 16 rows' values: float16 d (and Q4_1's, Q5_1's m);
+//   float32 d and m (Q5_F); float16 d, then the int8 scale pairs (Q6_F: of quants 0..15 and
+//   16..31, each times d); float32 d_lo, d_hi, m (Q8_F).
+// Q4_K goes by its 256-weight super-blocks, 8 tile-blocks of 288 bytes each (the file's bytes,
+// 144 a row): tile-block j = 2g + h holds, as the 4 chunks above, bytes 16h..16h+15 of each
+// row's 32 nibble bytes of group g (low nibbles: quants 16h + 4c.. of sub-block 2g; high: of
+// sub-block 2g + 1), then 32 bytes of the super-block's head laid out by field: the 16 rows' d
+// (float16), their dmin, then each of the 12 scale bytes as the 16 rows' bytes; tile-block j
+// holds the head's bytes 32j..32j+31.
+// strand/kernels/gguf_linear_ref.py (tile_ref, untile_ref) is the pure-torch statement of it.
+namespace {
+using namespace strand;
+
+constexpr int64_t kBlock = 32, kTileRows = 16;
+// A weight is one sequential stream of tiles, but each is read once per step and some are
+// small (576 x 576 Q4_1: 207 KB), so the hardware prefetcher's ramp at every weight's start
+// shows; software prefetch 4 tile-blocks ahead (Q4_1 1280 bytes, Q8_0 2176). On the loaded
+// machine (bimodal timings, best of many): SmolLM2's Q4_1 layers 5.9-6.9 ms at 1 KB ahead
+// against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
+constexpr int64_t kPrefetchTileBlocks = 4;
+constexpr int64_t kSuper = 256, kQ4KBytes = 144, kQ4KTileBlock = 288;
+using Format = GGUFFormat;
+
+// One tile-block from (tile = true) or to the 16 rows' blocks: rows[r] is row r's block.
+void move_tile_block(uint8_t* tile_block, uint8_t* const* rows, const Format& f, bool tile) {
+  const int64_t chunks = f.quants / 4, quant_bytes = kTileRows * f.quants;
+  const int64_t quant_at = f.head + 4 * f.planes, fields_at = quant_bytes + 64 * f.planes;
+  for (int64_t r = 0; r < kTileRows; ++r) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint8_t* t = tile_block + c * 64 + r * 4;
+      uint8_t* g = rows[r] + quant_at + c * 4;
+      std::memcpy(tile ? t : g, tile ? g : t, 4);
+    }
+    // Bit q = 4g + j of plane p's word <-> lane 4r + j of vector `vec`, bit `bit` (the layout
+    // above), gathered in registers: a read-modify-write of memory per bit made untiling a
+    // Q6_F weight for a prefill 5x slower than dequantizing it.
+    uint8_t* lanes = tile_block + quant_bytes;
+    if (tile && f.planes > 0)
+      for (int64_t vec = 0; vec < f.planes; ++vec)
+        for (int64_t j = 0; j < 4; ++j) {
+          uint32_t byte = 0;
+          for (int64_t bit = 0; bit < 8; ++bit) {
+            const int64_t p = f.planes == 1 ? 0 : bit % 2;
+            const int64_t g = f.planes == 1 ? bit : 4 * vec + bit / 2;
+            uint32_t word;
+            std::memcpy(&word, rows[r] + f.head + 4 * p, 4);
+            byte |= ((word >> (4 * g + j)) & 1u) << bit;
+          }
+          lanes[64 * vec + 4 * r + j] = static_cast<uint8_t>(byte);
+        }
+    else
+      for (int64_t p = 0; p < f.planes; ++p) {
+        uint32_t word = 0;
+        for (int64_t q = 0; q < kBlock; ++q) {
+          const int64_t g = q / 4;
+          const int64_t vec = f.planes == 1 ? 0 : g / 4, bit = f.planes == 1 ? g : 2 * (g % 4) + p;
+          word |= static_cast<uint32_t>((lanes[64 * vec + 4 * r + q % 4] >> bit) & 1) << q;
+        }
+        std::memcpy(rows[r] + f.head + 4 * p, &word, 4);
+      }
+    for (int64_t h = 0; h < f.head / f.field; ++h) {  // d (and m, ...), grouped by kind
+      uint8_t* t = tile_block + fields_at + (h * kTileRows + r) * f.field;
+      uint8_t* g = rows[r] + h * f.field;
+      std::memcpy(tile ? t : g, tile ? g : t, f.field);
+    }
+  }
+}
+
+// One Q4_K super-block of 16 rows from (tile = true) or to its 8 tile-blocks.
+void move_q4k_super(uint8_t* tb, uint8_t* const* rows, bool tile) {
+  auto move = [tile](uint8_t* t, uint8_t* g, int64_t n) {
+    std::memcpy(tile ? t : g, tile ? g : t, n);
+  };
+  for (int64_t r = 0; r < kTileRows; ++r) {
+    for (int64_t j = 0; j < 8; ++j)
+      for (int64_t c = 0; c < 4; ++c)
+        move(tb + j * kQ4KTileBlock + c * 64 + r * 4, rows[r] + 16 + 16 * j + 4 * c, 4);
+    // The head by field: byte offset a of the 256 lands in tile-block a / 32 at 256 + a % 32.
+    auto head = [tb](int64_t a) { return tb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
+    move(head(2 * r), rows[r], 2);  // d
+    move(head(32 + 2 * r), rows[r] + 2, 2);  // dmin
+    for (int64_t k = 0; k < 12; ++k) move(head(64 + 16 * k + r), rows[r] + 4 + k, 1);
+  }
+}
+
+// A head field of a tile-block's row r: float16 or float32, as the format stores it.
+template <int64_t kField>
+inline float field_at(const uint8_t* fields, int64_t h, int64_t r) {
+  const uint8_t* p = fields + (h * kTileRows + r) * kField;
+  if constexpr (kField == 4) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t half;
+  std::memcpy(&half, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(half);
+}
+
+// The types with bit planes (Q5_0, Q5_1, Q5_F, Q6_F) from their tiles straight to float32
+// rows, for products of many rows: untiling them first moved each fifth and sixth bit on its
+// own, 134 ms of the wide 0.63B model's 163 ms a prefill step spent unpacking its Q6_F rows.
+// The same float32 ops as gguf_linear.cpp's dequantize_planes over rows (and the reference).
+template <int64_t Q>
+void dequantize_plane_tiles(const uint8_t* w, float* out, int64_t N, int64_t K) {
+  constexpr Format kF = gguf_format_of(Q);
+  constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kLanes = kTileRows * kF.quants;
+  constexpr int64_t kFields = kLanes + 64 * kF.planes;
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = w + (t * nb + b) * kTileBlock;
+        const uint8_t* fields = p + kFields;
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          float m = 0.f;
+          if constexpr (Q != kQ5_0 && Q != kQ6_F && Q != kQ3_F)
+            m = field_at<kF.field>(fields, 1, r);
+          // Q6_F's second field is the row's two int8 scales.
+          const PlaneBlock<Q> block(field_at<kF.field>(fields, 0, r), m,
+                                    fields + 2 * kTileRows + 2 * r);
+          float* o = out + (t * kTileRows + r) * K + b * kBlock;
+          // Quant 4c + i (chunk c's low nibble, group c) and 16 + 4c + i (its high nibble,
+          // group 4 + c): lane 4r + i of chunk c and of the bit vectors.
+          for (int64_t c = 0; c < 4; ++c)
+            for (int64_t i = 0; i < 4; ++i) {
+              const int64_t lane = 4 * r + i;
+              const uint8_t byte = p[64 * c + lane];
+              int32_t lo = byte & 15, hi = byte >> 4;
+              if constexpr (kF.planes == 1) {
+                const uint8_t bits = p[kLanes + lane];
+                lo |= ((bits >> c) & 1) << 4;
+                hi |= ((bits >> (4 + c)) & 1) << 4;
+              } else if constexpr (kF.planes == 2) {  // vector 0: groups 0..3, vector 1: 4..7
+                const uint8_t bits_lo = p[kLanes + lane], bits_hi = p[kLanes + 64 + lane];
+                lo |= ((bits_lo >> (2 * c)) & 3) << 4;
+                hi |= ((bits_hi >> (2 * c)) & 3) << 4;
+              }
+              o[4 * c + i] = block.weight(lo, true);
+              o[16 + 4 * c + i] = block.weight(hi, false);
+            }
+        }
+      }
+  });
+}
+
+// Between [N, nb * bytes] rows and [N / 16, nb, 16 * bytes] tiles, either way.
+void move_all(uint8_t* rows, uint8_t* tiles, int64_t N, int64_t nb, const Format& f, bool tile,
+              bool q4k) {
+  const int64_t row_bytes = nb * f.bytes(), tile_block = kTileRows * f.bytes();
+  if (q4k) {
+    const int64_t supers = nb * kBlock / kSuper;
+    at::parallel_for(0, N / kTileRows, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t s = 0; s < supers; ++s) {
+          uint8_t* blocks[kTileRows];
+          for (int64_t r = 0; r < kTileRows; ++r)
+            blocks[r] = rows + (t * kTileRows + r) * row_bytes + s * kQ4KBytes;
+          move_q4k_super(tiles + (t * nb + 8 * s) * tile_block, blocks, tile);
+        }
+    });
+    return;
+  }
+  at::parallel_for(0, N / kTileRows, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* blocks[kTileRows];
+        for (int64_t r = 0; r < kTileRows; ++r)
+          blocks[r] = rows + (t * kTileRows + r) * row_bytes + b * f.bytes();
+        move_tile_block(tiles + (t * nb + b) * tile_block, blocks, f, tile);
+      }
+  });
+}
+
+// The 16 rows' field f of a tile-block's head (float16 or float32 values).
+template <int64_t Q>
+inline tile::F32 field(const uint8_t* fields, int f) {
+  if constexpr (gguf_format_of(Q).field == 4) return tile::floats(fields + 64 * f);
+  return tile::halves(fields + 32 * f);
+}
+
+// Q4_K's tiles t0..t1 (the layout above): per super-block its 16 rows' 6-bit scales and mins
+// unpacked from the head's fields, then per 64 weights two sub-blocks' integer sums (the low
+// nibbles are sub-block 2g's, the high 2g + 1's, against their own activation blocks), each
+// scaled by d * sc * d_x, less dmin * mn * d_x * sum q_x: w = d sc q - dmin mn, as llama.cpp.
+template <int M>
+void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld, int64_t K,
+              int64_t t0, int64_t t1, int64_t m0) {
+  const int64_t nb = K / kBlock, supers = K / kSuper;
+  for (int64_t t = t0; t < t1; ++t) {
+    tile::F32 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = tile::fzero();
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* sb = w + (t * nb + 8 * s) * kQ4KTileBlock;
+      auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
+      const tile::F32 d = tile::halves(head(0)), dmin = tile::halves(head(32));
+      uint8_t sc[8][kTileRows], mn[8][kTileRows];  // per sub-block, the 16 rows' (get_scale_min_k4)
+      const uint8_t* b[12];
+      for (int64_t k = 0; k < 12; ++k) b[k] = head(64 + 16 * k);
+      for (int64_t j = 0; j < 4; ++j)  // rows innermost: 16-byte vector operations
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          sc[j][r] = b[j][r] & 63;
+          mn[j][r] = b[j + 4][r] & 63;
+          sc[j + 4][r] = (b[j + 8][r] & 15) | ((b[j][r] >> 6) << 4);
+          mn[j + 4][r] = (b[j + 8][r] >> 4) | ((b[j + 4][r] >> 6) << 4);
+        }
+      for (int64_t g = 0; g < 4; ++g) {
+        // Nibbles (<= 15) by int8 (|x| <= 127): 8 chunks' int16 pair sums stay <= 30480.
+        tile::P16 sa[M], sbm[M];
+        for (int m = 0; m < M; ++m) sa[m] = sbm[m] = tile::pzero();
+        for (int64_t h = 0; h < 2; ++h) {
+          const uint8_t* p = sb + (2 * g + h) * kQ4KTileBlock;
+          for (int64_t line = 0; line < kQ4KTileBlock; line += 64)
+            __builtin_prefetch(p + kPrefetchTileBlocks * kQ4KTileBlock + line, 0, 3);
+          for (int64_t c = 0; c < 4; ++c) {
+            const tile::U8 v = tile::load_chunk(p + c * 64);
+            const tile::U8 wa = tile::low_nibbles(v), wb = tile::high_nibbles(v);
+            for (int m = 0; m < M; ++m) {
+              const int8_t* xa =
+                  x.q.data() + (m0 + m) * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
+              sa[m] = tile::pdot(sa[m], wa, tile::load_word(xa));
+              sbm[m] = tile::pdot(sbm[m], wb, tile::load_word(xa + kBlock));
+            }
+          }
+        }
+        const tile::F32 scale_a = tile::mul(d, tile::from_u8(sc[2 * g]));
+        const tile::F32 scale_b = tile::mul(d, tile::from_u8(sc[2 * g + 1]));
+        const tile::F32 min_a = tile::mul(dmin, tile::from_u8(mn[2 * g]));
+        const tile::F32 min_b = tile::mul(dmin, tile::from_u8(mn[2 * g + 1]));
+        for (int m = 0; m < M; ++m) {
+          const int64_t xa = (m0 + m) * nb + 8 * s + 2 * g;
+          acc[m] = tile::fma(tile::to_f32(tile::widen(sa[m])), tile::mul(scale_a, x.d[xa]),
+                             acc[m]);
+          acc[m] = tile::fma(tile::to_f32(tile::widen(sbm[m])), tile::mul(scale_b, x.d[xa + 1]),
+                             acc[m]);
+          acc[m] = tile::fma(min_a, -x.s[xa], acc[m]);
+          acc[m] = tile::fma(min_b, -x.s[xa + 1], acc[m]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) tile::store(sums + m * ld + (t - t0) * kTileRows, acc[m]);
+  }
+}
+
+// sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
+// rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
+// offset part, times d_x * sum q_x: Q4_0 -8 d_w, Q5_0 -16 d_w, Q6_F -32 d_w, Q3_F -4 d_w, the
+// others m_w.
+// Q6_F, Q3_F and Q8_F scale the two halves of a block (quants 0..15 and 16..31, the `lo` and `hi`
+// sums) by their own d. The 5- and 6-bit quants are nibbles with their bit planes or-ed in.
+template <int64_t Q, int M>
+void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
+                int64_t K, int64_t t0, int64_t t1, int64_t m0) {
+  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0);
+  constexpr Format kF = gguf_format_of(Q);
+  // Q6_F and Q3_F: float16 d times an int8 scale per half block.
+  constexpr bool kScaled = Q == kQ6_F || Q == kQ3_F;
+  constexpr bool kQ8 = kF.quants == 32, kHalves = kScaled || Q == kQ8_F;
+  // IQ4's codes become signed levels by a table lookup in registers: signed products, as Q8_0's.
+  constexpr bool kIQ4 = Q == kIQ4_NL || Q == kIQ4_F, kSigned = kQ8 || kIQ4;
+  // Unsigned quants of up to 5 bits (<= 31) by int8 (|x| <= 127): a block's 4 chunks' int16
+  // pair sums stay <= 31496, so they are widened once a block (tile::pdot).
+  constexpr bool kPairs = !kSigned && kF.planes < 2;
+  constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
+  constexpr int64_t kFields = kPlanes + 64 * kF.planes;
+  const int64_t nb = K / kBlock;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* tile = w + t * nb * kTileBlock;
+    tile::F32 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = tile::fzero();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = tile + b * kTileBlock;
+      for (int64_t line = 0; line < kTileBlock; line += 64)
+        __builtin_prefetch(p + kPrefetchTileBlocks * kTileBlock + line, 0, 3);
+      const int8_t* xq[M];
+      for (int m = 0; m < M; ++m) xq[m] = x.q.data() + (m0 + m) * K + b * kBlock;
+      // Two chains of integer sums per row of x (the low and high halves of a block) halve
+      // the chain of dependent dot products the loop waits on.
+      tile::I32 lo[M], hi[M];
+      for (int m = 0; m < M; ++m) lo[m] = hi[m] = tile::izero();
+      [[maybe_unused]] tile::P16 plo[kPairs ? M : 1], phi[kPairs ? M : 1];
+      if constexpr (kPairs)
+        for (int m = 0; m < M; ++m) plo[m] = phi[m] = tile::pzero();
+      // The fifth (and sixth) bits of the whole block: one vector per plane, read once.
+      const tile::U8 bits0 = kF.planes ? tile::load_chunk(p + kPlanes) : tile::U8{};
+      const tile::U8 bits1 = kF.planes == 2 ? tile::load_chunk(p + kPlanes + 64) : tile::U8{};
+      for (int64_t c = 0; c < 4; ++c) {
+        if constexpr (kQ8) {
+          const tile::U8 w0 = tile::load_chunk(p + c * 64), w1 = tile::load_chunk(p + 256 + c * 64);
+          for (int m = 0; m < M; ++m) {
+            lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
+            hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+          }
+        } else {
+          const tile::U8 v = tile::load_chunk(p + c * 64);
+          tile::U8 w0 = tile::low_nibbles(v), w1 = tile::high_nibbles(v);
+          if constexpr (kF.planes == 1) {  // group g's bit is bit g: to bit 4
+            w0 = tile::or_shifted(w0, bits0, static_cast<int>(4 - c), 16);
+            w1 = tile::or_shifted(w1, bits0, static_cast<int>(-c), 16);
+          } else if constexpr (kF.planes == 2) {  // group 4v + k's at bits 2k, 2k + 1: to 4, 5
+            w0 = tile::or_shifted(w0, bits0, static_cast<int>(4 - 2 * c), 0x30);
+            w1 = tile::or_shifted(w1, bits1, static_cast<int>(4 - 2 * c), 0x30);
+          }
+          if constexpr (kIQ4) {
+            w0 = tile::lookup16(w0, kIQ4Levels);
+            w1 = tile::lookup16(w1, kIQ4Levels);
+          }
+          for (int m = 0; m < M; ++m) {
+            if constexpr (kIQ4) {  // signed levels, as Q8_0's quants
+              lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
+              hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            } else if constexpr (kPairs) {
+              plo[m] = tile::pdot(plo[m], w0, tile::load_word(xq[m] + 4 * c));
+              phi[m] = tile::pdot(phi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            } else {
+              lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
+              hi[m] = tile::dot_unsigned(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            }
+          }
+        }
+      }
+      if constexpr (kPairs)
+        for (int m = 0; m < M; ++m) {
+          lo[m] = tile::widen(plo[m]);
+          hi[m] = tile::widen(phi[m]);
+        }
+      const uint8_t* fields = p + kFields;
+      if constexpr (kHalves) {
+        tile::F32 d_lo, d_hi;
+        if constexpr (kScaled) {  // float16 d times each half's int8 scale: exact in float32
+          const tile::F32 d = field<Q>(fields, 0);
+          d_lo = tile::mul(d, tile::from_i8_pair<0>(fields + 32));
+          d_hi = tile::mul(d, tile::from_i8_pair<1>(fields + 32));
+        } else {
+          d_lo = field<Q>(fields, 0);
+          d_hi = field<Q>(fields, 1);
+        }
+        for (int m = 0; m < M; ++m) {
+          const int64_t xb = (m0 + m) * nb + b;
+          const int32_t sum_lo = x.qsum_lo[xb], sum_hi = x.qsum[xb] - x.qsum_lo[xb];
+          tile::I32 l = lo[m], h = hi[m];
+          if (kQ8 && tile::kQ8Excess) {
+            l = tile::isub(l, tile::kQ8Excess * sum_lo);
+            h = tile::isub(h, tile::kQ8Excess * sum_hi);
+          }
+          acc[m] = tile::fma(tile::to_f32(l), tile::mul(d_lo, x.d[xb]), acc[m]);
+          acc[m] = tile::fma(tile::to_f32(h), tile::mul(d_hi, x.d[xb]), acc[m]);
+          if constexpr (Q == kQ8_F) {
+            acc[m] = tile::fma(field<Q>(fields, 2), x.s[xb], acc[m]);
+          } else {  // Q6_F: d (q - 32) per half; Q3_F: d (q - 4)
+            constexpr float kOffset = Q == kQ6_F ? -32.f : -4.f;
+            acc[m] = tile::fma(d_lo, kOffset * x.d[xb] * static_cast<float>(sum_lo), acc[m]);
+            acc[m] = tile::fma(d_hi, kOffset * x.d[xb] * static_cast<float>(sum_hi), acc[m]);
+          }
+        }
+        continue;
+      }
+      const tile::F32 d = field<Q>(fields, 0);
+      for (int m = 0; m < M; ++m) {
+        tile::I32 s = tile::iadd(lo[m], hi[m]);
+        const int64_t xb = (m0 + m) * nb + b;
+        if (kSigned && tile::kQ8Excess) s = tile::isub(s, tile::kQ8Excess * x.qsum[xb]);
+        acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
+        if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
+        if constexpr (Q == kQ5_0) acc[m] = tile::fma(d, -16.f * x.s[xb], acc[m]);
+        if constexpr (Q == kQ4_1 || Q == kQ5_1 || Q == kQ5_F)
+          acc[m] = tile::fma(field<Q>(fields, 1), x.s[xb], acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) tile::store(sums + m * ld + (t - t0) * kTileRows, acc[m]);
+  }
+}
+
+// Rows of x one tiles_task takes together: each row's sums are its own two chains of
+// instructions, and more rows a pass reuse each unpacked chunk of weights more. With AVX-512's
+// 32 registers, 8 rows (24 accumulators): one thread over SmolLM2's Q4_K_M layers at 32-512
+// rows did 238-248 GMAC/s against 186-194 at 4 rows (12 rows in one chain each: 190-205, 8 in
+// one chain: 230-242). AVX2's 16 registers hold a 4-row pass's 24 halves already spilled; 2
+// rows there: 71-74 against 67-70, within the noise.
+#if defined(__AVX512F__)
+constexpr int64_t kRowGroup = 8;
+#else
+constexpr int64_t kRowGroup = 4;
+#endif
+
+// f(std::integral_constant<int, m>{}) for m = rows (1..kRowGroup).
+template <int N = 1, typename F>
+void by_rows(int64_t rows, F&& f) {
+  if constexpr (N < kRowGroup) {
+    if (rows == N) return f(std::integral_constant<int, N>{});
+    return by_rows<N + 1>(rows, f);
+  } else {
+    f(std::integral_constant<int, N>{});
+  }
+}
+
+// out[:, 16 t0 .. 16 t1) (+ bias) of tiles t0..t1 for all M rows of x, a tile and kRowGroup
+// rows at a time through a buffer; out's rows are ld apart (out and bias already offset to the
+// part's first column). A tile is read from memory once a call and from cache for its other
+// row groups, and x is rounded once for them all: a decode batch of 32 rows or a prefill
+// unpacked every weight to float32 per call for the GEMM library before (one thread, SmolLM2's
+// Q4_K_M linears at 32 rows: 150 ms, 29 GMAC/s, against 18 ms, 238 GMAC/s, here). Each row's
+// sums are the same instructions whatever the other rows, so a row's outputs do not depend on
+// the rows beside it.
+template <int64_t Q, typename T>
+void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* w, const T* bias,
+                int64_t K, int64_t ld, int64_t t0, int64_t t1) {
+  float sums[kRowGroup * kTileRows];
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t m0 = 0; m0 < M; m0 += kRowGroup) {
+      const int64_t rows = std::min(kRowGroup, M - m0);
+      by_rows(rows, [&](auto m) {
+        tiles_task<Q, decltype(m)::value>(x, w, sums, kTileRows, K, t, t + 1, m0);
+      });
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          const int64_t n = t * kTileRows + r;
+          store_scalar(out + (m0 + m) * ld + n,
+                       sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
+        }
+    }
+}
+
+// out = x @ w.T (+ bias), x rounded once a call; chunks of at least 4 tiles (64 rows: the row
+// kernels' reason, linear_small.cpp), claimed by whichever thread is free (claim_chunks.h).
+template <typename T>
+void tiled_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& tiles, int64_t qtype,
+                  const c10::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), tiles_n = tiles.size(0);
+  gguf::QuantizedRows xq;
+  gguf::quantize_input<T>(x, xq);
+  const uint8_t* w = tiles.data_ptr<uint8_t>();
+  const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) : nullptr;
+  T* o = static_cast<T*>(out.data_ptr());
+  at::internal::lazy_init_num_threads();
+  const int64_t chunks = chunk_count(tiles_n, at::get_num_threads(), 4);
+  by_gguf_type(qtype, [&](auto q) {
+    claim_for(chunks, [&](int64_t i) {
+      tiles_into<decltype(q)::value>(o, xq, M, w, b, K, tiles_n * kTileRows,
+                                     chunk_begin(tiles_n, chunks, i),
+                                     chunk_begin(tiles_n, chunks, i + 1));
+    });
+  });
+}
+
+template <typename T>
+void tiled_rows_typed(at::Tensor& out, const gguf::QuantizedRows& x, const at::Tensor& tiles,
+                      int64_t qtype, const c10::optional<at::Tensor>& bias, int64_t t0,
+                      int64_t t1, int64_t col0) {
+  const int64_t M = out.size(0), K = tiles.size(1) * kBlock, ld = out.size(1);
+  T* o = static_cast<T*>(out.data_ptr()) + col0;
+  const T* b = bias.has_value() ? static_cast<const T*>(bias->data_ptr()) + col0 : nullptr;
+  const uint8_t* w = tiles.data_ptr<uint8_t>();
+  by_gguf_type(qtype, [&](auto q) {
+    tiles_into<decltype(q)::value>(o, x, M, w, b, K, ld, t0, t1);
+  });
+}
+
+// K after checking tiles' shape: [N / 16, K / 32, 16 * block bytes] contiguous uint8.
+int64_t check_tiles(const at::Tensor& tiles, int64_t qtype) {
+  const Format f = gguf_format(qtype);
+  STRAND_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 3 && tiles.is_contiguous() &&
+                  tiles.size(2) == kTileRows * f.bytes(),
+              "tiled GGUF weights of type ", qtype, " are a contiguous [N / 16, K / 32, ",
+              kTileRows * f.bytes(), "] uint8 tensor");
+  STRAND_CHECK(qtype != kQ4_K || tiles.size(1) % (kSuper / kBlock) == 0,
+               "Q4_K rows are whole 256-weight super-blocks, got ", tiles.size(1) * kBlock);
+  return tiles.size(1) * kBlock;
+}
+}  // namespace
+
+void gguf_tile(at::Tensor tiles, at::Tensor packed, int64_t qtype) {
+  const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
+  const Format f = gguf_format(qtype);
+  STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+                  packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
+              "gguf_tile takes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
+  move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, true,
+           qtype == kQ4_K);
+}
+
+void gguf_untile(at::Tensor packed, at::Tensor tiles, int64_t qtype) {
+  const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
+  const Format f = gguf_format(qtype);
+  STRAND_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 2 &&
+                  packed.size(0) == N && packed.size(1) == K / kBlock * f.bytes(),
+              "gguf_untile writes [", N, ", ", K / kBlock * f.bytes(), "] uint8 rows");
+  move_all(packed.data_ptr<uint8_t>(), tiles.data_ptr<uint8_t>(), N, K / kBlock, f, false,
+           qtype == kQ4_K);
+}
+
+bool gguf_dequantize_tiles(at::Tensor out, at::Tensor tiles, int64_t qtype) {
+  const Format f = gguf_format(qtype);
+  if (f.planes == 0) return false;
+  const int64_t K = check_tiles(tiles, qtype), N = tiles.size(0) * kTileRows;
+  STRAND_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 &&
+                  out.size(0) == N && out.size(1) == K,
+              "gguf_dequantize writes a contiguous float32 [", N, ", ", K, "]");
+  const uint8_t* w = tiles.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  switch (qtype) {
+    case kQ5_0: dequantize_plane_tiles<kQ5_0>(w, o, N, K); break;
+    case kQ5_1: dequantize_plane_tiles<kQ5_1>(w, o, N, K); break;
+    case kQ5_F: dequantize_plane_tiles<kQ5_F>(w, o, N, K); break;
+    default: dequantize_plane_tiles<kQ6_F>(w, o, N, K);
+  }
+  return true;
+}
+
+void gguf_tiled_linear(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
+                       c10::optional<at::Tensor> bias) {
+  const int64_t M = x.size(0), K = check_tiles(tiles, qtype);
+  STRAND_CHECK(M >= 1 && x.size(1) == K, "gguf_tiled_linear takes [M >= 1, ", K, "], got [", M,
+               ", ", x.size(1), "]");
+  if (x.scalar_type() == at::kBFloat16)
+    tiled_linear<bf16>(out, x, tiles, qtype, bias);
+  else
+    tiled_linear<float>(out, x, tiles, qtype, bias);
+}
+
+namespace strand {
+namespace gguf {
+void tiled_rows(at::Tensor out, const QuantizedRows& x, const at::Tensor& tiles, int64_t qtype,
+                const c10::optional<at::Tensor>& bias, int64_t t0, int64_t t1, int64_t col0) {
+  if (out.scalar_type() == at::kBFloat16)
+    tiled_rows_typed<bf16>(out, x, tiles, qtype, bias, t0, t1, col0);
+  else
+    tiled_rows_typed<float>(out, x, tiles, qtype, bias, t0, t1, col0);
+}
+
+void quantize_any(const at::Tensor& x, QuantizedRows& out) {
+  if (x.scalar_type() == at::kBFloat16)
+    quantize_input<bf16>(x, out);
+  else
+    quantize_input<float>(x, out);
+}
+}  // namespace gguf
+}  // namespace strand

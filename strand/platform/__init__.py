@@ -1,0 +1,2 @@
+"""Adapting to the machine: CPU ISA probing, OpenMP waiting and thread binding, huge pages,
+free ports."""

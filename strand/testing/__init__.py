@@ -1,0 +1,1 @@
+"""Builders for tests, examples and the demo: tiny random models and their tokenizer."""

@@ -1,0 +1,185 @@
+"""How the tokenizer adds a request: to an auto-stepping engine the detokenizer's state and the
+engine's children go out at once, and a refusal on either side takes the request back from the
+other; to a manually stepped engine, the detokenizer first. Either way the children are the
+ones the detokenizer makes (parallel_sampling.fan_out)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import grpc
+import pytest
+
+from strand.engine_core.processing.input_processor import InputProcessor
+from strand.engine_core.processing.tokenizer import Tokenizer
+from strand.services._proto.strand.v1 import engine_pb2 as epb
+from strand.services._proto.strand.v1 import tokenizer_pb2 as tpb
+from strand.services._proto.strand.v1 import types_pb2 as pb
+from strand.services.common.status import StageError
+from strand.services.tokenizer.servicer import (
+    INLINE_MAX_TEXT_CHARS,
+    INLINE_MAX_TOKEN_IDS,
+    TokenizerServicer,
+    processes_inline,
+)
+
+
+class FakeStage:
+    """Records each call's kind; refuses adds when told to."""
+
+    def __init__(self, log: list[str], name: str, refuse_add: bool = False) -> None:
+        self.log, self.name, self.refuse_add = log, name, refuse_add
+
+    async def call(self, msg: Any) -> Any:
+        kind = msg.WhichOneof("kind")
+        self.log.append(f"{self.name}.{kind}")
+        await asyncio.sleep(0)
+        if kind == "add" and self.refuse_add:
+            raise StageError(grpc.StatusCode.ALREADY_EXISTS, f"{self.name} refused")
+        if kind == "add" and self.name == "engine":
+            self.log.append("children=" + ",".join(r.request_id for r in msg.add.requests))
+        return SimpleNamespace()
+
+    def send(self, msg: Any) -> asyncio.Task[Any]:
+        return asyncio.get_running_loop().create_task(self.call(msg))
+
+
+class FakeEngines:
+    def __init__(self, stage: FakeStage, auto: bool) -> None:
+        self.stage = stage
+        self.listeners: list[Any] = []
+
+        async def get_info(*args: Any, **kwargs: Any) -> epb.EngineInfo:
+            stage.log.append("engine.info")
+            return epb.EngineInfo(auto_step=auto)
+        self.clients = {"e": SimpleNamespace(stub=SimpleNamespace(GetInfo=get_info))}
+
+    async def call(self, name: str, msg: Any) -> Any:
+        return await self.stage.call(msg)
+
+    def send(self, name: str, msg: Any) -> asyncio.Task[Any]:
+        return self.stage.send(msg)
+
+
+class OneReplica:
+    def route(self, *args: Any) -> str:
+        return "e"
+
+    def answered(self, replica: str) -> None:
+        pass
+
+
+def _add(tiny_model_dir: Path, auto: bool, refuse: str = "", n: int = 1
+         ) -> tuple[tpb.TokenizerResponse, list[str]]:
+    log: list[str] = []
+    detok = FakeStage(log, "detok", refuse_add=refuse in ("detok", "both"))
+    engines = FakeEngines(FakeStage(log, "engine", refuse_add=refuse in ("engine", "both")), auto)
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
+    servicer = TokenizerServicer(processor, cast(Any, detok), cast(Any, engines),
+                                 cast(Any, OneReplica()))
+    process = tpb.ProcessRequest(request_id="r", origin="gw", prompt=pb.Prompt(
+        token_ids=pb.TokenIds(ids=[5, 6, 7])), params=pb.SamplingParams(n=n, max_tokens=3))
+
+    async def run() -> tpb.TokenizerResponse:
+        first = await servicer.answer(tpb.TokenizerRequest(seq=1, process=process))
+        if not first.HasField("error"):  # the mode is asked once
+            process.request_id = "r2"
+            await servicer.answer(tpb.TokenizerRequest(seq=2, process=process))
+        return first
+    try:
+        return asyncio.run(run()), log
+    finally:
+        servicer._executor.shutdown(wait=True)
+
+
+def test_auto_mode_sends_both_at_once_with_the_detokenizers_children(
+        tiny_model_dir: Path) -> None:
+    answer, log = _add(tiny_model_dir, auto=True, n=2)
+    assert list(answer.added.child_ids) == ["0_r", "1_r"]
+    # Both writes go out before either answer is awaited, the engine's first (it is on the way
+    # to the first token); GetInfo only for the first add.
+    assert log[:4] == ["engine.info", "engine.add", "detok.add", "children=0_r,1_r"]
+    assert log.count("engine.info") == 1
+
+
+def test_manual_mode_adds_in_turn(tiny_model_dir: Path) -> None:
+    answer, log = _add(tiny_model_dir, auto=False)
+    assert list(answer.added.child_ids) == ["r"]
+    assert log[:4] == ["engine.info", "detok.add", "engine.add", "children=r"]
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_an_engine_refusal_takes_the_state_back_from_the_detokenizer(
+        tiny_model_dir: Path, auto: bool) -> None:
+    answer, log = _add(tiny_model_dir, auto=auto, refuse="engine")
+    assert answer.error.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
+    assert "engine refused" in answer.error.message
+    assert log[-1] == "detok.abort"
+
+
+def test_a_detokenizer_refusal_takes_the_children_back_from_the_engine(
+        tiny_model_dir: Path) -> None:
+    answer, log = _add(tiny_model_dir, auto=True, refuse="detok")
+    assert "detok refused" in answer.error.message
+    assert log[-1] == "engine.abort"
+
+
+def test_both_refusing_leaves_nothing_to_take_back(tiny_model_dir: Path) -> None:
+    answer, log = _add(tiny_model_dir, auto=True, refuse="both")
+    assert "detok refused" in answer.error.message
+    assert not any(entry.endswith(".abort") for entry in log)
+
+
+def test_the_inline_bounds() -> None:
+    def ids(n: int) -> pb.Prompt:
+        return pb.Prompt(token_ids=pb.TokenIds(ids=[1] * n))
+    assert processes_inline(ids(INLINE_MAX_TOKEN_IDS))
+    assert not processes_inline(ids(INLINE_MAX_TOKEN_IDS + 1))
+    assert processes_inline(pb.Prompt(text="x" * INLINE_MAX_TEXT_CHARS))
+    assert not processes_inline(pb.Prompt(text="x" * (INLINE_MAX_TEXT_CHARS + 1)))
+    chat = pb.Prompt(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")]))
+    assert not processes_inline(chat)  # templates may be slow: always the thread
+
+
+@pytest.mark.parametrize("text_len", [40, INLINE_MAX_TEXT_CHARS + 40])
+def test_short_prompts_on_the_loop_long_ones_on_the_thread_same_tokens(
+        tiny_model_dir: Path, text_len: int) -> None:
+    """Where a prompt is processed changes nothing in the request, and refusals are the same."""
+    log: list[str] = []
+    engines = FakeEngines(FakeStage(log, "engine"), auto=True)
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 4096, 512)
+    servicer = TokenizerServicer(processor, cast(Any, FakeStage(log, "detok")),
+                                 cast(Any, engines), cast(Any, OneReplica()))
+    threads: list[str] = []
+    process_on = servicer._process
+
+    def recording(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return process_on(*args)
+    servicer._process = recording  # type: ignore[method-assign]
+    text = ("hello world " * 200)[:text_len]
+
+    def msg(request_id: str, prompt: pb.Prompt) -> tpb.TokenizerRequest:
+        return tpb.TokenizerRequest(seq=1, process=tpb.ProcessRequest(
+            request_id=request_id, origin="gw", prompt=prompt,
+            params=pb.SamplingParams(max_tokens=2)))
+
+    async def run() -> tuple[tpb.TokenizerResponse, tpb.TokenizerResponse]:
+        ok = await servicer.answer(msg("a", pb.Prompt(text=text)))
+        bad = await servicer.answer(msg("b", pb.Prompt(text=text, cache_salt="")))
+        return ok, bad
+    try:
+        ok, bad = asyncio.run(run())
+    finally:
+        servicer._executor.shutdown(wait=True)
+    expected = processor.process("a", text).request.prompt_token_ids
+    assert ok.added.num_prompt_tokens == len(expected)
+    inline = text_len <= INLINE_MAX_TEXT_CHARS
+    assert all(name == threading.main_thread().name for name in threads) == inline
+    assert all(name.startswith("tokenize") for name in threads) == (not inline)
+    assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "cache_salt" in bad.error.message
