@@ -18,7 +18,7 @@ error (EngineDeadError) and the engine takes no more requests.
 Its OpenMP team is the only one the process should have: the constructor lets go of the
 caller's thread's team (libgomp.py), which torch work done on that thread before leaves behind;
 torch work on other threads while the engine runs brings a second team back, and with it slower
-steps (9% on 2 CPUs, benchmarks/README.md session 25). Run such work in another process.
+steps (most where CPUs are few). Run such work in another process.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from strand.engine_core.config import EngineArgs
-from strand.engine_core.core.add_burst import AddBursts
 from strand.engine_core.errors import DuplicateRequestError
 from strand.engine_core.llm_engine import LLMEngine, PromptType
 from strand.engine_core.lora.request import LoRARequest
 from strand.engine_core.output_collector import RequestOutputCollector
 from strand.engine_core.outputs import CompletionOutput, RequestOutput
 from strand.engine_core.sampling_params import SamplingParams
+from strand.engine_core.step_driver import AddBursts
 from strand.platform.cpu_binding import binding_mode
 from strand.platform.libgomp import release_idle_team
 
@@ -208,7 +208,7 @@ class AsyncLLM:
             if self._run_commands(not self.engine.has_unfinished_requests()):
                 return
             # A burst of adds (many generate() calls at once) joins one step, as a loop that
-            # adds them all and then steps would (strand/engine_core/core/add_burst.py).
+            # adds them all and then steps would (step_driver.py, BURST_HOLD).
             held_since = time.monotonic()
             while self._bursts.hold(time.monotonic(), held_since):
                 if self._run_commands(True, timeout=self._bursts.quiet_s):

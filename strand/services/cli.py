@@ -233,7 +233,7 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
     data_parallel_size, engine_addresses = _replica_args(args, parser)
     engine_stage_args: list[str] = []
     if args.add_hold_ms is not None:
-        from strand.engine_core.core.add_burst import MAX_ADD_HOLD_S
+        from strand.engine_core.step_driver import MAX_ADD_HOLD_S
 
         if not 0 <= args.add_hold_ms <= 1e3 * MAX_ADD_HOLD_S:
             parser.error(f"--add-hold-ms must be in [0, {1e3 * MAX_ADD_HOLD_S:g}], "

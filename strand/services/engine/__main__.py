@@ -7,7 +7,7 @@ import asyncio
 
 import grpc
 
-from strand.engine_core.core.add_burst import ADD_QUIET_S, MAX_ADD_HOLD_S
+from strand.engine_core.step_driver import ADD_QUIET_S, MAX_ADD_HOLD_S
 from strand.services._proto.strand.v1 import engine_pb2, engine_pb2_grpc
 from strand.services.common.errors import run_main, setup_logging
 from strand.services.common.server import run_server

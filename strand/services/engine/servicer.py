@@ -24,12 +24,17 @@ import torch
 from opentelemetry import context as otel_context
 
 from strand.engine_core.config import EngineArgs
-from strand.engine_core.core.add_burst import ADD_QUIET_S, AddBursts
 from strand.engine_core.core.engine import EngineCore
 from strand.engine_core.core.engine_io import EngineCoreOutputs
 from strand.engine_core.model_executor.cpu_allocator import tune_cpu_allocator
 from strand.engine_core.model_executor.model_config import dtype_name
 from strand.engine_core.stats_logger import StatsLogger
+from strand.engine_core.step_driver import (
+    ADD_QUIET_S,
+    BACK_TO_BACK_MIN_S,
+    AddBursts,
+    BackToBack,
+)
 from strand.platform.cpu_binding import binding_mode
 from strand.services._proto.strand.v1 import engine_pb2 as epb
 from strand.services._proto.strand.v1 import engine_pb2_grpc
@@ -44,13 +49,6 @@ from strand.services.engine.spare_core import SpareCore, fills_cpus
 
 # Session messages whose core calls are queued but not yet answered (one stage's stream).
 MAX_IN_FLIGHT = 256
-# Auto mode runs the next step at once, without handing the thread back to the event loop (two
-# thread wake-ups a step), only after a step this long. The step that follows at once holds the
-# GIL in its Python parts while the loop wants it to send the last step's message: on a loaded
-# 2-core machine that delayed the message by 0.5-1 ms (benchmarks/README.md). Against a long
-# step (a large batch) that is little and the saved hand-off counts; against a short one (a lone
-# request, whose user waits on every token) the message goes first.
-BACK_TO_BACK_MIN_S = 0.02
 
 
 def core_executor() -> ThreadPoolExecutor:
@@ -70,7 +68,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.core = core
         self.model_name = model_name
         self.auto_step = auto_step
-        self.back_to_back_min_s = back_to_back_min_s
+        self.back_to_back = BackToBack(back_to_back_min_s)
         self.calls = CoreCalls(core, stats_logger, name)
         self.kv_hub = KvEventsHub(core, name)
         self.calls.after_call = self.kv_hub.drain
@@ -273,11 +271,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             await asyncio.sleep(self._bursts.quiet_s)
 
     def _auto_steps(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Steps on the core's thread, back to back while they are long (see BACK_TO_BACK_MIN_S)
-        or have no message for the loop to send (every output held: final_only_hold.py),
-        nothing else waits for the thread, the detokenizer keeps up (one step's message at most
-        on its way to the hub) and work remains; each message goes to the loop the moment its
-        step ends (core_thread.py). Whether work remains."""
+        """Steps on the core's thread, back to back while step_driver.BackToBack says so; each
+        message goes to the loop the moment its step ends (core_thread.py). Whether work
+        remains."""
         while True:
             started = time.perf_counter()
             # After a first token at low load, a core for its way out (spare_core.py).
@@ -286,14 +282,16 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 msg, more, outputs = self._auto_step_once()
             finally:
                 self.spare_core.restore()
-            short = time.perf_counter() - started < self.back_to_back_min_s
+            step_s = time.perf_counter() - started
+            short = step_s < self.back_to_back.min_s
             self.spare_core.after_step(outputs, short, self.core.get_num_unfinished_requests())
-            go_on = msg is None or not short
             if msg is not None:
                 self._posted += 1
                 loop.call_soon_threadsafe(self._deliver, msg)
-            if not (more and go_on and self.hub.active and not self.thread.others_waiting
-                    and self._posted - self._delivered <= 1):
+            if not self.back_to_back.go_on(
+                    more=more, step_s=step_s, has_message=msg is not None,
+                    subscribed=self.hub.active, others_waiting=self.thread.others_waiting,
+                    undelivered=self._posted - self._delivered):
                 return more
 
     def _deliver(self, msg: epb.EngineStepOutputs) -> None:

@@ -8,6 +8,7 @@ import logging
 import grpc
 from prometheus_client import CollectorRegistry
 
+from strand.engine_core.step_driver import SELF_STEP_AFTER_S
 from strand.services._proto.strand.v1 import (
     control_pb2,
     control_pb2_grpc,
@@ -26,7 +27,7 @@ from strand.services.common.stage_args import make_parser, parse_stage_args
 from strand.services.common.stage_client import StageClient
 from strand.services.common.status import StageError
 from strand.services.gateway.clients import DEFAULT_MAX_PENDING_BYTES
-from strand.services.gateway.flow import SELF_STEP_AFTER_S, GatewayFlow
+from strand.services.gateway.flow import GatewayFlow
 from strand.services.gateway.metrics import GatewayMetrics
 from strand.services.gateway.servicer import GatewayServicer
 

@@ -7,7 +7,8 @@ gateway). It owns what a front door needs and nothing of the engine's orchestrat
 - Step (manual mode): one message to the engine with a step id; the step's outputs reach the
   gateway through the detokenizer tagged with that id. Every output waits in its client's
   bounded Outbox, and a Step returns the caller's, a page at a time. In auto mode the engine
-  steps itself and Step returns what arrived since the last Step;
+  steps itself and Step returns what arrived since the last Step (every case of who steps
+  when: strand/engine_core/step_driver.py);
 - Abort: one message to the detokenizer, which drops the request and has the engine drop it;
 - the Generate streams, and cancellation.
 A lost detokenizer ends every live request with finish_reason "error" here; a lost engine does so
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from typing import Any
 
@@ -26,6 +26,7 @@ import grpc
 from opentelemetry import trace
 
 from strand.engine_core.sampling_params import RequestOutputKind
+from strand.engine_core.step_driver import SELF_STEP_AFTER_S
 from strand.services._proto.strand.v1 import detokenizer_pb2 as dpb
 from strand.services._proto.strand.v1 import engine_pb2 as epb
 from strand.services._proto.strand.v1 import tokenizer_pb2 as tpb
@@ -56,7 +57,7 @@ from strand.services.gateway.outboxes import Outboxes
 from strand.services.gateway.output_feed import OutputFeed
 from strand.services.gateway.reconcile import LOST_REASON, RECONCILE_S, Reconciler
 from strand.services.gateway.request_span import fail_request_span, start_request_span
-from strand.services.gateway.self_step import SELF_STEP_AFTER_S, SelfStepper
+from strand.services.gateway.self_step import SelfStepper
 from strand.services.gateway.step_runner import StepRunner
 from strand.services.gateway.stream_outputs import StreamOutputs
 
@@ -206,7 +207,7 @@ class GatewayFlow:
             # Aborted while the stages were taking it: drop it from them now that it is in.
             self.aborts.abort(request_id)
         if queue is not None:
-            self.self_stepper.last_stream_added = time.monotonic()
+            self.self_stepper.clock.note_stream_added()
         return request_id
 
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
@@ -245,7 +246,7 @@ class GatewayFlow:
         streamed: list[tuple[str, str]] = []
         # A backlog larger than one answer is paged out first: stepping on would only grow it.
         if not await self._is_auto() and box.fits(page):
-            self.self_stepper.last_step_call = time.monotonic()
+            self.self_stepper.clock.note_step_call()
             async with self._step_lock:
                 try:
                     # Nothing to compute (as EngineCore.step): report what is owed.
@@ -255,7 +256,7 @@ class GatewayFlow:
                     if not box:  # a lost stage's "error" endings: this step's news
                         raise
                 finally:
-                    self.self_stepper.last_step_call = time.monotonic()
+                    self.self_stepper.clock.note_step_call()
         mine = [rid for c, rid in streamed if c == client]
         return self._take_page(client, page, mine), mine, len(box)
 

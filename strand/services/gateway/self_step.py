@@ -1,23 +1,19 @@
-"""Manual mode: a Generate stream that no Step call drives steps the engine itself (as auto mode
-would) once no Step call has come for `after` seconds, counted from the stream's start too. A
-client that drives Generate with Step calls (EngineClient.generate) keeps control; one that only
-reads the stream (grpcurl) is not left waiting forever. An idle engine is not stepped in a busy
-loop: after a step that left it with nothing to compute, the next waits for an add."""
+"""Manual mode's SELF_STEP policy carried out (strand/engine_core/step_driver.py decides when): a
+Generate stream that no Step call drives steps the engine itself once the clock says so. An idle
+engine is not stepped in a busy loop: after a step that left it with nothing to compute, the next
+waits for an add."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import math
-import time
 from collections.abc import Awaitable, Callable
 
+from strand.engine_core.step_driver import SelfStepClock
 from strand.services.common.status import StageError
 
 logger = logging.getLogger(__name__)
-
-SELF_STEP_AFTER_S = 1.0
 
 
 class SelfStepper:
@@ -25,23 +21,13 @@ class SelfStepper:
                  is_auto: Callable[[], Awaitable[bool]], step_lock: asyncio.Lock,
                  step_once: Callable[[], Awaitable[object]],
                  engine_idle: Callable[[], bool]) -> None:
-        if not after > 0:
-            raise ValueError(f"self_step_after must be > 0 seconds, got {after}")
-        self.after = after
+        self.clock = SelfStepClock(after)
         self._has_streams = has_streams
         self._is_auto = is_auto
         self._step_lock = step_lock
         self._step_once = step_once
         self._engine_idle = engine_idle
         self.work = asyncio.Event()  # set on each add (a stream may need steps now)
-        # When a Step call or a Generate stream last came (time.monotonic()).
-        self.last_step_call = -math.inf
-        self.last_stream_added = -math.inf
-
-    def wait_s(self) -> float:
-        """Seconds until Generate streams may step themselves (<= 0: now)."""
-        quiet_since = max(self.last_step_call, self.last_stream_added)
-        return quiet_since + self.after - time.monotonic()
 
     async def run(self) -> None:
         while True:
@@ -50,20 +36,20 @@ class SelfStepper:
                     self.work.clear()
                     await self.work.wait()
                     continue
-                wait = self.wait_s()
+                wait = self.clock.wait_s()
                 if wait > 0:
                     await asyncio.sleep(wait)
                     continue
                 async with self._step_lock:
                     # Re-checked under the lock: a Step call may have run meanwhile.
-                    if not self._has_streams() or self.wait_s() > 0:
+                    if not self._has_streams() or self.clock.wait_s() > 0:
                         continue
                     self.work.clear()
                     await self._step_once()
                 if self._engine_idle():
                     # Nothing left to compute: stepping again at once would only spin.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.work.wait(), self.after)
+                        await asyncio.wait_for(self.work.wait(), self.clock.after)
             except StageError as exc:
                 logger.warning("self-step for Generate streams failed: %s", exc.message)
                 await asyncio.sleep(0.2)
