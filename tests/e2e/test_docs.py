@@ -1,15 +1,17 @@
-"""Every code block of README.md, docs/*.md and strand/services/README.md runs, so the documentation cannot drift from the code.
+"""Every code block of README.md, docs/*.md, benchmarks/README.md and strand/services/README.md runs, so the documentation cannot drift from the code.
 
 - python blocks are executed as written, after SUBSTITUTIONS: the placeholder model directory
   becomes a tiny random model, and the README's gateway address that of the e2e tests' shared
   stack on a free port (started only when some block names it). Nothing else is changed.
 - bash blocks are checked, not run (they install packages, run the suite or serve forever):
   every `strand X ...` command must exist, `strand X --help` must work, and every `--flag` on the
-  line must be one X accepts.
+  line must be one X accepts; every `python -m benchmarks.NAME` or `python -m strand.X` module
+  must be importable (found, not run).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import re
 import shlex
@@ -27,7 +29,8 @@ from strand.services import cli
 from strand.services.launch import Stack
 
 REPO = Path(__file__).resolve().parents[2]
-DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "strand/services/README.md"]
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md",
+             REPO / "strand/services/README.md"]
 MODEL_PLACEHOLDER = "/path/to/hf-dir"
 GATEWAY_PLACEHOLDER = "127.0.0.1:50051"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -88,13 +91,19 @@ def test_python_block_runs(block: Block, tiny_model_dir: Path, request: pytest.F
         client.close()  # type: ignore[attr-defined]
 
 
-def strand_commands(code: str) -> Iterator[list[str]]:
-    """Each `strand ...` command of a bash block, as tokens (comments and `&&` chains split)."""
-    for raw in code.splitlines():
+def shell_commands(code: str) -> Iterator[list[str]]:
+    """Each command of a bash block, as tokens: `\\` continuations joined, comments dropped,
+    `&&` chains split."""
+    for raw in code.replace("\\\n", " ").splitlines():
         for part in raw.split("&&"):
             tokens = shlex.split(part, comments=True)
-            if tokens and tokens[0] == "strand":
+            if tokens:
                 yield tokens
+
+
+def strand_commands(code: str) -> Iterator[list[str]]:
+    """Each `strand ...` command of a bash block, as tokens."""
+    return (tokens for tokens in shell_commands(code) if tokens[0] == "strand")
 
 
 _HELP: dict[str, str] = {}
@@ -129,6 +138,29 @@ def test_the_bash_check_catches_a_wrong_flag() -> None:
     with pytest.raises(AssertionError, match="strand bogus --help"):
         test_bash_block_commands_exist_with_their_flags(
             Block(REPO / "README.md", 0, "bash", "pip install x && strand bogus\n"))
+
+
+def python_modules(code: str) -> Iterator[str]:
+    """Each `python -m MODULE` of a bash block whose module is the repository's own (benchmarks, strand)."""
+    for tokens in shell_commands(code):
+        for i, token in enumerate(tokens[:-2]):
+            if token.startswith("python") and tokens[i + 1] == "-m" \
+                    and tokens[i + 2].split(".")[0] in ("benchmarks", "strand"):
+                yield tokens[i + 2]
+
+
+@pytest.mark.parametrize("block", BASH, ids=[b.id for b in BASH])
+def test_bash_block_modules_exist(block: Block) -> None:
+    # find_spec imports only the parent packages (strand, benchmarks): cheap, nothing is run.
+    missing = [m for m in python_modules(block.code) if importlib.util.find_spec(m) is None]
+    assert missing == [], f"{block.id}: no module {missing}"
+
+
+def test_the_module_check_catches_a_missing_module() -> None:
+    bad = Block(REPO / "benchmarks/README.md", 0, "bash",
+                "python -m benchmarks.offline --num-prompts 8 && python -m benchmarks.nonesuch\n")
+    with pytest.raises(AssertionError, match="no module \\['benchmarks.nonesuch'\\]"):
+        test_bash_block_modules_exist(bad)
 
 
 @pytest.mark.parametrize("block", YAML, ids=[b.id for b in YAML])
