@@ -8,7 +8,7 @@ The workload of benchmarks/cpu_peers.py (`batch32`): --requests random prompts o
 tokens added at once (one prefill step of all of them, max_num_batched_tokens 4096), then
 --tokens - 1 decode steps of every request, greedy, one thread. After a warm-up run of 4 tokens,
 prints the prefill step, the median decode step and the whole run, and the decode step split
-into parts: the decoder layers (one C++ call where layers/fused_decode.py takes the step, else
+into parts: the decoder layers (one C++ call where models/llama_fused_decode.py takes the step, else
 the linear layers, attention, norms, rotary and silu-and-mul called one by one), the lm_head, the
 sampler and the rest (Python around them: the model's forward, the runner, the engine step).
 --isa avx2 profiles an AVX2-only CPU on a wider one (benchmarks/isa_emulation.py).
@@ -31,11 +31,12 @@ DEFAULT_HF_DIR = Path.home() / ".cache/strand/bench/smollm2-135m-f32-hf"
 
 
 def instrument(engine: Any, timers: Timers) -> None:
-    from strand.engine_core.model_executor.layers import activation, fused_decode
+    from strand.engine_core.model_executor.layers import activation
     from strand.engine_core.model_executor.layers.linear import Linear
     from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
     from strand.engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
     from strand.engine_core.model_executor.models import llama
+    from strand.engine_core.model_executor.models import llama_fused_decode as fused_decode
 
     runner = engine.engine_core.runner
     timers.wrap(engine, "step", "rest (engine, runner, model)")

@@ -19,9 +19,9 @@ with other work each backend meets about the same load; the table gives medians 
 and the median of each round's ratio to llama.cpp. The bounds: decode
 reads every weight once a token (weight bytes / measured copy bandwidth), prefill does 2 FLOPs per
 weight per token (at the best GEMM rate measured here). They are measured in every round, after its
-backends, and Strand's fraction of its bound is the median of same-round fractions: this VM's copy
-rate has moved from 31 to 49 GB/s between runs, and a bound measured once set every fraction by
-that one moment.
+backends, and Strand's fraction of its bound is the median of same-round fractions: a shared VM's
+copy rate can move by half between runs, and a bound measured once set every fraction by that one
+moment.
 --isa avx2 measures an AVX2-only CPU on a wider one (benchmarks/isa_emulation.py): every worker,
 HF's included, and the bounds' own measurement run with Strand, ATen, oneDNN and MKL capped at
 AVX2, and --llama-cpp must be a build without AVX-512 (cpu_peers_setup --isa avx2). What each

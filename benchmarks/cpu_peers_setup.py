@@ -78,7 +78,7 @@ def make_hf_dir(gguf: Path, root: Path) -> Path:
 
 
 # ISA -> (build directory, cmake options). "native" is whatever this CPU has. "avx2" is an
-# AVX2-only CPU (x86-64-v3: the AMD EPYC that first measured #15): GGML_NATIVE off, the AVX2 set
+# AVX2-only CPU (x86-64-v3): GGML_NATIVE off, the AVX2 set
 # on, and every wider option named off, so that no default of a later llama.cpp turns one on.
 _OFF_ABOVE_AVX2 = ("GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16",
                    "GGML_AVX_VNNI", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")

@@ -73,7 +73,7 @@ class Timers:
 def instrument(engine: Any, timers: Timers) -> Callable[[], None]:
     """Timing wrappers around the parts of a decode step (instance attributes, and the C++
     module the fused decode path calls); returns what puts that module back."""
-    from strand.engine_core.model_executor.layers import fused_decode
+    from strand.engine_core.model_executor.models import llama_fused_decode as fused_decode
 
     runner = engine.engine_core.runner
     model = runner.model

@@ -16,8 +16,8 @@ Rows (prompt tokens/s and embeddings/s, median of --repeats after a warm-up):
 Strand runs without its prefix cache (every repeat embeds the same texts; the peers recompute
 them). llama.cpp's time is from its log's first batch_decode line to its exit (the load before
 it is left out); it tokenizes the text itself; its prompts go in batches of up to 1024 tokens
-(-c/-b/-ub 1024: the fastest of 256, 512, 1024, 2048 and its 8192 default on 128 prompts, by
-25.8 s against 26.4-33 s for the Q4_1 file on the AVX2 machine of session 33). Checks printed with the rates: the largest difference
+(-c/-b/-ub 1024: the fastest of 256, 512, 1024, 2048 and its 8192 default on 128 prompts of the
+Q4_1 file, on an AVX2-only CPU). Checks printed with the rates: the largest difference
 between Strand's and HF's float32 embeddings, and the smallest cosine between Strand's and
 llama.cpp's (same file, another rounding). The float32 rows also get their share of the
 machine's bound (benchmarks/roofline.py: the prompt's linear and attention FLOPs at the measured

@@ -6,11 +6,11 @@ FINAL_ONLY Generate stream per request on the auto-stepping stack. Around each r
 each process's CPU seconds, and the engine's threads' time waiting for a core (this process's in
 process, the engine stage's over the ring).
 
-The order within a pair alternates (in process first, then the ring first: ABBA). This VM's
+The order within a pair alternates (in process first, then the ring first: ABBA). A shared VM's
 speed drifts within minutes, mostly downwards under sustained load: with the in-process run
-always first, every pair's ring ran on the slower machine (sessions 21-22: the first pair's
-in-process run was the fastest run of the six each time, and that pair the lowest ratio). An
-even number of pairs cancels a steady drift.
+always first, every pair's ring ran on the slower machine (the first pair's in-process run was
+the fastest run of all, and that pair the lowest ratio). An even number of pairs cancels a
+steady drift.
 """
 
 from __future__ import annotations

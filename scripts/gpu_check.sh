@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the CUDA half of Strand on a lent GPU machine (the device tool's `run`), one phase per
-# argument, logs under $OUT. Session 11 ran, on one H100, in five calls such as:
+# argument, logs under $OUT. A full check takes a few calls, such as:
 #
 #   bash scripts/gpu_check.sh env deps build tests kernelbench decode:qwen2.5-0.5b
 #   bash scripts/gpu_check.sh deps build decode:llama-3.2-1b profile:llama-3.2-1b

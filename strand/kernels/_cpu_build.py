@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from types import ModuleType
 
 import torch
 
+from strand import envs
 from strand.platform.cpu_isa import probe
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class CpuKernels:
             return self._module
 
     def _load(self, say: Callable[[str], None]) -> None:
-        if os.environ.get("STRAND_DISABLE_CPU_KERNELS"):
+        if envs.disable_cpu_kernels():
             self._error = "disabled by STRAND_DISABLE_CPU_KERNELS"
             return
         try:

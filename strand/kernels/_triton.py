@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from strand import envs
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def triton_interpret_enabled() -> bool:
     """TRITON_INTERPRET=1 runs kernels on CPU tensors through Triton's numpy interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return envs.triton_interpret()
 
 
 def triton_usable() -> bool:

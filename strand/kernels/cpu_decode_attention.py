@@ -3,9 +3,9 @@
 The pure-torch backend gathers every decode's context out of the paged cache into a padded batch
 before SDPA, which per layer and step copies the whole context twice (K and V). This kernel reads
 each K/V block where it lies, once, parallel over requests with ATen's thread pool, in 16-float
-vectors. On the 2-core CPU at 64 decodes of 24-640 tokens (8 heads, 4 kv heads, head_dim 64) one
-layer takes 1.5 ms, about 30 GB/s of K/V against 42 GB/s for a plain read of that much memory;
-the previous scalar-reduction version took 3.3 ms, gather + SDPA more than twice that.
+vectors. At 64 decodes of 24-640 tokens (8 heads, 4 kv heads, head_dim 64) it reads K/V at
+about three quarters of a plain read's rate of that much memory; a scalar-reduction version took
+twice its time, gather + SDPA more than twice that.
 Its reference is strand/kernels/paged_attention_ref.py (tests/kernels/test_cpu_decode_attention.py).
 
 The C++ is strand/kernels/csrc/decode_attention.cpp, built once with the other CPU kernels (strand/kernels/_cpu_build.py). Where

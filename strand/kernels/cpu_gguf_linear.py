@@ -148,9 +148,8 @@ def triton_max_m() -> int:
 
 # Rows up to which the packed kernel over GGUF rows runs SMALL_M rows at a time instead of
 # unpacking the weight (tiles take their kernel at any row count: gguf_tiled_linear). One
-# thread, 3072 x 576, int8 kernel: Q8_0 8 rows 0.41 ms in 4-row passes against 1.11 ms
-# unpacked; 16 rows 0.83 against 1.16; 32 rows 1.68 against 1.42. Q4_1: 16 rows 0.99 against
-# 1.07; 32 rows 2.03 against 1.46.
+# thread, 3072 x 576, int8 kernel: the 4-row passes beat unpacking up to 16 rows (by far at 8,
+# narrowly at 16, Q8_0 and Q4_1 alike) and lost at 32.
 CHUNKED_M = 16
 
 
@@ -184,9 +183,8 @@ def gguf_tiled_linear(x: torch.Tensor, tiles: torch.Tensor, qtype: int,
     """x @ w.T + bias for any number of rows over 16-row tiles, x rounded to int8 blocks once
     and each tile read once a call: [M, K] -> [M, N] in x's dtype. Products of many rows (a
     decode batch, a prefill) unpacked the weight to float32 per call for the GEMM library
-    before: one thread, SmolLM2's Q4_K_M layers at 32 rows 150 ms against 18 ms here, at 512
-    rows 1367 against 280 (29-50 GMAC/s against 238-248 with AVX-512 VNNI: its int8 products
-    are 4x float32's FMAs a cycle, and nothing is unpacked to memory). As llama.cpp, which
+    before, several times slower than here at 32 and 512 rows (with AVX-512 VNNI the int8
+    products are 4x float32's FMAs a cycle, and nothing is unpacked to memory). As llama.cpp, which
     rounds a prefill's activations too (its Q8_K), the outputs are the int8 product's
     (gguf_linear_ref.gguf_linear_int8_ref), within int8_rounding_bound of the float one."""
     if x.dim() != 2 or x.shape[0] < 1 or tiles.dim() != 3:
@@ -197,9 +195,9 @@ def gguf_tiled_linear(x: torch.Tensor, tiles: torch.Tensor, qtype: int,
 
 # Float32 weight rows unpacked at a time for products of many rows: a tile of at most ~8 MB is
 # unpacked into one buffer and multiplied, then the next, so a large weight (SmolLM2's tied
-# lm_head: 113 MB in float32) is never unpacked whole. One thread, 49152 x 576 Q4_1 (loaded
-# machine): 32 rows 52 ms in tiles against 164 ms whole (the fresh 113 MB's page faults and
-# writes), 512 rows 537 against 639; weights under one tile (the layers) as before.
+# lm_head: 113 MB in float32) is never unpacked whole. For such a 49152 x 576 Q4_1 weight, tiles
+# took a fraction of the whole unpack's time at 32 rows (the fresh 113 MB's page faults and
+# writes) and less at 512; weights under one tile (the layers) as before.
 TILE_BYTES = 8 << 20
 
 

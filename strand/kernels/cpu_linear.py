@@ -1,16 +1,16 @@
 """Linear layers on CPU through oneDNN instead of torch's default BLAS.
 
 torch's CPU `mm` goes to MKL, which on AMD processors runs its AVX2 code even where AVX-512 is
-there. oneDNN (bundled with torch as mkldnn) picks its kernels by the CPU's features alone. On the
-2-core AMD EPYC development machine, float32 at the engine's shapes (M = 64 decodes or 2048 prefill
-tokens, K = 512 or 1024, N = 512 to 32000): MKL 143-211 GFLOP/s, oneDNN 280-478 GFLOP/s, with
-the same float32 accuracy (max error about 1e-6 of the largest output; both sum in float32).
+there. oneDNN (bundled with torch as mkldnn) picks its kernels by the CPU's features alone, so on
+an AMD CPU with AVX-512 it ran float32 at the engine's shapes (M = 64 decodes or 2048 prefill
+tokens, K = 512 or 1024, N = 512 to 32000) about twice as fast as MKL, with the same float32
+accuracy (max error about 1e-6 of the largest output; both sum in float32).
 
 `torch.ops.mkldnn._linear_pointwise` is the op torch's own compiler (inductor) emits for CPU
 linear layers. Given a plain weight it copies it into its blocked layout on every call, which at
 64 decode rows costs about as much as the product; `pack_weight` does that once, at load
-(`layers/linear.py`): 399 -> 475 GFLOP/s at 64 x 512 x 2048, 371 -> 455 for a 32000-row lm_head,
-2-10% at 2048 rows, at the same float32 accuracy.
+(`layers/linear.py`), which measured faster at 64 decode rows and a little faster at 2048, at
+the same float32 accuracy.
 float32 on an AVX2 or AVX-512 CPU packs into panels for Strand's own GEMM instead (kernels/
 cpu_linear_panels.py: faster at decode batches, about level at prefill); `pack_weight` and
 `linear_packed` take either.
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 
+from strand import envs
 from strand.kernels import cpu_linear_panels
 from strand.platform.cpu_isa import probe
 
@@ -40,10 +40,10 @@ def unavailable_reason(dtype: torch.dtype = torch.float32) -> str | None:
     """None when oneDNN linear is usable here for `dtype`; else why not (checked once per dtype,
     on first use). bfloat16 also needs the CPU support oneDNN's bfloat16 kernels need
     (strand/platform/cpu_isa.py): without it torch's op raises rather than falling back."""
-    if os.environ.get("STRAND_DISABLE_CPU_KERNELS"):
+    if envs.disable_cpu_kernels():
         return "disabled by STRAND_DISABLE_CPU_KERNELS"
-    if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
-        return f"STRAND_CPU_GEMM={os.environ['STRAND_CPU_GEMM']}"
+    if envs.cpu_gemm() != "onednn":
+        return f"STRAND_CPU_GEMM={envs.cpu_gemm()}"
     if dtype not in _DTYPES:
         return f"oneDNN linear takes float32 or bfloat16, not {dtype}"
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn,
@@ -109,8 +109,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 # Rows of x up to which `linear_small` reads the weights itself (strand/kernels/csrc/linear_small.cpp):
 # a decode step of a few requests uses each weight a few times, so the product is a read of the
-# weights. On the 2-core AVX2-only EPYC, float32, SmolLM2's 30 layers at M=1: 20.7 ms (20 GB/s)
-# against 32.3 ms through oneDNN's packed weights and 37.2 ms through MKL; at M=4: 33 against 39.
+# weights. On an AVX2-only CPU, float32, SmolLM2's layers at M=1 took about two thirds of
+# oneDNN's time on its packed weights (and less than MKL's); at M=4 it still led oneDNN.
 SMALL_M = 4
 
 

@@ -3,29 +3,28 @@ dense weight (strand/kernels/csrc/linear_batch.cpp).
 
 A decode step of 32 requests uses each weight 32 times: compute-bound, but with the weights
 coming from memory once per step, which oneDNN's AVX2 kernels, blocked for large products, do not
-overlap with the arithmetic. SmolLM2-135M's 30 layers and lm_head at M = 32, one thread of the
-Xeon capped at AVX2, the weights cold as in a real step (benchmarks/linear_batch.py, load 2.5):
-float32 118 ms against oneDNN's 142; bfloat16 reads its own weights (half the bytes) instead of
-oneDNN's float32 copy: 114 against 153 ms. With AVX-512, oneDNN's own kernels are faster
-(float32: 95 against 109 ms) and bfloat16 has native oneDNN kernels, so this
-path is taken at the avx2 level only (strand/platform/cpu_isa.py; the generic level has too few
-registers for its tiles), and since session 15 only where the panels (strand/kernels/cpu_linear_panels.py)
-are switched off: their kernel is faster on the same rows.
+overlap with the arithmetic. At SmolLM2-135M's shapes, M = 32, one thread capped at AVX2, the
+weights cold as in a real step (benchmarks/linear_batch.py), this kernel measured faster than
+oneDNN in float32, and in bfloat16, where it reads its own weights (half the bytes) instead of
+oneDNN's float32 copy. With AVX-512, oneDNN's own kernels are faster and bfloat16 has native
+oneDNN kernels, so this path is taken at the avx2 level only (strand/platform/cpu_isa.py; the
+generic level has too few registers for its tiles), and only where the panels
+(strand/kernels/cpu_linear_panels.py) are switched off: their kernel is faster on the same rows.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from strand import envs
 from strand.kernels import cpu_linear_panels
 from strand.kernels.cpu_linear import SMALL_M
 from strand.platform.cpu_isa import probe
 
-# Rows up to which the kernel runs (at M = 64 it still led oneDNN, 204 against 231 ms on the
-# shapes above); far above, in prefill, oneDNN's blocking pays.
+# Rows up to which the kernel runs (at M = 64 it still led oneDNN on the shapes above); far
+# above, in prefill, oneDNN's blocking pays.
 BATCH_M = 64
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -35,9 +34,9 @@ def chosen() -> bool:
     """Whether decode batches go to linear_batch here: the avx2 level and the C++ kernels built.
     STRAND_LINEAR_BATCH=0 keeps oneDNN (for A/B measurements); STRAND_CPU_GEMM=torch and
     STRAND_DISABLE_CPU_KERNELS=1 turn it off with the other CPU paths."""
-    if os.environ.get("STRAND_DISABLE_CPU_KERNELS") or os.environ.get("STRAND_LINEAR_BATCH") == "0":
+    if envs.disable_cpu_kernels() or not envs.linear_batch():
         return False
-    if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
+    if envs.cpu_gemm() != "onednn":
         return False
     from strand.kernels._cpu_build import KERNELS
 
@@ -47,9 +46,9 @@ def chosen() -> bool:
 def takes(dtype: torch.dtype) -> bool:
     """Whether decode batches of this dtype go to linear_batch: where it is chosen and the
     layers' packed copies are not panels (strand/kernels/cpu_linear_panels.py), whose kernel is faster
-    on the same rows even on a float32 copy of bfloat16 weights: SmolLM2's 32-row step's
-    products, two threads, AVX2 emulated on the Zen 4, float32 48 against 78 ms, bfloat16 51
-    against 83 ms (STRAND_LINEAR_PANELS=0 brings it back)."""
+    on the same rows even on a float32 copy of bfloat16 weights (SmolLM2's 32-row step's
+    products at the avx2 level, float32 and bfloat16 alike; STRAND_LINEAR_PANELS=0 brings
+    linear_batch back)."""
     return dtype in _DTYPES and chosen() and not cpu_linear_panels.chosen()
 
 

@@ -2,14 +2,10 @@
 weights (strand/kernels/csrc/linear_panels.cpp), in place of oneDNN's packed copy.
 
 The weight is regrouped once, at load, into panels of 48 output columns (16 with AVX2) laid out
-along the input: one copy, the size of the weight, as oneDNN's was. SmolLM2-135M's shapes on the
-2-core Zen 4, two threads, the weights cold as in a decode step (30 layers and the lm_head,
-538 MB):
-
-| rows | AVX-512: panels / oneDNN | AVX2 (emulated): panels / oneDNN / linear_batch |
-|---|---|---|
-| 32 | 42.6 / 52.8 ms | 48.0 / 66.9 / 77.9 ms |
-| prefill, 4096 | 180-209 / 178-219 GFLOP/s | 156-189 / 157-204 GFLOP/s |
+along the input: one copy, the size of the weight, as oneDNN's was. At SmolLM2-135M's shapes
+with the weights cold, as in a decode step, the panels led oneDNN (and, under AVX2, linear_batch)
+at a 32-row decode batch and matched oneDNN at prefill (4096 rows), at the AVX-512 and AVX2
+levels alike; `python -m benchmarks.linear_batch` measures the three side by side.
 
 Each output is one float32 sum, as oneDNN's are. bfloat16 weights stay on oneDNN's native
 kernels (AVX-512) or linear_batch and a float32 copy (AVX2). The generic level has too few
@@ -20,10 +16,10 @@ STRAND_CPU_GEMM=torch and STRAND_DISABLE_CPU_KERNELS=1 turn it off with the othe
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from strand import envs
 from strand.kernels._cpu_build import KERNELS
 from strand.platform.cpu_isa import probe
 
@@ -32,9 +28,9 @@ from strand.platform.cpu_isa import probe
 def chosen() -> bool:
     """Whether float32 weights are packed into panels here: the avx2 or avx512 level, the C++
     kernels built, and not switched off."""
-    if os.environ.get("STRAND_DISABLE_CPU_KERNELS") or os.environ.get("STRAND_LINEAR_PANELS") == "0":
+    if envs.disable_cpu_kernels() or not envs.linear_panels():
         return False
-    if os.environ.get("STRAND_CPU_GEMM", "onednn") != "onednn":
+    if envs.cpu_gemm() != "onednn":
         return False
     return probe().level in ("avx2", "avx512") and KERNELS.module() is not None
 

@@ -38,8 +38,8 @@ def is_available() -> bool:
 def amx_applies(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether prefill_attention runs `dtype` on AMX tiles (strand/kernels/csrc/prefill_attention_amx.cpp):
     bfloat16, head_dim a multiple of 32 up to 256, the avx512 level with AMX-BF16 (cpu_isa), and
-    Linux granting the tile state. There a 512-token SmolLM2 layer takes about a quarter of
-    SDPA's time (benchmarks/README.md, session 10)."""
+    Linux granting the tile state. There a 512-token SmolLM2 layer takes well under SDPA's
+    time."""
     if dtype != torch.bfloat16 or head_dim % 32 or head_dim > 256 or not probe().amx_bf16:
         return False
     module = _EXTENSION.module()
@@ -49,7 +49,8 @@ def amx_applies(dtype: torch.dtype, head_dim: int) -> bool:
 def pairs_applies(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether prefill_attention runs `dtype`'s products by VDPBF16PS: bfloat16, an even
     head_dim, the avx512 level with AVX512_BF16 (cpu_isa) and no AMX (which is faster still).
-    SmolLM2's 512-token layer on the Zen 4, one thread: 3.8 -> 2.6 ms (benchmarks/README.md)."""
+    It measured faster than widening each bfloat16 element to float32 (SmolLM2's 512-token
+    layer, one thread)."""
     if dtype != torch.bfloat16 or head_dim % 2 or not probe().avx512_bf16:
         return False
     module = _EXTENSION.module()

@@ -3,14 +3,14 @@
 torch's OpenMP team leaves placement to the kernel. Between parallel regions its threads sleep
 after a short spin (openmp_env.py), and after an idle gap the kernel sometimes woke the team's two
 threads onto one CPU while the other stayed idle; they then took turns at every barrier and the
-step ran 2-4x longer (`perf sched` showed both threads on CPU 1 and CPU 0 idle). It happened to
-the first step after the gap only, to 5-18 of 60-80 lone requests over the ring (their first
-token 16-47 ms late instead of 8-9), never to the steps that followed; the engine stage's thread
-is woken by its event loop, while an in-process loop's wakes from its own timer, and the latter
-did not show it (benchmarks/README.md, session 24).
+step ran several times longer (`perf sched` showed both threads on one CPU and the other idle).
+It happened to the first step after the gap only, to a share of lone requests over the ring
+(their first token late by a multiple of a step), never to the steps that followed; the engine
+stage's thread is woken by its event loop, while an in-process loop's wakes from its own timer,
+and the latter did not show it.
 
 Binding each thread to one CPU for good, as vLLM's CPU worker does, ended it, and made requests
-take 1.4-1.5x as long while other processes kept the CPUs busy: a bound thread cannot move off a
+take much longer while other processes kept the CPUs busy: a bound thread cannot move off a
 busy CPU, and the team runs at the pace of its slowest thread. So the team is bound only around the
 first step after the engine was idle (`TeamSpread`, used by EngineCore.step), and floats again
 after it; under steady load there is no such step.
@@ -30,18 +30,18 @@ import os
 import threading
 from types import TracebackType
 
+from strand import envs
 from strand.platform.libgomp import PARALLEL_FN, loaded_libgomp
 
 logger = logging.getLogger(__name__)
 
 BIND_ENV = "STRAND_CPU_BIND"
 BIND_VALUES = ("auto", "off")
-_USER_PLACEMENT = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 
 
 def binding_mode() -> str:
     """STRAND_CPU_BIND's value; ValueError naming the variable when it is none of BIND_VALUES."""
-    value = os.environ.get(BIND_ENV, "auto") or "auto"
+    value = envs.cpu_bind()
     if value not in BIND_VALUES:
         raise ValueError(f"{BIND_ENV} must be one of {', '.join(BIND_VALUES)}, got {value!r}")
     return value
@@ -85,7 +85,7 @@ class TeamSpread:
 def team_spread() -> TeamSpread | None:
     """The calling thread's OpenMP team (torch's thread count), thread i to go on the i-th
     allowed CPU; None where nothing should be spread."""
-    if binding_mode() == "off" or any(name in os.environ for name in _USER_PLACEMENT):
+    if binding_mode() == "off" or envs.user_omp_placement():
         return None
     import torch
 

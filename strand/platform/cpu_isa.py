@@ -23,6 +23,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from strand import envs
+
 logger = logging.getLogger(__name__)
 
 ENV = "STRAND_CPU_ISA"
@@ -70,9 +72,9 @@ class CpuIsa:
         """AVX-512 VNNI's int8 dot product (vpdpbusd) for the GGUF kernels' integer path
         (strand/kernels/csrc/gguf_dot.h); below the avx512 level they use AVX2's maddubs pair.
         STRAND_DISABLE_VNNI (set at all) builds the avx512 level without it: the code an
-        AVX-512 CPU without VNNI (Skylake-SP) runs, which CI tests so on this one."""
+        AVX-512 CPU without VNNI (Skylake-SP) runs, which CI covers this way on a CPU with VNNI."""
         return (self.level == "avx512" and "avx512_vnni" in self.flags
-                and "STRAND_DISABLE_VNNI" not in os.environ)
+                and not envs.disable_vnni())
 
     @property
     def amx_bf16(self) -> bool:
@@ -80,7 +82,7 @@ class CpuIsa:
         STRAND_CPU_ISA=avx2 never takes them. STRAND_DISABLE_AMX=1 turns them off (A/B runs,
         tests of the path without them)."""
         return (self.level == "avx512" and {"amx_bf16", "amx_tile"} <= self.flags
-                and not os.environ.get("STRAND_DISABLE_AMX"))
+                and not envs.disable_amx())
 
     @property
     def avx512_bf16(self) -> bool:
@@ -88,7 +90,7 @@ class CpuIsa:
         for the bfloat16 prefill attention without AMX. STRAND_DISABLE_AVX512_BF16 (set at
         all) turns it off, as it does for the C++ kernels that test for it themselves."""
         return (self.level == "avx512" and "avx512_bf16" in self.flags
-                and "STRAND_DISABLE_AVX512_BF16" not in os.environ)
+                and not envs.disable_avx512_bf16())
 
     def compile_flags(self) -> list[str]:
         """-march for the C++ kernels: the level's baseline, tuned for this CPU (tuning never
@@ -146,7 +148,7 @@ def _detect(machine: str, flags: frozenset[str]) -> str:
 
 
 def _requested() -> str | None:
-    value = os.environ.get(ENV, "").strip().lower()
+    value = envs.cpu_isa()
     if not value:
         return None
     if value not in LEVELS:

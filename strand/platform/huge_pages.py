@@ -5,9 +5,8 @@ K/V, in 4 KB pages: one TLB miss a page, and the hardware prefetchers start over
 end. Where the kernel's transparent huge pages are on for madvise'd memory (most distributions'
 default, `madvise` in /sys/kernel/mm/transparent_hugepage/enabled), torch puts allocations of
 2 MB and more on 2 MB pages when THP_MEM_ALLOC_ENABLE=1 (c10's CPU allocator aligns them and
-calls madvise(MADV_HUGEPAGE)). On the Xeon capped at AVX2, one thread, the 32-request batch's
-decode steps took 7-8% less time that way (benchmarks/README.md, "The 32-request batch under
-AVX2, session 10").
+calls madvise(MADV_HUGEPAGE)). Batched decode steps, which stream the weights and many
+requests' K/V, measured faster that way.
 
 torch reads the variable once, at its first CPU allocation, so this runs when engine_core is
 imported (with configure_openmp_wait, before anything here imports torch). A value the user set
@@ -19,6 +18,8 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+
+from strand import envs
 
 ENV = "THP_MEM_ALLOC_ENABLE"
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -37,7 +38,8 @@ def thp_mode(path: Path = _THP_MODE) -> str | None:
 def configure_huge_pages(path: Path = _THP_MODE) -> bool:
     """Ask torch for huge pages unless the user chose, the OS is not Linux or THP is off;
     True when the variable was set here."""
-    if ENV in os.environ or platform.system() != "Linux" or thp_mode(path) in (None, "never"):
+    if (envs.user_thp_mem_alloc() or platform.system() != "Linux"
+            or thp_mode(path) in (None, "never")):
         return False
     os.environ[ENV] = "1"
     return True

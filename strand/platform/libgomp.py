@@ -33,8 +33,8 @@ def release_idle_team() -> bool:
     """Let the calling thread's OpenMP team go: its idle threads exit (a later parallel region
     on this thread starts a new team). libgomp cuts every team's spin between regions to ~100
     iterations while it manages more threads than there are CPUs, so a second team in the
-    process (a caller's, left by torch work it did on its own thread) slows the engine's steps:
-    AsyncLLM's by 9% on 2 CPUs (benchmarks/README.md, session 25). True when libgomp let it go
+    process (a caller's, left by torch work it did on its own thread) slows the engine's steps
+    (measurably AsyncLLM's, with few CPUs). True when libgomp let it go
     or there was none; False without libgomp or its OpenMP 5.0 pause call."""
     lib = loaded_libgomp()
     pause = getattr(lib, "omp_pause_resource_all", None) if lib is not None else None

@@ -90,9 +90,11 @@ def _version() -> str:
 def _parse_stack_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """The stack's flags, the engine's among them checked here (one line, before any stage
     starts) rather than by an engine process that would exit before it was healthy."""
+    from strand.engine_core.config_checks import check_engine_args
+
     args = parser.parse_args(argv)
     try:
-        EngineArgs.from_cli_args(args)
+        check_engine_args(EngineArgs.from_cli_args(args))
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     return args

@@ -3,17 +3,16 @@
 grpcio's default TCP path (EventEngine) hands a message that arrives at an idle process from the
 thread that polls the socket to a thread pool, then to grpc.aio's completion-queue thread, then to
 the asyncio loop. Its older path (iomgr) reads the socket on the thread that waits for completions:
-one thread wake-up fewer. Measured with `python -m benchmarks.grpc_hop` (grpcio 1.85.3, 2-core VM,
-medians of 11 alternating rounds): one stream message after 20 ms of idle 0.45 -> 0.36 ms, back to
-back 0.13 -> 0.08 ms; the gain is in the receiving process, and a lone request's first token is
-received six times on its way through the ring.
+one thread wake-up fewer. `python -m benchmarks.grpc_hop` measures it: one stream message is
+received sooner on iomgr, after an idle gap and back to back alike; the gain is in the receiving
+process, and a lone request's first token is received six times on its way through the ring.
 
 Opt-in (STRAND_GRPC_IOMGR=1), not the default: over the whole ring a lone request's added time
-to first token did not move beyond the run-to-run spread (9.30 and 8.96 ms on gRPC's default path,
-9.20 and 8.84 on iomgr, alternating rounds), and CI's one run with it on by default failed a
+to first token did not move beyond the run-to-run spread (alternating rounds of the two paths),
+and CI's one run with it on by default failed a
 fault-recovery test once (a request added right after a restarted detokenizer was ready found it
 not subscribed to the engine; not seen again in three reruns of that file). iomgr is also the path gRPC means to
-retire. The numbers are in benchmarks/README.md.
+retire.
 
 gRPC reads GRPC_EXPERIMENTS once, when its core starts, so it must be in the environment before
 `import grpc`: `strand/services/__init__.py` calls `apply()`, which every stage's `python -m strand.services.X`
@@ -27,6 +26,8 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 from importlib import metadata
+
+from strand import envs
 
 ENV = "GRPC_EXPERIMENTS"
 OPT_IN_ENV = "STRAND_GRPC_IOMGR"
@@ -49,7 +50,7 @@ def apply(environ: MutableMapping[str, str] = os.environ,
           minor: tuple[int, int] | None = None) -> bool:
     """Put gRPC on its iomgr TCP path where STRAND_GRPC_IOMGR=1 asks; True when this call set
     it."""
-    if ENV in environ or environ.get(OPT_IN_ENV, "") in ("", "0"):
+    if envs.user_grpc_experiments(environ) or not envs.grpc_iomgr(environ):
         return False
     if (minor or grpcio_minor()) not in MEASURED_MINORS:
         return False

@@ -218,7 +218,7 @@ class Stack:
     def command(self, name: str) -> list[str]:
         cfg = self.config
         module = "engine" if name in cfg.engine_names else name
-        cmd = [sys.executable, "-m", f"services.{module}", "--host", cfg.host,
+        cmd = [sys.executable, "-m", f"strand.services.{module}", "--host", cfg.host,
                "--port", str(self.ports[name])]
         if cfg.otlp_traces_endpoint:
             cmd += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]

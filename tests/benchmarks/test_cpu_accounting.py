@@ -49,7 +49,7 @@ def _burning_thread(seconds: float) -> threading.Thread:
 
 
 def test_a_thread_that_ends_between_the_snapshots_does_not_make_the_run_negative() -> None:
-    # The failure this guards against (CI, session 21): a sum over the live threads loses a
+    # The failure this guards against (seen in CI): a sum over the live threads loses a
     # thread's whole lifetime when it ends, so "after - before" came out below zero. Here the
     # old thread takes ~0.3 s out of such a sum while this one adds 0.2 s.
     old = _burning_thread(0.4)

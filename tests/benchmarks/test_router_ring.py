@@ -1,5 +1,5 @@
 """benchmarks/router_ring.py refuses a bad workload before it starts any stack (a real run
-starts three 2-replica stacks: benchmarks/README.md has one)."""
+starts three 2-replica stacks)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-PROBE = ("import os, sys, engine_core; "
+PROBE = ("import os, sys, strand.engine_core; "
          "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
 
 

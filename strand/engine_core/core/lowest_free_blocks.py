@@ -5,8 +5,8 @@ a request's tail before its prefix: FreeKVCacheBlockQueue, as vLLM). Without it 
 holds nothing worth keeping, and only where its memory lies matters: a pool handed out in the
 order the last requests freed their blocks gives a new request blocks scattered over the whole
 cache (its prompt's blocks in reverse and interleaved with 63 other requests' decode blocks,
-after a batch of 64), and the decode attention that walks them ran the standard workload 6-7%
-slower than on a fresh pool (benchmarks/README.md, session 23). The lowest free ids first keep a
+after a batch of 64), and the decode attention that walks them ran the standard workload
+measurably slower than on a fresh pool. The lowest free ids first keep a
 request's blocks together where the pool allows, as on a fresh pool.
 """
 

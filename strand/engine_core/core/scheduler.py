@@ -25,7 +25,7 @@ from strand.engine_core.core.step_plan import RunningPlan, leading_rows, logprob
 from strand.engine_core.core.stop import check_stop
 from strand.engine_core.core.tier_reset import TierReset, connector_tiers
 from strand.engine_core.errors import DuplicateRequestError
-from strand.engine_core.pooling.params import PoolerConfig
+from strand.engine_core.pooler_config import PoolerConfig
 from strand.engine_core.spec_decode.config import drafts_allowed
 from strand.engine_core.spec_decode.ngram import NgramProposer
 from strand.engine_core.spec_decode.stats import SpecDecodingStats

@@ -19,7 +19,7 @@ q/k norms, sliding windows and attention soft-capping act per head, and a rank h
 final-logit soft-capping runs in compute_logits after ParallelLMHead's gather. Phi-3's fused
 checkpoint tensors are cut per part by shard_loading.
 
-The fused C++ decode call (layers/fused_decode.py) has no all-reduce inside a layer, so sharded
+The fused C++ decode call (models/llama_fused_decode.py) has no all-reduce inside a layer, so sharded
 models run the layer-by-layer path (same kernels per op, one call each); fused_decode skips
 any model whose o_proj / down_proj is not a plain Linear.
 """

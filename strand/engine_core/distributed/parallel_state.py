@@ -10,7 +10,6 @@ worker waits there for as long as the engine is idle.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from strand import envs
 
 logger = logging.getLogger(__name__)
 
@@ -144,21 +145,19 @@ def init_tp_group(init: DistributedInit, rank: int) -> TPGroup:
                    timeout_s=init.timeout_s, command_group=command_group)
 
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                 "MASTER_PORT")
-
-
 def torchrun_rank() -> int | None:
     """This process's rank when torchrun (torch.distributed.run) started it, else None."""
-    if not all(v in os.environ for v in TORCHRUN_VARS):
-        return None
-    return int(os.environ["RANK"])
+    env = envs.torchrun()
+    return None if env is None else int(env["RANK"])
 
 
 def torchrun_init(tensor_parallel_size: int, backend: str, timeout_s: float) -> DistributedInit:
     """torchrun's environment as a DistributedInit; ValueError when its world is not the
     engine's tensor_parallel_size."""
-    env = os.environ
+    env = envs.torchrun()
+    if env is None:
+        raise ValueError("torchrun_init needs the variables torchrun sets: "
+                         f"{', '.join(envs.TORCHRUN_VARS)}")
     world, per_node = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
     if world != tensor_parallel_size:
         raise ValueError(f"tensor_parallel_size ({tensor_parallel_size}) must equal torchrun's "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import sys
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -17,6 +16,7 @@ from multiprocessing.process import BaseProcess
 import torch
 import torch.distributed as dist
 
+from strand import envs
 from strand.engine_core.connector.cpu_tier import CPUBlockTier
 from strand.engine_core.connector.offload import OffloadMetadata
 from strand.engine_core.distributed import commands
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 def run_worker(init: DistributedInit, rank: int) -> None:
     """The body of one worker process; returns when rank 0 says shutdown."""
     # The services' log-level variable (strand/services/common/errors.py), as in the engine process.
-    logging.basicConfig(level=os.environ.get("STRAND_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=envs.log_level() or "WARNING",
                         format=f"%(asctime)s rank{rank} %(name)s: %(message)s")
     tp = init_tp_group(init, rank)
     try:

@@ -48,7 +48,7 @@ def add_lora(
             continue
         torch.mm(xs.narrow(0, start, length) @ lora_a[slot].t(), lora_b[slot].t(), out=rows)
     # index_put_, not index_add_: on CPU index_add_ wakes the OpenMP team even for a few rows,
-    # ~6 ms a call on a busy 2-core machine (index_put_: a few us). Rows are distinct.
+    # milliseconds a call on a busy machine (index_put_: microseconds). Rows are distinct.
     out.index_put_((segs.rows,), delta, accumulate=True)
     return out
 

@@ -3,12 +3,12 @@
 glibc serves allocations above M_MMAP_THRESHOLD (128 KiB to 32 MiB, adaptive) with a fresh mmap
 and returns them to the kernel on free. A step allocates tens of MB of gathered K/V, attention
 output and activations per layer; with mmap each of those pages is faulted in and zeroed by the
-kernel every time, which measured ~3x slower than the copy itself on a 2-core CPU. Raising the
+kernel every time, which measured several times slower than the copy itself. Raising the
 thresholds keeps freed memory in the process and reuses it.
 
 That holds for the main arena only: a thread other than the main one (the engine service steps
 on its own thread) gets an arena of mmap'ed heaps that are trimmed back to the kernel as they
-empty: a run stepped there took 1.7x the page faults. One arena for every thread keeps all of them
+empty: a run stepped there took far more page faults. One arena for every thread keeps all of them
 on the tuned heap; the engine's allocations are few and large, so sharing its lock costs nothing.
 """
 

@@ -1,4 +1,5 @@
-"""PoolingParams and PoolerConfig: what a pooling request asks, and how the model pools.
+"""PoolingParams: what a pooling request asks; how the model pools is PoolerConfig
+(strand/engine_core/pooler_config.py, plain data beside EngineArgs).
 
 vLLM's names and defaults: a decoder model served with runner="pooling" embeds a prompt as the
 final-norm hidden state of its last token ("LAST"), L2-normalised. pooler_config may ask for the
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from strand.engine_core.pooler_config import PoolerConfig
 from strand.engine_core.pooling.sentence_transformers import pooler_defaults
 from strand.engine_core.sampling_params import RequestOutputKind, SamplingParams
 
@@ -21,54 +23,8 @@ if TYPE_CHECKING:  # the tokenizer and detokenizer stages load no torch
 
     from strand.engine_core.model_executor.model_config import ModelConfig
 
-POOLING_TYPES = ("LAST", "MEAN", "CLS")
-RUNNERS = ("generate", "pooling")
 # vLLM's pooling tasks: "score" is a cross-encoder's "classify" of a text pair (one label).
 POOLING_TASKS = ("embed", "classify", "score")
-
-
-@dataclass(frozen=True, slots=True)
-class PoolerConfig:
-    pooling_type: str = "LAST"
-    normalize: bool = True
-    # Set by the engine from the model (not a pooler_config key): a classifier's label count;
-    # 0 for a model that embeds.
-    num_labels: int = 0
-    activation: str = "softmax"  # a classifier's: "sigmoid" | "softmax" | "identity"
-    # Matryoshka embeddings (config.json's is_matryoshka / matryoshka_dimensions, which
-    # hf_overrides may set): whether PoolingParams.dimensions may shorten the vector, to which
-    # widths (empty: any up to hidden_size), and the full width.
-    is_matryoshka: bool = False
-    matryoshka_dimensions: tuple[int, ...] = ()
-    hidden_size: int = 0
-
-    @property
-    def task(self) -> str:
-        """What the model's pooler does for a request that names no task."""
-        return "classify" if self.num_labels else "embed"
-
-    @staticmethod
-    def from_dict(values: dict[str, Any] | None) -> PoolerConfig:
-        """ValueError naming pooler_config.<key> for an unknown key or a bad value."""
-        values = dict(values or {})
-        unknown = sorted(set(values) - {"pooling_type", "normalize"})
-        if unknown:
-            raise ValueError(f"pooler_config has unknown keys {unknown}; allowed: "
-                             "['normalize', 'pooling_type']")
-        kind = values.get("pooling_type", "LAST")
-        if not isinstance(kind, str) or kind.upper() not in POOLING_TYPES:
-            raise ValueError(f"pooler_config.pooling_type must be one of {list(POOLING_TYPES)}, "
-                             f"got {kind!r}")
-        normalize = values.get("normalize", True)
-        if not isinstance(normalize, bool):
-            raise ValueError(f"pooler_config.normalize must be a bool, got {normalize!r}")
-        return PoolerConfig(kind.upper(), normalize)
-
-    @property
-    def needs_every_row(self) -> bool:
-        """Whether pooling reads hidden states of positions before the last: such a request
-        must compute its whole prompt (no prefix-cache or connector hit skips a position)."""
-        return self.pooling_type != "LAST"
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from strand.engine_core.pooling.params import PoolerConfig
+from strand.engine_core.pooler_config import PoolerConfig
 
 
 @dataclass(slots=True)

@@ -12,6 +12,8 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from strand.engine_core.chat_config import chat_template_source
+
 
 class _StrictSandbox(ImmutableSandboxedEnvironment):
     # jinja2's sandbox answers an unsafe attribute (`__class__`, ...) with an Undefined that prints
@@ -110,16 +112,7 @@ def _render(template: str, messages: list[dict[str, Any]], add_generation_prompt
 def load_chat_template(value: str) -> str:
     """vLLM's --chat-template: a file's template, or the template itself as given; ValueError
     naming chat_template for neither, or for a template that does not parse."""
-    from pathlib import Path
-
-    path = Path(value).expanduser()
-    if path.is_file():
-        template = path.read_text(encoding="utf-8")
-    elif "{{" in value or "{%" in value:
-        template = value
-    else:
-        raise ValueError(f"chat_template: {value!r} is no file, and no template either (it "
-                         "has no {{ or {%)")
+    template = chat_template_source(value)
     try:
         _compile(template)
     except TemplateError as exc:

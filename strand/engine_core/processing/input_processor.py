@@ -9,15 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from strand.engine_core.chat_config import check_template_kwargs, think_tags
 from strand.engine_core.core.engine_io import EngineCoreRequest
 from strand.engine_core.lora.request import LoRARequest
 from strand.engine_core.pooling.params import PoolingParams, check_runner_fits
-from strand.engine_core.processing.chat_kwargs import (
-    REASONING_KEYS,
-    check_template_kwargs,
-    with_reasoning_keys,
-)
-from strand.engine_core.processing.reasoning import prompt_ends_reasoning, think_tags
+from strand.engine_core.processing.chat_kwargs import REASONING_KEYS, with_reasoning_keys
+from strand.engine_core.processing.reasoning import prompt_ends_reasoning
 from strand.engine_core.processing.request_limits import (
     RequestLimits,
     check_params,

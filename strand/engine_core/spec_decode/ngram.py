@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strand.engine_core.spec_decode.config import SpeculativeConfig
+from strand.engine_core.speculative_config import SpeculativeConfig
 
 
 class NgramProposer:

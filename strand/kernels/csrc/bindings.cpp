@@ -4,13 +4,13 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "decode_stack.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 
 // The calls that run long (a whole decode step, attention, products: tens of microseconds to
 // milliseconds) let go of the GIL while they compute (`release`), as torch's own ops do: another
 // thread of the process (the engine service's event loop) runs meanwhile instead of waiting for
 // the step to end. Measured on the ring, this moved neither TTFT nor throughput beyond the
-// spread (benchmarks/README.md, session 17); it is kept for the loop taking adds and aborts during
+// spread; it is kept for the loop taking adds and aborts during
 // a step. Short elementwise calls keep the GIL: they take microseconds, and each release is a
 // chance for the other thread to take it for longer.
 namespace {

@@ -1,8 +1,8 @@
 // Argument checks whose messages are built without iostreams.
 //
 // TORCH_CHECK(cond, "x ", n) formats its message with std::ostringstream, instantiated in this
-// extension. On the H100 machine's image (torch 2.11, g++ 13) a failing check crashed inside the
-// stream's number formatting (a locale facet call landed in codecvt) instead of raising, so every
+// extension. With torch 2.11 and g++ 13 a failing check was seen to crash inside the stream's
+// number formatting (a locale facet call landed in codecvt) instead of raising, so every
 // bad-argument path was a segfault there. std::to_string formats through snprintf, and a single
 // std::string message goes to torch's own library untouched.
 #pragma once

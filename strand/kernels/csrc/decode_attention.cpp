@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -23,8 +23,8 @@
 // The arithmetic is register-wide vectors (vec16.h's vl: 16 floats with AVX-512, 8 with AVX2):
 // dot products of that many tokens are reduced together by a transpose-and-add tree, and exp is
 // a vector polynomial, not a libm call per score. Nothing wider than a register is carried
-// through a loop: under AVX2 GCC keeps such a value on the stack (2 GB/s of K/V that way, on one
-// thread of an AVX2-only EPYC, against 11 GB/s of memory bandwidth).
+// through a loop: under AVX2 GCC keeps such a value on the stack (K/V then read at a fraction
+// of the memory's bandwidth).
 namespace {
 using namespace strand;
 
@@ -44,14 +44,13 @@ constexpr bool fits_registers() {
 // Asks for the cache rows of block `b` (tokens from t0 on, up to len) before they are needed.
 // Blocks lie anywhere in the pool, so the hardware prefetchers stop at each block's end and
 // start over at the next; asking kAhead blocks ahead keeps the loads in flight (on the standard
-// workload's decode steps: 3.27 s without, 3.05 s one block ahead, 2.92 s two).
+// workload's decode steps two blocks ahead beat one, and one beat none).
 // The asks are spread over the work on the current block, a few lines at each row it reads:
 // all of a block's lines asked at once (192 for a float32 block of SmolLM2) stalled the core
-// once the miss buffers were full, 40% of the kernel's time on a Zen 4 EPYC. They fill L2, not
+// once the miss buffers were full, a large share of the kernel's time. They fill L2, not
 // L1 (locality 2: prefetcht1): L1's few miss buffers held the loads in flight to a third of
-// what one core can stream, and two blocks of every kv head fit L2 with room to spare (on the
-// Zen 4, one thread, 32 requests of 192 tokens from a pool past L3: float32 1.23 -> 0.87 ms a
-// layer, bfloat16 0.80 -> 0.58).
+// what one core can stream, and two blocks of every kv head fit L2 with room to spare (one
+// thread, 32 requests of 192 tokens from a pool past L3: faster in float32 and bfloat16 alike).
 template <typename T>
 struct Trickle {
   const char* p = nullptr;

@@ -10,8 +10,8 @@
 // them, the final norm and the lm_head after, so that a step is one call from its token ids to
 // its logits. Profiled on one thread (SmolLM2, packed Q4_1, bs=1), the Python between the C++
 // step and the sampler (the step's index checks, int casts, the embedding, the final norm and
-// the lm_head's wrappers: ~25 small torch calls) took 0.4-0.5 ms of a ~9.5 ms step, where the
-// same calls in a tight loop take ~0.06 ms: after the step has streamed ~96 MB of weights
+// the lm_head's wrappers: ~25 small torch calls) took about 5% of the step, several times what
+// the same calls take in a tight loop: after the step has streamed ~96 MB of weights
 // through the caches, every Python object and torch dispatch path is a cache miss. Here the
 // checks are loops over M <= kMaxDecodeRows rows and the embedding is M row copies.
 

@@ -10,20 +10,20 @@
 // The decoder layers of a Llama-family model for a decode step (1 to kMaxDecodeRows rows, one
 // new token each), run from C++: the same kernels the Python layers call one by one (RMSNorm
 // with the residual add, the few-row linear, rotary, KV write, paged decode attention,
-// silu-and-mul), in the same order on the same data. At one row a layer's weights take ~1 ms to
-// read on 2 cores, and the ~11 Python-level calls of the layer (module dispatch, argument
-// checks, tensor bookkeeping) took ~0.6 ms more; a call per layer from Python still cost ~20 us
-// of argument conversion and ~45 us of tensor creation (intermediates, views) a layer: 2 ms of a
-// 35 ms bfloat16 step on one thread. So the layers' weights are handed over once (add_layer),
+// silu-and-mul), in the same order on the same data. At one row the ~11 Python-level calls of
+// a small model's layer (module dispatch, argument checks, tensor bookkeeping) cost more than
+// half the time its weights take to read; a call per layer from Python still cost tens of
+// microseconds of argument conversion and tensor creation (intermediates, views) a layer, a few
+// percent of a bfloat16 step. So the layers' weights are handed over once (add_layer),
 // each step is one call, and a layer's intermediates live in buffers made once per row count.
 // The caller checks once per step what the Python wrappers check per call
-// (strand/engine_core/model_executor/layers/fused_decode.py).
+// (strand/engine_core/model_executor/models/llama_fused_decode.py).
 // A decode batch of 5 or more rows (32 requests, say) takes the same path with the kernel the
 // layer-by-layer path runs for its dense projections: linear_batch where it is chosen
 // (strand/kernels/cpu_linear_batch.py: the avx2 level), else the packed weights (set_batch_weights):
 // float32 panels (linear_panels.cpp) at the avx512 level, oneDNN's copies otherwise; GGUF tiles
 // take their int8 kernel at any row count (gguf_tiled.cpp). SmolLM2's 30 layers of Python calls
-// were ~12 ms of a ~165 ms step of 32 rows on one thread, serial at any thread count.
+// were several percent of a one-thread step of 32 rows, serial at any thread count.
 void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                      const c10::optional<at::Tensor>& b, int64_t qtype) {
   const int64_t M = x.size(0);

@@ -4,7 +4,7 @@
 
 #include <mutex>
 
-#include "strand.kernels.h"
+#include "kernels.h"
 
 // Rows up to which the few-row kernels run (strand/kernels/cpu_linear.py's SMALL_M), and up to which a
 // step is taken at all (strand/kernels/cpu_linear_batch.py's BATCH_M: linear_batch above kSmallRows).
@@ -73,7 +73,7 @@ class DecodeStack {
   };
   // Every intermediate of a layer at M rows, and views of them; made once per M and reused by
   // every layer of every step, so a layer creates no tensor (each at::empty, narrow or select
-  // costs 1-2 us through the dispatcher: ~20 a layer were 1.3 ms of a 35 ms bfloat16 step).
+  // costs microseconds through the dispatcher: ~20 a layer were a few percent of a step).
   struct Buffers {
     at::Tensor normed, res_a, res_b, qkv, q, k, v, attn, attn_rows, o, normed2, gate_up, act,
         out;

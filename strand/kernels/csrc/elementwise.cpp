@@ -2,7 +2,7 @@
 // (the attention sources may fuse; they are compared within a tolerance).
 #pragma GCC optimize("fp-contract=off")
 
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,8 +25,8 @@
 // walked 16 values a block (kParts vl each) so that every level splits rows into vector and
 // scalar parts at the same place and sums in the same order: the same bits at every ISA level.
 // On 64-byte v16s under AVX2, GCC lowered the selects of exp and argmax and the carried sums
-// through the stack: one thread, silu-and-mul of 512 x 1536 took 2.90 ms (0.46 with AVX-512),
-// argmax of 32 x 49152 5.8 ms (0.35), RMSNorm of 512 x 576 0.13 ms (0.05).
+// through the stack: silu-and-mul, argmax and RMSNorm then took several times (argmax over ten
+// times) their AVX-512 time.
 namespace {
 using namespace strand;
 
@@ -99,8 +99,8 @@ void norm_rows(T* out, T* new_residual, const T* x, const T* residual, const T* 
 
 #if defined(__AVX512F__)
 // silu(g) = g * sigmoid(g) for float32 without a division: VDIVPS (16 lanes every ~16 cycles)
-// and vexp's clamps made silu-and-mul compute-bound, 1.8x the time of a plain product over the
-// same bytes (34 against 19 ms for SmolLM2's 30 layers at 512 tokens, one thread).
+// and vexp's clamps made silu-and-mul compute-bound, nearly twice the time of a plain product
+// over the same bytes (SmolLM2's 30 layers at 512 tokens, one thread).
 // sigmoid(g) = 1 / (1 + e^-|g|) for g >= 0 and e^-|g| / (1 + e^-|g|) below: e^-|g| is in
 // (0, 1], so nothing overflows, and 1 / (1 + e) comes from RCP14 (14 bits) and one Newton step
 // (28 bits, under float32's 24). e^-|g| is vexp's polynomial with 2^n applied by VSCALEFPS
@@ -143,7 +143,7 @@ inline vl silu_vec(vl g, bf16*) { return g / (1.f + vexp(-g)); }
 // silu(g) rounded to bfloat16 for every bfloat16 g, indexed by g's bits: the vector code's own
 // results (silu_vec then rnd, 65536 values, built once), so a lookup gives the same bits. A
 // 16-lane gather from the 128 KB table (L2-resident) replaces exp and the division: one
-// thread, 512 x 1536 (a SmolLM2 layer's prefill) 0.62 -> ~0.25 ms alone.
+// thread, 512 x 1536 (a SmolLM2 layer's prefill) in well under half the time.
 const uint16_t* silu_bf16_table() {
   static const std::vector<uint16_t> table = [] {
     std::vector<uint16_t> t(65536 + 16);  // + 16: gathers read 4 bytes at 2-byte steps

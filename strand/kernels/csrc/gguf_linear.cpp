@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 
@@ -28,8 +28,9 @@
 // AVX2, or plain C++), scaled once per block by d_w * d_x; the offset part of Q4_0/Q4_1 (-8 d or
 // m, times the block's sum of x) uses the activation blocks' sums. The earlier kernel widened
 // every quant to float32 in registers: its per-block conversions, not memory, bounded it
-// (3.7 GB/s read on one thread where float32 reads 11). The int8 rounding of x differs from the
-// float product by at most sum_b (d_x,b / 2) * sum_j |w_j| per output (as llama.cpp's does).
+// (on one thread it read a third of the bytes a second that float32 reads). The int8 rounding
+// of x differs from the float product by at most sum_b (d_x,b / 2) * sum_j |w_j| per output (as
+// llama.cpp's does).
 // A weight regrouped into 16-row tiles (a 3-D tensor, gguf_tiled.cpp: what GGUFLinear keeps on
 // CPU) goes to the tiled kernel, which reads 16 rows per vector instruction.
 // gguf_dequantize: the float32 weights, for products of many rows (a GEMM library then reuses
@@ -184,9 +185,10 @@ constexpr int kRows = 2;
 
 // Software prefetch kPrefetchRows weight rows ahead of the rows being read. The row group reads
 // kRows rows side by side, each only K / 32 blocks long (360 bytes for K = 576), too short for
-// the hardware prefetchers to ramp up: without it one thread read SmolLM2's 66 MB of Q4_1 layers
-// at 3.2 GB/s, with it at 9.4 (1 row, sequential, but one accumulator chain: 3.6). One prefetch a
-// cache line: every other block of the 4-bit types (18-20 bytes), every block of Q8_0 (34).
+// the hardware prefetchers to ramp up: with it one thread read SmolLM2's Q4_1 layers about three
+// times as fast as without (1 row at a time, sequential but one accumulator chain, gained little).
+// One prefetch a cache line: every other block of the 4-bit types (18-20 bytes), every block of
+// Q8_0 (34).
 constexpr int64_t kPrefetchRows = 8;
 
 // sum_b [d_w d_x * sum_j q_w q_x + offset_w * s_x] for rows n0..n1 of w and M rows of x.

@@ -84,8 +84,8 @@ inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
 inline I32 isub(I32 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 inline I32 iadd(I32 a, I32 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 // A block's sums chunk by chunk, as dot_unsigned. Without VNNI too: AVX2's pair sums (below)
-// measured slower here (STRAND_DISABLE_VNNI, one thread, 1536 x 1536 at 32 and 256 rows: Q4_K
-// 141-150 GMAC/s against 163-168 widening a chunk at a time, Q4_1 157-177 against 180-185).
+// measured slower here than widening a chunk at a time (STRAND_DISABLE_VNNI, one thread,
+// 1536 x 1536 at 32 and 256 rows, Q4_K and Q4_1 alike).
 constexpr bool kPairSums = false;
 using P16 = I32;
 inline P16 pzero() { return izero(); }

@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
@@ -22,7 +22,7 @@
 // on load: its AMX/VNNI buffer regroups every weight into 16-row tiles). Profiled on one thread,
 // the row-by-row kernel (gguf_linear.cpp) spent ~12 instructions per 20-byte Q4_1 block (two
 // float16 conversions, broadcasts, the offset's scalar product, a horizontal sum per row) and
-// read SmolLM2's 66 MB of Q4_1 layers at 7.8 GB/s where its 30 MB Q8_0 lm_head read at 14.
+// read SmolLM2's Q4_1 layers at about half the rate of its Q8_0 lm_head's bytes.
 //
 // Layout: [N / 16, K / 32, 16 * block bytes] uint8. Tile t, block b (the 16 rows' block b):
 //   quants: 4 (4-bit types) or 8 (Q8_0) chunks of 64 bytes; chunk c holds bytes 4c..4c+3 of
@@ -51,9 +51,9 @@ using namespace strand;
 constexpr int64_t kBlock = 32, kTileRows = 16;
 // A weight is one sequential stream of tiles, but each is read once per step and some are
 // small (576 x 576 Q4_1: 207 KB), so the hardware prefetcher's ramp at every weight's start
-// shows; software prefetch 4 tile-blocks ahead (Q4_1 1280 bytes, Q8_0 2176). On the loaded
-// machine (bimodal timings, best of many): SmolLM2's Q4_1 layers 5.9-6.9 ms at 1 KB ahead
-// against 6.7-11.7 without; a 49152 x 576 Q8_0 lm_head 2.2-2.5 ms at 1 KB, 1.2 at 2-4 KB.
+// shows; software prefetch 4 tile-blocks ahead (Q4_1 1280 bytes, Q8_0 2176). Measured (bimodal
+// timings, best of many): SmolLM2's Q4_1 layers ran faster 1 KB ahead than without, and a
+// 49152 x 576 Q8_0 lm_head about twice as fast 2-4 KB ahead as 1 KB ahead.
 constexpr int64_t kPrefetchTileBlocks = 4;
 constexpr int64_t kSuper = 256, kQ4KBytes = 144, kQ4KTileBlock = 288;
 using Format = GGUFFormat;
@@ -136,7 +136,7 @@ inline float field_at(const uint8_t* fields, int64_t h, int64_t r) {
 
 // The types with bit planes (Q5_0, Q5_1, Q5_F, Q6_F) from their tiles straight to float32
 // rows, for products of many rows: untiling them first moved each fifth and sixth bit on its
-// own, 134 ms of the wide 0.63B model's 163 ms a prefill step spent unpacking its Q6_F rows.
+// own: most of the wide 0.63B model's prefill step went to unpacking its Q6_F rows.
 // The same float32 ops as gguf_linear.cpp's dequantize_planes over rows (and the reference).
 template <int64_t Q>
 void dequantize_plane_tiles(const uint8_t* w, float* out, int64_t N, int64_t K) {
@@ -411,9 +411,9 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
 // Rows of x one tiles_task takes together: each row's sums are its own two chains of
 // instructions, and more rows a pass reuse each unpacked chunk of weights more. With AVX-512's
 // 32 registers, 8 rows (24 accumulators): one thread over SmolLM2's Q4_K_M layers at 32-512
-// rows did 238-248 GMAC/s against 186-194 at 4 rows (12 rows in one chain each: 190-205, 8 in
-// one chain: 230-242). AVX2's 16 registers hold a 4-row pass's 24 halves already spilled; 2
-// rows there: 71-74 against 67-70, within the noise.
+// rows ran about a quarter faster than at 4 rows, and ahead of 12 rows or 8 in one chain each.
+// AVX2's 16 registers hold a 4-row pass's 24 halves already spilled; 2 rows there differed from
+// 4 within the noise.
 #if defined(__AVX512F__)
 constexpr int64_t kRowGroup = 8;
 #else
@@ -436,7 +436,7 @@ void by_rows(int64_t rows, F&& f) {
 // part's first column). A tile is read from memory once a call and from cache for its other
 // row groups, and x is rounded once for them all: a decode batch of 32 rows or a prefill
 // unpacked every weight to float32 per call for the GEMM library before (one thread, SmolLM2's
-// Q4_K_M linears at 32 rows: 150 ms, 29 GMAC/s, against 18 ms, 238 GMAC/s, here). Each row's
+// Q4_K_M linears at 32 rows: about eight times the time they take here). Each row's
 // sums are the same instructions whatever the other rows, so a row's outputs do not depend on
 // the rows beside it.
 template <int64_t Q, typename T>

@@ -1,8 +1,8 @@
 // The CPU kernels' entry points, shared by their sources and bindings.cpp.
 //
 // The kernel sources include ATen's tensor and parallel headers only: <torch/extension.h> costs
-// about 37 s of compile time per source file on a 2-core machine, these about 3 s. Only
-// bindings.cpp pays for pybind11's tensor casters (about 12 s), once for the whole extension.
+// about ten times their compile time per source file. Only bindings.cpp pays for pybind11's
+// tensor casters, once for the whole extension.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -10,8 +10,8 @@
 // out[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a decode step of a batch of requests (M of 5 to
 // about 64 rows) on the dense weight as it is loaded: no packed copy. Each weight is used M times,
 // enough to make the product compute-bound, but too few for a GEMM library's packing and blocking
-// to pay: oneDNN capped at AVX2 ran SmolLM2's M = 32 decode products at 63 GFLOP/s on one Xeon
-// core, against about 110 for its 4096-row prefill products.
+// to pay: oneDNN capped at AVX2 ran SmolLM2's M = 32 decode products on one core at little more
+// than half the rate of its 4096-row prefill products.
 //
 // The kernel takes a group of NR weight rows (a few KB, kept in L1 while it is used), and runs
 // every row of x against it in tiles of MR x rows by the NR weight rows: MR * NR accumulators of
@@ -25,11 +25,11 @@ using namespace strand;
 
 // Tiles: as many accumulators as the register file holds beside the MR + 1 operands
 // (16 ymm with AVX2: 2 x 6 = 12 + 2 + 1; 32 zmm with AVX-512: 4 x 6 = 24 + 4 + 1). With AVX2,
-// 2 x 6 beat 3 x 4 (which reads x from L2 a third more often): SmolLM2 M = 32, one thread, cold
-// weights, 105-112 against 118-125 ms.
+// 2 x 6 beat 3 x 4 (which reads x from L2 a third more often) at SmolLM2's M = 32, one thread,
+// cold weights.
 // Long rows (SmolLM2's down_proj, K = 1536: 6 rows are 37 KB) take 3 x 4 tiles under AVX2, so
-// that the group stays in L1 beside the x rows passing through (M = 32, one thread, cold weights:
-// 0.96-1.04 -> 0.81-0.84 ms a layer).
+// that the group stays in L1 beside the x rows passing through (faster at M = 32, one thread,
+// cold weights).
 #if defined(__AVX512F__)
 constexpr int kNR = 6, kMR = 4, kNRLong = 6, kMRLong = 4;
 #else
@@ -40,7 +40,7 @@ constexpr int64_t kLongRow = 16 * 1024 / (6 * 4);  // K above which a 6-row grou
 // The bytes of the next weight group asked for at each tile's start, a slice per tile, so that the
 // group arrives in L2 while this one is computed: the hardware prefetchers alone left the M = 32
 // products waiting on memory (SmolLM2's layers and lm_head in turn, one thread: as slow as
-// oneDNN, which reaches 90+ GFLOP/s on the same shapes once the weights are in cache).
+// oneDNN, which runs the same shapes much faster once the weights are in cache).
 inline void prefetch(const char* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 2);
 }

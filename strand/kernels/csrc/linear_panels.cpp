@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -14,10 +14,10 @@
 // panel padded with zeros.
 //
 // Why not oneDNN: at a decode batch of 32 rows its kernels, blocked for large products, ran
-// SmolLM2's 30 layers at 50-61 ms on the 2-core Zen 4 with the weights cold (as in a step: 424 MB
-// of them), where the weights' arithmetic takes ~33 ms at the machine's GEMM rate and their
-// reading ~14 ms, which can overlap; this kernel, 37-46 ms. For prefill (4096 rows) the two are
-// level: 155-210 GFLOP/s here against oneDNN's 143-208. One packed copy serves both.
+// SmolLM2's 30 layers with the weights cold (as in a step: 424 MB of them) in more than the
+// weights' arithmetic at the machine's GEMM rate plus their reading, which can overlap; this
+// kernel overlaps them and takes less than that sum. For prefill (4096 rows) the two are
+// level. One packed copy serves both.
 //
 // The AVX-512 tile: 8 rows of x by a panel's 48 columns, 24 accumulators (3 per row). Each k is
 // one panel row of 3 vector loads, contiguous along the panel, and 8 broadcasts of x for 24

@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -55,8 +55,8 @@ void split_rows(int64_t N, int RB, const Task& task) {
 // ---- bfloat16 weights where the CPU has no AVX512_BF16 (AVX2-only CPUs, older AVX-512) ----
 // Widening 8 bfloat16 values to float32 the direct way (zero-extend each 16 bits, shift) costs
 // shuffles: GCC at -march=x86-64-v3 split each into two vpmovzxwd, a vpsrldq and a vinserti128,
-// four port-5 uops per 8 weights, and bfloat16 decode ran at 7.7 GB/s on one core (float32:
-// 14). Read as 32-bit words instead, 2 kLanes weights a load: the word's low half is the even
+// four port-5 uops per 8 weights, and bfloat16 decode read its weights at about half float32's
+// rate on one core. Read as 32-bit words instead, 2 kLanes weights a load: the word's low half is the even
 // weight, so `word << 16` is it in float32, and `word & 0xFFFF0000` is the odd one. Two integer
 // ops and no shuffle per 2 kLanes weights; x is laid out to match (evens then odds per chunk,
 // `pair_layout`), once per call.
@@ -94,10 +94,9 @@ constexpr int pair_rows(int M) { return M == 1 ? 8 : (M == 2 ? 4 : 2); }
 // flight, and the hardware prefetchers stop at each 4 KB page. Asking 4 KB of a group of rows at
 // its start (as the AVX512_BF16 path first did) covers one page while the loads in flight are
 // few; here, with ~10 instructions a cache line, the out-of-order window reaches only ~3 KB
-// ahead. 16 KB ahead (past the next group of rows) on the 2-core Xeon, SmolLM2's 30 layers and
-// lm_head at M = 1, one thread, GB/s of weights: this path under AVX2 9.6 with no prefetch, 11.1
-// with the group's 4 KB, 12.5 with this (4 KB ahead a load 11.2, 32 KB 12.0); the AVX512_BF16
-// path ~9.6 -> ~11.2 (M = 2: 9.1 -> 10.4, M = 4: 8.3 -> 10.1; same rounds, load 6-7). A
+// ahead. 16 KB ahead (past the next group of rows) read SmolLM2's 30 layers and lm_head (M = 1,
+// one thread) faster than no prefetch, than the group's 4 KB, and than 4 or 32 KB ahead a load,
+// on this path under AVX2; the AVX512_BF16 path gained as well, at M = 1, 2 and 4. A
 // prefetch past the weight's end never faults.
 constexpr int64_t kPrefetchAhead = 16384;
 
@@ -167,8 +166,8 @@ void run_pairs(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_
 // The same shape as the pairs kernel above: pair_rows(M) weight rows a group (8 independent
 // chains at one row of x, where 4 had been), a prefetch kPrefetchAhead past every load, and tree
 // lane sums. float32 decode reads twice bfloat16's bytes, so it is the more bound by one core's
-// reads in flight: the 4-row kernel with no prefetch read SmolLM2's weights at 12.1-12.8 GB/s of
-// one core's CPU time under AVX2 (benchmarks/dense_kernel.py).
+// reads in flight: the 4-row kernel with no prefetch read SmolLM2's weights well below the
+// memory's bandwidth under AVX2 (benchmarks/dense_kernel.py measures it).
 template <int M>
 void rows_task_f32(const float* w, const float* bias, float* out, int64_t K, int64_t N,
                    int64_t n0, int64_t n1, const float* x) {
@@ -216,7 +215,7 @@ void run_f32(const float* x, const float* w, const float* bias, float* out, int6
 
 #ifdef STRAND_DPBF16
 // bfloat16 weights through VDPBF16PS (avx512_bf16.h): widening each weight first made bfloat16
-// decode compute-bound at about 7 GB/s of weights on one Xeon core, half what float32 reads.
+// decode compute-bound on one core, at half the rate of weights float32 reads.
 
 // Weight rows a group at M rows of x: 8 at M <= 2 (one x register and 8 or 16 accumulators),
 // 4 above (16 accumulators and 4 x registers: 8 rows would take all 32 registers and spill).

@@ -4,12 +4,11 @@
 // kPair, BF16_TARGET).
 //
 // Why not a group of rows side by side (the grouped kernels there, STRAND_SMALL_ROWS_GROUPED=1):
-// reading 8 rows a cache line each in turn is 8 interleaved streams, 1-2 KB apart, and on the
-// 2-core AMD EPYC (Zen 4) the hardware prefetchers did not keep up with them. SmolLM2-135M's 30
-// layers and lm_head at M = 1, one thread, GB/s of weights (a standalone copy of both loops,
-// alternating rounds): bfloat16 VDPBF16PS 12.2-12.7 grouped, 18.6-25.1 a row at a time; float32
-// 15.9-17.2 and 21.4-22.1; bfloat16 at M = 2 11.8-12.2 and 22.6-24.9, at M = 4 9.8-10.3 and
-// 16.2-17.0. The chains a row's sums need in flight come from consecutive rows instead: nothing
+// reading 8 rows a cache line each in turn is 8 interleaved streams, 1-2 KB apart, and the
+// hardware prefetchers of an AMD CPU did not keep up with them: at SmolLM2-135M's 30 layers and
+// lm_head, one thread (a standalone copy of both loops, alternating rounds), a row at a time read
+// the weights markedly faster, in float32 and bfloat16 (VDPBF16PS) at M = 1, and in bfloat16 at
+// M = 2 and 4. The chains a row's sums need in flight come from consecutive rows instead: nothing
 // links one row's sums to the next, so the out-of-order window overlaps them.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <omp.h>
 #include <algorithm>
 #include <cstring>
@@ -35,8 +35,8 @@ using namespace strand;
 // a tile fills all its rows for 1, 2, 3, 4, 6, 8, 12, 16 or 24 query heads per kv head (32
 // rows hold 10 tokens of SmolLM2's 3 heads, 30 of 32 lanes), each K/V element loaded and
 // broadcast feeds 3 multiply-adds instead of 2, and the 8x3 accumulator blocks below still fit
-// the 32 zmm registers. Measured on the Xeon (SmolLM2's 512-token prefill, 9 heads, 3 kv heads,
-// one thread): 3.2 -> 2.6 ms a layer. AVX2 keeps 32: 48 rows would be 6 ymm vectors, and the
+// the 32 zmm registers (measured faster at SmolLM2's 512-token prefill, 9 heads, 3 kv heads,
+// one thread). AVX2 keeps 32: 48 rows would be 6 ymm vectors, and the
 // 2x6 accumulators plus 6 operands would overflow its 16 registers.
 constexpr int kRows = kLanes == 16 ? 48 : 32;
 constexpr int kKeys = 32;  // keys per chunk of the key loop (16 -> 32: fewer rescales of ot)
@@ -200,8 +200,8 @@ inline void widen_row(const bf16* src, float* dst, int64_t D) {
 // A tile's products in float32: q scaled and transposed once, each key chunk's bfloat16 K and V
 // rows widened once (then read by every row of the tile: widened inside scores_block and
 // accumulate, each element cost a scalar load, shift and broadcast per use beside 3
-// multiply-adds; on the Zen 4,
-// bfloat16 prefill attention took 2.3x float32's time), scores and P.V by multiply-adds.
+// multiply-adds, and bfloat16 prefill attention took over twice float32's time), scores and
+// P.V by multiply-adds.
 template <typename T, typename TKV = T>  // the query's and the cache's element types
 struct Widened {
   static constexpr int kChunk = kKeys;
@@ -261,7 +261,6 @@ struct Widened {
 // P: (key, key+1) of each row, P rounded to bfloat16 as torch's CPU flash attention rounds it
 // for P.V; V: (key, key+1) of one dimension, so each key chunk's V rows are interleaved in
 // pairs first. The scores' sums and the softmax stay float32; scale is applied to the sums.
-// Zen 4 (no AMX), SmolLM2's 512-token layer, one thread: see benchmarks/README.md.
 
 inline uint32_t pair_at(const bf16* p) {  // p[0] in the low 16 bits, p[1] in the high
   uint32_t w;
@@ -292,7 +291,7 @@ BF16_TARGET inline void accumulate_pairs(float* ot, const uint32_t* pp, const ui
 
 struct Pairs {
   // 64 keys a chunk where Widened takes 32: half the passes that rescale and reload ot for
-  // P.V, which were a fifth of that loop's instructions here (SmolLM2's layer: 2.6 -> 2.3 ms).
+  // P.V, which were a fifth of that loop's instructions (SmolLM2's layer measured faster).
   static constexpr int kChunk = 64, kPairs = kChunk / 2;
   // The scores are kept in base 2 (scaled by log2(e) with the scale), so the softmax's
   // exponential is 2^x: 10 instructions where e^x takes 15. P is rounded to 2^-9 anyway.

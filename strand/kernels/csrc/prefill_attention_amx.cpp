@@ -1,5 +1,5 @@
 #include "check.h"
-#include "strand.kernels.h"
+#include "kernels.h"
 #include <omp.h>
 #include <algorithm>
 #include <cstdint>

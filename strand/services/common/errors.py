@@ -7,12 +7,13 @@ inherited by the services `strand serve` starts, so their logs follow the same s
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
+
+from strand import envs
 
 LOG_LEVEL_ENV = "STRAND_LOG_LEVEL"
 
@@ -22,12 +23,12 @@ class UserError(Exception):
 
 
 def debug_enabled() -> bool:
-    return os.environ.get(LOG_LEVEL_ENV, "").upper() == "DEBUG"
+    return envs.log_level() == "DEBUG"
 
 
 def log_level() -> int:
     """STRAND_LOG_LEVEL (DEBUG, INFO, WARNING, ...); INFO when unset or not a level name."""
-    level = logging.getLevelName(os.environ.get(LOG_LEVEL_ENV, "INFO").upper())
+    level = logging.getLevelName(envs.log_level() or "INFO")
     return level if isinstance(level, int) else logging.INFO
 
 

@@ -2,10 +2,10 @@
 
 A stage process holds some 300,000 GC-tracked objects after startup (torch, transformers, the
 model's modules, protobuf descriptors), all alive until the process ends. Python's oldest
-generation is collected every so often, and such a pass walks every one of them: 174 ms in an
-engine process with SmolLM2 loaded, on the 2-core Zen 4 (benchmarks/README.md), a stall of
-every stream that pass lands in. Frozen (gc.freeze, as vLLM's freeze_gc_heap does after its
-server starts), they are skipped: the same pass took under 0.1 ms. Objects made later are
+generation is collected every so often, and such a pass walks every one of them: in an engine
+process with even a small model loaded, a stall of a tenth of a second or more for every stream
+that pass lands in. Frozen (gc.freeze, as vLLM's freeze_gc_heap does after its server starts), they
+are skipped, and the same pass takes a small fraction of a millisecond. Objects made later are
 collected as before, so cycles built while serving are still reclaimed.
 """
 

@@ -53,10 +53,12 @@ def resolve_model_info(engine_args: EngineArgs) -> ModelInfo:
 def checked_engine_args(args: argparse.Namespace) -> EngineArgs:
     """EngineArgs from the flags, with --model checked first: a wrong path is one clear line,
     not a stage-specific error (the detokenizer's was "no tokenizer.json")."""
+    from strand.engine_core.config_checks import check_engine_args
     from strand.engine_core.default_model import resolve_model_dir
     from strand.services.common.errors import check_model_dir
 
     engine_args = EngineArgs.from_cli_args(args)
+    check_engine_args(engine_args)
     check_model_dir(resolve_model_dir(engine_args.model), engine_args.tokenizer,
                     needs_tokenizer=not engine_args.skip_tokenizer_init)
     return engine_args

@@ -7,9 +7,9 @@ fresh token for every stack."""
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 
+from strand import envs
 from strand.services.common.errors import UserError
 from strand.services.common.stage_protocol import PROTOCOL, PROTOCOL_HEADER
 
@@ -18,7 +18,7 @@ STAGES = ("tokenizer", "engine", "detokenizer")
 
 
 def stage_token() -> str | None:
-    return os.environ.get(STAGE_TOKEN_ENV) or None
+    return envs.stage_token()
 
 
 def new_stage_token() -> str:

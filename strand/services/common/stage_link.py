@@ -2,9 +2,9 @@
 
 Why a link: on one host the ring's internal edges need none of HTTP/2, and grpc.aio pays for
 every message twice over, in CPU (its completion-queue thread, then the event loop's callbacks)
-and in a second thread wake-up. A chain of three relays measured 1.35-1.44 ms per round over
-grpc.aio bidi streams against 0.72-0.85 ms over these frames, at 0.39-0.43 against 0.18-0.21 ms
-of CPU per relayed message (benchmarks/README.md, session 19). The link carries the same
+and in a second thread wake-up. A chain of three relays took about twice the time per round
+over grpc.aio bidi streams as over these frames, and about twice the CPU per relayed message.
+The link carries the same
 protobuf messages to the same handlers (`link_server.py`), checks the same stage token and
 message size, and pings as gRPC's keepalive does (with a longer timeout: the stage's event loop
 answers, not gRPC's threads; link_call.py); the gateway's public API stays gRPC.
@@ -15,11 +15,11 @@ Stages on other hosts or in other network namespaces (containers, pods) always t
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from google.protobuf.message_factory import GetMessageClass
 
+from strand import envs
 from strand.services._proto.strand.v1 import detokenizer_pb2, engine_pb2, tokenizer_pb2
 
 TRANSPORT_ENV = "STRAND_STAGE_TRANSPORT"
@@ -33,7 +33,7 @@ _SERVICES = {"tokenizer": tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"]
 
 
 def transport() -> str:
-    value = os.environ.get(TRANSPORT_ENV, "auto") or "auto"
+    value = envs.stage_transport()
     if value not in TRANSPORTS:
         raise ValueError(f"{TRANSPORT_ENV} must be one of {', '.join(TRANSPORTS)}, got {value!r}")
     return value

@@ -7,7 +7,6 @@ incoming context is still passed on, so a traced caller's trace stays whole thro
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -15,6 +14,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from strand import envs
 
 _provider: object | None = None
 # The OTLP exporter's logger warns on every retry (every 1-4 s while nothing listens).
@@ -59,8 +60,7 @@ def quiet_export_failures() -> ExportFailureFilter:
 def init_tracing(service_name: str, endpoint: str | None = None) -> None:
     """Export spans of this process as `service_name` to the OTLP/gRPC `endpoint`."""
     global _provider
-    endpoint = (endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    endpoint = endpoint or envs.otlp_traces_endpoint()
     if not endpoint or _provider is not None:
         return
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -68,7 +68,7 @@ def init_tracing(service_name: str, endpoint: str | None = None) -> None:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
-    service = os.environ.get("OTEL_SERVICE_NAME", service_name)
+    service = envs.otel_service_name() or service_name
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     insecure = not endpoint.startswith("https://")
     quiet_export_failures()
@@ -138,8 +138,8 @@ def server_span(name: str, parent: otel_context.Context,
 
     When nothing records spans, the caller's context is only made current, so that what the
     body sends on carries the caller's trace: what the no-op tracer's span amounts to, without
-    its layers of context managers, which cost a stage ~15% of its CPU per message after an idle
-    gap (py-spy of the detokenizer under lone requests, benchmarks/README.md session 25)."""
+    its layers of context managers, which cost a stage a sizable share of its CPU per message
+    after an idle gap (py-spy of the detokenizer under lone requests)."""
     if not spans_recorded():
         token = otel_context.attach(parent)
         try:

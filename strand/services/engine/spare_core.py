@@ -4,20 +4,18 @@ request's first token runs on one thread fewer, at low load.
 A lone request's first token leaves the engine in a step message and then needs a CPU in the
 detokenizer, in the gateway and in the client, one after the other. The engine starts its next
 step a few tenths of a millisecond after the message, and its OpenMP team took every core: on a
-2-core VM (benchmarks/README.md, session 26) the token then spent 0.6-2.9 ms (run medians of
-60-100 requests) between the gateway and the client, and the contended step ran several times
-its own length. With that one step on one thread fewer, a core stays free for the token's way out:
-beside a stack without it, lone requests alternating between the two, eleven runs: the
-client's TTFT p50 from 1.23 ms lower to 0.09 higher (median 0.52 lower), p90 from 3.39 lower to
-0.71 higher (median 0.90 lower), the last token of a short request median 0.40 ms sooner; in
-one slower phase it gained nothing for three runs. In `benchmarks/ring_overhead.py` the p90 fell
-~2 ms, the median moved within the noise. In-process `LLMEngine`, the yardstick, runs no next step while its caller
+2-core machine the token then waited for a CPU between the gateway and the client, and the
+contended step ran several times its own length. With that one step on one thread fewer, a core
+stays free for the token's way out: beside a stack without it, lone requests alternating between
+the two, the client's TTFT p50 and p90 came out lower in most runs, and the last token of a short
+request sooner; `benchmarks/ring_overhead.py` measures it (its p90 falls, its median stays within
+the noise). In-process `LLMEngine`, the yardstick, runs no next step while its caller
 takes the first token.
 
 Only that one step, and only where it helps and costs little:
 - it follows a step that carried some request's first token (TTFT is the wait with nothing
   shown; later tokens go out while the next step computes, as before, with every thread: a lone
-  request's decode on one thread of two measured 14% slower);
+  request's decode on one thread of two is measurably slower);
 - low load: the step before was short (under the back-to-back threshold), at most
   LOW_LOAD_REQUESTS requests are unfinished, and the step decodes only (a prefill keeps every
   thread: its own TTFT depends on it);

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from strand.engine_core.processing.reasoning import ThinkTags, prompt_ends_reasoning, think_tags
+from strand.engine_core.chat_config import ThinkTags, think_tags
+from strand.engine_core.processing.reasoning import prompt_ends_reasoning
 from strand.services.openai.protocol import ChatCompletionRequest
 from strand.services.openai.tool_call import held_back
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from strand.engine_core.processing.reasoning import REASONING_PARSERS
+from strand.engine_core.chat_config import REASONING_PARSERS
 from strand.services.openai.tool_parser import PARSERS
 
 REASONING_HELP = ("a thinking model's <think> format: deepseek_r1 (DeepSeek R1 and its "

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client import CollectorRegistry
 
+from strand.engine_core.config_checks import logits_processor_classes
 from strand.engine_core.processing.input_processor import InputProcessor
 from strand.services._proto.strand.v1 import (
     detokenizer_pb2_grpc,
@@ -66,7 +67,7 @@ def _main(argv: list[str] | None) -> None:
                                eos_token_id=(info.eos_token_id if tokenizer is None
                                              else tokenizer.eos_token_id),
                                max_logprobs=engine_args.max_logprobs,
-                               logits_processor_classes=engine_args.logits_processor_classes(),
+                               logits_processor_classes=logits_processor_classes(engine_args),
                                reasoning_parser=engine_args.reasoning_parser,
                                default_template_kwargs=engine_args.default_chat_template_kwargs,
                                priority_scheduling=engine_args.scheduling_policy == "priority",

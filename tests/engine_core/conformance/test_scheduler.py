@@ -15,7 +15,7 @@ from strand.engine_core.core.runner_output import ModelRunnerOutput
 from strand.engine_core.core.sched_output import SchedulerOutput
 from strand.engine_core.core.scheduler import DuplicateRequestError, Scheduler
 from strand.engine_core.sampling_params import SamplingParams
-from strand.engine_core.spec_decode.config import SpeculativeConfig
+from strand.engine_core.speculative_config import SpeculativeConfig
 from tests.conftest import copy_without_tokenizer
 from tests.engine_core.core.conftest import (
     FakeRunner,

@@ -25,7 +25,7 @@ PROMPTS: list[str | dict[str, Any]] = ["The capital of France is", "def fibonacc
                          {"messages": [{"role": "user", "content": "What is 2+2?"}]}]
 # Six for the comparison with HF: more decode rows than the few-row kernels take (SMALL_M = 4),
 # so the batch path runs too (under STRAND_CPU_ISA=avx2 the fused C++ stack with linear_batch,
-# layers/fused_decode.py).
+# models/llama_fused_decode.py).
 HF_PROMPTS: list[str | dict[str, Any]] = [*PROMPTS, "Once upon a time", "import numpy as np\n",
                                           "The three primary colors are"]
 
@@ -131,7 +131,7 @@ def test_packed_weights_give_the_dequantized_tokens(real_file: Path) -> None:
     # 0.63 nats: SmolLM2's final hidden state has outliers (a block's max up to 42x its mean),
     # so the lm_head's int8 input moves logits of ~20 by ~1%. The Q4_K_M-like copy reads its
     # K-quant and Q5_0 layers rewritten exactly (strand/kernels/gguf_transcode.py), so the same
-    # rounding is all that differs. On an AVX2-only EPYC (real, not emulated) the other
+    # rounding is all that differs. On a real (not emulated) AVX2-only CPU the other
     # kernels' float sums round some activation to the other int8 step, and a tail token (5th,
     # at -10 nats) moved by 0.81 and 0.83 nats in the two files; the generic kernels move the
     # same logprobs by up to 0.69, and the AVX2 and generic runs differ from each other by up

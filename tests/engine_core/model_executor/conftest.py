@@ -14,9 +14,9 @@ import torch
 from strand.engine_core.config import CacheConfig, SchedulerConfig
 from strand.engine_core.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from strand.engine_core.model_executor.cuda_graphs import GraphCapturer
-from strand.engine_core.model_executor.layers import fused_decode
 from strand.engine_core.model_executor.model_config import load_model_config
 from strand.engine_core.model_executor.model_runner import ModelRunner
+from strand.engine_core.model_executor.models import llama_fused_decode as fused_decode
 from strand.engine_core.sampling_params import SamplingParams
 from strand.testing.tiny_model import LLAMA3_ROPE_SCALING, make_tiny_model
 

@@ -1,4 +1,4 @@
-"""A decode step of a few requests through each layer as one C++ call (layers/fused_decode.py):
+"""A decode step of a few requests through each layer as one C++ call (models/llama_fused_decode.py):
 the same tokens and the same logprobs, bit for bit, as the layer-by-layer path."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
-from strand.engine_core.model_executor.layers import fused_decode
+from strand.engine_core.model_executor.models import llama_fused_decode as fused_decode
 from strand.engine_core.outputs import RequestOutput
 from strand.kernels import cpu_linear, cpu_linear_batch, cpu_linear_panels
 from strand.kernels._cpu_build import KERNELS

@@ -16,9 +16,9 @@ gguf = pytest.importorskip("gguf")
 
 from strand.engine_core import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 from strand.engine_core.model_executor.gguf.quantized import _packed  # noqa: E402
-from strand.engine_core.model_executor.layers import fused_decode  # noqa: E402
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear  # noqa: E402
 from strand.engine_core.model_executor.layers.linear import Linear  # noqa: E402
+from strand.engine_core.model_executor.models import llama_fused_decode as fused_decode  # noqa: E402
 from strand.engine_core.outputs import RequestOutput  # noqa: E402
 from strand.kernels import cpu_gguf_linear  # noqa: E402
 from strand.kernels.gguf_linear_ref import NAMES  # noqa: E402

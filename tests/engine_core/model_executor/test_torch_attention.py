@@ -145,8 +145,8 @@ def test_bfloat16_fresh_prefills_through_sdpa_match_the_reference(
     ("GenuineIntel", torch.float32, False)])
 def test_only_intel_cpus_without_amx_send_bfloat16_fresh_prefills_to_sdpa(
         monkeypatch: pytest.MonkeyPatch, vendor: str, dtype: torch.dtype, sdpa: bool) -> None:
-    # torch's bfloat16 SDPA measured 8.6-9.3 ms a SmolLM2 layer on a Zen 4 EPYC against the C++
-    # kernel's 3.7; on an Intel CPU with AVX-512 BF16 (no AMX) it was the faster.
+    # torch's bfloat16 SDPA took several times the C++ kernel's time for a SmolLM2 layer on an
+    # AMD CPU with AVX-512 BF16; on an Intel CPU with AVX-512 BF16 (no AMX) it was the faster.
     from strand.engine_core.model_executor.attention import torch_ref
     from strand.platform.cpu_isa import CpuIsa
 

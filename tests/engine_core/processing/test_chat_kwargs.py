@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from strand.engine_core.chat_config import MAX_KWARGS_CHARS
 from strand.engine_core.config import EngineArgs
-from strand.engine_core.processing.chat_kwargs import MAX_KWARGS_CHARS, with_reasoning_keys
+from strand.engine_core.processing.chat_kwargs import with_reasoning_keys
 from strand.engine_core.processing.chat_template import load_chat_template
 from strand.engine_core.processing.input_processor import InputProcessor
 from strand.engine_core.processing.tokenizer import Tokenizer

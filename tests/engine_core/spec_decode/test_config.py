@@ -10,7 +10,8 @@ import pytest
 
 from strand.engine_core import EngineArgs
 from strand.engine_core.sampling_params import SamplingParams
-from strand.engine_core.spec_decode.config import SpeculativeConfig, drafts_allowed
+from strand.engine_core.spec_decode.config import drafts_allowed
+from strand.engine_core.speculative_config import SpeculativeConfig
 from strand.engine_core.structured_output.params import StructuredOutputsParams
 
 

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from strand.engine_core.spec_decode.config import SpeculativeConfig
 from strand.engine_core.spec_decode.ngram import NgramProposer, find_match
+from strand.engine_core.speculative_config import SpeculativeConfig
 
 
 def draft(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from strand.engine_core.chat_config import REASONING_PARSERS
 from strand.engine_core.outputs import CompletionOutput, RequestOutput
-from strand.engine_core.processing.reasoning import REASONING_PARSERS, prompt_ends_reasoning
+from strand.engine_core.processing.reasoning import prompt_ends_reasoning
 from strand.services.openai.protocol import ChatCompletionRequest
 from strand.services.openai.reasoning import Reasoning, reasoning_of
 from strand.services.openai.shaping import Shaper

@@ -249,16 +249,14 @@ def softcapped_attention(
 def fresh_sdpa_applies(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether fresh prefills in `dtype` go to SDPA over their own K/V rather than the C++
     prefill kernel. In bfloat16 with AMX the kernel runs on AMX tiles
-    (strand/kernels/csrc/prefill_attention_amx.cpp): a 512-token SmolLM2 layer takes ~0.95 ms against
-    SDPA's ~1.6, one thread. On an Intel CPU without AMX but with oneDNN's bfloat16 kernels
-    (AVX-512 BF16), SDPA took 1.9 ms against the kernel's 4.9 when the kernel widened each
-    bfloat16 element at every use (it now widens a chunk's K/V rows once; not re-measured
-    there). On the AMD EPYC (Zen 4, AVX-512 BF16, no AMX) SDPA took 8.6-9.3 ms a layer against
-    the widening kernel's 3.7 and the VDPBF16PS one's 2.3-2.6 (session 14; SDPA's own bfloat16
-    path there is oneDNN's), so only Intel CPUs take SDPA (an Intel CPU with AVX512_BF16 and no
-    AMX, Cooper Lake, was not measured). In float32 the C++ kernel is the faster (3.5
-    against 6.1 ms), and without oneDNN bfloat16 (AVX2) torch's bfloat16 products are slow, so
-    both stay on the kernel."""
+    (strand/kernels/csrc/prefill_attention_amx.cpp) and is faster than SDPA. On an Intel CPU
+    without AMX but with oneDNN's bfloat16 kernels (AVX-512 BF16), SDPA measured well ahead of
+    the kernel when the kernel widened each bfloat16 element at every use (it now widens a
+    chunk's K/V rows once; not re-measured there). On an AMD CPU with AVX-512 BF16 and no AMX,
+    SDPA (whose bfloat16 path there is oneDNN's) took several times the kernel's time, so only
+    Intel CPUs take SDPA (an Intel CPU with AVX512_BF16 and no AMX, Cooper Lake, was not
+    measured). In float32 the C++ kernel is the faster, and without oneDNN bfloat16 (AVX2)
+    torch's bfloat16 products are slow, so both stay on the kernel."""
     isa = probe()
     return (dtype == torch.bfloat16 and isa.onednn_bf16 and isa.vendor == "GenuineIntel"
             and not cpu_prefill_amx_applies(dtype, head_dim))

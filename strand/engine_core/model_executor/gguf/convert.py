@@ -6,13 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from strand import envs
 from strand.engine_core.model_executor.gguf.config import hf_config
 from strand.engine_core.model_executor.gguf.tokenizer import build_tokenizer
 
@@ -30,7 +30,7 @@ def is_gguf(path: str | Path) -> bool:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("STRAND_CACHE_DIR", Path.home() / ".cache" / "strand")) / "gguf"
+    return envs.cache_dir() / "gguf"
 
 
 def _metadata(reader: Any) -> dict[str, Any]:

@@ -73,8 +73,8 @@ def dequantized_rows(t: Any, start: int, stop: int) -> np.ndarray:
 def _kernel_dequantize(qtype: int) -> Callable[[np.ndarray, np.ndarray], None] | None:
     """The C++ kernels' dequantization of GGUF rows into float32 rows, where they read the
     type as the file has it and are built already: the same floats as gguf's, bit for bit
-    (tests/kernels/test_cpu_gguf_linear.py), 4.2x as fast on the wide 0.63B model's Q4_K, Q5_0
-    and Q8_0 tensors (0.63 s against 2.67 s, two threads)."""
+    (tests/kernels/test_cpu_gguf_linear.py), several times as fast on the wide 0.63B model's
+    Q4_K, Q5_0 and Q8_0 tensors."""
     from strand.kernels.gguf_linear_ref import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0
 
     if qtype not in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K):

@@ -23,12 +23,12 @@ import ctypes
 import ctypes.util
 import logging
 import mmap
-import os
 import platform
 
 import torch
 from torch import nn
 
+from strand import envs
 from strand.engine_core.model_executor.layers.linear import Linear
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def gather_decode_weights(model: nn.Module) -> int:
     """Moves the few-row kernel's weights into one huge-page block; returns its size in bytes
     (0: nothing to move, or STRAND_HUGE_PAGE_WEIGHTS=0). Values, shapes, dtypes and parameter
     identities stay what they were."""
-    if os.environ.get("STRAND_HUGE_PAGE_WEIGHTS", "1") == "0":
+    if not envs.huge_page_weights():
         return 0
     params = _decode_weights(model)
     total = sum(_aligned(p.numel() * p.element_size()) for p in params)

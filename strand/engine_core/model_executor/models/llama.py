@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from strand.engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
-from strand.engine_core.model_executor.layers import fused_decode
 from strand.engine_core.model_executor.layers.activation import act_and_mul
 from strand.engine_core.model_executor.layers.gemma_norm import GemmaRMSNorm
 from strand.engine_core.model_executor.layers.linear import Linear
@@ -22,6 +21,7 @@ from strand.engine_core.model_executor.layers.moe import SparseMoeBlock
 from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
 from strand.engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
 from strand.engine_core.model_executor.model_config import ModelConfig
+from strand.engine_core.model_executor.models import llama_fused_decode as fused_decode
 
 
 def head_name(config: ModelConfig) -> str:

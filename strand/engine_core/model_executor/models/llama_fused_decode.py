@@ -1,8 +1,8 @@
 """A decode step of a few requests on CPU through every Llama-family layer as one C++ call.
 
-At batch size 1 a decode step reads every weight once: on the 2-core AVX2-only EPYC, SmolLM2's
-30 layers take ~27 ms to read, and their ~330 Python-level calls (module dispatch, the kernel
-wrappers' checks, tensor bookkeeping) took ~20 ms more. strand/kernels/csrc/decode_layer.cpp runs the
+At batch size 1 a decode step reads every weight once, and for a small model the layers'
+Python-level calls (~330 for SmolLM2's 30 layers: module dispatch, the kernel wrappers' checks,
+tensor bookkeeping) cost nearly as much again as that read. strand/kernels/csrc/decode_layer.cpp runs the
 layers' kernels (the same ones, in the same order, on the same data) from C++: the weights are
 handed to a DecodeStack once per model, and a step is one call. This module decides when that
 applies and does, once per step, the checks the wrappers would do once per call. The outputs are
@@ -12,7 +12,7 @@ Where the embedding is a plain table and the final norm and lm_head take the sam
 packed GGUF lm_head, or a dense one on the few-row kernel), they are handed over too, and
 `logits` goes from the step's token ids to its logits in one call that also checks the step's
 indices: the Python between the C++ step and the sampler (index casts and checks, embedding,
-the final norm's and the lm_head's wrappers) was 0.45-0.7 ms of a ~10 ms one-thread step of
+the final norm's and the lm_head's wrappers) was several percent of a one-thread step of
 SmolLM2's packed Q4_1, ~10x its cost in a tight loop (strand/kernels/csrc/decode_ends.cpp says why),
 and at two threads the lm_head was a parallel region of its own after the step's one.
 
@@ -22,9 +22,8 @@ are all dense, with the kernel the layer-by-layer path runs for those rows: the 
 weights (float32 panels at the avx2 and avx512 levels, for bfloat16 layers too where oneDNN has
 no bfloat16 kernels; oneDNN's copies otherwise: strand/kernels/cpu_linear.py), handed to the stack once
 (set_batch_weights), or linear_batch where the panels are switched off at the avx2 level
-(strand/kernels/cpu_linear_batch.py). 32 requests of SmolLM2 spent ~12 ms of a ~165 ms one-thread
-step in the layers' Python calls (benchmarks/README.md, "The 32-request batch under AVX2,
-session 10").
+(strand/kernels/cpu_linear_batch.py). Even at 32 requests of SmolLM2 the layers' Python calls
+were several percent of a one-thread step.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and (MoE) sparse MLPs on the layers the config names; config.arch switches both on in the
 shared modules of llama.py. Also Mistral/Llama configs with a sliding window.
 
-Their own class, not LlamaForCausalLM itself: the fused C++ decode path (layers/fused_decode.py)
+Their own class, not LlamaForCausalLM itself: the fused C++ decode path (models/llama_fused_decode.py)
 runs only plain Llama layers and is chosen for that exact class.
 """
 
