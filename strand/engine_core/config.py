@@ -81,6 +81,9 @@ class EngineArgs:
     # Requests waiting to run beyond which add_request raises QueueFullError (the service's
     # RESOURCE_EXHAUSTED). None: no bound in process; the engine service uses 4 x max_num_seqs.
     max_waiting_requests: int | None = None
+    # Seconds a request may wait before its first step; past it, it ends with finish_reason
+    # "abort" (reason "queue_time"). None: no bound.
+    max_queue_time: float | None = None
     max_model_len: int | None = None
     long_prefill_token_threshold: int = 0
     gpu_memory_utilization: float = 0.9
@@ -167,6 +170,8 @@ class EngineArgs:
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be >= 1, got "
                              f"{self.max_waiting_requests}")
+        if self.max_queue_time is not None and not self.max_queue_time > 0:
+            raise ValueError(f"max_queue_time must be > 0 seconds, got {self.max_queue_time}")
         if self.max_concurrent_batches < 1:
             raise ValueError("max_concurrent_batches must be >= 1, got "
                              f"{self.max_concurrent_batches}")
@@ -374,6 +379,9 @@ _HELP = {
     "max_num_seqs": "most requests running at once",
     "max_waiting_requests": "most requests waiting to run; more are refused as queue full "
                             "(default: none in process, 4 x max_num_seqs in the engine service)",
+    "max_queue_time": "seconds a request may wait before its first step; a request that "
+                      "waited longer ends with finish_reason abort (RESOURCE_EXHAUSTED for a "
+                      "gRPC Generate) instead of running late (default: no bound)",
     "max_model_len": "longest prompt + output (default: the model's max_position_embeddings)",
     "long_prefill_token_threshold": "largest prefill chunk of one request per step (0: no cap)",
     "gpu_memory_utilization": "CUDA: share of GPU memory for weights, activations and KV cache",

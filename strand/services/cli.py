@@ -123,9 +123,18 @@ def _stack_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--tls-cert", default=None, help="the gateway's certificate (PEM)")
     parser.add_argument("--tls-key", default=None, help="the gateway's private key (PEM)")
     parser.add_argument("--log-dir", type=Path, default=None)
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0,
+                        help="on SIGTERM or Ctrl-C, seconds the requests in flight get to "
+                             "finish while the gateway's readiness is NOT_SERVING and new "
+                             "requests are refused (UNAVAILABLE); those left then end with "
+                             "finish_reason \"abort\" (default: %(default)s)")
     parser.add_argument("--openai-port", type=int, default=None,
                         help="also serve an OpenAI-compatible HTTP API (/v1/completions, "
                              "/v1/chat/completions, /v1/models) on this port of --host")
+    parser.add_argument("--vllm-grpc-port", type=int, default=None,
+                        help="also serve vLLM's gRPC engine protocol (vllm.grpc.engine."
+                             "VllmEngine, what the Shepherd Model Gateway routes to) on this "
+                             "port of --host, with the gateway's --api-key and TLS")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus /metrics: the gateway on this port of --host, "
                              "the tokenizer, engine and detokenizer on the next three; 0 or "
@@ -243,6 +252,8 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
         engine_stage_args = ["--add-hold-ms", str(args.add_hold_ms)]
     if args.spare_core != "auto":
         engine_stage_args += ["--spare-core", args.spare_core]
+    if not args.shutdown_timeout >= 0:
+        parser.error(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     return StackConfig(model=model, engine_args=_engine_flags(args, parser),
                        gateway_args=gateway_args, engine_stage_args=engine_stage_args,
                        host=args.host, gateway_port=args.port,
@@ -251,7 +262,8 @@ def stack_config(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
                        openai_port=args.openai_port, metrics_port=args.metrics_port or None,
                        data_parallel_size=data_parallel_size,
                        engine_addresses=engine_addresses, router_policy=args.router_policy,
-                       openai_args=openai_args)
+                       openai_args=openai_args, vllm_grpc_port=args.vllm_grpc_port,
+                       shutdown_timeout=args.shutdown_timeout)
 
 
 def _openai_flags(args: argparse.Namespace) -> list[str]:
@@ -305,6 +317,8 @@ def serve(argv: list[str]) -> None:
             check_port_free(args.host, args.port)
             if args.openai_port:
                 check_port_free(args.host, args.openai_port, "--openai-port")
+            if args.vllm_grpc_port:
+                check_port_free(args.host, args.vllm_grpc_port, "--vllm-grpc-port")
             for port in metrics_ports(args.host, args.metrics_port or None).values():
                 check_port_free(args.host, port, "--metrics-port")
             stack = _launch(args, parser, model)  # stops what it started if interrupted
@@ -313,6 +327,8 @@ def serve(argv: list[str]) -> None:
         print(f"strand gateway ready at {stack.gateway_address}", flush=True)
         if "openai" in stack.ports:
             print(f"strand OpenAI API at http://{stack.address('openai')}/v1", flush=True)
+        if "vllm_grpc" in stack.ports:
+            print(f"strand vLLM gRPC engine protocol at {stack.address('vllm_grpc')}", flush=True)
         for name, port in stack.metrics_ports.items():
             print(f"strand {name} metrics at http://{args.host}:{port}/metrics", flush=True)
         _watch(stack)

@@ -162,6 +162,8 @@ class StackConfig:
     data_parallel_size: int = 1  # engine replicas started here (each its own process)
     engine_addresses: list[str] = field(default_factory=list)  # engines started elsewhere
     router_policy: str | None = None  # the tokenizer's; None: kv-aware with several engines
+    # On a stop, seconds the gateway's requests in flight get to finish (its --shutdown-timeout).
+    shutdown_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1:
@@ -185,6 +187,9 @@ class StackConfig:
         num_engines = len(self.engine_addresses) or self.data_parallel_size
         return num_engines > 1 and self.router_policy in (None, "kv-aware")
     openai_args: list[str] = field(default_factory=list)  # more flags for it (--lora-modules)
+    # vLLM's gRPC engine protocol (strand/services/vllm_grpc, for smg): its port (0: a free
+    # one); None: none
+    vllm_grpc_port: int | None = None
 
 
 @dataclass(slots=True)
@@ -218,6 +223,9 @@ class Stack:
     def command(self, name: str) -> list[str]:
         cfg = self.config
         module = "engine" if name in cfg.engine_names else name
+        if name == "vllm_grpc":
+            return [sys.executable, "-m", "strand.services.vllm_grpc", "--host", cfg.host,
+                    "--port", str(self.ports[name]), *_vllm_grpc_args(self)]
         cmd = [sys.executable, "-m", f"strand.services.{module}", "--host", cfg.host,
                "--port", str(self.ports[name])]
         if cfg.otlp_traces_endpoint:
@@ -230,6 +238,8 @@ class Stack:
             cmd += [f"--tokenizer-addr={self.address('tokenizer')}",
                     f"--engine-addr={self.engine_addrs}",
                     f"--detokenizer-addr={self.address('detokenizer')}", *cfg.gateway_args]
+            if cfg.shutdown_timeout:
+                cmd += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
             if cfg.tls_cert and cfg.tls_key:
                 cmd += ["--tls-cert", cfg.tls_cert, "--tls-key", cfg.tls_key]
             return cmd
@@ -263,7 +273,7 @@ class Stack:
         """(Re)start one service and wait for its health."""
         self.start_async(name)
         roots = None
-        if name == "gateway" and self.config.tls_cert:
+        if name in ("gateway", "vllm_grpc") and self.config.tls_cert:
             roots = Path(self.config.tls_cert).read_bytes()
         self.wait_service(name, timeout, roots)
 
@@ -337,15 +347,23 @@ class Stack:
         detokenizer. A service that watches the ones behind it is gone before they stop: signalled
         together, the gateway often saw the engine go before it handled its own SIGTERM, and
         warned that the engine was out of rotation."""
-        return [["openai"], ["gateway"], ["tokenizer"], [*self.config.engine_names, "detokenizer"]]
+        return [["openai", "vllm_grpc"], ["gateway"], ["tokenizer"], [*self.config.engine_names, "detokenizer"]]
 
     def _stop(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout + self.config.shutdown_timeout
+        # The gateway is told first, and once: it drains (readiness NOT_SERVING at once, new
+        # requests refused, those in flight, the fronts' too, let finish) while the fronts stop.
+        gateway = self.processes.get("gateway")
+        if gateway is not None and gateway.poll() is None:
+            gateway.send_signal(signal.SIGTERM)
+        else:
+            gateway = None
         for wave in self.stop_waves():
             running = [p for p in (self.processes.get(n) for n in wave)
-                       if p is not None and p.poll() is None]
+                       if p is not None and (p is gateway or p.poll() is None)]
             for process in running:
-                process.send_signal(signal.SIGTERM)
+                if process is not gateway:
+                    process.send_signal(signal.SIGTERM)
             for process in running:
                 try:
                     process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -387,6 +405,9 @@ def launch_stack(config: StackConfig, timeout: float = 180.0) -> Stack:
             stack.start_async("openai")
             wait_http_healthy(f"http://{stack.address('openai')}/health", timeout,
                               stack.processes["openai"])
+        if config.vllm_grpc_port is not None:
+            stack.ports["vllm_grpc"] = config.vllm_grpc_port or free_port(config.host)
+            stack.start("vllm_grpc", timeout)
     except BaseException:
         stack.stop()
         raise
@@ -415,4 +436,21 @@ def _openai_args(stack: Stack) -> list[str]:
         args += ["--api-key", cfg.gateway_args[cfg.gateway_args.index("--api-key") + 1]]
     if cfg.tls_cert:
         args += ["--gateway-tls-cert", cfg.tls_cert]
+    if cfg.shutdown_timeout:
+        args += ["--shutdown-timeout", str(cfg.shutdown_timeout)]
     return args + cfg.openai_args
+
+
+def _vllm_grpc_args(stack: Stack) -> list[str]:
+    """The vLLM-protocol front: the gateway's address, the model directory (its tokenizer
+    bundle), and the gateway's key and TLS, which its own clients must use too."""
+    cfg = stack.config
+    args = ["--gateway-addr", stack.gateway_address, "--model", cfg.model]
+    if cfg.otlp_traces_endpoint:
+        args += ["--otlp-traces-endpoint", cfg.otlp_traces_endpoint]
+    if "--api-key" in cfg.gateway_args:
+        args += ["--api-key", cfg.gateway_args[cfg.gateway_args.index("--api-key") + 1]]
+    if cfg.tls_cert and cfg.tls_key:
+        args += ["--tls-cert", cfg.tls_cert, "--tls-key", cfg.tls_key,
+                 "--gateway-tls-cert", cfg.tls_cert]
+    return args

@@ -82,6 +82,11 @@ def test_stage_conventions() -> None:
     engine = _by("StatefulSet", "strand-engine")["spec"]["template"]["spec"]["containers"][0]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert _by("Service", "strand-gateway")["spec"]["type"] == "LoadBalancer"
+    # The gateway drains on SIGTERM: its pod's grace outlasts --shutdown-timeout.
+    gateway_pod = _by("Deployment", "strand-gateway")["spec"]["template"]["spec"]
+    command = gateway_pod["containers"][0]["command"]
+    shutdown_timeout = float(command[command.index("--shutdown-timeout") + 1])
+    assert gateway_pod["terminationGracePeriodSeconds"] > shutdown_timeout > 0
     config = _by("ConfigMap", "strand-config")["data"]
     assert config["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].endswith(":4317")
 

@@ -62,6 +62,10 @@ def test_compose_has_the_four_services_healthchecks_volume_and_jaeger() -> None:
     assert {"127.0.0.1:4317:4317", "127.0.0.1:16686:16686"} <= {
         p.split()[0] for p in services["jaeger"]["ports"]}
     assert "127.0.0.1:50051:50051" in services["gateway"]["ports"]
+    # docker stop drains the gateway: its grace outlasts --shutdown-timeout.
+    command = services["gateway"]["command"]
+    shutdown_timeout = float(command[command.index("--shutdown-timeout") + 1])
+    assert float(services["gateway"]["stop_grace_period"].rstrip("s")) > shutdown_timeout > 0
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2")
 
 

@@ -26,7 +26,7 @@ class BlockPool:
     """Blocks 1..num_blocks-1 are allocatable; block 0 is reserved (padding in block tables).
 
     A free block may still hold a cached prefix: it stays findable by hash until evicted, and
-    eviction takes the head of the free queue (least recently freed first).
+    eviction takes the head of the free queue (uncached blocks, then least recently freed first).
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
@@ -139,15 +139,21 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; pass them in eviction order (a request's tail first).
 
-        Each block that reaches ref_cnt 0 goes to the tail of the free queue in the order given,
-        cached or not (vLLM's order): a freed request's tail is reused before its prefix, and
-        blocks freed earlier are reused before it.
+        Blocks that reach ref_cnt 0 keep the order given (vLLM's order): cached ones go to the
+        tail of the free queue (a freed request's tail is reused before its prefix, blocks freed
+        earlier before it); uncached ones (a partial tail) go to the head, since no hit can ever
+        find them: they are reused before any cached block is evicted.
         """
         queue = self.free_block_queue
+        uncached: list[KVCacheBlock] = []
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                queue.append(block)
+                if block.block_hash is None:
+                    uncached.append(block)
+                else:
+                    queue.append(block)
+        queue.prepend_n(uncached)
 
     def evict_cached_free_blocks(self) -> int:
         """Forget the prefixes of free blocks only (running requests keep theirs); how many.

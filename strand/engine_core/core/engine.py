@@ -22,6 +22,7 @@ from strand.engine_core.config import CacheConfig, EngineArgs, SchedulerConfig
 from strand.engine_core.core import kv_control
 from strand.engine_core.core.batch_queue import BatchQueue
 from strand.engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from strand.engine_core.core.expiry import expired_requests
 from strand.engine_core.core.kv_events import KVEventBatch, KVEventBuffer
 from strand.engine_core.core.request import Request, RequestStatus
 from strand.engine_core.core.sched_output import SchedulerOutput
@@ -213,6 +214,7 @@ class EngineCore:
             cache_salt=request.cache_salt,
             lora_request=request.lora_request,
             pooling_params=request.pooling_params,
+            deadline=request.deadline,
         ))
 
     def grammar_cache(self) -> GrammarCache:
@@ -248,6 +250,7 @@ class EngineCore:
             return EngineCoreOutputs(outputs=[])
         if self._load_thread is not None and threading.get_ident() != self._load_thread:
             self._warn_other_thread()
+        dropped = self._drop_expired()
         flush_only = not self.scheduler.has_unfinished_requests()
         scheduler_output = self.scheduler.schedule()
         if not flush_only:  # a step that only hands finished ids to the runner ran no batch
@@ -260,7 +263,20 @@ class EngineCore:
             return self._fail_all(str(e))
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self._idle = not self.scheduler.has_unfinished_requests()
-        return self._finish_step(outputs, None if flush_only else scheduler_output)
+        return self._finish_step(dropped + outputs, None if flush_only else scheduler_output)
+
+    def _drop_expired(self) -> list[EngineCoreOutput]:
+        """Abort, before scheduling, the requests past their deadline or queued longer than
+        max_queue_time (expiry.py); their outputs say so (finish_reason "abort", the reason in
+        stop_reason), since no caller's abort told the rest of the ring."""
+        expired = expired_requests(self.scheduler.requests.values(), time.time(),
+                                   self.args.max_queue_time)
+        if not expired:
+            return []
+        self.scheduler.finish_requests([rid for rid, _ in expired],
+                                       RequestStatus.FINISHED_ABORTED)
+        return [EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason="abort",
+                                 stop_reason=reason) for rid, reason in expired]
 
     def _fail_all(self, reason: str) -> EngineCoreOutputs:
         """A rank is gone: every request the scheduler holds ends with finish_reason "error"."""

@@ -26,6 +26,9 @@ class EngineCoreRequest:
     lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
     # An embedding request (runner="pooling"); sampling_params is then PoolingParams.carrier().
     pooling_params: PoolingParams | None = None
+    # time.time() past which nobody waits for it (the caller's deadline): the core drops it,
+    # queued or running, at its next step with finish_reason "abort". None: no deadline.
+    deadline: float | None = None
 
 
 @dataclass(slots=True)

@@ -154,6 +154,11 @@ class FreeKVCacheBlockQueue:
         assert first is not None
         self._link(block, self._head, first)
 
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Add at the head, in the order given: the first of them is evicted first."""
+        for block in reversed(blocks):
+            self.appendleft(block)
+
     def _link(self, block: KVCacheBlock, prev: KVCacheBlock, nxt: KVCacheBlock) -> None:
         if block.prev_free is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")

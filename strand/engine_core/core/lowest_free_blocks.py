@@ -19,8 +19,8 @@ from strand.engine_core.core.kv_cache_utils import KVCacheBlock
 
 
 class LowestFreeBlocks:
-    """FreeKVCacheBlockQueue's interface; popleft takes the lowest free block id, and append and
-    appendleft are the same (no eviction order to keep)."""
+    """FreeKVCacheBlockQueue's interface; popleft takes the lowest free block id, and append,
+    appendleft and prepend_n are the same (no eviction order to keep)."""
 
     def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
         self._by_id: dict[int, KVCacheBlock] = {}
@@ -44,6 +44,10 @@ class LowestFreeBlocks:
         heapq.heappush(self._heap, block.block_id)
 
     appendleft = append
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        for block in blocks:
+            self.append(block)
 
     def remove(self, block: KVCacheBlock) -> None:
         # Only a prefix hit revives a free block, and without caching there are none: O(n).

@@ -57,6 +57,7 @@ class Request:
     pooling_params: PoolingParams | None = None
     # Its pooling reads every prompt position's hidden state (MEAN, CLS).
     pools_every_position: bool = False
+    deadline: float | None = None  # time.time() past which it is dropped (EngineCoreRequest's)
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)

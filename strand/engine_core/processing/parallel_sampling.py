@@ -37,6 +37,7 @@ def fan_out(request: EngineCoreRequest) -> list[EngineCoreRequest]:
         priority=request.priority,
         cache_salt=request.cache_salt,
         lora_request=request.lora_request,
+        deadline=request.deadline,
     ) for i in range(params.n)]
 
 

@@ -30,6 +30,8 @@ def core_request_to_pb(req: EngineCoreRequest) -> pb.EngineCoreRequest:
         msg.lora_request.CopyFrom(lora_request_to_pb(req.lora_request))
     if req.pooling_params is not None:
         msg.pooling_params.CopyFrom(pooling_params_to_pb(req.pooling_params))
+    if req.deadline is not None:
+        msg.deadline = req.deadline
     return msg
 
 
@@ -45,6 +47,7 @@ def core_request_from_pb(msg: pb.EngineCoreRequest) -> EngineCoreRequest:
         lora_request=optional_lora_from_pb(msg),
         pooling_params=(pooling_params_from_pb(msg.pooling_params)
                         if msg.HasField("pooling_params") else None),
+        deadline=msg.deadline if msg.HasField("deadline") else None,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import logging
 import signal
@@ -195,11 +196,13 @@ async def run_server(name: str, options: ServerOptions,
                      on_started: Callable[[int], Awaitable[None]] | None = None,
                      ready: Callable[[], bool] | None = None,
                      metrics: CollectorRegistry | None = None,
-                     on_stopping: Callable[[], None] | None = None) -> None:
+                     on_stopping: Callable[[], None] | None = None,
+                     drain: Callable[[asyncio.Event], Awaitable[object]] | None = None) -> None:
     """Serve until SIGINT/SIGTERM. `register` adds the servicers and returns their full names;
     `ready` (polled) says whether this stage's part of the ring is connected; `metrics` is
-    served on options.metrics_port. `on_stopping` runs as the stop begins, before the calls in
-    flight are given their grace; `on_stop` after it."""
+    served on options.metrics_port. `drain` runs first on a stop, readiness already NOT_SERVING
+    (its event is set by a second signal: end the drain now); `on_stopping` runs as the stop
+    begins, before the calls in flight are given their grace; `on_stop` after it."""
     init_tracing(f"strand-{name}", options.otlp_traces_endpoint)
     api_key = stage_api_key(name, options.host, options.api_key)
     interceptors: list[grpc.aio.ServerInterceptor] = [ApiKeyInterceptor(api_key)] if api_key else []
@@ -250,6 +253,15 @@ async def run_server(name: str, options: ServerOptions,
     await stop.wait()
     logger.info("%s: stopping", name)
     readiness.cancel()
+    if drain is not None:
+        # Readiness first and at once: a load balancer stops sending while the calls in flight
+        # go on (liveness stays SERVING).
+        with contextlib.suppress(asyncio.CancelledError):
+            await readiness  # it must not set SERVING again
+        for service in (READINESS, *names):
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        stop.clear()
+        await drain(stop)
     if on_stopping is not None:
         on_stopping()
     await health_servicer.enter_graceful_shutdown()

@@ -27,6 +27,7 @@ from strand.services.common.stage_args import make_parser, parse_stage_args
 from strand.services.common.stage_client import StageClient
 from strand.services.common.status import StageError
 from strand.services.gateway.clients import DEFAULT_MAX_PENDING_BYTES
+from strand.services.gateway.drain import drain
 from strand.services.gateway.flow import GatewayFlow
 from strand.services.gateway.metrics import GatewayMetrics
 from strand.services.gateway.servicer import GatewayServicer
@@ -58,8 +59,14 @@ def _main(argv: list[str] | None) -> None:
                              "it the client's AddRequest requests end with finish_reason "
                              "\"error\" and its adds get RESOURCE_EXHAUSTED until it calls Step "
                              "(default: %(default)s)")
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0,
+                        help="on SIGTERM, seconds the requests in flight get to finish (new "
+                             "ones are refused, readiness is NOT_SERVING); those left then end "
+                             "with finish_reason \"abort\" (default: %(default)s)")
     parser.set_defaults(max_message_bytes=64 * 1024**2)
     args, options = parse_stage_args(parser, argv)
+    if not args.shutdown_timeout >= 0:
+        parser.error(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     if not args.self_step_after > 0:
         parser.error(f"--self-step-after must be > 0 seconds, got {args.self_step_after}")
     if args.max_pending_step_bytes < 1024:
@@ -73,13 +80,14 @@ def _main(argv: list[str] | None) -> None:
         parser.error(str(exc))
     asyncio.run(serve(args.tokenizer_addr, engine_addrs, args.detokenizer_addr,
                       args.auto_step, options, args.self_step_after,
-                      args.max_pending_step_bytes))
+                      args.max_pending_step_bytes, args.shutdown_timeout))
 
 
 async def serve(tokenizer_addr: str, engine_addrs: list[str], detokenizer_addr: str,
                 auto_step: bool, options: ServerOptions,
                 self_step_after: float = SELF_STEP_AFTER_S,
-                max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> None:
+                max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                shutdown_timeout: float = 0.0) -> None:
     tokenizer = StageClient("tokenizer", tokenizer_addr, tokenizer_pb2_grpc.TokenizerStub)
     engines = EngineReplicas.connect(engine_addrs)
     detokenizer = StageClient("detokenizer", detokenizer_addr,
@@ -115,7 +123,8 @@ async def serve(tokenizer_addr: str, engine_addrs: list[str], detokenizer_addr: 
 
     await run_server("gateway", options, register, on_stop=on_stop, on_started=on_started,
                      ready=lambda: peers.ready and engines.ready and flow.feed.subscribed,
-                     metrics=registry, on_stopping=on_stopping)
+                     metrics=registry, on_stopping=on_stopping,
+                     drain=lambda cut_short: drain(flow, shutdown_timeout, cut_short))
 
 
 async def _check_mode(flow: GatewayFlow, auto_step: bool) -> None:

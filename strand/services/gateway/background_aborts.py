@@ -9,16 +9,15 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from strand.services._proto.strand.v1 import detokenizer_pb2 as dpb
-from strand.services.common.stage_client import StageClient
 from strand.services.common.status import StageError
+from strand.services.gateway.abort_batches import AbortBatches
 
 logger = logging.getLogger(__name__)
 
 
 class BackgroundAborts:
-    def __init__(self, detokenizer: StageClient) -> None:
-        self.detokenizer = detokenizer
+    def __init__(self, batches: AbortBatches) -> None:
+        self.batches = batches  # each abort joins the next message to the detokenizer
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def abort(self, request_id: str) -> None:
@@ -28,22 +27,24 @@ class BackgroundAborts:
     def abort_when_added(self, add: asyncio.Task[Any], request_id: str,
                          forget: Callable[[str], object]) -> None:
         """The caller gave up while the stages were taking the request: once they have, it
-        must not run on unseen, holding KV blocks."""
+        must not run on unseen, holding KV blocks. forget(request_id) runs once it is gone
+        (aborted, or refused by the stages): until then it counts as unfinished."""
         self._spawn(self._abort_when_added(add, request_id, forget))
 
     async def _abort_when_added(self, add: asyncio.Task[Any], request_id: str,
                                 forget: Callable[[str], object]) -> None:
         try:
-            await add
-        except StageError:
-            return  # it never got in
-        forget(request_id)
-        await self._abort(request_id)
+            try:
+                await add
+            except StageError:
+                return  # it never got in
+            await self._abort(request_id)
+        finally:
+            forget(request_id)
 
     async def _abort(self, request_id: str) -> None:
         try:
-            await self.detokenizer.call(dpb.DetokenizerRequest(
-                abort=dpb.DetokAbort(request_ids=[request_id])))
+            await self.batches.abort([request_id])
         except StageError as exc:
             logger.warning("abort of %s failed: %s", request_id, exc.message)
 

@@ -27,7 +27,6 @@ from opentelemetry import trace
 
 from strand.engine_core.sampling_params import RequestOutputKind
 from strand.engine_core.step_driver import SELF_STEP_AFTER_S
-from strand.services._proto.strand.v1 import detokenizer_pb2 as dpb
 from strand.services._proto.strand.v1 import engine_pb2 as epb
 from strand.services._proto.strand.v1 import tokenizer_pb2 as tpb
 from strand.services._proto.strand.v1 import types_pb2 as pb
@@ -36,6 +35,7 @@ from strand.services.common.stage_auth import stage_metadata
 from strand.services.common.stage_client import StageClient
 from strand.services.common.status import StageError, StageUnavailable
 from strand.services.common.tracing import carrier_from_context
+from strand.services.gateway.abort_batches import AbortBatches
 from strand.services.gateway.background_aborts import BackgroundAborts
 from strand.services.gateway.clients import (
     DEFAULT_MAX_PENDING_BYTES,
@@ -46,6 +46,7 @@ from strand.services.gateway.clients import (
     output_bytes,
 )
 from strand.services.gateway.control import GatewayControl
+from strand.services.gateway.drain import DRAINING_MESSAGE
 from strand.services.gateway.live import (
     LiveRequest,
     abort_output,
@@ -90,11 +91,14 @@ class GatewayFlow:
         self.model: str | None = None  # the engine's model, learned with its mode (spans)
         self.metrics: GatewayMetrics | None = None  # set by the gateway's main
         self._live: dict[str, LiveRequest] = {}  # by internal id
+        self.draining = False  # stopping (drain.py): new requests are refused
         self._aborting: dict[str, str] = {}  # internal id -> client, while its abort runs
         self.steps = StepRunner(self.engines, self.origin, self._added_ids, self._end_lost)
         self._step_lock = asyncio.Lock()  # manual mode: one step at a time, as LLMEngine
         self.control = GatewayControl(self.engines, self._step_lock)
-        self.aborts = BackgroundAborts(detokenizer)
+        # Every abort to the detokenizer, batched: one message in flight (abort_batches.py).
+        self.abort_batches = AbortBatches(detokenizer)
+        self.aborts = BackgroundAborts(self.abort_batches)
         self.self_stepper = SelfStepper(self_step_after, self._has_streams, self._is_auto,
                                         self._step_lock, self.steps.step_once,
                                         lambda: self.steps.engine_idle)
@@ -158,12 +162,16 @@ class GatewayFlow:
                           params: pb.SamplingParams, arrival_time: float | None = None,
                           priority: int = 0, queue: StreamOutputs | None = None,
                           lora_request: pb.LoRARequest | None = None,
-                          pooling: pb.PoolingParams | None = None) -> str:
+                          pooling: pb.PoolingParams | None = None,
+                          deadline: float | None = None) -> str:
         """Add the client's request; its internal id (the stages' name for it). pooling: an
-        embedding request's params (params is then unused)."""
+        embedding request's params (params is then unused). deadline: time.time() past which
+        the caller no longer waits (the engine then drops it itself)."""
         request_id = internal_id(client, public_id)
         try:
             check_request_id(public_id)
+            if self.draining:
+                raise StageError(grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
             if request_id in self._live:  # only the caller's own ids can collide
                 raise StageError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"request_id {public_id!r} is already in use")
@@ -188,10 +196,13 @@ class GatewayFlow:
         self._live[request_id] = live
         try:
             added = await self._add(request_id, prompt, params, arrival_time, priority, span,
-                                    lora_request, pooling)
+                                    lora_request, pooling, deadline)
         except BaseException as exc:
             if self._live.get(request_id) is live:
                 del self._live[request_id]
+            if isinstance(exc, asyncio.CancelledError):
+                # Unfinished for its client until the abort that _add left behind has run.
+                self._aborting[request_id] = client
             fail_request_span(span, exc)
             if self.metrics is not None:
                 self.metrics.refused(exc)
@@ -213,12 +224,15 @@ class GatewayFlow:
     async def _add(self, request_id: str, prompt: pb.Prompt, params: pb.SamplingParams,
                    arrival_time: float | None, priority: int, span: trace.Span,
                    lora_request: pb.LoRARequest | None = None,
-                   pooling: pb.PoolingParams | None = None) -> tpb.AddedRequest:
+                   pooling: pb.PoolingParams | None = None,
+                   deadline: float | None = None) -> tpb.AddedRequest:
         process = tpb.ProcessRequest(request_id=request_id, prompt=prompt, params=params,
                                      priority=priority, origin=self.origin,
                                      lora_request=lora_request, pooling_params=pooling)
         if arrival_time is not None:
             process.arrival_time = arrival_time
+        if deadline is not None:
+            process.deadline = deadline
         # Written in this turn where the link lets it (StageClient.send), answered in the task.
         call = self.tokenizer.send(tpb.TokenizerRequest(
             process=process, trace_context=carrier_from_context(trace.set_span_in_context(span))))
@@ -226,9 +240,14 @@ class GatewayFlow:
             resp = await asyncio.shield(call)
         except asyncio.CancelledError:
             # The caller gave up (a deadline, a cancelled call) while the stages were taking
-            # the request: once they have, it must not run on unseen, holding KV blocks.
+            # the request: once they have, it must not run on unseen, holding KV blocks. The
+            # tokenizer is told at once: it refuses the add if it has not sent it on yet, else
+            # aborts it in the engine right behind the add (not a round trip later).
+            early = self.tokenizer.send(tpb.TokenizerRequest(
+                abort=tpb.TokenizerAbort(request_ids=[request_id])))
+            early.add_done_callback(_ignore_result)
             self.aborts.abort_when_added(call, request_id,
-                                          lambda rid: self._live.pop(rid, None))
+                                          lambda rid: self._aborting.pop(rid, None))
             raise
         return resp.added  # type: ignore[no-any-return]
 
@@ -359,10 +378,9 @@ class GatewayFlow:
             # Still unfinished for its client until the stages have dropped it.
             self._aborting[live.request_id] = live.client
         try:
-            # The detokenizer drops them and has the engine drop them before it answers.
-            await self.detokenizer.call(dpb.DetokenizerRequest(
-                abort=dpb.DetokAbort(request_ids=request_ids),
-                trace_context=carrier_from_context()))
+            # The detokenizer drops them and has the engine drop them before it answers; aborts
+            # that come meanwhile go in one message after it (abort_batches.py).
+            await self.abort_batches.abort(request_ids)
         finally:
             for live in ended:
                 self._aborting.pop(live.request_id, None)
@@ -383,6 +401,9 @@ class GatewayFlow:
         """Every client's unfinished requests."""
         return len(self._live)
 
+    def live_requests(self) -> list[LiveRequest]:
+        return list(self._live.values())
+
     def _added_ids(self) -> list[str]:
         """Live requests whose adds the stages have answered (the engine surely holds them)."""
         return [rid for rid, live in self._live.items() if live.child_ids]
@@ -398,3 +419,9 @@ class GatewayFlow:
         self._deliver([error_output(rid, live.num_outputs, reason)
                        for rid, live in self._live.items()])
         self.steps.fail_all(reason)
+
+
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    """A best-effort call's outcome, retrieved (a failure is covered by the call after it)."""
+    if not task.cancelled():
+        task.exception()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -64,7 +65,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             await self.flow.add_request(self.client(context), request.request_id,
                                         request.prompt, request.params, arrival,
                                         request.priority, lora_request=_lora_of(request),
-                                        pooling=_pooling_of(request))
+                                        pooling=_pooling_of(request),
+                                        deadline=deadline_of(context))
             return gpb.AddRequestResponse()
         return await self._traced("AddRequest", context, body)
 
@@ -203,7 +205,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                                request.prompt, request.params, None,
                                                request.priority, queue=queue,
                                                lora_request=_lora_of(request),
-                                               pooling=_pooling_of(request))
+                                               pooling=_pooling_of(request),
+                                               deadline=deadline_of(context))
         internal = await self._traced("Generate", context, add)
         # Tells the client the request is in (and its id), so it may Step in manual mode.
         await context.send_initial_metadata((("strand-request-id", request_id),))
@@ -237,6 +240,12 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's gRPC deadline as wall-clock time (it travels to the engine); None: none."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.time() + remaining
 
 
 def _lora_of(request: gpb.AddRequestRequest | gpb.GenerateRequest) -> pb.LoRARequest | None:

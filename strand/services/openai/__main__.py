@@ -41,6 +41,9 @@ def _main(argv: list[str] | None) -> None:
                              "refused unread (default %(default)s)")
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0,
+                        help="on SIGTERM, seconds the requests in flight get to finish (the "
+                             "gateway's --shutdown-timeout; at least 5)")
     add_tool_flags(parser)
     add_reasoning_flag(parser)
     add_usage_flag(parser)
@@ -70,7 +73,7 @@ def _main(argv: list[str] | None) -> None:
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+                    timeout_graceful_shutdown=max(5, int(args.shutdown_timeout + 2)))
     finally:
         shutdown_tracing()
 

@@ -41,6 +41,7 @@ from strand.services.common.stage_client import StageClient
 from strand.services.common.status import StageError, error_to_pb, status_of
 from strand.services.common.tracing import context_from_carrier, server_span
 from strand.services.tokenizer.engine_modes import EngineModes
+from strand.services.tokenizer.entering import Entering, EnteringRequests
 from strand.services.tokenizer.metrics import TokenizerMetrics
 from strand.services.tokenizer.routing import ReplicaRouter
 
@@ -78,6 +79,7 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         # One thread: tokenizing a long prompt must not stall the loop (health, other streams).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._tasks: set[asyncio.Task[None]] = set()
+        self.entering = EnteringRequests()  # adds not yet answered, for early aborts
 
     async def close(self) -> None:
         await self.router.close()
@@ -123,6 +125,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         kind = msg.WhichOneof("kind")
         if kind in ("tokenize", "detokenize"):
             return await self._lookup(msg, kind)
+        if kind == "abort":
+            self._abort(list(msg.abort.request_ids))
+            return tpb.TokenizerResponse(seq=msg.seq, added=tpb.AddedRequest())
         req = msg.process
         parent = context_from_carrier(msg.trace_context)
         with server_span("strand.v1.Tokenizer/Process", parent,
@@ -172,6 +177,14 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                                    max_model_len=self.processor.max_model_len, token_strs=strs)
 
     async def _add(self, req: tpb.ProcessRequest, carrier: dict[str, str]) -> tpb.AddedRequest:
+        entry = self.entering.begin(req.request_id)
+        try:
+            return await self._add_entering(req, carrier, entry)
+        finally:
+            self.entering.end(req.request_id, entry)
+
+    async def _add_entering(self, req: tpb.ProcessRequest, carrier: dict[str, str],
+                            entry: Entering) -> tpb.AddedRequest:
         params: SamplingParams | PoolingParams | None = (
             pooling_params_from_pb(req.pooling_params) if req.HasField("pooling_params")
             else params_from_pb(req.params) if req.HasField("params") else None)
@@ -180,11 +193,16 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 optional_lora_from_pb(req))
         processed = await self._off_loop(processes_inline(req.prompt), self._process, *args)
         request = processed.request
+        if req.HasField("deadline"):
+            request.deadline = req.deadline  # its children inherit it (fan_out)
         lora = request.lora_request
         engine = self.router.route(request.prompt_token_ids, request.cache_salt,
                                    None if lora is None else lora.lora_int_id)
         try:
-            children = await self._add_on(engine, req, processed, carrier)
+            if entry.aborted:
+                raise StageError(grpc.StatusCode.CANCELLED,
+                                 "the request was aborted on its way in")
+            children = await self._add_on(engine, req, processed, carrier, entry)
         finally:
             self.router.answered(engine)
         return tpb.AddedRequest(child_ids=[c.request_id for c in children],
@@ -192,7 +210,8 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                                 output_kind=int(request.sampling_params.output_kind))
 
     async def _add_on(self, engine: str, req: tpb.ProcessRequest, processed: ProcessedPrompt,
-                      carrier: dict[str, str]) -> list[EngineCoreRequest]:
+                      carrier: dict[str, str], entry: Entering | None = None
+                      ) -> list[EngineCoreRequest]:
         """The request's state to the detokenizer and its children to the chosen engine, all or
         nothing: at once to an auto-stepping engine (the detokenizer keeps outputs that beat the
         state, early_outputs.py), in turn to a manually stepped one (engine_modes.py)."""
@@ -215,9 +234,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         # The engine's add first: it is on the way to the first token (the detokenizer keeps
         # outputs that beat the state). Both are written in this turn where the links let them
         # (StageClient.send), not in their tasks' first turns after it.
-        results: tuple[Any, Any] = await asyncio.gather(
-            self.engines.send(engine, engine_add), self.detokenizer.send(detok_add),
-            return_exceptions=True)
+        sends = (self.engines.send(engine, engine_add), self.detokenizer.send(detok_add))
+        if entry is not None:  # an abort from now on follows the add on the engine's stream
+            entry.engine, entry.child_ids = engine, [c.request_id for c in children]
+        results: tuple[Any, Any] = await asyncio.gather(*sends, return_exceptions=True)
         added, detok = results
         for result in (detok, added):
             if isinstance(result, BaseException) and not isinstance(result, Exception):
@@ -230,6 +250,16 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             await self._forget_in_detokenizer(req.request_id)
             raise added
         return children
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """The gateway gave up on these while they were on their way in: those not yet sent on
+        are refused when they would be; those in the engine are aborted right behind their add
+        (the engine's Session runs its messages in order)."""
+        for engine, child_ids in self.entering.abort(request_ids).items():
+            task = asyncio.get_running_loop().create_task(
+                self._abort_in_engine(engine, child_ids))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _process(self, *args: Any) -> ProcessedPrompt:
         start = time.perf_counter()

@@ -77,6 +77,22 @@ def test_free_kv_cache_block_queue_append_n() -> None:
         queue.append(blocks[0])
 
 
+def test_free_kv_cache_block_queue_prepend_n() -> None:
+    blocks = [KVCacheBlock(i) for i in range(6)]
+    queue = FreeKVCacheBlockQueue(blocks[0:1])
+    queue.prepend_n([])  # a no-op
+    assert _ids(queue) == [0]
+    # In front of the existing head, in the order given.
+    queue.prepend_n(blocks[4:6])
+    assert queue.num_free_blocks == 3
+    assert _ids(queue) == [4, 5, 0]
+    queue.prepend_n(blocks[1:3])
+    assert _ids(queue) == [1, 2, 4, 5, 0]
+    assert queue.popleft() is blocks[1]
+    with pytest.raises(ValueError, match="already in the free queue"):
+        queue.prepend_n([blocks[3], blocks[0]])
+
+
 def test_free_kv_cache_block_queue_pop_n() -> None:
     blocks = [KVCacheBlock(i) for i in range(6)]
     queue = FreeKVCacheBlockQueue(blocks)

@@ -65,18 +65,19 @@ def test_prefill() -> None:
 
     kv.free(req0)
     kv.free(req1)
-    # Unallocated first, then each request's blocks tail first in the order they were freed.
-    assert _free_ids(kv) == [6, 7, 8, 9, 10, 4, 5, 3, 2, 1]
+    # The uncached partial blocks at the head (the last freed first: 5, 4), then the
+    # unallocated ones, then the cached common prefix tail first.
+    assert _free_ids(kv) == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
 
     req2 = _req("2", COMMON + [3] * 6)
-    assert _alloc(kv, req2) == ([6], 3 * BS)
+    assert _alloc(kv, req2) == ([5], 3 * BS)  # the partial block 5, reused at once
     assert kv.block_pool.get_num_free_blocks() == 6
     kv.free(req2)
 
     req3 = _req("3", [99] * (BS * 10))
     new_ids, num_hit = _alloc(kv, req3)
     assert num_hit == 0
-    assert new_ids == [7, 8, 9, 10, 4, 5, 6, 3, 2, 1]  # the eviction order
+    assert new_ids == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]  # the eviction order
     assert kv.block_pool.get_num_free_blocks() == 0
 
 
@@ -86,20 +87,27 @@ def test_prefill_plp() -> None:
     kv = KVCacheManager(11, BS)
     req0 = _req("0", COMMON + [3] * 7, prompt_logprobs=5)
     assert _alloc(kv, req0) == ([1, 2, 3, 4], 0)
+    req0_hashes = [kv.block_pool.blocks[i].block_hash for i in (1, 2, 3, 4)]
+    assert req0_hashes[3] is None
     req1 = _req("1", COMMON + [3] * 5)
     assert _alloc(kv, req1) == ([5], 3 * BS)  # a plain request hits req0's blocks
-    req2 = _req("2", COMMON + [3] * 6, prompt_logprobs=5)
-    new_ids, num_hit = _alloc(kv, req2)
-    assert num_hit == 0 and new_ids == [6, 7, 8, 9]
-    table = kv.block_pool.cached_block_hash_to_block
-    for i, block_hash in enumerate(req2.block_hashes):
-        assert {b.block_id for b in table.get_all(block_hash)} == {i + 1, i + 6}
+    assert [kv.block_pool.blocks[i].ref_cnt for i in (1, 2, 3)] == [2, 2, 2]
     kv.free(req0)
     kv.free(req1)
+    assert _free_ids(kv) == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
+    # A prompt-logprobs request misses the cache and computes req0's blocks again.
+    req2 = _req("2", COMMON + [3] * 6, prompt_logprobs=5)
+    new_ids, num_hit = _alloc(kv, req2)
+    assert num_hit == 0 and new_ids == [5, 4, 6, 7]
+    assert [kv.block_pool.blocks[i].block_hash for i in new_ids] == req0_hashes
+    assert all(kv.block_pool.blocks[i].ref_cnt == 1 for i in new_ids)
+    table = kv.block_pool.cached_block_hash_to_block
+    for block_hash, ids in zip(req2.block_hashes, ({1, 5}, {2, 4}, {3, 6}), strict=True):
+        assert {b.block_id for b in table.get_all(block_hash)} == ids
     kv.free(req2)
-    assert _free_ids(kv) == [10, 4, 5, 3, 2, 1, 9, 8, 7, 6]
+    assert _free_ids(kv) == [7, 8, 9, 10, 3, 2, 1, 6, 4, 5]
     # Evicting one copy leaves the other findable.
-    kv.block_pool.get_new_blocks(5)  # 10, 4, 5, 3, 2
+    kv.block_pool.get_new_blocks(5)  # 7, 8, 9, 10, 3
     assert kv.get_computed_blocks(_req("3", COMMON + [3]))[1] == 3 * BS
 
 
@@ -123,15 +131,40 @@ def test_evict() -> None:
     kv = KVCacheManager(11, BS)
     last = _req("0", list(range(5 * BS + 7)))
     assert _alloc(kv, last)[0] == [1, 2, 3, 4, 5, 6]
-    second = _req("1", list(range(100, 100 + 3 * BS + 7)))
-    assert _alloc(kv, second)[0] == [7, 8, 9, 10]
+    second = _req("1", list(range(5 * BS + 7, 8 * BS + 7)))
+    assert _alloc(kv, second)[0] == [7, 8, 9]  # 3 full blocks
+    assert kv.block_pool.get_num_free_blocks() == 1
     kv.free(last)
+    # The partial block (no hash) at the head, the cached ones at the tail (LRU).
+    assert _free_ids(kv) == [6, 10, 5, 4, 3, 2, 1]
     kv.free(second)
-    assert _free_ids(kv) == [6, 5, 4, 3, 2, 1, 10, 9, 8, 7]
+    assert _free_ids(kv) == [6, 10, 5, 4, 3, 2, 1, 9, 8, 7]
     # A hit on "last"'s first two blocks revives them; the new tail comes from the queue head.
     req2 = _req("2", list(range(2 * BS + 3)))
     assert _alloc(kv, req2) == ([6], 2 * BS)
-    assert _free_ids(kv) == [5, 4, 3, 10, 9, 8, 7]
+    assert kv.block_pool.get_num_free_blocks() == 7
+    assert _free_ids(kv) == [10, 5, 4, 3, 9, 8, 7]
+
+
+def test_free_puts_uncached_blocks_at_the_head_tail_first() -> None:
+    """Blocks without a hash reach the head in the order freed (a request's tail first); cached
+    ones keep theirs at the tail. Nothing cached is evicted while an uncached block is free."""
+    kv = KVCacheManager(11, BS)
+    cached = _req("0", list(range(2 * BS + 1)))
+    assert _alloc(kv, cached)[0] == [1, 2, 3]
+    # Admitted but given up before its forward: none of its blocks holds what its hash says.
+    uncomputed = _req("1", list(range(100, 100 + 3 * BS + 5)))
+    hits, _ = kv.get_computed_blocks(uncomputed)
+    assert [b.block_id for b in kv.allocate_slots(uncomputed, uncomputed.num_tokens, hits) or []] \
+        == [4, 5, 6, 7]
+    kv.free(cached)
+    assert _free_ids(kv) == [3, 8, 9, 10, 2, 1]
+    kv.free(uncomputed)
+    assert _free_ids(kv) == [7, 6, 5, 4, 3, 8, 9, 10, 2, 1]
+    assert all(kv.block_pool.blocks[i].block_hash is None for i in (7, 6, 5, 4, 3))
+    # The next request takes every uncached block before evicting the cached prefix.
+    assert _alloc(kv, _req("2", [7] * (7 * BS)))[0] == [7, 6, 5, 4, 3, 8, 9]
+    assert kv.get_computed_blocks(_req("3", list(range(2 * BS + 1))))[1] == 2 * BS
 
 
 def test_hash_block_correct_reuse() -> None:

@@ -37,8 +37,10 @@ def test_with_caching_the_free_queue_keeps_the_eviction_order() -> None:
     first, second = pool.get_new_blocks(2), pool.get_new_blocks(2)
     pool.free_blocks(reversed(second))
     pool.free_blocks(reversed(first))
+    # Uncached blocks go to the head, the last freed request's tail first (vLLM's order), not
+    # lowest id first.
     assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == \
-        [5, 6, 7, 8, 4, 3, 2, 1]
+        [2, 1, 4, 3, 5, 6, 7, 8]
 
 
 def test_the_free_set_refuses_what_the_queue_refuses() -> None:

@@ -192,3 +192,23 @@ def test_a_json_flag_that_is_no_object_is_one_line_naming_it(
     with pytest.raises(SystemExit):
         parser.parse_args(["--model", "m", "--speculative-config", value])
     assert f"argument --speculative-config: {message}" in capsys.readouterr().err
+
+
+def test_serve_hands_the_shutdown_timeout_to_the_gateway_only(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from strand.services.launch import Stack
+
+    parser = _stack_parser("strand serve")
+    config = stack_config(parser.parse_args(["--model", "m", "--shutdown-timeout", "7.5"]),
+                          parser, "m")
+    assert config.shutdown_timeout == 7.5
+    stack = Stack(config, {"tokenizer": 1, "engine": 2, "detokenizer": 3, "gateway": 4})
+    assert stack.command("gateway")[-2:] == ["--shutdown-timeout", "7.5"]
+    assert "--shutdown-timeout" not in stack.command("engine")
+    default = stack_config(parser.parse_args(["--model", "m"]), parser, "m")
+    assert "--shutdown-timeout" not in Stack(default, {"gateway": 4, "tokenizer": 1, "engine": 2,
+                                                       "detokenizer": 3}).command("gateway")
+    with pytest.raises(SystemExit):
+        stack_config(parser.parse_args(["--model", "m", "--shutdown-timeout", "-1"]), parser,
+                     "m")
+    assert "--shutdown-timeout must be >= 0 seconds, got -1" in capsys.readouterr().err

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from strand.services._proto.strand.v1 import types_pb2 as strand_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19strand/v1/tokenizer.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"\xa0\x02\n\x0eProcessRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.strand.v1.Prompt\x12)\n\x06params\x18\x03 \x01(\x0b\x32\x19.strand.v1.SamplingParams\x12\x19\n\x0c\x61rrival_time\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x05 \x01(\x03\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12,\n\x0clora_request\x18\x14 \x01(\x0b\x32\x16.strand.v1.LoRARequest\x12\x30\n\x0epooling_params\x18\x07 \x01(\x0b\x32\x18.strand.v1.PoolingParamsB\x0f\n\r_arrival_time\"\xb4\x02\n\x10TokenizerRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x44\n\rtrace_context\x18\x0f \x03(\x0b\x32-.strand.v1.TokenizerRequest.TraceContextEntry\x12,\n\x07process\x18\x02 \x01(\x0b\x32\x19.strand.v1.ProcessRequestH\x00\x12.\n\x08tokenize\x18\x03 \x01(\x0b\x32\x1a.strand.v1.TokenizeRequestH\x00\x12\x32\n\ndetokenize\x18\x04 \x01(\x0b\x32\x1c.strand.v1.DetokenizeRequestH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"Q\n\x0c\x41\x64\x64\x65\x64Request\x12\x11\n\tchild_ids\x18\x01 \x03(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\x03\x12\x13\n\x0boutput_kind\x18\x03 \x01(\x05\"\xe8\x01\n\x11TokenizerResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x05\x61\x64\x64\x65\x64\x18\x04 \x01(\x0b\x32\x17.strand.v1.AddedRequestH\x00\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x12\x30\n\ttokenized\x18\x05 \x01(\x0b\x32\x1b.strand.v1.TokenizeResponseH\x00\x12\x34\n\x0b\x64\x65tokenized\x18\x06 \x01(\x0b\x32\x1d.strand.v1.DetokenizeResponseH\x00\x42\x06\n\x04kindJ\x04\x08\x02\x10\x03\x32U\n\tTokenizer\x12H\n\x07Session\x12\x1b.strand.v1.TokenizerRequest\x1a\x1c.strand.v1.TokenizerResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19strand/v1/tokenizer.proto\x12\tstrand.v1\x1a\x15strand/v1/types.proto\"\xc4\x02\n\x0eProcessRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12!\n\x06prompt\x18\x02 \x01(\x0b\x32\x11.strand.v1.Prompt\x12)\n\x06params\x18\x03 \x01(\x0b\x32\x19.strand.v1.SamplingParams\x12\x19\n\x0c\x61rrival_time\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x05 \x01(\x03\x12\x0e\n\x06origin\x18\x06 \x01(\t\x12,\n\x0clora_request\x18\x14 \x01(\x0b\x32\x16.strand.v1.LoRARequest\x12\x30\n\x0epooling_params\x18\x07 \x01(\x0b\x32\x18.strand.v1.PoolingParams\x12\x15\n\x08\x64\x65\x61\x64line\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x0f\n\r_arrival_timeB\x0b\n\t_deadline\"\xe0\x02\n\x10TokenizerRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x44\n\rtrace_context\x18\x0f \x03(\x0b\x32-.strand.v1.TokenizerRequest.TraceContextEntry\x12,\n\x07process\x18\x02 \x01(\x0b\x32\x19.strand.v1.ProcessRequestH\x00\x12.\n\x08tokenize\x18\x03 \x01(\x0b\x32\x1a.strand.v1.TokenizeRequestH\x00\x12\x32\n\ndetokenize\x18\x04 \x01(\x0b\x32\x1c.strand.v1.DetokenizeRequestH\x00\x12*\n\x05\x61\x62ort\x18\x05 \x01(\x0b\x32\x19.strand.v1.TokenizerAbortH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04kind\"%\n\x0eTokenizerAbort\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"Q\n\x0c\x41\x64\x64\x65\x64Request\x12\x11\n\tchild_ids\x18\x01 \x03(\t\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\x03\x12\x13\n\x0boutput_kind\x18\x03 \x01(\x05\"\xe8\x01\n\x11TokenizerResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x05\x61\x64\x64\x65\x64\x18\x04 \x01(\x0b\x32\x17.strand.v1.AddedRequestH\x00\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.strand.v1.StageErrorH\x00\x12\x30\n\ttokenized\x18\x05 \x01(\x0b\x32\x1b.strand.v1.TokenizeResponseH\x00\x12\x34\n\x0b\x64\x65tokenized\x18\x06 \x01(\x0b\x32\x1d.strand.v1.DetokenizeResponseH\x00\x42\x06\n\x04kindJ\x04\x08\x02\x10\x03\x32U\n\tTokenizer\x12H\n\x07Session\x12\x1b.strand.v1.TokenizerRequest\x1a\x1c.strand.v1.TokenizerResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,15 +35,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIZERREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_TOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_PROCESSREQUEST']._serialized_start=64
-  _globals['_PROCESSREQUEST']._serialized_end=352
-  _globals['_TOKENIZERREQUEST']._serialized_start=355
-  _globals['_TOKENIZERREQUEST']._serialized_end=663
-  _globals['_TOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_start=604
-  _globals['_TOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_end=655
-  _globals['_ADDEDREQUEST']._serialized_start=665
-  _globals['_ADDEDREQUEST']._serialized_end=746
-  _globals['_TOKENIZERRESPONSE']._serialized_start=749
-  _globals['_TOKENIZERRESPONSE']._serialized_end=981
-  _globals['_TOKENIZER']._serialized_start=983
-  _globals['_TOKENIZER']._serialized_end=1068
+  _globals['_PROCESSREQUEST']._serialized_end=388
+  _globals['_TOKENIZERREQUEST']._serialized_start=391
+  _globals['_TOKENIZERREQUEST']._serialized_end=743
+  _globals['_TOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_start=684
+  _globals['_TOKENIZERREQUEST_TRACECONTEXTENTRY']._serialized_end=735
+  _globals['_TOKENIZERABORT']._serialized_start=745
+  _globals['_TOKENIZERABORT']._serialized_end=782
+  _globals['_ADDEDREQUEST']._serialized_start=784
+  _globals['_ADDEDREQUEST']._serialized_end=865
+  _globals['_TOKENIZERRESPONSE']._serialized_start=868
+  _globals['_TOKENIZERRESPONSE']._serialized_end=1100
+  _globals['_TOKENIZER']._serialized_start=1102
+  _globals['_TOKENIZER']._serialized_end=1187
 # @@protoc_insertion_point(module_scope)

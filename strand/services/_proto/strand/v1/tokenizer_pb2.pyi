@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProcessRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin", "lora_request", "pooling_params")
+    __slots__ = ("request_id", "prompt", "params", "arrival_time", "priority", "origin", "lora_request", "pooling_params", "deadline")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class ProcessRequest(_message.Message):
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
     POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: _types_pb2.Prompt
     params: _types_pb2.SamplingParams
@@ -25,10 +26,11 @@ class ProcessRequest(_message.Message):
     origin: str
     lora_request: _types_pb2.LoRARequest
     pooling_params: _types_pb2.PoolingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[_types_pb2.PoolingParams, _Mapping]] = ...) -> None: ...
+    deadline: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[_Union[_types_pb2.Prompt, _Mapping]] = ..., params: _Optional[_Union[_types_pb2.SamplingParams, _Mapping]] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., origin: _Optional[str] = ..., lora_request: _Optional[_Union[_types_pb2.LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[_types_pb2.PoolingParams, _Mapping]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class TokenizerRequest(_message.Message):
-    __slots__ = ("seq", "trace_context", "process", "tokenize", "detokenize")
+    __slots__ = ("seq", "trace_context", "process", "tokenize", "detokenize", "abort")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,12 +43,20 @@ class TokenizerRequest(_message.Message):
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZE_FIELD_NUMBER: _ClassVar[int]
     DETOKENIZE_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     trace_context: _containers.ScalarMap[str, str]
     process: ProcessRequest
     tokenize: _types_pb2.TokenizeRequest
     detokenize: _types_pb2.DetokenizeRequest
-    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., process: _Optional[_Union[ProcessRequest, _Mapping]] = ..., tokenize: _Optional[_Union[_types_pb2.TokenizeRequest, _Mapping]] = ..., detokenize: _Optional[_Union[_types_pb2.DetokenizeRequest, _Mapping]] = ...) -> None: ...
+    abort: TokenizerAbort
+    def __init__(self, seq: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., process: _Optional[_Union[ProcessRequest, _Mapping]] = ..., tokenize: _Optional[_Union[_types_pb2.TokenizeRequest, _Mapping]] = ..., detokenize: _Optional[_Union[_types_pb2.DetokenizeRequest, _Mapping]] = ..., abort: _Optional[_Union[TokenizerAbort, _Mapping]] = ...) -> None: ...
+
+class TokenizerAbort(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AddedRequest(_message.Message):
     __slots__ = ("child_ids", "num_prompt_tokens", "output_kind")

@@ -216,7 +216,7 @@ class DetokenizeResponse(_message.Message):
     def __init__(self, prompt: _Optional[str] = ...) -> None: ...
 
 class EngineCoreRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority", "cache_salt", "lora_request", "pooling_params")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_id", "arrival_time", "priority", "cache_salt", "lora_request", "pooling_params", "deadline")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class EngineCoreRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_REQUEST_FIELD_NUMBER: _ClassVar[int]
     POOLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: SamplingParams
@@ -235,7 +236,8 @@ class EngineCoreRequest(_message.Message):
     cache_salt: str
     lora_request: LoRARequest
     pooling_params: PoolingParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora_request: _Optional[_Union[LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[PoolingParams, _Mapping]] = ...) -> None: ...
+    deadline: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., eos_token_id: _Optional[int] = ..., arrival_time: _Optional[float] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., lora_request: _Optional[_Union[LoRARequest, _Mapping]] = ..., pooling_params: _Optional[_Union[PoolingParams, _Mapping]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
 class LoRARequest(_message.Message):
     __slots__ = ("lora_name", "lora_int_id", "lora_path")

@@ -1,0 +1,174 @@
+"""The Shepherd Model Gateway (`smg launch --worker-urls grpc://...`, the PyPI package `smg`) in
+front of a Strand stack serving vllm.grpc.engine.VllmEngine, driven with the openai SDK. smg gets
+its tokenizer over GetTokenizer: it is given no model directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+import pytest
+
+from strand.services.launch import Stack, free_port
+
+pytest.importorskip("smg_grpc_proto", reason="smg-grpc-proto (a dependency) is not installed")
+from smg_grpc_proto.generated import vllm_engine_pb2 as vpb  # noqa: E402
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc  # noqa: E402
+
+from tests.services.vllm_grpc.conftest import greedy_in_process, vllm_grpc_stack  # noqa: E402
+
+PROMPT = "Hello there, how are"
+
+
+def _smg_binary() -> str:
+    """`smg`, runnable; skip with the reason otherwise (`pip install smg`: the dev extra)."""
+    smg = shutil.which("smg")
+    if smg is None:
+        pytest.skip("smg is not installed (pip install smg)")
+    probe = subprocess.run([smg, "--version"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"smg does not run here: {probe.stderr.strip()[-300:]}")
+    return smg
+
+
+@pytest.fixture(scope="module")
+def smg_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[tuple[Stack, str]]:
+    smg = _smg_binary()
+    log_dir = tmp_path_factory.mktemp("smg-logs")
+    with vllm_grpc_stack(tiny_model_dir, log_dir) as stack:
+        port = free_port()
+        with open(log_dir / "smg.log", "wb") as log:
+            process = subprocess.Popen(
+                [smg, "launch", "--worker-urls", f"grpc://{stack.address('vllm_grpc')}",
+                 "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware"],
+                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            _wait_for_model(base, process, log_dir / "smg.log")
+            yield stack, base
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _wait_for_model(base: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"smg exited: {log.read_text()[-2000:]}")
+        try:
+            body = urllib.request.urlopen(f"{base}/v1/models", timeout=2).read()
+            if b'"data":[]' not in body:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"smg listed no model within 120 s: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture
+def client(smg_stack: tuple[Stack, str]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{smg_stack[1]}/v1", api_key="unused", timeout=120)
+
+
+@pytest.fixture
+def model(client: openai.OpenAI) -> str:
+    return str(client.models.list().data[0].id)
+
+
+def _loads_busy(stack: Stack) -> int:
+    with grpc.insecure_channel(stack.address("vllm_grpc")) as channel:
+        load = vllm_engine_pb2_grpc.VllmEngineStub(channel).GetLoads(
+            vpb.GetLoadsRequest()).loads[0]
+    return int(load.num_running_reqs + load.num_waiting_reqs)
+
+
+def _greedy(**extra: Any) -> dict[str, Any]:
+    return {"temperature": 0.0, "extra_body": {"ignore_eos": True, **extra}}
+
+
+def test_completion_greedy_text_equals_the_in_process_engine(
+        client: openai.OpenAI, model: str, tiny_model_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    # smg's /v1/completions tokenizes without the tokenizer's special tokens (no BOS): the
+    # in-process engine is given the same ids.
+    prompt_ids = tokenizer.encode(PROMPT, add_special_tokens=False).ids
+    expected_ids, num_prompt = greedy_in_process(tiny_model_dir, prompt_ids, 8)
+    response = client.completions.create(model=model, prompt=PROMPT, max_tokens=8,
+                                         **_greedy())
+    assert response.choices[0].text == tokenizer.decode(expected_ids)
+    assert response.usage is not None
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == \
+        (num_prompt, 8)
+
+
+def test_streamed_completion_equals_the_unstreamed_one(client: openai.OpenAI, model: str) -> None:
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, **_greedy())
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=8, stream=True, **_greedy())
+        if chunk.choices)
+    assert streamed == whole.choices[0].text
+
+
+def test_chat_streamed_and_not_agree(client: openai.OpenAI, model: str) -> None:
+    messages: Any = [{"role": "user", "content": "Say hello"}]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                           **_greedy())
+    chunks: Any = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                                 stream=True, **_greedy())
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks
+                       if chunk.choices)
+    assert whole.choices[0].finish_reason == "length"
+    assert streamed == whole.choices[0].message.content
+
+
+def test_a_stop_string_ends_the_text_before_it(client: openai.OpenAI, model: str) -> None:
+    free = client.completions.create(model=model, prompt=PROMPT, max_tokens=12,
+                                     **_greedy()).choices[0].text
+    stop = next((free[i:i + 2] for i in range(2, len(free) - 1)
+                 if free[i:i + 2].strip() and "\ufffd" not in free[i:i + 2]), None)
+    if stop is None:
+        pytest.skip(f"the random model's text has no usable stop string: {free!r}")
+    stopped = client.completions.create(model=model, prompt=PROMPT, max_tokens=12,
+                                        stop=[stop], **_greedy())
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == free[:free.index(stop)]
+
+
+def test_n_two_gives_two_choices(client: openai.OpenAI, model: str) -> None:
+    response = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, n=2,
+                                         temperature=0.8, seed=1,
+                                         extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in response.choices) == [0, 1]
+
+
+def test_a_disconnect_mid_stream_aborts_in_strand(smg_stack: tuple[Stack, str],
+                                                  client: openai.OpenAI, model: str) -> None:
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=1500,
+                                       stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    assert _loads_busy(smg_stack[0]) == 1
+    stream.close()
+    deadline = time.monotonic() + 30
+    while _loads_busy(smg_stack[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _loads_busy(smg_stack[0]) == 0
+
+
+def test_flush_cache_through_smg(smg_stack: tuple[Stack, str]) -> None:
+    request = urllib.request.Request(f"{smg_stack[1]}/flush_cache", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
