@@ -81,7 +81,7 @@ def test_objdump_finds_zmm_code_and_refuses_that_build_for_avx2(tmp_path: Path) 
 def test_a_process_started_under_the_caps_runs_at_avx2() -> None:
     """The libraries read the caps at their first use: a fresh process shows them honoured."""
     probe = ("import json, torch; from benchmarks import isa_emulation; "
-             "from kernels import cpu_linear; a, b = torch.ones(64, 256), torch.ones(256, 256); "
+             "from strand.kernels import cpu_linear; a, b = torch.ones(64, 256), torch.ones(256, 256); "
              "torch.matmul(a, b); cpu_linear.unavailable_reason() or cpu_linear.linear(a, b, None); "
              "print(json.dumps(isa_emulation.observed()))")
     env = {**os.environ, **isa_emulation.isa_env("avx2"), "MKL_VERBOSE": "1",

@@ -158,7 +158,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
         async def take_snapshot() -> tuple[list[bytes], int]:
             return await self.thread.run(self.kv_hub.snapshot)
-        async for msg in self.kv_hub.stream(take_snapshot):
+
+        async def drain_pending() -> None:
+            await self.thread.run(self.kv_hub.drain, True)
+        async for msg in self.kv_hub.stream(take_snapshot, request, drain_pending):
             yield msg
 
     async def Session(self, request_iterator: AsyncIterator[epb.EngineRequest],

@@ -1,8 +1,10 @@
 """SubscribeKvEvents: while anyone listens, one Engine.KvEvents subscription per engine replica,
 fanned out to every subscriber (each gets every batch from the moment it subscribed; each
-batch names its engine, and seq is consecutive per engine). A replica whose stream breaks is
-followed again once it is back: its next batches then skip sequence numbers, which tells a
-client to resync that engine. An engine without --kv-events ends the subscribers' streams
+batch names its engine and its epoch, and seq is consecutive per engine). A replica whose stream
+breaks is followed again, resumed from the batch after the last one relayed, so nothing is missed
+while the engine still keeps it; otherwise its next batches skip sequence numbers, which tells a
+client to resync that engine, and an engine that restarted sends a new epoch (its old blocks are
+all gone; seq starts over). An engine without --kv-events ends the subscribers' streams
 with FAILED_PRECONDITION naming the flag."""
 
 from __future__ import annotations
@@ -28,14 +30,18 @@ class _ReplicaEvents(Subscriber):
         super().__init__(engines.clients[name])
         self.feed = feed
         self.name = name
+        self._resume: tuple[int, str] | None = None  # (seq after the last relayed, its epoch)
 
     method = "KvEvents"
 
     def request(self) -> epb.EngineKvEventsRequest:
-        return epb.EngineKvEventsRequest()
+        if self._resume is None:
+            return epb.EngineKvEventsRequest()
+        return epb.EngineKvEventsRequest(start_seq=self._resume[0], epoch=self._resume[1])
 
     async def on_message(self, msg: epb.EngineKvEvents) -> None:
         msg.batch.engine = self.name  # as the router and GetLoads name it
+        self._resume = (msg.batch.seq + 1, msg.batch.epoch)
         self.feed.publish(msg.batch)
 
     def on_lost(self, detail: str, was_subscribed: bool) -> None:

@@ -42,12 +42,15 @@ class KVIndex:
 
     A batch whose seq is not the expected one (events were lost) or an AllBlocksCleared makes
     that replica's mirror untrustworthy: it is cleared and on_resync(replica) is called so the
-    owner can ask the replica for a full snapshot (or reset it).
+    owner can ask the replica for a full snapshot (or reset it). After a gap there is no resume
+    point, so that snapshot is what the replica sends; after a clear, the mirror (empty) is exact
+    and the stream resumes where it was.
     """
 
     def __init__(self, on_resync: Callable[[str], None] | None = None) -> None:
         self._blocks: dict[str, set[bytes]] = {}
         self._next_seq: dict[str, int] = {}
+        self._epoch: dict[str, str] = {}  # the replica process's id its mirror belongs to
         self._on_resync = on_resync
         self.num_resyncs = 0
 
@@ -57,6 +60,14 @@ class KVIndex:
     def remove_replica(self, replica: str) -> None:
         self._blocks.pop(replica, None)
         self._next_seq.pop(replica, None)
+        self._epoch.pop(replica, None)
+
+    def resume_point(self, replica: str) -> tuple[int, str] | None:
+        """(the seq expected next, the epoch) to resume the replica's events from; None when
+        the mirror needs a snapshot."""
+        if replica not in self._next_seq or replica not in self._epoch:
+            return None
+        return self._next_seq[replica], self._epoch[replica]
 
     def replicas(self) -> list[str]:
         return list(self._blocks)
@@ -71,6 +82,7 @@ class KVIndex:
         expected = self._next_seq.get(replica)
         self._next_seq[replica] = batch.seq + 1
         if batch.dropped or (expected is not None and batch.seq != expected):
+            self._next_seq.pop(replica, None)  # no resume from a broken history
             self._resync(replica)
             return  # the batch is a fragment of an unknown history: the snapshot replaces it
         held = self._blocks[replica]
@@ -83,10 +95,13 @@ class KVIndex:
                 held.clear()
                 self._resync(replica)
 
-    def load_snapshot(self, replica: str, block_hashes: Sequence[bytes], next_seq: int) -> None:
-        """Replace a replica's mirror with a full snapshot taken just before batch next_seq."""
+    def load_snapshot(self, replica: str, block_hashes: Sequence[bytes], next_seq: int,
+                      epoch: str = "") -> None:
+        """Replace a replica's mirror with a full snapshot taken just before batch next_seq (of
+        a new epoch: a restarted replica, whose old blocks are all gone)."""
         self._blocks[replica] = set(block_hashes)
         self._next_seq[replica] = next_seq
+        self._epoch[replica] = epoch
 
     def prefix_match(self, replica: str, hashes: Sequence[bytes]) -> int:
         """How many leading blocks of hashes the replica holds (chained: stop at the first miss)."""

@@ -4,7 +4,8 @@ The tokenizer is where a request's token ids are first known, so the router live
 (SGLang's and llm-d's placement). It keeps strand.services.router's Router fed with:
 - each replica's KV events (Engine.KvEvents: a snapshot of the cached hashes, then every
   batch; a sequence gap makes the index resync, and the subscription is reopened for a fresh
-  snapshot), when the policy is kv-aware;
+  snapshot; a stream reopened otherwise resumes from the seq the index expects, and a replica
+  that restarted answers with its new epoch's snapshot), when the policy is kv-aware;
 - each replica's load (Engine get_loads, polled), when the policy weighs load, plus the adds
   routed to it that it has not answered yet (a poll answered before them cannot count them,
   and they travel on the same stream, so nothing is counted twice or missed);
@@ -47,11 +48,16 @@ class KvEventsSubscription(Subscriber):
     method = "KvEvents"
 
     def request(self) -> epb.EngineKvEventsRequest:
-        return epb.EngineKvEventsRequest()
+        resume = self.router.index.resume_point(self.replica)
+        if resume is None:
+            return epb.EngineKvEventsRequest()
+        return epb.EngineKvEventsRequest(start_seq=resume[0], epoch=resume[1])
 
     def on_subscribed(self, msg: epb.EngineKvEvents) -> None:
+        if msg.resumed:
+            return  # the mirror stands; the missed batches follow
         self.router.index.load_snapshot(self.replica, list(msg.snapshot_block_hashes),
-                                        msg.snapshot_next_seq)
+                                        msg.snapshot_next_seq, msg.epoch)
 
     async def on_message(self, msg: epb.EngineKvEvents) -> None:
         self.router.apply_events(self.replica, kv_event_batch_from_pb(msg.batch))

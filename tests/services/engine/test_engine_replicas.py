@@ -1,6 +1,7 @@
 """Fan-out to engine replicas without a network: a replica that fails leaves the rotation at
 once and is reported with its error, the aggregates read as one engine's answer, bad input
-fails the whole call, and the tokenizer's router follows snapshots, gaps and the rotation."""
+fails the whole call, and the tokenizer's router follows snapshots, gaps, resumes, restarts
+(a new epoch) and the rotation."""
 
 from __future__ import annotations
 
@@ -134,6 +135,39 @@ def test_a_sequence_gap_reopens_the_kv_subscription_for_a_fresh_snapshot() -> No
     asyncio.run(sub.on_message(epb.EngineKvEvents(batch=pb.KvEventBatch(seq=3))))
     with pytest.raises(Resubscribe):
         asyncio.run(sub.on_message(epb.EngineKvEvents(batch=pb.KvEventBatch(seq=5))))
+
+
+def test_a_reopened_kv_subscription_resumes_and_keeps_its_mirror() -> None:
+    engines, router = _router()
+    prompt = list(range(10, 10 + 2 * BLOCK_SIZE))
+    hashes = prompt_block_hashes(prompt, BLOCK_SIZE)
+    sub = KvEventsSubscription(engines, "a:1", router.router)
+    assert not sub.request().HasField("start_seq")  # nothing mirrored yet: a snapshot
+    sub.on_subscribed(epb.EngineKvEvents(subscribed=True, snapshot_block_hashes=hashes,
+                                         snapshot_next_seq=3, epoch="e1"))
+    asyncio.run(sub.on_message(epb.EngineKvEvents(batch=pb.KvEventBatch(seq=3, epoch="e1"))))
+    assert sub.request() == epb.EngineKvEventsRequest(start_seq=4, epoch="e1")
+    sub.on_subscribed(epb.EngineKvEvents(subscribed=True, resumed=True, epoch="e1",
+                                         snapshot_next_seq=4))
+    assert router.router.index.blocks("a:1") == set(hashes)
+
+
+def test_a_restarted_replicas_new_epoch_replaces_its_mirror_and_routing_follows() -> None:
+    engines, router = _router()
+    prompt = list(range(10, 10 + 3 * BLOCK_SIZE))
+    hashes = prompt_block_hashes(prompt, BLOCK_SIZE)
+    subs = {name: KvEventsSubscription(engines, name, router.router) for name in ("a:1", "b:1")}
+    subs["b:1"].on_subscribed(epb.EngineKvEvents(subscribed=True, snapshot_block_hashes=hashes,
+                                                 snapshot_next_seq=9, epoch="old"))
+    subs["a:1"].on_subscribed(epb.EngineKvEvents(subscribed=True, snapshot_block_hashes=hashes[:1],
+                                                 epoch="a"))
+    assert router.route(prompt) == "b:1"
+    # b:1 restarted: its resume point names the old epoch, and it answers with a new snapshot.
+    assert subs["b:1"].request().epoch == "old"
+    subs["b:1"].on_subscribed(epb.EngineKvEvents(subscribed=True, epoch="new"))
+    assert router.router.index.blocks("b:1") == set()
+    assert router.router.index.resume_point("b:1") == (0, "new")
+    assert router.route(prompt) == "a:1"
 
 
 def test_an_add_not_yet_answered_counts_against_its_replica_despite_an_older_load_poll() -> None:

@@ -230,20 +230,28 @@ class EngineStepOutputs(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., origin: _Optional[str] = ..., outputs: _Optional[_Union[_types_pb2.EngineCoreOutputs, _Mapping]] = ..., subscribed: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class EngineKvEventsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("start_seq", "epoch")
+    START_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    start_seq: int
+    epoch: str
+    def __init__(self, start_seq: _Optional[int] = ..., epoch: _Optional[str] = ...) -> None: ...
 
 class EngineKvEvents(_message.Message):
-    __slots__ = ("subscribed", "snapshot_block_hashes", "snapshot_next_seq", "batch")
+    __slots__ = ("subscribed", "snapshot_block_hashes", "snapshot_next_seq", "batch", "epoch", "resumed")
     SUBSCRIBED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     subscribed: bool
     snapshot_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     snapshot_next_seq: int
     batch: _types_pb2.KvEventBatch
-    def __init__(self, subscribed: _Optional[bool] = ..., snapshot_block_hashes: _Optional[_Iterable[bytes]] = ..., snapshot_next_seq: _Optional[int] = ..., batch: _Optional[_Union[_types_pb2.KvEventBatch, _Mapping]] = ...) -> None: ...
+    epoch: str
+    resumed: bool
+    def __init__(self, subscribed: _Optional[bool] = ..., snapshot_block_hashes: _Optional[_Iterable[bytes]] = ..., snapshot_next_seq: _Optional[int] = ..., batch: _Optional[_Union[_types_pb2.KvEventBatch, _Mapping]] = ..., epoch: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class KvEventBatches(_message.Message):
     __slots__ = ("batches",)

@@ -495,13 +495,15 @@ class AllBlocksCleared(_message.Message):
     def __init__(self) -> None: ...
 
 class KvEventBatch(_message.Message):
-    __slots__ = ("seq", "timestamp", "events", "engine")
+    __slots__ = ("seq", "timestamp", "events", "engine", "epoch")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp: float
     events: _containers.RepeatedCompositeFieldContainer[KvEvent]
     engine: str
-    def __init__(self, seq: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., engine: _Optional[str] = ...) -> None: ...
+    epoch: str
+    def __init__(self, seq: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., engine: _Optional[str] = ..., epoch: _Optional[str] = ...) -> None: ...
