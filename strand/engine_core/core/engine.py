@@ -311,6 +311,8 @@ class EngineCore:
         at once (no outputs), else wait for the oldest batch and apply its result."""
         queue = self.batch_queue
         assert queue is not None
+        # As an abort between steps: the next batch scheduled carries their ids to the runner.
+        dropped = self._drop_expired()
         if self.scheduler.has_requests():
             scheduler_output = self.scheduler.schedule()
             computes = scheduler_output.total_num_scheduled_tokens > 0
@@ -320,12 +322,18 @@ class EngineCore:
                 self.last_scheduler_output = scheduler_output
                 queue.submit(scheduler_output)
             if computes and not queue.full:
-                return EngineCoreOutputs(outputs=[], timestamp=time.time())
+                return self._only_dropped(dropped)
         if not len(queue):
-            return EngineCoreOutputs(outputs=[])
+            return self._only_dropped(dropped)
         scheduler_output, runner_output = queue.pop_oldest()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        return self._finish_step(outputs, scheduler_output)
+        return self._finish_step(dropped + outputs, scheduler_output)
+
+    @staticmethod
+    def _only_dropped(dropped: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        """A batch-queue step that applied no batch: only the expired requests' endings."""
+        return EngineCoreOutputs(outputs=dropped, finished_requests={o.request_id for o in dropped},
+                                 timestamp=time.time())
 
     def _finish_step(self, outputs: list[EngineCoreOutput],
                      scheduler_output: SchedulerOutput | None) -> EngineCoreOutputs:

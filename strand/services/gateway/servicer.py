@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import grpc
 
+from strand.engine_core.core.expiry import QUEUE_TIME_REASON
 from strand.services._proto.strand.v1 import control_pb2 as cpb
 from strand.services._proto.strand.v1 import engine_pb2 as epb
 from strand.services._proto.strand.v1 import gateway_pb2 as gpb
@@ -215,6 +216,10 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
             while True:
                 output = await queue.get()
                 finished = output.finished
+                overloaded = queue_time_ending(output)
+                if overloaded is not None:
+                    # Nothing computed: the caller learns it as overload, to retry elsewhere.
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, overloaded)
                 yield output
                 if finished:
                     return
@@ -240,6 +245,20 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
+
+
+def queue_time_ending(output: pb.RequestOutput) -> str | None:
+    """The message for a request the engine ended because it waited longer than
+    --max-queue-time before its first step, with no token made; None for any other output."""
+    if not output.finished or not output.outputs:
+        return None
+    for completion in output.outputs:
+        if (completion.finish_reason != "abort" or completion.token_ids
+                or completion.WhichOneof("stop_reason") != "stop_str"
+                or completion.stop_str != QUEUE_TIME_REASON):
+            return None
+    return (f"request {output.request_id} waited longer than the engine's --max-queue-time "
+            "before its first step (the server is overloaded); nothing was computed")
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

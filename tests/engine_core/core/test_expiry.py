@@ -103,3 +103,22 @@ def test_max_queue_time_spares_a_request_already_running(tiny_model_dir: Path) -
 def test_max_queue_time_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_queue_time must be > 0"):
         EngineArgs(model="m", max_queue_time=0.0)
+
+
+def test_with_a_batch_queue_expired_requests_end_too(tiny_model_dir: Path) -> None:
+    core = make_core(tiny_model_dir, max_concurrent_batches=2)
+    running = make_request(deadline=time.time() + 0.3)
+    late = make_request(deadline=time.time() - 0.001)
+    core.add_request(running)
+    core.add_request(late)
+    ends: dict[str, tuple[str | None, object]] = {}
+    stop = time.monotonic() + 30
+    while core.get_num_unfinished_requests() and time.monotonic() < stop:
+        ends.update(finished(core.step_with_batch_queue().outputs))
+        time.sleep(0.01)
+    assert ends == {late.request_id: ("abort", DEADLINE_REASON),
+                    running.request_id: ("abort", DEADLINE_REASON)}
+    # Nothing is left in flight or in the cache: the queue drains and the reset succeeds.
+    while core.batch_queue is not None and len(core.batch_queue):
+        core.step_with_batch_queue()
+    assert core.reset_prefix_cache()
