@@ -32,5 +32,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/* \
     && python -m strand.kernels.build
 
+# Extra pip requirements, last so the layers above are shared: compose's smg profile adds smg.
+ARG EXTRA_PACKAGES=""
+RUN if [ -n "${EXTRA_PACKAGES}" ]; then pip install --no-cache-dir ${EXTRA_PACKAGES}; fi
+
 EXPOSE 50051 50052 50053 50054
 CMD ["strand", "serve", "--host", "0.0.0.0"]

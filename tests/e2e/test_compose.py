@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -138,3 +139,81 @@ def test_compose_commands_make_a_working_stack(compose_stack: dict[str, int]) ->
         outputs = list(client.generate("compose", SamplingParams(temperature=0.0, max_tokens=3)))
     assert outputs[-1].finished
     assert len(outputs[-1].outputs[0].token_ids) == 3
+
+
+SMG_PROFILE = {"vllm-grpc", "smg"}
+
+
+def test_the_smg_profile_alone_adds_the_vllm_grpc_front_and_smg() -> None:
+    services = _compose()["services"]
+    assert {name for name, s in services.items() if "profiles" in s} == SMG_PROFILE
+    assert all(services[name]["profiles"] == ["smg"] for name in SMG_PROFILE)
+    front, smg = services["vllm-grpc"], services["smg"]
+    assert front["command"][:3] == ["python", "-m", "strand.services.vllm_grpc"]
+    port = front["command"][front["command"].index("--port") + 1]
+    assert front["command"][front["command"].index("--gateway-addr") + 1] == "gateway:50051"
+    assert front["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert front["healthcheck"]["test"][-1] == f"127.0.0.1:{port}"
+    assert front["depends_on"] == {"gateway": {"condition": "service_healthy"}}
+    # smg: the same Dockerfile with smg added, routing to the front, published on loopback.
+    assert smg["build"]["args"]["EXTRA_PACKAGES"].startswith("smg")
+    assert smg["command"][:2] == ["smg", "launch"]
+    assert smg["command"][smg["command"].index("--worker-urls") + 1] == f"grpc://vllm-grpc:{port}"
+    smg_port = smg["command"][smg["command"].index("--port") + 1]
+    assert smg["ports"] == [f"127.0.0.1:{smg_port}:{smg_port}"]
+    assert smg["depends_on"] == {"vllm-grpc": {"condition": "service_healthy"}}
+    assert smg["healthcheck"]["test"][-1] == f"http://127.0.0.1:{smg_port}/readiness"
+    assert 'ARG EXTRA_PACKAGES=""' in (REPO_ROOT / "Dockerfile").read_text()
+
+
+def _local_profile_command(command: list[str], model_dir: Path, peers: dict[str, str],
+                           ports: dict[int, int]) -> list[str]:
+    """A profile service's command on loopback: peers maps "name:port" to a local address."""
+    local = []
+    for arg in command:
+        for peer, address in peers.items():
+            arg = arg.replace(peer, address)
+        local.append(_localize(arg, model_dir, ports))
+    return [sys.executable if local[0] == "python" else local[0], *local[1:]]
+
+
+def test_compose_smg_profile_commands_serve_a_completion(
+        compose_stack: dict[str, int], tiny_model_dir: Path, tmp_path: Path) -> None:
+    if shutil.which("smg") is None:
+        pytest.skip("smg is not installed (pip install smg)")
+    services = _compose()["services"]
+    ports = {50061: free_port(), 30000: free_port()}
+    peers = {"gateway:50051": f"127.0.0.1:{compose_stack['gateway']}",
+             "vllm-grpc:50061": f"127.0.0.1:{ports[50061]}"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    processes = []
+    try:
+        for name in ("vllm-grpc", "smg"):
+            command = _local_profile_command(services[name]["command"], tiny_model_dir, peers,
+                                             ports)
+            if name == "smg":  # not its default metrics port 29000, which may be taken here
+                command += ["--prometheus-host", "127.0.0.1", "--prometheus-port",
+                            str(free_port())]
+            log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+            processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                              env=env, cwd=REPO_ROOT))
+            if name == "vllm-grpc":
+                wait_healthy(f"127.0.0.1:{ports[50061]}", 60, processes[-1], name)
+        # The compose healthcheck's /readiness: 200 once smg has a healthy worker.
+        check = services["smg"]["healthcheck"]["test"][-1]
+        wait_http_healthy(check.replace("30000", str(ports[30000])), 120, processes[-1])
+        body = json.dumps({"model": str(tiny_model_dir), "prompt": "Hello", "max_tokens": 3,
+                           "temperature": 0.0, "ignore_eos": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{ports[30000]}/v1/completions",
+                                         data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            answer = json.loads(resp.read())
+        assert answer["usage"]["completion_tokens"] == 3
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()

@@ -4,6 +4,8 @@ its tokenizer over GetTokenizer: it is given no model directory."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import subprocess
 import time
@@ -38,43 +40,72 @@ def _smg_binary() -> str:
     return smg
 
 
+@contextlib.contextmanager
+def _smg(worker_urls: list[str], log_path: Path, policy: str) -> Iterator[str]:
+    """`smg launch` in front of the workers, until every one of them lists the model: its base
+    URL."""
+    smg = _smg_binary()
+    port = free_port()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [smg, "launch", "--worker-urls", *worker_urls, "--host", "127.0.0.1",
+             "--port", str(port), "--policy", policy, "--prometheus-host", "127.0.0.1",
+             "--prometheus-port", str(free_port())],  # not 29000: smg fronts run side by side
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for_workers(base, len(worker_urls), process, log_path)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 @pytest.fixture(scope="module")
 def smg_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[tuple[Stack, str]]:
-    smg = _smg_binary()
     log_dir = tmp_path_factory.mktemp("smg-logs")
-    with vllm_grpc_stack(tiny_model_dir, log_dir) as stack:
-        port = free_port()
-        with open(log_dir / "smg.log", "wb") as log:
-            process = subprocess.Popen(
-                [smg, "launch", "--worker-urls", f"grpc://{stack.address('vllm_grpc')}",
-                 "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware"],
-                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            _wait_for_model(base, process, log_dir / "smg.log")
-            yield stack, base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    with vllm_grpc_stack(tiny_model_dir, log_dir) as stack, \
+            _smg([f"grpc://{stack.address('vllm_grpc')}"], log_dir / "smg.log",
+                 "cache_aware") as base:
+        yield stack, base
 
 
-def _wait_for_model(base: str, process: subprocess.Popen[bytes], log: Path) -> None:
+def _num_healthy(workers: Any) -> int:
+    return sum(1 for worker in workers.get("workers", []) if worker.get("is_healthy"))
+
+
+def _wait_for_workers(base: str, num_workers: int, process: subprocess.Popen[bytes],
+                      log: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"smg exited: {log.read_text()[-2000:]}")
         try:
             body = urllib.request.urlopen(f"{base}/v1/models", timeout=2).read()
-            if b'"data":[]' not in body:
+            workers = json.loads(urllib.request.urlopen(f"{base}/workers", timeout=2).read())
+            if b'"data":[]' not in body and _num_healthy(workers) >= num_workers:
                 return
-        except OSError:
+        except (OSError, ValueError):
             pass
         time.sleep(0.5)
-    pytest.fail(f"smg listed no model within 120 s: {log.read_text()[-2000:]}")
+    pytest.fail(f"smg had not {num_workers} worker(s) with the model within 120 s: "
+                f"{log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def two_stacks(smg_stack: tuple[Stack, str], tiny_model_dir: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Stack, str]]:
+    """smg_stack's stack and a second one behind one round-robin smg."""
+    log_dir = tmp_path_factory.mktemp("smg-two-logs")
+    first = smg_stack[0]
+    with vllm_grpc_stack(tiny_model_dir, log_dir) as second, \
+            _smg([f"grpc://{s.address('vllm_grpc')}" for s in (first, second)],
+                 log_dir / "smg.log", "round_robin") as base:
+        yield first, second, base
 
 
 @pytest.fixture
@@ -172,3 +203,54 @@ def test_flush_cache_through_smg(smg_stack: tuple[Stack, str]) -> None:
     request = urllib.request.Request(f"{smg_stack[1]}/flush_cache", method="POST")
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.status == 200
+
+
+def test_a_json_schema_response_format_constrains_the_chat_output(client: openai.OpenAI,
+                                                                   model: str) -> None:
+    # An enum leaves the grammar no whitespace to pad with: random weights finish it in a few
+    # tokens, and the engine ends it with EOS.
+    schema = {"type": "string", "enum": ["yes", "no"]}
+    messages: Any = [{"role": "user", "content": "Answer"}]
+    response_format: Any = {"type": "json_schema",
+                            "json_schema": {"name": "answer", "schema": schema}}
+    response = client.chat.completions.create(model=model, messages=messages, max_tokens=16,
+                                              temperature=0.0, response_format=response_format)
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop"
+    assert json.loads(choice.message.content or "") in ("yes", "no")
+
+
+def test_two_stacks_behind_one_smg_both_give_the_in_process_greedy_text(
+        two_stacks: tuple[Stack, Stack, str], tiny_model_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    expected_ids, _ = greedy_in_process(
+        tiny_model_dir, tokenizer.encode(PROMPT, add_special_tokens=False).ids, 6)
+    client = openai.OpenAI(base_url=f"{two_stacks[2]}/v1", api_key="unused", timeout=120)
+    model = str(client.models.list().data[0].id)
+    # Round robin: four requests in a row are two on each stack.
+    texts = [client.completions.create(model=model, prompt=PROMPT, max_tokens=6,
+                                       **_greedy()).choices[0].text for _ in range(4)]
+    assert texts == [tokenizer.decode(expected_ids)] * 4
+
+
+def test_two_streams_through_one_smg_run_one_on_each_stack(
+        two_stacks: tuple[Stack, Stack, str]) -> None:
+    first, second, base = two_stacks
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120)
+    model = str(client.models.list().data[0].id)
+    streams = [client.completions.create(model=model, prompt=PROMPT, max_tokens=1500,
+                                         stream=True, extra_body={"ignore_eos": True})
+               for _ in range(2)]
+    try:
+        for stream in streams:
+            next(iter(stream))
+        assert (_loads_busy(first), _loads_busy(second)) == (1, 1)
+    finally:
+        for stream in streams:
+            stream.close()
+    deadline = time.monotonic() + 30
+    while (_loads_busy(first) or _loads_busy(second)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (_loads_busy(first), _loads_busy(second)) == (0, 0)
