@@ -3,12 +3,14 @@ request RPCs here; the engine-wide ones in admin.py, the descriptions in info.py
 
 A request's call ends its Strand request: leaving AsyncEngineClient.generate (the caller
 cancelled, smg aborted, the stream broke) cancels the gateway call, which aborts it in the
-engine."""
+engine. Generate and Embed run in a SERVER span under the caller's trace context (smg's, or
+none), current while the gateway is called, so the gateway's spans are its children."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from typing import Any, TypeAlias
 
 import grpc
@@ -18,6 +20,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vgrpc
 
 from strand.engine_core.outputs import PoolingRequestOutput, RequestOutput
 from strand.services.client import RequestError, ServerUnavailable
+from strand.services.common.tracing import context_from_metadata, server_span
 from strand.services.vllm_grpc import admin, info
 from strand.services.vllm_grpc.convert import (
     FieldError,
@@ -50,13 +53,15 @@ class VllmEngineServicer(vgrpc.VllmEngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         num_logprobs = params.logprobs
         seen: set[int] = set()
-        try:
-            async for output in self.link.client.generate(prompt, params,
-                                                           request.request_id or None):
-                for response in _responses(output, request.stream, num_logprobs, seen):
-                    yield response
-        except (RequestError, ServerUnavailable, grpc.RpcError) as exc:
-            await _abort_with(context, exc)
+        # The handler runs in one task: the span's context stays current across the yields.
+        with _request_span("Generate", request.request_id, context):
+            try:
+                async for output in self.link.client.generate(prompt, params,
+                                                               request.request_id or None):
+                    for response in _responses(output, request.stream, num_logprobs, seen):
+                        yield response
+            except (RequestError, ServerUnavailable, grpc.RpcError) as exc:
+                await _abort_with(context, exc)
 
     async def Embed(self, request: vpb.EmbedRequest, context: Context) -> vpb.EmbedResponse:
         ids = list(request.tokenized.input_ids)
@@ -64,8 +69,9 @@ class VllmEngineServicer(vgrpc.VllmEngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "tokenized.input_ids: must not be empty")
         try:
-            output: PoolingRequestOutput = await self.link.client.embed(
-                {"prompt_token_ids": ids}, request_id=request.request_id or None)
+            with _request_span("Embed", request.request_id, context):
+                output: PoolingRequestOutput = await self.link.client.embed(
+                    {"prompt_token_ids": ids}, request_id=request.request_id or None)
         except (RequestError, ServerUnavailable, grpc.RpcError, RuntimeError) as exc:
             await _abort_with(context, exc)
         values = output.outputs.values
@@ -154,6 +160,15 @@ def _responses(output: RequestOutput, stream: bool, num_logprobs: int | None, se
         if completion.finish_reason:
             responses.append(complete_response(output, completion, num_logprobs))
     return responses
+
+
+def _request_span(method: str, request_id: str, context: Context
+                  ) -> AbstractContextManager[Any]:
+    """The RPC's SERVER span, child of the caller's W3C context (gRPC metadata `traceparent`)."""
+    return server_span(f"vllm.grpc.engine.VllmEngine/{method}",
+                       context_from_metadata(context.invocation_metadata()),
+                       {"rpc.system": "grpc", "rpc.service": "vllm.grpc.engine.VllmEngine",
+                        "rpc.method": method, "gen_ai.request.id": request_id})
 
 
 async def _guarded(context: Context, call: Any) -> Any:
