@@ -7,7 +7,7 @@
 Reports what an operator asks after a storm: how many streams completed, errors by gRPC status
 (overload should be RESOURCE_EXHAUSTED, never a bare CANCELLED), finish_reason "error" endings,
 silent losses (a stream that ended OK without a final output), latency p50/p90/p99 of the
-completed ones, each stage's RSS (peak and after), and leaked requests: what the gateway (for
+completed ones, each stage's RSS (before, peak and after), and leaked requests: what the gateway (for
 this tool's client) and the engine still hold once every stream has ended.
 """
 
@@ -56,6 +56,7 @@ class SoakReport:
     cancel_fraction: float
     results: list[StreamResult]
     wall_s: float
+    rss_start_mib: dict[str, float] = field(default_factory=dict)  # before the first stream
     rss_peak_mib: dict[str, float] = field(default_factory=dict)
     rss_end_mib: dict[str, float] = field(default_factory=dict)
     leaked_gateway: int | None = None
@@ -83,6 +84,7 @@ class SoakReport:
             "finish_abort": sum(r.finish_reason == "abort" for r in self.results),
             "silent_losses": len(lost),
             "latency_s": percentiles([r.latency_s for r in done if r.latency_s is not None]),
+            "rss_start_mib": self.rss_start_mib,
             "rss_peak_mib": self.rss_peak_mib, "rss_end_mib": self.rss_end_mib,
             "leaked_gateway": self.leaked_gateway, "leaked_engine": self.leaked_engine,
         }
@@ -157,6 +159,7 @@ async def soak(gateway: str, args: argparse.Namespace, pids: dict[str, int],
     channels = [grpc.aio.insecure_channel(gateway, options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(num_channels)]
     stubs = [inference_pb2_grpc.InferenceStub(c) for c in channels]
+    rss_start = {name: _rss_mib(pid) for name, pid in pids.items()}
     peak: dict[str, float] = {}
     stop = asyncio.Event()
     sampler = asyncio.ensure_future(_sample_rss(pids, peak, stop))
@@ -185,7 +188,8 @@ async def soak(gateway: str, args: argparse.Namespace, pids: dict[str, int],
         for channel in channels:
             await channel.close()
     return SoakReport(streams=args.streams, cancel_fraction=args.cancel_fraction,
-                      results=list(results), wall_s=wall, rss_peak_mib=peak,
+                      results=list(results), wall_s=wall, rss_start_mib=rss_start,
+                      rss_peak_mib=peak,
                       rss_end_mib={name: _rss_mib(pid) for name, pid in pids.items()},
                       leaked_gateway=leaked_gateway, leaked_engine=leaked_engine)
 
@@ -203,8 +207,9 @@ def _print_table(summary: dict[str, Any]) -> None:
           str(summary["silent_losses"]), f"{lat.get('p50', 0):.2f}", f"{lat.get('p90', 0):.2f}",
           f"{lat.get('p99', 0):.2f}",
           f"{summary['leaked_gateway']}/{summary['leaked_engine']}", str(summary["wall_s"])]]))
-    print(format_table(["stage", "RSS peak MiB", "RSS after MiB"],
-                       [[name, f"{peak:.0f}", f"{summary['rss_end_mib'].get(name, 0):.0f}"]
+    print(format_table(["stage", "RSS before MiB", "RSS peak MiB", "RSS after MiB"],
+                       [[name, f"{summary['rss_start_mib'].get(name, 0):.0f}", f"{peak:.0f}",
+                         f"{summary['rss_end_mib'].get(name, 0):.0f}"]
                         for name, peak in sorted(summary["rss_peak_mib"].items())]))
 
 

@@ -352,7 +352,8 @@ class Stack:
     def _stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout + self.config.shutdown_timeout
         # The gateway is told first, and once: it drains (readiness NOT_SERVING at once, new
-        # requests refused, those in flight, the fronts' too, let finish) while the fronts stop.
+        # requests refused, those in flight, the fronts' too, let finish) while the fronts drain
+        # theirs alike (a 503 to new ones) and exit within shutdown_timeout and a few seconds.
         gateway = self.processes.get("gateway")
         if gateway is not None and gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)

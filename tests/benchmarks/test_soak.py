@@ -43,3 +43,6 @@ def test_latency_and_every_stages_memory_are_reported(soak_run: dict[str, Any]) 
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
     assert set(soak_run["rss_peak_mib"]) == {"tokenizer", "engine", "detokenizer", "gateway"}
     assert all(v > 10 for v in soak_run["rss_peak_mib"].values())
+    assert set(soak_run["rss_start_mib"]) == set(soak_run["rss_peak_mib"])
+    assert all(10 < soak_run["rss_start_mib"][name] <= peak
+               for name, peak in soak_run["rss_peak_mib"].items())

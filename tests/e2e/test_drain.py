@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from strand.services._proto.strand.v1 import gateway_pb2 as gpb
 from strand.services._proto.strand.v1 import inference_pb2_grpc
 from strand.services._proto.strand.v1 import types_pb2 as pb
 from strand.services.client import add_request_message, generate_request
+from strand.services.common.status import DRAINING_MESSAGE
 from tests.e2e.conftest import ENGINE_FLAGS
 from tests.e2e.test_cli import ENV, REPO_ROOT, _alive, _children, _gateway_address
 
@@ -156,6 +159,100 @@ def test_streams_past_the_shutdown_timeout_end_with_abort(
         assert [s.finish_reason() for s in streams] == ["abort"] * 4
         assert time.monotonic() - start < 15
         assert all(len(o.outputs[0].token_ids) < 1900 for s in streams for o in s.outputs)
+        _assert_all_exit(process, children)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _post(host: str, port: int, path: str, body: dict[str, object] | None = None
+          ) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        if body is None:
+            conn.request("GET", path)
+        else:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+class _SSE:
+    """A streaming /v1/completions read to its end on a thread: its data lines, and when the
+    first and last came."""
+
+    def __init__(self, host: str, port: int, max_tokens: int) -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=60)
+        self.conn.request("POST", "/v1/completions", json.dumps(
+            {"prompt": "drain me", "max_tokens": max_tokens, "temperature": 0,
+             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}),
+            {"Content-Type": "application/json"})
+        self.events: list[dict[str, object]] = []
+        self.done = False
+        self.first = threading.Event()
+        self.ended_at = 0.0
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        resp = self.conn.getresponse()
+        assert resp.status == 200
+        for raw in resp:
+            line = raw.decode().strip()
+            if line == "data: [DONE]":
+                self.done = True
+            elif line.startswith("data: "):
+                self.events.append(json.loads(line[len("data: "):]))
+                self.first.set()
+        self.ended_at = time.monotonic()
+        self.conn.close()
+        self.first.set()
+
+    def join(self, timeout: float = 60) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream did not end"
+
+
+def _openai_address(process: subprocess.Popen[str]) -> tuple[str, int]:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("strand OpenAI API at http://"), line
+    host, port = line.split("//")[1].split("/")[0].rsplit(":", 1)
+    return host, int(port)
+
+
+def test_the_openai_front_drains_its_streams_and_answers_new_requests_503(
+        tiny_model_dir: Path) -> None:
+    process, _, children = _serve(tiny_model_dir, "--auto-step", "--openai-port", "0",
+                                  "--shutdown-timeout", "60")
+    try:
+        assert len(children) == 5
+        host, port = _openai_address(process)
+        assert _post(host, port, "/health")[0] == 200
+        max_tokens = 1500  # seconds of decoding on the tiny model: in flight at SIGTERM
+        stream = _SSE(host, port, max_tokens)
+        assert stream.first.wait(60) and not stream.done
+
+        process.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        while (health := _post(host, port, "/health"))[0] == 200:  # until the front has it
+            assert time.monotonic() - start < 10, "/health still 200 10 s after SIGTERM"
+            time.sleep(0.02)
+        assert health[0] == 503
+        status, body = _post(host, port, "/v1/completions", {"prompt": "late", "max_tokens": 2})
+        refused_at = time.monotonic()
+        assert status == 503
+        error = json.loads(body)["error"]
+        assert error["message"] == DRAINING_MESSAGE and error["code"] == "service_unavailable"
+
+        stream.join()
+        assert stream.done and stream.ended_at > refused_at  # it was in flight all along
+        choices = [c for e in stream.events for c in e["choices"]]  # type: ignore[attr-defined]
+        assert choices[-1]["finish_reason"] == "length"
+        assert stream.events[-1]["usage"]["completion_tokens"] == max_tokens  # type: ignore[index]
         _assert_all_exit(process, children)
     finally:
         if process.poll() is None:

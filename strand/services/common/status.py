@@ -7,6 +7,10 @@ import grpc
 from strand.engine_core.errors import DuplicateRequestError, EngineSleepingError, QueueFullError
 from strand.services._proto.strand.v1 import types_pb2 as pb
 
+# A draining server's refusal (the gateway's UNAVAILABLE, the OpenAI front's 503).
+DRAINING_MESSAGE = ("the server is draining (shutting down): it takes no new requests; "
+                    "send them to another replica")
+
 
 class StageError(Exception):
     """A failed call to a stage (or the gateway): a gRPC status code and a message."""

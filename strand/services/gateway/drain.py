@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DRAINING_MESSAGE = ("the server is draining (shutting down): it takes no new requests; "
-                    "send them to another replica")
 _POLL_S = 0.05  # how often the count of requests in flight is looked at
 
 

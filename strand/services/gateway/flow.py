@@ -33,7 +33,7 @@ from strand.services._proto.strand.v1 import types_pb2 as pb
 from strand.services.common.engine_replicas import EngineReplicas
 from strand.services.common.stage_auth import stage_metadata
 from strand.services.common.stage_client import StageClient
-from strand.services.common.status import StageError, StageUnavailable
+from strand.services.common.status import DRAINING_MESSAGE, StageError, StageUnavailable
 from strand.services.common.tracing import carrier_from_context
 from strand.services.gateway.abort_batches import AbortBatches
 from strand.services.gateway.background_aborts import BackgroundAborts
@@ -46,7 +46,6 @@ from strand.services.gateway.clients import (
     output_bytes,
 )
 from strand.services.gateway.control import GatewayControl
-from strand.services.gateway.drain import DRAINING_MESSAGE
 from strand.services.gateway.live import (
     LiveRequest,
     abort_output,

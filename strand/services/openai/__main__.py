@@ -42,8 +42,8 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="OTLP/gRPC endpoint for this front's spans (one per HTTP request)")
     parser.add_argument("--shutdown-timeout", type=float, default=0.0,
-                        help="on SIGTERM, seconds the requests in flight get to finish (the "
-                             "gateway's --shutdown-timeout; at least 5)")
+                        help="on SIGTERM, seconds the requests in flight get to finish while "
+                             "new ones get a 503 (the gateway's --shutdown-timeout)")
     add_tool_flags(parser)
     add_reasoning_flag(parser)
     add_usage_flag(parser)
@@ -56,12 +56,14 @@ def _main(argv: list[str] | None) -> None:
 
     from strand.services.common.tracing import init_tracing, shutdown_tracing
     from strand.services.openai.app import FrontConfig, create_app
+    from strand.services.openai.drain import DrainingServer, DrainState
     from strand.services.openai.lora_modules import parse_lora_modules
     from strand.services.openai.served_names import check_served_names
 
     lora_modules = parse_lora_modules(args.lora_modules)
     check_served_names(args.served_model_name, lora_modules)
     roots = Path(args.gateway_tls_cert).read_bytes() if args.gateway_tls_cert else None
+    drain = DrainState()
     app = create_app(FrontConfig(gateway=args.gateway_addr, api_key=args.api_key,
                                  root_certificates=roots,
                                  served_model_names=args.served_model_name,
@@ -69,11 +71,15 @@ def _main(argv: list[str] | None) -> None:
                                  max_body_bytes=args.max_body_bytes,
                                  tool_call_parser=args.tool_call_parser,
                                  reasoning_parser=args.reasoning_parser,
-                                 prompt_tokens_details=args.enable_prompt_tokens_details))
+                                 prompt_tokens_details=args.enable_prompt_tokens_details),
+                     drain)
     init_tracing("strand-openai", args.otlp_traces_endpoint)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=max(5, int(args.shutdown_timeout + 2)))
+        # The drain waits for the requests in flight; what uvicorn's own shutdown then waits
+        # for is the answers already on their way.
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                timeout_graceful_shutdown=3)
+        DrainingServer(config, drain, args.shutdown_timeout).run()
     finally:
         shutdown_tracing()
 

@@ -29,6 +29,7 @@ from strand.services.openai import params as convert
 from strand.services.openai import scoring
 from strand.services.openai.api_key import ApiKeyCheck
 from strand.services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from strand.services.openai.drain import Draining, DrainState
 from strand.services.openai.echo import prepare_echo
 from strand.services.openai.embeddings import EmbeddingRequest
 from strand.services.openai.embeddings import embeddings as embedding_answer
@@ -132,7 +133,8 @@ class Front:
         raise model_not_found(requested)
 
 
-def create_app(config: FrontConfig) -> FastAPI:
+def create_app(config: FrontConfig, drain: DrainState | None = None) -> FastAPI:
+    """The app; `drain` is set by the server that drains it on a signal (drain.py)."""
     front = Front(config)
 
     @asynccontextmanager
@@ -174,6 +176,8 @@ def create_app(config: FrontConfig) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(ApiKeyCheck, key=config.api_key)
+    # Outside the key check: a draining front refuses every request alike.
+    app.add_middleware(Draining, state=drain if drain is not None else DrainState())
     metrics = FrontMetrics()
     app.add_middleware(HttpMetrics, metrics=metrics)  # outermost: refusals counted too
 
