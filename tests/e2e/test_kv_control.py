@@ -14,6 +14,7 @@ from strand.engine_core.sampling_params import SamplingParams
 from strand.services._proto.strand.v1 import control_pb2 as cpb
 from strand.services._proto.strand.v1 import control_pb2_grpc, gateway_pb2_grpc
 from strand.services._proto.strand.v1 import gateway_pb2 as gpb
+from strand.services._proto.strand.v1 import types_pb2 as pb
 from strand.services.client import EngineClient, RequestError
 from strand.services.launch import Stack
 from tests.e2e.conftest import start_stack
@@ -178,3 +179,31 @@ def test_subscribe_kv_events_streams_stored_blocks_then_the_clear(
     assert seqs == sorted(seqs)
     # The prompt's two full blocks, as one chain of 2 hashes and 32 tokens.
     assert prompt[:2 * BLOCK_SIZE] in stored_tokens
+
+
+def test_subscribe_kv_events_resumes_from_a_seq_or_opens_with_a_snapshot(
+        offload_stack: Stack, offload_client: EngineClient) -> None:
+    prompt = [p + 9 for p in PROMPT]
+    with grpc.insecure_channel(offload_stack.gateway_address) as channel:
+        control = control_pb2_grpc.ControlStub(channel)
+        first = control.SubscribeKvEvents(cpb.SubscribeKvEventsRequest(), timeout=30)
+        time.sleep(0.3)  # subscribed before the request runs
+        _serve(offload_client, "kv-resume", prompt)
+        stored = next(b for b in first if any(list(e.block_stored.token_ids) == prompt[:32]
+                                              for e in b.events))
+        first.cancel()
+        hashes = [h for e in stored.events for h in e.block_stored.block_hashes]
+
+        def opening(epoch: str) -> pb.KvEventBatch:
+            stream = control.SubscribeKvEvents(cpb.SubscribeKvEventsRequest(resume=[
+                cpb.KvEventsResume(engine=stored.engine, start_sequence_number=stored.seq,
+                                   epoch=epoch)]), timeout=30)
+            batch = next(stream)
+            stream.cancel()
+            return batch
+
+        assert opening(stored.epoch) == stored  # replayed from the gateway's buffer
+        snapshot = opening("another-epoch")
+        assert snapshot.snapshot
+        assert snapshot.events[0].HasField("all_blocks_cleared")
+        assert set(hashes) <= set(snapshot.events[1].block_stored.block_hashes)

@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from strand.engine_core.outputs import RequestOutput
 from strand.engine_core.sampling_params import SamplingParams
-from strand.services.client import EngineClient
+from strand.services.client import EngineClient, RequestError
 from strand.services.common.engine_replicas import EngineReplicas
 from strand.services.common.stage_auth import STAGE_TOKEN_ENV
 from strand.services.launch import Stack
@@ -38,6 +39,7 @@ class Load:
     def __init__(self, address: str) -> None:
         self.address = address
         self.finish_reasons: list[str] = []
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -53,14 +55,21 @@ class Load:
         with EngineClient(self.address, timeout=30) as client:
             n = 0
             while not self._stop.is_set():
-                for _ in range(4):
-                    n += 1
-                    client.add_request(f"load-{n}", {
-                        "prompt_token_ids": [n % 500] * (2 * BLOCK_SIZE) + [1]}, PARAMS)
-                deadline = time.monotonic() + 30
-                while client.has_unfinished_requests() and time.monotonic() < deadline:
-                    self.finish_reasons += [o.outputs[0].finish_reason or "" for o in client.step()
-                                            if isinstance(o, RequestOutput) and o.finished]
+                try:
+                    for _ in range(4):
+                        n += 1
+                        client.add_request(f"load-{n}", {
+                            "prompt_token_ids": [n % 500] * (2 * BLOCK_SIZE) + [1]}, PARAMS)
+                    deadline = time.monotonic() + 30
+                    while client.has_unfinished_requests() and time.monotonic() < deadline:
+                        self.finish_reasons += [
+                            o.outputs[0].finish_reason or "" for o in client.step()
+                            if isinstance(o, RequestOutput) and o.finished]
+                except (RequestError, grpc.RpcError) as exc:
+                    # The killed replica's requests end, or a call meets the replica while it
+                    # leaves the rotation: a client retries, as this load does.
+                    self.errors.append(str(exc))
+                    time.sleep(0.1)
 
 
 async def _until(what: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -106,8 +106,10 @@ class GatewayControl:
                 loads.append(result.load)
         return loads
 
-    async def kv_events(self) -> AsyncIterator[pb.KvEventBatch]:
+    async def kv_events(self, resume: dict[str, tuple[int, str]] | None = None
+                        ) -> AsyncIterator[pb.KvEventBatch]:
         """Every replica's KV event batches as they come (each with its own sequence numbers:
-        a gap shows what was dropped)."""
-        async for batch in self.kv_feed.subscribe():
+        a gap shows what was dropped), each replica's opening with the batches from `resume`
+        (seq, epoch) or a snapshot batch."""
+        async for batch in self.kv_feed.subscribe(resume):
             yield batch

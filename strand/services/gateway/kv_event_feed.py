@@ -1,17 +1,18 @@
 """SubscribeKvEvents: while anyone listens, one Engine.KvEvents subscription per engine replica,
-fanned out to every subscriber (each gets every batch from the moment it subscribed; each
-batch names its engine and its epoch, and seq is consecutive per engine). A replica whose stream
+fanned out to every subscriber (each batch names its engine and its epoch, and seq is consecutive
+per engine). Per engine, a subscriber first gets the kept batches from where it asked to resume,
+or else a snapshot batch (KvEventLog), then every batch as it comes. A replica whose stream
 breaks is followed again, resumed from the batch after the last one relayed, so nothing is missed
-while the engine still keeps it; otherwise its next batches skip sequence numbers, which tells a
-client to resync that engine, and an engine that restarted sends a new epoch (its old blocks are
-all gone; seq starts over). An engine without --kv-events ends the subscribers' streams
+while the engine still keeps it; where the engine cannot resume (it restarted: a new epoch, seq
+starting over), its new snapshot goes to every subscriber as a snapshot batch (all blocks
+cleared, then what it caches). An engine without --kv-events ends the subscribers' streams
 with FAILED_PRECONDITION naming the flag."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import grpc
 
@@ -20,6 +21,7 @@ from strand.services._proto.strand.v1 import types_pb2 as pb
 from strand.services.common.engine_replicas import EngineReplicas
 from strand.services.common.status import StageError
 from strand.services.common.subscriber import Subscriber
+from strand.services.gateway.kv_event_log import KvEventLog
 
 # A subscriber further behind than this many batches is ended (its client is not reading).
 MAX_QUEUED_BATCHES = 10_000
@@ -30,18 +32,23 @@ class _ReplicaEvents(Subscriber):
         super().__init__(engines.clients[name])
         self.feed = feed
         self.name = name
-        self._resume: tuple[int, str] | None = None  # (seq after the last relayed, its epoch)
+        self.log = KvEventLog(name)  # kept while nobody listens: a later subscription resumes
 
     method = "KvEvents"
 
     def request(self) -> epb.EngineKvEventsRequest:
-        if self._resume is None:
+        if not self.log.known:
             return epb.EngineKvEventsRequest()
-        return epb.EngineKvEventsRequest(start_seq=self._resume[0], epoch=self._resume[1])
+        return epb.EngineKvEventsRequest(start_seq=self.log.next_seq, epoch=self.log.epoch)
+
+    def on_subscribed(self, msg: epb.EngineKvEvents) -> None:
+        if not msg.resumed:  # the kept batches are no use: the snapshot replaces them
+            self.feed.publish(self.log.reset(msg.epoch, list(msg.snapshot_block_hashes),
+                                             msg.snapshot_next_seq))
 
     async def on_message(self, msg: epb.EngineKvEvents) -> None:
         msg.batch.engine = self.name  # as the router and GetLoads name it
-        self._resume = (msg.batch.seq + 1, msg.batch.epoch)
+        self.log.append(msg.batch)
         self.feed.publish(msg.batch)
 
     def on_lost(self, detail: str, was_subscribed: bool) -> None:
@@ -54,16 +61,24 @@ class KvEventFeed:
     def __init__(self, engines: EngineReplicas) -> None:
         self.engines = engines
         self._queues: set[asyncio.Queue[pb.KvEventBatch | StageError]] = set()
-        self._replicas: list[_ReplicaEvents] = []
+        self._replicas = {n: _ReplicaEvents(self, engines, n) for n in engines.names}
+        self._following = False
 
-    async def subscribe(self) -> AsyncIterator[pb.KvEventBatch]:
+    async def subscribe(self, resume: dict[str, tuple[int, str]] | None = None
+                        ) -> AsyncGenerator[pb.KvEventBatch, None]:
+        """resume: per engine, (the seq of the first batch wanted, its epoch)."""
         queue: asyncio.Queue[pb.KvEventBatch | StageError] = asyncio.Queue(MAX_QUEUED_BATCHES)
+        # In the same turn as the queue is added: no batch falls between opening and queue.
         self._queues.add(queue)
-        if not self._replicas:
-            self._replicas = [_ReplicaEvents(self, self.engines, n) for n in self.engines.names]
-            for replica in self._replicas:
+        opening = [b for name, replica in self._replicas.items()
+                   for b in replica.log.opening((resume or {}).get(name))]
+        if not self._following:
+            self._following = True
+            for replica in self._replicas.values():
                 replica.start()
         try:
+            for batch in opening:
+                yield batch
             while True:
                 item = await queue.get()
                 if isinstance(item, StageError):
@@ -75,8 +90,8 @@ class KvEventFeed:
                 await self.close()
 
     async def close(self) -> None:
-        replicas, self._replicas = self._replicas, []
-        for replica in replicas:
+        self._following = False
+        for replica in self._replicas.values():
             await replica.close()
 
     def publish(self, item: pb.KvEventBatch | StageError) -> None:

@@ -161,7 +161,8 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                 context: grpc.aio.ServicerContext
                                 ) -> AsyncIterator[pb.KvEventBatch]:
         try:
-            async for batch in self.control.kv_events():
+            resume = {r.engine: (r.start_sequence_number, r.epoch) for r in request.resume}
+            async for batch in self.control.kv_events(resume):
                 yield batch
         except StageError as exc:
             code, message = status_of(exc)

@@ -31,7 +31,9 @@ def convert_batch(batch: pb.KvEventBatch, seq: int) -> cmn.KvEventBatch:
     out = cmn.KvEventBatch(sequence_number=seq, timestamp=batch.timestamp or time.time())
     for event in batch.events:
         kind = event.WhichOneof("kind")
-        if kind == "block_stored":
+        if kind == "block_stored" and event.block_stored.block_size > 0:
+            # (A snapshot batch's hashes come without tokens or size: not expressible here, its
+            # AllBlocksCleared is.)
             stored = event.block_stored
             size = int(stored.block_size)
             msg = cmn.KvBlocksStored(tier=cmn.KV_CACHE_TIER_DEVICE,

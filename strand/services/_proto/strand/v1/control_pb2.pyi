@@ -111,5 +111,17 @@ class GetLoadsResponse(_message.Message):
     def __init__(self, loads: _Optional[_Iterable[_Union[_types_pb2.EngineLoad, _Mapping]]] = ...) -> None: ...
 
 class SubscribeKvEventsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("resume",)
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    resume: _containers.RepeatedCompositeFieldContainer[KvEventsResume]
+    def __init__(self, resume: _Optional[_Iterable[_Union[KvEventsResume, _Mapping]]] = ...) -> None: ...
+
+class KvEventsResume(_message.Message):
+    __slots__ = ("engine", "start_sequence_number", "epoch")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    START_SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    start_sequence_number: int
+    epoch: str
+    def __init__(self, engine: _Optional[str] = ..., start_sequence_number: _Optional[int] = ..., epoch: _Optional[str] = ...) -> None: ...

@@ -157,7 +157,9 @@ class ControlServicer:
 
     def SubscribeKvEvents(self, request, context):
         """The engines' KV events (block stored / removed / all cleared), batches with consecutive
-        sequence numbers per engine; runs until the client cancels.
+        sequence numbers per engine; runs until the client cancels. Per engine, the stream opens
+        with the batches from the requested resume point, or, where the gateway cannot replay from
+        there (or none was asked), a snapshot batch; an engine that restarts sends one too.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

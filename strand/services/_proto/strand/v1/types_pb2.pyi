@@ -495,15 +495,17 @@ class AllBlocksCleared(_message.Message):
     def __init__(self) -> None: ...
 
 class KvEventBatch(_message.Message):
-    __slots__ = ("seq", "timestamp", "events", "engine", "epoch")
+    __slots__ = ("seq", "timestamp", "events", "engine", "epoch", "snapshot")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timestamp: float
     events: _containers.RepeatedCompositeFieldContainer[KvEvent]
     engine: str
     epoch: str
-    def __init__(self, seq: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., engine: _Optional[str] = ..., epoch: _Optional[str] = ...) -> None: ...
+    snapshot: bool
+    def __init__(self, seq: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., engine: _Optional[str] = ..., epoch: _Optional[str] = ..., snapshot: _Optional[bool] = ...) -> None: ...
