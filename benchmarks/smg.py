@@ -13,16 +13,11 @@ per side: output tokens/s (every request's tokens over the wall time of its batc
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
-import shutil
 import statistics
-import subprocess
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +33,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
+from strand.testing.smg import launch_smg
 
 SIDES = ("strand-openai", "smg")
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while")
@@ -132,43 +128,6 @@ def run_batch(address: str, body: str, n: int) -> tuple[list[Stream], float]:
     return streams, time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def smg_front(worker: str, log_path: Path) -> Iterator[str]:
-    """`smg launch` routing to the worker's VllmEngine front, once it lists the model."""
-    from strand.services.launch import free_port
-
-    smg = shutil.which("smg")
-    if smg is None:
-        raise RuntimeError("smg is not installed (pip install smg)")
-    port = free_port()
-    with open(log_path, "wb") as out:
-        process = subprocess.Popen(
-            [smg, "launch", "--worker-urls", f"grpc://{worker}", "--host", "127.0.0.1",
-             "--port", str(port), "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port())], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while b'"data":[{' not in _get(f"http://127.0.0.1:{port}/v1/models"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"smg did not list the model: {log_path}")
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def _get(url: str) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bytes(response.read())
-    except OSError:
-        return b""
-
-
 def summarize(streams: list[Stream], elapsed_s: float, output_len: int) -> dict[str, Any]:
     ok = [s for s in streams if s.error is None and s.num_tokens == output_len]
     ttft = percentiles([1e3 * s.ttft_s for s in ok], (50, 99))
@@ -199,8 +158,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                          vllm_grpc_port=0, log_dir=bench_log_dir()))
     rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     try:
-        with smg_front(stack.address("vllm_grpc"), bench_log_dir() / "smg.log") as smg:
-            addresses = {"strand-openai": stack.address("openai"), "smg": smg}
+        with launch_smg([f"grpc://{stack.address('vllm_grpc')}"],
+                        bench_log_dir() / "smg.log") as smg:
+            addresses = {"strand-openai": stack.address("openai"),
+                         "smg": smg.removeprefix("http://")}
             warm = completion_body(str(model_dir), prompt, 2)
             for side in SIDES:  # connections, tokenizer download, first steps
                 run_batch(addresses[side], warm, 2)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +16,8 @@ import grpc
 import openai
 import pytest
 
-from strand.services.launch import Stack, free_port
+from strand.services.launch import Stack
+from strand.testing.smg import SmgError, launch_smg, smg_binary
 
 pytest.importorskip("smg_grpc_proto", reason="smg-grpc-proto (a dependency) is not installed")
 from smg_grpc_proto.generated import vllm_engine_pb2 as vpb  # noqa: E402
@@ -29,39 +28,19 @@ from tests.services.vllm_grpc.conftest import greedy_in_process, vllm_grpc_stack
 PROMPT = "Hello there, how are"
 
 
-def _smg_binary() -> str:
-    """`smg`, runnable; skip with the reason otherwise (`pip install smg`: the dev extra)."""
-    smg = shutil.which("smg")
-    if smg is None:
-        pytest.skip("smg is not installed (pip install smg)")
-    probe = subprocess.run([smg, "--version"], capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0:
-        pytest.skip(f"smg does not run here: {probe.stderr.strip()[-300:]}")
-    return smg
-
-
 @contextlib.contextmanager
 def _smg(worker_urls: list[str], log_path: Path, policy: str) -> Iterator[str]:
-    """`smg launch` in front of the workers, until every one of them lists the model: its base
-    URL."""
-    smg = _smg_binary()
-    port = free_port()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [smg, "launch", "--worker-urls", *worker_urls, "--host", "127.0.0.1",
-             "--port", str(port), "--policy", policy, "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port())],  # not 29000: smg fronts run side by side
-            stdout=log, stderr=subprocess.STDOUT)
+    """`smg launch` in front of the workers (strand.testing.smg); skips with the reason where
+    smg is not installed (`pip install smg`: the dev extra)."""
     try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_for_workers(base, len(worker_urls), process, log_path)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        smg_binary()
+    except SmgError as exc:
+        pytest.skip(str(exc))
+    try:
+        with launch_smg(worker_urls, log_path, policy) as base:
+            yield base
+    except SmgError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="module")
@@ -72,28 +51,6 @@ def smg_stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             _smg([f"grpc://{stack.address('vllm_grpc')}"], log_dir / "smg.log",
                  "cache_aware") as base:
         yield stack, base
-
-
-def _num_healthy(workers: Any) -> int:
-    return sum(1 for worker in workers.get("workers", []) if worker.get("is_healthy"))
-
-
-def _wait_for_workers(base: str, num_workers: int, process: subprocess.Popen[bytes],
-                      log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"smg exited: {log.read_text()[-2000:]}")
-        try:
-            body = urllib.request.urlopen(f"{base}/v1/models", timeout=2).read()
-            workers = json.loads(urllib.request.urlopen(f"{base}/workers", timeout=2).read())
-            if b'"data":[]' not in body and _num_healthy(workers) >= num_workers:
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"smg had not {num_workers} worker(s) with the model within 120 s: "
-                f"{log.read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="module")

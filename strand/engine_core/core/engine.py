@@ -22,7 +22,7 @@ from strand.engine_core.config import CacheConfig, EngineArgs, SchedulerConfig
 from strand.engine_core.core import kv_control
 from strand.engine_core.core.batch_queue import BatchQueue
 from strand.engine_core.core.engine_io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from strand.engine_core.core.expiry import expired_requests
+from strand.engine_core.core.expiry import Expiry
 from strand.engine_core.core.kv_events import KVEventBatch, KVEventBuffer
 from strand.engine_core.core.request import Request, RequestStatus
 from strand.engine_core.core.sched_output import SchedulerOutput
@@ -76,6 +76,7 @@ class EngineCore:
         # queue). Off by default: on CPU the worker thread's own OpenMP team makes every
         # forward slower (see _warn_other_thread), which outweighs the overlap.
         self.batch_queue: BatchQueue | None = None
+        self.expiry = Expiry(args.max_queue_time)
         # spread_team_after_idle's placement, and whether the last step left nothing to run.
         self._team_spread: TeamSpread | None = None
         self._idle = True
@@ -216,6 +217,7 @@ class EngineCore:
             pooling_params=request.pooling_params,
             deadline=request.deadline,
         ))
+        self.expiry.note(request.request_id, request.deadline)
 
     def grammar_cache(self) -> GrammarCache:
         """The structured-output compiler, built on first use from the engine's tokenizer."""
@@ -269,8 +271,7 @@ class EngineCore:
         """Abort, before scheduling, the requests past their deadline or queued longer than
         max_queue_time (expiry.py); their outputs say so (finish_reason "abort", the reason in
         stop_reason), since no caller's abort told the rest of the ring."""
-        expired = expired_requests(self.scheduler.requests.values(), time.time(),
-                                   self.args.max_queue_time)
+        expired = self.expiry.due(self.scheduler.requests, self.scheduler.waiting, time.time())
         if not expired:
             return []
         self.scheduler.finish_requests([rid for rid, _ in expired],
