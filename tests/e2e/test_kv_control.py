@@ -207,3 +207,23 @@ def test_subscribe_kv_events_resumes_from_a_seq_or_opens_with_a_snapshot(
         assert snapshot.snapshot
         assert snapshot.events[0].HasField("all_blocks_cleared")
         assert set(hashes) <= set(snapshot.events[1].block_stored.block_hashes)
+
+
+@pytest.mark.parametrize(("twice", "field"), [
+    (False, "resume[0].engine must be one of"),
+    (True, "resume[1].engine names"),
+])
+def test_subscribe_kv_events_refuses_a_bad_resume_point_naming_the_field(
+        offload_stack: Stack, twice: bool, field: str) -> None:
+    # An engine is named as its batches name it: the address the gateway reaches it at.
+    engine = offload_stack.address("engine")
+    engines = [engine, engine] if twice else ["no-such-engine"]
+    with grpc.insecure_channel(offload_stack.gateway_address) as channel:
+        stream = control_pb2_grpc.ControlStub(channel).SubscribeKvEvents(
+            cpb.SubscribeKvEventsRequest(resume=[
+                cpb.KvEventsResume(engine=name, start_sequence_number=1, epoch="e")
+                for name in engines]), timeout=30)
+        with pytest.raises(grpc.RpcError) as err:
+            next(stream)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in (err.value.details() or "")

@@ -161,7 +161,10 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                 context: grpc.aio.ServicerContext
                                 ) -> AsyncIterator[pb.KvEventBatch]:
         try:
-            resume = {r.engine: (r.start_sequence_number, r.epoch) for r in request.resume}
+            resume = _resume_points(request, self.flow.engines.names)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
             async for batch in self.control.kv_events(resume):
                 yield batch
         except StageError as exc:
@@ -246,6 +249,21 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[dist] = "unknown"
     return versions
+
+
+def _resume_points(request: cpb.SubscribeKvEventsRequest, engines: list[str]
+                   ) -> dict[str, tuple[int, str]]:
+    """Per engine, (the seq of the first batch wanted, its epoch); ValueError naming the field
+    for an engine this gateway does not have, or one named twice."""
+    points: dict[str, tuple[int, str]] = {}
+    for i, point in enumerate(request.resume):
+        if point.engine not in engines:
+            raise ValueError(f"resume[{i}].engine must be one of {engines}, "
+                             f"got {point.engine!r}")
+        if point.engine in points:
+            raise ValueError(f"resume[{i}].engine names {point.engine!r} a second time")
+        points[point.engine] = (point.start_sequence_number, point.epoch)
+    return points
 
 
 def queue_time_ending(output: pb.RequestOutput) -> str | None:
