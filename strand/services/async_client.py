@@ -50,14 +50,17 @@ class AsyncEngineClient(GatewayConnection):
 
     async def generate(self, prompt: PromptType, params: SamplingParams | None = None,
                        request_id: str | None = None, lora_request: LoRARequest | None = None,
-                       priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+                       priority: int = 0, timeout: float | None = None
+                       ) -> AsyncGenerator[RequestOutput, None]:
         """The request's RequestOutputs until it finishes. Leaving the iteration early (break,
-        cancellation) cancels the call, which aborts the request. In manual mode this steps."""
+        cancellation) cancels the call, which aborts the request. In manual mode this steps.
+        timeout: seconds for the whole stream, the call's gRPC deadline, which the gateway
+        hands to the engine (it ends the request there, finish_reason "abort", once past)."""
         if self._auto_step is None:
             await self.get_server_info()
         call = self._stub.Generate(generate_request(prompt, params, request_id, lora_request,
                                                     priority),
-                                   metadata=self._metadata())
+                                   metadata=self._metadata(), timeout=timeout)
         outputs = self._streamed(call) if self._auto_step else self._stepped(call)
         try:
             async for output in outputs:

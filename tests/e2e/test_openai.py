@@ -744,6 +744,62 @@ def test_a_client_leaving_a_non_streaming_request_aborts_it(openai_stack: Stack,
     assert _wait_idle(openai_stack, seconds=20.0)
 
 
+def _post_raw(stack: Stack, path: str, body: dict[str, Any], headers: dict[str, str]
+              ) -> socket.socket:
+    """A POST on a socket left open: the client never leaves, so only a deadline can end it."""
+    host, port = stack.address("openai").rsplit(":", 1)
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def test_the_sdks_read_timeout_ends_a_non_streaming_request_in_the_engine(
+        openai_stack: Stack, model_name: str) -> None:
+    body = {"model": model_name, "prompt": [1, 42, 7], "stream": False,
+            "max_tokens": LONG_MAX_TOKENS - 64, "ignore_eos": True}
+    started = time.monotonic()
+    with _post_raw(openai_stack, "/v1/completions", body,
+                   {"x-stainless-read-timeout": "1.5"}) as sock:
+        status_line = sock.recv(4096).split(b"\r\n", 1)[0]
+        # Open all along: the engine let go of the request because its deadline passed.
+        assert _wait_idle(openai_stack, seconds=10.0)
+    assert b" 504 " in status_line, status_line
+    assert time.monotonic() - started < 10.0
+
+
+def test_a_proxys_timeout_ends_a_stream_in_the_engine(openai_stack: Stack,
+                                                      model_name: str) -> None:
+    body = {"model": model_name, "messages": CHAT, "stream": True,
+            "max_tokens": LONG_MAX_TOKENS - 64, "ignore_eos": True}
+    with _post_raw(openai_stack, "/v1/chat/completions", body,
+                   {"x-envoy-expected-rq-timeout-ms": "1500"}) as sock:
+        for _ in range(100):  # the stream has started
+            if engine_num_unfinished(openai_stack) == 1:
+                break
+            time.sleep(0.05)
+        received = b""
+        while b"data: [DONE]" not in received and b'"error"' not in received:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        assert _wait_idle(openai_stack, seconds=10.0)
+    # The stream ends before its thousands of tokens, with an error event, not a silent stop.
+    assert b'"error"' in received
+
+
+def test_a_bad_timeout_header_is_a_400_naming_it(client: openai.OpenAI,
+                                                 model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.with_options(max_retries=0).completions.create(
+            model=model_name, prompt=[1, 42, 7], max_tokens=3,
+            extra_headers={"x-envoy-expected-rq-timeout-ms": "-5"})
+    assert "x-envoy-expected-rq-timeout-ms" in str(info.value)
+
+
 def test_an_http_request_is_one_trace_from_its_traceparent_into_the_ring(
         client: openai.OpenAI, model_name: str, otlp_receiver: OtlpReceiver) -> None:
     trace_id = "5b8efff798038103d269b633813fc60c"

@@ -29,6 +29,7 @@ from strand.services.openai import params as convert
 from strand.services.openai import scoring
 from strand.services.openai.api_key import ApiKeyCheck
 from strand.services.openai.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from strand.services.openai.client_timeout import client_timeout_s
 from strand.services.openai.drain import Draining, DrainState
 from strand.services.openai.echo import prepare_echo
 from strand.services.openai.embeddings import EmbeddingRequest
@@ -366,7 +367,8 @@ async def _serve(front: Front, req: _Sampling, shaper: Shaper, prompts: list[Pro
 async def _respond(front: Front, req: _Sampling, shaper: Shaper, prompts: list[PromptType],
                    params: SamplingParams, lora: LoRARequest | None, request: Request,
                    span: Span, reshape: ResponsesShape | None = None) -> Response:
-    jobs = [Job(f"{shaper.id}-{i}", p, params, lora, req.priority)
+    timeout_s = client_timeout_s(request.headers, bool(req.stream))
+    jobs = [Job(f"{shaper.id}-{i}", p, params, lora, req.priority, timeout_s)
             for i, p in enumerate(prompts)]
     stream = OutputStream(front.client(), jobs, span)
     if not req.stream:

@@ -33,6 +33,7 @@ class Job:
     params: SamplingParams
     lora_request: LoRARequest | None = None  # the model name was a --lora-modules adapter
     priority: int = 0  # vLLM's request priority (--scheduling-policy priority)
+    timeout_s: float | None = None  # the client's wait (client_timeout.py): the call's deadline
 
 
 # (job index, output), or (job index, None) when that job's stream ended.
@@ -58,7 +59,8 @@ class OutputStream:
                 async for output in self._client.generate(job.prompt, job.params,
                                                           job.request_id,
                                                           lora_request=job.lora_request,
-                                                          priority=job.priority):
+                                                          priority=job.priority,
+                                                          timeout=job.timeout_s):
                     self._queue.put_nowait((index, output))
         except asyncio.CancelledError:
             raise  # close(): nobody reads this stream any more
