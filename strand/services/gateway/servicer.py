@@ -213,10 +213,12 @@ class GatewayServicer(EngineControlRpcs, gateway_pb2_grpc.GatewayServicer):
                                                pooling=_pooling_of(request),
                                                deadline=deadline_of(context))
         internal = await self._traced("Generate", context, add)
-        # Tells the client the request is in (and its id), so it may Step in manual mode.
-        await context.send_initial_metadata((("strand-request-id", request_id),))
         finished = False
         try:
+            # Tells the client the request is in (and its id), so it may Step in manual mode.
+            # Inside the try: a client gone by now fails this send (or cancels it), and its
+            # request must be aborted like one that leaves later.
+            await context.send_initial_metadata((("strand-request-id", request_id),))
             while True:
                 output = await queue.get()
                 finished = output.finished

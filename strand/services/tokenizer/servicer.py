@@ -199,9 +199,6 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         engine = self.router.route(request.prompt_token_ids, request.cache_salt,
                                    None if lora is None else lora.lora_int_id)
         try:
-            if entry.aborted:
-                raise StageError(grpc.StatusCode.CANCELLED,
-                                 "the request was aborted on its way in")
             children = await self._add_on(engine, req, processed, carrier, entry)
         finally:
             self.router.answered(engine)
@@ -223,9 +220,16 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         engine_add = epb.EngineRequest(
             add=epb.EngineAddRequests(requests=[core_request_to_pb(c) for c in children]),
             trace_context=carrier)
-        if not await self.modes.auto_step(engine):
+        auto = await self.modes.auto_step(engine)
+        # Checked after asking the mode, which may wait (GetInfo: every add of the first burst
+        # after a start, or after the replica came back into rotation): an abort that came
+        # meanwhile found no add sent and only marked the request. Nothing awaits from here
+        # to the sends, so an abort either is seen here or follows the add (entry.engine).
+        _refuse_if_aborted(entry)
+        if not auto:
             await self.detokenizer.call(detok_add)
             try:
+                _refuse_if_aborted(entry)  # the detokenizer's answer took a round trip too
                 await self.engines.call(engine, engine_add)
             except BaseException:
                 await self._forget_in_detokenizer(req.request_id)
@@ -282,3 +286,11 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
                 abort=dpb.DetokAbort(request_ids=[request_id], never_admitted=True)))
         except StageError as exc:
             logger.warning("detokenizer cleanup of %s failed: %s", request_id, exc.message)
+
+
+def _refuse_if_aborted(entry: Entering | None) -> None:
+    """CANCELLED when the gateway gave up on the request before its add was sent on; called in
+    the same turn of the loop as the send (an abort marks the entry only: with no engine set,
+    nothing else would act on it)."""
+    if entry is not None and entry.aborted:
+        raise StageError(grpc.StatusCode.CANCELLED, "the request was aborted on its way in")

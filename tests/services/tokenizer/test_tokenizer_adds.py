@@ -183,3 +183,95 @@ def test_short_prompts_on_the_loop_long_ones_on_the_thread_same_tokens(
     assert all(name.startswith("tokenize") for name in threads) == (not inline)
     assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "cache_salt" in bad.error.message
+
+
+class GatedEngines(FakeEngines):
+    """GetInfo waits until released: the first adds after a start ask the mode and wait for it
+    (under load, tens of milliseconds), as long as an abort may take to come."""
+
+    def __init__(self, stage: FakeStage, auto: bool) -> None:
+        super().__init__(stage, auto)
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+        answer = self.clients["e"].stub.GetInfo
+
+        async def gated(*args: Any, **kwargs: Any) -> epb.EngineInfo:
+            self.asked.set()
+            await self.release.wait()
+            return cast(epb.EngineInfo, await answer(*args, **kwargs))
+        self.clients["e"].stub.GetInfo = gated
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_an_abort_that_comes_while_the_mode_is_asked_refuses_the_add(
+        tiny_model_dir: Path, auto: bool) -> None:
+    """The abort finds the request on its way in with nothing sent on yet, so it only marks it;
+    the add must then be refused, not sent on to run in the engine until the gateway's own
+    abort comes a round trip later (issue 54: cancelled requests alive for 0.3 s under load)."""
+    log: list[str] = []
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
+    process = tpb.ProcessRequest(request_id="r", origin="gw", prompt=pb.Prompt(
+        token_ids=pb.TokenIds(ids=[5, 6, 7])), params=pb.SamplingParams(max_tokens=3))
+
+    async def run() -> tpb.TokenizerResponse:
+        engines = GatedEngines(FakeStage(log, "engine"), auto)
+        servicer = TokenizerServicer(processor, cast(Any, FakeStage(log, "detok")),
+                                     cast(Any, engines), cast(Any, OneReplica()))
+        try:
+            add = asyncio.ensure_future(
+                servicer.answer(tpb.TokenizerRequest(seq=1, process=process)))
+            await engines.asked.wait()
+            await servicer.answer(tpb.TokenizerRequest(seq=2, abort=tpb.TokenizerAbort(
+                request_ids=["r"])))
+            engines.release.set()
+            return await add
+        finally:
+            servicer._executor.shutdown(wait=True)
+    answer = asyncio.run(run())
+    assert answer.error.code == grpc.StatusCode.CANCELLED.value[0]
+    assert "aborted on its way in" in answer.error.message
+    assert log == ["engine.info"]  # nothing sent on, nothing to take back
+
+
+class GatedDetokenizer(FakeStage):
+    """Its add's answer waits until released."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(log, "detok")
+        self.adding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def call(self, msg: Any) -> Any:
+        if msg.WhichOneof("kind") == "add":
+            self.adding.set()
+            await self.release.wait()
+        return await super().call(msg)
+
+
+def test_an_abort_that_comes_while_a_manual_add_waits_for_the_detokenizer_refuses_the_add(
+        tiny_model_dir: Path) -> None:
+    """Manual mode adds in turn: an abort during the detokenizer's round trip refuses the
+    engine's add, and the detokenizer forgets the state it was given."""
+    log: list[str] = []
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
+    process = tpb.ProcessRequest(request_id="r", origin="gw", prompt=pb.Prompt(
+        token_ids=pb.TokenIds(ids=[5, 6, 7])), params=pb.SamplingParams(max_tokens=3))
+
+    async def run() -> tpb.TokenizerResponse:
+        detok = GatedDetokenizer(log)
+        servicer = TokenizerServicer(processor, cast(Any, detok),
+                                     cast(Any, FakeEngines(FakeStage(log, "engine"), False)),
+                                     cast(Any, OneReplica()))
+        try:
+            add = asyncio.ensure_future(
+                servicer.answer(tpb.TokenizerRequest(seq=1, process=process)))
+            await detok.adding.wait()
+            await servicer.answer(tpb.TokenizerRequest(seq=2, abort=tpb.TokenizerAbort(
+                request_ids=["r"])))
+            detok.release.set()
+            return await add
+        finally:
+            servicer._executor.shutdown(wait=True)
+    answer = asyncio.run(run())
+    assert answer.error.code == grpc.StatusCode.CANCELLED.value[0]
+    assert log == ["engine.info", "detok.add", "detok.abort"]
