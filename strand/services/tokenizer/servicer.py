@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -102,38 +103,78 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def _read(self, request_iterator: AsyncIterator[tpb.TokenizerRequest],
                     answers: asyncio.Queue[tpb.TokenizerResponse | None]) -> None:
+        """Every message as soon as it is read: an abort is applied at once, an add is entered
+        (so that an abort finds it) and waits its turn to start, one a turn of the loop.
+
+        Started as read, a burst of adds ran one after the other (each tokenized and sent on
+        in its first turn) before the reader's next turn, and an abort read behind them found
+        its add already in the engine: hundreds of adds later, a cancelled request was taken
+        in and aborted there only after a step. Started one a turn, the reader (and the
+        link's socket) has its turn between any two adds: an abort overtakes the adds still
+        waiting, and its own is refused when its turn comes, neither tokenized nor sent on."""
+        loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[None]] = set()
+        waiting: deque[tuple[tpb.TokenizerRequest, Entering]] = deque()  # adds not begun
+        more = asyncio.Event()
+
+        def start(msg: tpb.TokenizerRequest, entry: Entering | None = None) -> None:
+            # Not cancelled with the stream: a request half-way into the stages finishes
+            # its way in (its gateway's departure then aborts it).
+            task = loop.create_task(self._answer_into(msg, answers, entry))
+            pending.add(task)
+            self._tasks.add(task)
+            task.add_done_callback(pending.discard)
+            task.add_done_callback(self._tasks.discard)
+
+        async def start_adds() -> None:
+            while True:
+                await more.wait()
+                while waiting:
+                    start(*waiting.popleft())
+                    await asyncio.sleep(0)  # the reader's turn: aborts read meanwhile apply
+                more.clear()
+
+        starter = loop.create_task(start_adds())
         try:
-            async for msg in request_iterator:
-                # Not cancelled with the stream: a request half-way into the stages finishes
-                # its way in (its gateway's departure then aborts it).
-                task = asyncio.get_running_loop().create_task(self._answer_into(msg, answers))
-                pending.add(task)
-                self._tasks.add(task)
-                task.add_done_callback(pending.discard)
-                task.add_done_callback(self._tasks.discard)
+            try:
+                async for msg in request_iterator:
+                    kind = msg.WhichOneof("kind")
+                    if kind == "abort":
+                        answers.put_nowait(self._abort_answer(msg))
+                    elif kind == "process":
+                        waiting.append((msg, self.entering.begin(msg.process.request_id)))
+                        more.set()
+                    else:
+                        start(msg)
+            finally:
+                starter.cancel()
+                while waiting:  # the stream ended: what was read still goes in (or is refused)
+                    start(*waiting.popleft())
             if pending:
                 await asyncio.wait(pending)
         finally:
             answers.put_nowait(None)
 
     async def _answer_into(self, msg: tpb.TokenizerRequest,
-                           answers: asyncio.Queue[tpb.TokenizerResponse | None]) -> None:
-        answers.put_nowait(await self.answer(msg))
+                           answers: asyncio.Queue[tpb.TokenizerResponse | None],
+                           entry: Entering | None = None) -> None:
+        answers.put_nowait(await self.answer(msg, entry))
 
-    async def answer(self, msg: tpb.TokenizerRequest) -> tpb.TokenizerResponse:
+    async def answer(self, msg: tpb.TokenizerRequest, entry: Entering | None = None
+                     ) -> tpb.TokenizerResponse:
+        """The answer to one message; entry: the add's, entered when it was read (None: entered
+        here)."""
         kind = msg.WhichOneof("kind")
         if kind in ("tokenize", "detokenize"):
             return await self._lookup(msg, kind)
         if kind == "abort":
-            self._abort(list(msg.abort.request_ids))
-            return tpb.TokenizerResponse(seq=msg.seq, added=tpb.AddedRequest())
+            return self._abort_answer(msg)
         req = msg.process
         parent = context_from_carrier(msg.trace_context)
         with server_span("strand.v1.Tokenizer/Process", parent,
                          {"gen_ai.request.id": req.request_id}) as span:
             try:
-                added = await self._add(req, dict(msg.trace_context))
+                added = await self._add(req, dict(msg.trace_context), entry)
             except Exception as exc:  # answered in-stream: the session stays open
                 span.set_attribute("error.message", str(exc))
                 span.set_attribute("error.type", status_of(exc)[0].name)
@@ -176,9 +217,12 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
         return pb.TokenizeResponse(tokens=ids, count=len(ids),
                                    max_model_len=self.processor.max_model_len, token_strs=strs)
 
-    async def _add(self, req: tpb.ProcessRequest, carrier: dict[str, str]) -> tpb.AddedRequest:
-        entry = self.entering.begin(req.request_id)
+    async def _add(self, req: tpb.ProcessRequest, carrier: dict[str, str],
+                   entry: Entering | None = None) -> tpb.AddedRequest:
+        if entry is None:
+            entry = self.entering.begin(req.request_id)
         try:
+            _refuse_if_aborted(entry)  # aborted while it waited its turn: nothing done yet
             return await self._add_entering(req, carrier, entry)
         finally:
             self.entering.end(req.request_id, entry)
@@ -254,6 +298,10 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
             await self._forget_in_detokenizer(req.request_id)
             raise added
         return children
+
+    def _abort_answer(self, msg: tpb.TokenizerRequest) -> tpb.TokenizerResponse:
+        self._abort(list(msg.abort.request_ids))
+        return tpb.TokenizerResponse(seq=msg.seq, added=tpb.AddedRequest())
 
     def _abort(self, request_ids: list[str]) -> None:
         """The gateway gave up on these while they were on their way in: those not yet sent on

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -20,6 +21,7 @@ from strand.services._proto.strand.v1 import engine_pb2 as epb
 from strand.services._proto.strand.v1 import tokenizer_pb2 as tpb
 from strand.services._proto.strand.v1 import types_pb2 as pb
 from strand.services.common.status import StageError
+from strand.services.tokenizer.engine_modes import EngineModes
 from strand.services.tokenizer.servicer import (
     INLINE_MAX_TEXT_CHARS,
     INLINE_MAX_TOKEN_IDS,
@@ -275,3 +277,101 @@ def test_an_abort_that_comes_while_a_manual_add_waits_for_the_detokenizer_refuse
     answer = asyncio.run(run())
     assert answer.error.code == grpc.StatusCode.CANCELLED.value[0]
     assert log == ["engine.info", "detok.add", "detok.abort"]
+
+
+def _process(request_id: str) -> tpb.ProcessRequest:
+    return tpb.ProcessRequest(request_id=request_id, origin="gw", prompt=pb.Prompt(
+        token_ids=pb.TokenIds(ids=[5, 6, 7])), params=pb.SamplingParams(max_tokens=3))
+
+
+@pytest.mark.parametrize("which", [0, 9])
+def test_an_abort_read_behind_a_burst_of_adds_overtakes_its_add(
+        tiny_model_dir: Path, which: int) -> None:
+    """A burst of adds and, behind them on the stream, an abort of one: the abort applies as it
+    is read, and its add is refused when its turn comes, neither tokenized nor sent on (issue
+    54: started as read, every add of the burst ran before the abort, which then found its add
+    in the engine and followed it there, aborted only after a step)."""
+    log: list[str] = []
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
+    ids = [f"r{i}" for i in range(10)]
+
+    async def run() -> dict[int, tpb.TokenizerResponse]:
+        servicer = TokenizerServicer(processor, cast(Any, FakeStage(log, "detok")),
+                                     cast(Any, FakeEngines(FakeStage(log, "engine"), True)),
+                                     cast(Any, OneReplica()))
+        answered = asyncio.Event()
+
+        async def stream() -> AsyncIterator[tpb.TokenizerRequest]:
+            for seq, rid in enumerate(ids, 1):
+                yield tpb.TokenizerRequest(seq=seq, process=_process(rid))
+            yield tpb.TokenizerRequest(seq=99, abort=tpb.TokenizerAbort(
+                request_ids=[ids[which]]))
+            await answered.wait()
+
+        answers: dict[int, tpb.TokenizerResponse] = {}
+        try:
+            session = servicer.Session(stream(), cast(Any, None))
+            async for answer in session:
+                answers[answer.seq] = answer
+                if len(answers) == len(ids) + 1:
+                    answered.set()
+        finally:
+            servicer._executor.shutdown(wait=True)
+        return answers
+    answers = asyncio.run(run())
+    refused = answers[which + 1]
+    assert refused.error.code == grpc.StatusCode.CANCELLED.value[0]
+    assert answers[99].HasField("added")
+    assert all(answers[seq].HasField("added") for seq in range(1, 11) if seq != which + 1)
+    # Nothing of it reached the engine or the detokenizer, so nothing to abort there.
+    assert f"children={ids[which]}" not in log
+    assert log.count("engine.add") == log.count("detok.add") == len(ids) - 1
+    assert "engine.abort" not in log
+
+
+def test_the_adds_waiting_for_a_replicas_mode_share_one_getinfo(tiny_model_dir: Path) -> None:
+    """A burst of adds after a start asks the mode once, not once per add (under load each
+    GetInfo took 30-130 ms and loaded the engine); the answer is remembered."""
+    log: list[str] = []
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
+
+    async def run() -> list[tpb.TokenizerResponse]:
+        engines = GatedEngines(FakeStage(log, "engine"), True)
+        servicer = TokenizerServicer(processor, cast(Any, FakeStage(log, "detok")),
+                                     cast(Any, engines), cast(Any, OneReplica()))
+        try:
+            adds = [asyncio.ensure_future(servicer.answer(
+                tpb.TokenizerRequest(seq=i, process=_process(f"r{i}")))) for i in range(8)]
+            await engines.asked.wait()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            engines.release.set()
+            answers = list(await asyncio.gather(*adds))
+            answers.append(await servicer.answer(
+                tpb.TokenizerRequest(seq=9, process=_process("r9"))))
+            return answers
+        finally:
+            servicer._executor.shutdown(wait=True)
+    answers = asyncio.run(run())
+    assert all(a.HasField("added") for a in answers)
+    assert log.count("engine.info") == 1
+    assert log.count("engine.add") == 9
+
+
+def test_a_mode_asked_before_the_replica_left_the_rotation_is_not_remembered(
+        tiny_model_dir: Path) -> None:
+    """A restart may change the mode: the answer to a GetInfo under way when the replica left
+    the rotation serves the adds that waited for it, and the next add asks again."""
+    log: list[str] = []
+
+    async def run() -> tuple[bool, bool]:
+        engines = GatedEngines(FakeStage(log, "engine"), True)
+        modes = EngineModes(cast(Any, engines))
+        first = asyncio.ensure_future(modes.auto_step("e"))
+        await engines.asked.wait()
+        for listener in engines.listeners:
+            listener("e", False)
+        engines.release.set()
+        return await first, await modes.auto_step("e")
+    assert asyncio.run(run()) == (True, True)
+    assert log.count("engine.info") == 2
