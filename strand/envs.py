@@ -120,6 +120,12 @@ def huge_page_weights() -> bool:
     return os.environ.get("STRAND_HUGE_PAGE_WEIGHTS", "1") != "0"
 
 
+def keep_dense_weights() -> bool:
+    """STRAND_KEEP_DENSE_WEIGHTS: 1 keeps float32 weights' dense copy beside their panels, for the
+    few-row kernel (A/B runs; twice the memory). Default off: the panels are the only copy."""
+    return os.environ.get("STRAND_KEEP_DENSE_WEIGHTS", "0") == "1"
+
+
 def cpu_bind() -> str:
     """STRAND_CPU_BIND: "off" never spreads the OpenMP team over CPUs after an idle gap;
     "auto" does. Default "auto"."""

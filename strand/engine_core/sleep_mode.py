@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from strand.engine_core.errors import EngineSleepingError
-from strand.engine_core.model_executor.layers.linear import pack_linear_weights
-from strand.engine_core.model_executor.layers.weight_arena import gather_decode_weights
+from strand.engine_core.model_executor.layers.cpu_weights import prepare_cpu_weights
 from strand.engine_core.model_executor.loader import load_model
 from strand.engine_core.model_executor.model_runner import ModelRunner
 
@@ -74,8 +73,7 @@ class SleepState:
         if self.level == 2:
             runner.model = load_model(runner.model_config, runner.device)
             if runner.device.type == "cpu":
-                pack_linear_weights(runner.model)
-                gather_decode_weights(runner.model)
+                prepare_cpu_weights(runner.model)
             return
         for name, tensor in _tensors(runner.model):
             host = self._host.pop(name, None)

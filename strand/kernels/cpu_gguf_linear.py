@@ -158,7 +158,7 @@ def gguf_linear(x: torch.Tensor, packed: torch.Tensor, qtype: int, in_features: 
     """x @ w.T + bias for any number of rows, in x's dtype: [M, K] -> [M, N]. On CUDA up to
     gguf_linear_triton.MAX_M rows take the Triton kernel over the packed blocks."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    if 0 < rows <= triton_max_m() and _triton.runs_triton(x):
+    if _triton.runs_triton(x) and 0 < rows <= triton_max_m():  # on CPU Triton is not imported
         from strand.kernels.gguf_linear_triton import gguf_linear_triton
 
         return gguf_linear_triton(x, packed, qtype, bias)

@@ -21,11 +21,13 @@ def _layers_take(monkeypatch: pytest.MonkeyPatch, triton: bool) -> list[str]:
     launched: list[str] = []
     monkeypatch.setattr(cpu_elementwise, "applies", lambda *tensors: False)
     monkeypatch.setattr(_triton, "runs_triton", lambda t: triton)
-    for module, name in (("strand.engine_core.model_executor.layers.rms_norm", "triton_rms_norm"),
-                         ("strand.engine_core.model_executor.layers.rotary_embedding", "apply_rotary")):
+    # The layers import their Triton kernels when they first take them (no Triton import on a
+    # CPU): the kernels' own modules are where a call is seen.
+    for module, name, label in (("strand.kernels.rms_norm", "rms_norm", "triton_rms_norm"),
+                                ("strand.kernels.rotary", "apply_rotary", "apply_rotary")):
         real = getattr(__import__(module, fromlist=[name]), name)
 
-        def recording(*args: object, _real=real, _name=name, **kwargs: object) -> object:  # type: ignore[no-untyped-def]
+        def recording(*args: object, _real=real, _name=label, **kwargs: object) -> object:  # type: ignore[no-untyped-def]
             launched.append(_name)
             return _real(*args, **kwargs)
 

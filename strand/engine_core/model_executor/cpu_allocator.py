@@ -46,3 +46,15 @@ def tune_cpu_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 <<
         logger.info("glibc malloc: large blocks kept in the heap (mmap threshold %d MiB)",
                     mmap_threshold >> 20)
     return ok
+
+
+def trim_heap() -> None:
+    """Hands the heap's free pages back to the system (glibc; elsewhere a no-op): after
+    loading, what loading freed (staging rows, the copies the packed layouts replaced) would
+    otherwise stay in the process, as the trim threshold above keeps it."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

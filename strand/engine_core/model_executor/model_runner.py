@@ -38,8 +38,7 @@ from strand.engine_core.model_executor.decode_graphs import DecodeGraphRunner
 from strand.engine_core.model_executor.input_batch import CachedRequestState, InputBatch
 from strand.engine_core.model_executor.kv_cache_setup import KVCacheSetup
 from strand.engine_core.model_executor.kv_cache_sizing import with_cache_dtype
-from strand.engine_core.model_executor.layers.linear import pack_linear_weights
-from strand.engine_core.model_executor.layers.weight_arena import gather_decode_weights
+from strand.engine_core.model_executor.layers.cpu_weights import prepare_cpu_weights
 from strand.engine_core.model_executor.loader import load_model, resolve_device
 from strand.engine_core.model_executor.model_config import ModelConfig
 from strand.engine_core.model_executor.runner_helpers import check_schedule, spread_logprobs
@@ -126,10 +125,9 @@ class ModelRunner(KVCacheSetup):
         if self.device.type == "cpu":
             # The packed weight layout (float32 panels or oneDNN's blocks), made once here instead
             # of in every call.
-            packed = pack_linear_weights(self.model)
+            packed = prepare_cpu_weights(self.model)
             logger.info("packed %d linear weights (float32: %s)", packed,
                         "Strand's panels" if cpu_linear_panels.chosen() else "oneDNN's blocks")
-            gather_decode_weights(self.model)  # on 2 MiB pages, in a decode step's read order
         self.lora_manager: LoRAManager | None = None
         if lora_config is not None:
             self.lora_manager = LoRAManager(

@@ -15,25 +15,38 @@
 // through the caches, every Python object and torch dispatch path is a cache miss. Here the
 // checks are loops over M <= kMaxDecodeRows rows and the embedding is M row copies.
 
+namespace {
+// Float32 panels [P, H, W] holding `vocab` rows of H values (linear_panels.cpp's layout).
+bool panels_of(const at::Tensor& t, int64_t H, int64_t vocab) {
+  return t.dim() == 3 && t.size(1) == H && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+         vocab > (t.size(0) - 1) * t.size(2) && vocab <= t.size(0) * t.size(2);
+}
+}  // namespace
+
 void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w,
-                           int64_t qtype, double eps) {
+                           int64_t qtype, double eps, int64_t vocab, int64_t head_rows) {
   STRAND_CHECK(!layers_.empty(), "set_ends() after the layers");
   const auto dtype = layers_[0].input_norm.scalar_type();
-  STRAND_CHECK(embedding.dim() == 2 && embedding.size(1) == hidden_ &&
-                  embedding.scalar_type() == dtype && embedding.is_contiguous(),
-              "the embedding table must be a contiguous [vocab, ", hidden_,
-              "] tensor in the layers' dtype");
+  STRAND_CHECK((embedding.dim() == 2 && embedding.size(0) == vocab &&
+                embedding.size(1) == hidden_ && embedding.scalar_type() == dtype &&
+                embedding.is_contiguous()) ||
+                   (dtype == at::kFloat && panels_of(embedding, hidden_, vocab)),
+              "the embedding table must be a contiguous [", vocab, ", ", hidden_,
+              "] tensor in the layers' dtype, or float32 panels of it");
   STRAND_CHECK(norm.dim() == 1 && norm.size(0) == hidden_ && norm.scalar_type() == dtype,
               "the final norm must be ", hidden_, " values in the layers' dtype");
-  STRAND_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(1) == hidden_ &&
-                             head_w.scalar_type() == dtype),
-              "a dense lm_head must be [vocab, ", hidden_, "] in the layers' dtype");
+  STRAND_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(0) == head_rows &&
+                             head_w.size(1) == hidden_ && head_w.scalar_type() == dtype) ||
+                  (dtype == at::kFloat && panels_of(head_w, hidden_, head_rows)),
+              "a dense lm_head must be [", head_rows, ", ", hidden_,
+              "] in the layers' dtype, or float32 panels of it");
+  STRAND_CHECK(qtype == 0 || head_w.size(0) * (head_w.dim() == 3 ? 16 : 1) == head_rows,
+              "the GGUF lm_head's rows must be ", head_rows);
   // One row through the kernel checks the weight as each call of it would (its shape against
   // hidden, a GGUF type's block size); the phased step's tiles are not checked per call.
-  const int64_t V = head_w.size(0) * (qtype != 0 && head_w.dim() == 3 ? 16 : 1);
-  strand::project(at::empty({1, V}, norm.options()), at::zeros({1, hidden_}, norm.options()),
-                  head_w, c10::nullopt, qtype);
-  head_ = {embedding, norm, head_w, at::Tensor(), qtype, eps};
+  strand::project(at::empty({1, head_rows}, norm.options()),
+                  at::zeros({1, hidden_}, norm.options()), head_w, c10::nullopt, qtype);
+  head_ = {embedding, norm, head_w, at::Tensor(), qtype, eps, vocab, head_rows};
 }
 
 namespace {
@@ -63,8 +76,8 @@ void DecodeStack::check_step(const at::Tensor& input_ids, const at::Tensor& posi
   STRAND_CHECK(!kv_caches.empty() && kv_caches[0].dim() == 5,
               "kv caches are [2, blocks, block_size, kv_heads, head_dim]");
   const int64_t blocks = kv_caches[0].size(1), block_size = kv_caches[0].size(2);
-  check_range(first_rows<int64_t>(input_ids, M, at::kLong, "input_ids"), M, 0,
-              head_.embedding.size(0), "input_ids", "the vocabulary");
+  check_range(first_rows<int64_t>(input_ids, M, at::kLong, "input_ids"), M, 0, head_.vocab,
+              "input_ids", "the vocabulary");
   check_range(first_rows<int64_t>(positions, M, at::kLong, "positions"), M, 0,
               cos_sin_.size(0), "positions", "the rotary table's rows");
   check_range(first_rows<int64_t>(slots, M, at::kLong, "slot_mapping"), M, 0,
@@ -88,10 +101,20 @@ at::Tensor DecodeStack::logits(at::Tensor input_ids, at::Tensor positions,
   at::Tensor hidden = at::empty({M, hidden_}, opts);
   const int64_t row_bytes = hidden_ * hidden.element_size();
   const int64_t* ids = input_ids.data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(static_cast<char*>(hidden.data_ptr()) + m * row_bytes,
-                static_cast<const char*>(head_.embedding.data_ptr()) + ids[m] * row_bytes,
-                row_bytes);
+  if (head_.embedding.dim() == 3) {  // float32 panels: row r is column r % W of panel r / W
+    const int64_t W = head_.embedding.size(2);
+    const float* table = head_.embedding.data_ptr<float>();
+    float* rows = hidden.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m) {
+      const float* column = table + ids[m] / W * hidden_ * W + ids[m] % W;
+      for (int64_t k = 0; k < hidden_; ++k) rows[m * hidden_ + k] = column[k * W];
+    }
+  } else {
+    for (int64_t m = 0; m < M; ++m)
+      std::memcpy(static_cast<char*>(hidden.data_ptr()) + m * row_bytes,
+                  static_cast<const char*>(head_.embedding.data_ptr()) + ids[m] * row_bytes,
+                  row_bytes);
+  }
   at::Tensor out = at::empty({M, vocab_size()}, opts);
   std::lock_guard<std::mutex> lock(mutex_);
   run(hidden, positions, kv_caches, slots, block_table, seq_lens, &out);

@@ -27,7 +27,9 @@
 void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
                      const c10::optional<at::Tensor>& b, int64_t qtype) {
   const int64_t M = x.size(0);
-  if (qtype == 0) {
+  if (qtype == 0 && w.dim() == 3) {  // float32 panels, the layer's only copy: any rows
+    linear_panels(out, x, w, b);
+  } else if (qtype == 0) {
     if (M <= kSmallRows)
       linear_small(out, x, w, b);
     else
@@ -128,9 +130,12 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
                             std::vector<int64_t> qtypes) {
   STRAND_CHECK(qtypes.size() == 4, "add_layer takes 4 qtypes (qkv, o, gate_up, down)");
   // A packed GGUF gate_up weight is [rows, bytes a row], or [rows / 16, ...] regrouped into
-  // 16-row tiles (gguf_tiled.cpp): its row count is still 2 I.
+  // 16-row tiles (gguf_tiled.cpp): its row count is still 2 I. Float32 panels (qtype 0, 3-D)
+  // are padded to whole panels: there I is down's input length.
   const int64_t H = input_norm.size(0);
-  const int64_t I = gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
+  const int64_t I = qtypes[2] == 0 && gate_up_w.dim() == 3
+                        ? down_w.size(1)
+                        : gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
   STRAND_CHECK(layers_.empty() || (H == hidden_ && I == intermediate_),
               "every layer must have the first one's hidden and intermediate sizes");
   hidden_ = H;

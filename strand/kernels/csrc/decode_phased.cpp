@@ -10,6 +10,7 @@
 #include "claim_chunks.h"
 #include "decode_stack.h"
 #include "gguf_tiled.h"
+#include "linear_panels.h"
 #include "linear_small.h"
 
 // A decode step over GGUF-tiled weights, or dense float32/bfloat16 ones, as one OpenMP parallel
@@ -74,10 +75,11 @@ void wait_done(const Counter& c, int64_t chunks) {
   }
 }
 
-// The units a product's chunks are made of: 16-row tiles of a GGUF weight, groups of
-// kSmallUnit rows of a dense one.
+// The units a product's chunks are made of: 16-row tiles of a GGUF weight, panels of a
+// panel-packed float32 one (3-D), groups of kSmallUnit rows of a dense one.
 int64_t units_of(const at::Tensor& w, bool dense) {
-  return dense ? (w.size(0) + strand::kSmallUnit - 1) / strand::kSmallUnit : w.size(0);
+  return dense && w.dim() == 2 ? (w.size(0) + strand::kSmallUnit - 1) / strand::kSmallUnit
+                               : w.size(0);
 }
 
 // q_dense [M, Q] = the first Q values of each qkv row: a plain copy, as an ATen op here (off the
@@ -155,6 +157,10 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
       const int64_t units = more ? projection_units(W, proj, w) : units_of(w, dense);
       const int64_t n = chunks[kind];
       const int64_t u0 = strand::chunk_begin(units, n, i), u1 = strand::chunk_begin(units, n, i + 1);
+      if (dense && w.dim() == 3) {  // float32 panels: x as it is (small_prepare keeps float32)
+        strand::panels_rows(out, static_cast<const float*>(xd.data), xd.M, w, bias, u0, u1);
+        return;
+      }
       if (dense) {
         strand::small_rows(out, xd, w, bias, u0 * strand::kSmallUnit,
                            std::min(w.size(0), u1 * strand::kSmallUnit));

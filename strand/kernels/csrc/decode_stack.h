@@ -37,10 +37,13 @@ class DecodeStack {
                                   std::vector<at::Tensor> kv_caches, at::Tensor slots,
                                   at::Tensor block_table, at::Tensor seq_lens);
   // The model's ends, for logits(): the token embedding table ([vocab, H] in the layers'
-  // dtype), the final norm, and the lm_head: head_w dense ([V, H] in the layers' dtype, qtype 0)
-  // or GGUF blocks (rows, or 16-row tiles; qtype its GGML type).
+  // dtype, or float32 panels [P, H, W] of a tied head's only copy), the final norm, and the
+  // lm_head: head_w dense ([V, H] in the layers' dtype, or float32 panels [P, H, W]; qtype 0)
+  // or GGUF blocks (rows, or 16-row tiles; qtype its GGML type). vocab and head_rows: the
+  // table's rows and the head's (V, or a classifier's labels), which panels, padded to whole
+  // panels, do not tell.
   void set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w, int64_t qtype,
-                double eps);
+                double eps, int64_t vocab, int64_t head_rows);
   // The packed copies of the weights (strand/kernels/cpu_linear.py's pack_weight: float32 panels for
   // linear_panels, or mkldnn::_linear_pointwise's copies), 4 a layer (qkv, o, gate_up, down) and the lm_head's where set_ends() was
   // called: a decode batch of more than kSmallRows rows then runs its products through them, as
@@ -81,13 +84,12 @@ class DecodeStack {
 
  private:
   // The lm_head's rows: a GGUF weight's first dimension counts rows, or tiles of 16 of them.
-  int64_t vocab_size() const {
-    return head_.w.size(0) * (head_.qtype != 0 && head_.w.dim() == 3 ? 16 : 1);
-  }
+  int64_t vocab_size() const { return head_.rows; }
   struct Head {
     at::Tensor embedding, norm, w, batch_w;
     int64_t qtype = 0;
     double eps = 0;
+    int64_t vocab = 0, rows = 0;  // the embedding table's rows, the head's
   };
   Buffers& buffers(int64_t M, const at::TensorOptions& opts);
   // b.q, b.k and b.v as views of b.qkv's rows.

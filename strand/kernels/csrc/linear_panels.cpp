@@ -1,5 +1,6 @@
 #include "check.h"
 #include "kernels.h"
+#include "linear_panels.h"
 
 #include <algorithm>
 #include <cstring>
@@ -116,6 +117,21 @@ void rows(const float* x, int64_t m0, int64_t m1, int64_t K, const float* panel,
 }  // namespace
 
 int64_t linear_panel_width() { return kPanel; }
+
+void strand::panels_rows(at::Tensor& out, const float* x, int64_t M, const at::Tensor& panels,
+                         const c10::optional<at::Tensor>& bias, int64_t p0, int64_t p1) {
+  const int64_t K = panels.size(1), N = out.size(1);
+  const float* pp = panels.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* panel = pp + p * K * kPanel;
+    const char* pf = p + 1 < p1 ? reinterpret_cast<const char*>(panel + K * kPanel) : nullptr;
+    const int cols = (int)std::min<int64_t>(kPanel, N - p * kPanel);
+    rows(x, 0, M, K, panel, bp == nullptr ? nullptr : bp + p * kPanel, op + p * kPanel, N, cols,
+         pf);
+  }
+}
 
 void pack_panels(at::Tensor panels, at::Tensor weight) {
   STRAND_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),

@@ -185,19 +185,53 @@ def test_the_stack_gives_logits_from_token_ids_once_it_holds_the_ends() -> None:
         stack.logits(*step)
     table = torch.linspace(-2.0, 3.0, 5 * 16).view(5, 16)
     with pytest.raises(RuntimeError, match="final norm must be 16 values"):
-        stack.set_ends(table, torch.ones(8), torch.zeros(10, 16), 0, 1e-6)
-    with pytest.raises(RuntimeError, match=r"embedding table must be a contiguous \[vocab, 16\]"):
-        stack.set_ends(table[:, :8], torch.ones(16), torch.zeros(10, 16), 0, 1e-6)
-    with pytest.raises(RuntimeError, match=r"dense lm_head must be \[vocab, 16\]"):
-        stack.set_ends(table, torch.ones(16), torch.zeros(10, 8), 0, 1e-6)
+        stack.set_ends(table, torch.ones(8), torch.zeros(10, 16), 0, 1e-6, 5, 10)
+    with pytest.raises(RuntimeError, match=r"embedding table must be a contiguous \[5, 16\]"):
+        stack.set_ends(table[:, :8], torch.ones(16), torch.zeros(10, 16), 0, 1e-6, 5, 10)
+    with pytest.raises(RuntimeError, match=r"dense lm_head must be \[10, 16\]"):
+        stack.set_ends(table, torch.ones(16), torch.zeros(10, 8), 0, 1e-6, 5, 10)
     with pytest.raises(RuntimeError, match="Q4_1=3"):  # a GGML type the kernels do not take
-        stack.set_ends(table, torch.ones(16), torch.zeros(10, 18, dtype=torch.uint8), 11, 1e-6)
-    stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6)
+        stack.set_ends(table, torch.ones(16), torch.zeros(10, 18, dtype=torch.uint8), 11, 1e-6, 5, 10)
+    stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6, 5, 10)
     # Zero projections: every layer adds 0 to the residual stream (token 3's embedding row),
     # which the final norm (weight 2) scales and the lm_head's identity rows take 10 values of.
     hidden = table[3:4]
     want = 2.0 * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(stack.logits(*step), want[:, :10])
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_the_stack_reads_a_tied_heads_panels_as_its_embedding_table_and_its_head(
+        rows: int) -> None:
+    """Float32 panels as the only copy (layers/linear.py): the embedding rows gathered from
+    them and the head's product on them give what the dense table and head give."""
+    import torch
+
+    if not cpu_linear_panels.chosen():
+        pytest.skip("no float32 panels on this CPU level")
+    table = torch.linspace(-2.0, 3.0, 10 * 16).view(10, 16)
+    panels = cpu_linear_panels.pack(table)
+    step = (torch.tensor([3, 9, 0, 4, 4, 7][:rows]), torch.zeros(rows, dtype=torch.int64),
+            [torch.zeros(2, 2, 4, 1, 4)], torch.arange(rows),
+            torch.zeros(rows, 1, dtype=torch.int32), torch.ones(rows, dtype=torch.int32))
+    dense, packed = _one_layer_stack(), _one_layer_stack()
+    dense.set_ends(table, torch.full((16,), 2.0), table, 0, 1e-6, 10, 10)
+    with pytest.raises(RuntimeError, match=r"embedding table must be a contiguous \[100, 16\]"):
+        packed.set_ends(panels, torch.full((16,), 2.0), panels, 0, 1e-6, 100, 10)
+    packed.set_ends(panels, torch.full((16,), 2.0), panels, 0, 1e-6, 10, 10)
+    if rows > 4:
+        dense.set_batch_weights(_zero_panels(), cpu_linear_panels.pack(table))
+        packed.set_batch_weights(_zero_panels(), panels)
+    torch.testing.assert_close(packed.logits(*step), dense.logits(*step))
+    hidden = table[step[0]]
+    want = 2.0 * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) @ table.T
+    torch.testing.assert_close(packed.logits(*step), want, rtol=1e-5, atol=1e-4)
+
+
+def _zero_panels() -> list[torch.Tensor]:
+    """_one_layer_stack's four zero weights as panels."""
+    return [cpu_linear_panels.pack(torch.zeros(*shape))
+            for shape in ((16, 16), (16, 8), (64, 16), (16, 32))]
 
 
 def test_the_stack_takes_onednn_weights_for_batches_past_four_rows() -> None:
@@ -214,7 +248,7 @@ def test_the_stack_takes_onednn_weights_for_batches_past_four_rows() -> None:
     if cpu_linear.unavailable_reason(torch.float32) is not None:
         pytest.skip(f"oneDNN linear unavailable: {cpu_linear.unavailable_reason(torch.float32)}")
     table = torch.linspace(-2.0, 3.0, 5 * 16).view(5, 16)
-    stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6)
+    stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6, 5, 10)
     packed = [cpu_linear.pack_weight(w) for w in zeros]
     stack.set_batch_weights(packed, cpu_linear.pack_weight(torch.eye(10, 16)))
     # Six requests, one slot each: zero projections leave each token's embedding row, which the
@@ -242,6 +276,6 @@ def test_the_stack_refuses_a_step_index_out_of_range_before_any_kernel_reads_it(
     import torch
 
     stack = _one_layer_stack()
-    stack.set_ends(torch.zeros(5, 16), torch.ones(16), torch.zeros(10, 16), 0, 1e-6)
+    stack.set_ends(torch.zeros(5, 16), torch.ones(16), torch.zeros(10, 16), 0, 1e-6, 5, 10)
     with pytest.raises(ValueError, match=message):
         stack.logits(*_step(*step))

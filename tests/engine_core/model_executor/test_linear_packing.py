@@ -1,5 +1,6 @@
-"""Linear layers packed for oneDNN after loading: same outputs, dense copies released where
-nothing reads them; a few rows go to the few-row kernel, which reads the dense weight."""
+"""Linear layers packed for oneDNN or into float32 panels after loading: same outputs, dense
+copies released where nothing reads them; a few rows go to the few-row kernel, which reads the
+dense weight, or to the panels where they are the layer's only copy."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from strand.engine_core.model_executor.layers import linear as linear_layer
 from strand.engine_core.model_executor.layers.linear import Linear, pack_linear_weights
 from strand.engine_core.model_executor.loader import load_model
 from strand.engine_core.model_executor.model_config import load_model_config
-from strand.kernels import cpu_linear
+from strand.kernels import cpu_linear, cpu_linear_panels
 from strand.testing.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.skipif(cpu_linear.unavailable_reason() is not None,
@@ -54,18 +55,24 @@ def test_every_linear_is_packed_and_a_shared_weight_kept(tmp_path: Path, tied: b
         assert pack_linear_weights(model) == 0  # already packed: nothing to do
 
 
+@pytest.mark.parametrize("keep_dense", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 9])
-def test_a_few_rows_read_the_dense_weight_and_more_take_onednn(
-        monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int) -> None:
+def test_a_few_rows_read_the_dense_weight_or_the_panels_that_are_the_only_copy(
+        monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int,
+        keep_dense: bool) -> None:
     if not cpu_linear.small_m_applies(torch.empty(4, 4)):
         pytest.skip("CPU kernels not built")
+    monkeypatch.setenv("STRAND_KEEP_DENSE_WEIGHTS", "1" if keep_dense else "0")
     layer = Linear(75, 41, bias=True).to(dtype)  # not multiples of the vector width
     x = torch.randn(rows, 75).to(dtype)
+    # float32 panels serve every row count: they are the layer's only copy.
+    one_copy = dtype == torch.float32 and cpu_linear_panels.chosen() and not keep_dense
     with torch.inference_mode():
         want = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
         layer.pack(keep_dense=False)
-        assert layer.small_m and layer.weight.device.type == "cpu"
+        assert layer.panels_only == one_copy
+        assert layer.small_m == (layer.weight.device.type == "cpu") == (not one_copy)
         small_calls: list[int] = []
         real = linear_layer.linear_small
 
@@ -75,7 +82,7 @@ def test_a_few_rows_read_the_dense_weight_and_more_take_onednn(
 
         monkeypatch.setattr(linear_layer, "linear_small", counting_small)
         got = layer(x)
-    assert small_calls == ([rows] if 0 < rows <= cpu_linear.SMALL_M else [])
+    assert small_calls == ([rows] if 0 < rows <= cpu_linear.SMALL_M and not one_copy else [])
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * 4)
 

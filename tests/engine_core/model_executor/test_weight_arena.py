@@ -1,4 +1,5 @@
-"""The few-row kernel's weights gathered into one block of 2 MiB pages
+"""The weights a decode step reads (the few-row kernel's, or float32 panels that are their
+layer's only copy) gathered into one block of 2 MiB pages
 (strand/engine_core/model_executor/layers/weight_arena.py): the same values, shapes and parameters, in a
 decode step's read order, the same outputs; the block is 2 MiB aligned and eligible for huge
 pages where the kernel offers them."""
@@ -56,32 +57,45 @@ def test_a_block_is_2mib_aligned_zeroed_and_advised_for_huge_pages() -> None:
         weight_arena.huge_page_block(0)
 
 
+def _read_by_decode(m: Linear) -> torch.Tensor | None:
+    """The copy of m's weight a decode step reads: dense for the few-row kernel, or float32
+    panels that are the layer's only copy."""
+    return m.weight if m.small_m else m.packed if m.panels_only else None
+
+
 @pytest.mark.skipif(not cpu_linear.small_m_applies(torch.empty(4, 4)),
                     reason="CPU kernels not built")
+@pytest.mark.parametrize("keep_dense", [False, True])
 @pytest.mark.parametrize("tied", [False, True])
-def test_gathered_weights_keep_values_parameters_and_outputs(tmp_path: Path, tied: bool) -> None:
+def test_gathered_weights_keep_values_parameters_and_outputs(
+        tmp_path: Path, tied: bool, keep_dense: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRAND_KEEP_DENSE_WEIGHTS", "1" if keep_dense else "0")
     model_dir = make_tiny_model(tmp_path / "m", tie_word_embeddings=tied)
     model = load_model(load_model_config(str(model_dir), "float32"), torch.device("cpu"))
     pack_linear_weights(model)
-    linears = [m for m in model.modules() if isinstance(m, Linear) and m.small_m]
-    params = list(dict.fromkeys(m.weight for m in linears))  # module order, each once
-    values = [p.detach().clone() for p in params]
+    linears = [m for m in model.modules()
+               if isinstance(m, Linear) and _read_by_decode(m) is not None]
+    read = list(dict.fromkeys(_read_by_decode(m) for m in linears))  # module order, each once
+    assert read, "nothing a decode step reads"
+    values = [t.detach().clone() for t in read]
+    params = [m.weight for m in linears if m.small_m]
     ids = torch.tensor([[1], [5], [9]])
     with torch.inference_mode():
         before = [model.compute_logits(model.model.embed_tokens(i)) for i in ids]
     total = weight_arena.gather_decode_weights(model)
-    assert total >= sum(p.numel() * 4 for p in params)
-    starts = [p.data_ptr() for p in params]
+    assert total >= sum(t.numel() * 4 for t in read)
+    moved = list(dict.fromkeys(_read_by_decode(m) for m in linears))
+    starts = [t.data_ptr() for t in moved]
     assert starts == sorted(starts)  # the read order: layer by layer, the lm_head last
     assert starts[0] % weight_arena.HUGE_PAGE == 0
     assert starts[-1] - starts[0] < total
-    for m in linears:
-        assert isinstance(m.weight, torch.nn.Parameter) and any(m.weight is p for p in params)
-    for p, v in zip(params, values, strict=True):
-        assert torch.equal(p, v)
+    for m in linears:  # a dense weight stays the same Parameter, only its data moved
+        assert not m.small_m or any(m.weight is p for p in params)
+    for t, v in zip(moved, values, strict=True):
+        assert torch.equal(t, v)
     lm_head: Any = model.lm_head
     assert (lm_head.weight is model.model.embed_tokens.weight) == tied
-    with torch.inference_mode():  # one row a call: the few-row kernel, on the moved weights
+    with torch.inference_mode():  # one row a call, on the moved weights
         after = [model.compute_logits(model.model.embed_tokens(i)) for i in ids]
     for a, b in zip(after, before, strict=True):
         assert torch.equal(a, b)

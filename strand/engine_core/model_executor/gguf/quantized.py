@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from strand.engine_core.model_executor.cpu_allocator import trim_heap
 from strand.engine_core.model_executor.gguf.tensor_table import read_tensors
 from strand.engine_core.model_executor.gguf.tensors import hf_name, unpermute
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
@@ -154,12 +155,16 @@ def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[
     return plan
 
 
+# Bytes of the file's rows let go between two trims of the heap (apply_packed).
+_TRIM_EVERY = 64 << 20
+
+
 def apply_packed(plan: list[Packing]) -> int:
     """Replaces each planned layer (its bias, if any, loaded by then) by a GGUFLinear over the
     file's blocks; returns how many were replaced."""
     kinds: Counter[str] = Counter()
     sources: Counter[str] = Counter()
-    float_bytes = packed_bytes = 0
+    float_bytes = packed_bytes = untrimmed = 0
     for p in plan:
         old = cast(Linear, p.layer)
         (first, qtype), more = p.parts[0], p.parts[1:]
@@ -167,7 +172,17 @@ def apply_packed(plan: list[Packing]) -> int:
         kinds["+".join(NAMES[q] for _, q in p.parts)] += 1
         sources.update(p.sources)
         float_bytes += old.weight.numel() * old.weight.element_size()
-        packed_bytes += sum(blocks.numel() for blocks, _ in p.parts)
+        layer_bytes = sum(blocks.numel() for blocks, _ in p.parts)
+        packed_bytes += layer_bytes
+        # The file's rows, regrouped into tiles by GGUFLinear on CPU, are let go layer by layer
+        # and their pages handed back as loading proceeds: the blocks are never held twice.
+        del first, more
+        p.parts = []
+        untrimmed += layer_bytes
+        if untrimmed >= _TRIM_EVERY:
+            trim_heap()
+            untrimmed = 0
+    trim_heap()
     if kinds:
         logger.info("kept %d linear weights packed (%s; from the file's %s): %.1f MB instead "
                     "of %.1f MB", sum(kinds.values()),

@@ -5,11 +5,16 @@ where oneDNN has no bfloat16 kernels) on an AVX2 or AVX-512 CPU Strand's own GEM
 decode batch of up to BATCH_M rows the dense kernel of strand/kernels/cpu_linear_batch.py.
 
 After loading, `pack_linear_weights` gives each layer a packed copy of its weight (oneDNN's
-blocked one, or the panels), made once instead of on every call. The dense weight stays where
-the few-row kernel reads it (decode steps of up to SMALL_M requests: a read of the weights, 1.6x
-oneDNN's speed at one row), or where another module shares it, as a tied lm_head shares the
-embedding table; else it is released, so memory stays what it was. Keeping both costs the weights' size once more: the price of decode
-speed at small batches.
+blocked one, or the panels), made once instead of on every call, and the packed copy becomes
+the only one wherever it can serve every row count:
+- float32 panels: their kernel at one to four rows reads the weights as fast as the few-row
+  kernel reads the dense ones (each panel one contiguous stream), so the dense weight is
+  released. A tied lm_head's panels serve the embedding table too (layers/embedding.py).
+- oneDNN's blocked copy (bfloat16 with native kernels) and the float32 copy of bfloat16 weights
+  (AVX2): the dense weight stays where the few-row kernel reads it (decode steps of up to
+  SMALL_M requests, 1.6x oneDNN's speed at one row), at the price of a second copy.
+STRAND_KEEP_DENSE_WEIGHTS=1 keeps the float32 dense copy too (A/B runs). A weight another module
+shares keeps its dense copy.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strand.kernels import cpu_linear_batch
+from strand import envs
+from strand.engine_core.model_executor.cpu_allocator import trim_heap
+from strand.kernels import cpu_linear_batch, cpu_linear_panels
 from strand.kernels.cpu_linear import (
     SMALL_M,
     linear,
@@ -58,20 +65,52 @@ class Linear(nn.Linear):
         if packed is None:
             return False
         self.packed = packed
-        if not keep_dense and not self.small_m:
-            # An empty meta tensor keeps the attribute (and in/out features) without the bytes.
-            self.weight = nn.Parameter(torch.empty(0, device="meta", dtype=self.weight.dtype),
-                                       requires_grad=False)
+        if keep_dense:
+            return True
+        if self.panels_serve_all(packed):
+            self.small_m = False  # every row count on the panels: the dense copy goes
+        if not self.small_m:
+            self.drop_dense()
         return True
+
+    def panels_serve_all(self, packed: torch.Tensor) -> bool:
+        """Whether `packed` is float32 panels of this float32 weight (their kernel takes every
+        row count as fast as the dense kernels) and the dense copy is not asked to stay."""
+        return (cpu_linear_panels.is_panels(packed) and packed.dtype == self.weight.dtype
+                and not envs.keep_dense_weights())
+
+    def drop_dense(self) -> None:
+        """Releases the dense weight; an empty meta tensor keeps the attribute (and its dtype)
+        without the bytes."""
+        self.small_m = False
+        self.weight = nn.Parameter(torch.empty(0, device="meta", dtype=self.weight.dtype),
+                                   requires_grad=False)
+
+    @property
+    def panels_only(self) -> bool:
+        """The float32 panels are this layer's only copy of its weight."""
+        return (self.packed is not None and cpu_linear_panels.is_panels(self.packed)
+                and self.weight.is_meta)
+
+
+# Bytes of dense weights released between two trims of the heap while packing.
+_TRIM_EVERY = 64 << 20
 
 
 def pack_linear_weights(model: nn.Module) -> int:
-    """Packs every Linear of an inference model; returns how many were packed."""
+    """Packs every Linear of an inference model; returns how many were packed. The heap pages
+    the released dense weights leave go back to the system as packing proceeds, so the
+    weights are never held twice over (peak RSS), only the last _TRIM_EVERY bytes of them."""
     uses: dict[int, int] = {}
     for _, param in model.named_parameters(remove_duplicate=False):
         uses[param.data_ptr()] = uses.get(param.data_ptr(), 0) + 1
-    packed = 0
+    packed = released = 0
     for module in model.modules():
         if isinstance(module, Linear) and module.packed is None:
+            before = module.weight.numel() * module.weight.element_size()
             packed += module.pack(keep_dense=uses.get(module.weight.data_ptr(), 0) > 1)
+            released += before if module.weight.is_meta else 0
+            if released >= _TRIM_EVERY:
+                trim_heap()
+                released = 0
     return packed

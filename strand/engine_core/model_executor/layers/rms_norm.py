@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from strand.kernels import _triton, cpu_elementwise
-from strand.kernels.rms_norm import rms_norm as triton_rms_norm
 from strand.kernels.rms_norm_ref import rms_norm_ref
 
 
@@ -46,5 +45,8 @@ class RMSNorm(nn.Module):
             return cpu_elementwise.rms_norm(x, self.weight, self.eps, residual,
                                             in_place=in_place)
         if _triton.runs_triton(x):
+            # Imported here: importing Triton costs ~80 MB of memory, which a CPU process spares.
+            from strand.kernels.rms_norm import rms_norm as triton_rms_norm
+
             return triton_rms_norm(x, self.weight, self.eps, residual)
         return rms_norm_ref(x, self.weight, self.eps, residual)

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from strand.kernels import _triton, cpu_elementwise
-from strand.kernels.rotary import apply_rotary
 
 
 def rope_inv_freq(head_dim: int, theta: float,
@@ -82,6 +81,8 @@ class RotaryEmbedding(nn.Module):
             return query, key
         if _triton.runs_triton(query) and query.stride(-1) == 1 and key.stride(-1) == 1:
             # One launch for q and k (strand/kernels/rotary.py); torch's path makes a dozen.
+            from strand.kernels.rotary import apply_rotary  # here: Triton only where it runs
+
             return apply_rotary(query, key, positions, self.cos_sin, is_neox=True)
         cos, sin = self.cos_sin[positions].to(query.dtype).unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)

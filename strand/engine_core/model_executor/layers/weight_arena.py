@@ -12,29 +12,29 @@ in the same process: see benchmarks/dense_kernel.py --layout both.
 
 STRAND_HUGE_PAGE_WEIGHTS=0 leaves the weights where they were loaded (A/B runs).
 
-Only what the few-row kernel reads (`Linear.small_m`) moves; a tied lm_head moves once, with the
-embedding it shares. The heap blocks the weights leave are handed back to the system
+What a decode step reads moves: the few-row kernel's dense weights (`Linear.small_m`) and float32
+panels that are their layer's only copy (`Linear.panels_only`); a tied lm_head moves once, with
+the embedding it shares. The heap blocks the weights leave are handed back to the system
 (malloc_trim), so memory is what it was.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import mmap
-import platform
 
 import torch
 from torch import nn
 
 from strand import envs
+from strand.engine_core.model_executor.cpu_allocator import trim_heap
 from strand.engine_core.model_executor.layers.linear import Linear
 
 logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
 _ALIGN = 4096  # each weight starts on a page of its own (a whole number of cache lines)
+_TRIM_EVERY = 64 << 20  # bytes moved between two trims of the heap
 
 
 def huge_page_block(nbytes: int) -> torch.Tensor:
@@ -54,20 +54,27 @@ def huge_page_block(nbytes: int) -> torch.Tensor:
     return whole[offset:offset + nbytes]
 
 
-def _decode_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The few-row kernel's dense weights in module order (a step's read order), each once."""
+def _decode_weights(model: nn.Module) -> list[tuple[Linear, str]]:
+    """(layer, attribute) of each weight a decode step reads, in module order (a step's read
+    order), each once: the few-row kernel's dense weights, and float32 panels that are their
+    layer's only copy."""
     seen: set[int] = set()
-    params: list[torch.Tensor] = []
+    found: list[tuple[Linear, str]] = []
     for module in model.modules():
-        if not (isinstance(module, Linear) and module.small_m):
+        if not isinstance(module, Linear):
             continue
-        weight = module.weight
-        if (id(weight) in seen or weight.device.type != "cpu" or not weight.is_contiguous()
-                or weight.numel() == 0):
+        name = "weight" if module.small_m else "packed" if module.panels_only else ""
+        weight = getattr(module, name) if name else None
+        if (weight is None or id(weight) in seen or weight.device.type != "cpu"
+                or not weight.is_contiguous() or weight.numel() == 0):
             continue
         seen.add(id(weight))
-        params.append(weight)
-    return params
+        found.append((module, name))
+    return found
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _aligned(nbytes: int) -> int:
@@ -75,37 +82,38 @@ def _aligned(nbytes: int) -> int:
 
 
 def gather_decode_weights(model: nn.Module) -> int:
-    """Moves the few-row kernel's weights into one huge-page block; returns its size in bytes
+    """Moves the decode step's weights into one huge-page block; returns its size in bytes
     (0: nothing to move, or STRAND_HUGE_PAGE_WEIGHTS=0). Values, shapes, dtypes and parameter
     identities stay what they were."""
     if not envs.huge_page_weights():
         return 0
-    params = _decode_weights(model)
-    total = sum(_aligned(p.numel() * p.element_size()) for p in params)
+    weights = _decode_weights(model)
+    total = sum(_aligned(_nbytes(getattr(module, name))) for module, name in weights)
     if total == 0:
         return 0
     block = huge_page_block(total)
-    offset = 0
+    offset = untrimmed = 0
     with torch.no_grad():
-        for p in params:
-            nbytes = p.numel() * p.element_size()
-            view = block[offset:offset + nbytes].view(p.dtype).view(p.shape)
-            view.copy_(p.data)
-            p.data = view
+        for module, name in weights:
+            t = getattr(module, name)
+            nbytes = _nbytes(t)
+            view = block[offset:offset + nbytes].view(t.dtype).view(t.shape)
+            view.copy_(t.data)
+            if name == "weight":
+                t.data = view  # the Parameter stays (a tied head shares it)
+            else:
+                module.packed = view
+            del t
             offset += _aligned(nbytes)
-    _trim_heap()
+            # The heap pages each weight left go back as the copy proceeds: at no time are
+            # the weights held twice (peak RSS), only the last _TRIM_EVERY bytes of them.
+            untrimmed += nbytes
+            if untrimmed >= _TRIM_EVERY:
+                trim_heap()
+                untrimmed = 0
+    trim_heap()
     logger.info("decode weights: %d MiB in one block of 2 MiB pages", total >> 20)
     return total
-
-
-def _trim_heap() -> None:
-    """Hands the heap's free pages back to the system (glibc; elsewhere a no-op)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def huge_page_bytes(t: torch.Tensor) -> int | None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from strand.engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
+from strand.engine_core.model_executor.layers.embedding import embedding_table
 from strand.engine_core.model_executor.layers.gemma_norm import GemmaRMSNorm
 from strand.engine_core.model_executor.layers.linear import Linear
 from strand.engine_core.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -63,7 +64,7 @@ class GemmaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         arch = config.arch
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding_table(config.vocab_size, config.hidden_size)
         # Global layers' RoPE (with the config's scaling); Gemma 3's sliding layers get a plain
         # one of their own base. The loader builds every RotaryEmbedding's table.
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,

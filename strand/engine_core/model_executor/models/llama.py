@@ -15,6 +15,7 @@ from torch import nn
 
 from strand.engine_core.model_executor.attention.backend import AttentionBackend, AttentionMetadata
 from strand.engine_core.model_executor.layers.activation import act_and_mul
+from strand.engine_core.model_executor.layers.embedding import embedding_table
 from strand.engine_core.model_executor.layers.gemma_norm import GemmaRMSNorm
 from strand.engine_core.model_executor.layers.linear import Linear
 from strand.engine_core.model_executor.layers.moe import SparseMoeBlock
@@ -145,7 +146,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding_table(config.vocab_size, config.hidden_size)
         # One table shared by every layer.
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)

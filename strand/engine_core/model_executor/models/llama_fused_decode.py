@@ -40,6 +40,7 @@ from strand.engine_core.model_executor.attention.torch_ref import (
     TorchAttentionBackend,
     check_block_table,
 )
+from strand.engine_core.model_executor.layers.embedding import PanelEmbedding
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from strand.engine_core.model_executor.layers.linear import Linear
 from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
@@ -104,7 +105,7 @@ def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> _Fused | N
     if fused is None:
         return None
     if fused.checked_caches is not kv_caches:
-        dtype = model.model.embed_tokens.weight.dtype
+        dtype = model.model.norm.weight.dtype
         # The model's dtype, or a bfloat16 cache under float32 weights (kv_cache_dtype).
         fused.caches_fit = all(cpu_decode_attention.takes(dtype, c.dtype) and c.is_contiguous()
                                and c.device.type == "cpu" for c in kv_caches)
@@ -113,7 +114,7 @@ def _stack(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> _Fused | N
 
 
 def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
-    dtype = model.model.embed_tokens.weight.dtype
+    dtype = model.model.norm.weight.dtype
     rotary = model.model.rotary
     cos_sin = rotary.cos_sin
     if (dtype not in _DTYPES or cos_sin.dtype != torch.float32 or cos_sin.dim() != 2
@@ -200,14 +201,19 @@ def _hand_over_packed(stack: Any, linears: list[object], head: object | None,
 
 
 def _ends(model: LlamaForCausalLM, dtype: torch.dtype
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, float] | None:
-    """(embedding table, final norm weight, lm_head weight, GGML type or 0, eps) where the
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, float, int, int] | None:
+    """(embedding table, final norm weight, lm_head weight, GGML type or 0, eps, vocabulary,
+    head rows) where the
     embedding is a plain table and compute_logits(norm(x)) takes the kernels the stack runs;
     None otherwise (tensor-parallel ends, a soft-capped head, a bias, a weight the few-row
     kernels do not take)."""
     embed, norm, lm_head = model.model.embed_tokens, model.model.norm, model.lm_head
-    if (type(embed) is not nn.Embedding or embed.max_norm is not None
-            or embed.weight.dtype != dtype or not embed.weight.is_contiguous()):
+    if isinstance(embed, PanelEmbedding):  # a tied head's panels (layers/embedding.py)
+        table, vocab = embed.panels, embed.num_embeddings
+    elif (type(embed) is nn.Embedding and embed.max_norm is None
+            and embed.weight.dtype == dtype and embed.weight.is_contiguous()):
+        table, vocab = embed.weight, embed.num_embeddings
+    else:
         return None
     if type(norm) is not RMSNorm or norm.weight.dtype != dtype or norm.weight.dim() != 1:
         return None
@@ -219,7 +225,8 @@ def _ends(model: LlamaForCausalLM, dtype: torch.dtype
     if projection is None:
         return None
     weight, _, qtype = projection
-    return embed.weight, norm.weight.contiguous(), weight, qtype, float(norm.eps)
+    return (table, norm.weight.contiguous(), weight, qtype, float(norm.eps), vocab,
+            lm_head.out_features)
 
 
 def _projection(lin: object,
@@ -232,6 +239,9 @@ def _projection(lin: object,
         return lin.packed, lin.bias, lin.qtype
     if isinstance(lin, Linear) and lin.small_m and lin.weight.dtype == dtype:
         return lin.weight, lin.bias, 0
+    if isinstance(lin, Linear) and lin.panels_only and lin.weight.dtype == dtype:
+        assert lin.packed is not None
+        return lin.packed, lin.bias, 0  # float32 panels: the kernels take them at any rows
     return None
 
 

@@ -1,0 +1,191 @@
+"""Memory and load time of Strand and llama.cpp on the same GGUF file, in one run:
+
+    python -m benchmarks.memory --gguf FILE.gguf --llama-cpp BIN_DIR [--dtype float32]
+        [--quantization gguf] [--ctx 2048] [--threads N] [--out results.json]
+
+Each backend loads the file in a process of its own, with a KV cache of --ctx tokens, and
+decodes 32 tokens of a short prompt:
+  strand     LLM(model=FILE, dtype=..., quantization=...) in a worker process: the load time is
+             LLM()'s, the peak RSS the worker's VmHWM once the tokens are out;
+  llama.cpp  llama-server -m FILE -c CTX (built by `python -m benchmarks.cpu_peers_setup`): the
+             load time is from its start to /health answering 200, the peak its VmHWM after one
+             32-token completion.
+Strand's row also gives its runtime's own baseline (RSS after importing torch and the engine and
+loading the C++ kernels, before the model) and the goal of issue #55: peak <= 1.1 x weight bytes
++ KV cache + baseline, where the weight bytes are what the engine keeps (the file's tensors for
+--quantization gguf; the parameters in --dtype otherwise) and the KV cache is --ctx tokens in the
+engine's cache dtype. llama.cpp keeps its cache in float16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import format_table, log, write_json
+from strand.platform.ports import free_ports
+
+PROMPT = "The history of the printing press begins"
+NEW_TOKENS = 32
+
+
+def _status_mib(pid: int | str = "self") -> dict[str, float]:
+    """VmRSS and VmHWM of a process, in MiB."""
+    values: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key = line.split(":")[0]
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(line.split()[1]) / 1024
+    return values
+
+
+def strand_worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from strand import LLM, SamplingParams
+    from strand.engine_core.model_executor.gguf.convert import gguf_to_hf_dir
+    from strand.kernels._cpu_build import KERNELS
+
+    torch.set_num_threads(args.threads)
+    KERNELS.module()
+    baseline = _status_mib()["VmRSS"]
+    config = json.loads((gguf_to_hf_dir(args.gguf) / "config.json").read_text())
+    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    value_bytes = 2 if args.dtype == "bfloat16" else 4
+    kv_bytes = 2 * config["num_hidden_layers"] * kv_heads * head_dim * value_bytes * args.ctx
+    started = time.perf_counter()
+    llm = LLM(model=str(args.gguf), dtype=args.dtype, max_model_len=args.ctx,
+              kv_cache_memory=kv_bytes,
+              quantization=None if args.quantization == "none" else args.quantization)
+    load_s = time.perf_counter() - started
+    loaded = _status_mib()["VmRSS"]
+    llm.generate([PROMPT], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0,
+                                          ignore_eos=True), use_tqdm=False)
+    model = llm.engine.engine_core.runner.model
+    weight_bytes = _kept_weight_bytes(model)
+    return {"load_s": load_s, "baseline_mib": baseline, "loaded_mib": loaded,
+            "peak_mib": _status_mib()["VmHWM"], "kv_mib": kv_bytes / 2**20,
+            "weights_mib": weight_bytes / 2**20}
+
+
+def _kept_weight_bytes(model: Any) -> int:
+    """Bytes of every distinct tensor the model keeps: parameters, buffers and packed copies."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False),
+                   getattr(module, "packed", None)]
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.is_meta or t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def llama_server(args: argparse.Namespace) -> dict[str, Any]:
+    [port] = free_ports("127.0.0.1", 1)
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [str(args.llama_cpp / "llama-server"), "-m", str(args.gguf), "-c", str(args.ctx),
+         "-t", str(args.threads), "-np", "1", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"llama-server exited with {process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        load_s = time.perf_counter() - started
+        loaded = _status_mib(process.pid)["VmRSS"]
+        body = json.dumps({"prompt": PROMPT, "n_predict": NEW_TOKENS, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        request = urllib.request.Request(f"{base}/completion", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            resp.read()
+        return {"load_s": load_s, "loaded_mib": loaded,
+                "peak_mib": _status_mib(process.pid)["VmHWM"]}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    log(f"strand: {args.gguf.name}, dtype {args.dtype}, quantization {args.quantization}")
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    done = subprocess.run([sys.executable, "-m", "benchmarks.memory", "--worker", *argv],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the strand worker failed: {done.stderr.strip()[-2000:]}")
+    strand = json.loads(done.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = {"file": str(args.gguf), "file_mib": args.gguf.stat().st_size / 2**20,
+                              "dtype": args.dtype, "quantization": args.quantization,
+                              "ctx": args.ctx, "threads": args.threads, "strand": strand}
+    if args.llama_cpp is not None:
+        log("llama.cpp: llama-server")
+        report["llama.cpp"] = llama_server(args)
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    s = report["strand"]
+    goal = 1.1 * s["weights_mib"] + s["kv_mib"] + s["baseline_mib"]
+    rows = [["strand", f"{s['load_s']:.1f}", f"{s['loaded_mib']:.0f}", f"{s['peak_mib']:.0f}",
+             f"{s['weights_mib']:.0f}", f"{s['kv_mib']:.0f}", f"{s['baseline_mib']:.0f}",
+             f"{goal:.0f} ({s['peak_mib'] / goal:.2f}x)"]]
+    if "llama.cpp" in report:
+        c = report["llama.cpp"]
+        rows.append(["llama.cpp", f"{c['load_s']:.1f}", f"{c['loaded_mib']:.0f}",
+                     f"{c['peak_mib']:.0f}", "", "", "", ""])
+    print(f"{Path(report['file']).name} ({report['file_mib']:.0f} MiB), strand dtype "
+          f"{report['dtype']}, quantization {report['quantization']}, {report['ctx']} tokens "
+          f"of KV cache, {report['threads']} threads")
+    print(format_table(["backend", "load s", "RSS loaded MiB", "peak RSS MiB", "weights MiB",
+                        "KV MiB", "baseline MiB", "goal MiB (peak/goal)"], rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gguf", type=Path, required=True, help="the model file")
+    parser.add_argument("--llama-cpp", type=Path, default=None,
+                        help="directory holding llama-server (none: Strand alone)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantization", default="none", choices=["none", "gguf"])
+    parser.add_argument("--ctx", type=int, default=2048, help="tokens of KV cache")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.worker:
+        print(json.dumps(strand_worker(args)))
+        return
+    if args.llama_cpp is not None and not (args.llama_cpp / "llama-server").is_file():
+        parser.error(f"{args.llama_cpp / 'llama-server'} is missing: run "
+                     "python -m benchmarks.cpu_peers_setup")
+    report = run(args)
+    print_table(report)
+    write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    main()
