@@ -2,7 +2,8 @@
 against the same file dequantized to float32 at load, and the weight bytes each reads per token.
 
     python -m benchmarks.quantized [--model smollm2|FILE.gguf] [--threads N [N ...]]
-        [--repeats 3] [--prompt 32] [--tokens 64] [--no-q8] [--llama-cpp DIR] [--isa native|avx2]
+        [--repeats 3] [--prompt 32] [--tokens 64] [--no-q8] [--no-float32] [--llama-cpp DIR]
+        [--isa native|avx2]
         [--out results.json]
 
 Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a Q8_0 embedding
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     parser.add_argument("--tokens", type=int, default=64, help="decoded tokens")
     parser.add_argument("--no-q8", action="store_true", help="skip the Q8_0 copy")
+    parser.add_argument("--no-float32", action="store_true",
+                        help="skip the dequantized float32 row (a model too large for it)")
     parser.add_argument("--llama-cpp", type=Path, default=None,
                         help="directory holding llama-bench: adds llama.cpp on the same files")
     parser.add_argument("--isa", default="native", choices=list(isa_emulation.ISAS),
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     if source is None:
         parser.error(f"--model must name a .gguf file, got {args.model!r}")
     configs = [("float32 (dequantized)", source, None), ("packed (the file's types)", source,
-                                                         "gguf")]
+                                                         "gguf")][int(args.no_float32):]
     if not args.no_q8:
         q8 = requantize(Path(source), Path(source).with_suffix(".requantized-Q8_0.gguf"))
         configs.append(("packed Q8_0 (re-quantized)", str(q8), "gguf"))
@@ -209,14 +212,14 @@ def main(argv: list[str] | None = None) -> None:
                 results[label]["llama_cpp_tok_s"] = llama_bench(args.llama_cpp, path, threads,
                                                                 args)
         bandwidth = bandwidth_bound(threads)
-        base = results[configs[0][0]]
+        base = results.get("float32 (dequantized)")
         for label, r in results.items():
             bound = bandwidth / r["bytes_per_token"]
             r["bandwidth_bytes_s"], r["bound_tok_s"] = bandwidth, bound
             llama = r.get("llama_cpp_tok_s") or []
             rows.append([str(threads or "default"), label, f"{r['decode_tok_s']:.1f}",
                          f"{r['cpu_ms_per_token']:.1f}",
-                         f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x",
+                         f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "",
                          f"{r['bytes_per_token'] / 1e6:.1f}",
                          f"{r['decode_tok_s'] / bound:.0%} of {bound:.0f}",
                          f"{statistics.median(llama):.1f}" if llama else "",

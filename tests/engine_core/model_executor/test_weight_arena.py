@@ -63,6 +63,10 @@ def _read_by_decode(m: Linear) -> torch.Tensor | None:
     return m.weight if m.small_m else m.packed if m.panels_only else None
 
 
+def _distinct(tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    return [t for t in dict.fromkeys(tensors) if t is not None]
+
+
 @pytest.mark.skipif(not cpu_linear.small_m_applies(torch.empty(4, 4)),
                     reason="CPU kernels not built")
 @pytest.mark.parametrize("keep_dense", [False, True])
@@ -75,7 +79,7 @@ def test_gathered_weights_keep_values_parameters_and_outputs(
     pack_linear_weights(model)
     linears = [m for m in model.modules()
                if isinstance(m, Linear) and _read_by_decode(m) is not None]
-    read = list(dict.fromkeys(_read_by_decode(m) for m in linears))  # module order, each once
+    read = _distinct([_read_by_decode(m) for m in linears])  # module order, each once
     assert read, "nothing a decode step reads"
     values = [t.detach().clone() for t in read]
     params = [m.weight for m in linears if m.small_m]
@@ -84,7 +88,7 @@ def test_gathered_weights_keep_values_parameters_and_outputs(
         before = [model.compute_logits(model.model.embed_tokens(i)) for i in ids]
     total = weight_arena.gather_decode_weights(model)
     assert total >= sum(t.numel() * 4 for t in read)
-    moved = list(dict.fromkeys(_read_by_decode(m) for m in linears))
+    moved = _distinct([_read_by_decode(m) for m in linears])
     starts = [t.data_ptr() for t in moved]
     assert starts == sorted(starts)  # the read order: layer by layer, the lm_head last
     assert starts[0] % weight_arena.HUGE_PAGE == 0
