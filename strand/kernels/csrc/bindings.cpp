@@ -69,7 +69,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecodeStack::forward, release)
       .def("set_ends", &DecodeStack::set_ends, py::arg("embedding"), py::arg("norm"),
            py::arg("head_weight"), py::arg("qtype"), py::arg("eps"), py::arg("vocab"),
-           py::arg("head_rows"))
+           py::arg("head_rows"), py::arg("embed_qtype") = 0)
       .def("set_batch_weights", &DecodeStack::set_batch_weights, py::arg("packed"),
            py::arg("head") = py::none())
       .def("logits", &DecodeStack::logits, release);

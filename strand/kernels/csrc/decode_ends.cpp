@@ -24,15 +24,28 @@ bool panels_of(const at::Tensor& t, int64_t H, int64_t vocab) {
 }  // namespace
 
 void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w,
-                           int64_t qtype, double eps, int64_t vocab, int64_t head_rows) {
+                           int64_t qtype, double eps, int64_t vocab, int64_t head_rows,
+                           int64_t embed_qtype) {
   STRAND_CHECK(!layers_.empty(), "set_ends() after the layers");
   const auto dtype = layers_[0].input_norm.scalar_type();
-  STRAND_CHECK((embedding.dim() == 2 && embedding.size(0) == vocab &&
-                embedding.size(1) == hidden_ && embedding.scalar_type() == dtype &&
-                embedding.is_contiguous()) ||
-                   (dtype == at::kFloat && panels_of(embedding, hidden_, vocab)),
-              "the embedding table must be a contiguous [", vocab, ", ", hidden_,
-              "] tensor in the layers' dtype, or float32 panels of it");
+  if (embed_qtype != 0) {
+    const bool tiled = embedding.dim() == 3;
+    STRAND_CHECK(embedding.scalar_type() == at::kByte && embedding.is_contiguous() &&
+                     (embedding.dim() == 2 || tiled) &&
+                     embedding.size(0) * (tiled ? 16 : 1) == vocab,
+                 "a GGUF embedding table must be contiguous uint8 rows or 16-row tiles of ",
+                 vocab, " rows");
+    // Its first rows through the dequantization checks the blocks' size against hidden.
+    gguf_dequantize(at::empty({tiled ? 16 : 1, hidden_}, norm.options().dtype(at::kFloat)),
+                    embedding.narrow(0, 0, 1), embed_qtype);
+  } else {
+    STRAND_CHECK((embedding.dim() == 2 && embedding.size(0) == vocab &&
+                  embedding.size(1) == hidden_ && embedding.scalar_type() == dtype &&
+                  embedding.is_contiguous()) ||
+                     (dtype == at::kFloat && panels_of(embedding, hidden_, vocab)),
+                "the embedding table must be a contiguous [", vocab, ", ", hidden_,
+                "] tensor in the layers' dtype, or float32 panels of it");
+  }
   STRAND_CHECK(norm.dim() == 1 && norm.size(0) == hidden_ && norm.scalar_type() == dtype,
               "the final norm must be ", hidden_, " values in the layers' dtype");
   STRAND_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(0) == head_rows &&
@@ -46,7 +59,7 @@ void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor hea
   // hidden, a GGUF type's block size); the phased step's tiles are not checked per call.
   strand::project(at::empty({1, head_rows}, norm.options()),
                   at::zeros({1, hidden_}, norm.options()), head_w, c10::nullopt, qtype);
-  head_ = {embedding, norm, head_w, at::Tensor(), qtype, eps, vocab, head_rows};
+  head_ = {embedding, norm, head_w, at::Tensor(), qtype, eps, vocab, head_rows, embed_qtype};
 }
 
 namespace {
@@ -97,11 +110,19 @@ at::Tensor DecodeStack::logits(at::Tensor input_ids, at::Tensor positions,
   STRAND_CHECK(head_.w.defined(), "logits() needs set_ends() first");
   check_step(input_ids, positions, kv_caches, slots, block_table, seq_lens);
   const int64_t M = input_ids.size(0);
-  const auto opts = head_.embedding.options();
+  const auto opts = head_.norm.options();  // the layers' dtype (the table may be GGUF bytes)
   at::Tensor hidden = at::empty({M, hidden_}, opts);
   const int64_t row_bytes = hidden_ * hidden.element_size();
   const int64_t* ids = input_ids.data_ptr<int64_t>();
-  if (head_.embedding.dim() == 3) {  // float32 panels: row r is column r % W of panel r / W
+  if (head_.embed_qtype != 0) {  // GGUF blocks: each row's tile (or row) dequantized
+    const bool tiled = head_.embedding.dim() == 3;
+    const int64_t span = tiled ? 16 : 1;
+    at::Tensor rows = at::empty({span, hidden_}, opts.dtype(at::kFloat));
+    for (int64_t m = 0; m < M; ++m) {
+      gguf_dequantize(rows, head_.embedding.narrow(0, ids[m] / span, 1), head_.embed_qtype);
+      hidden.select(0, m).copy_(rows.select(0, ids[m] % span));
+    }
+  } else if (head_.embedding.dim() == 3) {  // float32 panels: row r is column r % W of panel r / W
     const int64_t W = head_.embedding.size(2);
     const float* table = head_.embedding.data_ptr<float>();
     float* rows = hidden.data_ptr<float>();

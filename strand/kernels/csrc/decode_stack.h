@@ -42,8 +42,10 @@ class DecodeStack {
   // or GGUF blocks (rows, or 16-row tiles; qtype its GGML type). vocab and head_rows: the
   // table's rows and the head's (V, or a classifier's labels), which panels, padded to whole
   // panels, do not tell.
+  // embed_qtype: 0, or the GGML type of an embedding table kept in GGUF blocks (rows, or
+  // 16-row tiles: each row looked up is dequantized from them).
   void set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor head_w, int64_t qtype,
-                double eps, int64_t vocab, int64_t head_rows);
+                double eps, int64_t vocab, int64_t head_rows, int64_t embed_qtype);
   // The packed copies of the weights (strand/kernels/cpu_linear.py's pack_weight: float32 panels for
   // linear_panels, or mkldnn::_linear_pointwise's copies), 4 a layer (qkv, o, gate_up, down) and the lm_head's where set_ends() was
   // called: a decode batch of more than kSmallRows rows then runs its products through them, as
@@ -90,6 +92,7 @@ class DecodeStack {
     int64_t qtype = 0;
     double eps = 0;
     int64_t vocab = 0, rows = 0;  // the embedding table's rows, the head's
+    int64_t embed_qtype = 0;  // the table's GGML type where it is kept in GGUF blocks
   };
   Buffers& buffers(int64_t M, const at::TensorOptions& opts);
   // b.q, b.k and b.v as views of b.qkv's rows.

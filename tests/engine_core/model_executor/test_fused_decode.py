@@ -190,6 +190,9 @@ def test_the_stack_gives_logits_from_token_ids_once_it_holds_the_ends() -> None:
         stack.set_ends(table[:, :8], torch.ones(16), torch.zeros(10, 16), 0, 1e-6, 5, 10)
     with pytest.raises(RuntimeError, match=r"dense lm_head must be \[10, 16\]"):
         stack.set_ends(table, torch.ones(16), torch.zeros(10, 8), 0, 1e-6, 5, 10)
+    with pytest.raises(RuntimeError, match="GGUF embedding table must be contiguous uint8 rows"):
+        stack.set_ends(torch.zeros(4, 34, dtype=torch.uint8), torch.ones(16), torch.zeros(10, 16),
+                       0, 1e-6, 5, 10, 8)  # Q8_0 rows, one fewer than the vocabulary
     with pytest.raises(RuntimeError, match="Q4_1=3"):  # a GGML type the kernels do not take
         stack.set_ends(table, torch.ones(16), torch.zeros(10, 18, dtype=torch.uint8), 11, 1e-6, 5, 10)
     stack.set_ends(table, torch.full((16,), 2.0), torch.eye(10, 16), 0, 1e-6, 5, 10)

@@ -127,7 +127,9 @@ def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], nam
     dense, _ = _run(files[name], None)
     _assert_same_outputs(packed, dense)
     model = _model(engine)
-    layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
+    table = model.model.embed_tokens.table  # an untied embedding's blocks: not a layer
+    layers = [m for m in model.modules()
+              if isinstance(m, GGUFLinear) and (m is not table or m is model.lm_head)]
     # Per layer qkv, o, gate_up, down; and the lm_head (a tied one over the embedding's blocks).
     assert len(layers) == 2 * 4 + 1
     assert isinstance(model.lm_head, GGUFLinear)
@@ -376,7 +378,8 @@ def test_sleep_level_2_reloads_the_packed_weights(files: dict[str, Path]) -> Non
             if out.finished:
                 after[out.request_id] = list(out.outputs[0].token_ids)
     assert [after[f"again-{i}"] for i in range(3)] == [tokens for tokens, _ in before]
-    assert sum(isinstance(m, GGUFLinear) for m in _model(engine).modules()) == 2 * 4 + 1
+    # 4 projections a layer, the lm_head, and the (untied) embedding table's blocks.
+    assert sum(isinstance(m, GGUFLinear) for m in _model(engine).modules()) == 2 * 4 + 2
 
 
 def test_a_gguf_file_loaded_dequantized_says_how_to_keep_its_blocks(
@@ -397,3 +400,31 @@ def test_a_gguf_file_loaded_dequantized_says_how_to_keep_its_blocks(
                                               quantization="gguf", num_gpu_blocks_override=8,
                                               block_size=4))
     assert not [r for r in caplog.records if "dequantized to" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("name", "kept"), [
+    ("Q8_0", "own"), ("tied-Q4_1", "head"), ("Q4_K_M", "own"), ("tied-Q4_1-f32-head", None)])
+def test_the_embedding_table_stays_in_the_files_blocks(files: dict[str, Path], name: str,
+                                                       kept: str | None) -> None:
+    """Kept in blocks (the tied lm_head's, or its own token_embd's), looked up rows are the
+    dequantized table's bit for bit, and no float table is made; a float token_embd stays a
+    float table."""
+    from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
+
+    _, engine = _run(files[name], "gguf", num_requests=1)
+    _, dense_engine = _run(files[name], None, num_requests=1)
+    embed, dense = _model(engine).model.embed_tokens, _model(dense_engine).model.embed_tokens
+    ids = torch.tensor([[0, 17, 255], [16, 15, dense.num_embeddings - 1]])
+    if kept is None:  # a float table (here read from the tied head's float32 panels)
+        assert not isinstance(embed, GGUFEmbedding)
+        with torch.inference_mode():
+            assert torch.equal(embed(ids), dense(ids))
+        return
+    assert isinstance(embed, GGUFEmbedding)
+    assert (embed.table is _model(engine).lm_head) == (kept == "head")
+    assert not any(p.dtype.is_floating_point and p.numel() >= embed.num_embeddings
+                   * embed.embedding_dim for p in embed.parameters())
+    with torch.inference_mode():
+        assert torch.equal(embed(ids), dense(ids))
+    with pytest.raises(IndexError, match="token ids must be in"):
+        embed(torch.tensor([embed.num_embeddings]))

@@ -31,6 +31,7 @@ from torch import nn
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
 from strand.engine_core.model_executor.gguf.tensor_table import read_tensors
 from strand.engine_core.model_executor.gguf.tensors import hf_name, unpermute
+from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from strand.engine_core.model_executor.layers.linear import Linear
 from strand.kernels.gguf_linear_ref import NAMES, TILE_ROWS, TILES_ONLY
@@ -101,12 +102,15 @@ def _packed(tensors: list[Any], heads: list[int | None],
 
 @dataclass
 class Packing:
-    """One linear layer to be replaced by the file's blocks."""
+    """One linear layer to be replaced by the file's blocks; or (embedding) the token embedding
+    table, by a GGUFEmbedding over its blocks (no parts: the packed lm_head's, tied to it)."""
     parent: nn.Module
     attr: str
     parts: Parts  # the first run's rows and type, then any in other types
     in_features: int
     sources: list[str]  # the GGML type names of its parts, for the log
+    embedding: bool = False
+    head: Packing | None = None  # a tied table's: the lm_head's packing, applied before it
 
     @property
     def layer(self) -> nn.Module:
@@ -152,7 +156,51 @@ def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[
     if not plan:
         logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
                     " all stay dequantized", gguf_file, ", ".join(SOURCE_NAMES.values()))
-    return plan
+    table = _plan_embedding(model, raw, plan, device)
+    return plan + ([table] if table is not None else [])
+
+
+def _plan_embedding(model: nn.Module, raw: dict[str, Any], plan: list[Packing],
+                    device: torch.device) -> Packing | None:
+    """The token embedding table kept in blocks (layers/gguf_embedding.py): the packed lm_head's
+    where the two are tied, else the file's token_embd packed as one weight of one type; None
+    where neither applies (it is then dequantized, as before)."""
+    config = cast(Any, model).config
+    inner = cast(Any, model).model
+    if type(inner.embed_tokens) is not nn.Embedding:
+        return None
+    name = "model.embed_tokens.weight"
+    head = next((p for p in plan if p.parent is model and p.attr == "lm_head"), None)
+    if config.tie_word_embeddings and head is not None:
+        if len(head.parts) != 1:
+            return None
+        return Packing(inner, "embed_tokens", [], head.in_features, head.sources, True, head)
+    got = _packed([raw.get(name)], [None], device)
+    if got is None or len(got[0]) != 1:
+        return None
+    parts, in_features = got
+    if (parts[0][0].shape[0], in_features) != tuple(inner.embed_tokens.weight.shape):
+        return None
+    return Packing(inner, "embed_tokens", [(p.to(device), q) for p, q in parts], in_features,
+                   [SOURCE_NAMES[int(raw[name].tensor_type)]], True)
+
+
+def _apply_embedding(p: Packing) -> None:
+    """The table planned by _plan_embedding in place of the float one (after the lm_head, which
+    a tied table reads)."""
+    old = cast(nn.Embedding, p.layer)
+    if p.head is not None:
+        table = cast(GGUFLinear, p.head.layer)
+    else:
+        (blocks, qtype), = p.parts
+        table = GGUFLinear(blocks, qtype, p.in_features)
+        p.parts = []
+    setattr(p.parent, p.attr, GGUFEmbedding(table, old.weight.dtype))
+    logger.info("the token embedding table stays in the file's %s blocks (%s): %.1f MB "
+                "instead of %.1f MB", p.sources[0],
+                "the lm_head's" if p.head is not None else "its own",
+                sum(b.numel() for b, _ in table.parts()) / 1e6,
+                old.weight.numel() * old.weight.element_size() / 1e6)
 
 
 # Bytes of the file's rows let go between two trims of the heap (apply_packed).
@@ -166,6 +214,9 @@ def apply_packed(plan: list[Packing]) -> int:
     sources: Counter[str] = Counter()
     float_bytes = packed_bytes = untrimmed = 0
     for p in plan:
+        if p.embedding:
+            _apply_embedding(p)
+            continue
         old = cast(Linear, p.layer)
         (first, qtype), more = p.parts[0], p.parts[1:]
         setattr(p.parent, p.attr, GGUFLinear(first, qtype, p.in_features, old.bias, more))

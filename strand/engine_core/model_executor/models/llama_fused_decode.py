@@ -41,6 +41,7 @@ from strand.engine_core.model_executor.attention.torch_ref import (
     check_block_table,
 )
 from strand.engine_core.model_executor.layers.embedding import PanelEmbedding
+from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from strand.engine_core.model_executor.layers.linear import Linear
 from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
@@ -201,15 +202,19 @@ def _hand_over_packed(stack: Any, linears: list[object], head: object | None,
 
 
 def _ends(model: LlamaForCausalLM, dtype: torch.dtype
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, float, int, int] | None:
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, float, int, int, int] | None:
     """(embedding table, final norm weight, lm_head weight, GGML type or 0, eps, vocabulary,
-    head rows) where the
+    head rows, the table's GGML type or 0) where the
     embedding is a plain table and compute_logits(norm(x)) takes the kernels the stack runs;
     None otherwise (tensor-parallel ends, a soft-capped head, a bias, a weight the few-row
     kernels do not take)."""
     embed, norm, lm_head = model.model.embed_tokens, model.model.norm, model.lm_head
+    embed_qtype = 0
     if isinstance(embed, PanelEmbedding):  # a tied head's panels (layers/embedding.py)
         table, vocab = embed.panels, embed.num_embeddings
+    elif (isinstance(embed, GGUFEmbedding) and embed.dtype == dtype
+          and embed.table.packed.device.type == "cpu"):  # GGUF blocks (layers/gguf_embedding.py)
+        table, vocab, embed_qtype = embed.table.packed, embed.num_embeddings, embed.table.qtype
     elif (type(embed) is nn.Embedding and embed.max_norm is None
             and embed.weight.dtype == dtype and embed.weight.is_contiguous()):
         table, vocab = embed.weight, embed.num_embeddings
@@ -226,7 +231,7 @@ def _ends(model: LlamaForCausalLM, dtype: torch.dtype
         return None
     weight, _, qtype = projection
     return (table, norm.weight.contiguous(), weight, qtype, float(norm.eps), vocab,
-            lm_head.out_features)
+            lm_head.out_features, embed_qtype)
 
 
 def _projection(lin: object,
