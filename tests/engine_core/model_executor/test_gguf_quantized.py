@@ -126,7 +126,7 @@ def test_packed_weights_give_the_dequantized_outputs(files: dict[str, Path], nam
     packed, engine = _run(files[name], "gguf")
     dense, _ = _run(files[name], None)
     _assert_same_outputs(packed, dense)
-    model = _model(engine)
+    model: Any = _model(engine)
     table = model.model.embed_tokens.table  # an untied embedding's blocks: not a layer
     layers = [m for m in model.modules()
               if isinstance(m, GGUFLinear) and (m is not table or m is model.lm_head)]
@@ -413,7 +413,8 @@ def test_the_embedding_table_stays_in_the_files_blocks(files: dict[str, Path], n
 
     _, engine = _run(files[name], "gguf", num_requests=1)
     _, dense_engine = _run(files[name], None, num_requests=1)
-    embed, dense = _model(engine).model.embed_tokens, _model(dense_engine).model.embed_tokens
+    model: Any = _model(engine)
+    embed, dense = model.model.embed_tokens, cast(Any, _model(dense_engine)).model.embed_tokens
     ids = torch.tensor([[0, 17, 255], [16, 15, dense.num_embeddings - 1]])
     if kept is None:  # a float table (here read from the tied head's float32 panels)
         assert not isinstance(embed, GGUFEmbedding)
@@ -421,7 +422,7 @@ def test_the_embedding_table_stays_in_the_files_blocks(files: dict[str, Path], n
             assert torch.equal(embed(ids), dense(ids))
         return
     assert isinstance(embed, GGUFEmbedding)
-    assert (embed.table is _model(engine).lm_head) == (kept == "head")
+    assert (embed.table is model.lm_head) == (kept == "head")
     assert not any(p.dtype.is_floating_point and p.numel() >= embed.num_embeddings
                    * embed.embedding_dim for p in embed.parameters())
     with torch.inference_mode():
