@@ -4,7 +4,9 @@ a file llama.cpp's converter made)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +17,27 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """What llama.cpp's convert_hf_to_gguf.py does to Llama's q and k rows."""
     return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
+
+
+def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray:
+    """The rope_freqs tensor llama.cpp's convert_hf_to_gguf.py writes for llama3 rope scaling:
+    each frequency's divisor (its formula, written out here on its own)."""
+    scaling = config["rope_scaling"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    base = config.get("rope_theta", 10000.0)
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * base ** (i / head_dim)
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def write_gguf(model_dir: Path, out: Path, quantized: str,
@@ -74,6 +97,9 @@ def write_gguf(model_dir: Path, out: Path, quantized: str,
             w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, a)
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":  # as llama.cpp's converter: the divisors alone
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

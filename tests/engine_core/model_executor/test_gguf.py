@@ -92,6 +92,47 @@ def test_a_gguf_file_loads_as_the_model_it_was_made_from(
             == Tokenizer.from_dir(model_dir).encode(tokenizer_text, add_special_tokens=False))
 
 
+@pytest.mark.parametrize("original", [256, 8192])
+def test_llama3_rope_scaling_comes_back_from_the_rope_freqs_tensor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, original: int) -> None:
+    """llama.cpp's converter keeps llama3 rope scaling only as rope_freqs: the file runs with the
+    scaling its HF checkpoint has, not plain rope."""
+    from strand.engine_core.model_executor.layers.rotary_embedding import rope_inv_freq
+    from strand.testing.tiny_model import LLAMA3_ROPE_SCALING
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    scaling = {**LLAMA3_ROPE_SCALING, "original_max_position_embeddings": original}
+    model_dir = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_heads=4, num_kv_heads=2,
+                                 rope_scaling=scaling, rope_theta=500000.0)
+    path = tmp_path / "tiny-llama3.gguf"
+    write_gguf(model_dir, path, "F32")
+    config = json.loads((gguf_to_hf_dir(path) / "config.json").read_text())
+    found = config["rope_scaling"]
+    assert found["rope_type"] == "llama3" and found["factor"] == scaling["factor"]
+    torch.testing.assert_close(rope_inv_freq(16, 500000.0, found),
+                               rope_inv_freq(16, 500000.0, scaling), rtol=1e-5, atol=0)
+
+    def rope_table(model: str) -> torch.Tensor:
+        engine = LLMEngine.from_engine_args(EngineArgs(model=model, dtype="float32"))
+        return engine.engine_core.runner.model.model.rotary.cos_sin
+
+    # The engine's rope table from the file is the checkpoint's (short greedy runs of a tiny
+    # model do not tell the scaling apart), and not plain rope's.
+    table = rope_table(str(path))
+    torch.testing.assert_close(table, rope_table(str(model_dir)), rtol=0, atol=1e-5)
+    plain = build_tiny_model(tmp_path / "plain", hidden_size=64, num_heads=4, num_kv_heads=2,
+                             rope_theta=500000.0)
+    assert not torch.allclose(table, rope_table(str(plain)), rtol=0, atol=1e-5)
+
+
+def test_rope_freqs_that_are_not_llama3_scaling_are_ignored() -> None:
+    from strand.engine_core.model_executor.gguf.rope_freqs import llama3_scaling
+
+    assert llama3_scaling(np.ones(8, dtype=np.float32), 10000.0, 16) is None
+    assert llama3_scaling(np.linspace(0.5, 2.0, 8, dtype=np.float32), 10000.0, 16) is None
+    assert llama3_scaling(np.ones(5, dtype=np.float32), 10000.0, 16) is None  # wrong length
+
+
 def test_a_converted_directory_names_the_file_it_was_made_from(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `strand serve` hands its stages the converted directory; quantization='gguf' then finds the

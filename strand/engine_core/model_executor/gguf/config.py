@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from strand.engine_core.model_executor.gguf.rope_freqs import rope_scaling_of
+
 # GGUF general.architecture -> the HF class the engine runs it as.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -17,7 +21,9 @@ def field(metadata: dict[str, Any], key: str, default: Any = None, required: boo
     return default
 
 
-def hf_config(metadata: dict[str, Any], tensor_names: set[str], vocab_size: int) -> dict[str, Any]:
+def hf_config(metadata: dict[str, Any], tensor_names: set[str], vocab_size: int,
+              rope_freqs: np.ndarray | None = None) -> dict[str, Any]:
+    """rope_freqs: the file's rope_freqs tensor (llama3 rope scaling: gguf/rope_freqs.py)."""
     arch = field(metadata, "general.architecture", required=True)
     if arch not in ARCHITECTURES:
         raise ValueError(f"GGUF general.architecture {arch!r} is not supported; supported: "
@@ -52,6 +58,11 @@ def hf_config(metadata: dict[str, Any], tensor_names: set[str], vocab_size: int)
                                   "factor": float(field(metadata, p + "rope.scaling.factor", 1.0))}
     elif scaling not in (None, "none"):
         raise ValueError(f"GGUF {p}rope.scaling.type {scaling!r} is not supported (linear is)")
+    elif rope_freqs is not None:
+        found = rope_scaling_of(rope_freqs, config["rope_theta"],
+                                int(config.get("head_dim", hidden // heads)))
+        if found is not None:
+            config["rope_scaling"] = found
     if arch == "qwen2":
         config["use_sliding_window"] = False
     return config

@@ -12,16 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from strand import envs
 from strand.engine_core.model_executor.gguf.config import hf_config
 from strand.engine_core.model_executor.gguf.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
-_VERSION = "4"  # bump when the conversion changes: old caches are then made again
+_VERSION = "5"  # bump when the conversion changes: old caches are then made again
 SOURCE_FILE = "gguf_source.json"  # in a converted directory: the .gguf file it was made from
 # What the conversions before version 4 wrote beside the config: every tensor in float32.
 _OLD_WEIGHTS = "model.safetensors"
-_OLD_VERSIONS = ("2", "3")
+_OLD_VERSIONS = ("2", "3", "4")
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -102,7 +104,10 @@ def gguf_to_hf_dir(path: str | Path) -> Path:
     reader = gguf.GGUFReader(str(src))
     metadata = _metadata(reader)
     tokenizer, tokenizer_config = build_tokenizer(reader, metadata)
-    config = hf_config(metadata, {t.name for t in reader.tensors}, tokenizer.get_vocab_size())
+    rope_freqs = next((np.array(t.data) for t in reader.tensors if t.name == "rope_freqs.weight"),
+                      None)
+    config = hf_config(metadata, {t.name for t in reader.tensors}, tokenizer.get_vocab_size(),
+                       rope_freqs)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Made beside its final place and renamed into it: stages starting together never read a
     # half-written directory, and a second conversion racing this one just loses the rename.
