@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import format_table, log, write_json
-from strand.platform.ports import free_ports
+from benchmarks.llama_server import LlamaServer
 
 PROMPT = "The history of the printing press begins"
 NEW_TOKENS = 32
@@ -95,37 +95,19 @@ def _kept_weight_bytes(model: Any) -> int:
 
 
 def llama_server(args: argparse.Namespace) -> dict[str, Any]:
-    [port] = free_ports("127.0.0.1", 1)
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        [str(args.llama_cpp / "llama-server"), "-m", str(args.gguf), "-c", str(args.ctx),
-         "-t", str(args.threads), "-np", "1", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = LlamaServer(args.llama_cpp, args.gguf, 1, args.threads, args.ctx)
     try:
-        base = f"http://127.0.0.1:{port}"
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"llama-server exited with {process.returncode}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.05)
-        load_s = time.perf_counter() - started
-        loaded = _status_mib(process.pid)["VmRSS"]
+        loaded = _status_mib(server.pid)["VmRSS"]
         body = json.dumps({"prompt": PROMPT, "n_predict": NEW_TOKENS, "temperature": 0,
                            "ignore_eos": True}).encode()
-        request = urllib.request.Request(f"{base}/completion", data=body,
+        request = urllib.request.Request(f"http://{server.address}/completion", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as resp:
             resp.read()
-        return {"load_s": load_s, "loaded_mib": loaded,
-                "peak_mib": _status_mib(process.pid)["VmHWM"]}
+        return {"load_s": server.load_s, "loaded_mib": loaded,
+                "peak_mib": _status_mib(server.pid)["VmHWM"]}
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        server.stop()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -42,24 +42,38 @@ from strand.engine_core.outputs import RequestOutput
 
 
 def weight_bytes_per_token(model: Any) -> int:
-    """Bytes of weights one decode token reads: linear layers whole, the embedding one row."""
+    """Bytes of weights one decode token reads: linear layers whole (their packed copy where it
+    is their only one), the embedding one row (in its blocks' type where it keeps them)."""
     import torch
 
+    from strand.engine_core.model_executor.layers.embedding import PanelEmbedding
+    from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
     from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
     from strand.engine_core.model_executor.layers.linear import Linear
     from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
 
+    def blocks(layer: GGUFLinear) -> int:
+        return sum(b.nbytes for b, _ in layer.parts())
+
+    # An untied GGUF embedding's own table is read a row a token, not whole as a layer is.
+    tables = {id(m.table) for m in model.modules()
+              if isinstance(m, GGUFEmbedding) and m.table is not model.lm_head}
     total = 0
     for module in model.modules():
-        if isinstance(module, GGUFLinear):
-            total += (sum(blocks.nbytes for blocks, _ in module.parts())
-                      + (0 if module.bias is None else module.bias.nbytes))
+        if isinstance(module, GGUFEmbedding):
+            total += blocks(module.table) // module.num_embeddings
+        elif isinstance(module, GGUFLinear) and id(module) not in tables:
+            total += blocks(module) + (0 if module.bias is None else module.bias.nbytes)
         elif isinstance(module, Linear):
             total += sum(p.nbytes for p in module.parameters(recurse=False))
+            if module.panels_only and module.packed is not None:
+                total += module.packed.nbytes
         elif isinstance(module, RMSNorm):
             total += module.weight.nbytes
         elif isinstance(module, torch.nn.Embedding):
             total += module.weight[0].nbytes
+        elif isinstance(module, PanelEmbedding):
+            total += module.embedding_dim * module.panels.element_size()
     return total
 
 

@@ -44,17 +44,18 @@ from strand.engine_core.outputs import RequestOutput
 
 def linear_macs(model: Any) -> tuple[int, int]:
     """(multiply-adds of the decoder layers' linears per token, of the lm_head per token)."""
+    from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
     from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
     from strand.engine_core.model_executor.layers.linear import Linear
 
+    # A GGUF embedding's table is looked up, not multiplied (where tied, it is the lm_head).
+    tables = {id(m.table) for m in model.modules() if isinstance(m, GGUFEmbedding)}
     layers = head = 0
-    for name, module in model.named_modules():
-        if isinstance(module, GGUFLinear | Linear):
-            macs = module.in_features * module.out_features
-            if name.endswith("lm_head"):
-                head += macs
-            else:
-                layers += macs
+    for module in model.modules():
+        if module is model.lm_head:
+            head += module.in_features * module.out_features
+        elif isinstance(module, GGUFLinear | Linear) and id(module) not in tables:
+            layers += module.in_features * module.out_features
     return layers, head
 
 

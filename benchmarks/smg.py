@@ -32,6 +32,7 @@ from benchmarks.common import (
     set_threads,
     write_json,
 )
+from benchmarks.served_peers import read_stream
 from benchmarks.strand_backends import StrandSettings, bench_log_dir, stage_threads
 from strand.testing.smg import launch_smg
 
@@ -66,26 +67,13 @@ def stream_completion(address: str, body: str) -> Stream:
     result = Stream()
     conn = http.client.HTTPConnection(host, int(port), timeout=300)
     try:
-        start = last = time.perf_counter()
+        start = time.perf_counter()
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         response = conn.getresponse()
         if response.status != 200:
             result.error = f"HTTP {response.status}: {response.read()[:200]!r}"
             return result
-        for line in response:
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
-            now = time.perf_counter()
-            if any(choice.get("text") for choice in event.get("choices") or []):
-                if result.ttft_s == 0.0:
-                    result.ttft_s = now - start
-                else:
-                    result.gaps_s.append(now - last)
-                last = now
-            if event.get("usage"):
-                result.num_tokens = int(event["usage"]["completion_tokens"])
-                result.num_prompt_tokens = int(event["usage"]["prompt_tokens"])
+        read_stream(response, result, start)
     except (OSError, ValueError) as exc:
         result.error = repr(exc)
     finally:

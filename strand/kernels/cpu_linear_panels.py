@@ -41,6 +41,11 @@ def applies(weight: torch.Tensor) -> bool:
             and chosen())
 
 
+def width() -> int:
+    """Output columns a panel holds here (48 with AVX-512, 16 with AVX2)."""
+    return int(KERNELS.require().linear_panel_width())
+
+
 def is_panels(packed: torch.Tensor) -> bool:
     """Whether a packed weight is `pack`'s panels ([P, K, width]; oneDNN's copy is 2-D)."""
     return packed.dim() == 3
@@ -51,10 +56,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"pack takes a 2-D float32 CPU weight, got {weight.dtype} "
                          f"{tuple(weight.shape)} on {weight.device}")
-    module = KERNELS.require()
-    width = module.linear_panel_width()
-    panels = torch.empty((weight.shape[0] + width - 1) // width, weight.shape[1], width)
-    module.pack_panels(panels, weight.detach().contiguous())
+    cols = width()
+    panels = torch.empty((weight.shape[0] + cols - 1) // cols, weight.shape[1], cols)
+    KERNELS.require().pack_panels(panels, weight.detach().contiguous())
     return panels
 
 

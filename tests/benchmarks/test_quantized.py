@@ -10,6 +10,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from benchmarks import quantized  # noqa: E402
+from strand.kernels import cpu_linear_panels  # noqa: E402
 
 
 def test_requantize_turns_4_bit_tensors_into_q8_0_and_keeps_the_rest(
@@ -34,15 +35,26 @@ def test_one_tiny_run_counts_fewer_bytes_for_packed_weights(
     results = json.loads(out.read_text())["results"]["default"]
     dense, q4, q8 = (results[k]["bytes_per_token"] for k in (
         "float32 (dequantized)", "packed (the file's types)", "packed Q8_0 (re-quantized)"))
-    # Linear weights: float32 4 bytes a weight, Q8_0 34/32, Q4_1 20/32 (norms and one embedding
-    # row stay float32 in all three).
+    # Linear weights and one embedding row: float32 4 bytes a weight, Q8_0 34/32, Q4_1 20/32
+    # (the norms stay float32 in all three).
     config = {"hidden": 64, "inter": 128, "vocab": 512, "layers": 2, "q": 64, "kv": 32}
-    linear = config["layers"] * (64 * (config["q"] + 2 * config["kv"]) + config["q"] * 64
-                                 + 2 * 64 * config["inter"] + config["inter"] * 64) + 512 * 64
-    rest = 4 * (64 * (2 * config["layers"] + 1) + 64)
-    assert dense == 4 * linear + rest
-    assert q8 == linear * 34 // 32 + rest
-    assert q4 == linear * 20 // 32 + rest
+
+    def weights(rows: int, cols: int, padded: bool = False) -> int:
+        """rows x cols, the rows padded to whole panels where float32 panels are the copy."""
+        width = cpu_linear_panels.width() if padded and cpu_linear_panels.chosen() else 1
+        return -(-rows // width) * width * cols
+
+    def linears(padded: bool) -> int:
+        return config["layers"] * (
+            weights(config["q"] + 2 * config["kv"], 64, padded) + weights(64, config["q"], padded)
+            + weights(2 * config["inter"], 64, padded) + weights(64, config["inter"], padded)
+        ) + weights(512, 64, padded)
+
+    linear = linears(False)
+    norms, row = 4 * 64 * (2 * config["layers"] + 1), 64
+    assert dense == 4 * (linears(True) + row) + norms
+    assert q8 == (linear + row) * 34 // 32 + norms
+    assert q4 == (linear + row) * 20 // 32 + norms
     assert "bs=1 decode tok/s" in capsys.readouterr().out
 
 
