@@ -239,3 +239,39 @@ def test_each_tensor_parallel_rank_reads_its_shard_of_the_file(
         width = down.shape[1] // 2
         assert torch.equal(shard[f"{layer}mlp.down_proj.weight"],
                            down[:, width * rank:width * (rank + 1)])
+
+
+def _mapped_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) > 5 and head[5] == str(path)
+            elif inside and head[:1] == ["Rss:"]:
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="needs /proc/self/smaps")
+def test_a_read_tensors_file_pages_leave_the_resident_set(tmp_path: Path) -> None:
+    """After the loader has read a tensor, its file pages no longer count in the process's RSS
+    (a model is not held twice: its copy and the file); the data reads the same again."""
+    from strand.engine_core.model_executor.gguf.tensor_table import read_tensors, release
+
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    values = np.arange(2 << 20, dtype=np.float32).reshape(1024, 2048)  # 8 MiB
+    w.add_tensor("token_embd.weight", values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    [t] = read_tensors(path)
+    assert float(np.asarray(t.data, dtype=np.float64).sum()) == float(values.sum(dtype=np.float64))
+    assert _mapped_kib(path) >= 8 << 10
+    release(t.data)
+    assert _mapped_kib(path) < 64
+    assert np.array_equal(np.asarray(t.data), values)  # mapped again on reading
+    release(np.zeros(4))  # not a file's pages: nothing to do

@@ -429,3 +429,22 @@ def test_the_embedding_table_stays_in_the_files_blocks(files: dict[str, Path], n
         assert torch.equal(embed(ids), dense(ids))
     with pytest.raises(IndexError, match="token ids must be in"):
         embed(torch.tensor([embed.num_embeddings]))
+
+
+def test_a_tensor_transcoded_a_piece_of_rows_at_a_time_is_the_whole_ones_blocks(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large tables are rewritten a piece of rows at a time (small temporaries): the same
+    bytes as rewriting them whole."""
+    import numpy as np
+
+    from strand.engine_core.model_executor.gguf import quantized
+    from strand.engine_core.model_executor.gguf.tensor_table import read_tensors
+    from strand.kernels.gguf_linear_ref import Q6_F
+    from strand.kernels.gguf_transcode import transcode
+
+    [t] = [t for t in read_tensors(files["Q4_K_M"]) if t.name == "output.weight"]  # Q6_K
+    whole = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
+                      int(t.tensor_type), Q6_F)
+    row_bytes = int(np.asarray(t.data).reshape(int(t.shape[1]), -1).shape[1])
+    monkeypatch.setattr(quantized, "_TRANSCODE_PIECE", 3 * row_bytes)  # 3 rows a piece
+    assert np.array_equal(quantized._transcoded(t, Q6_F), whole)

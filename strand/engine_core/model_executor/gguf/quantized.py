@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
-from strand.engine_core.model_executor.gguf.tensor_table import read_tensors
+from strand.engine_core.model_executor.gguf.tensor_table import read_tensors, release
 from strand.engine_core.model_executor.gguf.tensors import hf_name, unpermute
 from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
@@ -69,11 +69,10 @@ def _runs(types: list[int], rows: list[int], device: torch.device) -> list[int] 
     return targets if all(_tiles_only_apply(device, n) for n in run_rows) else None
 
 
-def _packed(tensors: list[Any], heads: list[int | None],
-            device: torch.device) -> tuple[Parts, int] | None:
-    """(each run of parts' rows and packed type, in_features), or None where the parts cannot
-    be packed: a part missing, of a type not read packed, or of one read over tiles only where
-    there are none."""
+def _targets(tensors: list[Any], device: torch.device) -> tuple[list[int], int] | None:
+    """(each part's packed type, in_features), from the tensors' types and shapes alone (no
+    data read); None where the parts cannot be packed: a part missing, of a type not read
+    packed, or of one read over tiles only where there are none."""
     if any(t is None for t in tensors):
         return None
     types = [int(t.tensor_type) for t in tensors]
@@ -86,18 +85,59 @@ def _packed(tensors: list[Any], heads: list[int | None],
     targets = _runs(types, rows, device) or [common_type(types)] * len(types)
     if any(t in TILES_ONLY for t in targets) and not _tiles_only_apply(device, sum(rows)):
         return None
+    return targets, next(iter(in_features))
+
+
+def _read_parts(tensors: list[Any], heads: list[int | None], targets: list[int],
+                device: torch.device) -> Parts:
+    """Each run of parts' rows in its packed type, read from the file now; the file's pages
+    then leave this process's resident set (tensor_table.release)."""
     parts: list[tuple[np.ndarray, int]] = []
     for t, h, target in zip(tensors, heads, targets, strict=True):
-        blocks = transcode(np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1),
-                           int(t.tensor_type), target)
+        blocks = _transcoded(t, target)
         blocks = unpermute(blocks, h) if h is not None else blocks
         if parts and parts[-1][1] == target:  # the run goes on: its rows concatenate
             parts[-1] = (np.concatenate([parts[-1][0], blocks], axis=0), target)
         else:
             parts.append((blocks, target))
-    # Copies: a run of one part is still a view of the file's read-only memory map.
-    return ([(torch.from_numpy(np.array(b, order="C")), q) for b, q in parts],
-            next(iter(in_features)))
+    # A run of one part read as it is is still a view of the file's read-only memory map: a copy.
+    read = [(torch.from_numpy(b if b.flags.owndata and b.flags.c_contiguous
+                              else np.array(b, order="C")).to(device), q) for b, q in parts]
+    for t in tensors:
+        release(t.data)
+    return read
+
+
+# Bytes of a tensor's rows transcoded at a time: the transcoding's temporaries (several bytes a
+# weight) stay small beside the model, even for a 128k-row vocabulary's table.
+_TRANSCODE_PIECE = 16 << 20
+
+
+def _transcoded(t: Any, target: int) -> np.ndarray:
+    """The tensor's rows [N, row bytes] in `target` blocks (transcode), a piece of rows at a
+    time into one array; the file's rows themselves (a view) where they need no rewriting."""
+    rows = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+    source = int(t.tensor_type)
+    if target == source:
+        return rows
+    step = max(1, _TRANSCODE_PIECE // max(1, rows.shape[1]))
+    first = transcode(rows[:step], source, target)
+    out = np.empty((rows.shape[0], first.shape[1]), dtype=np.uint8)
+    out[:step] = first
+    for start in range(step, rows.shape[0], step):
+        out[start:start + step] = transcode(rows[start:start + step], source, target)
+    return out
+
+
+def _packed(tensors: list[Any], heads: list[int | None],
+            device: torch.device) -> tuple[Parts, int] | None:
+    """(each run of parts' rows and packed type, in_features), or None where the parts cannot
+    be packed (_targets)."""
+    found = _targets(tensors, device)
+    if found is None:
+        return None
+    targets, in_features = found
+    return _read_parts(tensors, heads, targets, device), in_features
 
 
 @dataclass
@@ -106,11 +146,20 @@ class Packing:
     table, by a GGUFEmbedding over its blocks (no parts: the packed lm_head's, tied to it)."""
     parent: nn.Module
     attr: str
-    parts: Parts  # the first run's rows and type, then any in other types
+    # The file's tensors (read when the layer is replaced: one layer's blocks at a time in
+    # memory beside the model), the heads to unpermute each by, each one's packed type.
+    tensors: list[Any]
+    heads: list[int | None]
+    targets: list[int]
+    device: torch.device
     in_features: int
     sources: list[str]  # the GGML type names of its parts, for the log
     embedding: bool = False
     head: Packing | None = None  # a tied table's: the lm_head's packing, applied before it
+
+    def read(self) -> Parts:
+        """The first run's rows and type, then any in other types."""
+        return _read_parts(self.tensors, self.heads, self.targets, self.device)
 
     @property
     def layer(self) -> nn.Module:
@@ -143,15 +192,17 @@ def plan_packed(model: nn.Module, gguf_file: str, device: torch.device) -> list[
     plan = []
     for parent, attr, names, heads in targets:
         old = getattr(parent, attr)
-        got = _packed([raw.get(n) for n in names], heads, device)
+        found = [raw.get(n) for n in names]
+        got = _targets(found, device)
         if not isinstance(old, Linear) or got is None:
             continue
-        parts, in_features = got
-        rows = sum(p.shape[0] for p, _ in parts)
+        tensors = [t for t in found if t is not None]  # all of them, or _targets said None
+        types, in_features = got
+        rows = sum(int(t.shape[1]) for t in tensors)
         if (rows, in_features) != tuple(old.weight.shape):
             raise ValueError(f"GGUF tensors {names} hold [{rows}, {in_features}], the "
                              f"model's {attr} is {list(old.weight.shape)}")
-        plan.append(Packing(parent, attr, [(p.to(device), q) for p, q in parts], in_features,
+        plan.append(Packing(parent, attr, tensors, heads, types, device, in_features,
                             [SOURCE_NAMES[int(raw[n].tensor_type)] for n in names]))
     if not plan:
         logger.info("quantization='gguf': no linear weight of %s is of a type read packed (%s);"
@@ -172,17 +223,17 @@ def _plan_embedding(model: nn.Module, raw: dict[str, Any], plan: list[Packing],
     name = "model.embed_tokens.weight"
     head = next((p for p in plan if p.parent is model and p.attr == "lm_head"), None)
     if config.tie_word_embeddings and head is not None:
-        if len(head.parts) != 1:
+        if len(head.tensors) != 1:
             return None
-        return Packing(inner, "embed_tokens", [], head.in_features, head.sources, True, head)
-    got = _packed([raw.get(name)], [None], device)
-    if got is None or len(got[0]) != 1:
+        return Packing(inner, "embed_tokens", [], [], [], device, head.in_features,
+                       head.sources, True, head)
+    table = raw.get(name)
+    got = None if table is None else _targets([table], device)
+    if (table is None or got is None
+            or (int(table.shape[1]), got[1]) != tuple(inner.embed_tokens.weight.shape)):
         return None
-    parts, in_features = got
-    if (parts[0][0].shape[0], in_features) != tuple(inner.embed_tokens.weight.shape):
-        return None
-    return Packing(inner, "embed_tokens", [(p.to(device), q) for p, q in parts], in_features,
-                   [SOURCE_NAMES[int(raw[name].tensor_type)]], True)
+    return Packing(inner, "embed_tokens", [table], [None], got[0], device, got[1],
+                   [SOURCE_NAMES[int(table.tensor_type)]], True)
 
 
 def _apply_embedding(p: Packing) -> None:
@@ -192,9 +243,9 @@ def _apply_embedding(p: Packing) -> None:
     if p.head is not None:
         table = cast(GGUFLinear, p.head.layer)
     else:
-        (blocks, qtype), = p.parts
+        (blocks, qtype), = p.read()
         table = GGUFLinear(blocks, qtype, p.in_features)
-        p.parts = []
+        del blocks
     setattr(p.parent, p.attr, GGUFEmbedding(table, old.weight.dtype))
     logger.info("the token embedding table stays in the file's %s blocks (%s): %.1f MB "
                 "instead of %.1f MB", p.sources[0],
@@ -218,17 +269,18 @@ def apply_packed(plan: list[Packing]) -> int:
             _apply_embedding(p)
             continue
         old = cast(Linear, p.layer)
-        (first, qtype), more = p.parts[0], p.parts[1:]
+        parts = p.read()
+        (first, qtype), more = parts[0], parts[1:]
         setattr(p.parent, p.attr, GGUFLinear(first, qtype, p.in_features, old.bias, more))
-        kinds["+".join(NAMES[q] for _, q in p.parts)] += 1
+        kinds["+".join(NAMES[q] for _, q in parts)] += 1
         sources.update(p.sources)
         float_bytes += old.weight.numel() * old.weight.element_size()
-        layer_bytes = sum(blocks.numel() for blocks, _ in p.parts)
+        layer_bytes = sum(blocks.numel() for blocks, _ in parts)
         packed_bytes += layer_bytes
-        # The file's rows, regrouped into tiles by GGUFLinear on CPU, are let go layer by layer
-        # and their pages handed back as loading proceeds: the blocks are never held twice.
-        del first, more
-        p.parts = []
+        # Read a layer at a time, the file's rows (regrouped into tiles by GGUFLinear on CPU)
+        # are let go and their pages handed back as loading proceeds: the blocks are never
+        # held twice.
+        del parts, first, more
         untrimmed += layer_bytes
         if untrimmed >= _TRIM_EVERY:
             trim_heap()

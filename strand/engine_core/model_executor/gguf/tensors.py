@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from strand.engine_core.model_executor.gguf.tensor_table import release
+
 # llama.cpp's tensor names -> HF's (blk.N. -> model.layers.N.).
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
@@ -67,6 +69,7 @@ def dequantized_rows(t: Any, start: int, stop: int) -> np.ndarray:
             kernel(data[first:last], out[first - start:last - start])
         else:
             out[first - start:last - start] = dequantize(data[first:last], t.tensor_type)
+        release(data[first:last])  # read: the file's pages need not stay in this process
     return out
 
 
