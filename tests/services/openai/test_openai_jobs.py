@@ -17,7 +17,8 @@ def test_a_requests_priority_goes_with_each_of_its_engine_requests() -> None:
 
     class Client:
         async def generate(self, prompt: Any, params: Any, request_id: str,
-                           lora_request: Any = None, priority: int = 0) -> Any:
+                           lora_request: Any = None, priority: int = 0,
+                           timeout: float | None = None) -> Any:
             asked.append(priority)
             from strand.engine_core.outputs import CompletionOutput, RequestOutput
 
