@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -187,6 +187,31 @@ def test_short_prompts_on_the_loop_long_ones_on_the_thread_same_tokens(
     assert "cache_salt" in bad.error.message
 
 
+def _abort_while_held(tiny_model_dir: Path,
+                      stages: Callable[[], tuple[Any, Any, asyncio.Event, asyncio.Event]]
+                      ) -> tpb.TokenizerResponse:
+    """One add of request "r" through the stages `stages()` makes (detokenizer, engines, the
+    event set once the add is held, the event that lets it go on); once it is held, an abort of
+    "r"; then the add's answer."""
+    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
+
+    async def run() -> tpb.TokenizerResponse:
+        detok, engines, held, release = stages()
+        servicer = TokenizerServicer(processor, cast(Any, detok), cast(Any, engines),
+                                     cast(Any, OneReplica()))
+        try:
+            add = asyncio.ensure_future(
+                servicer.answer(tpb.TokenizerRequest(seq=1, process=_process("r"))))
+            await held.wait()
+            await servicer.answer(tpb.TokenizerRequest(seq=2, abort=tpb.TokenizerAbort(
+                request_ids=["r"])))
+            release.set()
+            return await add
+        finally:
+            servicer._executor.shutdown(wait=True)
+    return asyncio.run(run())
+
+
 class GatedEngines(FakeEngines):
     """GetInfo waits until released: the first adds after a start ask the mode and wait for it
     (under load, tens of milliseconds), as long as an abort may take to come."""
@@ -209,27 +234,14 @@ def test_an_abort_that_comes_while_the_mode_is_asked_refuses_the_add(
         tiny_model_dir: Path, auto: bool) -> None:
     """The abort finds the request on its way in with nothing sent on yet, so it only marks it;
     the add must then be refused, not sent on to run in the engine until the gateway's own
-    abort comes a round trip later (issue 54: cancelled requests alive for 0.3 s under load)."""
+    abort comes a round trip later (cancelled requests stayed alive a few hundred ms under load)."""
     log: list[str] = []
-    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
-    process = tpb.ProcessRequest(request_id="r", origin="gw", prompt=pb.Prompt(
-        token_ids=pb.TokenIds(ids=[5, 6, 7])), params=pb.SamplingParams(max_tokens=3))
 
-    async def run() -> tpb.TokenizerResponse:
+    def stages() -> tuple[Any, Any, asyncio.Event, asyncio.Event]:
         engines = GatedEngines(FakeStage(log, "engine"), auto)
-        servicer = TokenizerServicer(processor, cast(Any, FakeStage(log, "detok")),
-                                     cast(Any, engines), cast(Any, OneReplica()))
-        try:
-            add = asyncio.ensure_future(
-                servicer.answer(tpb.TokenizerRequest(seq=1, process=process)))
-            await engines.asked.wait()
-            await servicer.answer(tpb.TokenizerRequest(seq=2, abort=tpb.TokenizerAbort(
-                request_ids=["r"])))
-            engines.release.set()
-            return await add
-        finally:
-            servicer._executor.shutdown(wait=True)
-    answer = asyncio.run(run())
+        return FakeStage(log, "detok"), engines, engines.asked, engines.release
+
+    answer = _abort_while_held(tiny_model_dir, stages)
     assert answer.error.code == grpc.StatusCode.CANCELLED.value[0]
     assert "aborted on its way in" in answer.error.message
     assert log == ["engine.info"]  # nothing sent on, nothing to take back
@@ -255,26 +267,12 @@ def test_an_abort_that_comes_while_a_manual_add_waits_for_the_detokenizer_refuse
     """Manual mode adds in turn: an abort during the detokenizer's round trip refuses the
     engine's add, and the detokenizer forgets the state it was given."""
     log: list[str] = []
-    processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)
-    process = tpb.ProcessRequest(request_id="r", origin="gw", prompt=pb.Prompt(
-        token_ids=pb.TokenIds(ids=[5, 6, 7])), params=pb.SamplingParams(max_tokens=3))
 
-    async def run() -> tpb.TokenizerResponse:
+    def stages() -> tuple[Any, Any, asyncio.Event, asyncio.Event]:
         detok = GatedDetokenizer(log)
-        servicer = TokenizerServicer(processor, cast(Any, detok),
-                                     cast(Any, FakeEngines(FakeStage(log, "engine"), False)),
-                                     cast(Any, OneReplica()))
-        try:
-            add = asyncio.ensure_future(
-                servicer.answer(tpb.TokenizerRequest(seq=1, process=process)))
-            await detok.adding.wait()
-            await servicer.answer(tpb.TokenizerRequest(seq=2, abort=tpb.TokenizerAbort(
-                request_ids=["r"])))
-            detok.release.set()
-            return await add
-        finally:
-            servicer._executor.shutdown(wait=True)
-    answer = asyncio.run(run())
+        return detok, FakeEngines(FakeStage(log, "engine"), False), detok.adding, detok.release
+
+    answer = _abort_while_held(tiny_model_dir, stages)
     assert answer.error.code == grpc.StatusCode.CANCELLED.value[0]
     assert log == ["engine.info", "detok.add", "detok.abort"]
 
@@ -288,8 +286,8 @@ def _process(request_id: str) -> tpb.ProcessRequest:
 def test_an_abort_read_behind_a_burst_of_adds_overtakes_its_add(
         tiny_model_dir: Path, which: int) -> None:
     """A burst of adds and, behind them on the stream, an abort of one: the abort applies as it
-    is read, and its add is refused when its turn comes, neither tokenized nor sent on (issue
-    54: started as read, every add of the burst ran before the abort, which then found its add
+    is read, and its add is refused when its turn comes, neither tokenized nor sent on (when
+    adds were started as read, every add of the burst ran before the abort, which then found its add
     in the engine and followed it there, aborted only after a step)."""
     log: list[str] = []
     processor = InputProcessor(Tokenizer.from_dir(str(tiny_model_dir)), 64, 512)

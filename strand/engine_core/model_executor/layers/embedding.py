@@ -1,7 +1,7 @@
 """The token embedding table, made without the random init a checkpoint overwrites.
 
 The loader builds a model on the meta device; nn.Embedding's own init (normal_) on meta runs
-through torch's reference ops, which import torch._dynamo and, with it, Triton: ~80 MB of a CPU
+through torch's reference ops, which import torch._dynamo and, with it, Triton: tens of MB of a CPU
 process's memory spent on an init whose values nobody reads."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
             return cpu_elementwise.rms_norm(x, self.weight, self.eps, residual,
                                             in_place=in_place)
         if _triton.runs_triton(x):
-            # Imported here: importing Triton costs ~80 MB of memory, which a CPU process spares.
+            # Imported here: importing Triton maps its large native library, which a CPU process spares.
             from strand.kernels.rms_norm import rms_norm as triton_rms_norm
 
             return triton_rms_norm(x, self.weight, self.eps, residual)
