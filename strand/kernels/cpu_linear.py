@@ -71,13 +71,15 @@ def unavailable_reason(dtype: torch.dtype = torch.float32) -> str | None:
     return None
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+def pack_weight(weight: torch.Tensor, release_source: bool = False) -> torch.Tensor | None:
     """A [out, in] weight's copy for `linear_packed`, made once: float32 panels for Strand's own
     GEMM where it is chosen (strand/kernels/cpu_linear_panels.py: the avx512 level), else oneDNN's
-    blocked copy; None where neither applies (another device or dtype, or switched off)."""
+    blocked copy; None where neither applies (another device or dtype, or switched off).
+    `release_source`: the caller drops the weight once it is packed into panels, and its pages
+    may go as they are packed (cpu_linear_panels.pack)."""
     if cpu_linear_panels.applies(weight):
         with torch.no_grad():
-            return cpu_linear_panels.pack(weight)
+            return cpu_linear_panels.pack(weight, release_source=release_source)
     if (weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2
             or unavailable_reason(weight.dtype) is not None):
         return None

@@ -22,6 +22,7 @@ import torch
 from strand import envs
 from strand.kernels._cpu_build import KERNELS
 from strand.platform.cpu_isa import probe
+from strand.platform.page_release import release_pages
 
 
 @functools.cache
@@ -51,15 +52,36 @@ def is_panels(packed: torch.Tensor) -> bool:
     return packed.dim() == 3
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 [out, in] weight as panels [ceil(out / width), in, width], zero-padded."""
+def pack(weight: torch.Tensor, release_source: bool = False) -> torch.Tensor:
+    """A float32 [out, in] weight as panels [ceil(out / width), in, width], zero-padded.
+
+    With `release_source` the weight is packed a slice of panels at a time and the pages of
+    the rows already packed are handed back as it goes (strand/platform/page_release.py): for a
+    weight its owner drops right after, so that a large one (a 128k-row head is over a GB)
+    is never held twice. The weight reads as garbage afterwards."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"pack takes a 2-D float32 CPU weight, got {weight.dtype} "
                          f"{tuple(weight.shape)} on {weight.device}")
     cols = width()
-    panels = torch.empty((weight.shape[0] + cols - 1) // cols, weight.shape[1], cols)
-    KERNELS.require().pack_panels(panels, weight.detach().contiguous())
+    rows, inner = weight.shape
+    panels = torch.empty((rows + cols - 1) // cols, inner, cols)
+    source = weight.detach()
+    # Only a weight that is the whole of its storage: a view's neighbours may still be read.
+    whole = source.is_contiguous() and source.untyped_storage().nbytes() == source.numel() * 4
+    if not release_source or not whole:
+        KERNELS.require().pack_panels(panels, source.contiguous())
+        return panels
+    step = max(1, _RELEASE_EVERY // (cols * inner * 4))  # panels a slice
+    for first in range(0, panels.shape[0], step):
+        last = min(first + step, panels.shape[0])
+        KERNELS.require().pack_panels(panels[first:last],
+                                      source[first * cols:min(last * cols, rows)])
+        release_pages(source, min(last * cols, rows) * inner * 4)
     return panels
+
+
+# Bytes of a weight packed between two hand-backs of its pages (pack's release_source).
+_RELEASE_EVERY = 32 << 20
 
 
 def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None,

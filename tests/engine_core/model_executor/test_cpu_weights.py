@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from strand.engine_core.model_executor.layers import weight_arena
 from strand.engine_core.model_executor.layers.cpu_weights import prepare_cpu_weights
 from strand.engine_core.model_executor.layers.embedding import PanelEmbedding
 from strand.engine_core.model_executor.layers.linear import Linear
@@ -96,3 +97,33 @@ def test_a_cpu_process_never_imports_triton(tmp_path: Path) -> None:
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(key + ":"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's peak RSS reset")
+def test_a_large_tied_table_is_never_held_twice_while_packed_and_gathered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table is packed into its head's panels and then moved onto huge pages: each time
+    the old copy's pages go as the new one fills, a slice at a time, so the peak passes one
+    table by about a slice."""
+    monkeypatch.setattr(cpu_linear_panels, "_RELEASE_EVERY", 4 << 20)
+    monkeypatch.setattr(weight_arena, "_RELEASE_EVERY", 4 << 20)
+    model_dir = make_tiny_model(tmp_path / "m", num_layers=1, hidden_size=128, num_heads=2,
+                                num_kv_heads=1, vocab_size=131072, tie_word_embeddings=True)
+    model = load_model(load_model_config(str(model_dir), "float32"), torch.device("cpu"))
+    table_kib = 131072 * 128 * 4 // 1024
+    with torch.inference_mode():
+        before = model.compute_logits(model.model.embed_tokens(torch.tensor([7, 131071])))
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # VmHWM starts again from VmRSS
+    resident = _status_kib("VmRSS")
+    prepare_cpu_weights(model)
+    assert isinstance(model.model.embed_tokens, PanelEmbedding)
+    assert _status_kib("VmHWM") - resident < table_kib // 4
+    with torch.inference_mode():
+        after = model.compute_logits(model.model.embed_tokens(torch.tensor([7, 131071])))
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)

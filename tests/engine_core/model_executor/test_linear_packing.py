@@ -104,7 +104,7 @@ def test_bfloat16_without_onednn_bf16_goes_through_a_float32_copy(
     # As on an AVX2-only CPU: oneDNN takes float32 only.
     real_pack = linear_layer.pack_weight
     monkeypatch.setattr(linear_layer, "pack_weight",
-                        lambda w: None if w.dtype == torch.bfloat16 else real_pack(w))
+                        lambda w, **kw: None if w.dtype == torch.bfloat16 else real_pack(w, **kw))
     layer = Linear(64, 24, bias=True).to(torch.bfloat16)
     x = torch.randn(16, 64).bfloat16()
     with torch.inference_mode():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
@@ -21,25 +22,37 @@ logger = logging.getLogger(__name__)
 def prepare_cpu_weights(model: nn.Module) -> int:
     """Packs, shares and gathers the model's weights; returns how many linear weights were
     packed."""
-    packed = pack_linear_weights(model)
-    if share_tied_panels(model):  # before the gather: the dense table must not move too
+    shared = share_tied_panels(model)  # first: the table's pages go as its panels are packed
+    if shared:
         logger.info("the tied embedding table is read from the lm_head's panels")
+    packed = pack_linear_weights(model) + shared
     gather_decode_weights(model)  # on 2 MiB pages, in a decode step's read order
     trim_heap()
     return packed
 
 
 def share_tied_panels(model: nn.Module) -> bool:
-    """A tied lm_head whose float32 panels serve every row count: the embedding looks its rows
-    up in them (PanelEmbedding) and the dense table goes. False where that does not apply."""
+    """Packs a tied lm_head into float32 panels that serve every row count, and has the
+    embedding look its rows up in them (PanelEmbedding): the panels become the table's only
+    copy, and the dense table's pages are handed back as they are packed. False (and nothing
+    done) where that does not apply."""
     inner = getattr(model, "model", None)
     embed, head = getattr(inner, "embed_tokens", None), getattr(model, "lm_head", None)
-    if type(embed) is not nn.Embedding or not isinstance(head, Linear) or head.packed is None:
+    if type(embed) is not nn.Embedding or not isinstance(head, Linear) or head.packed is not None:
         return False
     if (head.weight.is_meta or head.weight.data_ptr() != embed.weight.data_ptr()
-            or embed.max_norm is not None or not head.panels_serve_all(head.packed)):
+            or embed.max_norm is not None or not head.panels_will_serve_all()
+            or not _only_user(model, head.weight, 2)):
         return False
     assert inner is not None
+    head.pack(keep_dense=False)
     inner.embed_tokens = PanelEmbedding(head, embed.num_embeddings)
-    head.drop_dense()
     return True
+
+
+def _only_user(model: nn.Module, weight: torch.Tensor, uses: int) -> bool:
+    """Whether `weight`'s bytes are the model's `uses` parameters' (the head's and the table's)
+    and nobody else's: its pages may then be handed back as it is packed."""
+    seen = sum(p.data_ptr() == weight.data_ptr()
+               for _, p in model.named_parameters(remove_duplicate=False))
+    return seen == uses

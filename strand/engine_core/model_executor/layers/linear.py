@@ -56,7 +56,8 @@ class Linear(nn.Linear):
         """Use the packed copy of the weight (cpu_linear.pack_weight) from now on, and the
         few-row kernel where it applies; False where no packed copy applies."""
         self.small_m = small_m_applies(self.weight)
-        packed = pack_weight(self.weight)
+        drops_dense = not keep_dense and self.panels_will_serve_all()
+        packed = pack_weight(self.weight, release_source=drops_dense)
         if packed is None and self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu":
             # No oneDNN bfloat16 kernels on this CPU (AVX2-only): torch's own bfloat16 GEMM runs
             # at a sixth of float32's speed there. Products of many rows go through a float32
@@ -72,6 +73,11 @@ class Linear(nn.Linear):
         if not self.small_m:
             self.drop_dense()
         return True
+
+    def panels_will_serve_all(self) -> bool:
+        """Whether pack() will make float32 panels of this weight that serve every row count,
+        so that the dense copy goes (and may go page by page as it is packed)."""
+        return cpu_linear_panels.applies(self.weight) and not envs.keep_dense_weights()
 
     def panels_serve_all(self, packed: torch.Tensor) -> bool:
         """Whether `packed` is float32 panels of this float32 weight (their kernel takes every

@@ -14,8 +14,8 @@ STRAND_HUGE_PAGE_WEIGHTS=0 leaves the weights where they were loaded (A/B runs).
 
 What a decode step reads moves: the few-row kernel's dense weights (`Linear.small_m`) and float32
 panels that are their layer's only copy (`Linear.panels_only`); a tied lm_head moves once, with
-the embedding it shares. The heap blocks the weights leave are handed back to the system
-(malloc_trim), so memory is what it was.
+the embedding it shares. The pages the weights leave are handed back to the system as the copy
+proceeds (a weight's own pages, and the heap's: malloc_trim), so memory is what it was.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from torch import nn
 from strand import envs
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
 from strand.engine_core.model_executor.layers.linear import Linear
+from strand.platform.page_release import release_pages
 
 logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
 _ALIGN = 4096  # each weight starts on a page of its own (a whole number of cache lines)
 _TRIM_EVERY = 64 << 20  # bytes moved between two trims of the heap
+_RELEASE_EVERY = 32 << 20  # bytes of one weight copied between two hand-backs of its pages
 
 
 def huge_page_block(nbytes: int) -> torch.Tensor:
@@ -98,7 +100,7 @@ def gather_decode_weights(model: nn.Module) -> int:
             t = getattr(module, name)
             nbytes = _nbytes(t)
             view = block[offset:offset + nbytes].view(t.dtype).view(t.shape)
-            view.copy_(t.data)
+            _move(view, t.data)
             if name == "weight":
                 t.data = view  # the Parameter stays (a tied head shares it)
             else:
@@ -114,6 +116,19 @@ def gather_decode_weights(model: nn.Module) -> int:
     trim_heap()
     logger.info("decode weights: %d MiB in one block of 2 MiB pages", total >> 20)
     return total
+
+
+def _move(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) a slice at a time, handing back the pages of `src` already copied where
+    it is the whole of its storage (strand/platform/page_release.py): the block's pages fill
+    as the source's empty, so a large weight (a tied 128k-row head) is not held twice."""
+    whole = src.untyped_storage().nbytes() == _nbytes(src)
+    flat_dst, flat_src = dst.view(-1), src.view(-1)
+    step = max(1, _RELEASE_EVERY // src.element_size())
+    for first in range(0, flat_src.numel(), step):
+        flat_dst[first:first + step].copy_(flat_src[first:first + step])
+        if whole:
+            release_pages(src, (first + step) * src.element_size())
 
 
 def huge_page_bytes(t: torch.Tensor) -> int | None:
