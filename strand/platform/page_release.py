@@ -24,13 +24,25 @@ _MADV_DONTNEED = 4
 def release_pages(tensor: torch.Tensor, end: int) -> bool:
     """Hands back the whole pages among `tensor`'s first `end` bytes; a page it shares with a
     neighbour's bytes stays. False (and nothing done) off Linux/glibc or off the CPU."""
-    libc = _libc()
-    if libc is None or tensor.device.type != "cpu" or end <= 0:
+    if tensor.device.type != "cpu" or end <= 0:
         return False
     page = mmap.PAGESIZE
     first = tensor.data_ptr()
     start = -(-first // page) * page
     stop = (first + min(end, tensor.numel() * tensor.element_size())) // page * page
+    return release_range(start, stop - start)
+
+
+def release_range(address: int, nbytes: int) -> bool:
+    """madvise(MADV_DONTNEED) over the pages of [address, address + nbytes), widened to whole
+    pages: for a read-only file map, whose pages nobody loses (they are the file's). False off
+    Linux/glibc."""
+    libc = _libc()
+    if libc is None:
+        return False
+    page = mmap.PAGESIZE
+    start = address // page * page
+    stop = -(-(address + nbytes) // page) * page
     if stop > start:
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), _MADV_DONTNEED)
     return True

@@ -10,17 +10,14 @@ as a memory-mapped view shaped as GGUFReader shapes it), and equal them (tests/e
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import mmap
-import platform
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+
+from strand.platform.page_release import release_range
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -126,25 +123,5 @@ def release(data: np.ndarray) -> None:
     the loader has read them: the file's pages stay in the page cache (a later read maps them
     again), but a model loaded from a file no longer counts the file's pages in its RSS beside
     its own copy. Linux with glibc; elsewhere, or for data not mapped from a file, nothing."""
-    if not isinstance(data, np.memmap) or data.nbytes == 0:
-        return
-    libc = _libc()
-    if libc is None:
-        return
-    page = mmap.PAGESIZE
-    start = data.ctypes.data // page * page
-    end = -(-(data.ctypes.data + data.nbytes) // page) * page
-    libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
-
-
-_MADV_DONTNEED = 4
-
-
-@functools.cache
-def _libc() -> Any:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
+    if isinstance(data, np.memmap) and data.nbytes > 0:
+        release_range(data.ctypes.data, data.nbytes)
