@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ import torch
 from strand.engine_core.config import EngineArgs
 from strand.engine_core.config_checks import check_engine_args, logits_processor_classes
 from strand.engine_core.core.engine import EngineCore
+from strand.engine_core.default_model import resolve_model_dir
 from strand.engine_core.errors import DuplicateRequestError
 from strand.engine_core.lora.request import LoRARequest
 from strand.engine_core.metrics import Metric, snapshot
@@ -26,6 +28,20 @@ from strand.engine_core.stats_logger import StatsLogger
 logger = logging.getLogger(__name__)
 
 PromptType = str | dict[str, Any]
+
+
+def _tokenizer_before_the_model(args: EngineArgs) -> Tokenizer | None:
+    """The tokenizer, loaded before the model where its directory has one: the temporaries of
+    its load (tens of MB of parsed tokenizer.json for a 128k-token vocabulary) are then freed
+    into the heap that the weights reuse, instead of coming on top of the loaded model and its
+    KV cache at the process's peak. None where there is none to load yet (a model that cannot
+    load then says so first, as it did; a missing tokenizer is named after it)."""
+    if args.skip_tokenizer_init:
+        return None
+    tokenizer_dir = Path(args.tokenizer or resolve_model_dir(args.model))
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        return None
+    return Tokenizer.from_dir(tokenizer_dir, chat_template=args.chat_template)
 
 
 class LLMEngine:
@@ -55,10 +71,11 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         check_engine_args(args)  # before the model loads
+        tokenizer = _tokenizer_before_the_model(args)
         core = EngineCore.from_engine_args(args)
-        tokenizer = (None if args.skip_tokenizer_init
-                     else Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir,
-                                             chat_template=args.chat_template))
+        if tokenizer is None and not args.skip_tokenizer_init:
+            tokenizer = Tokenizer.from_dir(args.tokenizer or core.model_config.model_dir,
+                                           chat_template=args.chat_template)
         return cls(args, core, tokenizer)
 
     def get_tokenizer(self) -> Tokenizer:

@@ -60,24 +60,32 @@ def _check(packed: torch.Tensor, qtype: int, in_features: int) -> None:
                          f"{packed.shape[1]}")
 
 
-def gguf_tile(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+def gguf_tile(packed: torch.Tensor, qtype: int, in_features: int,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """GGUF rows [N, row bytes] (N a multiple of 16) -> the same bytes as 16-row tiles
     [N / 16, in_features / 32, 16 * block bytes], the layout the decode kernel reads 16 rows at a
-    time (strand/kernels/csrc/gguf_tiled.cpp); by the C++ kernel where it applies, else tile_ref."""
+    time (strand/kernels/csrc/gguf_tiled.cpp); by the C++ kernel where it applies, else tile_ref.
+    Into `out` (contiguous tiles of that shape) when given: a loader tiles a large weight a piece
+    of rows at a time into its one final tensor, never holding the rows and the tiles whole."""
     _check(packed, qtype, in_features)
     if packed.dim() != 2 or packed.shape[0] % TILE_ROWS:
         raise ValueError(f"gguf_tile takes GGUF rows, a multiple of {TILE_ROWS} of them, got "
                          f"{tuple(packed.shape)}")
+    shape = (packed.shape[0] // TILE_ROWS, in_features // BLOCK, TILE_ROWS * BLOCK_BYTES[qtype])
+    if out is not None and (tuple(out.shape) != shape or out.dtype != torch.uint8
+                            or not out.is_contiguous() or out.device != packed.device):
+        raise ValueError(f"out must be contiguous uint8 tiles {list(shape)} on "
+                         f"{packed.device}, got {out.dtype} {list(out.shape)} on {out.device}")
     if not kernels_apply(packed):
         from strand.kernels.gguf_linear_ref import tile_ref
 
-        return tile_ref(packed, qtype)
+        tiles = tile_ref(packed, qtype)
+        return tiles if out is None else out.copy_(tiles)
     from strand.kernels._cpu_build import KERNELS
 
     module = KERNELS.module()
     assert module is not None
-    tiles = torch.empty(packed.shape[0] // TILE_ROWS, in_features // BLOCK,
-                        TILE_ROWS * BLOCK_BYTES[qtype], dtype=torch.uint8)
+    tiles = torch.empty(shape, dtype=torch.uint8) if out is None else out
     module.gguf_tile(tiles, packed, qtype)
     return tiles
 

@@ -91,6 +91,36 @@ def test_q4_k_tiles_go_by_super_block() -> None:
 
 
 @needs_kernels
+def test_rows_tiled_a_piece_at_a_time_into_one_tensor_are_the_whole_ones_tiles() -> None:
+    # The loader tiles a large table a piece of rows at a time into its final tensor (out=):
+    # the same bytes as tiling it whole.
+    k = width(Q6_F, 256)
+    packed = random_packed(64, k, Q6_F, seed=5)
+    whole = cpu_gguf_linear.gguf_tile(packed, Q6_F, k)
+    tiles = torch.empty_like(whole)
+    for start in range(0, 64, 32):
+        got = cpu_gguf_linear.gguf_tile(packed[start:start + 32], Q6_F, k,
+                                        out=tiles[start // 16:start // 16 + 2])
+        assert got.data_ptr() == tiles[start // 16].data_ptr()
+    assert torch.equal(tiles, whole)
+    with pytest.raises(ValueError, match="out must be contiguous uint8 tiles"):
+        cpu_gguf_linear.gguf_tile(packed, Q6_F, k, out=tiles[:2])
+
+
+@needs_kernels
+def test_gguf_linear_keeps_tiles_made_before_it_as_they_are() -> None:
+    packed = random_packed(48, 64, Q4_1, seed=2)
+    tiles = cpu_gguf_linear.gguf_tile(packed, Q4_1, 64)
+    layer, from_rows = GGUFLinear(tiles, Q4_1, 64), GGUFLinear(packed, Q4_1, 64)
+    assert layer.packed.data_ptr() == tiles.data_ptr() and layer.out_features == 48
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(layer(x), from_rows(x))
+    with pytest.raises(ValueError, match="16-row tiles of 64-weight Q4_1 rows"):
+        GGUFLinear(tiles[:, :1].contiguous(), Q4_1, 64)
+
+
+@needs_kernels
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_tiles_as_the_reference_and_back(qtype: int) -> None:
     k = width(qtype, 576)

@@ -74,10 +74,9 @@ def load_model(config: ModelConfig, device: torch.device,
     planned = {id(p.layer) for p in plan}
     for module in model.modules():
         if id(module) not in planned:
-            module.to_empty(device=device, recurse=False)
+            _to_empty(module, device)
         elif isinstance(bias := getattr(module, "bias", None), torch.Tensor):
-            module.bias = torch.nn.Parameter(torch.empty_like(bias, device=device),
-                                             requires_grad=False)
+            module.bias = torch.nn.Parameter(_empty(bias, device), requires_grad=False)
     model.tie_weights()
     for module in model.modules():  # Gemma 3 has two RoPE tables (global and sliding layers)
         if isinstance(module, RotaryEmbedding):
@@ -88,6 +87,19 @@ def load_model(config: ModelConfig, device: torch.device,
 
         apply_packed(plan)
     return model.eval().requires_grad_(False)
+
+
+def _empty(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An uninitialized tensor of a meta tensor's shape and dtype on `device`. By torch.empty,
+    not empty_like: empty_like of a meta tensor runs torch's Python reference ops, whose first
+    use imports sympy (some 25 MB of resident modules) in a process that never needs it."""
+    return torch.empty(t.shape, dtype=t.dtype, device=device)
+
+
+def _to_empty(module: torch.nn.Module, device: torch.device) -> None:
+    """module.to_empty(device=device, recurse=False), by _empty (its own parameters and
+    buffers; `_apply` keeps each Parameter a Parameter, as to_empty does)."""
+    module._apply(lambda t: _empty(t, device), recurse=False)
 
 
 def _plan_packed(model: LlamaForCausalLM, config: ModelConfig,

@@ -285,3 +285,31 @@ def test_offline_llm_generate_takes_a_priority_per_prompt(tiny_model_dir: Path) 
     fcfs = LLM(str(tiny_model_dir), dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="needs scheduling_policy 'priority'"):
         fcfs.generate(PROMPTS[:1], greedy(4), use_tqdm=False, priority=[2])
+
+
+def test_the_tokenizer_loads_before_the_model_where_its_directory_has_one(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its load's temporaries are then freed into the heap the weights reuse, not added on top of
+    # the loaded model at the process's peak. A directory without one loads the model first, so
+    # that a model that cannot load still says so first.
+    from strand.engine_core.core.engine import EngineCore
+    from strand.engine_core.processing.tokenizer import Tokenizer
+
+    order: list[str] = []
+    real_core, real_tokenizer = EngineCore.from_engine_args, Tokenizer.from_dir
+
+    def core(args: EngineArgs) -> EngineCore:
+        order.append("model")
+        return real_core(args)
+
+    def tokenizer(cls: type[Tokenizer], path: Any, chat_template: str | None = None) -> Any:
+        order.append("tokenizer")
+        return real_tokenizer(path, chat_template)
+
+    monkeypatch.setattr(EngineCore, "from_engine_args", staticmethod(core))
+    monkeypatch.setattr(Tokenizer, "from_dir", classmethod(tokenizer))
+    LLMEngine.from_engine_args(EngineArgs(model=str(tiny_model_dir), device="cpu",
+                                          num_gpu_blocks_override=16))
+    assert order == ["tokenizer", "model"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path / "missing"), device="cpu"))

@@ -287,7 +287,9 @@ def test_packing_refuses_parts_of_other_types(files: dict[str, Path]) -> None:
     assert _packed([v, None], [None, None], cpu) is None  # a part missing
     got = _packed([v, tensors["blk.1.attn_v.weight"]], [None, None], cpu)
     assert got is not None and len(got[0]) == 1  # one type: one run of rows
-    assert got[0][0][0].shape == (2 * v.shape[1], v.data.shape[1])
+    blocks = got[0][0][0]  # GGUF rows, or on CPU with the C++ kernels their 16-row tiles
+    assert cpu_gguf_linear.out_features(blocks) == 2 * v.shape[1]
+    assert blocks.numel() == 2 * v.shape[1] * v.data.shape[1]
 
 
 def test_k_quant_layers_stay_float_where_only_tiles_could_read_them(
@@ -315,7 +317,9 @@ def test_parts_of_different_types_keep_their_own_where_tiles_read_them(
         return
     assert got is not None
     parts, in_features = got
-    assert [(NAMES[q], p.shape[0]) for p, q in parts] == [("Q4_K", 256 + 128), ("Q6_F", 128)]
+    assert [(NAMES[q], cpu_gguf_linear.out_features(p)) for p, q in parts] == [
+        ("Q4_K", 256 + 128), ("Q6_F", 128)]
+    assert all(p.dim() == 3 for p, _ in parts)  # read straight into 16-row tiles
     own = sum(p.numel() for p, _ in parts)
     assert own < 0.6 * (256 + 2 * 128) * in_features * 11 / 8  # Q8_F: 11 bits a weight
     assert _packed(qkv, heads, torch.device("cuda")) is None
@@ -332,14 +336,16 @@ def test_a_packed_layer_keeps_its_bias_and_its_float_weight_is_never_made(
                                  num_kv_heads=2, intermediate_size=128)
     path = tmp_path / "qwen2-Q8_0.gguf"
     write_gguf(model_dir, path, "Q8_0")
+    from strand.engine_core.model_executor import loader
+
     made: list[tuple[int, ...]] = []  # the shapes of the parameters the loader makes
-    real_empty = torch.nn.Module.to_empty
+    real_to_empty = loader._to_empty
 
-    def to_empty(module: torch.nn.Module, *, device: Any, recurse: bool = True) -> Any:
-        made.extend(tuple(p.shape) for p in module.parameters(recurse=recurse))
-        return real_empty(module, device=device, recurse=recurse)
+    def to_empty(module: torch.nn.Module, device: torch.device) -> None:
+        made.extend(tuple(p.shape) for p in module.parameters(recurse=False))
+        real_to_empty(module, device)
 
-    monkeypatch.setattr(torch.nn.Module, "to_empty", to_empty)
+    monkeypatch.setattr(loader, "_to_empty", to_empty)
     dense, _ = _run(path, None)
     assert made.count((128, 64)) == 2  # q/k/v's 64 + 32 + 32 rows of 64, in both layers
     made.clear()
@@ -448,3 +454,27 @@ def test_a_tensor_transcoded_a_piece_of_rows_at_a_time_is_the_whole_ones_blocks(
     row_bytes = int(np.asarray(t.data).reshape(int(t.shape[1]), -1).shape[1])
     monkeypatch.setattr(quantized, "_TRANSCODE_PIECE", 3 * row_bytes)  # 3 rows a piece
     assert np.array_equal(quantized._transcoded(t, Q6_F), whole)
+
+
+def test_a_table_tiled_a_piece_of_rows_at_a_time_is_the_whole_ones_tiles(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU a weight is read, rewritten and tiled a piece of rows at a time into its one final
+    tensor (the file's rows, their rewrite and their tiles never all whole at once): the same
+    bytes as tiling the whole rewrite."""
+    import numpy as np
+
+    from strand.engine_core.model_executor.gguf import quantized
+    from strand.engine_core.model_executor.gguf.tensor_table import read_tensors
+    from strand.kernels.gguf_linear_ref import Q6_F
+    from strand.kernels.gguf_transcode import transcode
+
+    if not cpu_gguf_linear.kernels_apply(torch.empty(0, dtype=torch.uint8)):
+        pytest.skip("the C++ kernels are not built: no tiles")
+    [t] = [t for t in read_tensors(files["Q4_K_M"]) if t.name == "output.weight"]  # Q6_K
+    rows = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+    whole = cpu_gguf_linear.gguf_tile(torch.from_numpy(transcode(rows, int(t.tensor_type), Q6_F)),
+                                      Q6_F, int(t.shape[0]))
+    monkeypatch.setattr(quantized, "_TRANSCODE_PIECE", 3 * rows.shape[1])  # 16 rows a piece
+    assert len(quantized._pieces(t, None)) == rows.shape[0] // 16 > 1
+    [(tiles, qtype)] = quantized._read_parts([t], [None], [Q6_F], torch.device("cpu"))
+    assert qtype == Q6_F and torch.equal(tiles, whole)

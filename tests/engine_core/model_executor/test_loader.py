@@ -88,3 +88,25 @@ def test_device_auto_is_cpu_without_cuda_and_bad_devices_are_rejected() -> None:
         assert resolve_device("auto") == CPU
     with pytest.raises(ValueError, match="device must be auto, cpu or cuda"):
         resolve_device("tpu")
+
+
+def test_loading_does_not_import_sympy(tmp_path: Path) -> None:
+    # empty_like of a meta tensor runs torch's Python reference ops, whose first use imports
+    # sympy: some 25 MB of resident modules in a process that never uses them. The loader makes
+    # its tensors with torch.empty. In a fresh process: this one may have imported it already.
+    import subprocess
+    import sys
+
+    model_dir = build_model_dir(tmp_path)
+    script = ("import sys, torch\n"
+              "from strand.engine_core.model_executor.loader import load_model\n"
+              "from strand.engine_core.model_executor.model_config import load_model_config\n"
+              "before = 'sympy' in sys.modules\n"
+              f"load_model(load_model_config({str(model_dir)!r}), torch.device('cpu'))\n"
+              "print('before' if before else 'sympy' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[3])
+    result = done.stdout.strip().splitlines()[-1]
+    if result == "before":
+        pytest.skip("importing torch and the loader imports sympy already")
+    assert result == "False"

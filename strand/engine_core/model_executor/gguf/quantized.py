@@ -34,7 +34,8 @@ from strand.engine_core.model_executor.gguf.tensors import hf_name, unpermute
 from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbedding
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from strand.engine_core.model_executor.layers.linear import Linear
-from strand.kernels.gguf_linear_ref import NAMES, TILE_ROWS, TILES_ONLY
+from strand.kernels.cpu_gguf_linear import gguf_tile
+from strand.kernels.gguf_linear_ref import BLOCK, BLOCK_BYTES, NAMES, TILE_ROWS, TILES_ONLY
 from strand.kernels.gguf_transcode import NATIVE, SOURCE_NAMES, common_type, transcode
 
 logger = logging.getLogger(__name__)
@@ -91,32 +92,87 @@ def _targets(tensors: list[Any], device: torch.device) -> tuple[list[int], int] 
 def _read_parts(tensors: list[Any], heads: list[int | None], targets: list[int],
                 device: torch.device) -> Parts:
     """Each run of parts' rows in its packed type, read from the file now; the file's pages
-    then leave this process's resident set (tensor_table.release)."""
-    parts: list[tuple[np.ndarray, int]] = []
+    then leave this process's resident set (tensor_table.release). Where the CPU kernels read
+    the run in 16-row tiles it is tiled as it is read (_tiled_run), else kept in GGUF rows."""
+    runs: list[tuple[int, list[tuple[Any, int | None]]]] = []
     for t, h, target in zip(tensors, heads, targets, strict=True):
-        blocks = _transcoded(t, target)
-        blocks = unpermute(blocks, h) if h is not None else blocks
-        if parts and parts[-1][1] == target:  # the run goes on: its rows concatenate
-            parts[-1] = (np.concatenate([parts[-1][0], blocks], axis=0), target)
+        if runs and runs[-1][0] == target:  # the run goes on: its rows concatenate
+            runs[-1][1].append((t, h))
         else:
-            parts.append((blocks, target))
-    # A run of one part read as it is is still a view of the file's read-only memory map: a copy.
-    read = [(torch.from_numpy(b if b.flags.owndata and b.flags.c_contiguous
-                              else np.array(b, order="C")).to(device), q) for b, q in parts]
-    for t in tensors:
-        release(t.data)
+            runs.append((target, [(t, h)]))
+    read = []
+    for target, members in runs:
+        rows = [int(t.shape[1]) for t, _ in members]
+        tiled = (all(n % TILE_ROWS == 0 for n in rows)
+                 and _tiles_only_apply(device, sum(rows)))
+        read.append((_tiled_run(members, target) if tiled
+                     else _rows_run(members, target, device), target))
     return read
 
 
+def _rows_run(members: list[tuple[Any, int | None]], target: int,
+              device: torch.device) -> torch.Tensor:
+    """A run's rows [N, row bytes] in `target` blocks, in one tensor on `device`."""
+    parts = [_unpermuted(_transcoded(t, target), h) for t, h in members]
+    blocks = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    # A part read as it is is still a view of the file's read-only memory map: a copy.
+    if not (blocks.flags.owndata and blocks.flags.c_contiguous):
+        blocks = np.array(blocks, order="C")
+    for t, _ in members:
+        release(t.data)
+    return torch.from_numpy(blocks).to(device)
+
+
+def _tiled_run(members: list[tuple[Any, int | None]], target: int) -> torch.Tensor:
+    """A run's rows in `target` blocks as the CPU kernels' 16-row tiles, written a piece of rows
+    at a time into the one tensor kept: each piece read from the file (its pages then let go),
+    rewritten and tiled while the next is not yet read. Read whole and then tiled, a large
+    table (a 128k-row vocabulary's) was in memory three times at once: the file's pages, its
+    rows, its tiles."""
+    in_features = int(members[0][0].shape[0])
+    total = sum(int(t.shape[1]) for t, _ in members)
+    tiles = torch.empty(total // TILE_ROWS, in_features // BLOCK, TILE_ROWS * BLOCK_BYTES[target],
+                        dtype=torch.uint8)
+    first = 0  # the part's first row in the run
+    for t, h in members:
+        for start, stop in _pieces(t, h):
+            blocks = _unpermuted(_transcoded(t, target, start, stop), h)
+            if not (blocks.flags.writeable and blocks.flags.c_contiguous):
+                blocks = np.array(blocks, order="C")  # the file's own rows: a read-only map
+            out = tiles[(first + start) // TILE_ROWS:(first + stop) // TILE_ROWS]
+            gguf_tile(torch.from_numpy(blocks), target, in_features, out=out)
+            release(t.data[start:stop])
+        first += int(t.shape[1])
+    return tiles
+
+
+def _pieces(t: Any, heads: int | None) -> list[tuple[int, int]]:
+    """The tensor's rows [start, stop) a piece at a time: whole 16-row tiles, about
+    _TRANSCODE_PIECE bytes of the file's rows each; q/k rows un-permuted within their heads
+    (heads is not None) in one piece."""
+    n = int(t.shape[1])
+    if heads is not None:
+        return [(0, n)]
+    row = max(1, int(t.data.nbytes) // max(1, n))
+    step = max(TILE_ROWS, _TRANSCODE_PIECE // row // TILE_ROWS * TILE_ROWS)
+    return [(start, min(n, start + step)) for start in range(0, n, step)]
+
+
+def _unpermuted(blocks: np.ndarray, heads: int | None) -> np.ndarray:
+    return unpermute(blocks, heads) if heads is not None else blocks
+
+
 # Bytes of a tensor's rows transcoded at a time: the transcoding's temporaries (several bytes a
-# weight) stay small beside the model, even for a 128k-row vocabulary's table.
-_TRANSCODE_PIECE = 16 << 20
+# weight, some ten times the piece) stay small beside the model, even for a 128k-row vocabulary's
+# table; larger pieces were no faster.
+_TRANSCODE_PIECE = 2 << 20
 
 
-def _transcoded(t: Any, target: int) -> np.ndarray:
-    """The tensor's rows [N, row bytes] in `target` blocks (transcode), a piece of rows at a
-    time into one array; the file's rows themselves (a view) where they need no rewriting."""
-    rows = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)
+def _transcoded(t: Any, target: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """The tensor's rows [start, stop) ([N, row bytes]) in `target` blocks (transcode), a piece
+    of rows at a time into one array; the file's rows themselves (a view) where they need no
+    rewriting."""
+    rows = np.asarray(t.data, dtype=np.uint8).reshape(int(t.shape[1]), -1)[start:stop]
     source = int(t.tensor_type)
     if target == source:
         return rows
@@ -124,8 +180,8 @@ def _transcoded(t: Any, target: int) -> np.ndarray:
     first = transcode(rows[:step], source, target)
     out = np.empty((rows.shape[0], first.shape[1]), dtype=np.uint8)
     out[:step] = first
-    for start in range(step, rows.shape[0], step):
-        out[start:start + step] = transcode(rows[start:start + step], source, target)
+    for begin in range(step, rows.shape[0], step):
+        out[begin:begin + step] = transcode(rows[begin:begin + step], source, target)
     return out
 
 

@@ -21,13 +21,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strand.kernels.cpu_gguf_linear import gguf_linear, gguf_tile, out_features, tiles_apply
-from strand.kernels.gguf_linear_ref import NAMES, row_bytes
+from strand.kernels.cpu_gguf_linear import (
+    gguf_linear,
+    gguf_tile,
+    kernels_apply,
+    out_features,
+    tiles_apply,
+)
+from strand.kernels.gguf_linear_ref import BLOCK, BLOCK_BYTES, NAMES, TILE_ROWS, row_bytes
 
 
 def _layout(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+    """GGUF rows, regrouped into 16-row tiles where the CPU kernels read them; tiles already
+    made (gguf/quantized.py tiles a large weight as it reads it: never the rows and the tiles
+    both whole) are kept as they are."""
+    if packed.dtype == torch.uint8 and packed.dim() == 3:
+        return _tiles(packed, qtype, in_features)
     if packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise ValueError(f"packed must be a 2-D uint8 tensor, got {packed.dtype} "
+        raise ValueError(f"packed must be a 2-D uint8 tensor (or 3-D tiles), got {packed.dtype} "
                          f"{tuple(packed.shape)}")
     if packed.shape[1] != row_bytes(qtype, in_features):
         raise ValueError(f"a {NAMES[qtype]} row of {in_features} weights takes "
@@ -36,6 +47,17 @@ def _layout(packed: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
     if tiles_apply(packed):  # the same bytes in 16-row tiles: the CPU decode kernel's layout
         packed = gguf_tile(packed, qtype, in_features)
     return packed
+
+
+def _tiles(tiles: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+    """16-row tiles [N / 16, in_features / 32, 16 * block bytes] (gguf_tile's), checked."""
+    row_bytes(qtype, in_features)  # ValueError for a type or row length not packed
+    want = (in_features // BLOCK, TILE_ROWS * BLOCK_BYTES[qtype])
+    if tuple(tiles.shape[1:]) != want or not kernels_apply(tiles):
+        raise ValueError(f"16-row tiles of {in_features}-weight {NAMES[qtype]} rows are [tiles, "
+                         f"{want[0]}, {want[1]}] on CPU with the C++ kernels, got "
+                         f"{tuple(tiles.shape)} on {tiles.device}")
+    return tiles.contiguous()
 
 
 class GGUFLinear(nn.Module):
