@@ -1,6 +1,7 @@
 """The CPU kernels for a decode batch's linear layers side by side, on a model's weights cold, as
 in a decode step: linear_batch on the dense weights (strand/kernels/cpu_linear_batch.py), Strand's GEMM
-on float32 panels (strand/kernels/cpu_linear_panels.py) and oneDNN's packed copy.
+on float32 panels (strand/kernels/cpu_linear_panels.py), oneDNN's packed copy, and with
+--dtype bfloat16 Strand's GEMM on bfloat16 panels (strand/kernels/cpu_linear_panels_bf16.py).
 
     [STRAND_CPU_ISA=avx2 ...] python -m benchmarks.linear_batch [--dtype float32|bfloat16]
         [--rows 8 16 32 64] [--threads 1] [--repeats 3]
@@ -29,7 +30,7 @@ from benchmarks.common import format_table, log
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) per layer
 LAYERS, VOCAB, HIDDEN = 30, 49152, 576
-COLUMNS = ("linear_batch", "panels", "oneDNN")
+COLUMNS = ("linear_batch", "panels", "oneDNN", "bf16 panels")
 
 
 def _weights(dtype: torch.dtype) -> list[torch.Tensor]:
@@ -53,7 +54,7 @@ def _best(run: Callable[[], None], repeats: int, threads: int) -> float:
 
 def measure(dtype: torch.dtype, rows: list[int], repeats: int,
             threads: int = 1) -> list[list[str]]:
-    from strand.kernels import cpu_linear, cpu_linear_panels
+    from strand.kernels import cpu_linear, cpu_linear_panels, cpu_linear_panels_bf16
     from strand.kernels._cpu_build import KERNELS
     from strand.platform.cpu_isa import probe
 
@@ -61,6 +62,8 @@ def measure(dtype: torch.dtype, rows: list[int], repeats: int,
     torch.set_num_threads(threads)
     weights = _weights(dtype)
     panels = [cpu_linear_panels.pack(w.float()) for w in weights]
+    bf16_panels = ([cpu_linear_panels_bf16.pack(w) for w in weights]
+                   if dtype == torch.bfloat16 and cpu_linear_panels_bf16.chosen() else None)
     onednn = (None if cpu_linear.unavailable_reason(torch.float32) is not None else
               [torch.ops.mkldnn._reorder_linear_weight(w.float()) for w in weights])
     flops_per_row = sum(2 * w.shape[0] * w.shape[1] for w in weights)
@@ -86,13 +89,19 @@ def measure(dtype: torch.dtype, rows: list[int], repeats: int,
                 torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]].float(), p, None, "none", [],
                                                    "").to(dtype)
 
+        def on_bf16_panels(xs: dict[int, torch.Tensor] = xs) -> None:
+            assert bf16_panels is not None
+            for w, p in zip(weights, bf16_panels, strict=True):
+                cpu_linear_panels_bf16.linear(xs[w.shape[1]], p, None, w.shape[0])
+
         runs = {"linear_batch": dense, "panels": on_panels,
-                "oneDNN": on_onednn if onednn is not None else None}
+                "oneDNN": on_onednn if onednn is not None else None,
+                "bf16 panels": on_bf16_panels if bf16_panels is not None else None}
         cells = []
         for name in COLUMNS:
             run = runs[name]
             if run is None:
-                cells.append("(oneDNN unavailable)")
+                cells.append(f"({name} unavailable)" if name == "oneDNN" else "-")
                 continue
             best = _best(run, repeats, threads)
             cells.append(f"{1e3 * best:.1f} ms, {m * flops_per_row / best / 1e9:.0f} GFLOP/s")

@@ -12,8 +12,9 @@ linear layers. Given a plain weight it copies it into its blocked layout on ever
 (`layers/linear.py`), which measured faster at 64 decode rows and a little faster at 2048, at
 the same float32 accuracy.
 float32 on an AVX2 or AVX-512 CPU packs into panels for Strand's own GEMM instead (kernels/
-cpu_linear_panels.py: faster at decode batches, about level at prefill); `pack_weight` and
-`linear_packed` take either.
+cpu_linear_panels.py: faster at decode batches, about level at prefill), and bfloat16 into
+bfloat16 panels (kernels/cpu_linear_panels_bf16.py); `pack_weight` and `linear_packed` take
+each.
 Set STRAND_CPU_GEMM=torch to keep torch's default path (for A/B measurements), and
 STRAND_DISABLE_CPU_KERNELS=1 turns off every CPU-specific kernel, this one included.
 """
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from strand import envs
-from strand.kernels import cpu_linear_panels
+from strand.kernels import cpu_linear_panels, cpu_linear_panels_bf16
 from strand.platform.cpu_isa import probe
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ def pack_weight(weight: torch.Tensor, release_source: bool = False) -> torch.Ten
     if cpu_linear_panels.applies(weight):
         with torch.no_grad():
             return cpu_linear_panels.pack(weight, release_source=release_source)
+    if cpu_linear_panels_bf16.applies(weight):
+        with torch.no_grad():
+            return cpu_linear_panels_bf16.pack(weight, release_source=release_source)
     if (weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2
             or unavailable_reason(weight.dtype) is not None):
         return None
@@ -91,6 +95,8 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
                   out_features: int) -> torch.Tensor:
     """x @ weight.T + bias with the [out_features, in] weight from `pack_weight`; x [..., in] of
     the weight's dtype."""
+    if cpu_linear_panels_bf16.is_panels(packed):
+        return cpu_linear_panels_bf16.linear(x, packed, bias, out_features)
     if cpu_linear_panels.is_panels(packed):
         return cpu_linear_panels.linear(x, packed, bias, out_features)
     if x.dim() == 2:

@@ -16,6 +16,7 @@ STRAND_CPU_GEMM=torch and STRAND_DISABLE_CPU_KERNELS=1 turn it off with the othe
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -63,21 +64,29 @@ def pack(weight: torch.Tensor, release_source: bool = False) -> torch.Tensor:
         raise ValueError(f"pack takes a 2-D float32 CPU weight, got {weight.dtype} "
                          f"{tuple(weight.shape)} on {weight.device}")
     cols = width()
-    rows, inner = weight.shape
-    panels = torch.empty((rows + cols - 1) // cols, inner, cols)
-    source = weight.detach()
-    # Only a weight that is the whole of its storage: a view's neighbours may still be read.
-    whole = source.is_contiguous() and source.untyped_storage().nbytes() == source.numel() * 4
+    panels = torch.empty((weight.shape[0] + cols - 1) // cols, weight.shape[1], cols)
+    pack_in_slices(KERNELS.require().pack_panels, panels, weight.detach(), release_source)
+    return panels
+
+
+def pack_in_slices(pack_fn: Callable[[torch.Tensor, torch.Tensor], None], panels: torch.Tensor,
+                   source: torch.Tensor, release_source: bool) -> None:
+    """pack_fn(panels, source) (panel p holding rows [p W, (p + 1) W) of the source), where
+    `release_source` asks it, a slice of panels at a time, the pages of the rows packed
+    handed back after each: only for a source that is the whole of its storage (a view's
+    neighbours may still be read)."""
+    cols, rows = panels.shape[2], source.shape[0]
+    whole = (source.is_contiguous()
+             and source.untyped_storage().nbytes() == source.numel() * source.element_size())
     if not release_source or not whole:
-        KERNELS.require().pack_panels(panels, source.contiguous())
-        return panels
-    step = max(1, _RELEASE_EVERY // (cols * inner * 4))  # panels a slice
+        pack_fn(panels, source.contiguous())
+        return
+    row_bytes = source.shape[1] * source.element_size()
+    step = max(1, _RELEASE_EVERY // (cols * row_bytes))  # panels a slice
     for first in range(0, panels.shape[0], step):
         last = min(first + step, panels.shape[0])
-        KERNELS.require().pack_panels(panels[first:last],
-                                      source[first * cols:min(last * cols, rows)])
-        release_pages(source, min(last * cols, rows) * inner * 4)
-    return panels
+        pack_fn(panels[first:last], source[first * cols:min(last * cols, rows)])
+        release_pages(source, min(last * cols, rows) * row_bytes)
 
 
 # Bytes of a weight packed between two hand-backs of its pages (pack's release_source).

@@ -5,6 +5,7 @@
 
 #include "decode_stack.h"
 #include "kernels.h"
+#include "linear_panels_bf16.h"
 
 // The calls that run long (a whole decode step, attention, products: tens of microseconds to
 // milliseconds) let go of the GIL while they compute (`release`), as torch's own ops do: another
@@ -43,6 +44,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         release);
   m.def("linear_panels", &linear_panels,
         "x @ w.T (+ bias), float32, w as pack_panels left it (any number of rows)",
+        py::arg("out"), py::arg("x"), py::arg("panels"), py::arg("bias") = py::none(), release);
+  m.def("linear_panel_bf16_width", &linear_panel_bf16_width,
+        "output columns a panel of pack_panels_bf16");
+  m.def("linear_panels_bf16_dp", &linear_panels_bf16_dp,
+        "whether linear_panels_bf16 runs on VDPBF16PS here (else it widens to float32)");
+  m.def("pack_panels_bf16", &pack_panels_bf16,
+        "a bfloat16 weight [N, K] regrouped into [ceil(N / width), ceil(K / 2), width, 2] panels",
+        release);
+  m.def("linear_panels_bf16", &linear_panels_bf16,
+        "x @ w.T (+ bias), bfloat16, w as pack_panels_bf16 left it (any number of rows)",
         py::arg("out"), py::arg("x"), py::arg("panels"), py::arg("bias") = py::none(), release);
   m.def("gguf_linear_small", &gguf_linear_small,
         "x @ w.T (+ bias) for 1 to 4 rows of x, w packed in GGUF Q8_0 / Q4_0 / Q4_1 blocks",

@@ -16,9 +16,13 @@
 // checks are loops over M <= kMaxDecodeRows rows and the embedding is M row copies.
 
 namespace {
-// Float32 panels [P, H, W] holding `vocab` rows of H values (linear_panels.cpp's layout).
-bool panels_of(const at::Tensor& t, int64_t H, int64_t vocab) {
-  return t.dim() == 3 && t.size(1) == H && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+// Panels holding `vocab` rows of H values in the layers' dtype: float32 [P, H, W]
+// (linear_panels.cpp's layout) or bfloat16 [P, H / 2, W, 2] (linear_panels_bf16.cpp's).
+bool panels_of(const at::Tensor& t, int64_t H, int64_t vocab, at::ScalarType dtype) {
+  const bool f32 = dtype == at::kFloat && t.dim() == 3 && t.size(1) == H;
+  const bool bf16 = dtype == at::kBFloat16 && t.dim() == 4 && t.size(1) * 2 == H &&
+                    t.size(3) == 2;
+  return (f32 || bf16) && t.scalar_type() == dtype && t.is_contiguous() &&
          vocab > (t.size(0) - 1) * t.size(2) && vocab <= t.size(0) * t.size(2);
 }
 }  // namespace
@@ -42,17 +46,17 @@ void DecodeStack::set_ends(at::Tensor embedding, at::Tensor norm, at::Tensor hea
     STRAND_CHECK((embedding.dim() == 2 && embedding.size(0) == vocab &&
                   embedding.size(1) == hidden_ && embedding.scalar_type() == dtype &&
                   embedding.is_contiguous()) ||
-                     (dtype == at::kFloat && panels_of(embedding, hidden_, vocab)),
+                     panels_of(embedding, hidden_, vocab, dtype),
                 "the embedding table must be a contiguous [", vocab, ", ", hidden_,
-                "] tensor in the layers' dtype, or float32 panels of it");
+                "] tensor in the layers' dtype, or panels of it");
   }
   STRAND_CHECK(norm.dim() == 1 && norm.size(0) == hidden_ && norm.scalar_type() == dtype,
               "the final norm must be ", hidden_, " values in the layers' dtype");
   STRAND_CHECK(qtype != 0 || (head_w.dim() == 2 && head_w.size(0) == head_rows &&
                              head_w.size(1) == hidden_ && head_w.scalar_type() == dtype) ||
-                  (dtype == at::kFloat && panels_of(head_w, hidden_, head_rows)),
+                  (qtype == 0 && panels_of(head_w, hidden_, head_rows, dtype)),
               "a dense lm_head must be [", head_rows, ", ", hidden_,
-              "] in the layers' dtype, or float32 panels of it");
+              "] in the layers' dtype, or panels of it");
   STRAND_CHECK(qtype == 0 || head_w.size(0) * (head_w.dim() == 3 ? 16 : 1) == head_rows,
               "the GGUF lm_head's rows must be ", head_rows);
   // One row through the kernel checks the weight as each call of it would (its shape against
@@ -129,6 +133,14 @@ at::Tensor DecodeStack::logits(at::Tensor input_ids, at::Tensor positions,
     for (int64_t m = 0; m < M; ++m) {
       const float* column = table + ids[m] / W * hidden_ * W + ids[m] % W;
       for (int64_t k = 0; k < hidden_; ++k) rows[m * hidden_ + k] = column[k * W];
+    }
+  } else if (head_.embedding.dim() == 4) {  // bfloat16 panels: k's pair, column r % W
+    const int64_t W = head_.embedding.size(2), pairs = head_.embedding.size(1);
+    const auto* table = head_.embedding.data_ptr<at::BFloat16>();
+    auto* rows = hidden.data_ptr<at::BFloat16>();
+    for (int64_t m = 0; m < M; ++m) {
+      const at::BFloat16* column = table + (ids[m] / W * pairs * W + ids[m] % W) * 2;
+      for (int64_t k = 0; k < hidden_; ++k) rows[m * hidden_ + k] = column[k / 2 * W * 2 + k % 2];
     }
   } else {
     for (int64_t m = 0; m < M; ++m)

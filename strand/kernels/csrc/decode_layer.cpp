@@ -1,5 +1,6 @@
 #include "check.h"
 #include "decode_stack.h"
+#include "linear_panels_bf16.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -29,6 +30,8 @@ void strand::project(at::Tensor out, const at::Tensor& x, const at::Tensor& w,
   const int64_t M = x.size(0);
   if (qtype == 0 && w.dim() == 3) {  // float32 panels, the layer's only copy: any rows
     linear_panels(out, x, w, b);
+  } else if (qtype == 0 && w.dim() == 4) {  // bfloat16 panels, the layer's only copy: any rows
+    linear_panels_bf16(out, x, w, b);
   } else if (qtype == 0) {
     if (M <= kSmallRows)
       linear_small(out, x, w, b);
@@ -133,9 +136,10 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
   // 16-row tiles (gguf_tiled.cpp): its row count is still 2 I. Float32 panels (qtype 0, 3-D)
   // are padded to whole panels: there I is down's input length.
   const int64_t H = input_norm.size(0);
-  const int64_t I = qtypes[2] == 0 && gate_up_w.dim() == 3
-                        ? down_w.size(1)
-                        : gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
+  // bfloat16 panels (4-D) hold the input in pairs: down's [P, I / 2, W, 2].
+  const int64_t I = qtypes[2] == 0 && gate_up_w.dim() == 4   ? down_w.size(1) * 2
+                    : qtypes[2] == 0 && gate_up_w.dim() == 3 ? down_w.size(1)
+                    : gate_up_w.size(0) * (gate_up_w.dim() == 3 ? 16 : 1) / 2;
   STRAND_CHECK(layers_.empty() || (H == hidden_ && I == intermediate_),
               "every layer must have the first one's hidden and intermediate sizes");
   hidden_ = H;
@@ -143,7 +147,9 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
   const at::Tensor* weights[4] = {&qkv_w, &o_w, &gate_up_w, &down_w};
   for (int i = 0; i < 4; ++i) {
     all_tiled_ = all_tiled_ && qtypes[i] != 0 && weights[i]->dim() == 3;
-    all_dense_ = all_dense_ && qtypes[i] == 0;
+    // bfloat16 panels take the kernel-by-kernel step: in the phased one their few-row reads
+    // ran slower, and by as much again in some processes.
+    all_dense_ = all_dense_ && qtypes[i] == 0 && weights[i]->dim() != 4;
   }
   layers_.push_back({input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, qtypes});
 }

@@ -40,18 +40,6 @@ constexpr int kVecs = 2, kTileRows = 6;
 constexpr int kPanel = kVecs * kLanes;  // columns a panel: 48 with AVX-512, 16 with AVX2
 constexpr int kRowBytes = kPanel * (int)sizeof(float);
 
-// *p in every lane, as one broadcast from memory. `vl{} + *p` adds +0 first (it must: -0 + +0
-// is +0), a scalar add and a register broadcast on every row of every k.
-inline vl broadcast(const float* p) {
-#if defined(__AVX512F__)
-  return (vl)_mm512_set1_ps(*p);
-#elif defined(__AVX2__)
-  return (vl)_mm256_set1_ps(*p);
-#else
-  return vl{} + *p;
-#endif
-}
-
 // Rows [0, MR) of x (row stride K) against one panel into out (row stride ldo): cols <= kPanel
 // of its columns are stored. pf: the next panel's bytes to prefetch alongside (nullptr: none).
 template <int MR>

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -37,6 +37,17 @@ typedef float vl __attribute__((vector_size(4 * kLanes)));
 typedef float vlu __attribute__((vector_size(4 * kLanes), aligned(4)));
 typedef int32_t il __attribute__((vector_size(4 * kLanes)));
 inline vl load_l(const float* p) { return *reinterpret_cast<const vlu*>(p); }
+// *p in every lane, as one broadcast from memory. `vl{} + *p` adds +0 first (it must: -0 + +0
+// is +0), a scalar add and a register broadcast on every row of every k.
+inline vl broadcast(const float* p) {
+#if defined(__AVX512F__)
+  return (vl)_mm512_set1_ps(*p);
+#elif defined(__AVX2__)
+  return (vl)_mm256_set1_ps(*p);
+#else
+  return vl{} + *p;
+#endif
+}
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 

@@ -14,7 +14,7 @@ from strand.engine_core.model_executor.layers import linear as linear_layer
 from strand.engine_core.model_executor.layers.linear import Linear, pack_linear_weights
 from strand.engine_core.model_executor.loader import load_model
 from strand.engine_core.model_executor.model_config import load_model_config
-from strand.kernels import cpu_linear, cpu_linear_panels
+from strand.kernels import cpu_linear, cpu_linear_panels, cpu_linear_panels_bf16
 from strand.testing.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.skipif(cpu_linear.unavailable_reason() is not None,
@@ -66,8 +66,9 @@ def test_a_few_rows_read_the_dense_weight_or_the_panels_that_are_the_only_copy(
     monkeypatch.setenv("STRAND_KEEP_DENSE_WEIGHTS", "1" if keep_dense else "0")
     layer = Linear(75, 41, bias=True).to(dtype)  # not multiples of the vector width
     x = torch.randn(rows, 75).to(dtype)
-    # float32 panels serve every row count: they are the layer's only copy.
-    one_copy = dtype == torch.float32 and cpu_linear_panels.chosen() and not keep_dense
+    # Panels (float32 or bfloat16) serve every row count: they are the layer's only copy.
+    panels = cpu_linear_panels if dtype == torch.float32 else cpu_linear_panels_bf16
+    one_copy = panels.chosen() and not keep_dense
     with torch.inference_mode():
         want = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
         layer.pack(keep_dense=False)

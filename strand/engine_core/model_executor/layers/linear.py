@@ -1,22 +1,23 @@
-"""nn.Linear whose CPU forward goes through oneDNN, or Strand's own kernel for a few rows
-(strand/kernels/cpu_linear.py explains both), or for float32 (and the float32 copy of bfloat16 weights
-where oneDNN has no bfloat16 kernels) on an AVX2 or AVX-512 CPU Strand's own GEMM on panels
-(strand/kernels/cpu_linear_panels.py), or, with the panels switched off, on an AVX2-only CPU for a
-decode batch of up to BATCH_M rows the dense kernel of strand/kernels/cpu_linear_batch.py.
+"""nn.Linear whose CPU forward goes through Strand's own GEMM on panels (float32:
+strand/kernels/cpu_linear_panels.py; bfloat16: strand/kernels/cpu_linear_panels_bf16.py) on an
+AVX2 or AVX-512 CPU, or else through oneDNN, or Strand's own kernel for a few rows
+(strand/kernels/cpu_linear.py explains both), or, with the panels switched off, on an AVX2-only
+CPU for a decode batch of up to BATCH_M rows the dense kernel of strand/kernels/cpu_linear_batch.py.
 
-After loading, `pack_linear_weights` gives each layer a packed copy of its weight (oneDNN's
-blocked one, or the panels), made once instead of on every call, and the packed copy becomes
-the only one wherever it can serve every row count:
-- float32 panels: their kernel at one to four rows reads the weights as fast as the few-row
-  kernel reads the dense ones (each panel one contiguous stream), so the dense weight is
-  released. A tied lm_head's panels serve the embedding table too (layers/embedding.py).
-- oneDNN's blocked copy (bfloat16 with native kernels) and the float32 copy of bfloat16 weights
-  (AVX2): the dense weight stays where the few-row kernel reads it (decode steps of up to
-  SMALL_M requests, 1.6x oneDNN's speed at one row), at the price of a second copy.
-STRAND_KEEP_DENSE_WEIGHTS=1 keeps the float32 dense copy too (A/B runs). A weight another module
-shares keeps its dense copy.
+After loading, `pack_linear_weights` gives each layer a packed copy of its weight (the panels,
+or oneDNN's blocked one), made once instead of on every call, and the packed copy becomes the
+only one wherever it can serve every row count:
+- panels: their kernel at one to four rows reads the weights as fast as the few-row kernel
+  reads the dense ones (each panel one contiguous stream), so the dense weight is released, its
+  pages as they are packed. A tied lm_head's panels serve the embedding table too
+  (layers/embedding.py).
+- oneDNN's blocked copy (bfloat16 with native kernels, the panels switched off) and the float32
+  copy of bfloat16 weights (AVX2, the same): the dense weight stays where the few-row kernel
+  reads it (decode steps of up to SMALL_M requests, 1.6x oneDNN's speed at one row), at the
+  price of a second copy.
+STRAND_KEEP_DENSE_WEIGHTS=1 keeps the dense copy beside the panels (A/B runs). A weight another
+module shares keeps its dense copy.
 """
-
 from __future__ import annotations
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 
 from strand import envs
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
-from strand.kernels import cpu_linear_batch, cpu_linear_panels
+from strand.kernels import cpu_linear_batch, cpu_linear_panels, cpu_linear_panels_bf16
 from strand.kernels.cpu_linear import (
     SMALL_M,
     linear,
@@ -46,7 +47,7 @@ class Linear(nn.Linear):
         if self.small_m and cpu_linear_batch.applies(x, self.weight):  # a decode batch, AVX2
             return cpu_linear_batch.linear_batch(x, self.weight, self.bias)
         if self.packed is not None:
-            if self.packed.dtype != x.dtype:  # bfloat16 through a float32 copy (see pack)
+            if self.packed.dtype == torch.float32 != x.dtype:  # bfloat16 through a float32 copy
                 bias = None if self.bias is None else self.bias.float()
                 return linear_packed(x.float(), self.packed, bias, self.out_features).to(x.dtype)
             return linear_packed(x, self.packed, self.bias, self.out_features)
@@ -75,14 +76,16 @@ class Linear(nn.Linear):
         return True
 
     def panels_will_serve_all(self) -> bool:
-        """Whether pack() will make float32 panels of this weight that serve every row count,
+        """Whether pack() will make panels of this weight that serve every row count,
         so that the dense copy goes (and may go page by page as it is packed)."""
-        return cpu_linear_panels.applies(self.weight) and not envs.keep_dense_weights()
+        return ((cpu_linear_panels.applies(self.weight)
+                 or cpu_linear_panels_bf16.applies(self.weight))
+                and not envs.keep_dense_weights())
 
     def panels_serve_all(self, packed: torch.Tensor) -> bool:
-        """Whether `packed` is float32 panels of this float32 weight (their kernel takes every
+        """Whether `packed` is panels in this weight's dtype (their kernel takes every
         row count as fast as the dense kernels) and the dense copy is not asked to stay."""
-        return (cpu_linear_panels.is_panels(packed) and packed.dtype == self.weight.dtype
+        return (_is_panels(packed) and packed.dtype == self.weight.dtype
                 and not envs.keep_dense_weights())
 
     def drop_dense(self) -> None:
@@ -94,9 +97,13 @@ class Linear(nn.Linear):
 
     @property
     def panels_only(self) -> bool:
-        """The float32 panels are this layer's only copy of its weight."""
-        return (self.packed is not None and cpu_linear_panels.is_panels(self.packed)
-                and self.weight.is_meta)
+        """The panels are this layer's only copy of its weight."""
+        return self.packed is not None and _is_panels(self.packed) and self.weight.is_meta
+
+
+def _is_panels(packed: torch.Tensor) -> bool:
+    """float32 panels (cpu_linear_panels) or bfloat16 ones (cpu_linear_panels_bf16)."""
+    return cpu_linear_panels.is_panels(packed) or cpu_linear_panels_bf16.is_panels(packed)
 
 
 # Bytes of dense weights released between two trims of the heap while packing.

@@ -45,7 +45,12 @@ from strand.engine_core.model_executor.layers.gguf_embedding import GGUFEmbeddin
 from strand.engine_core.model_executor.layers.gguf_linear import GGUFLinear
 from strand.engine_core.model_executor.layers.linear import Linear
 from strand.engine_core.model_executor.layers.rms_norm import RMSNorm
-from strand.kernels import cpu_decode_attention, cpu_linear_batch, cpu_linear_panels
+from strand.kernels import (
+    cpu_decode_attention,
+    cpu_linear_batch,
+    cpu_linear_panels,
+    cpu_linear_panels_bf16,
+)
 from strand.kernels._cpu_build import KERNELS
 from strand.kernels.cpu_linear import SMALL_M
 
@@ -174,9 +179,19 @@ def _build(model: LlamaForCausalLM, module: Any) -> _Fused | None:
     tiled = (all(isinstance(lin, GGUFLinear) and lin.packed.dim() == 3 for lin in linears)
              and (ends is None or (ends[3] != 0 and ends[2].dim() == 3)))
     head = model.lm_head if ends is not None else None
-    _BATCH[model] = tiled or (dense and (cpu_linear_batch.takes(dtype)
+    _BATCH[model] = tiled or (dense and (_bf16_panels(linears, head)
+                                         or cpu_linear_batch.takes(dtype)
                                          or _hand_over_packed(stack, linears, head, dtype)))
     return _Fused(stack, ends is not None)
+
+
+def _bf16_panels(linears: list[object], head: object | None) -> bool:
+    """Whether every projection (and the head, where the stack holds it) is bfloat16 panels,
+    the layer's only copy: the stack's kernel for them takes any rows, with no copy to hand
+    over."""
+    return all(isinstance(lin, Linear) and lin.panels_only and lin.packed is not None
+               and cpu_linear_panels_bf16.is_panels(lin.packed)
+               for lin in [*linears, *([head] if head is not None else [])])
 
 
 def _hand_over_packed(stack: Any, linears: list[object], head: object | None,
@@ -246,7 +261,7 @@ def _projection(lin: object,
         return lin.weight, lin.bias, 0
     if isinstance(lin, Linear) and lin.panels_only and lin.weight.dtype == dtype:
         assert lin.packed is not None
-        return lin.packed, lin.bias, 0  # float32 panels: the kernels take them at any rows
+        return lin.packed, lin.bias, 0  # panels: the kernels take them at any rows
     return None
 
 
