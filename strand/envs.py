@@ -121,8 +121,9 @@ def huge_page_weights() -> bool:
 
 
 def keep_dense_weights() -> bool:
-    """STRAND_KEEP_DENSE_WEIGHTS: 1 keeps float32 weights' dense copy beside their panels, for the
-    few-row kernel (A/B runs; twice the memory). Default off: the panels are the only copy."""
+    """STRAND_KEEP_DENSE_WEIGHTS: 1 keeps weights' dense copy beside their panels (float32 or
+    bfloat16), for the few-row kernel (A/B runs; twice the memory). Default off: the panels are
+    the only copy."""
     return os.environ.get("STRAND_KEEP_DENSE_WEIGHTS", "0") == "1"
 
 

@@ -98,6 +98,8 @@ void project_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& packed, const c10::optional<at::Tensor>& b, int64_t qtype) {
   if (x.size(0) > kSmallRows && packed.defined() && packed.dim() == 3)
     panels_into(out, x, packed, b);
+  else if (x.size(0) > kSmallRows && packed.defined() && packed.dim() == 4)
+    linear_panels_bf16(out, x, packed, b);  // bfloat16 panels kept beside the dense weight
   else if (x.size(0) > kSmallRows && packed.defined())
     out = onednn_linear(x, packed, b);
   else
@@ -190,7 +192,8 @@ void DecodeStack::set_batch_weights(std::vector<at::Tensor> packed,
   STRAND_CHECK(all_dense_, "oneDNN weights are for a stack of dense projections");
   STRAND_CHECK(!head.has_value() || (head_.w.defined() && head_.qtype == 0),
               "a head's oneDNN weight needs set_ends() with a dense lm_head first");
-  // oneDNN's copies are in the layers' dtype; panels (3-D) are float32 whatever the layers'.
+  // oneDNN's copies and bfloat16 panels (4-D) are in the layers' dtype; float32 panels (3-D)
+  // are float32 whatever the layers'.
   const auto dtype = layers_[0].input_norm.scalar_type();
   const auto fits = [&](const at::Tensor& t) {
     return t.defined() && t.scalar_type() == (t.dim() == 3 ? at::kFloat : dtype);

@@ -82,9 +82,13 @@ def test_fused_decode_gives_the_layer_by_layer_outputs_bit_for_bit(
     assert bool(calls) == (num_requests <= 4 or _batches_fused("float32"))
 
 
+@pytest.mark.parametrize("keep_dense", ["0", "1"])
 @pytest.mark.parametrize("num_requests", [2, 7])
 def test_fused_decode_in_bfloat16(model_dirs: dict[str, Path], num_requests: int,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                  keep_dense: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bfloat16 panels alone, and beside the dense weight (STRAND_KEEP_DENSE_WEIGHTS=1: the
+    # few-row kernel on the dense copy, the panels handed to the stack for batches).
+    monkeypatch.setenv("STRAND_KEEP_DENSE_WEIGHTS", keep_dense)
     fused, calls = _generate(model_dirs["llama"], "bfloat16", num_requests, True, monkeypatch)
     plain, _ = _generate(model_dirs["llama"], "bfloat16", num_requests, False, monkeypatch)
     assert fused == plain
