@@ -23,7 +23,7 @@ import torch
 from strand import envs
 from strand.kernels._cpu_build import KERNELS
 from strand.platform.cpu_isa import probe
-from strand.platform.page_release import release_pages
+from strand.platform.page_release import owns_storage, release_pages
 
 
 @functools.cache
@@ -76,9 +76,7 @@ def pack_in_slices(pack_fn: Callable[[torch.Tensor, torch.Tensor], None], panels
     handed back after each: only for a source that is the whole of its storage (a view's
     neighbours may still be read)."""
     cols, rows = panels.shape[2], source.shape[0]
-    whole = (source.is_contiguous()
-             and source.untyped_storage().nbytes() == source.numel() * source.element_size())
-    if not release_source or not whole:
+    if not release_source or not owns_storage(source):
         pack_fn(panels, source.contiguous())
         return
     row_bytes = source.shape[1] * source.element_size()

@@ -21,6 +21,13 @@ import torch
 _MADV_DONTNEED = 4
 
 
+def owns_storage(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is the whole of its storage, contiguous: no view of it reaches bytes
+    beyond its own (a view's neighbours may still be read, and keep their pages)."""
+    return (tensor.is_contiguous()
+            and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size())
+
+
 def release_pages(tensor: torch.Tensor, end: int) -> bool:
     """Hands back the whole pages among `tensor`'s first `end` bytes; a page it shares with a
     neighbour's bytes stays. False (and nothing done) off Linux/glibc or off the CPU."""

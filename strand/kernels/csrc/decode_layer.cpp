@@ -149,8 +149,8 @@ void DecodeStack::add_layer(at::Tensor input_norm, at::Tensor qkv_w,
   const at::Tensor* weights[4] = {&qkv_w, &o_w, &gate_up_w, &down_w};
   for (int i = 0; i < 4; ++i) {
     all_tiled_ = all_tiled_ && qtypes[i] != 0 && weights[i]->dim() == 3;
-    // bfloat16 panels take the kernel-by-kernel step: in the phased one their few-row reads
-    // ran slower, and by as much again in some processes.
+    // bfloat16 panels take the kernel-by-kernel step: the phased one reads 2-D rows or
+    // float32 panels (the panels' own threads ran no faster there).
     all_dense_ = all_dense_ && qtypes[i] == 0 && weights[i]->dim() != 4;
   }
   layers_.push_back({input_norm, qkv_w, qkv_b, o_w, o_b, post_norm, gate_up_w, down_w, qtypes});

@@ -61,14 +61,7 @@ inline void tile(const float* x, int64_t K, const float* panel, const float* bia
       for (int v = 0; v < kVecs; ++v) acc[m][v] += a * b[v];
     }
   }
-  if (bias != nullptr) {  // the panel's bias, zero past cols (a copy: bias has only N)
-    alignas(64) float bb[kPanel] = {};
-    std::memcpy(bb, bias, cols * sizeof(float));
-    for (int v = 0; v < kVecs; ++v) {
-      const vl c = load_l(bb + v * kLanes);
-      for (int m = 0; m < MR; ++m) acc[m][v] += c;
-    }
-  }
+  if (bias != nullptr) add_panel_bias(acc, bias, cols);
   for (int m = 0; m < MR; ++m) {
     float* o = out + m * ldo;
     if (cols == kPanel) {

@@ -51,14 +51,7 @@ typedef uint32_t u32lu __attribute__((vector_size(4 * kLanes), aligned(4)));
 // The bias (float32 here, zero past cols), added to the sums, which are rounded and stored.
 template <int MR>
 inline void finish(vl (&acc)[MR][kVecs], const float* bias, bf16* out, int64_t ldo, int cols) {
-  if (bias != nullptr) {
-    alignas(64) float bb[kPanel] = {};
-    std::memcpy(bb, bias, cols * sizeof(float));
-    for (int v = 0; v < kVecs; ++v) {
-      const vl c = load_l(bb + v * kLanes);
-      for (int m = 0; m < MR; ++m) acc[m][v] += c;
-    }
-  }
+  if (bias != nullptr) add_panel_bias(acc, bias, cols);
   for (int m = 0; m < MR; ++m) {
     bf16* o = out + m * ldo;
     if (cols == kPanel) {
@@ -200,9 +193,9 @@ BF16_TARGET void tile_dp(const uint32_t* xt, int64_t K2, const uint32_t* panel,
 // Panels side by side for a few rows (one tile): rows [0, MR) of x against NP consecutive
 // panels at once, each read as a stream of its own; the sums are the same as tile_dp's, output
 // by output. Panels past N are not read (np_live of them are). At two to four rows several
-// streams read faster (a kernel alone, cold weights); at one row, in a 1B model's decode step,
-// eight panels at once ran a fifth slower than one (each stream 192 KB from the next), so a
-// thread reads one panel there.
+// streams read faster (a kernel alone, cold weights); at one row, in a whole model's decode
+// step, eight panels at once (streams a panel apart) ran slower than one, so a thread reads one
+// panel there.
 constexpr int group_panels(int MR) { return MR == 1 ? 1 : (MR == 2 ? 4 : 2); }
 
 template <int MR>

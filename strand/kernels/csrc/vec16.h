@@ -48,6 +48,18 @@ inline vl broadcast(const float* p) {
   return vl{} + *p;
 #endif
 }
+
+// acc[m][v] += the bias of a panel of V vectors, of which the first `cols` columns are real (the
+// bias has only N values: a copy, zero past cols).
+template <int MR, int V>
+inline void add_panel_bias(vl (&acc)[MR][V], const float* bias, int cols) {
+  alignas(64) float padded[V * kLanes] = {};
+  std::memcpy(padded, bias, cols * sizeof(float));
+  for (int v = 0; v < V; ++v) {
+    const vl c = load_l(padded + v * kLanes);
+    for (int m = 0; m < MR; ++m) acc[m][v] += c;
+  }
+}
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 

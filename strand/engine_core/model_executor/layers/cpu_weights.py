@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch import nn
 
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
 from strand.engine_core.model_executor.layers.embedding import PanelEmbedding
-from strand.engine_core.model_executor.layers.linear import Linear, pack_linear_weights
+from strand.engine_core.model_executor.layers.linear import (
+    Linear,
+    pack_linear_weights,
+    weight_uses,
+)
 from strand.engine_core.model_executor.layers.weight_arena import gather_decode_weights
 
 logger = logging.getLogger(__name__)
@@ -32,7 +35,7 @@ def prepare_cpu_weights(model: nn.Module) -> int:
 
 
 def share_tied_panels(model: nn.Module) -> bool:
-    """Packs a tied lm_head into float32 panels that serve every row count, and has the
+    """Packs a tied lm_head into panels that serve every row count, and has the
     embedding look its rows up in them (PanelEmbedding): the panels become the table's only
     copy, and the dense table's pages are handed back as they are packed. False (and nothing
     done) where that does not apply."""
@@ -42,17 +45,10 @@ def share_tied_panels(model: nn.Module) -> bool:
         return False
     if (head.weight.is_meta or head.weight.data_ptr() != embed.weight.data_ptr()
             or embed.max_norm is not None or not head.panels_will_serve_all()
-            or not _only_user(model, head.weight, 2)):
+            or weight_uses(model).get(head.weight.data_ptr()) != 2):  # the head's, the table's
         return False
     assert inner is not None
     head.pack(keep_dense=False)
     inner.embed_tokens = PanelEmbedding(head, embed.num_embeddings)
     return True
 
-
-def _only_user(model: nn.Module, weight: torch.Tensor, uses: int) -> bool:
-    """Whether `weight`'s bytes are the model's `uses` parameters' (the head's and the table's)
-    and nobody else's: its pages may then be handed back as it is packed."""
-    seen = sum(p.data_ptr() == weight.data_ptr()
-               for _, p in model.named_parameters(remove_duplicate=False))
-    return seen == uses

@@ -114,9 +114,7 @@ def pack_linear_weights(model: nn.Module) -> int:
     """Packs every Linear of an inference model; returns how many were packed. The heap pages
     the released dense weights leave go back to the system as packing proceeds, so the
     weights are never held twice over (peak RSS), only the last _TRIM_EVERY bytes of them."""
-    uses: dict[int, int] = {}
-    for _, param in model.named_parameters(remove_duplicate=False):
-        uses[param.data_ptr()] = uses.get(param.data_ptr(), 0) + 1
+    uses = weight_uses(model)
     packed = released = 0
     for module in model.modules():
         if isinstance(module, Linear) and module.packed is None:
@@ -127,3 +125,12 @@ def pack_linear_weights(model: nn.Module) -> int:
                 trim_heap()
                 released = 0
     return packed
+
+
+def weight_uses(model: nn.Module) -> dict[int, int]:
+    """How many of the model's parameters start at each address: a weight used more than once
+    (a tied table) keeps its dense bytes unless its every user is dealt with."""
+    uses: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        uses[param.data_ptr()] = uses.get(param.data_ptr(), 0) + 1
+    return uses

@@ -29,7 +29,7 @@ from torch import nn
 from strand import envs
 from strand.engine_core.model_executor.cpu_allocator import trim_heap
 from strand.engine_core.model_executor.layers.linear import Linear
-from strand.platform.page_release import release_pages
+from strand.platform.page_release import owns_storage, release_pages
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _move(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst.copy_(src) a slice at a time, handing back the pages of `src` already copied where
     it is the whole of its storage (strand/platform/page_release.py): the block's pages fill
     as the source's empty, so a large weight (a tied 128k-row head) is not held twice."""
-    whole = src.untyped_storage().nbytes() == _nbytes(src)
+    whole = owns_storage(src)
     flat_dst, flat_src = dst.view(-1), src.view(-1)
     step = max(1, _RELEASE_EVERY // src.element_size())
     for first in range(0, flat_src.numel(), step):
