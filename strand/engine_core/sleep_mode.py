@@ -71,7 +71,8 @@ class SleepState:
 
     def _wake_weights(self, runner: ModelRunner) -> None:
         if self.level == 2:
-            runner.model = load_model(runner.model_config, runner.device)
+            runner.model = load_model(runner.model_config, runner.device,
+                                      max_positions=runner.scheduler_config.max_model_len)
             if runner.device.type == "cpu":
                 prepare_cpu_weights(runner.model)
             return

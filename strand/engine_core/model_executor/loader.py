@@ -50,12 +50,14 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(config: ModelConfig, device: torch.device,
-               tp: TPGroup | None = None) -> LlamaForCausalLM:
+def load_model(config: ModelConfig, device: torch.device, tp: TPGroup | None = None,
+               max_positions: int | None = None) -> LlamaForCausalLM:
     """Weights copied straight into parameters allocated on `device` in `config.dtype`.
 
     With a tensor-parallel group of more than one rank: this rank's shard of the model, and only
-    its part of each tensor read from the checkpoint."""
+    its part of each tensor read from the checkpoint. max_positions: the longest sequence the
+    caller will run (its max_model_len); the RoPE tables stop there (None: the model's own
+    max_position_embeddings)."""
     cls = model_class(config)
     layout = None
     # Built on meta first: no time spent on a random init that the checkpoint overwrites.
@@ -80,7 +82,7 @@ def load_model(config: ModelConfig, device: torch.device,
     model.tie_weights()
     for module in model.modules():  # Gemma 3 has two RoPE tables (global and sliding layers)
         if isinstance(module, RotaryEmbedding):
-            module.build_cache(device)
+            module.build_cache(device, max_positions)
     _copy_weights(model, Path(config.model_dir), layout)
     if plan:
         from strand.engine_core.model_executor.gguf.quantized import apply_packed

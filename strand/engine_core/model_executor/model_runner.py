@@ -121,7 +121,8 @@ class ModelRunner(KVCacheSetup):
             ensure_cpu_kernels_built()
         # Unseeded random sampling draws from the global generator: seed it for reproducibility.
         torch.manual_seed(seed)
-        self.model = load_model(model_config, self.device, tp)
+        self.model = load_model(model_config, self.device, tp,
+                                scheduler_config.max_model_len)
         if self.device.type == "cpu":
             # The packed weight layout (float32 panels or oneDNN's blocks), made once here instead
             # of in every call.

@@ -56,8 +56,14 @@ class RotaryEmbedding(nn.Module):
         # Not a checkpoint tensor: rebuilt on the target device by build_cache().
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
 
-    def build_cache(self, device: torch.device) -> None:
-        t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
+    def build_cache(self, device: torch.device, positions: int | None = None) -> None:
+        """The table for positions 0..positions - 1 (all max_positions when None). An engine
+        passes its max_model_len: a Llama 3.1 table for all 131,072 positions is 64 MiB at
+        head_dim 128, resident for positions no request can reach."""
+        if positions is not None and positions < 1:
+            raise ValueError(f"positions must be >= 1, got {positions}")
+        count = self.max_positions if positions is None else min(positions, self.max_positions)
+        t = torch.arange(count, dtype=torch.float32, device=device)
         if self.scaling is not None and self.scaling["rope_type"] == "longrope":
             self.cos_sin = _longrope_table(self.head_dim, self.theta, self.scaling, t)
             return
