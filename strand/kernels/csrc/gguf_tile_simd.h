@@ -8,8 +8,8 @@
 //   below:  plain C++ arrays of 16.
 // The products are unsigned (weights) by signed (activations) bytes. 4-bit quants are unsigned.
 // Q8_0's signed quants: with VNNI, w ^ 0x80 = w + 128 as unsigned, so each lane gets
-// sum w x + 128 sum x, and the caller subtracts kQ8Excess * sum(x) per block (exact, integers);
-// with vpmaddubsw (whose int16 pair sums would saturate at 255 * 127 * 2), |w| times x with w's
+// sum w x + 128 sum x, and the caller's sums start at -kQ8Excess * sum(x) per block (exact,
+// integers); with vpmaddubsw (whose int16 pair sums would saturate at 255 * 127 * 2), |w| times x with w's
 // sign moved onto x, so the excess is 0.
 #pragma once
 
@@ -81,7 +81,7 @@ inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
   return {dot_us(acc.v, _mm512_abs_epi8(w.v), xs)};
 #endif
 }
-inline I32 isub(I32 a, int32_t c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
+inline I32 iset(int32_t c) { return {_mm512_set1_epi32(c)}; }  // every lane c
 inline I32 iadd(I32 a, I32 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 // A block's sums chunk by chunk, as dot_unsigned. Without VNNI too: AVX2's pair sums (below)
 // measured slower here than widening a chunk at a time (STRAND_DISABLE_VNNI, one thread,
@@ -173,12 +173,12 @@ inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
   }
   return out;
 }
-inline I32 isub(I32 a, int32_t c) {
-  const __m256i cv = _mm256_set1_epi32(c);
-  return {{_mm256_sub_epi32(a.v[0], cv), _mm256_sub_epi32(a.v[1], cv)}};
-}
 inline I32 iadd(I32 a, I32 b) {
   return {{_mm256_add_epi32(a.v[0], b.v[0]), _mm256_add_epi32(a.v[1], b.v[1])}};
+}
+inline I32 iset(int32_t c) {
+  const __m256i cv = _mm256_set1_epi32(c);
+  return {{cv, cv}};
 }
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kPairSums = false;
@@ -287,12 +287,13 @@ inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
       acc.v[r] += static_cast<int32_t>(static_cast<int8_t>(w.v[4 * r + j])) * xb[j];
   return acc;
 }
-inline I32 isub(I32 a, int32_t c) {
-  for (auto& v : a.v) v -= c;
-  return a;
-}
 inline I32 iadd(I32 a, I32 b) {
   for (int r = 0; r < 16; ++r) a.v[r] += b.v[r];
+  return a;
+}
+inline I32 iset(int32_t c) {
+  I32 a;
+  for (auto& v : a.v) v = c;
   return a;
 }
 constexpr bool kPairSums = false;

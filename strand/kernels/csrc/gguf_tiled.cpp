@@ -280,11 +280,14 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
 }
 
 // sums[m * ld + 16 (t - t0) + r] for tiles t0..t1: per block, the integer products of the 16
-// rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x, plus the
-// offset part, times d_x * sum q_x: Q4_0 -8 d_w, Q5_0 -16 d_w, Q6_F -32 d_w, Q3_F -4 d_w, the
-// others m_w.
+// rows with each of the M activation blocks (16 rows a vector), scaled by d_w * d_x. A quant's
+// integer offset (Q4_0 -8, Q5_0 -16, Q6_F -32, Q3_F -4; Q8_0's VNNI excess, below) times sum q_x
+// starts the integer sums, so they are exact sums of (q - offset) q_x before they meet a float:
+// no float cancellation of sum q q_x against offset * sum q_x, and no float ops for it a block.
+// Q4_1, Q5_1, Q5_F and Q8_F add m_w times d_x * sum q_x.
 // Q6_F, Q3_F and Q8_F scale the two halves of a block (quants 0..15 and 16..31, the `lo` and `hi`
-// sums) by their own d. The 5- and 6-bit quants are nibbles with their bit planes or-ed in.
+// sums) by their own d, then the two by d_x at once. The 5- and 6-bit quants are nibbles with
+// their bit planes or-ed in.
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1, int64_t m0) {
@@ -300,6 +303,9 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
   constexpr bool kPairs = !kSigned && kF.planes < 2;
   constexpr int64_t kTileBlock = kTileRows * kF.bytes(), kPlanes = kTileRows * kF.quants;
   constexpr int64_t kFields = kPlanes + 64 * kF.planes;
+  // What sum q_x times starts a block's integer sums (signed quants: VNNI's unsigned excess).
+  constexpr int32_t kOffset = Q == kQ4_0 ? -8 : Q == kQ5_0 ? -16 : Q == kQ6_F ? -32
+                              : Q == kQ3_F ? -4 : kSigned ? -tile::kQ8Excess : 0;
   const int64_t nb = K / kBlock;
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = w + t * nb * kTileBlock;
@@ -312,9 +318,17 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       const int8_t* xq[M];
       for (int m = 0; m < M; ++m) xq[m] = x.q.data() + (m0 + m) * K + b * kBlock;
       // Two chains of integer sums per row of x (the low and high halves of a block) halve
-      // the chain of dependent dot products the loop waits on.
+      // the chain of dependent dot products the loop waits on. Each starts at its offset.
       tile::I32 lo[M], hi[M];
-      for (int m = 0; m < M; ++m) lo[m] = hi[m] = tile::izero();
+      int32_t off_lo[M], off_hi[M];
+      for (int m = 0; m < M; ++m) {
+        const int64_t xb = (m0 + m) * nb + b;
+        const int32_t sum_lo = kHalves ? x.qsum_lo[xb] : x.qsum[xb];
+        off_lo[m] = kOffset * sum_lo;
+        off_hi[m] = kHalves ? kOffset * (x.qsum[xb] - sum_lo) : 0;
+        lo[m] = kPairs ? tile::izero() : tile::iset(off_lo[m]);
+        hi[m] = kPairs ? tile::izero() : tile::iset(off_hi[m]);
+      }
       [[maybe_unused]] tile::P16 plo[kPairs ? M : 1], phi[kPairs ? M : 1];
       if constexpr (kPairs)
         for (int m = 0; m < M; ++m) plo[m] = phi[m] = tile::pzero();
@@ -356,10 +370,10 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           }
         }
       }
-      if constexpr (kPairs)
+      if constexpr (kPairs)  // int16 pair sums: the offsets join once they are widened
         for (int m = 0; m < M; ++m) {
-          lo[m] = tile::widen(plo[m]);
-          hi[m] = tile::widen(phi[m]);
+          lo[m] = tile::iadd(tile::widen(plo[m]), tile::iset(off_lo[m]));
+          hi[m] = tile::iadd(tile::widen(phi[m]), tile::iset(off_hi[m]));
         }
       const uint8_t* fields = p + kFields;
       if constexpr (kHalves) {
@@ -374,32 +388,18 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
         }
         for (int m = 0; m < M; ++m) {
           const int64_t xb = (m0 + m) * nb + b;
-          const int32_t sum_lo = x.qsum_lo[xb], sum_hi = x.qsum[xb] - x.qsum_lo[xb];
-          tile::I32 l = lo[m], h = hi[m];
-          if (kQ8 && tile::kQ8Excess) {
-            l = tile::isub(l, tile::kQ8Excess * sum_lo);
-            h = tile::isub(h, tile::kQ8Excess * sum_hi);
-          }
-          acc[m] = tile::fma(tile::to_f32(l), tile::mul(d_lo, x.d[xb]), acc[m]);
-          acc[m] = tile::fma(tile::to_f32(h), tile::mul(d_hi, x.d[xb]), acc[m]);
-          if constexpr (Q == kQ8_F) {
-            acc[m] = tile::fma(field<Q>(fields, 2), x.s[xb], acc[m]);
-          } else {  // Q6_F: d (q - 32) per half; Q3_F: d (q - 4)
-            constexpr float kOffset = Q == kQ6_F ? -32.f : -4.f;
-            acc[m] = tile::fma(d_lo, kOffset * x.d[xb] * static_cast<float>(sum_lo), acc[m]);
-            acc[m] = tile::fma(d_hi, kOffset * x.d[xb] * static_cast<float>(sum_hi), acc[m]);
-          }
+          const tile::F32 halves =
+              tile::fma(tile::to_f32(hi[m]), d_hi, tile::mul(tile::to_f32(lo[m]), d_lo));
+          acc[m] = tile::fma(halves, x.d[xb], acc[m]);
+          if constexpr (Q == kQ8_F) acc[m] = tile::fma(field<Q>(fields, 2), x.s[xb], acc[m]);
         }
         continue;
       }
       const tile::F32 d = field<Q>(fields, 0);
       for (int m = 0; m < M; ++m) {
-        tile::I32 s = tile::iadd(lo[m], hi[m]);
+        const tile::I32 s = tile::iadd(lo[m], hi[m]);
         const int64_t xb = (m0 + m) * nb + b;
-        if (kSigned && tile::kQ8Excess) s = tile::isub(s, tile::kQ8Excess * x.qsum[xb]);
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
-        if constexpr (Q == kQ4_0) acc[m] = tile::fma(d, -8.f * x.s[xb], acc[m]);
-        if constexpr (Q == kQ5_0) acc[m] = tile::fma(d, -16.f * x.s[xb], acc[m]);
         if constexpr (Q == kQ4_1 || Q == kQ5_1 || Q == kQ5_F)
           acc[m] = tile::fma(field<Q>(fields, 1), x.s[xb], acc[m]);
       }
