@@ -216,31 +216,45 @@ inline tile::F32 field(const uint8_t* fields, int f) {
   return tile::halves(fields + 32 * f);
 }
 
-// Q4_K's tiles t0..t1 (the layout above): per super-block its 16 rows' 6-bit scales and mins
-// unpacked from the head's fields, then per 64 weights two sub-blocks' integer sums (the low
-// nibbles are sub-block 2g's, the high 2g + 1's, against their own activation blocks), each
-// scaled by d * sc * d_x, less dmin * mn * d_x * sum q_x: w = d sc q - dmin mn, as llama.cpp.
+// A Q4_K super-block's 16 rows' scales d sc_j (out[j]) and offsets dmin mn_j (out[8 + j]) of
+// its 8 sub-blocks, from the 6-bit fields of its tile-block's head (get_scale_min_k4).
+inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
+  auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
+  const tile::F32 d = tile::halves(head(0)), dmin = tile::halves(head(32));
+  uint8_t sc[8][kTileRows], mn[8][kTileRows];
+  const uint8_t* b[12];
+  for (int64_t k = 0; k < 12; ++k) b[k] = head(64 + 16 * k);
+  for (int64_t j = 0; j < 4; ++j)  // rows innermost: 16-byte vector operations
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      sc[j][r] = b[j][r] & 63;
+      mn[j][r] = b[j + 4][r] & 63;
+      sc[j + 4][r] = (b[j + 8][r] & 15) | ((b[j][r] >> 6) << 4);
+      mn[j + 4][r] = (b[j + 8][r] >> 4) | ((b[j + 4][r] >> 6) << 4);
+    }
+  for (int64_t j = 0; j < 8; ++j) {
+    out[j] = tile::mul(d, tile::from_u8(sc[j]));
+    out[8 + j] = tile::mul(dmin, tile::from_u8(mn[j]));
+  }
+}
+
+// Q4_K's tiles t0..t1 (the layout above): per super-block its 16 rows' scales and offsets
+// (q4k_scales, or `scales` made once for every row group of a tile: 16 vectors a super-block),
+// then per 64 weights two sub-blocks' integer sums (the low nibbles are sub-block 2g's, the
+// high 2g + 1's, against their own activation blocks), each scaled by d * sc * d_x, less
+// dmin * mn * d_x * sum q_x: w = d sc q - dmin mn, as llama.cpp.
 template <int M>
 void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld, int64_t K,
-              int64_t t0, int64_t t1, int64_t m0) {
+              int64_t t0, int64_t t1, int64_t m0, const tile::F32* scales) {
   const int64_t nb = K / kBlock, supers = K / kSuper;
   for (int64_t t = t0; t < t1; ++t) {
     tile::F32 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = tile::fzero();
     for (int64_t s = 0; s < supers; ++s) {
       const uint8_t* sb = w + (t * nb + 8 * s) * kQ4KTileBlock;
-      auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
-      const tile::F32 d = tile::halves(head(0)), dmin = tile::halves(head(32));
-      uint8_t sc[8][kTileRows], mn[8][kTileRows];  // per sub-block, the 16 rows' (get_scale_min_k4)
-      const uint8_t* b[12];
-      for (int64_t k = 0; k < 12; ++k) b[k] = head(64 + 16 * k);
-      for (int64_t j = 0; j < 4; ++j)  // rows innermost: 16-byte vector operations
-        for (int64_t r = 0; r < kTileRows; ++r) {
-          sc[j][r] = b[j][r] & 63;
-          mn[j][r] = b[j + 4][r] & 63;
-          sc[j + 4][r] = (b[j + 8][r] & 15) | ((b[j][r] >> 6) << 4);
-          mn[j + 4][r] = (b[j + 8][r] >> 4) | ((b[j + 4][r] >> 6) << 4);
-        }
+      tile::F32 own[16];
+      const tile::F32* sm = own;
+      if (scales != nullptr) sm = scales + 16 * s;
+      else q4k_scales(sb, own);
       for (int64_t g = 0; g < 4; ++g) {
         // Nibbles (<= 15) by int8 (|x| <= 127): 8 chunks' int16 pair sums stay <= 30480.
         tile::P16 sa[M], sbm[M];
@@ -260,10 +274,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
             }
           }
         }
-        const tile::F32 scale_a = tile::mul(d, tile::from_u8(sc[2 * g]));
-        const tile::F32 scale_b = tile::mul(d, tile::from_u8(sc[2 * g + 1]));
-        const tile::F32 min_a = tile::mul(dmin, tile::from_u8(mn[2 * g]));
-        const tile::F32 min_b = tile::mul(dmin, tile::from_u8(mn[2 * g + 1]));
+        const tile::F32 scale_a = sm[2 * g], scale_b = sm[2 * g + 1];
+        const tile::F32 min_a = sm[8 + 2 * g], min_b = sm[8 + 2 * g + 1];
         for (int m = 0; m < M; ++m) {
           const int64_t xa = (m0 + m) * nb + 8 * s + 2 * g;
           acc[m] = tile::fma(tile::to_f32(tile::widen(sa[m])), tile::mul(scale_a, x.d[xa]),
@@ -291,7 +303,7 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
                 int64_t K, int64_t t0, int64_t t1, int64_t m0) {
-  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0);
+  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0, nullptr);
   constexpr Format kF = gguf_format_of(Q);
   // Q6_F and Q3_F: float16 d times an int8 scale per half block.
   constexpr bool kScaled = Q == kQ6_F || Q == kQ3_F;
@@ -443,11 +455,23 @@ template <int64_t Q, typename T>
 void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* w, const T* bias,
                 int64_t K, int64_t ld, int64_t t0, int64_t t1) {
   float sums[kRowGroup * kTileRows];
-  for (int64_t t = t0; t < t1; ++t)
+  // Q4_K under more than one row group: a tile's scales unpacked once, not once a group (their
+  // 6-bit fields took about a tenth of a 32-row pass's instructions).
+  std::vector<tile::F32> scales;
+  if (Q == kQ4_K && M > kRowGroup) scales.resize(16 * (K / kSuper));
+  for (int64_t t = t0; t < t1; ++t) {
+    if (!scales.empty())
+      for (int64_t s = 0; s < K / kSuper; ++s)
+        q4k_scales(w + (t * (K / kBlock) + 8 * s) * kQ4KTileBlock, scales.data() + 16 * s);
     for (int64_t m0 = 0; m0 < M; m0 += kRowGroup) {
       const int64_t rows = std::min(kRowGroup, M - m0);
       by_rows(rows, [&](auto m) {
-        tiles_task<Q, decltype(m)::value>(x, w, sums, kTileRows, K, t, t + 1, m0);
+        constexpr int kM = decltype(m)::value;
+        if constexpr (Q == kQ4_K)
+          q4k_task<kM>(x, w, sums, kTileRows, K, t, t + 1, m0,
+                       scales.empty() ? nullptr : scales.data());
+        else
+          tiles_task<Q, kM>(x, w, sums, kTileRows, K, t, t + 1, m0);
       });
       for (int64_t m = 0; m < rows; ++m)
         for (int64_t r = 0; r < kTileRows; ++r) {
@@ -456,6 +480,7 @@ void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* 
                        sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
         }
     }
+  }
 }
 
 // out = x @ w.T (+ bias), x rounded once a call; chunks of at least 4 tiles (64 rows: the row
