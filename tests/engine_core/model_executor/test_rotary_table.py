@@ -45,6 +45,7 @@ def run(model_dir: Path, max_model_len: int | None) -> tuple[LLMEngine, list[int
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
+                assert isinstance(out.outputs, list)  # a completion, not a pooling output
                 tokens = list(out.outputs[0].token_ids)
     return engine, tokens
 
