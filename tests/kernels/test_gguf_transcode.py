@@ -37,6 +37,7 @@ from strand.kernels.gguf_transcode import (
     common_type,
     transcode,
 )
+from tests.kernels.test_cpu_gguf_linear import needs_kernels
 
 gguf = pytest.importorskip("gguf")
 
@@ -109,3 +110,31 @@ def test_types_not_read_packed_are_named() -> None:
         transcode(random_rows(Q4_K, 1, 256, 0), Q4_K, Q8_0)
     with pytest.raises(ValueError, match="Q6_K rows cannot be written as Q3_F"):  # 3 bits
         transcode(random_rows(Q6_K, 1, 256, 0), Q6_K, Q3_F)
+
+
+@needs_kernels
+def test_the_kernels_q6_k_rewrite_is_the_numpy_rewrites_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from strand.kernels import gguf_transcode
+
+    rows = random_rows(Q6_K, 40, 1024, seed=7)
+    fast = gguf_transcode._q6_k_kernel(rows)
+    assert fast is not None and fast.shape == (40, 1024 // 32 * BLOCK_BYTES[Q6_F])
+    read_only = rows.copy()
+    read_only.flags.writeable = False  # as the file's memory map is
+    assert np.array_equal(transcode(read_only, Q6_K, Q6_F), fast)
+    monkeypatch.setattr(gguf_transcode, "_q6_k_kernel", lambda rows: None)
+    assert np.array_equal(transcode(rows, Q6_K, Q6_F), fast)
+
+
+@needs_kernels
+def test_the_kernels_q6_k_rewrite_names_what_is_wrong() -> None:
+    from strand.kernels._cpu_build import KERNELS
+
+    module = KERNELS.module()
+    rows = torch.zeros(2, 209, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="Q6_K rows"):
+        module.gguf_q6k_to_q6f(torch.zeros(2, 224, dtype=torch.uint8), rows)
+    rows = torch.zeros(2, 210, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="Q6_F rows"):
+        module.gguf_q6k_to_q6f(torch.zeros(2, 223, dtype=torch.uint8), rows)

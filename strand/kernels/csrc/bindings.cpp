@@ -68,6 +68,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "GGUF Q8_0 / Q4_0 / Q4_1 blocks (rows or 16-row tiles) to float32 rows", release);
   m.def("gguf_tile", &gguf_tile, "GGUF rows regrouped into 16-row tiles for the decode kernel");
   m.def("gguf_untile", &gguf_untile, "16-row tiles back to GGUF rows");
+  m.def("gguf_q6k_to_q6f", &gguf_q6k_to_q6f, "Q6_K rows rewritten as Q6_F blocks", release);
   py::class_<DecodeStack>(m, "DecodeStack",
                           "a model's Llama-family decoder layers for decode steps of 1 to 64 "
                           "rows (past 4: dense weights or GGUF tiles)")

@@ -68,6 +68,9 @@ bool gguf_dequantize_tiles(at::Tensor out, at::Tensor tiles, int64_t qtype);
 void gguf_tiled_linear(at::Tensor out, at::Tensor x, at::Tensor tiles, int64_t qtype,
                        c10::optional<at::Tensor> bias);
 
+// gguf_transcode.cpp: Q6_K rows as Q6_F blocks, as strand/kernels/gguf_transcode.py writes them.
+void gguf_q6k_to_q6f(at::Tensor out, at::Tensor rows);
+
 // decode_layer.cpp: the DecodeStack class (decode_stack.h)
 
 // elementwise.cpp
