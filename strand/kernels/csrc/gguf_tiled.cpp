@@ -238,7 +238,8 @@ inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
 }
 
 // Q4_K's tiles t0..t1 (the layout above): per super-block its 16 rows' scales and offsets
-// (q4k_scales, or `scales` made once for every row group of a tile: 16 vectors a super-block),
+// (q4k_scales, or `scales`: tile t0's made once for all its row groups, 16 vectors a
+// super-block, with t1 = t0 + 1),
 // then per 64 weights two sub-blocks' integer sums (the low nibbles are sub-block 2g's, the
 // high 2g + 1's, against their own activation blocks), each scaled by d * sc * d_x, less
 // dmin * mn * d_x * sum q_x: w = d sc q - dmin mn, as llama.cpp.
