@@ -131,7 +131,7 @@ def test_the_kernels_q6_k_rewrite_is_the_numpy_rewrites_bytes(
 def test_the_kernels_q6_k_rewrite_names_what_is_wrong() -> None:
     from strand.kernels._cpu_build import KERNELS
 
-    module = KERNELS.module()
+    module = KERNELS.require()
     rows = torch.zeros(2, 209, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="Q6_K rows"):
         module.gguf_q6k_to_q6f(torch.zeros(2, 224, dtype=torch.uint8), rows)
