@@ -226,6 +226,22 @@ def test_many_rows_over_tiles_match_the_int8_reference(qtype: int, m: int) -> No
 
 
 @needs_kernels
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_F, Q8_0])
+def test_a_prefills_rows_go_in_blocks_and_keep_their_own_outputs(qtype: int) -> None:
+    # 300 rows of 2048 (600 KB of int8 x) run in blocks of whole row groups (128, 128, 44), so
+    # that a block's x stays in cache while each tile passes over it: the int8 product still,
+    # and each row's outputs bit for bit those of the row alone or in a decode-sized batch.
+    n, k = 48, width(qtype, 2048)
+    packed = random_packed(n, k, qtype, seed=qtype)
+    tiles = tile_ref(packed, qtype)
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(qtype))
+    got = cpu_gguf_linear.gguf_linear(x, tiles, qtype, k)
+    _assert_int8_product(got, x, packed, qtype)
+    for rows in (slice(0, 1), slice(120, 136), slice(250, 300), slice(299, 300)):
+        assert torch.equal(got[rows], cpu_gguf_linear.gguf_linear(x[rows], tiles, qtype, k))
+
+
+@needs_kernels
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it(qtype: int) -> None:
     # Each row is its own chains of instructions: a request's logits in a batch of 37 (split

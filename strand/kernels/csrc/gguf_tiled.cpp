@@ -456,30 +456,45 @@ template <int64_t Q, typename T>
 void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* w, const T* bias,
                 int64_t K, int64_t ld, int64_t t0, int64_t t1) {
   float sums[kRowGroup * kTileRows];
+  // Rows a block at a time where x is large (a prefill's): a block's activations stay in L2
+  // while every tile of the chunk passes over them. Tile by tile over all of x, each tile read
+  // x whole from L3 or memory: 16 MB for 2,048 rows of a K = 8,192 down projection, once per
+  // 16 output columns. A decode batch's x (up to 64 rows) is one block: blocks would read the
+  // chunk's weights once a block. Blocks are whole row groups, so every row's instructions are
+  // the same.
+  constexpr int64_t kRowBlockBytes = 256 << 10, kOneBlockBytes = 512 << 10;
+  const int64_t row_block =
+      M * K <= kOneBlockBytes
+          ? M
+          : std::max<int64_t>(kRowGroup, kRowBlockBytes / K / kRowGroup * kRowGroup);
   // Q4_K under more than one row group: a tile's scales unpacked once, not once a group (their
   // 6-bit fields took about a tenth of a 32-row pass's instructions).
   std::vector<tile::F32> scales;
   if (Q == kQ4_K && M > kRowGroup) scales.resize(16 * (K / kSuper));
-  for (int64_t t = t0; t < t1; ++t) {
-    if (!scales.empty())
-      for (int64_t s = 0; s < K / kSuper; ++s)
-        q4k_scales(w + (t * (K / kBlock) + 8 * s) * kQ4KTileBlock, scales.data() + 16 * s);
-    for (int64_t m0 = 0; m0 < M; m0 += kRowGroup) {
-      const int64_t rows = std::min(kRowGroup, M - m0);
-      by_rows(rows, [&](auto m) {
-        constexpr int kM = decltype(m)::value;
-        if constexpr (Q == kQ4_K)
-          q4k_task<kM>(x, w, sums, kTileRows, K, t, t + 1, m0,
-                       scales.empty() ? nullptr : scales.data());
-        else
-          tiles_task<Q, kM>(x, w, sums, kTileRows, K, t, t + 1, m0);
-      });
-      for (int64_t m = 0; m < rows; ++m)
-        for (int64_t r = 0; r < kTileRows; ++r) {
-          const int64_t n = t * kTileRows + r;
-          store_scalar(out + (m0 + m) * ld + n,
-                       sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
-        }
+  for (int64_t r0 = 0; r0 < M; r0 += row_block) {
+    const int64_t r1 = std::min(M, r0 + row_block);
+    const bool shared = !scales.empty() && r1 - r0 > kRowGroup;
+    for (int64_t t = t0; t < t1; ++t) {
+      if (shared)
+        for (int64_t s = 0; s < K / kSuper; ++s)
+          q4k_scales(w + (t * (K / kBlock) + 8 * s) * kQ4KTileBlock, scales.data() + 16 * s);
+      for (int64_t m0 = r0; m0 < r1; m0 += kRowGroup) {
+        const int64_t rows = std::min(kRowGroup, r1 - m0);
+        by_rows(rows, [&](auto m) {
+          constexpr int kM = decltype(m)::value;
+          if constexpr (Q == kQ4_K)
+            q4k_task<kM>(x, w, sums, kTileRows, K, t, t + 1, m0,
+                         shared ? scales.data() : nullptr);
+          else
+            tiles_task<Q, kM>(x, w, sums, kTileRows, K, t, t + 1, m0);
+        });
+        for (int64_t m = 0; m < rows; ++m)
+          for (int64_t r = 0; r < kTileRows; ++r) {
+            const int64_t n = t * kTileRows + r;
+            store_scalar(out + (m0 + m) * ld + n,
+                         sums[m * kTileRows + r] + (bias ? to_float(bias[n]) : 0.f));
+          }
+      }
     }
   }
 }
