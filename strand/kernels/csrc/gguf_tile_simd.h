@@ -9,8 +9,8 @@
 // The products are unsigned (weights) by signed (activations) bytes. 4-bit quants are unsigned.
 // Q8_0's signed quants: with VNNI, w ^ 0x80 = w + 128 as unsigned, so each lane gets
 // sum w x + 128 sum x, and the caller's sums start at -kQ8Excess * sum(x) per block (exact,
-// integers); with vpmaddubsw (whose int16 pair sums would saturate at 255 * 127 * 2), |w| times x with w's
-// sign moved onto x, so the excess is 0.
+// integers); with vpmaddubsw (whose int16 pair sums would saturate at 255 * 127 * 2), |w| times
+// x with w's sign moved onto x, so the excess is 0.
 #pragma once
 
 #include <c10/util/Half.h>

@@ -301,10 +301,13 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
 // Q6_F, Q3_F and Q8_F scale the two halves of a block (quants 0..15 and 16..31, the `lo` and `hi`
 // sums) by their own d, then the two by d_x at once. The 5- and 6-bit quants are nibbles with
 // their bit planes or-ed in.
+// q4k_scales_of_t0: Q4_K's scales of tile t0 made once for all its row groups, as q4k_task
+// takes them (other types: nullptr).
 template <int64_t Q, int M>
 void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld,
-                int64_t K, int64_t t0, int64_t t1, int64_t m0) {
-  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0, nullptr);
+                int64_t K, int64_t t0, int64_t t1, int64_t m0,
+                const tile::F32* q4k_scales_of_t0 = nullptr) {
+  if constexpr (Q == kQ4_K) return q4k_task<M>(x, w, sums, ld, K, t0, t1, m0, q4k_scales_of_t0);
   constexpr Format kF = gguf_format_of(Q);
   // Q6_F and Q3_F: float16 d times an int8 scale per half block.
   constexpr bool kScaled = Q == kQ6_F || Q == kQ3_F;
@@ -467,8 +470,7 @@ void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* 
       M * K <= kOneBlockBytes
           ? M
           : std::max<int64_t>(kRowGroup, kRowBlockBytes / K / kRowGroup * kRowGroup);
-  // Q4_K under more than one row group: a tile's scales unpacked once, not once a group (their
-  // 6-bit fields took about a tenth of a 32-row pass's instructions).
+  // Q4_K under more than one row group: a tile's scales unpacked once, not once a group.
   std::vector<tile::F32> scales;
   if (Q == kQ4_K && M > kRowGroup) scales.resize(16 * (K / kSuper));
   for (int64_t r0 = 0; r0 < M; r0 += row_block) {
@@ -481,12 +483,8 @@ void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* 
       for (int64_t m0 = r0; m0 < r1; m0 += kRowGroup) {
         const int64_t rows = std::min(kRowGroup, r1 - m0);
         by_rows(rows, [&](auto m) {
-          constexpr int kM = decltype(m)::value;
-          if constexpr (Q == kQ4_K)
-            q4k_task<kM>(x, w, sums, kTileRows, K, t, t + 1, m0,
-                         shared ? scales.data() : nullptr);
-          else
-            tiles_task<Q, kM>(x, w, sums, kTileRows, K, t, t + 1, m0);
+          tiles_task<Q, decltype(m)::value>(x, w, sums, kTileRows, K, t, t + 1, m0,
+                                            shared ? scales.data() : nullptr);
         });
         for (int64_t m = 0; m < rows; ++m)
           for (int64_t r = 0; r < kTileRows; ++r) {

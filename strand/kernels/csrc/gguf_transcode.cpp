@@ -1,6 +1,6 @@
 // Q6_K rows rewritten as Q6_F blocks at load, byte for byte what strand/kernels/gguf_transcode.py
-// writes (its module docstring states both layouts). That numpy rewrite took about two fifths
-// of a 3B Q4_K_M file's load, whose down projections and head are Q6_K.
+// writes (its module docstring states both layouts), without numpy's whole-array temporaries: a
+// Q4_K_M file's head and half its down projections are Q6_K.
 #include "check.h"
 #include "kernels.h"
 
