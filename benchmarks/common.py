@@ -175,6 +175,15 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
     log(f"results written to {path}")
 
 
+def blocks_holding(requests: int, tokens_each: int, block_size: int = 16) -> int:
+    """KV cache blocks (num_gpu_blocks_override) that hold `requests` requests of `tokens_each`
+    tokens at once, plus the block the engine reserves: what llama.cpp's -c of their total gives
+    it. The CPU default (kv_cache_memory, 512 MiB) holds 32 x 256 float32 tokens of a 1B model
+    less one block, and 8 of a 8B model's: a batch benchmark would measure the scheduler's
+    waiting requests instead of the batch."""
+    return requests * -(-tokens_each // block_size) + 1
+
+
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]

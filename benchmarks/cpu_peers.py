@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import isa_emulation
-from benchmarks.common import format_table, log, write_json
+from benchmarks.common import blocks_holding, format_table, log, write_json
 from strand.engine_core.outputs import RequestOutput
 
 WORKLOADS = ("decode", "batch32", "prefill")
@@ -80,6 +80,9 @@ def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=args.hf_dir, dtype=args.dtype, cpu_threads=args.threads, max_model_len=2048,
         enable_prefix_caching=False, max_num_seqs=BATCH, max_num_batched_tokens=4096,
+        # every request of the batch at once (llama-batched-bench's -c), or one of max_model_len
+        num_gpu_blocks_override=max(blocks_holding(BATCH, BATCH_PROMPT + BATCH_TOKENS),
+                                    blocks_holding(1, 2048)),
         kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
 

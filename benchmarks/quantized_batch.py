@@ -8,8 +8,9 @@ llama-batched-bench on the same file, in one run.
 The workload is llama-batched-bench's (-npp PROMPT -ntg TOKENS -npl REQUESTS): REQUESTS
 requests of PROMPT random tokens each, all added at once, each decoding TOKENS greedy tokens.
 Strand runs them in one LLMEngine (EngineArgs quantization="gguf", max_num_seqs=REQUESTS, its
-default chunked prefill of 2048 tokens a step), add_request for all then step() until done, as
-vLLM's LLM.generate does. Three figures each, medians of --repeats after a warm-up:
+default chunked prefill of 2048 tokens a step, a KV cache that holds every request at once as
+llama-batched-bench's -c does), add_request for all then step() until done, as vLLM's
+LLM.generate does. Three figures each, medians of --repeats after a warm-up:
   total    (prompt + output tokens) / wall time: llama-batched-bench's S t/s
   prefill  prompt tokens / time until every request has its first token (llama.cpp: S_PP)
   decode   output tokens after that / the time after it (llama.cpp: S_TG, all its
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import isa_emulation
-from benchmarks.common import format_table, log, write_json
+from benchmarks.common import blocks_holding, format_table, log, write_json
 from benchmarks.quantized import bandwidth_bound, weight_bytes_per_token
 from strand.engine_core.outputs import RequestOutput
 
@@ -88,7 +89,7 @@ def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=path, dtype="float32", quantization="gguf", cpu_threads=args.threads,
         max_model_len=p + t + 8, enable_prefix_caching=False, max_num_seqs=n,
-        kv_cache_dtype=args.kv_cache_dtype))
+        num_gpu_blocks_override=blocks_holding(n, p + t), kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=t, ignore_eos=True)
     runs: list[dict[str, float]] = []

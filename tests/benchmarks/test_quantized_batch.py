@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 gguf = pytest.importorskip("gguf")
 
 from benchmarks import quantized_batch  # noqa: E402
+from benchmarks.common import blocks_holding  # noqa: E402
 
 # llama-batched-bench's table as it prints it (llama.cpp build 0c1e570), one row.
 ROW = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |"
@@ -35,6 +37,16 @@ def test_one_tiny_run_beside_llama_batched_bench(
     fake = bin_dir / "llama-batched-bench"
     fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncat <<"END"\n{ROW}\nEND\n')
     fake.chmod(0o755)
+    from strand.engine_core import LLMEngine
+
+    made = LLMEngine.from_engine_args
+    kv_blocks: list[int | None] = []
+
+    def recording(engine_args: Any, *rest: Any, **kwargs: Any) -> LLMEngine:
+        kv_blocks.append(engine_args.num_gpu_blocks_override)
+        return made(engine_args, *rest, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "from_engine_args", staticmethod(recording))
     out = tmp_path / "r.json"
     quantized_batch.main(["--model", str(q4_file), "--requests", "6", "--prompt", "5",
                           "--tokens", "3", "--threads", "1", "--repeats", "2",
@@ -42,6 +54,9 @@ def test_one_tiny_run_beside_llama_batched_bench(
                           "--gemm-size", "256", "--out", str(out)])
     lines = calls.read_text().splitlines()
     assert lines == [f"-m {q4_file} -t 1 -npp 5 -ntg 3 -npl 6 -c 112"] * 2
+    # Strand's KV cache holds all 6 requests of 8 tokens at once, as -c does llama.cpp's: a
+    # block each and the reserved one.
+    assert kv_blocks == [7]
     data = json.loads(out.read_text())
     assert data["kv_cache_dtype"] == "bfloat16"
     strand, llama = data["results"]["strand"], data["results"]["llama.cpp"]
@@ -65,3 +80,10 @@ def test_a_directory_without_llama_batched_bench_is_refused(q4_file: Path,
                                                            tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         quantized_batch.main(["--model", str(q4_file), "--llama-cpp", str(tmp_path)])
+
+
+def test_the_kv_cache_holds_whole_blocks_of_every_request_and_the_reserved_one() -> None:
+    assert blocks_holding(32, 256) == 32 * 16 + 1
+    assert blocks_holding(6, 8) == 7
+    assert blocks_holding(1, 17) == 3
+    assert blocks_holding(2, 17, block_size=4) == 2 * 5 + 1

@@ -31,6 +31,9 @@ from tests.greedy_compare import assert_greedy_within_rounding  # noqa: E402
 # decode through the fused C++ layer; 5 prefill 18 tokens and decode 5 rows a step (past
 # SMALL_M: the stack's batch, where every weight is tiles).
 PROMPTS = [[5, 9, 13, 200, 7, 8, 30], [100, 101, 102], [42], [17, 18, 19, 20, 21], [3, 3]]
+# Past the first five: a decode batch of several row groups a tile (MANY_REQUESTS).
+PROMPTS += [[(7 * i + j) % 250 + 1 for j in range(2 + i % 5)] for i in range(12)]
+MANY_REQUESTS = 17
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,7 +98,8 @@ def _run(path: Path, quantization: str | None, num_requests: int = 3,
          dtype: str = "float32") -> tuple[list[Any], LLMEngine]:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=str(path), dtype=dtype, quantization=quantization, device="cpu", block_size=4,
-        num_gpu_blocks_override=64))  # the packed CPU kernels: on the CPU on any machine
+        # the packed CPU kernels: on the CPU on any machine; room for every request's tokens
+        num_gpu_blocks_override=max(64, 5 * num_requests)))
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=5, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS[:num_requests]):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
@@ -193,7 +197,8 @@ def test_decode_steps_take_the_fused_layer_over_packed_blocks(
 
 
 @pytest.mark.parametrize(("name", "num_requests"), [("Q4_1", 1), ("Q8_0", 3), ("Q4_K_M", 1),
-                                                  ("Q4_K_M", 3), ("Q8_0", 5), ("Q4_K_M", 5)])
+                                                  ("Q4_K_M", 3), ("Q8_0", 5), ("Q4_K_M", 5),
+                                                  ("Q4_K_M", MANY_REQUESTS)])
 def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
         files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str,
         num_requests: int) -> None:
@@ -202,7 +207,8 @@ def test_the_fused_step_over_tiles_splits_its_work_between_threads_bit_for_bit(
     # request, and as many as 3 requests) must give the 1-thread, the op-by-op
     # (STRAND_DECODE_PHASED=0) and the layer-by-layer outputs. Q4_K_M's qkv is two parts of
     # different types (Q4_K q and k, Q6_F v): a chunk may span both. 5 requests are a decode
-    # batch past SMALL_M rows, which the stack takes over tiles too (2 row passes a tile).
+    # batch past SMALL_M rows, which the stack takes over tiles too (2 row passes a tile); 17
+    # take several row passes a tile, the last of one row.
     threads = torch.get_num_threads()
     calls: list[str] = []
     try:
