@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,13 +176,13 @@ def write_json(path: Path | None, data: dict[str, Any]) -> None:
     log(f"results written to {path}")
 
 
-def blocks_holding(requests: int, tokens_each: int, block_size: int = 16) -> int:
-    """KV cache blocks (num_gpu_blocks_override) that hold `requests` requests of `tokens_each`
-    tokens at once, plus the block the engine reserves: what llama.cpp's -c of their total gives
-    it. The CPU default (kv_cache_memory, 512 MiB) holds 32 x 256 float32 tokens of a 1B model
-    less one block, and 8 of a 8B model's: a batch benchmark would measure the scheduler's
-    waiting requests instead of the batch."""
-    return requests * -(-tokens_each // block_size) + 1
+def blocks_holding(tokens: Sequence[int], block_size: int = 16) -> int:
+    """KV cache blocks that hold requests of these token counts (prompt + output each) at once,
+    whole blocks each, plus the block the engine reserves: what a batch benchmark gives Strand
+    (num_gpu_blocks_override, or kv_cache_memory) where llama.cpp gets -c of their total. The CPU
+    default budget (kv_cache_memory) is not sized for a workload: a batch that does not fit
+    measures requests waiting for blocks instead of the batch."""
+    return sum(-(-n // block_size) for n in tokens) + 1
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:

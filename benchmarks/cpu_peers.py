@@ -81,8 +81,8 @@ def strand_worker(args: argparse.Namespace) -> dict[str, list[float]]:
         model=args.hf_dir, dtype=args.dtype, cpu_threads=args.threads, max_model_len=2048,
         enable_prefix_caching=False, max_num_seqs=BATCH, max_num_batched_tokens=4096,
         # every request of the batch at once (llama-batched-bench's -c), or one of max_model_len
-        num_gpu_blocks_override=max(blocks_holding(BATCH, BATCH_PROMPT + BATCH_TOKENS),
-                                    blocks_holding(1, 2048)),
+        num_gpu_blocks_override=max(blocks_holding([BATCH_PROMPT + BATCH_TOKENS] * BATCH),
+                                    blocks_holding([2048])),
         kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
 

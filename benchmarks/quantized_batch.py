@@ -89,7 +89,7 @@ def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=path, dtype="float32", quantization="gguf", cpu_threads=args.threads,
         max_model_len=p + t + 8, enable_prefix_caching=False, max_num_seqs=n,
-        num_gpu_blocks_override=blocks_holding(n, p + t), kv_cache_dtype=args.kv_cache_dtype))
+        num_gpu_blocks_override=blocks_holding([p + t] * n), kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=t, ignore_eos=True)
     runs: list[dict[str, float]] = []

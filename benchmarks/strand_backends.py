@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from benchmarks.common import BackendResult, ended_badly, log
+from benchmarks.common import BackendResult, blocks_holding, ended_badly, log
 from benchmarks.datasets import SampleRequest
 
 WARMUP_TOKENS = 4
@@ -53,7 +53,7 @@ class _Engine(Protocol):
 def kv_cache_bytes(config: dict[str, Any], requests: list[SampleRequest], dtype_bytes: int,
                    block_size: int = 16) -> int:
     """Bytes of KV cache that hold every request at once (whole blocks, plus the reserved one)."""
-    blocks = sum(-(-(r.prompt_len + r.output_len) // block_size) for r in requests) + 1
+    blocks = blocks_holding([r.prompt_len + r.output_len for r in requests], block_size)
     return blocks * block_size * kv_bytes_per_token(config, dtype_bytes)
 
 

@@ -83,7 +83,7 @@ def test_a_directory_without_llama_batched_bench_is_refused(q4_file: Path,
 
 
 def test_the_kv_cache_holds_whole_blocks_of_every_request_and_the_reserved_one() -> None:
-    assert blocks_holding(32, 256) == 32 * 16 + 1
-    assert blocks_holding(6, 8) == 7
-    assert blocks_holding(1, 17) == 3
-    assert blocks_holding(2, 17, block_size=4) == 2 * 5 + 1
+    assert blocks_holding([256] * 32) == 32 * 16 + 1
+    assert blocks_holding([8] * 6) == 7
+    assert blocks_holding([17]) == 3
+    assert blocks_holding([17, 3], block_size=4) == 5 + 1 + 1

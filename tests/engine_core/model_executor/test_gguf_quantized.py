@@ -98,7 +98,8 @@ def _run(path: Path, quantization: str | None, num_requests: int = 3,
          dtype: str = "float32") -> tuple[list[Any], LLMEngine]:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=str(path), dtype=dtype, quantization=quantization, device="cpu", block_size=4,
-        # the packed CPU kernels: on the CPU on any machine; room for every request's tokens
+        # the packed CPU kernels: on the CPU on any machine; room for every request at once
+        # (5 blocks of 4 hold a prompt of up to 7 tokens and the 10 outputs)
         num_gpu_blocks_override=max(64, 5 * num_requests)))
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=5, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS[:num_requests]):
