@@ -58,27 +58,30 @@ inline U8 lookup16(U8 codes, const int8_t* table) {
   return {_mm512_shuffle_epi8(t, codes.v)};
 }
 inline I32 izero() { return {_mm512_setzero_si512()}; }
-inline __m512i dot_us(__m512i acc, __m512i u, __m512i s) {
+// acc[r] += sum_j u[4r + j] * x[j] for the 4 signed bytes at x, broadcast to every lane. With
+// VNNI the broadcast is the instruction's own memory operand ({1to16}): GCC kept a separate
+// vpbroadcastd for each of these, as many instructions again as the dot products themselves.
+inline __m512i dot_us(__m512i acc, __m512i u, const int8_t* x) {
 #if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(acc, u, s);
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t*)x));
+  return acc;
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
-                                                 _mm512_set1_epi16(1)));
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, _mm512_set1_epi32(
+                                                     load_word(x))), _mm512_set1_epi16(1)));
 #endif
 }
-// acc[r] += sum_j u[4r + j] * x[j] (x: 4 signed bytes as one word)
-inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {
-  return {dot_us(acc.v, u.v, _mm512_set1_epi32(x))};
-}
+// acc[r] += sum_j u[4r + j] * x[j] (x: 4 signed bytes)
+inline I32 dot_unsigned(I32 acc, U8 u, const int8_t* x) { return {dot_us(acc.v, u.v, x)}; }
 // acc[r] += sum_j w[4r + j] * x[j] + kQ8Excess * sum_j x[j] (w signed)
-inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
-  const __m512i xv = _mm512_set1_epi32(x);
+inline I32 dot_signed(I32 acc, U8 w, const int8_t* x) {
 #if defined(__AVX512VNNI__)
-  return {dot_us(acc.v, _mm512_xor_si512(w.v, _mm512_set1_epi8(-128)), xv)};
+  return {dot_us(acc.v, _mm512_xor_si512(w.v, _mm512_set1_epi8(-128)), x)};
 #else
+  const __m512i xv = _mm512_set1_epi32(load_word(x));
   const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w.v), _mm512_setzero_si512(),
                                           xv);
-  return {dot_us(acc.v, _mm512_abs_epi8(w.v), xs)};
+  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w.v), xs),
+                                                    _mm512_set1_epi16(1)))};
 #endif
 }
 inline I32 iset(int32_t c) { return {_mm512_set1_epi32(c)}; }  // every lane c
@@ -89,7 +92,7 @@ inline I32 iadd(I32 a, I32 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 constexpr bool kPairSums = false;
 using P16 = I32;
 inline P16 pzero() { return izero(); }
-inline P16 pdot(P16 acc, U8 u, int32_t x) { return dot_unsigned(acc, u, x); }
+inline P16 pdot(P16 acc, U8 u, const int8_t* x) { return dot_unsigned(acc, u, x); }
 inline I32 widen(P16 a) { return a; }
 inline F32 fzero() { return {_mm512_setzero_ps()}; }
 inline F32 halves(const uint8_t* p) {  // 16 float16 values
@@ -157,12 +160,12 @@ inline __m256i dot_us(__m256i acc, __m256i u, __m256i s) {
                                                  _mm256_set1_epi16(1)));
 #endif
 }
-inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {
-  const __m256i xv = _mm256_set1_epi32(x);
+inline I32 dot_unsigned(I32 acc, U8 u, const int8_t* x) {
+  const __m256i xv = _mm256_set1_epi32(load_word(x));
   return {{dot_us(acc.v[0], u.v[0], xv), dot_us(acc.v[1], u.v[1], xv)}};
 }
-inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
-  const __m256i xv = _mm256_set1_epi32(x);
+inline I32 dot_signed(I32 acc, U8 w, const int8_t* x) {
+  const __m256i xv = _mm256_set1_epi32(load_word(x));
   I32 out;
   for (int h = 0; h < 2; ++h) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -184,7 +187,7 @@ inline I32 iset(int32_t c) {
 constexpr bool kPairSums = false;
 using P16 = I32;
 inline P16 pzero() { return izero(); }
-inline P16 pdot(P16 acc, U8 u, int32_t x) { return dot_unsigned(acc, u, x); }
+inline P16 pdot(P16 acc, U8 u, const int8_t* x) { return dot_unsigned(acc, u, x); }
 inline I32 widen(P16 a) { return a; }
 #else
 // Without VNNI (an AVX2-only CPU): vpmaddubsw's int16 pair sums of a block's chunks are added
@@ -192,8 +195,8 @@ inline I32 widen(P16 a) { return a; }
 constexpr bool kPairSums = true;
 struct P16 { __m256i v[2]; };
 inline P16 pzero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
-inline P16 pdot(P16 acc, U8 u, int32_t x) {
-  const __m256i xv = _mm256_set1_epi32(x);
+inline P16 pdot(P16 acc, U8 u, const int8_t* x) {
+  const __m256i xv = _mm256_set1_epi32(load_word(x));
   return {{_mm256_add_epi16(acc.v[0], _mm256_maddubs_epi16(u.v[0], xv)),
            _mm256_add_epi16(acc.v[1], _mm256_maddubs_epi16(u.v[1], xv))}};
 }
@@ -272,16 +275,16 @@ inline U8 lookup16(U8 codes, const int8_t* table) {
   return codes;
 }
 inline I32 izero() { return {}; }
-inline I32 dot_unsigned(I32 acc, U8 u, int32_t x) {
+inline I32 dot_unsigned(I32 acc, U8 u, const int8_t* x) {
   int8_t xb[4];
-  std::memcpy(xb, &x, 4);
+  std::memcpy(xb, x, 4);
   for (int r = 0; r < 16; ++r)
     for (int j = 0; j < 4; ++j) acc.v[r] += static_cast<int32_t>(u.v[4 * r + j]) * xb[j];
   return acc;
 }
-inline I32 dot_signed(I32 acc, U8 w, int32_t x) {
+inline I32 dot_signed(I32 acc, U8 w, const int8_t* x) {
   int8_t xb[4];
-  std::memcpy(xb, &x, 4);
+  std::memcpy(xb, x, 4);
   for (int r = 0; r < 16; ++r)
     for (int j = 0; j < 4; ++j)
       acc.v[r] += static_cast<int32_t>(static_cast<int8_t>(w.v[4 * r + j])) * xb[j];
@@ -299,7 +302,7 @@ inline I32 iset(int32_t c) {
 constexpr bool kPairSums = false;
 using P16 = I32;
 inline P16 pzero() { return izero(); }
-inline P16 pdot(P16 acc, U8 u, int32_t x) { return dot_unsigned(acc, u, x); }
+inline P16 pdot(P16 acc, U8 u, const int8_t* x) { return dot_unsigned(acc, u, x); }
 inline I32 widen(P16 a) { return a; }
 inline F32 fzero() { return {}; }
 inline F32 halves(const uint8_t* p) {

@@ -270,8 +270,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
             for (int m = 0; m < M; ++m) {
               const int8_t* xa =
                   x.q.data() + (m0 + m) * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
-              sa[m] = tile::pdot(sa[m], wa, tile::load_word(xa));
-              sbm[m] = tile::pdot(sbm[m], wb, tile::load_word(xa + kBlock));
+              sa[m] = tile::pdot(sa[m], wa, xa);
+              sbm[m] = tile::pdot(sbm[m], wb, xa + kBlock);
             }
           }
         }
@@ -355,8 +355,8 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
         if constexpr (kQ8) {
           const tile::U8 w0 = tile::load_chunk(p + c * 64), w1 = tile::load_chunk(p + 256 + c * 64);
           for (int m = 0; m < M; ++m) {
-            lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
-            hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+            lo[m] = tile::dot_signed(lo[m], w0, xq[m] + 4 * c);
+            hi[m] = tile::dot_signed(hi[m], w1, xq[m] + 16 + 4 * c);
           }
         } else {
           const tile::U8 v = tile::load_chunk(p + c * 64);
@@ -374,14 +374,14 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           }
           for (int m = 0; m < M; ++m) {
             if constexpr (kIQ4) {  // signed levels, as Q8_0's quants
-              lo[m] = tile::dot_signed(lo[m], w0, tile::load_word(xq[m] + 4 * c));
-              hi[m] = tile::dot_signed(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+              lo[m] = tile::dot_signed(lo[m], w0, xq[m] + 4 * c);
+              hi[m] = tile::dot_signed(hi[m], w1, xq[m] + 16 + 4 * c);
             } else if constexpr (kPairs) {
-              plo[m] = tile::pdot(plo[m], w0, tile::load_word(xq[m] + 4 * c));
-              phi[m] = tile::pdot(phi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+              plo[m] = tile::pdot(plo[m], w0, xq[m] + 4 * c);
+              phi[m] = tile::pdot(phi[m], w1, xq[m] + 16 + 4 * c);
             } else {
-              lo[m] = tile::dot_unsigned(lo[m], w0, tile::load_word(xq[m] + 4 * c));
-              hi[m] = tile::dot_unsigned(hi[m], w1, tile::load_word(xq[m] + 16 + 4 * c));
+              lo[m] = tile::dot_unsigned(lo[m], w0, xq[m] + 4 * c);
+              hi[m] = tile::dot_unsigned(hi[m], w1, xq[m] + 16 + 4 * c);
             }
           }
         }
