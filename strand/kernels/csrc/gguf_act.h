@@ -22,13 +22,30 @@ namespace gguf {
 // with an error of at most d / 2 per value. s = d * sum(q), for the 4-bit types' offsets;
 // qsum = sum(q) itself, for the exact integer correction of the tiled Q8_0 product (gguf_tiled.cpp);
 // qsum_lo the same over a block's first 16 values (Q8_F's two halves are scaled apart).
+//
+// Rows are kept in groups of up to kRowsTogether, block-major within a group: block b of the
+// group's rows one after another. The tiled kernel takes up to 8 rows a pass, and so reads every
+// row's block b from one pointer at fixed offsets; with each row at its own pointer (K apart, K
+// known only at run time) the 8-row Q4_K pass ran out of general registers and moved them
+// through vector registers and the stack inside its inner loop. A single row is laid out as
+// before (block b at 32 b).
+constexpr int64_t kRowsTogether = 8;
+
 struct QuantizedRows {
-  std::vector<int8_t> q;  // [M, K]
-  std::vector<float> d, s;  // [M, K / 32]
-  std::vector<int32_t> qsum, qsum_lo;  // [M, K / 32]
+  int64_t nb = 0;        // blocks a row
+  int64_t together = 1;  // rows a group: min(M, kRowsTogether)
+  std::vector<int8_t> q;  // [groups, nb, together, 32]
+  std::vector<float> d, s;  // [groups, nb, together]
+  std::vector<int32_t> qsum, qsum_lo;  // [groups, nb, together]
+
+  // Where row m's block b is among the blocks: its d, s, qsum, qsum_lo; its bytes at 32 times it.
+  int64_t at(int64_t m, int64_t b) const {
+    return ((m / together) * nb + b) * together + m % together;
+  }
+  const int8_t* block(int64_t m, int64_t b) const { return q.data() + at(m, b) * 32; }
 };
 
-// Block i of x (32 values from xb) into out's entries i, in two 16-lane vectors (vec16.h): the
+// Block xb (32 values) into out's entries i, in two 16-lane vectors (vec16.h): the
 // scalar loop (a max the compiler may not reorder, a libm rounding per value) was 7% of a
 // 32-request decode step of SmolLM2 on one thread.
 template <typename T>
@@ -84,19 +101,24 @@ inline void quantize_block(const T* xb, int64_t i, QuantizedRows& out) {
 constexpr int64_t kQuantizeGrain = 1024;
 
 // x ([M, K], float32 or bfloat16) rounded as above; rows are K long and K % 32 == 0, so block i
-// of the flat x is block i of the output. Many rows are split among ATen's threads (inline
+// of the flat x is row i / nb's block i % nb. Many rows are split among ATen's threads (inline
 // inside a parallel region: the phased decode step's few rows).
 template <typename T>
 void quantize_input(const at::Tensor& x, QuantizedRows& out) {
-  const int64_t M = x.size(0), K = x.size(1), blocks = M * K / 32;
-  out.q.resize(M * K);
+  const int64_t M = x.size(0), K = x.size(1);
+  out.nb = K / 32;
+  out.together = std::min(M, kRowsTogether);
+  const int64_t groups = (M + out.together - 1) / out.together;
+  const int64_t blocks = groups * out.together * out.nb;  // a last group's missing rows unused
+  out.q.resize(blocks * 32);
   out.d.resize(blocks);
   out.s.resize(blocks);
   out.qsum.resize(blocks);
   out.qsum_lo.resize(blocks);
   const T* xp = static_cast<const T*>(x.data_ptr());
-  at::parallel_for(0, blocks, kQuantizeGrain, [&](int64_t b0, int64_t b1) {
-    for (int64_t i = b0; i < b1; ++i) quantize_block(xp + i * 32, i, out);
+  at::parallel_for(0, M * out.nb, kQuantizeGrain, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i)
+      quantize_block(xp + i * 32, out.at(i / out.nb, i % out.nb), out);
   });
 }
 

@@ -212,14 +212,14 @@ void rows_task(const QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
       gguf::bytes32 xb[M];
       float xd[M];
       for (int m = 0; m < M; ++m) {
-        xb[m] = gguf::load_bytes(x.q.data() + m * K + b * kBlock);
-        xd[m] = x.d[m * nb + b];
+        xb[m] = gguf::load_bytes(x.block(m, b));
+        xd[m] = x.d[x.at(m, b)];
       }
       for (int r = 0; r < kRows; ++r) {
         const IntBlock<Q> blk(rows[r] + b * kBytes);
         for (int m = 0; m < M; ++m) {
           acc[r][m] = gguf::scale_add(acc[r][m], blk.dot(xb[m]), blk.d * xd[m]);
-          if (Q != kQ8_0) off[r][m] += blk.offset * x.s[m * nb + b];
+          if (Q != kQ8_0) off[r][m] += blk.offset * x.s[x.at(m, b)];
         }
       }
     }

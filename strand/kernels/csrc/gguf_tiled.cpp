@@ -246,7 +246,7 @@ inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
 template <int M>
 void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64_t ld, int64_t K,
               int64_t t0, int64_t t1, int64_t m0, const tile::F32* scales) {
-  const int64_t nb = K / kBlock, supers = K / kSuper;
+  const int64_t nb = K / kBlock, supers = K / kSuper, x_m0 = x.at(m0, 0);
   for (int64_t t = t0; t < t1; ++t) {
     tile::F32 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = tile::fzero();
@@ -257,6 +257,10 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
       if (scales != nullptr) sm = scales + 16 * s;
       else q4k_scales(sb, own);
       for (int64_t g = 0; g < 4; ++g) {
+        // Row m0 + m's sub-blocks 2g and 2g + 1 are entries xa + m and xb + m (tiles_into).
+        const int64_t xa = x_m0 + (8 * s + 2 * g) * x.together, xb = xa + x.together;
+        const int8_t* qa = x.q.data() + xa * kBlock;
+        const int8_t* qb = x.q.data() + xb * kBlock;
         // Nibbles (<= 15) by int8 (|x| <= 127): 8 chunks' int16 pair sums stay <= 30480.
         tile::P16 sa[M], sbm[M];
         for (int m = 0; m < M; ++m) sa[m] = sbm[m] = tile::pzero();
@@ -267,24 +271,22 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
           for (int64_t c = 0; c < 4; ++c) {
             const tile::U8 v = tile::load_chunk(p + c * 64);
             const tile::U8 wa = tile::low_nibbles(v), wb = tile::high_nibbles(v);
+            const int64_t at = 16 * h + 4 * c;
             for (int m = 0; m < M; ++m) {
-              const int8_t* xa =
-                  x.q.data() + (m0 + m) * K + (8 * s + 2 * g) * kBlock + 16 * h + 4 * c;
-              sa[m] = tile::pdot(sa[m], wa, xa);
-              sbm[m] = tile::pdot(sbm[m], wb, xa + kBlock);
+              sa[m] = tile::pdot(sa[m], wa, qa + m * kBlock + at);
+              sbm[m] = tile::pdot(sbm[m], wb, qb + m * kBlock + at);
             }
           }
         }
         const tile::F32 scale_a = sm[2 * g], scale_b = sm[2 * g + 1];
         const tile::F32 min_a = sm[8 + 2 * g], min_b = sm[8 + 2 * g + 1];
         for (int m = 0; m < M; ++m) {
-          const int64_t xa = (m0 + m) * nb + 8 * s + 2 * g;
-          acc[m] = tile::fma(tile::to_f32(tile::widen(sa[m])), tile::mul(scale_a, x.d[xa]),
+          acc[m] = tile::fma(tile::to_f32(tile::widen(sa[m])), tile::mul(scale_a, x.d[xa + m]),
                              acc[m]);
-          acc[m] = tile::fma(tile::to_f32(tile::widen(sbm[m])), tile::mul(scale_b, x.d[xa + 1]),
+          acc[m] = tile::fma(tile::to_f32(tile::widen(sbm[m])), tile::mul(scale_b, x.d[xb + m]),
                              acc[m]);
-          acc[m] = tile::fma(min_a, -x.s[xa], acc[m]);
-          acc[m] = tile::fma(min_b, -x.s[xa + 1], acc[m]);
+          acc[m] = tile::fma(min_a, -x.s[xa + m], acc[m]);
+          acc[m] = tile::fma(min_b, -x.s[xb + m], acc[m]);
         }
       }
     }
@@ -322,7 +324,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
   // What sum q_x times starts a block's integer sums (signed quants: VNNI's unsigned excess).
   constexpr int32_t kOffset = Q == kQ4_0 ? -8 : Q == kQ5_0 ? -16 : Q == kQ6_F ? -32
                               : Q == kQ3_F ? -4 : kSigned ? -tile::kQ8Excess : 0;
-  const int64_t nb = K / kBlock;
+  const int64_t nb = K / kBlock, x_m0 = x.at(m0, 0);
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = w + t * nb * kTileBlock;
     tile::F32 acc[M];
@@ -331,14 +333,15 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       const uint8_t* p = tile + b * kTileBlock;
       for (int64_t line = 0; line < kTileBlock; line += 64)
         __builtin_prefetch(p + kPrefetchTileBlocks * kTileBlock + line, 0, 3);
-      const int8_t* xq[M];
-      for (int m = 0; m < M; ++m) xq[m] = x.q.data() + (m0 + m) * K + b * kBlock;
+      // Row m0 + m's block b is entry x0 + m (tiles_into), its bytes at xq + 32 m.
+      const int64_t x0 = x_m0 + b * x.together;
+      const int8_t* xq = x.q.data() + x0 * kBlock;
       // Two chains of integer sums per row of x (the low and high halves of a block) halve
       // the chain of dependent dot products the loop waits on. Each starts at its offset.
       tile::I32 lo[M], hi[M];
       int32_t off_lo[M], off_hi[M];
       for (int m = 0; m < M; ++m) {
-        const int64_t xb = (m0 + m) * nb + b;
+        const int64_t xb = x0 + m;
         const int32_t sum_lo = kHalves ? x.qsum_lo[xb] : x.qsum[xb];
         off_lo[m] = kOffset * sum_lo;
         off_hi[m] = kHalves ? kOffset * (x.qsum[xb] - sum_lo) : 0;
@@ -355,8 +358,8 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
         if constexpr (kQ8) {
           const tile::U8 w0 = tile::load_chunk(p + c * 64), w1 = tile::load_chunk(p + 256 + c * 64);
           for (int m = 0; m < M; ++m) {
-            lo[m] = tile::dot_signed(lo[m], w0, xq[m] + 4 * c);
-            hi[m] = tile::dot_signed(hi[m], w1, xq[m] + 16 + 4 * c);
+            lo[m] = tile::dot_signed(lo[m], w0, xq + m * kBlock + 4 * c);
+            hi[m] = tile::dot_signed(hi[m], w1, xq + m * kBlock + 16 + 4 * c);
           }
         } else {
           const tile::U8 v = tile::load_chunk(p + c * 64);
@@ -374,14 +377,14 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           }
           for (int m = 0; m < M; ++m) {
             if constexpr (kIQ4) {  // signed levels, as Q8_0's quants
-              lo[m] = tile::dot_signed(lo[m], w0, xq[m] + 4 * c);
-              hi[m] = tile::dot_signed(hi[m], w1, xq[m] + 16 + 4 * c);
+              lo[m] = tile::dot_signed(lo[m], w0, xq + m * kBlock + 4 * c);
+              hi[m] = tile::dot_signed(hi[m], w1, xq + m * kBlock + 16 + 4 * c);
             } else if constexpr (kPairs) {
-              plo[m] = tile::pdot(plo[m], w0, xq[m] + 4 * c);
-              phi[m] = tile::pdot(phi[m], w1, xq[m] + 16 + 4 * c);
+              plo[m] = tile::pdot(plo[m], w0, xq + m * kBlock + 4 * c);
+              phi[m] = tile::pdot(phi[m], w1, xq + m * kBlock + 16 + 4 * c);
             } else {
-              lo[m] = tile::dot_unsigned(lo[m], w0, xq[m] + 4 * c);
-              hi[m] = tile::dot_unsigned(hi[m], w1, xq[m] + 16 + 4 * c);
+              lo[m] = tile::dot_unsigned(lo[m], w0, xq + m * kBlock + 4 * c);
+              hi[m] = tile::dot_unsigned(hi[m], w1, xq + m * kBlock + 16 + 4 * c);
             }
           }
         }
@@ -403,7 +406,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
           d_hi = field<Q>(fields, 1);
         }
         for (int m = 0; m < M; ++m) {
-          const int64_t xb = (m0 + m) * nb + b;
+          const int64_t xb = x0 + m;
           const tile::F32 halves =
               tile::fma(tile::to_f32(hi[m]), d_hi, tile::mul(tile::to_f32(lo[m]), d_lo));
           acc[m] = tile::fma(halves, x.d[xb], acc[m]);
@@ -414,7 +417,7 @@ void tiles_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int
       const tile::F32 d = field<Q>(fields, 0);
       for (int m = 0; m < M; ++m) {
         const tile::I32 s = tile::iadd(lo[m], hi[m]);
-        const int64_t xb = (m0 + m) * nb + b;
+        const int64_t xb = x0 + m;
         acc[m] = tile::fma(tile::to_f32(s), tile::mul(d, x.d[xb]), acc[m]);
         if constexpr (Q == kQ4_1 || Q == kQ5_1 || Q == kQ5_F)
           acc[m] = tile::fma(field<Q>(fields, 1), x.s[xb], acc[m]);
@@ -435,6 +438,9 @@ constexpr int64_t kRowGroup = 8;
 #else
 constexpr int64_t kRowGroup = 4;
 #endif
+// A pass's rows share one group of x (gguf_act.h), so that row m0 + m's block is m0's entry + m:
+// passes start at multiples of kRowGroup, or take all of x's rows (fewer than a group).
+static_assert(gguf::kRowsTogether % kRowGroup == 0, "a pass's rows are one group's");
 
 // f(std::integral_constant<int, m>{}) for m = rows (1..kRowGroup).
 template <int N = 1, typename F>
