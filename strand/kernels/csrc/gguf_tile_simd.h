@@ -113,6 +113,8 @@ inline F32 to_f32(I32 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline F32 mul(F32 a, float b) { return {_mm512_mul_ps(a.v, _mm512_set1_ps(b))}; }
 inline F32 fma(F32 a, F32 b, F32 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline F32 fma(F32 a, float b, F32 c) { return {_mm512_fmadd_ps(a.v, _mm512_set1_ps(b), c.v)}; }
+// c - a b, rounded once: the same value as fma(a, -b, c), without negating b on its own.
+inline F32 fnma(F32 a, float b, F32 c) { return {_mm512_fnmadd_ps(a.v, _mm512_set1_ps(b), c.v)}; }
 inline void store(float* p, F32 a) { _mm512_storeu_ps(p, a.v); }
 
 #elif defined(__AVX2__)
@@ -240,6 +242,10 @@ inline F32 fma(F32 a, float b, F32 c) {
   const __m256 bv = _mm256_set1_ps(b);
   return {{_mm256_fmadd_ps(a.v[0], bv, c.v[0]), _mm256_fmadd_ps(a.v[1], bv, c.v[1])}};
 }
+inline F32 fnma(F32 a, float b, F32 c) {
+  const __m256 bv = _mm256_set1_ps(b);
+  return {{_mm256_fnmadd_ps(a.v[0], bv, c.v[0]), _mm256_fnmadd_ps(a.v[1], bv, c.v[1])}};
+}
 inline void store(float* p, F32 a) {
   _mm256_storeu_ps(p, a.v[0]);
   _mm256_storeu_ps(p + 8, a.v[1]);
@@ -349,6 +355,10 @@ inline F32 fma(F32 a, F32 b, F32 c) {
 }
 inline F32 fma(F32 a, float b, F32 c) {
   for (int r = 0; r < 16; ++r) c.v[r] += a.v[r] * b;
+  return c;
+}
+inline F32 fnma(F32 a, float b, F32 c) {
+  for (int r = 0; r < 16; ++r) c.v[r] += a.v[r] * -b;
   return c;
 }
 inline void store(float* p, F32 a) { std::memcpy(p, a.v, sizeof(a.v)); }

@@ -285,8 +285,8 @@ void q4k_task(const gguf::QuantizedRows& x, const uint8_t* w, float* sums, int64
                              acc[m]);
           acc[m] = tile::fma(tile::to_f32(tile::widen(sbm[m])), tile::mul(scale_b, x.d[xb + m]),
                              acc[m]);
-          acc[m] = tile::fma(min_a, -x.s[xa + m], acc[m]);
-          acc[m] = tile::fma(min_b, -x.s[xb + m], acc[m]);
+          acc[m] = tile::fnma(min_a, x.s[xa + m], acc[m]);
+          acc[m] = tile::fnma(min_b, x.s[xb + m], acc[m]);
         }
       }
     }
