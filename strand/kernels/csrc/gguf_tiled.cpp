@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "claim_chunks.h"
@@ -488,10 +489,14 @@ void tiles_into(T* out, const gguf::QuantizedRows& x, int64_t M, const uint8_t* 
           q4k_scales(w + (t * (K / kBlock) + 8 * s) * kQ4KTileBlock, scales.data() + 16 * s);
       for (int64_t m0 = r0; m0 < r1; m0 += kRowGroup) {
         const int64_t rows = std::min(kRowGroup, r1 - m0);
+        // float32 out and no bias: the pass stores its vectors in place, not through sums.
+        const bool direct = std::is_same_v<T, float> && bias == nullptr;
+        float* into = direct ? reinterpret_cast<float*>(out) + m0 * ld + t * kTileRows : sums;
         by_rows(rows, [&](auto m) {
-          tiles_task<Q, decltype(m)::value>(x, w, sums, kTileRows, K, t, t + 1, m0,
-                                            shared ? scales.data() : nullptr);
+          tiles_task<Q, decltype(m)::value>(x, w, into, direct ? ld : kTileRows, K, t, t + 1,
+                                            m0, shared ? scales.data() : nullptr);
         });
+        if (direct) continue;
         for (int64_t m = 0; m < rows; ++m)
           for (int64_t r = 0; r < kTileRows; ++r) {
             const int64_t n = t * kTileRows + r;
