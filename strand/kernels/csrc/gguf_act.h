@@ -39,10 +39,11 @@ struct QuantizedRows {
   std::vector<int32_t> qsum, qsum_lo;  // [groups, nb, together]
 
   // Where row m's block b is among the blocks: its d, s, qsum, qsum_lo; its bytes at 32 times it.
+  // Within a group, block b + 1 of a row is `together` entries on: the kernels take at(m, 0)
+  // once and step by it, with no division in their loops.
   int64_t at(int64_t m, int64_t b) const {
     return ((m / together) * nb + b) * together + m % together;
   }
-  const int8_t* block(int64_t m, int64_t b) const { return q.data() + at(m, b) * 32; }
 };
 
 // Block xb (32 values) into out's entries i, in two 16-lane vectors (vec16.h): the

@@ -206,20 +206,22 @@ void rows_task(const QuantizedRows& x, const uint8_t* w, float* sums, int64_t K,
     const uint8_t* rows[kRows];
     for (int r = 0; r < kRows; ++r) rows[r] = w + (n + std::min<int64_t>(r, nr - 1)) * row_bytes;
     const int64_t ahead = kPrefetchRows * row_bytes;
+    int64_t first[M];  // row m's block b is entry first[m] + b * x.together (gguf_act.h)
+    for (int m = 0; m < M; ++m) first[m] = x.at(m, 0);
     for (int64_t b = 0; b < nb; ++b) {
       if (kBytes > 32 || (b & 1) == 0)
         for (int r = 0; r < kRows; ++r) __builtin_prefetch(rows[r] + b * kBytes + ahead, 0, 3);
       gguf::bytes32 xb[M];
       float xd[M];
       for (int m = 0; m < M; ++m) {
-        xb[m] = gguf::load_bytes(x.block(m, b));
-        xd[m] = x.d[x.at(m, b)];
+        xb[m] = gguf::load_bytes(x.q.data() + (first[m] + b * x.together) * kBlock);
+        xd[m] = x.d[first[m] + b * x.together];
       }
       for (int r = 0; r < kRows; ++r) {
         const IntBlock<Q> blk(rows[r] + b * kBytes);
         for (int m = 0; m < M; ++m) {
           acc[r][m] = gguf::scale_add(acc[r][m], blk.dot(xb[m]), blk.d * xd[m]);
-          if (Q != kQ8_0) off[r][m] += blk.offset * x.s[x.at(m, b)];
+          if (Q != kQ8_0) off[r][m] += blk.offset * x.s[first[m] + b * x.together];
         }
       }
     }

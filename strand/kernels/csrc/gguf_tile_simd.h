@@ -58,16 +58,23 @@ inline U8 lookup16(U8 codes, const int8_t* table) {
   return {_mm512_shuffle_epi8(t, codes.v)};
 }
 inline I32 izero() { return {_mm512_setzero_si512()}; }
-// acc[r] += sum_j u[4r + j] * x[j] for the 4 signed bytes at x, broadcast to every lane. With
-// VNNI the broadcast is the instruction's own memory operand ({1to16}): GCC kept a separate
-// vpbroadcastd for each of these, as many instructions again as the dot products themselves.
+inline __m512i dot_us(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+                                                 _mm512_set1_epi16(1)));
+#endif
+}
+// dot_us with the 4 signed bytes at x broadcast to every lane. With VNNI the broadcast is the
+// instruction's own memory operand ({1to16}): GCC kept a separate vpbroadcastd for each of
+// these, as many instructions again as the dot products themselves.
 inline __m512i dot_us(__m512i acc, __m512i u, const int8_t* x) {
 #if defined(__AVX512VNNI__)
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t*)x));
   return acc;
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, _mm512_set1_epi32(
-                                                     load_word(x))), _mm512_set1_epi16(1)));
+  return dot_us(acc, u, _mm512_set1_epi32(load_word(x)));
 #endif
 }
 // acc[r] += sum_j u[4r + j] * x[j] (x: 4 signed bytes)
@@ -80,8 +87,7 @@ inline I32 dot_signed(I32 acc, U8 w, const int8_t* x) {
   const __m512i xv = _mm512_set1_epi32(load_word(x));
   const __m512i xs = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w.v), _mm512_setzero_si512(),
                                           xv);
-  return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w.v), xs),
-                                                    _mm512_set1_epi16(1)))};
+  return {dot_us(acc.v, _mm512_abs_epi8(w.v), xs)};
 #endif
 }
 inline I32 iset(int32_t c) { return {_mm512_set1_epi32(c)}; }  // every lane c
