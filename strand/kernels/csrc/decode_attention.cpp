@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -51,38 +52,71 @@ constexpr bool fits_registers() {
 // L1 (locality 2: prefetcht1): L1's few miss buffers held the loads in flight to a third of
 // what one core can stream, and two blocks of every kv head fit L2 with room to spare (one
 // thread, 32 requests of 192 tokens from a pool past L3: faster in float32 and bfloat16 alike).
+//
+// A task of some kv heads asks only for its heads' part of each row: a task per kv head (a decode
+// step of one request) asking for whole blocks fetched every block once per head, 8 times the
+// cache for 8 kv heads, and two threads read the cache no faster than one.
+struct Heads {  // kv heads [g0, g1) of a row of KVH heads of D values: elements first..first+width
+  int64_t first = 0, width = -1;  // width -1: whole rows
+};
+
 template <typename T>
 struct Trickle {
-  const char* p = nullptr;
-  const char* end = nullptr;
+  const char* p = nullptr;    // the next line to ask for
+  const char* end = nullptr;  // the end of the current row's part (or of the whole block)
+  int64_t rows_left = 0;      // parts after the current one
+  int64_t stride = 0, part = 0;  // bytes from one row to the next; bytes of a row's part
   int64_t per_step = 0;  // lines asked for at each step()
 
-  // Block b's lines, spread over `steps` calls of step().
+  // Block b's lines (of `heads` only), spread over `steps` calls of step().
   void start(const T* cache, const int32_t* blocks, int64_t b, int64_t t0, int64_t len,
-             int64_t BS, int64_t RS, int64_t steps) {
+             int64_t BS, int64_t RS, int64_t steps, Heads heads = {}) {
     p = end = nullptr;
+    rows_left = 0;
     if (t0 >= len) return;
-    p = reinterpret_cast<const char*>(cache + (int64_t)blocks[b] * BS * RS);
-    end = p + std::min(BS, len - t0) * RS * (int64_t)sizeof(T);
-    const int64_t lines = (end - p + 63) / 64;
+    const int64_t rows = std::min(BS, len - t0);
+    const bool whole = heads.width < 0 || heads.width == RS;
+    const char* base = reinterpret_cast<const char*>(cache + (int64_t)blocks[b] * BS * RS +
+                                                     (whole ? 0 : heads.first));
+    stride = RS * (int64_t)sizeof(T);
+    part = whole ? rows * stride : heads.width * (int64_t)sizeof(T);
+    rows_left = whole ? 0 : rows - 1;  // whole rows: the block is one contiguous part
+    begin_part(base);
+    const int64_t lines = (rows_left + 1) * ((end - p + 63) / 64);
     steps = std::max<int64_t>(steps, 1);
     per_step = (lines + steps - 1) / steps;
   }
   void step() {
-    for (int64_t k = 0; k < per_step && p < end; ++k, p += 64) __builtin_prefetch(p, 0, 2);
+    for (int64_t k = 0; k < per_step && ask(); ++k) {}
   }
   void rest() {
-    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+    while (ask()) {}
+  }
+
+ private:
+  void begin_part(const char* at) {  // from the line holding its first byte
+    p = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at) & ~uintptr_t{63});
+    end = at + part;
+  }
+  bool ask() {  // one line; false when none is left
+    if (p >= end) {
+      if (rows_left <= 0) return false;
+      --rows_left;
+      begin_part(end - part + stride);
+    }
+    __builtin_prefetch(p, 0, 2);
+    p += 64;
+    return true;
   }
 };
 
-// All of block b's lines at once: the block after the first, needed before any trickle of it
-// could have finished.
+// All of block b's lines (of `heads`) at once: the block after the first, needed before any
+// trickle of it could have finished.
 template <typename T>
 void prefetch_block(const T* cache, const int32_t* blocks, int64_t b, int64_t t0, int64_t len,
-                    int64_t BS, int64_t RS) {
+                    int64_t BS, int64_t RS, Heads heads = {}) {
   Trickle<T> all;
-  all.start(cache, blocks, b, t0, len, BS, RS, 1);
+  all.start(cache, blocks, b, t0, len, BS, RS, 1, heads);
   all.rest();
 }
 
@@ -188,7 +222,8 @@ void scores_vec(const TQ* qh, const TKV* k, int64_t RS, int64_t n, int64_t FC, i
 // thread's next task (-1: none), whose first K blocks are fetched during this one's last V blocks.
 template <typename A, int DC, int NG>
 void request_task(const A& a, int64_t r, int64_t g0, int64_t g1, std::vector<float>& s,
-                  std::vector<float>& inv, std::vector<float>& acc_out, int64_t next_r = -1) {
+                  std::vector<float>& inv, std::vector<float>& acc_out, int64_t next_r = -1,
+                  Heads next_heads = {}) {
   using TQ = typename A::Q;
   using T = typename A::KV;
   const int64_t H = a.H, D = DC > 0 ? kLanes * DC : a.D, G = a.H / a.KVH, RS = a.KVH * D;
@@ -198,12 +233,14 @@ void request_task(const A& a, int64_t r, int64_t g0, int64_t g1, std::vector<flo
   s.resize(H * L);
   [[maybe_unused]] const bool dp = use_scores_dp<A, DC>();
   Trickle<T> ahead;
+  const Heads mine{g0 * D, (g1 - g0) * D};
   const int64_t passes = (g1 - g0) * (G / NG);  // row reads of a token, per block and phase
   // Scores: for every block, every kv head, NG query heads of its group at a time.
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
-    if (b == 0) prefetch_block(a.kc, blocks, 1, a.BS, len, a.BS, RS);
-    ahead.start(a.kc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block);
+    if (b == 0) prefetch_block(a.kc, blocks, 1, a.BS, len, a.BS, RS, mine);
+    ahead.start(a.kc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block,
+                mine);
     for (int64_t g = g0; g < g1; ++g) {
       const T* kb = a.kc + (int64_t)blocks[b] * a.BS * RS + g * D;
       for (int64_t h = g * G; h < (g + 1) * G; h += NG) {
@@ -228,7 +265,7 @@ void request_task(const A& a, int64_t r, int64_t g0, int64_t g1, std::vector<flo
   }
   // Softmax numerators in place; each head's 1 / sum scales its output at the end. The first V
   // block is on its way meanwhile.
-  prefetch_block(a.vc, blocks, 0, 0, len, a.BS, RS);
+  prefetch_block(a.vc, blocks, 0, 0, len, a.BS, RS, mine);
   inv.resize(H);
   for (int64_t h = g0 * G; h < g1 * G; ++h) {
     float* sh = s.data() + h * L;
@@ -256,14 +293,15 @@ void request_task(const A& a, int64_t r, int64_t g0, int64_t g1, std::vector<flo
   float* out = acc_out.data();
   for (int64_t b = 0, t0 = 0; t0 < len; ++b) {
     const int64_t in_block = std::min(a.BS, len - t0);
-    if (b == 0) prefetch_block(a.vc, blocks, 1, a.BS, len, a.BS, RS);
-    ahead.start(a.vc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block);
+    if (b == 0) prefetch_block(a.vc, blocks, 1, a.BS, len, a.BS, RS, mine);
+    ahead.start(a.vc, blocks, b + kAhead, t0 + kAhead * a.BS, len, a.BS, RS, passes * in_block,
+                mine);
     const int64_t nb = b + kAhead - (len + a.BS - 1) / a.BS;  // past this request's blocks
     if (nb >= 0 && next_r >= 0) {
       // The next task's first blocks, which it would otherwise start on cold (a request's
       // whole K/V is a few hundred KB, so each start was a stall).
       ahead.start(a.kc, a.bt + next_r * a.MB, nb, nb * a.BS, a.lens[next_r], a.BS, RS,
-                  passes * in_block);
+                  passes * in_block, next_heads);
     }
     for (int64_t g = g0; g < g1; ++g) {
       const T* vb = a.vc + (int64_t)blocks[b] * a.BS * RS + g * D;
@@ -331,8 +369,11 @@ void run(const A& a, int64_t R) {
     std::vector<float> s, inv, acc_out;  // scratch reused across the thread's tasks
     for (int64_t i = claimed.fetch_add(1); i < T_;) {
       const int64_t next = claimed.fetch_add(1);
+      const Heads next_heads = next < T_ ? Heads{tasks[next].g0 * a.D,
+                                                 (tasks[next].g1 - tasks[next].g0) * a.D}
+                                         : Heads{};
       request_task<A, DC, NG>(a, tasks[i].r, tasks[i].g0, tasks[i].g1, s, inv, acc_out,
-                              next < T_ ? tasks[next].r : -1);
+                              next < T_ ? tasks[next].r : -1, next_heads);
       i = next;
     }
   }
