@@ -24,6 +24,26 @@ inline int64_t chunk_count(int64_t items, int threads, int64_t min_items) {
                                                  items / std::max<int64_t>(1, min_items)));
 }
 
+// Guided claims: the next piece [begin, end) of `items` units from the shared `next`, about
+// 1 / (2 threads) of what is left and at least `min_units`: large pieces while much is left,
+// small ones at the end, so that the threads finish a phase close together. With a fixed number
+// of chunks a thread that takes the last one leaves the others spinning for most of a chunk,
+// after every product of a decode step. False when nothing is left.
+inline bool claim_guided(std::atomic<int64_t>& next, int64_t items, int threads,
+                         int64_t min_units, int64_t& begin, int64_t& end) {
+  int64_t b = next.load(std::memory_order_relaxed);
+  for (;;) {
+    if (b >= items) return false;
+    const int64_t size = std::max<int64_t>(min_units, (items - b) / (2 * std::max(threads, 1)));
+    const int64_t e = std::min(items, b + size);
+    if (next.compare_exchange_weak(b, e, std::memory_order_relaxed)) {
+      begin = b;
+      end = e;
+      return true;
+    }
+  }
+}
+
 // [begin, end) of chunk i of `chunks` over `items`.
 inline int64_t chunk_begin(int64_t items, int64_t chunks, int64_t i) { return items * i / chunks; }
 

@@ -19,15 +19,15 @@
 // machine the slowest is often a thread waiting for a core (at 2 threads under load, perf put
 // ~50% of the step's samples in libgomp's barrier spin). Here a step is a fixed sequence of
 // phases (10 a layer: norm, qkv, rotary and KV write, attention, ..., down); a phase is a number
-// of chunks (tiles of a weight or groups of its rows, attention tasks; 1 for the small serial
-// parts), and any thread
-// takes the next unclaimed chunk of the current phase. A thread moves on to a phase once every
-// chunk of the one before is done (a counter), so no thread waits for another one to arrive,
-// only for work in progress: one that is descheduled costs at most the chunk it holds, and the
-// others take the rest of its share. Each chunk runs the same code on the same data as the
-// op-by-op step, so the outputs are the same bit for bit. A step that ends in logits
-// (DecodeStack::logits) adds the final norm and the lm_head's tiles as two more phases, with
-// no parallel region (and no Python call) of their own.
+// of units (tiles of a weight or groups of its rows, attention tasks; 1 for the small serial
+// parts), and any thread takes the next unclaimed piece of the current phase: a product's a
+// guided piece of its units (claim_chunks.h), others one unit. A thread moves on to a phase once
+// every unit of the one before is done (a counter), so no thread waits for another one to
+// arrive, only for work in progress: one that is descheduled costs at most the piece it holds,
+// and the others take the rest of its share. Each unit runs the same code on the same data as
+// the op-by-op step, whatever the pieces, so the outputs are the same bit for bit. A step that
+// ends in logits (DecodeStack::logits) adds the final norm and the lm_head's tiles as two more
+// phases, with no parallel region (and no Python call) of their own.
 namespace {
 using strand::gguf::QuantizedRows;
 
@@ -35,7 +35,7 @@ enum Kind : int64_t {
   kNormIn,    // (residual add +) input norm, x rounded (GGUF) or laid out (dense) for qkv
   kQkv,       // qkv projection, tiles
   kRotary,    // rotary on q and k, k and v into the cache
-  kAttn,      // decode attention, one task (request, kv heads) a chunk
+  kAttn,      // decode attention, one task (request, kv heads) a unit
   kAttnQuant,  // the attention output rounded for o
   kO,         // o projection, tiles
   kNormPost,  // residual add + post-attention norm, rounded for gate_up
@@ -49,11 +49,15 @@ enum Kind : int64_t {
 };
 
 // Spins (pause instructions, ~40-140 cycles each) before a waiting thread yields its core at
-// each check: the wait between phases is usually a chunk (microseconds), and on a machine with
+// each check: the wait between phases is usually a piece (microseconds), and on a machine with
 // no core to spare the thread being waited for may need this one.
 constexpr int kSpinsBeforeYield = 2000;
 
-struct alignas(64) Counter {  // one phase's chunks claimed and done, on a cache line of its own
+// The smallest piece of a product a thread claims: 4 units (64 rows of GGUF tiles), as the
+// standalone products' chunks (gguf_tiled.cpp), so that a piece is more than its start's ramp.
+constexpr int64_t kMinClaim = 4;
+
+struct alignas(64) Counter {  // one phase's units claimed and done, on a cache line of its own
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 };
@@ -64,8 +68,8 @@ inline void pause() {
 #endif
 }
 
-void wait_done(const Counter& c, int64_t chunks) {
-  for (int spins = 0; c.done.load(std::memory_order_acquire) < chunks;) {
+void wait_done(const Counter& c, int64_t units) {
+  for (int spins = 0; c.done.load(std::memory_order_acquire) < units;) {
     if (spins < kSpinsBeforeYield) {
       pause();
       ++spins;
@@ -75,7 +79,7 @@ void wait_done(const Counter& c, int64_t chunks) {
   }
 }
 
-// The units a product's chunks are made of: 16-row tiles of a GGUF weight, panels of a
+// The units a product's pieces are made of: 16-row tiles of a GGUF weight, panels of a
 // panel-packed float32 one (3-D), groups of kSmallUnit rows of a dense one.
 int64_t units_of(const at::Tensor& w, bool dense) {
   return dense && w.dim() == 2 ? (w.size(0) + strand::kSmallUnit - 1) / strand::kSmallUnit
@@ -115,8 +119,6 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
   }
   const Layer& first = layers_[0];
   const bool dense = all_dense_;
-  // A chunk of SmolLM2's qkv at 2 threads is 7-8 tiles (~40 KB of Q4_1), or 15 groups of 8
-  // dense rows (138 KB of bfloat16).
   // A projection's units: its first weight's and those of its parts of other types (add_part),
   // which every layer has alike (each layer's rows are the first one's).
   const auto projection_units = [&](const Layer& W, int64_t proj, const at::Tensor& w) {
@@ -124,19 +126,20 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
     for (const Part& p : W.more[proj]) units += p.w.size(0);
     return units;
   };
-  const auto product_chunks = [&](int64_t proj, const at::Tensor& w) {
-    return strand::chunk_count(projection_units(first, proj, w), threads, 1);
-  };
-  int64_t chunks[kAllKinds];
-  for (int64_t k = 0; k < kAllKinds; ++k) chunks[k] = 1;
-  chunks[kQkv] = product_chunks(0, first.qkv_w);
-  chunks[kAttn] = static_cast<int64_t>(attn.size());
-  chunks[kO] = product_chunks(1, first.o_w);
-  chunks[kGateUp] = product_chunks(2, first.gate_up_w);
-  chunks[kDown] = product_chunks(3, first.down_w);
-  // The head as the standalone tiled product splits it (gguf_tiled.cpp: at least 4 tiles a
-  // chunk), in the same order of sums: the same logits.
-  if (logits != nullptr) chunks[kHead] = strand::chunk_count(units_of(head_.w, false), threads, 4);
+  // A phase's units: a product's (claimed a guided piece at a time: claim_chunks.h), the
+  // attention tasks, or 1 (the serial parts), claimed one at a time.
+  int64_t units[kAllKinds];
+  bool guided[kAllKinds] = {};
+  for (int64_t k = 0; k < kAllKinds; ++k) units[k] = 1;
+  units[kQkv] = projection_units(first, 0, first.qkv_w);
+  units[kAttn] = static_cast<int64_t>(attn.size());
+  units[kO] = projection_units(first, 1, first.o_w);
+  units[kGateUp] = projection_units(first, 2, first.gate_up_w);
+  units[kDown] = projection_units(first, 3, first.down_w);
+  for (Kind k : {kQkv, kO, kGateUp, kDown, kHead}) guided[k] = true;
+  // The head's tiles as any product's: each tile's sums are the same whatever the pieces, so the
+  // logits are the standalone tiled product's (gguf_tiled.cpp).
+  if (logits != nullptr) units[kHead] = units_of(head_.w, false);
 
   QuantizedRows x_hidden, x_attn, x_act;  // the rounded inputs of the four products (GGUF)
   strand::SmallX d_hidden, d_attn, d_act;  // or as the dense kernel reads them
@@ -147,16 +150,14 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
       strand::gguf::quantize_any(x, q);
   };
   const bool q_rows = M == 1;
-  const auto run_chunk = [&](int64_t l, int64_t kind, int64_t i) {
+  // Units [u0, u1) of layer l's phase `kind` (one unit where the kind is not guided).
+  const auto run_units = [&](int64_t l, int64_t kind, int64_t u0, int64_t u1) {
     const Layer& W = layers_[l];
     const at::Tensor& res = l == 0 ? hidden : b.res_a;
     const auto product = [&](at::Tensor& out, const QuantizedRows& x, const strand::SmallX& xd,
                              const at::Tensor& w, int64_t qtype,
                              const c10::optional<at::Tensor>& bias, int64_t proj = -1) {
       const std::vector<Part>* more = proj >= 0 ? &W.more[proj] : nullptr;
-      const int64_t units = more ? projection_units(W, proj, w) : units_of(w, dense);
-      const int64_t n = chunks[kind];
-      const int64_t u0 = strand::chunk_begin(units, n, i), u1 = strand::chunk_begin(units, n, i + 1);
       if (dense && w.dim() == 3) {  // float32 panels: x as it is (small_prepare keeps float32)
         strand::panels_rows(out, static_cast<const float*>(xd.data), xd.M, w, bias, u0, u1);
         return;
@@ -166,7 +167,7 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
                            std::min(w.size(0), u1 * strand::kSmallUnit));
         return;
       }
-      // The chunk's tiles [u0, u1) over the parts: the first weight's, then each add_part's, its
+      // The piece's tiles [u0, u1) over the parts: the first weight's, then each add_part's, its
       // rows the output's next columns.
       int64_t first_tile = 0;
       const auto part = [&](const at::Tensor& tiles, int64_t type) {
@@ -198,7 +199,7 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
         break;
       case kAttn:
         decode_attention_part(b.attn, q_dense, keys_[l], values_[l], block_table, seq_lens,
-                              scale_, attn[i].r, attn[i].g0, attn[i].g1);
+                              scale_, attn[u0].r, attn[u0].g0, attn[u0].g1);
         break;
       case kAttnQuant: prepare(b.attn_rows, x_attn, d_attn); break;
       case kO: product(b.o, x_attn, d_attn, W.o_w, W.qtypes[1], W.o_b, 1); break;
@@ -235,17 +236,23 @@ void DecodeStack::forward_phased(Buffers& b, const at::Tensor& hidden,
   {
     for (int64_t p = 0; p < phases; ++p) {
       const int64_t kind = kind_of(p);
-      if (p > 0) wait_done(counters[p - 1], chunks[kind_of(p - 1)]);
+      if (p > 0) wait_done(counters[p - 1], units[kind_of(p - 1)]);
       Counter& c = counters[p];
-      for (int64_t i; (i = c.next.fetch_add(1, std::memory_order_relaxed)) < chunks[kind];) {
+      const auto run = [&](int64_t u0, int64_t u1) {
         try {
-          run_chunk(std::min(p / kKinds, L - 1), kind, i);
+          run_units(std::min(p / kKinds, L - 1), kind, u0, u1);
         } catch (...) {  // an exception may not leave the region: kept, rethrown after it
           std::lock_guard<std::mutex> lock(error_mutex);
           if (!error) error = std::current_exception();
         }
-        c.done.fetch_add(1, std::memory_order_release);  // even after an error: no one hangs
-      }
+        c.done.fetch_add(u1 - u0, std::memory_order_release);  // even after an error: no hang
+      };
+      int64_t u0, u1;
+      if (guided[kind])
+        while (strand::claim_guided(c.next, units[kind], threads, kMinClaim, u0, u1)) run(u0, u1);
+      else
+        for (int64_t i; (i = c.next.fetch_add(1, std::memory_order_relaxed)) < units[kind];)
+          run(i, i + 1);
     }
   }
   if (error) std::rethrow_exception(error);
