@@ -3,7 +3,7 @@ against the same file dequantized to float32 at load, and the weight bytes each 
 
     python -m benchmarks.quantized [--model smollm2|FILE.gguf] [--threads N [N ...]]
         [--repeats 3] [--prompt 32] [--tokens 64] [--no-q8] [--no-float32] [--llama-cpp DIR]
-        [--isa native|avx2]
+        [--kv-cache-dtype auto|bfloat16] [--isa native|avx2]
         [--out results.json]
 
 Rows: the file dequantized (float32), the file packed (SmolLM2's: Q4_1 layers, a Q8_0 embedding
@@ -16,10 +16,15 @@ decode tok/s = (tokens - 1) / (time after the first token), median of --repeats 
 CPU ms/token the process's CPU time (all threads) over the same tokens, which waiting for a core
 on a shared machine does not inflate.
 bytes/token is what a decode step reads of the weights: every linear layer (packed or float),
-the norms, and one embedding row (the KV cache is left out: at these lengths it is < 1%).
+the norms, and one embedding row; beside it, the KV cache a step reads at the decode's mean
+context (--prompt + half of --tokens: < 1% of the weights' bytes at the default lengths, more
+past a few hundred tokens).
 The bandwidth bound is the machine's copy rate (same thread count) over those bytes. With
---llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -r REPEATS, same threads) runs on the same
-packed files right after Strand's rows. --isa avx2 measures an AVX2-only CPU on a wider one
+--llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -d PROMPT -r REPEATS, same threads: its
+decode starts at the same depth of context) runs on the same packed files right after Strand's
+rows. llama.cpp keeps its KV cache in float16, Strand in float32 unless --kv-cache-dtype
+bfloat16 (16 bits a value, as llama.cpp's); past a few hundred tokens of context the cache's
+bytes join the weights' in what a step reads. --isa avx2 measures an AVX2-only CPU on a wider one
 (benchmarks/isa_emulation.py: Strand's kernels, torch, oneDNN and MKL capped; --llama-cpp must
 then be a build without AVX-512, e.g. llama-cpp-src/build-avx2/bin).
 """
@@ -119,13 +124,22 @@ def requantize(src: Path, dst: Path, kind: str = "Q8_0") -> Path:
     return dst
 
 
+def kv_bytes_per_token(engine: Any, context: float) -> int:
+    """Bytes of K and V one decode token reads at `context` tokens: every layer's, in the
+    cache's dtype."""
+    from strand.engine_core.model_executor.kv_cache_sizing import bytes_per_block
+
+    return round(bytes_per_block(engine.engine_core.runner.kv_config, 1) * context)
+
+
 def measure(model: str, quantization: str | None, threads: int | None,
             args: argparse.Namespace) -> dict[str, Any]:
     from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=model, dtype="float32", quantization=quantization, cpu_threads=threads,
-        max_model_len=1024, enable_prefix_caching=False, max_num_seqs=1))
+        max_model_len=max(1024, args.prompt + args.tokens), enable_prefix_caching=False,
+        max_num_seqs=1, kv_cache_dtype=args.kv_cache_dtype))
     vocab = engine.engine_core.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     rates: list[float] = []
@@ -147,7 +161,8 @@ def measure(model: str, quantization: str | None, threads: int | None,
             cpu_ms.append(1e3 * (time.process_time() - cpu_first) / max(1, tokens - 1))
     result = {"decode_tok_s": statistics.median(rates), "runs": rates,
               "cpu_ms_per_token": statistics.median(cpu_ms),
-              "bytes_per_token": weight_bytes_per_token(engine.engine_core.runner.model)}
+              "bytes_per_token": weight_bytes_per_token(engine.engine_core.runner.model),
+              "kv_bytes_per_token": kv_bytes_per_token(engine, args.prompt + args.tokens / 2)}
     del engine
     gc.collect()
     return result
@@ -155,9 +170,11 @@ def measure(model: str, quantization: str | None, threads: int | None,
 
 def llama_bench(bin_dir: Path, path: str, threads: int | None,
                 args: argparse.Namespace) -> list[float]:
-    """llama.cpp's bs=1 decode on the same file: llama-bench -p 0 -n TOKENS (its tok/s samples)."""
-    cmd = [str(bin_dir / "llama-bench"), "-m", path, "-p", "0", "-n", str(args.tokens), "-r",
-           str(args.repeats), "-o", "json"] + ([] if threads is None else ["-t", str(threads)])
+    """llama.cpp's bs=1 decode on the same file: llama-bench -p 0 -n TOKENS -d PROMPT (its tok/s
+    samples), decoding after as many tokens of context as Strand's prompt."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", path, "-p", "0", "-n", str(args.tokens), "-d",
+           str(args.prompt), "-r", str(args.repeats), "-o", "json"] + (
+               [] if threads is None else ["-t", str(threads)])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return parse_llama_bench(out).get("decode", [])
 
@@ -186,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     parser.add_argument("--tokens", type=int, default=64, help="decoded tokens")
     parser.add_argument("--no-q8", action="store_true", help="skip the Q8_0 copy")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
+                        help="Strand's KV cache (auto: float32, the model's dtype)")
     parser.add_argument("--no-float32", action="store_true",
                         help="skip the dequantized float32 row (a model too large for it)")
     parser.add_argument("--llama-cpp", type=Path, default=None,
@@ -228,13 +247,14 @@ def main(argv: list[str] | None = None) -> None:
         bandwidth = bandwidth_bound(threads)
         base = results.get("float32 (dequantized)")
         for label, r in results.items():
-            bound = bandwidth / r["bytes_per_token"]
+            read = r["bytes_per_token"] + r["kv_bytes_per_token"]
+            bound = bandwidth / read
             r["bandwidth_bytes_s"], r["bound_tok_s"] = bandwidth, bound
             llama = r.get("llama_cpp_tok_s") or []
             rows.append([str(threads or "default"), label, f"{r['decode_tok_s']:.1f}",
                          f"{r['cpu_ms_per_token']:.1f}",
                          f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "",
-                         f"{r['bytes_per_token'] / 1e6:.1f}",
+                         f"{read / 1e6:.1f}",
                          f"{r['decode_tok_s'] / bound:.0%} of {bound:.0f}",
                          f"{statistics.median(llama):.1f}" if llama else "",
                          f"{r['decode_tok_s'] / statistics.median(llama):.2f}x" if llama else ""])
@@ -246,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nStrand, torch, oneDNN and MKL restricted to {args.isa} "
               f"(benchmarks/isa_emulation.py); ran at {isa_emulation.observed()}")
     write_json(args.out, {"benchmark": "quantized", "model": source, "threads": args.threads,
-                          "isa": args.isa,
+                          "isa": args.isa, "kv_cache_dtype": args.kv_cache_dtype,
                           "prompt": args.prompt, "tokens": args.tokens, "results": runs})
 
 

@@ -77,13 +77,18 @@ def test_llama_cpp_runs_on_the_same_packed_files_with_each_thread_count(
                     "--out", str(out)])
     lines = calls.read_text().splitlines()
     assert len(lines) == 2  # the packed file once per thread count, never the float32 row
-    assert all(f"-m {q4_file} -p 0 -n 3 -r 1" in line for line in lines)
+    # Decoding after the prompt's 4 tokens of context, as Strand's rows do.
+    assert all(f"-m {q4_file} -p 0 -n 3 -d 4 -r 1" in line for line in lines)
     assert lines[0].endswith("-t 1") and lines[1].endswith("-t 2")
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"1", "2"}
     packed = results["1"]["packed (the file's types)"]
     assert packed["llama_cpp_tok_s"] == [49.0, 51.0]
-    assert packed["bound_tok_s"] == packed["bandwidth_bytes_s"] / packed["bytes_per_token"]
+    # The weights and the KV cache at the mean context, 4 + 3 / 2 tokens: K and V of 2 layers
+    # of 32 float32 values each (the tiny model's 2 kv heads of 16).
+    assert packed["kv_bytes_per_token"] == round(2 * 2 * 32 * 4 * 5.5)
+    assert packed["bound_tok_s"] == packed["bandwidth_bytes_s"] / (
+        packed["bytes_per_token"] + packed["kv_bytes_per_token"])
     assert "vs llama.cpp" in capsys.readouterr().out
 
 
@@ -91,3 +96,23 @@ def test_llama_cpp_directory_without_llama_bench_is_refused(q4_file: Path,
                                                             tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         quantized.main(["--model", str(q4_file), "--llama-cpp", str(tmp_path)])
+
+
+def test_kv_cache_dtype_reaches_strands_engine(q4_file: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from strand.engine_core import LLMEngine
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    seen: list[str] = []
+    original = LLMEngine.from_engine_args.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type, engine_args: object, *args: object, **kwargs: object) -> object:
+        seen.append(engine_args.kv_cache_dtype)  # type: ignore[attr-defined]
+        return original(cls, engine_args, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "from_engine_args", classmethod(spy))
+    out = tmp_path / "r.json"
+    quantized.main(["--model", str(q4_file), "--repeats", "1", "--prompt", "4", "--tokens", "3",
+                    "--no-q8", "--no-float32", "--kv-cache-dtype", "bfloat16", "--out", str(out)])
+    assert seen == ["bfloat16"]
+    assert json.loads(out.read_text())["kv_cache_dtype"] == "bfloat16"
