@@ -20,9 +20,11 @@ the norms, and one embedding row; beside it, the KV cache a step reads at the de
 context (--prompt + half of --tokens: < 1% of the weights' bytes at the default lengths, more
 past a few hundred tokens).
 The bandwidth bound is the machine's copy rate (same thread count) over those bytes. With
---llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -d PROMPT -r REPEATS, same threads: its
-decode starts at the same depth of context) runs on the same packed files right after Strand's
-rows. llama.cpp keeps its KV cache in float16, Strand in float32 unless --kv-cache-dtype
+--llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -d PROMPT -r 1, same threads: its decode
+starts at the same depth of context) runs on the same packed file after each of Strand's timed
+requests: the two take turns, --repeats times. On a VM whose memory speed moves by a third from
+one minute to the next, one engine's rows all taken before the other's would compare the two
+minutes, not the engines. llama.cpp keeps its KV cache in float16, Strand in float32 unless --kv-cache-dtype
 bfloat16 (16 bits a value, as llama.cpp's); past a few hundred tokens of context the cache's
 bytes join the weights' in what a step reads. --isa avx2 measures an AVX2-only CPU on a wider one
 (benchmarks/isa_emulation.py: Strand's kernels, torch, oneDNN and MKL capped; --llama-cpp must
@@ -32,11 +34,13 @@ then be a build without AVX-512, e.g. llama-cpp-src/build-avx2/bin).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import random
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +137,10 @@ def kv_bytes_per_token(engine: Any, context: float) -> int:
 
 
 def measure(model: str, quantization: str | None, threads: int | None,
-            args: argparse.Namespace) -> dict[str, Any]:
+            args: argparse.Namespace,
+            between: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Strand's rows: a warm-up request, then --repeats timed ones, `between` called after each
+    timed one (the peer's turn)."""
     from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs(
@@ -159,6 +166,8 @@ def measure(model: str, quantization: str | None, threads: int | None,
         if rep:
             rates.append((tokens - 1) / (time.perf_counter() - (first or start)))
             cpu_ms.append(1e3 * (time.process_time() - cpu_first) / max(1, tokens - 1))
+            if between is not None:
+                between()
     result = {"decode_tok_s": statistics.median(rates), "runs": rates,
               "cpu_ms_per_token": statistics.median(cpu_ms),
               "bytes_per_token": weight_bytes_per_token(engine.engine_core.runner.model),
@@ -169,14 +178,20 @@ def measure(model: str, quantization: str | None, threads: int | None,
 
 
 def llama_bench(bin_dir: Path, path: str, threads: int | None,
-                args: argparse.Namespace) -> list[float]:
-    """llama.cpp's bs=1 decode on the same file: llama-bench -p 0 -n TOKENS -d PROMPT (its tok/s
-    samples), decoding after as many tokens of context as Strand's prompt."""
+                args: argparse.Namespace, repeats: int) -> list[float]:
+    """llama.cpp's bs=1 decode on the same file: llama-bench -p 0 -n TOKENS -d PROMPT -r REPEATS
+    (its tok/s samples), decoding after as many tokens of context as Strand's prompt."""
     cmd = [str(bin_dir / "llama-bench"), "-m", path, "-p", "0", "-n", str(args.tokens), "-d",
-           str(args.prompt), "-r", str(args.repeats), "-o", "json"] + (
+           str(args.prompt), "-r", str(repeats), "-o", "json"] + (
                [] if threads is None else ["-t", str(threads)])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return parse_llama_bench(out).get("decode", [])
+
+
+def llama_turn(bin_dir: Path, path: str, threads: int | None, args: argparse.Namespace,
+               samples: list[float]) -> None:
+    """One llama-bench run (-r 1) on the same file, its tok/s added to `samples`."""
+    samples.extend(llama_bench(bin_dir, path, threads, args, 1))
 
 
 def bandwidth_bound(threads: int | None) -> float:
@@ -239,11 +254,14 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, Any] = {}
         for label, path, quantization in configs:
             log(f"measuring {label}, {threads or 'default'} threads: {Path(path).name}")
-            results[label] = measure(path, quantization, threads, args)
+            peer: list[float] = []
+            turn = None  # llama.cpp's turn after each of Strand's timed requests
             if args.llama_cpp is not None and quantization is not None:
-                log(f"  llama.cpp on {Path(path).name}")
-                results[label]["llama_cpp_tok_s"] = llama_bench(args.llama_cpp, path, threads,
-                                                                args)
+                log(f"  taking turns with llama.cpp on {Path(path).name}")
+                turn = functools.partial(llama_turn, args.llama_cpp, path, threads, args, peer)
+            results[label] = measure(path, quantization, threads, args, turn)
+            if turn is not None:
+                results[label]["llama_cpp_tok_s"] = peer
         bandwidth = bandwidth_bound(threads)
         base = results.get("float32 (dequantized)")
         for label, r in results.items():

@@ -72,18 +72,19 @@ def test_llama_cpp_runs_on_the_same_packed_files_with_each_thread_count(
                     "\"samples_ts\": [49.0, 51.0]}]'\n")
     fake.chmod(0o755)
     out = tmp_path / "r.json"
-    quantized.main(["--model", str(q4_file), "--repeats", "1", "--prompt", "4", "--tokens", "3",
+    quantized.main(["--model", str(q4_file), "--repeats", "2", "--prompt", "4", "--tokens", "3",
                     "--threads", "1", "2", "--no-q8", "--llama-cpp", str(bin_dir),
                     "--out", str(out)])
     lines = calls.read_text().splitlines()
-    assert len(lines) == 2  # the packed file once per thread count, never the float32 row
-    # Decoding after the prompt's 4 tokens of context, as Strand's rows do.
+    # The packed file once after each of Strand's timed requests (2 a thread count), never the
+    # float32 row; decoding after the prompt's 4 tokens of context, as Strand's rows do.
+    assert len(lines) == 4
     assert all(f"-m {q4_file} -p 0 -n 3 -d 4 -r 1" in line for line in lines)
-    assert lines[0].endswith("-t 1") and lines[1].endswith("-t 2")
+    assert [line.split()[-1] for line in lines] == ["1", "1", "2", "2"]
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"1", "2"}
     packed = results["1"]["packed (the file's types)"]
-    assert packed["llama_cpp_tok_s"] == [49.0, 51.0]
+    assert packed["llama_cpp_tok_s"] == [49.0, 51.0, 49.0, 51.0]
     # The weights and the KV cache at the mean context, 4 + 3 / 2 tokens: K and V of 2 layers
     # of 32 float32 values each (the tiny model's 2 kv heads of 16).
     assert packed["kv_bytes_per_token"] == round(2 * 2 * 32 * 4 * 5.5)
