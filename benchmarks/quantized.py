@@ -22,7 +22,8 @@ past a few hundred tokens).
 The bandwidth bound is the machine's copy rate (same thread count) over those bytes. With
 --llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -d PROMPT -r 1, same threads: its decode
 starts at the same depth of context) runs on the same packed file after each of Strand's timed
-requests: the two take turns, --repeats times. On a VM whose memory speed moves by a third from
+requests: the two take turns, --repeats times, and "turn by turn" is the median (and range) of
+Strand's rate over llama.cpp's in each turn. On a VM whose memory speed moves by a third from
 one minute to the next, one engine's rows all taken before the other's would compare the two
 minutes, not the engines. llama.cpp keeps its KV cache in float16, Strand in float32 unless --kv-cache-dtype
 bfloat16 (16 bits a value, as llama.cpp's); past a few hundred tokens of context the cache's
@@ -194,6 +195,14 @@ def llama_turn(bin_dir: Path, path: str, threads: int | None, args: argparse.Nam
     samples.extend(llama_bench(bin_dir, path, threads, args, 1))
 
 
+def turn_ratios(strand: list[float], llama: list[float]) -> list[float]:
+    """Strand's tok/s over llama.cpp's, turn by turn (each pair measured a minute apart at
+    most); empty where the two did not take turns (a sample each a turn)."""
+    if not llama or len(strand) != len(llama):
+        return []
+    return [s / ll for s, ll in zip(strand, llama, strict=True)]
+
+
 def bandwidth_bound(threads: int | None) -> float:
     """The machine's copy rate (bytes/s) with `threads` threads: what a decode step that reads
     its weights once can reach at most."""
@@ -269,17 +278,23 @@ def main(argv: list[str] | None = None) -> None:
             bound = bandwidth / read
             r["bandwidth_bytes_s"], r["bound_tok_s"] = bandwidth, bound
             llama = r.get("llama_cpp_tok_s") or []
+            turns = turn_ratios(r["runs"], llama)
+            if turns:
+                r["turn_ratios"] = turns
             rows.append([str(threads or "default"), label, f"{r['decode_tok_s']:.1f}",
                          f"{r['cpu_ms_per_token']:.1f}",
                          f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "",
                          f"{read / 1e6:.1f}",
                          f"{r['decode_tok_s'] / bound:.0%} of {bound:.0f}",
                          f"{statistics.median(llama):.1f}" if llama else "",
-                         f"{r['decode_tok_s'] / statistics.median(llama):.2f}x" if llama else ""])
+                         f"{r['decode_tok_s'] / statistics.median(llama):.2f}x" if llama else "",
+                         (f"{statistics.median(turns):.2f}x ({min(turns):.2f}-{max(turns):.2f})"
+                          if turns else "")])
         runs[str(threads or "default")] = results
     print(format_table(["threads", "weights", "bs=1 decode tok/s", "CPU ms/token", "vs float32",
                         "MB read/token",
-                        "of the bandwidth bound", "llama.cpp tok/s", "vs llama.cpp"], rows))
+                        "of the bandwidth bound", "llama.cpp tok/s", "vs llama.cpp",
+                        "turn by turn"], rows))
     if args.isa != "native":
         print(f"\nStrand, torch, oneDNN and MKL restricted to {args.isa} "
               f"(benchmarks/isa_emulation.py); ran at {isa_emulation.observed()}")

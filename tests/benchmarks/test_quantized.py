@@ -69,7 +69,7 @@ def test_llama_cpp_runs_on_the_same_packed_files_with_each_thread_count(
     fake.write_text("#!/bin/sh\n"
                     f'echo "$@" >> {calls}\n'
                     "echo '[{\"n_prompt\": 0, \"n_gen\": 3, \"avg_ts\": 50.0, "
-                    "\"samples_ts\": [49.0, 51.0]}]'\n")
+                    "\"samples_ts\": [50.0]}]'\n")
     fake.chmod(0o755)
     out = tmp_path / "r.json"
     quantized.main(["--model", str(q4_file), "--repeats", "2", "--prompt", "4", "--tokens", "3",
@@ -84,13 +84,14 @@ def test_llama_cpp_runs_on_the_same_packed_files_with_each_thread_count(
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"1", "2"}
     packed = results["1"]["packed (the file's types)"]
-    assert packed["llama_cpp_tok_s"] == [49.0, 51.0, 49.0, 51.0]
+    assert packed["llama_cpp_tok_s"] == [50.0, 50.0]  # one run (-r 1) a turn
+    assert packed["turn_ratios"] == [rate / 50.0 for rate in packed["runs"]]
     # The weights and the KV cache at the mean context, 4 + 3 / 2 tokens: K and V of 2 layers
     # of 32 float32 values each (the tiny model's 2 kv heads of 16).
     assert packed["kv_bytes_per_token"] == round(2 * 2 * 32 * 4 * 5.5)
     assert packed["bound_tok_s"] == packed["bandwidth_bytes_s"] / (
         packed["bytes_per_token"] + packed["kv_bytes_per_token"])
-    assert "vs llama.cpp" in capsys.readouterr().out
+    assert "turn by turn" in capsys.readouterr().out
 
 
 def test_llama_cpp_directory_without_llama_bench_is_refused(q4_file: Path,
@@ -117,3 +118,9 @@ def test_kv_cache_dtype_reaches_strands_engine(q4_file: Path, tmp_path: Path,
                     "--no-q8", "--no-float32", "--kv-cache-dtype", "bfloat16", "--out", str(out)])
     assert seen == ["bfloat16"]
     assert json.loads(out.read_text())["kv_cache_dtype"] == "bfloat16"
+
+
+def test_turn_ratios_pair_each_request_with_the_peers_run_after_it() -> None:
+    assert quantized.turn_ratios([30.0, 40.0], [20.0, 50.0]) == [1.5, 0.8]
+    assert quantized.turn_ratios([30.0, 40.0], [20.0]) == []
+    assert quantized.turn_ratios([30.0], []) == []
