@@ -253,6 +253,31 @@ inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
       out[4 * q + j] = {_mm512_mul_ps(q < 2 ? d : dmin, v)};
     }
 }
+#elif defined(__AVX2__)
+// The same with 32-byte vectors: bytes k and k + 1 of the 16 rows, one tile-block's head part.
+inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
+  auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
+  const tile::F32 d = tile::halves(head(0)), dmin = tile::halves(head(32));
+  __m256i b[6];
+  for (int64_t i = 0; i < 6; ++i) b[i] = _mm256_loadu_si256((const __m256i*)head(64 + 32 * i));
+  const __m256i low6 = _mm256_set1_epi8(63), low4 = _mm256_set1_epi8(15);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  alignas(32) uint8_t f[8][32];  // sc 0-1, 2-3, 4-5, 6-7, then mn likewise
+  for (int64_t i = 0; i < 2; ++i) {
+    const __m256i sc_lo = b[i], mn_lo = b[2 + i], hi = b[4 + i];
+    _mm256_store_si256((__m256i*)f[i], _mm256_and_si256(sc_lo, low6));
+    _mm256_store_si256((__m256i*)f[2 + i], _mm256_or_si256(
+        _mm256_and_si256(hi, low4), _mm256_and_si256(_mm256_srli_epi16(sc_lo, 2), bits45)));
+    _mm256_store_si256((__m256i*)f[4 + i], _mm256_and_si256(mn_lo, low6));
+    _mm256_store_si256((__m256i*)f[6 + i], _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi16(hi, 4), low4),
+        _mm256_and_si256(_mm256_srli_epi16(mn_lo, 2), bits45)));
+  }
+  for (int64_t j = 0; j < 8; ++j) {
+    out[j] = tile::mul(d, tile::from_u8(f[j / 2] + 16 * (j % 2)));
+    out[8 + j] = tile::mul(dmin, tile::from_u8(f[4 + j / 2] + 16 * (j % 2)));
+  }
+}
 #else
 inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
   auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
