@@ -54,8 +54,8 @@ constexpr bool fits_registers() {
 // thread, 32 requests of 192 tokens from a pool past L3: faster in float32 and bfloat16 alike).
 //
 // A task of some kv heads asks only for its heads' part of each row: a task per kv head (a decode
-// step of one request) asking for whole blocks fetched every block once per head, 8 times the
-// cache for 8 kv heads, and two threads read the cache no faster than one.
+// step of one request) asking for whole blocks fetched every block once per head, num_kv_heads
+// times the cache, and two threads read the cache no faster than one.
 struct Heads {  // kv heads [g0, g1) of a row of KVH heads of D values: elements first..first+width
   int64_t first = 0, width = -1;  // width -1: whole rows
 };

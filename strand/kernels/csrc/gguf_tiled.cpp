@@ -222,8 +222,9 @@ inline tile::F32 field(const uint8_t* fields, int f) {
 #if defined(__AVX512BW__)
 // With AVX-512 the 12 scale bytes of the 16 rows are three 64-byte vectors, 4 bytes k each, and
 // each field is one or two byte operations on all of them. At one row, where nothing shares the
-// scales, the plain 16-byte version (the last below) was about a third of the Q4_K pass: its 12
-// pointers, live beside the pass's own, went through vector registers.
+// scales, the plain 16-byte version (the last below) was a large share of the Q4_K pass
+// (benchmarks/README.md): its 12 pointers, live beside the pass's own, went through vector
+// registers.
 inline void q4k_scales(const uint8_t* sb, tile::F32 out[16]) {
   auto head = [sb](int64_t a) { return sb + (a / 32) * kQ4KTileBlock + 256 + a % 32; };
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)head(0)));
