@@ -15,6 +15,10 @@ LLM.generate does. Three figures each, medians of --repeats after a warm-up:
   prefill  prompt tokens / time until every request has its first token (llama.cpp: S_PP)
   decode   output tokens after that / the time after it (llama.cpp: S_TG, all its
            REQUESTS x TOKENS over its T_TG)
+With --llama-cpp the two take turns: one llama-batched-bench run after each of Strand's timed
+rounds, so that each pair meets the machine at the same moment (this VM's memory and clock
+speed drift by 10-20% from minute to minute); a "turn by turn" row gives the median and range
+of Strand's rate over llama.cpp's within each turn, beside the ratio of the medians.
 The bounds are what the linear layers' multiply-adds take at this machine's best int8 GEMM
 rate (torch._int_mm, oneDNN's VNNI kernel where the CPU has it, at the same thread count):
 a decode step also reads every weight once, so its bound is the larger of that and the weights'
@@ -29,11 +33,13 @@ AVX-512).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,8 @@ from benchmarks import isa_emulation
 from benchmarks.common import blocks_holding, format_table, log, write_json
 from benchmarks.quantized import bandwidth_bound, weight_bytes_per_token
 from strand.engine_core.outputs import RequestOutput
+
+RATES = ("total_tok_s", "prefill_tok_s", "decode_tok_s")
 
 
 def linear_macs(model: Any) -> tuple[int, int]:
@@ -82,7 +90,10 @@ def int8_gemm_rate(threads: int, size: int = 2048, repeats: int = 3) -> float:
         torch.set_num_threads(before)
 
 
-def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure_strand(path: str, args: argparse.Namespace,
+                   between: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Strand's rounds: a warm-up, then --repeats timed ones, `between` called after each
+    timed one (the peer's turn)."""
     from strand.engine_core import EngineArgs, LLMEngine, SamplingParams
 
     n, p, t = args.requests, args.prompt, args.tokens
@@ -112,6 +123,8 @@ def measure_strand(path: str, args: argparse.Namespace) -> dict[str, Any]:
                          "prefill_tok_s": n * p / (all_first - start),
                          "decode_tok_s": (n * t - tokens_then) / (end - all_first)})
         log(f"  Strand round {rep}: {n * t / (end - start):.0f} output tok/s")
+        if rep and between is not None:
+            between()
     model = engine.engine_core.runner.model
     result = _medians(runs)
     result["macs"] = linear_macs(model)
@@ -131,16 +144,21 @@ def parse_batched_row(text: str) -> dict[str, float]:
     raise ValueError("no result row in llama-batched-bench's output")
 
 
-def measure_llama(bin_dir: Path, path: str, args: argparse.Namespace) -> dict[str, Any]:
+def llama_turn(bin_dir: Path, path: str, args: argparse.Namespace,
+               runs: list[dict[str, float]]) -> None:
+    """One llama-batched-bench run of the same workload on the same file, added to `runs`."""
     n, p, t = args.requests, args.prompt, args.tokens
     cmd = [str(bin_dir / "llama-batched-bench"), "-m", path, "-t", str(args.threads),
            "-npp", str(p), "-ntg", str(t), "-npl", str(n), "-c", str(n * (p + t) + 64)]
-    runs = []
-    for rep in range(args.repeats):
-        run = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        runs.append(parse_batched_row(run.stdout + run.stderr))
-        log(f"  llama.cpp round {rep + 1}: {runs[-1]['decode_tok_s']:.0f} decode tok/s")
-    return _medians(runs)
+    run = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    runs.append(parse_batched_row(run.stdout + run.stderr))
+    log(f"  llama.cpp round {len(runs)}: {runs[-1]['decode_tok_s']:.0f} decode tok/s")
+
+
+def turn_ratios(strand: list[dict[str, float]], llama: list[dict[str, float]],
+                key: str) -> list[float]:
+    """Strand's `key` rate over llama.cpp's, turn by turn."""
+    return [s[key] / ll[key] for s, ll in zip(strand, llama, strict=True)]
 
 
 def _medians(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -197,24 +215,30 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--model must name a .gguf file, got {args.model!r}")
     log(f"Strand, {args.requests} requests of {args.prompt} + {args.tokens} tokens, "
         f"{args.threads} threads, KV cache {args.kv_cache_dtype}: {Path(source).name}")
-    results: dict[str, Any] = {"strand": measure_strand(source, args)}
+    peer: list[dict[str, float]] = []
+    turn = None
     if args.llama_cpp is not None:
-        log("llama.cpp's llama-batched-bench on the same file")
-        results["llama.cpp"] = measure_llama(args.llama_cpp, source, args)
+        log("  taking turns with llama.cpp's llama-batched-bench on the same file")
+        turn = functools.partial(llama_turn, args.llama_cpp, source, args, peer)
+    results: dict[str, Any] = {"strand": measure_strand(source, args, turn)}
+    if peer:
+        results["llama.cpp"] = _medians(peer)
     log("the bounds: int8 GEMM and copy rates")
     bound = bounds(results["strand"], args)
     rows = []
     for name, r in results.items():
         row = [name]
-        for key in ("total_tok_s", "prefill_tok_s", "decode_tok_s"):
+        for key in RATES:
             row.append(f"{r[key]:.0f} ({r[key] / bound[key]:.0%})")
         rows.append(row)
     if "llama.cpp" in results:
         s, lc = results["strand"], results["llama.cpp"]
-        rows.append(["Strand / llama.cpp"] + [f"{s[k] / lc[k]:.2f}x" for k in (
-            "total_tok_s", "prefill_tok_s", "decode_tok_s")])
-    rows.append(["bound (linears only)"] + [f"{bound[k]:.0f}" for k in (
-        "total_tok_s", "prefill_tok_s", "decode_tok_s")])
+        rows.append(["Strand / llama.cpp"] + [f"{s[k] / lc[k]:.2f}x" for k in RATES])
+        turns = {k: turn_ratios(s["runs"], lc["runs"], k) for k in RATES}
+        s["turn_ratios"] = turns
+        rows.append(["turn by turn"] + [
+            f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})" for r in turns.values()])
+    rows.append(["bound (linears only)"] + [f"{bound[k]:.0f}" for k in RATES])
     print(format_table(["", "total tok/s (of bound)", "prefill tok/s", "decode tok/s"], rows))
     print(f"\nint8 GEMM {bound['int8_macs_s'] / 1e9:.0f} GMAC/s, copy "
           f"{bound['copy_bytes_s'] / 1e9:.1f} GB/s at {args.threads} threads")

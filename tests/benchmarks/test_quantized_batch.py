@@ -1,5 +1,5 @@
 """benchmarks/quantized_batch.py: the multiply-adds it counts, llama-batched-bench's row as it
-reads it, one tiny run beside a stand-in llama-batched-bench."""
+reads it, one tiny run taking turns with a stand-in llama-batched-bench."""
 
 from __future__ import annotations
 
@@ -39,14 +39,22 @@ def test_one_tiny_run_beside_llama_batched_bench(
     fake.chmod(0o755)
     from strand.engine_core import LLMEngine
 
-    made = LLMEngine.from_engine_args
+    made, added = LLMEngine.from_engine_args, LLMEngine.add_request
     kv_blocks: list[int | None] = []
+    peer_runs_at_round: list[int] = []  # llama-batched-bench runs done as each round began
 
     def recording(engine_args: Any, *rest: Any, **kwargs: Any) -> LLMEngine:
         kv_blocks.append(engine_args.num_gpu_blocks_override)
         return made(engine_args, *rest, **kwargs)
 
+    def adding(engine: LLMEngine, request_id: str, *rest: Any, **kwargs: Any) -> Any:
+        if request_id.endswith("-0"):
+            peer_runs_at_round.append(
+                len(calls.read_text().splitlines()) if calls.exists() else 0)
+        return added(engine, request_id, *rest, **kwargs)
+
     monkeypatch.setattr(LLMEngine, "from_engine_args", staticmethod(recording))
+    monkeypatch.setattr(LLMEngine, "add_request", adding)
     out = tmp_path / "r.json"
     quantized_batch.main(["--model", str(q4_file), "--requests", "6", "--prompt", "5",
                           "--tokens", "3", "--threads", "1", "--repeats", "2",
@@ -54,6 +62,9 @@ def test_one_tiny_run_beside_llama_batched_bench(
                           "--gemm-size", "256", "--out", str(out)])
     lines = calls.read_text().splitlines()
     assert lines == [f"-m {q4_file} -t 1 -npp 5 -ntg 3 -npl 6 -c 112"] * 2
+    # The two take turns: the warm-up, Strand's first timed round, llama.cpp's first run,
+    # Strand's second, llama.cpp's second.
+    assert peer_runs_at_round == [0, 0, 1]
     # Strand's KV cache holds all 6 requests of 8 tokens at once, as -c does llama.cpp's: a
     # block each and the reserved one.
     assert kv_blocks == [7]
@@ -66,8 +77,12 @@ def test_one_tiny_run_beside_llama_batched_bench(
     assert strand["macs"] == [2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64), 64 * 512]
     for key in ("total_tok_s", "prefill_tok_s", "decode_tok_s"):
         assert 0 < strand[key] and 0 < data["bounds"][key]
+    for key in ("total_tok_s", "prefill_tok_s", "decode_tok_s"):
+        assert strand["turn_ratios"][key] == [
+            s[key] / ll[key] for s, ll in zip(strand["runs"], llama["runs"], strict=True)]
     text = capsys.readouterr().out
     assert "Strand / llama.cpp" in text and "bound (linears only)" in text
+    assert "turn by turn" in text
 
 
 @pytest.mark.parametrize("flags", [["--tokens", "1"], ["--requests", "0"]])
