@@ -157,16 +157,17 @@ def measure(model: str, quantization: str | None, threads: int | None,
         engine.add_request(f"r{rep}", {"prompt_token_ids": [rng.randrange(100, vocab - 1)
                                                             for _ in range(args.prompt)]},
                            params)
-        start, first, cpu_first, tokens = time.perf_counter(), None, 0.0, 0
+        marks: list[tuple[float, float, int]] = []  # after each step: wall, CPU, tokens out
+        tokens = 0
         while engine.has_unfinished_requests():
             for out in engine.step():
                 assert isinstance(out, RequestOutput)  # a generating engine's
                 tokens = len(out.outputs[0].token_ids)
-            if first is None:
-                first, cpu_first = time.perf_counter(), time.process_time()
+            marks.append((time.perf_counter(), time.process_time(), tokens))
         if rep:
-            rates.append((tokens - 1) / (time.perf_counter() - (first or start)))
-            cpu_ms.append(1e3 * (time.process_time() - cpu_first) / max(1, tokens - 1))
+            rate, ms = decode_rate(marks)
+            rates.append(rate)
+            cpu_ms.append(ms)
             if between is not None:
                 between()
     result = {"decode_tok_s": statistics.median(rates), "runs": rates,
@@ -176,6 +177,19 @@ def measure(model: str, quantization: str | None, threads: int | None,
     del engine
     gc.collect()
     return result
+
+
+def decode_rate(marks: list[tuple[float, float, int]]) -> tuple[float, float]:
+    """(tokens a second, CPU ms a token) of a request's decode from its steps' marks (wall
+    time, CPU time, tokens out after the step). The decode starts at the step that gave the
+    first token: a prompt longer than a step's token budget (chunked prefill, 2,048 tokens by
+    default) takes more than one step to give it, and those steps are its prefill."""
+    start = next((i for i, (_, _, tokens) in enumerate(marks) if tokens), None)
+    if start is None or marks[-1][2] < 2:
+        raise ValueError("decode_rate needs a request that decoded at least 2 tokens")
+    (wall0, cpu0, first), (wall1, cpu1, last) = marks[start], marks[-1]
+    decoded = last - first
+    return decoded / (wall1 - wall0), 1e3 * (cpu1 - cpu0) / decoded
 
 
 def llama_bench(bin_dir: Path, path: str, threads: int | None,
@@ -241,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("repeats", "prompt", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
+    if args.tokens < 2:
+        parser.error("--tokens must be >= 2 (the decode rate is of the tokens after the first)")
     if args.threads is not None and min(args.threads) < 1:
         parser.error("--threads must be >= 1")
     if args.llama_cpp is not None and not (args.llama_cpp / "llama-bench").is_file():

@@ -114,7 +114,8 @@ def measure_strand(path: str, args: argparse.Namespace,
         while engine.has_unfinished_requests():
             for out in engine.step():
                 assert isinstance(out, RequestOutput)  # a generating engine's
-                seen[out.request_id] = len(out.outputs[0].token_ids)
+                if out.outputs[0].token_ids:  # a request whose prompt is in, its first token out
+                    seen[out.request_id] = len(out.outputs[0].token_ids)
             if not all_first and len(seen) == n:
                 all_first, tokens_then = time.perf_counter(), sum(seen.values())
         end = time.perf_counter()

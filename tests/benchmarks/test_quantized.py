@@ -124,3 +124,39 @@ def test_turn_ratios_pair_each_request_with_the_peers_run_after_it() -> None:
     assert quantized.turn_ratios([30.0, 40.0], [20.0, 50.0]) == [1.5, 0.8]
     assert quantized.turn_ratios([30.0, 40.0], [20.0]) == []
     assert quantized.turn_ratios([30.0], []) == []
+
+
+def test_the_decode_clock_starts_at_the_first_token_not_the_first_step() -> None:
+    # A 3,000-token prompt under a 2,048-token step budget: the first step gives no token.
+    marks = [(10.0, 1.0, 0), (14.0, 5.0, 1), (14.5, 5.5, 2), (15.0, 6.0, 3)]
+    rate, cpu_ms = quantized.decode_rate(marks)
+    assert rate == 2 / 1.0 and cpu_ms == 1e3 * 1.0 / 2
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        quantized.decode_rate([(1.0, 1.0, 0), (2.0, 2.0, 1)])
+
+
+def test_a_prompt_longer_than_a_steps_token_budget_is_timed_from_its_first_token(
+        q4_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from strand.engine_core import LLMEngine
+
+    monkeypatch.setenv("STRAND_CACHE_DIR", str(tmp_path / "cache"))
+    original = LLMEngine.from_engine_args.__func__  # type: ignore[attr-defined]
+
+    def small_budget(cls: type, engine_args: object, *args: object, **kwargs: object) -> object:
+        engine_args.max_num_batched_tokens = 64  # type: ignore[attr-defined]
+        return original(cls, engine_args, *args, **kwargs)
+
+    seen: list[list[tuple[float, float, int]]] = []
+    rate = quantized.decode_rate
+
+    def recording(marks: list[tuple[float, float, int]]) -> tuple[float, float]:
+        seen.append(list(marks))
+        return rate(marks)
+
+    monkeypatch.setattr(LLMEngine, "from_engine_args", classmethod(small_budget))
+    monkeypatch.setattr(quantized, "decode_rate", recording)
+    quantized.main(["--model", str(q4_file), "--repeats", "1", "--prompt", "100", "--tokens",
+                    "3", "--no-q8", "--no-float32", "--out", str(tmp_path / "r.json")])
+    # The timed request's 100-token prompt took two steps of at most 64 tokens (the second
+    # gave the first token), then one step a token: the clock started at the second.
+    assert [tokens for _, _, tokens in seen[0]] == [0, 1, 2, 3]
