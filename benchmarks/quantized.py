@@ -23,9 +23,9 @@ The bandwidth bound is the machine's copy rate (same thread count) over those by
 --llama-cpp, llama.cpp's llama-bench (-p 0 -n TOKENS -d PROMPT -r 1, same threads: its decode
 starts at the same depth of context) runs on the same packed file after each of Strand's timed
 requests: the two take turns, --repeats times, and "turn by turn" is the median (and range) of
-Strand's rate over llama.cpp's in each turn. On a VM whose memory speed moves by a third from
-one minute to the next, one engine's rows all taken before the other's would compare the two
-minutes, not the engines. llama.cpp keeps its KV cache in float16, Strand in float32 unless --kv-cache-dtype
+Strand's rate over llama.cpp's in each turn. Where the memory speed moves from one minute to
+the next (a shared VM's can), one engine's rows all taken before the other's would compare the
+two minutes, not the engines. llama.cpp keeps its KV cache in float16, Strand in float32 unless --kv-cache-dtype
 bfloat16 (16 bits a value, as llama.cpp's); past a few hundred tokens of context the cache's
 bytes join the weights' in what a step reads. --isa avx2 measures an AVX2-only CPU on a wider one
 (benchmarks/isa_emulation.py: Strand's kernels, torch, oneDNN and MKL capped; --llama-cpp must
@@ -185,7 +185,7 @@ def decode_rate(marks: list[tuple[float, float, int]]) -> tuple[float, float]:
     first token: a prompt longer than a step's token budget (chunked prefill, 2,048 tokens by
     default) takes more than one step to give it, and those steps are its prefill."""
     start = next((i for i, (_, _, tokens) in enumerate(marks) if tokens), None)
-    if start is None or marks[-1][2] < 2:
+    if start is None or marks[-1][2] <= marks[start][2]:
         raise ValueError("decode_rate needs a request that decoded at least 2 tokens")
     (wall0, cpu0, first), (wall1, cpu1, last) = marks[start], marks[-1]
     decoded = last - first
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     isa_emulation.run_capped(args.isa, "benchmarks.quantized", argv)
-    for name in ("repeats", "prompt", "tokens"):
+    for name in ("repeats", "prompt"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     if args.tokens < 2:

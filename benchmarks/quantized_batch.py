@@ -16,8 +16,8 @@ LLM.generate does. Three figures each, medians of --repeats after a warm-up:
   decode   output tokens after that / the time after it (llama.cpp: S_TG, all its
            REQUESTS x TOKENS over its T_TG)
 With --llama-cpp the two take turns: one llama-batched-bench run after each of Strand's timed
-rounds, so that each pair meets the machine at the same moment (this VM's memory and clock
-speed drift by 10-20% from minute to minute); a "turn by turn" row gives the median and range
+rounds, so that each pair meets the machine at the same moment (on a shared machine the memory
+speed can drift from one minute to the next); a "turn by turn" row gives the median and range
 of Strand's rate over llama.cpp's within each turn, beside the ratio of the medians.
 The bounds are what the linear layers' multiply-adds take at this machine's best int8 GEMM
 rate (torch._int_mm, oneDNN's VNNI kernel where the CPU has it, at the same thread count):
@@ -45,7 +45,7 @@ from typing import Any
 
 from benchmarks import isa_emulation
 from benchmarks.common import blocks_holding, format_table, log, write_json
-from benchmarks.quantized import bandwidth_bound, weight_bytes_per_token
+from benchmarks.quantized import bandwidth_bound, turn_ratios, weight_bytes_per_token
 from strand.engine_core.outputs import RequestOutput
 
 RATES = ("total_tok_s", "prefill_tok_s", "decode_tok_s")
@@ -156,12 +156,6 @@ def llama_turn(bin_dir: Path, path: str, args: argparse.Namespace,
     log(f"  llama.cpp round {len(runs)}: {runs[-1]['decode_tok_s']:.0f} decode tok/s")
 
 
-def turn_ratios(strand: list[dict[str, float]], llama: list[dict[str, float]],
-                key: str) -> list[float]:
-    """Strand's `key` rate over llama.cpp's, turn by turn."""
-    return [s[key] / ll[key] for s, ll in zip(strand, llama, strict=True)]
-
-
 def _medians(runs: list[dict[str, float]]) -> dict[str, Any]:
     return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "runs": runs}
 
@@ -235,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     if "llama.cpp" in results:
         s, lc = results["strand"], results["llama.cpp"]
         rows.append(["Strand / llama.cpp"] + [f"{s[k] / lc[k]:.2f}x" for k in RATES])
-        turns = {k: turn_ratios(s["runs"], lc["runs"], k) for k in RATES}
+        turns = {k: turn_ratios([r[k] for r in s["runs"]], [r[k] for r in lc["runs"]])
+                 for k in RATES}
         s["turn_ratios"] = turns
         rows.append(["turn by turn"] + [
             f"{statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f})" for r in turns.values()])

@@ -160,3 +160,10 @@ def test_a_prompt_longer_than_a_steps_token_budget_is_timed_from_its_first_token
     # The timed request's 100-token prompt took two steps of at most 64 tokens (the second
     # gave the first token), then one step a token: the clock started at the second.
     assert [tokens for _, _, tokens in seen[0]] == [0, 1, 2, 3]
+
+
+def test_one_token_has_no_decode_rate_and_is_refused(
+        q4_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        quantized.main(["--model", str(q4_file), "--tokens", "1"])
+    assert "--tokens must be >= 2" in capsys.readouterr().err
