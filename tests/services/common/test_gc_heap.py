@@ -49,7 +49,9 @@ def test_cycles_made_after_the_freeze_are_still_collected() -> None:
     later = _cycle()
     del later
     assert gc.collect() >= 2  # the new cycle's two nodes (and their dicts)
-    assert gc.get_freeze_count() == before
+    # Nothing made after the freeze joins the frozen set. The count may fall: a frozen object
+    # whose last reference goes (another thread of the test process may drop one) is freed.
+    assert gc.get_freeze_count() <= before
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
